@@ -1,0 +1,50 @@
+# Two commands for users (see README): `make demo` and `make test`.
+# Both first make sure the system packages and the virtual environment exist; re-running
+# is fast because each step leaves a stamp that is newer than its inputs.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMPS := .stamps
+# Vulkan loader, lavapipe (software Vulkan 1.3 driver), shader compiler and tools,
+# and the Khronos validation layer the tests run under.
+SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
+                vulkan-validationlayers vulkan-tools
+
+.PHONY: demo test setup system-packages clean bench
+
+demo: setup
+	$(VENV)/bin/vkdelegate demo
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+setup: $(STAMPS)/system $(VENV)/.installed
+
+$(STAMPS)/system:
+	@missing=""; for p in $(SYS_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "vkdelegate needs these Debian packages:$$missing"; \
+	    echo "Install them as root:  apt-get install -y$$missing   then run make again."; \
+	    exit 1; \
+	  fi; \
+	  echo "Installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@mkdir -p $(STAMPS) && touch $@
+
+$(VENV)/.installed: setup.py pyproject.toml requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -e '.[test,examples]'
+	@touch $@
+
+bench: setup
+	$(PY) benchmarks/runtime_overhead.py
+
+clean:
+	rm -rf $(VENV) $(STAMPS) build *.egg-info

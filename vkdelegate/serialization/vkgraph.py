@@ -1,0 +1,178 @@
+"""In-memory model of the VkGraph flatbuffer (``vkdelegate/schema/schema.fbs``).
+
+Plain dataclasses, one per schema table, with the schema's field names, order and
+defaults. The writer and reader in this package convert between these objects and the
+VK00 flatbuffer; the builder creates them from a torch.export graph; the runtime
+executes them. No torch import here.
+
+Conventions (ExecuTorch Vulkan backend, see DESIGN.md section 3):
+- ``OperatorCall.args`` are value ids in ATen schema order; the output id is last.
+- ``VkTensor.constant_id >= 0`` indexes ``VkGraph.constants``; ``mem_obj_id >= 0``
+  means tensors with the same id share one allocation.
+- ``VkBytes.offset == NAMED_OFFSET`` means "look up ``named_key`` in the named data".
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+#: ``VkBytes.offset`` marking a constant stored outside the blob, keyed by ``named_key``.
+NAMED_OFFSET = (1 << 64) - 1
+
+
+class VkDataType(enum.IntEnum):
+    BOOL = 0
+    UINT8 = 1
+    INT8 = 2
+    INT32 = 3
+    FLOAT16 = 4
+    FLOAT32 = 5
+    FLOAT64 = 6
+    INT64 = 7
+    UNSET = 127
+
+
+class VkStorageType(enum.IntEnum):
+    BUFFER = 0
+    TEXTURE_3D = 1
+    TEXTURE_2D = 2
+    DEFAULT_STORAGE = 255
+
+
+class VkMemoryLayout(enum.IntEnum):
+    TENSOR_WIDTH_PACKED = 0
+    TENSOR_HEIGHT_PACKED = 1
+    TENSOR_CHANNELS_PACKED = 2
+    PACKED_INT8_4W4C = 3
+    PACKED_INT8_4H4W = 4
+    PACKED_INT8_4W = 5
+    PACKED_INT8_4C = 6
+    PACKED_INT8_4C1W = 8
+    PACKED_INT8_CONV2D = 9
+    DEFAULT_LAYOUT = 255
+
+
+#: numpy dtype name for each VkDataType (the dtype names used across vkdelegate).
+DTYPE_NAMES = {
+    VkDataType.BOOL: "bool",
+    VkDataType.UINT8: "uint8",
+    VkDataType.INT8: "int8",
+    VkDataType.INT32: "int32",
+    VkDataType.FLOAT16: "float16",
+    VkDataType.FLOAT32: "float32",
+    VkDataType.FLOAT64: "float64",
+    VkDataType.INT64: "int64",
+}
+
+
+@dataclass
+class OperatorCall:
+    node_id: int
+    name: str
+    args: list[int] = field(default_factory=list)
+
+
+@dataclass
+class VkTensor:
+    datatype: VkDataType
+    dims: list[int]
+    constant_id: int = -1
+    mem_obj_id: int = -1
+    storage_type: VkStorageType = VkStorageType.DEFAULT_STORAGE
+    memory_layout: VkMemoryLayout = VkMemoryLayout.DEFAULT_LAYOUT
+    staging_datatype: VkDataType = VkDataType.UNSET
+
+
+@dataclass(frozen=True)
+class Null:
+    pass
+
+
+@dataclass(frozen=True)
+class Int:
+    int_val: int
+
+
+@dataclass(frozen=True)
+class Bool:
+    bool_val: bool
+
+
+@dataclass(frozen=True)
+class Double:
+    double_val: float
+
+
+@dataclass(frozen=True)
+class String:
+    string_val: str
+
+
+@dataclass
+class IntList:
+    items: list[int]
+
+
+@dataclass
+class DoubleList:
+    items: list[float]
+
+
+@dataclass
+class BoolList:
+    items: list[bool]
+
+
+@dataclass
+class ValueList:
+    items: list[int]
+
+
+@dataclass
+class SymInt:
+    value: int
+
+
+#: Members of the ``GraphTypes`` union, in schema order (union type tag = index + 1).
+GRAPH_TYPES = (Null, Int, Double, Bool, VkTensor, IntList, DoubleList, BoolList,
+               ValueList, String, SymInt)
+
+Value = Union[Null, Int, Double, Bool, VkTensor, IntList, DoubleList, BoolList,
+              ValueList, String, SymInt]
+
+
+@dataclass
+class VkBytes:
+    offset: int
+    length: int
+    named_key: str | None = None
+
+    @property
+    def is_named(self) -> bool:
+        return self.offset == NAMED_OFFSET
+
+
+@dataclass
+class VkGraph:
+    version: str = "0"
+    chain: list[OperatorCall] = field(default_factory=list)
+    values: list[Value] = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    constants: list[VkBytes] = field(default_factory=list)
+    shaders: list[VkBytes] = field(default_factory=list)
+    storage_type_override: VkStorageType = VkStorageType.DEFAULT_STORAGE
+    memory_layout_override: VkMemoryLayout = VkMemoryLayout.DEFAULT_LAYOUT
+
+
+@dataclass
+class DelegateBlob:
+    """A decoded delegate blob: the graph plus the raw constants section.
+
+    ``constant_bytes(i)`` resolves ``graph.constants[i]`` to bytes, from the blob's
+    constants section or, for named constants, from ``named_data``.
+    """
+
+    graph: VkGraph
+    constants_section: bytes = b""

@@ -1,0 +1,1 @@
+"""GLSL compute shader sources and the SPIR-V compiler with its on-disk cache."""
