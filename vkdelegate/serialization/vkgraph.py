@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Mapping, Union
+
+from vkdelegate.errors import VkDelegateError
 
 #: ``VkBytes.offset`` marking a constant stored outside the blob, keyed by ``named_key``.
 NAMED_OFFSET = (1 << 64) - 1
@@ -175,4 +177,36 @@ class DelegateBlob:
     """
 
     graph: VkGraph
-    constants_section: bytes = b""
+    constants_section: bytes | memoryview = b""
+    #: The parsed VH00 header (``header.BlobHeader``) when read from bytes, else None.
+    header: object | None = None
+
+    def constant_bytes(self, i: int, named_data: Mapping[str, bytes] | None = None):
+        """Bytes of ``graph.constants[i]``: a slice of the constants section for an
+        inline constant, or ``named_data[named_key]`` for a named one.
+
+        Raises VkDelegateError naming the constant id (and key) when ``i`` is out of
+        range, the bytes lie outside the constants section, or a named constant is
+        missing from ``named_data`` or has a different length than recorded.
+        """
+        n = len(self.graph.constants)
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise VkDelegateError(f"constant id {i!r} out of range: the graph has {n} constants")
+        c = self.graph.constants[i]
+        if c.is_named:
+            key = c.named_key
+            if key is None:
+                raise VkDelegateError(f"constant {i} is named (offset 2**64-1) but has no named_key")
+            if named_data is None or key not in named_data:
+                raise VkDelegateError(f"constant {i}: named data {key!r} was not provided")
+            data = named_data[key]
+            if len(data) != c.length:
+                raise VkDelegateError(f"constant {i}: named data {key!r} has {len(data)} "
+                                      f"bytes, the graph expects {c.length}")
+            return data
+        end = c.offset + c.length
+        if end > len(self.constants_section):
+            raise VkDelegateError(
+                f"constant {i}: bytes [{c.offset}, {end}) lie outside the "
+                f"{len(self.constants_section)}-byte constants section")
+        return memoryview(self.constants_section)[c.offset:end]
