@@ -1,0 +1,105 @@
+"""Describe an fx node of an exported program as a registry ``NodeSpec``.
+
+The registry's rules are torch-free; this module is the one place that turns torch's
+node metadata (FakeTensors, SymInts, dtypes) into the plain ``TensorSpec`` / Python
+values the rules read.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vkdelegate.backend.registry import NodeSpec, TensorSpec
+from vkdelegate.errors import VkDelegateError
+
+#: torch dtype -> the numpy dtype names used across vkdelegate. Dtypes missing here
+#: (bfloat16, complex, ...) keep torch's name, which no op accepts.
+TORCH_TO_NAME = {
+    torch.float32: "float32", torch.float16: "float16", torch.float64: "float64",
+    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
+    torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """numpy-style name of a torch dtype ("float32"); torch's name when numpy has none."""
+    return TORCH_TO_NAME.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def dim_upper_bound(dim) -> tuple[int, bool]:
+    """(size, dynamic) of one dimension: a plain int, or a SymInt's upper bound.
+
+    Raises VkDelegateError when a dynamic dim has no finite upper bound (delegates size
+    their memory for the largest input, so export needs ``Dim(..., max=N)``).
+    """
+    if isinstance(dim, int):
+        return dim, False
+    if isinstance(dim, torch.SymInt):
+        node = dim.node
+        constant = node.maybe_as_int()
+        if constant is not None:
+            return constant, False
+        upper = node.shape_env.bound_sympy(node.expr).upper
+        if upper is None or not math.isfinite(float(upper)):
+            raise VkDelegateError(f"dynamic size {node.expr} has no upper bound; export "
+                                  f"with torch.export.Dim(..., max=N)")
+        return int(upper), True
+    raise VkDelegateError(f"unexpected dimension type {type(dim).__name__}")
+
+
+def tensor_spec(val) -> TensorSpec:
+    """TensorSpec of a FakeTensor (node.meta['val'])."""
+    dims = [dim_upper_bound(d) for d in val.shape]
+    return TensorSpec(dtype=dtype_name(val.dtype), shape=tuple(d for d, _ in dims),
+                      dynamic=tuple(dyn for _, dyn in dims))
+
+
+def _describe(value):
+    """A node argument as the rules see it: TensorSpec, int, float, bool, str, list."""
+    if isinstance(value, torch.fx.Node):
+        val = value.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return tensor_spec(val)
+        if isinstance(val, torch.SymInt):
+            return dim_upper_bound(val)[0]
+        if isinstance(val, (int, float, bool)):
+            return val
+        raise VkDelegateError(f"argument {value.name} has no tensor metadata")
+    if isinstance(value, (list, tuple)):
+        return [_describe(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+        return str(value)
+    return value
+
+
+def schema_args(node: torch.fx.Node) -> list:
+    """The node's arguments in schema order, kwargs made positional, defaults filled.
+
+    Works for OpOverload targets only; raises VkDelegateError otherwise.
+    """
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        raise VkDelegateError(f"{node.name}: target {target} is not an ATen operator")
+    values = []
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.name in node.kwargs:
+            values.append(node.kwargs[arg.name])
+        elif i < len(node.args) and not arg.kwarg_only:
+            values.append(node.args[i])
+        elif arg.has_default_value():
+            values.append(arg.default_value)
+        else:
+            values.append(None)
+    return values
+
+
+def node_spec(node: torch.fx.Node) -> NodeSpec:
+    """The NodeSpec of a call_function node whose target is an ATen OpOverload."""
+    args = tuple(_describe(a) for a in schema_args(node))
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    outputs = tuple(tensor_spec(v) for v in vals if isinstance(v, torch.Tensor))
+    return NodeSpec(op=str(node.target), args=args, outputs=outputs)

@@ -1,0 +1,109 @@
+"""Compile options: the backend configuration a user passes to VulkanPartitioner.
+
+Parsed once, here, into a frozen ``CompileOptions``; every other module reads the
+dataclass, never the raw dict (ExecuTorch parses its options from bytes in two places;
+we do not). Torch-free, so that a loaded program can carry its options too.
+
+Keys (all optional):
+
+- ``force_fp16`` (bool, default False): store float32 tensors inside delegates as
+  float16; inputs and outputs keep float32 staging.
+- ``require_dynamic_shapes`` (bool, default False): delegate only ops that can be
+  resized at run time, so that every delegate accepts any input size in range.
+- ``storage_type_override`` (str | None): "BUFFER", "TEXTURE_3D" or "TEXTURE_2D";
+  written into each blob's ``VkGraph.storage_type_override``.
+- ``memory_layout_override`` (str | None): a ``VkMemoryLayout`` name such as
+  "TENSOR_WIDTH_PACKED"; written into ``VkGraph.memory_layout_override``.
+- ``skip_memory_planning`` (bool, default False): give every tensor dedicated memory
+  (``mem_obj_id = -1``); useful when debugging aliasing.
+- ``device`` (int | None): index of the Vulkan device to run on (None: the first).
+- ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
+  "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
+  for debugging a divergence and for tests only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization.vkgraph import VkMemoryLayout, VkStorageType
+
+_STORAGE_TYPES = tuple(t.name for t in VkStorageType if t != VkStorageType.DEFAULT_STORAGE)
+_MEMORY_LAYOUTS = tuple(m.name for m in VkMemoryLayout if m != VkMemoryLayout.DEFAULT_LAYOUT)
+_EXECUTORS = ("vulkan", "reference")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Validated compile options (see the module docstring for each field)."""
+
+    force_fp16: bool = False
+    require_dynamic_shapes: bool = False
+    storage_type_override: Optional[str] = None
+    memory_layout_override: Optional[str] = None
+    skip_memory_planning: bool = False
+    device: Optional[int] = None
+    executor: str = "vulkan"
+
+    def to_dict(self) -> dict:
+        """The options as a JSON-ready dict (stored in the program file)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def storage_type(self) -> VkStorageType:
+        if self.storage_type_override is None:
+            return VkStorageType.DEFAULT_STORAGE
+        return VkStorageType[self.storage_type_override]
+
+    @property
+    def memory_layout(self) -> VkMemoryLayout:
+        if self.memory_layout_override is None:
+            return VkMemoryLayout.DEFAULT_LAYOUT
+        return VkMemoryLayout[self.memory_layout_override]
+
+
+# key -> (accepted Python types, allowed values or None, may be None)
+_SCHEMA = {
+    "force_fp16": ((bool,), None, False),
+    "require_dynamic_shapes": ((bool,), None, False),
+    "storage_type_override": ((str,), _STORAGE_TYPES, True),
+    "memory_layout_override": ((str,), _MEMORY_LAYOUTS, True),
+    "skip_memory_planning": ((bool,), None, False),
+    "device": ((int,), None, True),
+    "executor": ((str,), _EXECUTORS, False),
+}
+
+
+def parse_options(options: "dict | CompileOptions | None") -> CompileOptions:
+    """Validate a user's options dict.
+
+    Raises VkDelegateError naming the key for an unknown key, a value of the wrong type
+    (``True`` is not accepted as an int) or a value outside the allowed set.
+    """
+    if options is None:
+        return CompileOptions()
+    if isinstance(options, CompileOptions):
+        return options
+    if not isinstance(options, dict):
+        raise VkDelegateError(f"compile options must be a dict, got "
+                              f"{type(options).__name__}")
+    for key, value in options.items():
+        if key not in _SCHEMA:
+            raise VkDelegateError(f"unknown compile option {key!r}; known options: "
+                                  f"{', '.join(sorted(_SCHEMA))}")
+        types, allowed, nullable = _SCHEMA[key]
+        if value is None and nullable:
+            continue
+        # bool is a subclass of int in Python: reject it where an int is expected.
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            expected = " or ".join(t.__name__ for t in types) + (" or None" if nullable else "")
+            raise VkDelegateError(f"compile option {key!r} must be {expected}, got "
+                                  f"{type(value).__name__} {value!r}")
+        if allowed is not None and value not in allowed:
+            raise VkDelegateError(f"compile option {key!r} must be one of "
+                                  f"{', '.join(allowed)}; got {value!r}")
+        if key == "device" and value < 0:
+            raise VkDelegateError(f"compile option 'device' must be >= 0, got {value}")
+    return CompileOptions(**options)

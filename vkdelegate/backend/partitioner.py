@@ -1,0 +1,166 @@
+"""VulkanPartitioner: decide which nodes of an exported program run on Vulkan.
+
+Each call_function node is described as a registry ``NodeSpec`` and checked by its
+op's rules. The partitioner never raises on an op it does not know or cannot check:
+such a node stays on the CPU, and the report says why. Partitions are the maximal
+groups of supported nodes without cycles, as torch.fx's CapabilityBasedPartitioner
+forms them. Proposing (``report``) is separate from mutating (``to_backend``).
+"""
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import torch
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from vkdelegate.backend import registry
+from vkdelegate.backend.node_specs import node_spec
+from vkdelegate.backend.options import CompileOptions, parse_options
+from vkdelegate.errors import VkDelegateError
+
+logger = logging.getLogger("vkdelegate")
+
+
+@dataclass
+class NodeDecision:
+    """Whether one node runs on Vulkan; ``reasons`` is empty when it does."""
+
+    name: str
+    op: str
+    reasons: list[str] = field(default_factory=list)
+    partition: Optional[int] = None
+
+    @property
+    def on_vulkan(self) -> bool:
+        return self.partition is not None
+
+
+@dataclass
+class PartitionReport:
+    """Every call_function node's decision, in graph order."""
+
+    decisions: list[NodeDecision]
+    num_partitions: int
+
+    @property
+    def cpu_nodes(self) -> list[NodeDecision]:
+        """Nodes left on the CPU, each with at least one reason."""
+        return [d for d in self.decisions if not d.on_vulkan]
+
+    def summary(self) -> str:
+        """One line: how many nodes and partitions go to Vulkan."""
+        on = sum(d.on_vulkan for d in self.decisions)
+        return (f"vkdelegate: {on} of {len(self.decisions)} nodes delegated to Vulkan "
+                f"in {self.num_partitions} partition(s); {len(self.cpu_nodes)} on CPU")
+
+    def __str__(self) -> str:
+        from tabulate import tabulate
+
+        rows = [(d.name, d.op, "; ".join(d.reasons)) for d in self.cpu_nodes]
+        table = tabulate(rows, headers=("node", "op", "reason")) if rows else ""
+        return self.summary() + ("\n" + table if table else "")
+
+
+def _op_names(ops: Optional[Iterable]) -> Optional[frozenset]:
+    """Normalize an allow/block list of OpOverloads or names to names."""
+    if ops is None:
+        return None
+    return frozenset(o if isinstance(o, str) else str(o) for o in ops)
+
+
+class _Support(OperatorSupportBase):
+    """Adapter for CapabilityBasedPartitioner: reads the decisions made beforehand."""
+
+    def __init__(self, supported: set):
+        super().__init__()
+        self.supported = supported
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        return node.name in self.supported
+
+
+class VulkanPartitioner:
+    """Chooses the Vulkan partitions of an (ATen-decomposed) ExportedProgram.
+
+    compile_options: dict of options (see ``vkdelegate.backend.options``); bad keys or
+        values raise VkDelegateError here, at construction.
+    operator_allowlist: if given, only these ops (OpOverloads or names such as
+        "aten.add.Tensor") may be delegated.
+    operator_blocklist: these ops are never delegated.
+    """
+
+    def __init__(self, compile_options: "dict | None" = None, operator_allowlist=None,
+                 operator_blocklist=None):
+        self.options: CompileOptions = parse_options(compile_options)
+        self.allowlist = _op_names(operator_allowlist)
+        self.blocklist = _op_names(operator_blocklist) or frozenset()
+
+    def check_node(self, node: torch.fx.Node) -> list[str]:
+        """Reasons ``node`` (a call_function node) cannot run on Vulkan; [] if it can.
+
+        Never raises: an unknown op or a failing check becomes a reason.
+        """
+        name = str(node.target)
+        if node.target is operator.getitem:
+            # Placed by the partitioner with the node it reads from.
+            return ["getitem follows its producer"]
+        if not isinstance(node.target, torch._ops.OpOverload):
+            return [f"{name} is not an ATen operator"]
+        if self.allowlist is not None and name not in self.allowlist:
+            return ["not in operator_allowlist"]
+        if name in self.blocklist:
+            return ["in operator_blocklist"]
+        try:
+            spec = registry.lookup(name)
+        except VkDelegateError:
+            return [f"no Vulkan implementation of {name}"]
+        try:
+            described = node_spec(node)
+        except VkDelegateError as exc:
+            return [str(exc)]
+        except Exception as exc:  # a node we cannot describe stays on the CPU
+            return [f"cannot describe node ({type(exc).__name__}: {exc})"]
+        reasons = []
+        if self.options.require_dynamic_shapes and not spec.resizable:
+            reasons.append("op cannot be resized and require_dynamic_shapes is set")
+        try:
+            reasons.extend(spec.check(described))
+        except Exception as exc:  # a buggy rule must not break lowering
+            reasons.append(f"support check failed ({type(exc).__name__}: {exc})")
+        return reasons
+
+    def propose(self, graph_module: torch.fx.GraphModule
+                ) -> tuple[list[Partition], PartitionReport]:
+        """Partitions of ``graph_module`` (not modified) and the report."""
+        decisions = []
+        supported = set()
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            reasons = self.check_node(node)
+            decisions.append(NodeDecision(node.name, str(node.target), reasons))
+            if not reasons:
+                supported.add(node.name)
+        partitioner = CapabilityBasedPartitioner(
+            graph_module, _Support(supported), allows_single_node_partition=True)
+        partitions = [p for p in partitioner.propose_partitions() if p.nodes]
+        where = {n.name: i for i, p in enumerate(partitions) for n in p.nodes}
+        for d in decisions:
+            d.partition = where.get(d.name)
+            if d.partition is not None:
+                d.reasons = []
+        report = PartitionReport(decisions, len(partitions))
+        logger.info(report.summary())
+        return partitions, report
+
+    def partition(self, ep) -> list[Partition]:
+        """Partitions of an ExportedProgram's graph (the program is not modified)."""
+        return self.propose(ep.graph_module)[0]
+
+    def report(self, ep) -> PartitionReport:
+        """Which nodes of ``ep`` stay on the CPU, and why."""
+        return self.propose(ep.graph_module)[1]

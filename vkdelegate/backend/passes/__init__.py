@@ -1,0 +1,32 @@
+"""Lowering passes, run on a ProgramGraph before partitioning.
+
+Each pass is a small function ``pass_(pg: ProgramGraph) -> bool`` that returns whether
+it changed the graph. ``PASSES`` lists them once, in the order they must run.
+"""
+from __future__ import annotations
+
+from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
+from vkdelegate.backend.passes.linear import addmm_to_linear
+from vkdelegate.backend.passes.remove_noops import remove_noop_copies
+
+# Order matters:
+# 1. no-op clones/copies go first, so that they do not hide the patterns below
+#    (a clone between a linear and its batch norm would block the fold);
+# 2. addmm/permute -> linear before batch-norm folding, so that a BatchNorm1d after a
+#    Linear folds into one linear node;
+# 3. batch-norm folding last: it needs the conv/linear with constant weights.
+# conv+clamp fusion is absent: the registry has no fused conv op to fuse into.
+PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm)
+
+
+def run_passes(pg) -> list[str]:
+    """Run every pass once, in order; the names of those that changed the graph."""
+    changed = []
+    for pass_ in PASSES:
+        if pass_(pg):
+            changed.append(pass_.__name__)
+    if changed:
+        pg.drop_unused_constants()
+        pg.gm.graph.eliminate_dead_code()
+        pg.gm.recompile()
+    return changed

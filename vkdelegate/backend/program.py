@@ -1,0 +1,230 @@
+"""LoweredProgram: what to_backend returns and ``vkdelegate.load`` gives back.
+
+A program has one or more methods ("forward" by default). Each method is a JSON-ready
+plan (CPU glue nodes, input specs, output structure), its glue constants and mutable
+state (arrays or tensors), and its delegates (blob bytes plus the named constant data
+the blob refers to). Calling a method runs it through ``MethodRunner``. Delegates are
+built on the Vulkan device on their first call and kept.
+
+Torch-free at import: a program whose methods are fully delegated loads and runs with
+numpy only.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vkdelegate.backend.interpreter import MethodRunner, to_numpy
+from vkdelegate.backend.options import CompileOptions, parse_options
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization import program_file
+
+#: dtypes a program file may hold; "bfloat16" only with torch installed.
+_FILE_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8",
+                "uint8", "bool", "bfloat16")
+
+
+@dataclass
+class Delegate:
+    """One delegate: its blob and the named constant data the blob refers to."""
+
+    blob: bytes
+    named_data: dict = field(default_factory=dict)
+
+
+@dataclass
+class Method:
+    """One method: plan (JSON-ready dict), glue constants, mutable state, delegates."""
+
+    plan: dict
+    constants: dict
+    state: dict
+    delegates: list
+    report: object = None
+
+
+class _LazyDelegate:
+    """Builds the delegate on the chosen executor at its first call."""
+
+    def __init__(self, delegate: Delegate, options: CompileOptions):
+        self.delegate, self.options, self.loaded = delegate, options, None
+
+    def execute(self, inputs: list) -> list:
+        if self.loaded is None:
+            if self.options.executor == "reference":
+                from vkdelegate.backend.reference import load_reference
+
+                self.loaded = load_reference(self.delegate.blob, self.delegate.named_data)
+            else:
+                from vkdelegate.runtime import load_delegate
+
+                self.loaded = load_delegate(self.delegate.blob, self.delegate.named_data,
+                                            device=self.options.device)
+        return self.loaded.execute(inputs)
+
+    def close(self) -> None:
+        if self.loaded is not None and hasattr(self.loaded, "close"):
+            self.loaded.close()
+        self.loaded = None
+
+
+class LoweredProgram:
+    """A lowered program with one or more methods.
+
+    ``program(*args)`` runs "forward" (or the only method); ``program.run(name, *args)``
+    and ``program.<name>(*args)`` run any method. Torch tensors in give torch tensors
+    out, numpy arrays in give numpy arrays out, in the structure the module returned.
+    Raises VkDelegateError for inputs of the wrong dtype, rank or size.
+    """
+
+    def __init__(self, methods: dict, options: "CompileOptions | dict | None" = None):
+        if not methods:
+            raise VkDelegateError("a program needs at least one method")
+        self.options = parse_options(options)
+        self.methods: dict[str, Method] = methods
+        self._runners = {}
+        for name, m in methods.items():
+            delegates = [_LazyDelegate(d, self.options) for d in m.delegates]
+            self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates)
+
+    @property
+    def method_names(self) -> list[str]:
+        return list(self.methods)
+
+    @property
+    def report(self):
+        """The partition report of the default method (None for a loaded program)."""
+        return self.methods[self._default()].report
+
+    def _default(self) -> str:
+        if "forward" in self.methods:
+            return "forward"
+        if len(self.methods) == 1:
+            return next(iter(self.methods))
+        raise VkDelegateError(f"program has methods {self.method_names}; call "
+                              f"program.run(name, ...)")
+
+    def run(self, method: str, *args, **kwargs):
+        """Run ``method``; VkDelegateError names the methods when it does not exist."""
+        runner = self._runners.get(method)
+        if runner is None:
+            raise VkDelegateError(f"program has no method {method!r}; it has "
+                                  f"{self.method_names}")
+        return runner(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self.run(self._default(), *args, **kwargs)
+
+    def __getattr__(self, name):
+        runners = self.__dict__.get("_runners", {})
+        if name in runners:
+            return runners[name]
+        raise AttributeError(f"LoweredProgram has no attribute or method {name!r}")
+
+    def num_delegates(self, method: "str | None" = None) -> int:
+        return len(self.methods[method or self._default()].delegates)
+
+    def close(self) -> None:
+        """Release every delegate's device resources."""
+        for runner in self._runners.values():
+            for d in runner.delegates:
+                d.close()
+
+    def save(self, path) -> None:
+        """Write the program to one file (see ``vkdelegate.serialization.program_file``).
+
+        Blobs and constants are stored once per distinct content, across partitions and
+        methods. The file holds no pickle and no code.
+        """
+        table = program_file.SegmentTable()
+        methods = {}
+        for name, m in self.methods.items():
+            runner = self._runners[name]
+            methods[name] = {
+                "plan": m.plan,
+                "constants": {k: _tensor_ref(table, v) for k, v in m.constants.items()},
+                "state": {k: _tensor_ref(table, v) for k, v in runner.state.items()},
+                "delegates": [{"blob": table.add(d.blob),
+                               "named_data": {k: table.add(v)
+                                              for k, v in d.named_data.items()}}
+                              for d in m.delegates],
+            }
+        manifest = {"options": self.options.to_dict(), "methods": methods}
+        program_file.write_program(path, manifest, table.segments)
+
+
+def _tensor_ref(table: program_file.SegmentTable, value) -> dict:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+        data = value.detach().contiguous().view(torch.int16).numpy().tobytes()
+        return {"segment": table.add(data), "dtype": "bfloat16", "shape": list(value.shape)}
+    arr = to_numpy(value)
+    return {"segment": table.add(arr.tobytes()), "dtype": str(arr.dtype),
+            "shape": list(arr.shape)}
+
+
+def _tensor_from(ref, segments, where: str):
+    """A tensor (torch if installed, else numpy) from a manifest reference."""
+    try:
+        seg, dtype, shape = segments[ref["segment"]], ref["dtype"], list(ref["shape"])
+    except (KeyError, IndexError, TypeError):
+        raise VkDelegateError(f"{where}: malformed tensor reference {str(ref)[:80]}") from None
+    if dtype not in _FILE_DTYPES or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise VkDelegateError(f"{where}: dtype {dtype!r} / shape {shape} not allowed")
+    torch = _torch_or_none()
+    np_dtype = np.int16 if dtype == "bfloat16" else np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * np.dtype(np_dtype).itemsize != len(seg):
+        raise VkDelegateError(f"{where}: {len(seg)} bytes do not hold {dtype}{shape}")
+    arr = np.frombuffer(seg, dtype=np_dtype).reshape(shape).copy()
+    if torch is None:
+        if dtype == "bfloat16":
+            raise VkDelegateError(f"{where}: bfloat16 constants need torch")
+        return arr
+    tensor = torch.from_numpy(arr)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
+
+
+def _torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def load(path, *, device: "int | None" = None, executor: "str | None" = None
+         ) -> LoweredProgram:
+    """Load a program file written by ``LoweredProgram.save``.
+
+    device, executor: override the compile options stored in the file.
+    Raises VkDelegateError for a file that is not a valid program file (corrupt,
+    truncated, crafted, a pickle) before running anything.
+    """
+    manifest, segments = program_file.read_program(path)
+    where = f"program file {path}"
+    try:
+        options = dict(manifest.get("options") or {})
+        if device is not None:
+            options["device"] = device
+        if executor is not None:
+            options["executor"] = executor
+        methods = {}
+        for name, m in manifest["methods"].items():
+            w = f"{where}, method {name!r}"
+            delegates = [Delegate(bytes(segments[d["blob"]]),
+                                  {k: bytes(segments[v]) for k, v in d["named_data"].items()})
+                         for d in m["delegates"]]
+            methods[name] = Method(
+                plan=m["plan"],
+                constants={k: _tensor_from(v, segments, w) for k, v in m["constants"].items()},
+                state={k: _tensor_from(v, segments, w) for k, v in m["state"].items()},
+                delegates=delegates)
+        return LoweredProgram(methods, options)
+    except VkDelegateError:
+        raise
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise VkDelegateError(f"{where}: malformed manifest ({type(exc).__name__}: "
+                              f"{exc})") from exc

@@ -1,0 +1,126 @@
+"""ProgramGraph: one method of an exported program, in the form lowering works on.
+
+torch.export lifts parameters, buffers and constant tensors to placeholders and returns
+buffer mutations as extra outputs. Lowering passes and to_backend need to know, per
+placeholder, whether it is a user input, a constant (foldable, may be baked into a
+delegate) or mutable state (kept between calls, never baked in). This module reads
+the graph signature once and records that.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from vkdelegate.errors import VkDelegateError
+
+
+@dataclass
+class ProgramGraph:
+    """A method's ATen graph plus what each placeholder and output is.
+
+    gm: the graph (placeholders in the exported program's order).
+    user_inputs: placeholder names of the user inputs, in call order.
+    constants: placeholder name -> tensor, for parameters, buffers that are never
+        mutated and lifted constants.
+    state: placeholder name -> initial tensor, for buffers the program mutates.
+    state_updates: placeholder name of a state buffer -> index in the output tuple
+        of its new value.
+    input_updates: user input position -> index in the output tuple of its new value
+        (the module mutates that input in place).
+    user_outputs: indexes in the output tuple of what the module returns.
+    in_spec, out_spec: torch pytree specs of the call's (args, kwargs) and result.
+    range_constraints: the decomposed program's symbol -> ValueRanges of dynamic sizes.
+    """
+
+    gm: torch.fx.GraphModule
+    user_inputs: list[str]
+    constants: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    state_updates: dict[str, int] = field(default_factory=dict)
+    input_updates: dict[int, int] = field(default_factory=dict)
+    user_outputs: list[int] = field(default_factory=list)
+    in_spec: object = None
+    out_spec: object = None
+    range_constraints: dict = field(default_factory=dict)
+
+    def placeholder(self, name: str) -> torch.fx.Node:
+        for node in self.gm.graph.find_nodes(op="placeholder"):
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def add_constant(self, name_hint: str, value: torch.Tensor) -> torch.fx.Node:
+        """A new constant placeholder (after the existing ones) holding ``value``."""
+        graph = self.gm.graph
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        with graph.inserting_after(placeholders[-1]):
+            node = graph.placeholder(name_hint)
+        # FakeTensor metadata keeps shape/dtype queries working for later passes.
+        fake_mode = torch._guards.detect_fake_mode([p.meta.get("val") for p in placeholders])
+        node.meta["val"] = fake_mode.from_tensor(value) if fake_mode else value
+        self.constants[node.name] = value
+        return node
+
+    def drop_unused_constants(self) -> None:
+        """Erase constant placeholders that no node uses any more."""
+        for node in list(self.gm.graph.find_nodes(op="placeholder")):
+            if node.name in self.constants and not node.users:
+                self.gm.graph.erase_node(node)
+                del self.constants[node.name]
+
+
+def from_exported_program(ep) -> ProgramGraph:
+    """Decompose ``ep`` to core ATen and read its graph signature.
+
+    Raises VkDelegateError for programs we cannot run (higher-order control flow,
+    gradients, tokens).
+    """
+    try:
+        ep = ep.run_decompositions()
+    except Exception as exc:
+        raise VkDelegateError(f"ATen decomposition of the exported program failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    gm = copy.deepcopy(ep.graph_module)
+    sig = ep.graph_signature
+    tensors = {**ep.state_dict, **ep.constants}
+    mutated = {spec.target for spec in sig.output_specs
+               if spec.kind == OutputKind.BUFFER_MUTATION}
+    pg = ProgramGraph(gm=gm, user_inputs=[], constants={},
+                      in_spec=ep.call_spec.in_spec, out_spec=ep.call_spec.out_spec,
+                      range_constraints=dict(ep.range_constraints))
+    placeholder_of = {}
+    for spec in sig.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            placeholder_of[name] = len(pg.user_inputs)
+            pg.user_inputs.append(name)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
+                           InputKind.CONSTANT_TENSOR):
+            value = tensors[spec.target].detach()
+            if spec.kind == InputKind.BUFFER and spec.target in mutated:
+                pg.state[name] = value.clone()
+            else:
+                pg.constants[name] = value
+        else:
+            raise VkDelegateError(f"input {name} of kind {spec.kind.name} is not supported")
+    state_by_target = {s.target: s.arg.name for s in sig.input_specs
+                       if s.kind == InputKind.BUFFER}
+    for i, spec in enumerate(sig.output_specs):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            pg.user_outputs.append(i)
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            pg.state_updates[state_by_target[spec.target]] = i
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            pg.input_updates[placeholder_of[spec.target]] = i
+        else:
+            raise VkDelegateError(f"output of kind {spec.kind.name} is not supported")
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and not isinstance(
+                node.target, torch._ops.OpOverload) and node.target.__module__ not in (
+                "_operator", "operator"):
+            raise VkDelegateError(f"node {node.name} calls {node.target}, which vkdelegate "
+                                  f"cannot run (only ATen ops and getitem/arithmetic)")
+    return pg

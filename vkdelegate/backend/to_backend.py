@@ -1,0 +1,207 @@
+"""to_backend: lower exported programs to a LoweredProgram.
+
+Per method: decompose to core ATen and read the graph signature (program_graph), run
+the lowering passes, let the partitioner propose partitions, fuse each partition into
+a submodule (torch.fx), serialize each submodule as a delegate blob (the builder), and
+encode what is left of the parent graph, the CPU glue, as JSON nodes that call the
+blobs through ``delegate`` nodes. The result is the same data a program file holds, so
+a saved and reloaded program runs exactly the same code path.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import sympy
+import torch
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from vkdelegate.backend import glue_ops, pytree_spec
+from vkdelegate.backend.node_specs import dtype_name
+from vkdelegate.backend.options import CompileOptions
+from vkdelegate.backend.partitioner import VulkanPartitioner
+from vkdelegate.backend.passes import run_passes
+from vkdelegate.backend.program import Delegate, LoweredProgram, Method
+from vkdelegate.backend.program_graph import ProgramGraph, from_exported_program
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization.vkgraph import VkDataType, VkTensor
+
+_PREFIX = "vulkan_delegate_"
+
+
+def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> LoweredProgram:
+    """Lower ``programs`` with ``partitioner`` (default: ``VulkanPartitioner()``).
+
+    programs: a ``torch.export.ExportedProgram`` (the method "forward") or a dict of
+        method name -> ExportedProgram.
+    Returns a LoweredProgram; each method's partition report is ``program.methods[name]
+    .report``. Raises VkDelegateError for a program vkdelegate cannot run at all
+    (control flow, unsupported input kinds, custom Python containers).
+    """
+    if partitioner is None:
+        partitioner = VulkanPartitioner()
+    if isinstance(programs, dict):
+        items = programs
+    else:
+        items = {"forward": programs}
+    for name, ep in items.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise VkDelegateError(f"method name {name!r} must be a Python identifier")
+        if not isinstance(ep, torch.export.ExportedProgram):
+            raise VkDelegateError(f"method {name!r}: expected a torch.export."
+                                  f"ExportedProgram, got {type(ep).__name__}")
+    methods = {name: lower_method(ep, partitioner) for name, ep in items.items()}
+    return LoweredProgram(methods, partitioner.options)
+
+
+def lower_method(ep, partitioner: VulkanPartitioner) -> Method:
+    """One ExportedProgram -> Method (plan, glue constants, state, delegates, report)."""
+    pg = from_exported_program(ep)
+    run_passes(pg)
+    pg.gm.graph.eliminate_dead_code()
+    partitions, report = partitioner.propose(pg.gm)
+    if partitions:
+        fuse_by_partitions(pg.gm, [p.nodes for p in partitions], prefix=_PREFIX,
+                           always_return_tuple=True)
+    encoder = _GlueEncoder(pg, partitioner.options)
+    plan = encoder.encode()
+    constants = {k: v for k, v in pg.constants.items() if k in encoder.used}
+    return Method(plan=plan, constants=constants, state=dict(pg.state),
+                  delegates=encoder.delegates, report=report)
+
+
+def _dim_spec(dim) -> "int | dict":
+    if isinstance(dim, int):
+        return dim
+    expr = dim.node.expr
+    if isinstance(expr, sympy.Symbol):
+        return {"sym": str(expr)}
+    if expr.is_number:
+        return int(expr)
+    return {"expr": str(expr)}
+
+
+def _ranges(pg: ProgramGraph) -> dict:
+    ranges = {}
+    for sym, vr in pg.range_constraints.items():
+        hi = float(vr.upper)
+        ranges[str(sym)] = [int(vr.lower), int(hi) if math.isfinite(hi) else None]
+    return ranges
+
+
+def _apply_blob_options(blob: bytes, options: CompileOptions) -> bytes:
+    """Record storage/layout overrides and force_fp16 in the blob's VkGraph."""
+    if not (options.force_fp16 or options.storage_type_override
+            or options.memory_layout_override):
+        return blob
+    from vkdelegate.serialization.blob import read_blob, write_blob
+
+    decoded = read_blob(blob)
+    graph = decoded.graph
+    graph.storage_type_override = options.storage_type
+    graph.memory_layout_override = options.memory_layout
+    if options.force_fp16:
+        # Tensors live as fp16 on the device; staging (inputs, outputs, constant
+        # bytes) stays fp32, and the runtime converts while copying.
+        for value in graph.values:
+            if isinstance(value, VkTensor) and value.datatype == VkDataType.FLOAT32:
+                value.datatype = VkDataType.FLOAT16
+                value.staging_datatype = VkDataType.FLOAT32
+    return write_blob(graph, bytes(decoded.constants_section))
+
+
+class _GlueEncoder:
+    """Encodes the fused parent graph as JSON glue nodes; builds the delegates."""
+
+    def __init__(self, pg: ProgramGraph, options: CompileOptions):
+        self.pg, self.options = pg, options
+        self.delegates: list[Delegate] = []
+        self.used: set[str] = set()
+
+    def arg(self, a, where: str):
+        if isinstance(a, torch.fx.Node):
+            self.used.add(a.name)
+            return {"v": a.name}
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        if isinstance(a, (list, tuple)):
+            return [self.arg(x, where) for x in a]
+        if isinstance(a, torch.dtype):
+            return {"dtype": str(a).replace("torch.", "")}
+        if isinstance(a, torch.device):
+            return {"device": str(a)}
+        if isinstance(a, torch.layout):
+            return {"layout": str(a).replace("torch.", "")}
+        if isinstance(a, torch.memory_format):
+            return {"memory_format": str(a).replace("torch.", "")}
+        raise VkDelegateError(f"{where}: argument of type {type(a).__name__} cannot be "
+                              f"saved in a program")
+
+    def delegate(self, node: torch.fx.Node) -> dict:
+        from vkdelegate.serialization.builder import build_vkgraph
+
+        sub = self.pg.gm.get_submodule(node.target)
+        placeholders = list(sub.graph.find_nodes(op="placeholder"))
+        constants, inputs = {}, []
+        for ph, outer in zip(placeholders, node.args):
+            if isinstance(outer, torch.fx.Node) and outer.name in self.pg.constants:
+                constants[ph.name] = self.pg.constants[outer.name]
+            else:
+                inputs.append(self.arg(outer, node.name))
+        try:
+            serialized = build_vkgraph(sub, constants, named_constants=True,
+                                       skip_memory_planning=self.options.skip_memory_planning)
+        except VkDelegateError as exc:
+            raise VkDelegateError(f"serializing partition {node.target} failed: {exc}") from exc
+        blob = _apply_blob_options(serialized.blob, self.options)
+        self.delegates.append(Delegate(blob, dict(serialized.named_data)))
+        return {"op": "delegate", "index": len(self.delegates) - 1, "args": inputs,
+                "out": node.name}
+
+    def node(self, node: torch.fx.Node) -> dict:
+        if node.op == "call_module":
+            return self.delegate(node)
+        target = node.target
+        if target is operator.getitem:
+            return {"op": "getitem", "args": [self.arg(node.args[0], node.name),
+                                              node.args[1]], "out": node.name}
+        if isinstance(target, torch._ops.OpOverload):
+            name = str(target)
+        else:
+            name = glue_ops.builtin_name(target)
+            if name is None:
+                raise VkDelegateError(f"node {node.name} calls {target}, which a program "
+                                      f"cannot run on the CPU")
+        return {"op": name, "args": self.arg(list(node.args), node.name),
+                "kwargs": {k: self.arg(v, node.name) for k, v in node.kwargs.items()},
+                "out": node.name}
+
+    def encode(self) -> dict:
+        pg = self.pg
+        nodes, outputs = [], []
+        inputs = []
+        for name in pg.user_inputs:
+            val = pg.placeholder(name).meta["val"]
+            if not isinstance(val, torch.Tensor):
+                raise VkDelegateError(f"input {name!r} is not a tensor; only tensor "
+                                      f"inputs are supported")
+            inputs.append({"name": name, "dtype": dtype_name(val.dtype),
+                           "shape": [_dim_spec(d) for d in val.shape]})
+        for node in pg.gm.graph.nodes:
+            if node.op in ("call_function", "call_module"):
+                nodes.append(self.node(node))
+            elif node.op == "output":
+                outputs = self.arg(list(node.args[0]), "output")
+            elif node.op != "placeholder":
+                raise VkDelegateError(f"node {node.name}: {node.op} nodes are not supported")
+        return {
+            "inputs": inputs,
+            "ranges": _ranges(pg),
+            "in_spec": pytree_spec.from_treespec(pg.in_spec),
+            "out_spec": pytree_spec.from_treespec(pg.out_spec),
+            "nodes": nodes,
+            "outputs": outputs,
+            "user_outputs": pg.user_outputs,
+            "state_updates": pg.state_updates,
+            "input_updates": {str(k): v for k, v in pg.input_updates.items()},
+        }
