@@ -1,0 +1,36 @@
+"""The Vulkan runtime: load a delegate blob once, execute it many times.
+
+Imports numpy and the ``vulkan`` bindings, never torch: a fully delegated program runs
+without PyTorch installed.
+
+- ``load_delegate(blob, named_data=None, device=None) -> DelegateGraph``
+- ``DelegateGraph.execute(inputs, profile=False) -> list[np.ndarray]``
+- ``Device``, ``list_devices()``, ``default_device()``: device choice and properties.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from vkdelegate.runtime.device import Device, DeviceInfo, default_device, list_devices
+from vkdelegate.runtime.graph import DelegateGraph
+
+__all__ = ["load_delegate", "DelegateGraph", "Device", "DeviceInfo", "default_device",
+           "list_devices"]
+
+
+def load_delegate(blob: bytes, named_data: Mapping[str, bytes] | None = None,
+                  device=None, **options) -> DelegateGraph:
+    """Build a DelegateGraph from delegate blob bytes (VH00 header + VK00 flatbuffer).
+
+    named_data: bytes of constants stored outside the blob, keyed by ``named_key``.
+    device: a Device, a device index or name substring, or None for the default.
+    options: passed to DelegateGraph (staging, timeout_s).
+    Raises VkDelegateError for a malformed blob, a missing constant, an unsupported op
+    or a device limit.
+    """
+    from vkdelegate.serialization.blob import read_blob
+
+    decoded = read_blob(blob)
+    return DelegateGraph(decoded.graph,
+                         lambda i: decoded.constant_bytes(i, named_data or {}),
+                         device=device, **options)

@@ -1,0 +1,144 @@
+"""``NodeBuilder``: the API op implementations use to turn one node into dispatches.
+
+See docs/RUNTIME.md ("How to add an op") for a worked example. An op's ``impl`` is
+called once per node at load time as ``impl(b: NodeBuilder, node: OperatorCall)``;
+``node.args`` are value ids in ATen schema order with the output id last. The impl
+reads its arguments through ``b``, allocates what it needs and declares its dispatches
+with ``b.dispatch``; it records no Vulkan commands itself.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.params import ParamBuffer
+from vkdelegate.runtime.pipeline import STORAGE, UNIFORM
+from vkdelegate.runtime.tensor import Tensor
+from vkdelegate.serialization import vkgraph as g
+
+
+@dataclass
+class Dispatch:
+    """One recorded compute dispatch (built by NodeBuilder.dispatch)."""
+
+    node_id: int
+    op: str
+    pipeline: object
+    buffers: list            # memory.Buffer per binding, in binding order
+    groups: tuple            # workgroup counts (x, y, z)
+    reads: set = field(default_factory=set)   # memory regions read
+    writes: set = field(default_factory=set)  # memory regions written
+    descriptor_set: object = None
+
+
+class NodeBuilder:
+    """Gives an op impl access to values, memory and dispatches of one graph.
+
+    Created by DelegateGraph at load; ``node`` is the OperatorCall being built.
+    """
+
+    def __init__(self, graph):
+        self._graph = graph
+        self.device = graph.device
+        self.node: g.OperatorCall | None = None
+
+    # ---- arguments -------------------------------------------------------------------
+    def value(self, vid: int):
+        """Value ``vid`` as Python: Tensor, int, float, bool, None, str or list."""
+        return self._graph.resolve(vid)
+
+    def tensor(self, vid: int) -> Tensor:
+        """The Tensor with value id ``vid``; VkDelegateError if it is not a tensor."""
+        v = self._graph.resolve(vid)
+        if not isinstance(v, Tensor):
+            raise self.error(f"value {vid} is {type(v).__name__}, expected a tensor")
+        return v
+
+    def scalar(self, vid: int):
+        """Int/Double/Bool value ``vid`` as int/float/bool (None for Null)."""
+        v = self._graph.resolve(vid)
+        if isinstance(v, (Tensor, list)):
+            raise self.error(f"value {vid} is not a scalar")
+        return v
+
+    def int_list(self, vid: int) -> list[int]:
+        """IntList value ``vid`` (Null gives an empty list)."""
+        v = self._graph.resolve(vid)
+        if v is None:
+            return []
+        if not isinstance(v, list) or any(not isinstance(x, int) for x in v):
+            raise self.error(f"value {vid} is not a list of ints")
+        return v
+
+    def error(self, message: str) -> VkDelegateError:
+        """A VkDelegateError naming the node being built."""
+        where = f"node {self.node.node_id} ({self.node.name})" if self.node else "graph"
+        return VkDelegateError(f"{where}: {message}")
+
+    # ---- memory ----------------------------------------------------------------------
+    def temporary(self, shape, dtype: str) -> Tensor:
+        """A new device tensor of ``shape`` and graph dtype ``dtype`` (e.g. scratch)."""
+        return self._graph.new_tensor(-1, dtype, shape)
+
+    def constant_array(self, t: Tensor) -> np.ndarray | None:
+        """The host copy (graph dtype, shaped) of a constant tensor, else None."""
+        return self._graph.constant_arrays.get(t.value_id)
+
+    def prepacked(self, array: np.ndarray, dtype: str | None = None) -> Tensor:
+        """Upload ``array`` (already in the layout the shader wants) as a new constant
+        tensor of graph dtype ``dtype`` (default: the array's) and return it."""
+        array = np.asarray(array)
+        t = self._graph.new_tensor(-1, dtype or array.dtype.name, array.shape,
+                                   constant=True)
+        self._graph.upload(t, array)
+        return t
+
+    def params(self, data: bytes, what: str = "") -> ParamBuffer:
+        """An op-owned uniform buffer holding ``data`` (std140 bytes, see params.py)."""
+        return self._graph.new_params(data, what or f"params of node {self.node.node_id}")
+
+    def on_resize(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` after every resize walk (to rewrite op-owned buffers that
+        depend on sizes). Tensor metadata never needs a hook."""
+        self._graph.resize_hooks.append(hook)
+
+    # ---- dispatches ------------------------------------------------------------------
+    def dispatch(self, shader: str, defines: dict, outputs: list, inputs: list,
+                 params: list, global_size, local_size=(64, 1, 1),
+                 spec_constants: tuple = ()) -> None:
+        """Declare one dispatch of shader variant (``shader``, ``defines``).
+
+        Bindings, numbered from 0: ``outputs`` (Tensors written, storage buffers), then
+        ``inputs`` (Tensors read), then ``params`` (ParamBuffers, e.g. ``t.meta``, as
+        uniform buffers). global_size: invocations (x, y, z), sized for the upper-bound
+        shapes; the grid is rounded up to whole workgroups, so shaders bounds-check.
+        A 1-D global size beyond the device's workgroup-count limit is folded into y
+        (read it back with ``linear_id()`` from common.h). local_size: workgroup size,
+        passed as specialization constants 0..2; spec_constants: ints for ids 3...
+        """
+        gs = tuple(global_size) + (1,) * (3 - len(tuple(global_size)))
+        ls = tuple(local_size) + (1,) * (3 - len(tuple(local_size)))
+        limits = self.device.info.max_workgroup_count
+        groups = [max(1, -(-max(0, n) // l)) for n, l in zip(gs, ls)]
+        if groups[0] > limits[0] and groups[1] == 1 and groups[2] == 1:
+            rows = -(-groups[0] // limits[0])
+            groups = [-(-groups[0] // rows), rows, 1]
+        if any(n > lim for n, lim in zip(groups, limits)) or \
+                math.prod(ls) > self.device.info.max_workgroup_invocations:
+            raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
+                             f"exceeds this device's compute limits")
+        types = (STORAGE,) * (len(outputs) + len(inputs)) + (UNIFORM,) * len(params)
+        pipeline = self.device.pipelines.get(shader, defines, types,
+                                             ls + tuple(spec_constants))
+        buffers = [t.buffer for t in outputs] + [t.buffer for t in inputs] + \
+                  [p.buffer for p in params]
+        self._graph.dispatches.append(Dispatch(
+            node_id=self.node.node_id if self.node else -1,
+            op=self.node.name if self.node else shader,
+            pipeline=pipeline, buffers=buffers, groups=tuple(groups),
+            reads={t.buffer.region for t in inputs},
+            writes={t.buffer.region for t in outputs}))

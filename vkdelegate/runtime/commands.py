@@ -1,0 +1,144 @@
+"""Descriptor sets and command-buffer recording for a list of dispatches.
+
+Recording order: copies of staged inputs into their tensors, the dispatches, copies of
+outputs into their staging buffers, and a final barrier that makes results visible to
+the host. A pipeline barrier is inserted only before a dispatch that depends on one
+since the previous barrier: it reads a memory region an earlier dispatch wrote (RAW),
+or writes one an earlier dispatch read or wrote (WAR/WAW). Independent dispatches run
+without barriers between them.
+
+For profiling (``timestamps`` given) every dispatch is followed by a timestamp, and a
+barrier separates all dispatches so that each interval belongs to one dispatch.
+"""
+from __future__ import annotations
+
+import vulkan as vk
+
+from vkdelegate.runtime.pipeline import STORAGE, UNIFORM
+from vkdelegate.runtime.vkcall import vk_call
+
+_COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+_TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+_SHADER_RW = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+
+
+def create_descriptor_sets(device, dispatches):
+    """Allocate and write one descriptor set per dispatch; return the pool (owned by
+    the caller, destroyed with vkDestroyDescriptorPool)."""
+    dev = device.device
+    n_storage = sum(d.pipeline.binding_types.count(STORAGE) for d in dispatches)
+    n_uniform = sum(d.pipeline.binding_types.count(UNIFORM) for d in dispatches)
+    sizes = [vk.VkDescriptorPoolSize(type=t, descriptorCount=max(1, n))
+             for t, n in ((STORAGE, n_storage), (UNIFORM, n_uniform))]
+    pool_info = vk.VkDescriptorPoolCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+        maxSets=max(1, len(dispatches)), poolSizeCount=len(sizes), pPoolSizes=sizes)
+    pool = vk_call(vk.vkCreateDescriptorPool, dev, pool_info, None,
+                   what="the graph's descriptor pool")
+    for d in dispatches:
+        alloc = vk.VkDescriptorSetAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
+            descriptorSetCount=1, pSetLayouts=[d.pipeline.set_layout])
+        d.descriptor_set = vk_call(vk.vkAllocateDescriptorSets, dev, alloc,
+                                   what=f"node {d.node_id} ({d.op})")[0]
+        infos = [vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size)
+                 for b in d.buffers]
+        writes = [vk.VkWriteDescriptorSet(
+            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=d.descriptor_set,
+            dstBinding=i, descriptorCount=1, descriptorType=t, pBufferInfo=[infos[i]])
+            for i, t in enumerate(d.pipeline.binding_types)]
+        vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
+        del infos, writes
+    return pool
+
+
+def _barrier(cmd, src_stage, src_access, dst_stage, dst_access):
+    mb = vk.VkMemoryBarrier(sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                            srcAccessMask=src_access, dstAccessMask=dst_access)
+    vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
+
+
+def _copy(cmd, src, dst, size):
+    region = vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=size)
+    vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [region])
+
+
+def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None):
+    """Allocate and record one primary command buffer; return (command buffer,
+    number of pipeline barriers between dispatches).
+
+    staged_inputs / staged_outputs: Tensors with a ``staging`` buffer to copy from /
+    to. timestamps: a query pool with len(dispatches) + 1 queries, or None.
+    """
+    dev = device.device
+    alloc = vk.VkCommandBufferAllocateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        commandBufferCount=1)
+    cmd = vk_call(vk.vkAllocateCommandBuffers, dev, alloc, what="the graph")[0]
+    begin = vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO)
+    vk_call(vk.vkBeginCommandBuffer, cmd, begin, what="the graph")
+    if timestamps is not None:
+        vk.vkCmdResetQueryPool(cmd, timestamps, 0, len(dispatches) + 1)
+        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps, 0)
+    for t in staged_inputs:
+        _copy(cmd, t.staging, t.buffer, t.staging.size)
+    if staged_inputs:
+        _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT, _COMPUTE, _SHADER_RW)
+    written, read, barriers = set(), set(), 0
+    for i, d in enumerate(dispatches):
+        hazard = (d.reads & written) or (d.writes & (written | read))
+        if hazard or (timestamps is not None and i > 0):
+            _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _COMPUTE, _SHADER_RW)
+            written, read = set(), set()
+            barriers += 1
+        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.pipeline)
+        vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                   d.pipeline.layout, 0, 1, [d.descriptor_set], 0, None)
+        vk.vkCmdDispatch(cmd, *d.groups)
+        if timestamps is not None:
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
+                                   timestamps, i + 1)
+        written |= d.writes
+        read |= d.reads
+    if staged_outputs:
+        _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _TRANSFER,
+                 vk.VK_ACCESS_TRANSFER_READ_BIT)
+        for t in staged_outputs:
+            _copy(cmd, t.buffer, t.staging, t.staging.size)
+        _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                 vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+    else:
+        _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT,
+                 vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+    vk_call(vk.vkEndCommandBuffer, cmd, what="the graph")
+    return cmd, barriers
+
+
+def run_once(device, fill, timeout_s: float = 60.0) -> None:
+    """Record commands with ``fill(cmd)`` into a one-time command buffer, submit it and
+    wait (used at load, e.g. to copy constants from staging memory)."""
+    from vkdelegate.runtime.vkcall import wait_fence
+    dev = device.device
+    alloc = vk.VkCommandBufferAllocateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        commandBufferCount=1)
+    cmd = vk_call(vk.vkAllocateCommandBuffers, dev, alloc, what="an upload")[0]
+    begin = vk.VkCommandBufferBeginInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+        flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
+    vk_call(vk.vkBeginCommandBuffer, cmd, begin, what="an upload")
+    fill(cmd)
+    vk_call(vk.vkEndCommandBuffer, cmd, what="an upload")
+    fence = vk_call(vk.vkCreateFence, dev,
+                    vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None,
+                    what="an upload")
+    submit = vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1,
+                             pCommandBuffers=[cmd])
+    try:
+        vk_call(vk.vkQueueSubmit, device.queue, 1, [submit], fence, what="an upload")
+        wait_fence(dev, fence, timeout_s, "an upload")
+    finally:
+        vk.vkDestroyFence(dev, fence, None)
+        vk.vkFreeCommandBuffers(dev, device.command_pool, 1, [cmd])

@@ -1,0 +1,98 @@
+"""Tensor dtypes on the device and their conversion at the staging boundary.
+
+A tensor's *graph dtype* is the one serialized in the VkGraph (numpy name); its *device
+dtype* is how it is stored in its storage buffer:
+
+- float64 -> float32 and int64 -> int32: Vulkan compute has no portable 64-bit
+  arithmetic. The conversion happens when inputs are written and outputs read; an int64
+  input value outside the int32 range raises VkDelegateError (never wraps silently).
+- float16 stays float16 where the device has ``storageBuffer16BitAccess``; otherwise it
+  is stored as float32 (same values, twice the memory).
+- int8, uint8 and bool stay 8-bit where the device has ``storageBuffer8BitAccess``;
+  otherwise they are stored as int32. bool is stored as 0/1 bytes (uint8_t in GLSL).
+
+Shaders compute in ``ACC_T``: float for floating dtypes (so fp16 math accumulates in
+fp32), int for integer and bool dtypes. GLSL converts every storage type to its ACC_T
+with a constructor (8-bit storage values only convert to 32-bit ints, hence int).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vkdelegate.errors import VkDelegateError
+
+GLSL_TYPES = {"float32": "float", "float16": "float16_t", "int32": "int",
+              "int8": "int8_t", "uint8": "uint8_t", "bool": "uint8_t"}
+FLOATING = frozenset({"float32", "float16", "float64"})
+
+
+def device_dtype(dtype: str, info) -> str:
+    """The storage dtype on device ``info`` (a DeviceInfo) of graph dtype ``dtype``."""
+    if dtype == "float64":
+        return "float32"
+    if dtype == "int64":
+        return "int32"
+    if dtype == "float16" and not info.storage_16bit:
+        return "float32"
+    if dtype in ("int8", "uint8", "bool") and not info.storage_8bit:
+        return "int32"
+    if dtype not in GLSL_TYPES:
+        raise VkDelegateError(f"dtype {dtype} cannot be stored on a Vulkan device")
+    return dtype
+
+
+def acc_type(dtype: str) -> str:
+    """GLSL arithmetic type for values of graph dtype ``dtype``."""
+    return "float" if dtype in FLOATING else "int"
+
+
+def storage_defines(**tensors) -> dict[str, str]:
+    """Shader defines for the storage types of named tensors.
+
+    ``storage_defines(OUT=out, IN=x)`` -> ``{"OUT_T": "float16_t", "IN_T": "float",
+    "STORAGE_16BIT": "1"}``; the STORAGE_8BIT/16BIT flags make common.h enable the GLSL
+    extensions those types need. Values are Tensors or device dtype names.
+    """
+    defines = {}
+    for name, t in tensors.items():
+        glsl = GLSL_TYPES[t if isinstance(t, str) else t.device_dtype]
+        defines[f"{name}_T"] = glsl
+        if glsl == "float16_t":
+            defines["STORAGE_16BIT"] = "1"
+        elif glsl in ("int8_t", "uint8_t"):
+            defines["STORAGE_8BIT"] = "1"
+    return defines
+
+
+def to_device(array: np.ndarray, dev_dtype: str, what: str) -> np.ndarray:
+    """``array`` converted to ``dev_dtype`` for upload, range-checked for int64."""
+    array = np.asarray(array)
+    if array.dtype == np.int64 and dev_dtype == "int32" and array.size:
+        lo, hi = array.min(), array.max()
+        info = np.iinfo(np.int32)
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise VkDelegateError(f"{what}: int64 value {bad} does not fit in int32, "
+                                  f"the device representation of int64 tensors")
+    if array.dtype == np.bool_ and dev_dtype == "int32":
+        return array.astype(np.int32)
+    return np.ascontiguousarray(array, dtype=np.dtype(dev_dtype))
+
+
+def from_device(array: np.ndarray, dtype: str) -> np.ndarray:
+    """A device-dtype array converted back to graph dtype ``dtype`` (a new array)."""
+    if dtype == "bool":
+        return array != 0
+    return array.astype(np.dtype(dtype), copy=True)
+
+
+class StorageProfile:
+    """The storage capabilities ``device_dtype`` looks at, without a device."""
+
+    def __init__(self, storage_8bit: bool, storage_16bit: bool):
+        self.storage_8bit = storage_8bit
+        self.storage_16bit = storage_16bit
+
+
+#: Devices with 8/16-bit storage and without: variants are declared for both.
+STORAGE_PROFILES = (StorageProfile(True, True), StorageProfile(False, False))

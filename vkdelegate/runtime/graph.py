@@ -1,0 +1,330 @@
+"""``DelegateGraph``: one partition built once on a device and replayed per inference.
+
+Load (constructor): allocate every tensor (upper-bound sizes; shared ``mem_obj_id``
+memory aliased), upload constants, run each node's op ``impl`` (which declares its
+dispatches through a ``NodeBuilder``), create descriptor sets and record ONE command
+buffer. ``execute``: write inputs into mapped memory, one queue submit, one fence wait,
+read outputs; host cost does not depend on the number of nodes. New input sizes within
+the upper bounds trigger a resize walk (each op's ``shape_fn`` gives its output sizes;
+metadata uniform buffers are rewritten) and never a re-recording: ``recordings`` counts
+how often the main command buffer was recorded (always 1).
+
+How to add an op: docs/RUNTIME.md, section "How to add an op". In short, an op is an
+``OpSpec(name, dtypes, impl, shape_fn)`` registered in vkdelegate/backend/ops/<family>.py;
+``impl(b: NodeBuilder, node: OperatorCall) -> None`` declares dispatches with
+``b.dispatch(shader, defines, outputs, inputs, params, global_size, local_size)``;
+``shape_fn(args) -> tuple | list[tuple]`` gets the node's arguments without the output
+(tensors as objects with ``.shape``/``.dtype``, scalars and lists as Python values) and
+returns the output sizes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import vulkan as vk
+
+from vkdelegate.backend.registry import lookup
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime import commands
+from vkdelegate.runtime.builder import NodeBuilder
+from vkdelegate.runtime.device import Device, default_device
+from vkdelegate.runtime.dtypes import device_dtype, from_device, to_device
+from vkdelegate.runtime.memory import (HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE,
+                                       UNIFORM_USAGE, Allocator)
+from vkdelegate.runtime.params import META_BYTES, ParamBuffer
+from vkdelegate.runtime.profiler import Profile
+from vkdelegate.runtime.tensor import Tensor
+from vkdelegate.runtime.vkcall import vk_call, wait_fence
+from vkdelegate.serialization import vkgraph as g
+
+_SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
+            g.String: "string_val", g.SymInt: "value"}
+
+
+class DelegateGraph:
+    """An executable partition.
+
+    graph: the VkGraph. constant_bytes: ``f(i) -> bytes`` resolving
+    ``graph.constants[i]``. device: a Device, a selector (index or name substring) or
+    None (default device). staging: None picks per device (zero-copy when device-local
+    memory is host-visible), True always copies inputs/outputs through staging buffers,
+    False maps tensor memory directly. timeout_s: fence wait limit per execute.
+    Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
+    Call ``close()`` (or use ``with``) to free device memory.
+    """
+
+    def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
+                 device=None, staging: bool | None = None, timeout_s: float = 30.0):
+        self.device = device if isinstance(device, Device) else default_device(device)
+        self.graph = graph
+        self.timeout_s = timeout_s
+        self.allocator = Allocator(self.device)
+        self.dispatches: list = []
+        self.resize_hooks: list = []
+        self.constant_arrays: dict[int, np.ndarray] = {}
+        self.recordings = 0
+        self._pending_uploads: list = []
+        self._closed = True
+        if staging is None:
+            staging = not self._has_mappable_device_memory()
+        self.staging = staging
+        io_ids = set(graph.input_ids) | set(graph.output_ids)
+        self._values: dict[int, object] = {}
+        self._allocate_tensors(io_ids, constant_bytes)
+        self.inputs = [self._io_tensor(v, "input") for v in graph.input_ids]
+        self.outputs = [self._io_tensor(v, "output") for v in graph.output_ids]
+        if staging:
+            for t in {id(t): t for t in self.inputs + self.outputs}.values():
+                t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
+                                                  f"staging of {t.name}")
+        self._specs = self._build_nodes()
+        self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
+        self._closed = False
+        self._flush_uploads()
+        self._cmd, self.barriers = commands.record(
+            self.device, self.dispatches, self._staged(self.inputs),
+            self._staged(self.outputs))
+        self.recordings += 1
+        dev = self.device.device
+        self._fence = vk_call(vk.vkCreateFence, dev, vk.VkFenceCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None, what="the graph")
+        self._submit = [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                        commandBufferCount=1, pCommandBuffers=[self._cmd])]
+        self._in_views = [t.host_view() for t in self.inputs]
+        self._out_views = [t.host_view() for t in self.outputs]
+        self._shapes = tuple(t.shape for t in self.inputs)
+        self._profile_cmd = self._query_pool = None
+        self.last_profile: Profile | None = None
+
+    # ---- load ------------------------------------------------------------------------
+    def _has_mappable_device_memory(self) -> bool:
+        want = HOST_FLAGS | vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+        mp = self.device.memory_properties
+        return any((mp.memoryTypes[i].propertyFlags & want) == want
+                   for i in range(mp.memoryTypeCount))
+
+    def _allocate_tensors(self, io_ids, constant_bytes):
+        groups: dict[int, list[int]] = {}
+        for vid, v in enumerate(self.graph.values):
+            if isinstance(v, g.VkTensor):
+                key = v.mem_obj_id if v.mem_obj_id >= 0 and v.constant_id < 0 else -1 - vid
+                groups.setdefault(key, []).append(vid)
+        for vids in groups.values():
+            specs = [self.graph.values[v] for v in vids]
+            dtypes = [g.DTYPE_NAMES.get(s.datatype) for s in specs]
+            for vid, dt in zip(vids, dtypes):
+                if dt is None:
+                    raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
+                                          f"{int(specs[0].datatype)})")
+            dev_dtypes = [device_dtype(dt, self.device.info) for dt in dtypes]
+            host = not self.staging and any(v in io_ids or s.constant_id >= 0
+                                            for v, s in zip(vids, specs))
+            bufs = self.allocator.aliased(
+                [Tensor.nbytes_for(d, s.dims) for d, s in zip(dev_dtypes, specs)],
+                STORAGE_USAGE, host, [f"tensor {v}" for v in vids])
+            for vid, s, dt, ddt, buf in zip(vids, specs, dtypes, dev_dtypes, bufs):
+                t = Tensor(vid, dt, ddt, s.dims, buf, self._meta(f"metadata of tensor {vid}"),
+                           constant=s.constant_id >= 0)
+                self._values[vid] = t
+                if s.constant_id >= 0:
+                    self._load_constant(t, s.constant_id, constant_bytes)
+
+    def _load_constant(self, t: Tensor, cid: int, constant_bytes):
+        if not 0 <= cid < len(self.graph.constants):
+            raise VkDelegateError(f"{t.name}: constant_id {cid} out of range "
+                                  f"({len(self.graph.constants)} constants)")
+        data = constant_bytes(cid)
+        expected = t.max_numel * np.dtype(t.dtype).itemsize
+        if len(data) != expected:
+            raise VkDelegateError(f"{t.name}: constant {cid} has {len(data)} bytes, "
+                                  f"{t.dtype} {list(t.max_shape)} needs {expected}")
+        array = np.frombuffer(data, dtype=t.dtype).reshape(t.max_shape)
+        self.constant_arrays[t.value_id] = array
+        self.upload(t, array)
+
+    def _meta(self, what: str) -> ParamBuffer:
+        return ParamBuffer(self.allocator.buffer(META_BYTES, UNIFORM_USAGE, True, what), what)
+
+    def new_tensor(self, vid: int, dtype: str, shape, constant: bool = False) -> Tensor:
+        """A tensor outside the VkGraph values (op temporaries, prepacked weights)."""
+        ddt = device_dtype(dtype, self.device.info)
+        what = "prepacked constant" if constant else "temporary tensor"
+        buf = self.allocator.buffer(Tensor.nbytes_for(ddt, shape), STORAGE_USAGE,
+                                    constant and not self.staging, what)
+        return Tensor(vid, dtype, ddt, shape, buf, self._meta(f"metadata of {what}"),
+                      constant=constant)
+
+    def new_params(self, data: bytes, what: str) -> ParamBuffer:
+        p = ParamBuffer(self.allocator.buffer(len(data), UNIFORM_USAGE, True, what), what)
+        p.write(data)
+        return p
+
+    def upload(self, t: Tensor, array: np.ndarray) -> None:
+        """Write ``array`` into ``t`` (directly if mapped, else through staging memory
+        copied once before the command buffer is recorded)."""
+        data = to_device(array, t.device_dtype, t.name).reshape(-1)
+        if data.size != t.max_numel:
+            raise VkDelegateError(f"{t.name}: {data.size} values for {t.max_numel} elements")
+        raw = data.view(np.uint8)
+        if t.buffer.host is not None:
+            t.buffer.host[:raw.size] = raw
+            return
+        stage = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
+                                      f"upload of {t.name}")
+        stage.host[:raw.size] = raw
+        self._pending_uploads.append((stage, t.buffer))
+
+    def _flush_uploads(self):
+        if not self._pending_uploads:
+            return
+
+        def fill(cmd):
+            for src, dst in self._pending_uploads:
+                vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1,
+                                   [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=src.size)])
+        commands.run_once(self.device, fill, self.timeout_s)
+        self._pending_uploads = []
+
+    def resolve(self, vid: int):
+        """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value)."""
+        if vid in self._values:
+            return self._values[vid]
+        if not isinstance(vid, int) or not 0 <= vid < len(self.graph.values):
+            raise VkDelegateError(f"value id {vid} out of range "
+                                  f"({len(self.graph.values)} values)")
+        v = self.graph.values[vid]
+        if isinstance(v, g.Null):
+            out = None
+        elif type(v) in _SCALARS:
+            out = getattr(v, _SCALARS[type(v)])
+        elif isinstance(v, (g.IntList, g.DoubleList, g.BoolList)):
+            out = list(v.items)
+        elif isinstance(v, g.ValueList):
+            out = [self.resolve(i) for i in v.items]
+        else:
+            raise VkDelegateError(f"value {vid} has unsupported type {type(v).__name__}")
+        self._values[vid] = out
+        return out
+
+    def _io_tensor(self, vid: int, kind: str) -> Tensor:
+        t = self.resolve(vid)
+        if not isinstance(t, Tensor):
+            raise VkDelegateError(f"graph {kind} {vid} is not a tensor")
+        return t
+
+    def _build_nodes(self):
+        builder = NodeBuilder(self)
+        specs = []
+        for call in self.graph.chain:
+            spec = lookup(call.name)
+            builder.node = call
+            try:
+                spec.impl(builder, call)
+            except (IndexError, KeyError, TypeError) as exc:
+                raise VkDelegateError(f"node {call.node_id} ({call.name}): malformed "
+                                      f"arguments {call.args}: {exc!r}") from exc
+            specs.append(spec)
+        return specs
+
+    def _staged(self, tensors):
+        return list({id(t): t for t in tensors if t.staging is not None}.values())
+
+    # ---- run -------------------------------------------------------------------------
+    def execute(self, inputs: Sequence[np.ndarray], profile: bool = False) -> list[np.ndarray]:
+        """Run the graph on ``inputs`` (one numpy array per graph input, in order, with
+        the graph's dtypes; sizes up to the serialized upper bounds). Returns new
+        arrays, one per graph output. With ``profile=True`` the run uses a command
+        buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
+        Raises VkDelegateError for a wrong count, dtype, rank or size, or a timeout.
+        """
+        if self._closed:
+            raise VkDelegateError("execute() on a closed DelegateGraph")
+        if len(inputs) != len(self.inputs):
+            raise VkDelegateError(f"graph takes {len(self.inputs)} inputs, got {len(inputs)}")
+        arrays = []
+        for i, (x, t) in enumerate(zip(inputs, self.inputs)):
+            a = np.asarray(x)
+            if a.dtype.name != t.dtype:
+                raise VkDelegateError(f"input {i} has dtype {a.dtype.name}, the graph "
+                                      f"expects {t.dtype}")
+            if a.ndim != t.ndim:
+                raise VkDelegateError(f"input {i} has rank {a.ndim}, the graph expects "
+                                      f"{t.ndim} (sizes up to {list(t.max_shape)})")
+            arrays.append(a)
+        shapes = tuple(a.shape for a in arrays)
+        if shapes != self._shapes:
+            self.resize(shapes)
+        for i, (a, t, view) in enumerate(zip(arrays, self.inputs, self._in_views)):
+            view[:a.size] = to_device(a, t.device_dtype, f"input {i}").reshape(-1)
+        submit = self._submit if not profile else self._profile_submit()
+        dev = self.device.device
+        vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence, what="the graph")
+        wait_fence(dev, self._fence, self.timeout_s, "execute")
+        vk_call(vk.vkResetFences, dev, 1, [self._fence], what="the graph")
+        if profile:
+            self.last_profile = Profile.from_queries(self.device, self._query_pool,
+                                                     self.dispatches)
+        return [from_device(view[:t.numel], t.dtype).reshape(t.shape)
+                for t, view in zip(self.outputs, self._out_views)]
+
+    def resize(self, shapes) -> None:
+        """Set new input sizes and propagate them through every node's shape_fn;
+        VkDelegateError if a size exceeds its bound or a node cannot be resized."""
+        for t, s in zip(self.inputs, shapes):
+            t.set_shape(s)
+        for call, spec in zip(self.graph.chain, self._specs):
+            out = self.resolve(call.args[-1])
+            args = [self.resolve(a) for a in call.args[:-1]]
+            if spec.shape_fn is None:
+                if any(isinstance(a, Tensor) and a.shape != a.max_shape for a in args):
+                    raise VkDelegateError(f"node {call.node_id} ({call.name}) cannot run "
+                                          f"on resized inputs (no shape function)")
+                continue
+            new = spec.shape_fn(args)
+            outs = out if isinstance(out, list) else [out]
+            news = new if isinstance(new, list) else [new]
+            for t, s in zip(outs, news):
+                t.set_shape(s)
+        for hook in self.resize_hooks:
+            hook()
+        self._shapes = tuple(t.shape for t in self.inputs)
+
+    def _profile_submit(self):
+        if self.device.timestamp_bits == 0:
+            raise VkDelegateError(f"device {self.device.info.name} has no timestamp "
+                                  f"queries on its compute queue: cannot profile")
+        if self._profile_cmd is None:
+            info = vk.VkQueryPoolCreateInfo(sType=vk.VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                            queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
+                                            queryCount=len(self.dispatches) + 1)
+            self._query_pool = vk_call(vk.vkCreateQueryPool, self.device.device, info, None,
+                                       what="the profiling query pool")
+            self._profile_cmd, _ = commands.record(
+                self.device, self.dispatches, self._staged(self.inputs),
+                self._staged(self.outputs), timestamps=self._query_pool)
+            self._profile_submits = [vk.VkSubmitInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1,
+                pCommandBuffers=[self._profile_cmd])]
+        return self._profile_submits
+
+    def close(self) -> None:
+        """Free the command buffers, descriptor sets, fence and memory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        dev = self.device.device
+        vk.vkQueueWaitIdle(self.device.queue)
+        cmds = [c for c in (self._cmd, self._profile_cmd) if c is not None]
+        vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(cmds), cmds)
+        if self._query_pool is not None:
+            vk.vkDestroyQueryPool(dev, self._query_pool, None)
+        vk.vkDestroyFence(dev, self._fence, None)
+        vk.vkDestroyDescriptorPool(dev, self._pool, None)
+        self.allocator.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

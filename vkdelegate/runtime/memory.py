@@ -1,0 +1,153 @@
+"""Device memory: buffers sub-allocated from large blocks.
+
+Vulkan implementations limit the number of live allocations (``maxMemoryAllocationCount``
+can be as low as 4096) and each allocation is slow, so an ``Allocator`` takes memory in
+blocks of ``block_size`` bytes (or one dedicated block for a larger buffer) and places
+buffers in them at offsets that respect each buffer's alignment requirement. Buffers
+that may alias (tensors with the same ``mem_obj_id``, whose lifetimes do not overlap)
+are placed at one offset of one block: the region is as large as the largest and uses a
+memory type allowed by the intersection of all their memory-type bits.
+
+Host-visible blocks are mapped once for their whole size; a ``Buffer`` in such a block
+exposes ``host`` (a writable numpy uint8 view of exactly its bytes). Everything is freed
+by ``Allocator.close()``: an allocator belongs to one graph and lives as long as it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import vulkan as vk
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.vkcall import vk_call
+
+DEFAULT_BLOCK_SIZE = 64 << 20
+HOST_FLAGS = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+STORAGE_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+UNIFORM_USAGE = vk.VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT
+STAGING_USAGE = vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+
+
+@dataclass
+class Buffer:
+    """A VkBuffer bound to ``size`` bytes at ``offset`` in a memory block.
+
+    region: id of the memory region; buffers that alias share it (used to find
+    read/write hazards between dispatches). host: numpy uint8 view of the buffer's
+    bytes when its memory is host-visible, else None.
+    """
+
+    handle: object
+    size: int
+    region: int
+    host: np.ndarray | None
+    what: str
+
+
+class _Block:
+    def __init__(self, allocator: "Allocator", type_index: int, size: int):
+        dev = allocator.device
+        info = vk.VkMemoryAllocateInfo(sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                       allocationSize=size, memoryTypeIndex=type_index)
+        self.memory = vk_call(vk.vkAllocateMemory, dev.device, info, None,
+                              what=f"a {size}-byte memory block (type {type_index})")
+        self.type_index = type_index
+        self.size = size
+        self.used = 0
+        self.host = None
+        if dev.memory_flags(type_index) & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
+            # vkMapMemory in the binding returns a buffer of exactly the size passed.
+            mapped = vk_call(vk.vkMapMemory, dev.device, self.memory, 0, size, 0,
+                             what="a memory block")
+            self.host = np.frombuffer(mapped, dtype=np.uint8)
+
+    def place(self, size: int, alignment: int) -> int | None:
+        offset = -(-self.used // alignment) * alignment
+        if offset + size > self.size:
+            return None
+        self.used = offset + size
+        return offset
+
+
+class Allocator:
+    """Sub-allocates buffers from large device-memory blocks (see module docstring).
+
+    Raises VkDelegateError naming the buffer (``what``) when it exceeds a device limit
+    or no memory type fits.
+    """
+
+    def __init__(self, device, block_size: int = DEFAULT_BLOCK_SIZE):
+        self.device = device
+        self.block_size = block_size
+        self._blocks: list[_Block] = []
+        self._buffers: list = []
+        self._regions = 0
+
+    def buffer(self, size: int, usage: int, host_visible: bool, what: str) -> Buffer:
+        """One buffer of ``size`` bytes (0 is rounded up to 16) in its own region."""
+        return self.aliased([size], usage, host_visible, [what])[0]
+
+    def aliased(self, sizes: list[int], usage: int, host_visible: bool,
+                whats: list[str]) -> list[Buffer]:
+        """Buffers that share one memory region (their contents may alias)."""
+        dev = self.device
+        handles, type_bits, alignment, need = [], ~0, 1, 1
+        for size, what in zip(sizes, whats):
+            size = max(int(size), 16)
+            if usage & vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT and \
+                    size > dev.info.max_storage_buffer_range:
+                raise VkDelegateError(
+                    f"{what} needs {size} bytes, over this device's maxStorageBufferRange "
+                    f"of {dev.info.max_storage_buffer_range} bytes ({dev.info.name})")
+            info = vk.VkBufferCreateInfo(sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                                         size=size, usage=usage,
+                                         sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+            handle = vk_call(vk.vkCreateBuffer, dev.device, info, None, what=what)
+            self._buffers.append(handle)
+            req = vk.vkGetBufferMemoryRequirements(dev.device, handle)
+            handles.append((handle, size))
+            type_bits &= req.memoryTypeBits
+            alignment = max(alignment, req.alignment)
+            need = max(need, req.size)
+        required = HOST_FLAGS if host_visible else 0
+        type_index = dev.find_memory_type(type_bits & 0xFFFFFFFF, required,
+                                          vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        block, offset = self._place(type_index, need, alignment, whats[0])
+        self._regions += 1
+        out = []
+        for (handle, size), what in zip(handles, whats):
+            vk_call(vk.vkBindBufferMemory, dev.device, handle, block.memory, offset,
+                    what=what)
+            host = None if block.host is None else block.host[offset:offset + size]
+            out.append(Buffer(handle, size, self._regions, host, what))
+        return out
+
+    def _place(self, type_index: int, size: int, alignment: int, what: str):
+        for block in self._blocks:
+            if block.type_index == type_index:
+                offset = block.place(size, alignment)
+                if offset is not None:
+                    return block, offset
+        if len(self._blocks) >= self.device.info.max_allocation_count:
+            raise VkDelegateError(f"{what}: device allocation count limit "
+                                  f"({self.device.info.max_allocation_count}) reached")
+        block = _Block(self, type_index, max(self.block_size, size))
+        self._blocks.append(block)
+        return block, block.place(size, alignment)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of device memory held in blocks."""
+        return sum(b.size for b in self._blocks)
+
+    def close(self) -> None:
+        dev = self.device.device
+        for handle in self._buffers:
+            vk.vkDestroyBuffer(dev, handle, None)
+        for block in self._blocks:
+            if block.host is not None:
+                vk.vkUnmapMemory(dev, block.memory)
+            vk.vkFreeMemory(dev, block.memory, None)
+        self._buffers, self._blocks = [], []

@@ -1,0 +1,88 @@
+"""Uniform parameter buffers: the tensor metadata record and op-owned blocks.
+
+``TensorMeta`` mirrors the GLSL block in ``vkdelegate/shaders/glsl/tensor_meta.h``::
+
+    struct TensorMeta {
+      ivec4 sizes[2];    // sizes, innermost dim first, padded with 1
+      ivec4 strides[2];  // element strides, innermost first, padded with 0
+      ivec4 info;        // x: numel, y: ndim
+    };
+
+Under std140 an ivec4 (and an array of them) is 16-byte aligned with a 16-byte stride,
+so the block is five tight 16-byte rows: 80 bytes, 20 int32. Op-owned blocks follow the
+same rule (made only of vec4/ivec4 rows, built with ``vec4``/``ivec4``), which makes
+std140 packing a plain concatenation.
+
+A ``ParamBuffer`` is a host-visible, coherent uniform buffer; ``write`` changes its bytes
+in place, and the next submit sees them (no re-recording).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vkdelegate.errors import VkDelegateError
+
+MAX_META_DIMS = 8
+META_INTS = 20
+META_BYTES = META_INTS * 4
+
+
+def meta_record(shape) -> np.ndarray:
+    """The TensorMeta record (int32[20]) of a contiguous tensor of sizes ``shape``."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) > MAX_META_DIMS:
+        raise VkDelegateError(f"rank {len(shape)} tensor: the runtime supports rank <= "
+                              f"{MAX_META_DIMS}")
+    rec = np.zeros(META_INTS, dtype=np.int32)
+    rec[0:8] = 1
+    stride = 1
+    for d, size in enumerate(reversed(shape)):
+        rec[d] = size
+        rec[8 + d] = stride
+        stride *= size
+    rec[16] = math.prod(shape)
+    rec[17] = len(shape)
+    return rec
+
+
+def ivec4(*values) -> np.ndarray:
+    """One std140 ivec4 row (missing components are 0)."""
+    row = np.zeros(4, dtype=np.int32)
+    row[:len(values)] = values
+    return row
+
+
+def vec4(*values) -> np.ndarray:
+    """One std140 vec4 row (missing components are 0)."""
+    row = np.zeros(4, dtype=np.float32)
+    row[:len(values)] = values
+    return row
+
+
+def record(*rows) -> bytes:
+    """Concatenate vec4/ivec4 rows into a std140 block's bytes."""
+    return b"".join(np.asarray(r).tobytes() for r in rows)
+
+
+class ParamBuffer:
+    """A uniform buffer the host rewrites between submits.
+
+    buffer: the memory.Buffer (host-visible). what: name for error messages.
+    """
+
+    def __init__(self, buffer, what: str):
+        self.buffer = buffer
+        self.what = what
+        self.writes = 0
+
+    def write(self, data) -> None:
+        """Overwrite the block's leading bytes with ``data`` (bytes or numpy array)."""
+        raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray)
+                            else data.tobytes(), dtype=np.uint8)
+        if raw.size > self.buffer.size:
+            raise VkDelegateError(f"{self.what}: {raw.size} bytes do not fit its "
+                                  f"{self.buffer.size}-byte uniform buffer")
+        self.buffer.host[:raw.size] = raw
+        self.writes += 1

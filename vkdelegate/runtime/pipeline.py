@@ -1,0 +1,98 @@
+"""Compute pipelines, cached per device by (shader variant, bindings, specialization).
+
+A ``Pipeline`` owns its shader module, descriptor set layout, pipeline layout and
+VkPipeline. The descriptor layout follows the binding convention of
+``NodeBuilder.dispatch``: storage buffers for the tensors written, then for the tensors
+read, then uniform buffers for the parameter blocks, numbered from 0 in that order.
+Specialization constants 0, 1, 2 are the workgroup size (``local_size_x_id`` ... in
+common.h); an op's own specialization constants follow from id 3.
+"""
+from __future__ import annotations
+
+import numpy as np
+import vulkan as vk
+
+from vkdelegate.runtime.vkcall import vk_call
+from vkdelegate.shaders.compiler import default_compiler
+from vkdelegate.shaders.variants import variant_key
+
+STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+UNIFORM = vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+
+
+class Pipeline:
+    """One compute pipeline; ``binding_types`` lists each binding's descriptor type."""
+
+    def __init__(self, device, shader: str, defines: dict, binding_types: tuple,
+                 spec_constants: tuple):
+        self.name = shader
+        self.binding_types = binding_types
+        dev = device.device
+        what = f"shader {shader}"
+        spirv = default_compiler().compile(shader, defines)
+        module_info = vk.VkShaderModuleCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+            codeSize=len(spirv), pCode=spirv)
+        self.module = vk_call(vk.vkCreateShaderModule, dev, module_info, None, what=what)
+        bindings = [vk.VkDescriptorSetLayoutBinding(
+            binding=i, descriptorType=t, descriptorCount=1,
+            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i, t in enumerate(binding_types)]
+        layout_info = vk.VkDescriptorSetLayoutCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+            bindingCount=len(bindings), pBindings=bindings)
+        self.set_layout = vk_call(vk.vkCreateDescriptorSetLayout, dev, layout_info, None,
+                                  what=what)
+        pl_info = vk.VkPipelineLayoutCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+            setLayoutCount=1, pSetLayouts=[self.set_layout])
+        self.layout = vk_call(vk.vkCreatePipelineLayout, dev, pl_info, None, what=what)
+        # Keep the specialization data, map entries and entry-point name in locals until
+        # vkCreateComputePipelines returns: cffi frees what nothing references.
+        spec_data = np.asarray(spec_constants, dtype=np.int32).tobytes()
+        spec_buffer = vk.ffi.new("char[]", spec_data)
+        entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4)
+                   for i in range(len(spec_constants))]
+        spec = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
+                                       dataSize=len(spec_data), pData=spec_buffer)
+        entry_name = "main"
+        stage = vk.VkPipelineShaderStageCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=entry_name,
+            pSpecializationInfo=spec)
+        create = vk.VkComputePipelineCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
+            layout=self.layout)
+        self.pipeline = vk_call(vk.vkCreateComputePipelines, dev, vk.VK_NULL_HANDLE, 1,
+                                [create], None, what=what)[0]
+        del spec_buffer, entries, spec, stage, create
+
+    def destroy(self, dev) -> None:
+        vk.vkDestroyPipeline(dev, self.pipeline, None)
+        vk.vkDestroyPipelineLayout(dev, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
+        vk.vkDestroyShaderModule(dev, self.module, None)
+
+
+class PipelineCache:
+    """Pipelines of one device, created on first request and shared by all graphs."""
+
+    def __init__(self, device):
+        self.device = device
+        self._pipelines: dict[tuple, Pipeline] = {}
+
+    def get(self, shader: str, defines: dict, binding_types: tuple,
+            spec_constants: tuple) -> Pipeline:
+        key = (variant_key(shader, defines), binding_types, tuple(spec_constants))
+        pipe = self._pipelines.get(key)
+        if pipe is None:
+            pipe = Pipeline(self.device, shader, defines, binding_types, tuple(spec_constants))
+            self._pipelines[key] = pipe
+        return pipe
+
+    def __len__(self) -> int:
+        return len(self._pipelines)
+
+    def close(self) -> None:
+        for pipe in self._pipelines.values():
+            pipe.destroy(self.device.device)
+        self._pipelines.clear()

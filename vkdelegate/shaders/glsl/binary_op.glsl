@@ -1,0 +1,44 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+
+// Elementwise binary op with full broadcasting: out = OP_EXPR(a, b).
+// Defines: OUT_T, A_T, B_T (storage types), ACC_T (float or int), ACC_FLOAT (set for
+// float math), OP_EXPR (expression in a, b and ALPHA, e.g. "a + ALPHA * b").
+// Inputs broadcast on any axis: a dim of size 1 (or missing, the metadata pads with 1)
+// repeats. One invocation per output element; the grid is sized for the upper bound,
+// the current numel comes from out_meta.
+
+TENSOR_OUT(0, out_data, OUT_T)
+TENSOR_IN(1, a_data, A_T)
+TENSOR_IN(2, b_data, B_T)
+TENSOR_META(3, out_meta)
+TENSOR_META(4, a_meta)
+TENSOR_META(5, b_meta)
+layout(set = 0, binding = 6) uniform scalars_block { vec4 fscalars; ivec4 iscalars; };
+
+#ifdef ACC_FLOAT
+#define ALPHA fscalars.x
+#else
+#define ALPHA iscalars.x
+#endif
+
+void main() {
+  const uint i = linear_id();
+  if (i >= uint(numel_of(out_meta))) {
+    return;
+  }
+  uint rem = i;
+  int ia = 0;
+  int ib = 0;
+  for (int d = 0; d < ndim_of(out_meta); ++d) {
+    const int size = size_at(out_meta, d);
+    const int c = int(rem % uint(size));
+    rem /= uint(size);
+    ia += (size_at(a_meta, d) == 1 ? 0 : c) * stride_at(a_meta, d);
+    ib += (size_at(b_meta, d) == 1 ? 0 : c) * stride_at(b_meta, d);
+  }
+  const ACC_T a = ACC_T(a_data[ia]);
+  const ACC_T b = ACC_T(b_data[ib]);
+  out_data[i] = OUT_T(OP_EXPR);
+}

@@ -1,0 +1,34 @@
+// Included first by every vkdelegate compute shader (after #version and the include
+// directive extension): extensions, workgroup size and the shared helpers.
+#ifndef VKDELEGATE_COMMON_H
+#define VKDELEGATE_COMMON_H
+
+// 8/16-bit storage types only where the variant uses them; the runtime enables the
+// matching device features (see vkdelegate/runtime/dtypes.py for the fallback).
+#ifdef STORAGE_16BIT
+#extension GL_EXT_shader_16bit_storage : require
+#endif
+#ifdef STORAGE_8BIT
+#extension GL_EXT_shader_8bit_storage : require
+#endif
+
+// Workgroup size is specialization constants 0..2, chosen per op and shape at load.
+layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
+
+#include "tensor_meta.h"
+
+// Storage buffer declarations. Binding order is the runtime's: outputs, inputs, then
+// uniform parameter buffers (vkdelegate.runtime.graph.NodeBuilder.dispatch).
+#define TENSOR_OUT(b, name, T) \
+  layout(set = 0, binding = b) writeonly buffer name##_buffer { T name[]; };
+#define TENSOR_IN(b, name, T) \
+  layout(set = 0, binding = b) readonly buffer name##_buffer { T name[]; };
+
+// Linear invocation index over a grid of workgroups laid out in x then y: a 1-D range
+// longer than maxComputeWorkGroupCount[0] * local size is split into rows.
+uint linear_id() {
+  return gl_GlobalInvocationID.x
+      + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+}
+
+#endif
