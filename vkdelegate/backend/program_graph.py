@@ -92,10 +92,16 @@ def from_exported_program(ep) -> ProgramGraph:
                       in_spec=ep.call_spec.in_spec, out_spec=ep.call_spec.out_spec,
                       range_constraints=dict(ep.range_constraints))
     placeholder_of = {}
-    for spec in sig.input_specs:
-        name = spec.arg.name
+    # Input specs are in placeholder order. Use the nodes' names, not the specs': the
+    # copy may rename a placeholder that shadows a builtin ("input" -> "input_1").
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(sig.input_specs):
+        raise VkDelegateError("graph placeholders do not match the graph signature")
+    node_name = {}
+    for spec, node in zip(sig.input_specs, placeholders):
+        name = node_name[spec.arg.name] = node.name
         if spec.kind == InputKind.USER_INPUT:
-            placeholder_of[name] = len(pg.user_inputs)
+            placeholder_of[spec.arg.name] = len(pg.user_inputs)
             pg.user_inputs.append(name)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
                            InputKind.CONSTANT_TENSOR):
@@ -106,7 +112,7 @@ def from_exported_program(ep) -> ProgramGraph:
                 pg.constants[name] = value
         else:
             raise VkDelegateError(f"input {name} of kind {spec.kind.name} is not supported")
-    state_by_target = {s.target: s.arg.name for s in sig.input_specs
+    state_by_target = {s.target: node_name[s.arg.name] for s in sig.input_specs
                        if s.kind == InputKind.BUFFER}
     for i, spec in enumerate(sig.output_specs):
         if spec.kind == OutputKind.USER_OUTPUT:

@@ -1,0 +1,126 @@
+"""VulkanPartitioner: decisions, reasons, partitions, never raising.
+
+The registry is patched per test (monkeypatch restores it) with declarations for ops
+the real registry may or may not have, so that these tests do not depend on which op
+families have landed.
+"""
+import logging
+
+import pytest
+import torch
+
+from vkdelegate.backend import registry
+from vkdelegate.backend.partitioner import VulkanPartitioner
+from vkdelegate.backend.registry import FLOAT_DTYPES, OpSpec
+
+
+def _impl(*args):  # runtime implementation; never called by the partitioner
+    raise AssertionError("not called")
+
+
+@pytest.fixture
+def fake_ops(monkeypatch):
+    """Declare sin (any float), cos (rule rejects rank > 1), exp (raising rule)."""
+    registry.load_all()
+
+    def rank_rule(node):
+        return "cos only on 1-d tensors" if node.args[0].rank > 1 else None
+
+    def broken_rule(node):
+        raise RuntimeError("boom")
+
+    specs = [
+        OpSpec("aten.sin.default", FLOAT_DTYPES, _impl, shape_fn=lambda *a: None),
+        OpSpec("aten.cos.default", FLOAT_DTYPES, _impl, rules=(rank_rule,)),
+        OpSpec("aten.exp.default", FLOAT_DTYPES, _impl, rules=(broken_rule,)),
+    ]
+    for spec in specs:
+        monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    return specs
+
+
+class Chain(torch.nn.Module):
+    def forward(self, x, i):
+        a = torch.sin(x)
+        b = torch.cos(a)           # rank 2: rejected by the rule
+        c = torch.exp(b)           # the rule raises: stays on CPU with the reason
+        d = torch.sin(c)
+        return d, torch.sin(i.float()), torch.sort(x)[0]
+
+
+def _ep():
+    return torch.export.export(Chain(), (torch.randn(3, 5), torch.arange(4))
+                               ).run_decompositions()
+
+
+def _by_name(report):
+    return {d.name: d for d in report.decisions}
+
+
+def test_reasons_and_partitions(fake_ops, caplog):
+    with caplog.at_level(logging.INFO, logger="vkdelegate"):
+        report = VulkanPartitioner().report(_ep())
+    d = _by_name(report)
+    assert d["sin"].on_vulkan and d["sin_1"].on_vulkan
+    assert d["cos"].reasons == ["cos only on 1-d tensors"]
+    assert d["exp"].reasons == ["support check failed (RuntimeError: boom)"]
+    assert any("no Vulkan implementation of aten.sort" in r
+               for n in report.cpu_nodes for r in n.reasons)
+    # sin and sin_1 are separated by CPU nodes: two partitions (sin of i.float() joins
+    # one of them: independent nodes merge when that makes no cycle).
+    assert report.num_partitions == 2
+    assert len({d["sin"].partition, d["sin_1"].partition}) == 2
+    assert report.summary() in caplog.text
+    assert "cos only on 1-d tensors" in str(report)
+
+
+def test_dtype_reason(fake_ops):
+    ep = torch.export.export(Chain(), (torch.randn(3, 5).double(), torch.arange(4)))
+    d = _by_name(VulkanPartitioner().report(ep.run_decompositions()))
+    assert "argument 0 has dtype float64, supported: float16, float32" in d["sin"].reasons
+
+
+def test_allow_and_block_lists(fake_ops):
+    d = _by_name(VulkanPartitioner(operator_blocklist=[torch.ops.aten.sin.default])
+                 .report(_ep()))
+    assert d["sin"].reasons == ["in operator_blocklist"]
+    d = _by_name(VulkanPartitioner(operator_allowlist=["aten.cos.default"]).report(_ep()))
+    assert d["sin"].reasons == ["not in operator_allowlist"]
+
+
+def test_dynamic_shapes(fake_ops):
+    batch = torch.export.Dim("batch", min=2, max=16)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cos(torch.sin(x).sum(1))
+
+    ep = torch.export.export(M(), (torch.randn(4, 3),), dynamic_shapes=({0: batch},))
+    d = _by_name(VulkanPartitioner().report(ep.run_decompositions()))
+    assert d["sin"].on_vulkan                  # resizable
+    assert "dynamic shapes not supported by this op" in d["cos"].reasons
+    d = _by_name(VulkanPartitioner({"require_dynamic_shapes": True})
+                 .report(ep.run_decompositions()))
+    assert d["sin"].on_vulkan
+
+
+def test_unbounded_dynamic_dim_stays_on_cpu(fake_ops):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.sin(x)
+
+    ep = torch.export.export(M(), (torch.randn(4, 3),),
+                             dynamic_shapes=({0: torch.export.Dim("n")},))
+    d = _by_name(VulkanPartitioner().report(ep.run_decompositions()))
+    assert "has no upper bound" in d["sin"].reasons[0]
+
+
+def test_require_dynamic_shapes_rejects_static_only_ops(fake_ops):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cos(x)
+
+    ep = torch.export.export(M(), (torch.randn(4),)).run_decompositions()
+    assert _by_name(VulkanPartitioner().report(ep))["cos"].on_vulkan
+    d = _by_name(VulkanPartitioner({"require_dynamic_shapes": True}).report(ep))
+    assert d["cos"].reasons == ["op cannot be resized and require_dynamic_shapes is set"]

@@ -1,0 +1,123 @@
+"""Lowering passes: each changes the graph as intended and keeps eager's values."""
+import pytest
+import torch
+
+from vkdelegate.backend import registry
+from vkdelegate.backend.passes import fold_batch_norm, remove_noop_copies, run_passes
+from vkdelegate.backend.passes.linear import addmm_to_linear
+from vkdelegate.backend.program_graph import from_exported_program
+from vkdelegate.backend.registry import FLOAT_DTYPES, OpSpec
+
+aten = torch.ops.aten
+
+
+def _run(pg, *inputs):
+    """Execute the ProgramGraph's module with its constants, like the program would."""
+    values = dict(pg.constants)
+    values.update(pg.state)
+    values.update(zip(pg.user_inputs, inputs))
+    pg.gm.recompile()
+    args = [values[n.name] for n in pg.gm.graph.find_nodes(op="placeholder")]
+    return pg.gm(*args)
+
+
+def _targets(pg):
+    return [n.target for n in pg.gm.graph.nodes if n.op == "call_function"]
+
+
+def _randomize_bn(bn):
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.weight.data.normal_()
+    bn.bias.data.normal_()
+
+
+class ConvBn(torch.nn.Module):
+    def __init__(self, bias):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 5, 3, padding=1, bias=bias)
+        self.bn = torch.nn.BatchNorm2d(5)
+        self.conv2 = torch.nn.Conv2d(5, 7, 1, groups=1)
+        self.bn2 = torch.nn.BatchNorm2d(7)
+
+    def forward(self, x):
+        return self.bn2(self.conv2(torch.relu(self.bn(self.conv(x)))))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fold_batch_norm_into_conv(bias):
+    torch.manual_seed(0)
+    m = ConvBn(bias).eval()
+    _randomize_bn(m.bn)
+    _randomize_bn(m.bn2)
+    x = torch.randn(2, 3, 11, 7)
+    pg = from_exported_program(torch.export.export(m, (x,)))
+    assert fold_batch_norm(pg)
+    pg.drop_unused_constants()
+    assert aten._native_batch_norm_legit_no_training.default not in _targets(pg)
+    assert not any("running" in name for name in pg.constants)
+    (out,) = _run(pg, x)
+    torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_with_shared_conv_output_is_kept():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(2, 2, 1), torch.nn.BatchNorm2d(2)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y      # y is needed unnormalized too
+
+    pg = from_exported_program(torch.export.export(M().eval(), (torch.randn(1, 2, 3, 3),)))
+    assert not fold_batch_norm(pg)
+
+
+@pytest.fixture
+def with_linear(monkeypatch):
+    registry.load_all()
+    monkeypatch.setitem(registry.REGISTRY, "aten.linear.default",
+                        OpSpec("aten.linear.default", FLOAT_DTYPES, lambda *a: None))
+
+
+def test_linear_and_batch_norm1d(with_linear):
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4),
+                            torch.nn.Linear(4, 3, bias=False)).eval()
+    _randomize_bn(m[1])
+    x = torch.randn(5, 6)
+    pg = from_exported_program(torch.export.export(m, (x,)))
+    assert run_passes(pg) == ["addmm_to_linear", "fold_batch_norm"]
+    assert _targets(pg) == [aten.linear.default, aten.linear.default]
+    (out,) = _run(pg, x)
+    torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_linear_pass_needs_registry_op(monkeypatch):
+    registry.load_all()
+    monkeypatch.delitem(registry.REGISTRY, "aten.linear.default", raising=False)
+    m = torch.nn.Linear(3, 2)
+    pg = from_exported_program(torch.export.export(m, (torch.randn(4, 3),)))
+    assert not addmm_to_linear(pg)
+    assert aten.addmm.default in _targets(pg)
+
+
+def test_remove_noop_copies_keeps_returned_clone():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            a = x.clone() * 2
+            b = a.to(torch.float32) + 1          # same dtype: no-op
+            c = b.to(torch.float64)              # real conversion: kept
+            return c, b.clone()                  # returned clone: kept
+
+    x = torch.randn(3, 4)
+    pg = from_exported_program(torch.export.export(M(), (x,)))
+    assert remove_noop_copies(pg)
+    targets = _targets(pg)
+    assert targets.count(aten.clone.default) == 1
+    assert aten._to_copy.default in targets
+    out = _run(pg, x)
+    for got, want in zip(out, M()(x)):
+        torch.testing.assert_close(got, want)
+    assert not remove_noop_copies(pg)           # nothing left to remove

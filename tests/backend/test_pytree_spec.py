@@ -1,0 +1,40 @@
+"""Torch-free input/output structure: round trip against torch's pytree."""
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+from vkdelegate.backend import pytree_spec
+from vkdelegate.errors import VkDelegateError
+
+
+@pytest.mark.parametrize("value", [
+    (1, 2), [1, (2, 3)], {"a": 1, "b": (2, [3, 4])}, 7, (None, 5), ((), {"k": [1]}),
+])
+def test_matches_torch_pytree(value):
+    leaves, spec = pytree.tree_flatten(value)
+    ours = pytree_spec.from_treespec(spec)
+    pytree_spec.validate(ours)
+    assert pytree_spec.flatten(value, ours) == leaves
+    assert pytree_spec.num_leaves(ours) == len(leaves)
+    assert pytree_spec.unflatten(leaves, ours) == value
+
+
+def test_mismatch_names_position():
+    spec = pytree_spec.from_treespec(pytree.tree_flatten(((1, 2), {}))[1])
+    with pytest.raises(VkDelegateError, match=r"arguments\[0\]: expected 2 items, got 3"):
+        pytree_spec.flatten(((1, 2, 3), {}), spec, "arguments")
+
+
+def test_unsupported_container():
+    from collections import namedtuple
+
+    Point = namedtuple("Point", "x y")
+    with pytest.raises(VkDelegateError, match="container type namedtuple .* not supported"):
+        pytree_spec.from_treespec(pytree.tree_flatten(Point(1, 2))[1])
+
+
+@pytest.mark.parametrize("bad", [{"t": "set"}, {"t": "tuple"}, {"t": "dict", "k": [1],
+                                                                  "c": [{"t": "leaf"}]}])
+def test_validate_rejects_malformed(bad):
+    with pytest.raises(VkDelegateError, match="malformed tree spec"):
+        pytree_spec.validate(bad)
