@@ -1,0 +1,65 @@
+"""torch-side facts the builder needs: dtypes, upper-bound sizes, constant bytes.
+
+Separate from the builder so that the builder reads as graph walking only.
+"""
+from __future__ import annotations
+
+import torch
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization.vkgraph import VkDataType
+
+#: torch dtype -> VkDataType; other dtypes (bfloat16, int16, complex...) are rejected.
+TORCH_TO_VK = {
+    torch.bool: VkDataType.BOOL,
+    torch.uint8: VkDataType.UINT8,
+    torch.int8: VkDataType.INT8,
+    torch.int32: VkDataType.INT32,
+    torch.float16: VkDataType.FLOAT16,
+    torch.float32: VkDataType.FLOAT32,
+    torch.float64: VkDataType.FLOAT64,
+    torch.int64: VkDataType.INT64,
+}
+
+
+def vk_dtype(dtype: torch.dtype, where: str) -> VkDataType:
+    """The VkDataType of ``dtype``; VkDelegateError naming ``where`` if there is none."""
+    try:
+        return TORCH_TO_VK[dtype]
+    except KeyError:
+        raise VkDelegateError(f"{where}: dtype {dtype} has no Vulkan equivalent "
+                              f"(supported: {', '.join(str(d) for d in TORCH_TO_VK)})") from None
+
+
+def upper_bound(size, where: str) -> int:
+    """``size`` as an int: itself when static, the upper end of its value range when
+    it is a SymInt of an exported program with dynamic shapes.
+
+    Raises VkDelegateError when the range has no finite upper bound (a torch.export.Dim
+    without ``max``): device memory is allocated for the upper bound.
+    """
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    node = size.node
+    expr = node.expr
+    if expr.is_number:
+        return int(expr)
+    upper = node.shape_env.bound_sympy(expr).upper
+    # torch's int_oo claims is_finite; compare with the infinities instead.
+    from torch.utils._sympy.numbers import int_oo
+    import sympy
+
+    if upper in (int_oo, sympy.oo) or not upper.is_number:
+        raise VkDelegateError(
+            f"{where}: size {expr} has no upper bound; export with "
+            f"torch.export.Dim(..., max=N) so that memory can be sized for the largest case")
+    return int(upper)
+
+
+def tensor_bytes(tensor: torch.Tensor, where: str) -> bytes:
+    """The contiguous little-endian bytes of a CPU copy of ``tensor``."""
+    vk_dtype(tensor.dtype, where)
+    t = tensor.detach().to("cpu").contiguous()
+    if t.numel() == 0:
+        return b""
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()

@@ -1,0 +1,84 @@
+"""Shared allocations for intermediate tensors: assigns ``VkTensor.mem_obj_id``.
+
+Works on a built VkGraph (no torch). A tensor lives from the op that writes it (it is
+that op's output, the last arg, or an item of the output ValueList) to the last op
+that reads it. Walking the chain in order, each new tensor takes a memory object that
+no live tensor holds (the smallest that fits, else the largest, which then grows) or
+a new one; a tensor's object returns to the free pool after its last reader, and only
+after that op's own outputs are placed, because an op's output must not alias its
+inputs. Inputs, outputs and constants keep dedicated memory (-1): the host reads and
+writes them between runs.
+"""
+from __future__ import annotations
+
+from vkdelegate.serialization import vkgraph as vk
+
+_ITEM_BYTES = {vk.VkDataType.BOOL: 1, vk.VkDataType.UINT8: 1, vk.VkDataType.INT8: 1,
+               vk.VkDataType.INT32: 4, vk.VkDataType.FLOAT16: 2, vk.VkDataType.FLOAT32: 4,
+               vk.VkDataType.FLOAT64: 8, vk.VkDataType.INT64: 8}
+
+
+def _nbytes(t: vk.VkTensor) -> int:
+    n = _ITEM_BYTES.get(t.datatype, 4)
+    for d in t.dims:
+        n *= d
+    return n
+
+
+def _expand(graph: vk.VkGraph, ids) -> list[int]:
+    """``ids`` plus the items of any ValueList among them."""
+    out = []
+    for vid in ids:
+        out.append(vid)
+        value = graph.values[vid]
+        if isinstance(value, vk.ValueList):
+            out.extend(value.items)
+    return out
+
+
+def plan_memory(graph: vk.VkGraph) -> int:
+    """Sets ``mem_obj_id`` of every intermediate tensor of ``graph`` in place (and -1
+    on inputs, outputs and constants). Returns the number of memory objects used."""
+    pinned = set(_expand(graph, graph.input_ids)) | set(_expand(graph, graph.output_ids))
+    for vid, value in enumerate(graph.values):
+        if isinstance(value, vk.VkTensor):
+            value.mem_obj_id = -1
+            if value.constant_id >= 0:
+                pinned.add(vid)
+
+    def planned(vid: int) -> bool:
+        return isinstance(graph.values[vid], vk.VkTensor) and vid not in pinned
+
+    defined_at: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for k, op in enumerate(graph.chain):
+        if not op.args:
+            continue
+        for vid in _expand(graph, op.args[-1:]):
+            if planned(vid) and vid not in defined_at:
+                defined_at[vid] = k
+        for vid in _expand(graph, op.args):
+            if planned(vid):
+                last_use[vid] = k
+
+    sizes: list[int] = []          # per memory object: bytes it must hold
+    free: set[int] = set()
+    released_at: dict[int, list[int]] = {}
+    for k, op in enumerate(graph.chain):
+        for vid in (v for v in _expand(graph, op.args[-1:]) if defined_at.get(v) == k):
+            tensor = graph.values[vid]
+            need = _nbytes(tensor)
+            fits = [m for m in free if sizes[m] >= need]
+            if fits:
+                mem = min(fits, key=lambda m: (sizes[m], m))
+            elif free:
+                mem = max(free, key=lambda m: (sizes[m], -m))
+                sizes[mem] = need
+            else:
+                mem = len(sizes)
+                sizes.append(need)
+            free.discard(mem)
+            tensor.mem_obj_id = mem
+            released_at.setdefault(last_use.get(vid, k), []).append(mem)
+        free.update(released_at.pop(k, []))
+    return len(sizes)
