@@ -311,8 +311,23 @@ _DEFAULT: dict[str, Device] = {}
 
 
 def default_device(selector=None) -> Device:
-    """The shared Device for ``selector`` (see the module docstring), created once."""
+    """The shared Device for ``selector`` (see the module docstring), created once.
+
+    With ``VKDELEGATE_VALIDATION=1`` in the environment the device runs under the
+    Khronos validation layer (the test suite sets it).
+    """
     key = str(selector if selector is not None else os.environ.get("VKDELEGATE_DEVICE", ""))
     if key not in _DEFAULT:
-        _DEFAULT[key] = Device(selector)
+        validation = os.environ.get("VKDELEGATE_VALIDATION") == "1"
+        _DEFAULT[key] = Device(selector, validation=validation)
     return _DEFAULT[key]
+
+
+def drain_validation_messages() -> list[str]:
+    """Messages the validation layer reported on any live Device since the last
+    call, emptied."""
+    out = []
+    for sink in _MESSAGE_SINKS.values():
+        out.extend(sink)
+        sink.clear()
+    return out

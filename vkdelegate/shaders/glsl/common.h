@@ -31,4 +31,7 @@ uint linear_id() {
       + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
 }
 
+// A quiet NaN: GLSL leaves sqrt/log of negative numbers undefined, ATen gives NaN.
+#define NAN_F uintBitsToFloat(0x7fc00000u)
+
 #endif

@@ -1,0 +1,69 @@
+"""Matrix multiply: aten.mm.default (self [M, K] @ mat2 [K, N] -> [M, N]).
+
+When ``mat2`` is a constant (a weight), it is prepacked at load as its transpose
+[N, K] so that the shader's inner loop reads both operands contiguously; otherwise the
+shader reads it as stored. Accumulation is fp32 for fp16 data. Resizable in M (and K
+when mat2 is not a constant).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
+                                       storage_defines)
+from vkdelegate.shaders.variants import declare
+
+SHADER = "matmul"
+DTYPES = frozenset({"float32", "float16"})
+
+
+def _shape(args):
+    a, b = args
+    return (a.shape[0], b.shape[1])
+
+
+def _ranks(node: NodeSpec):
+    a, b = node.args[0], node.args[1]
+    if a.rank != 2 or b.rank != 2:
+        return f"mm needs two matrices, got ranks {a.rank} and {b.rank}"
+    return None
+
+
+def _same_dtype(node: NodeSpec):
+    dtypes = {t.dtype for t in node.tensors()}
+    return None if len(dtypes) == 1 else f"mixed dtypes {sorted(dtypes)}"
+
+
+def _defines(out, a, b, dtype: str, transposed: bool) -> dict:
+    d = storage_defines(OUT=out, A=a, B=b)
+    d["ACC_T"] = acc_type(dtype)
+    if transposed:
+        d["B_TRANSPOSED"] = "1"
+    return d
+
+
+def _impl(b, node):
+    a_id, w_id, out_id = node.args
+    a, w, out = b.tensor(a_id), b.tensor(w_id), b.tensor(out_id)
+    if len({a.dtype, w.dtype, out.dtype}) != 1:
+        raise b.error(f"mixed dtypes {a.dtype}, {w.dtype}, {out.dtype}")
+    if a.ndim != 2 or w.ndim != 2 or a.max_shape[1] != w.max_shape[0]:
+        raise b.error(f"cannot multiply {list(a.max_shape)} by {list(w.max_shape)}")
+    weight = b.constant_array(w)
+    transposed = weight is not None
+    if transposed:
+        w = b.prepacked(np.ascontiguousarray(weight.T), w.dtype)
+    b.dispatch(SHADER, _defines(out, a, w, out.dtype, transposed), outputs=[out],
+               inputs=[a, w], params=[out.meta, a.meta], global_size=(out.max_numel,),
+               local_size=(64, 1, 1))
+
+
+register(OpSpec(name="aten.mm.default", dtypes=DTYPES, impl=_impl, shape_fn=_shape,
+                rules=(_ranks, _same_dtype), max_rank=2,
+                notes="constant mat2 prepacked transposed"))
+for _profile in STORAGE_PROFILES:
+    for _dt in DTYPES:
+        _ddt = device_dtype(_dt, _profile)
+        for _t in (False, True):
+            declare(SHADER, _defines(_ddt, _ddt, _ddt, _dt, _t))
