@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import vulkan as vk
 
-from vkdelegate.backend.registry import lookup
+from vkdelegate.backend.registry import NodeSpec, TensorSpec, lookup
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import NodeBuilder
@@ -66,21 +66,33 @@ class DelegateGraph:
         self.recordings = 0
         self._pending_uploads: list = []
         self._closed = True
+        self._pool = self._cmd = self._fence = None
+        self._profile_cmd = self._query_pool = None
+        self.last_profile: Profile | None = None
         if staging is None:
             staging = not self._has_mappable_device_memory()
         self.staging = staging
+        try:
+            self._load(constant_bytes)
+        except BaseException:
+            self._closed = False
+            self.close()
+            raise
+
+    # ---- load ------------------------------------------------------------------------
+    def _load(self, constant_bytes):
+        graph = self.graph
         io_ids = set(graph.input_ids) | set(graph.output_ids)
         self._values: dict[int, object] = {}
         self._allocate_tensors(io_ids, constant_bytes)
         self.inputs = [self._io_tensor(v, "input") for v in graph.input_ids]
         self.outputs = [self._io_tensor(v, "output") for v in graph.output_ids]
-        if staging:
+        if self.staging:
             for t in {id(t): t for t in self.inputs + self.outputs}.values():
                 t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
                                                   f"staging of {t.name}")
         self._specs = self._build_nodes()
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
-        self._closed = False
         self._flush_uploads()
         self._cmd, self.barriers = commands.record(
             self.device, self.dispatches, self._staged(self.inputs),
@@ -94,10 +106,8 @@ class DelegateGraph:
         self._in_views = [t.host_view() for t in self.inputs]
         self._out_views = [t.host_view() for t in self.outputs]
         self._shapes = tuple(t.shape for t in self.inputs)
-        self._profile_cmd = self._query_pool = None
-        self.last_profile: Profile | None = None
+        self._closed = False
 
-    # ---- load ------------------------------------------------------------------------
     def _has_mappable_device_memory(self) -> bool:
         want = HOST_FLAGS | vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
         mp = self.device.memory_properties
@@ -220,12 +230,30 @@ class DelegateGraph:
             spec = lookup(call.name)
             builder.node = call
             try:
+                self._check_node(call, spec)
                 spec.impl(builder, call)
             except (IndexError, KeyError, TypeError) as exc:
                 raise VkDelegateError(f"node {call.node_id} ({call.name}): malformed "
                                       f"arguments {call.args}: {exc!r}") from exc
             specs.append(spec)
         return specs
+
+    def _check_node(self, call, spec):
+        """Apply the op's registry rules at load too: a blob from elsewhere (or a
+        registry that drifted) must fail here with reasons, not in a shader."""
+        def as_spec(v):
+            if isinstance(v, Tensor):
+                return TensorSpec(v.dtype, v.max_shape)
+            if isinstance(v, list):
+                return [as_spec(x) for x in v]
+            return v
+        out = as_spec(self.resolve(call.args[-1]))
+        node = NodeSpec(call.name, tuple(as_spec(self.resolve(a)) for a in call.args[:-1]),
+                        tuple(out if isinstance(out, list) else [out]))
+        reasons = spec.check(node)
+        if reasons:
+            raise VkDelegateError(f"node {call.node_id} ({call.name}): "
+                                  f"{'; '.join(reasons)}")
 
     def _staged(self, tensors):
         return list({id(t): t for t in tensors if t.staging is not None}.values())
@@ -316,11 +344,14 @@ class DelegateGraph:
         dev = self.device.device
         vk.vkQueueWaitIdle(self.device.queue)
         cmds = [c for c in (self._cmd, self._profile_cmd) if c is not None]
-        vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(cmds), cmds)
+        if cmds:
+            vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(cmds), cmds)
         if self._query_pool is not None:
             vk.vkDestroyQueryPool(dev, self._query_pool, None)
-        vk.vkDestroyFence(dev, self._fence, None)
-        vk.vkDestroyDescriptorPool(dev, self._pool, None)
+        if self._fence is not None:
+            vk.vkDestroyFence(dev, self._fence, None)
+        if self._pool is not None:
+            vk.vkDestroyDescriptorPool(dev, self._pool, None)
         self.allocator.close()
 
     def __enter__(self):

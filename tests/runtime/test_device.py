@@ -1,0 +1,91 @@
+"""Device choice, validation messages and the Vulkan call wrapper."""
+import numpy as np
+import pytest
+import vulkan as vk
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime import Device, list_devices
+from vkdelegate.runtime.device import _select, drain_validation_messages
+from vkdelegate.runtime.vkcall import vk_call, wait_fence
+
+
+def test_list_devices_reports_compute_properties(vk_device):
+    infos = list_devices()
+    assert infos and infos[0].name
+    mine = next(d for d in infos if d.name == vk_device.info.name)
+    assert mine.max_storage_buffer_range > 0 and mine.max_workgroup_invocations >= 128
+
+
+def test_selection_rules():
+    infos = [_fake(0, "llvmpipe", "cpu"), _fake(1, "Radeon 780M", "integrated"),
+             _fake(2, "RTX 4090", "discrete")]
+    assert _select(infos, None).name == "RTX 4090"          # discrete first
+    assert _select(infos[:2], None).name == "Radeon 780M"   # then integrated, then CPU
+    assert _select(infos, "1").name == "Radeon 780M"        # index
+    assert _select(infos, "radeon").name == "Radeon 780M"   # name substring
+    with pytest.raises(VkDelegateError, match="no Vulkan device name contains 'mali'; "
+                                              "devices: 0: llvmpipe, 1: Radeon 780M"):
+        _select(infos, "mali")
+    with pytest.raises(VkDelegateError, match="index 7 out of range"):
+        _select(infos, 7)
+
+
+def _fake(index, name, kind):
+    from vkdelegate.runtime.device import DeviceInfo
+    return DeviceInfo(index=index, name=name, type=kind, driver="", api_version="1.3")
+
+
+def test_device_by_name_substring(vk_device):
+    word = vk_device.info.name.split()[0]
+    dev = Device(word.upper())
+    try:
+        assert dev.info.name == vk_device.info.name
+    finally:
+        dev.close()
+
+
+def test_validation_layer_messages_are_recorded(vk_device):
+    # A zero-size buffer is invalid usage: the layer must report it, which proves that
+    # the autouse fixture would catch real mistakes.
+    info = vk.VkBufferCreateInfo(sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=0,
+                                 usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                                 sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+    try:
+        buf = vk.vkCreateBuffer(vk_device.device, info, None)
+        vk.vkDestroyBuffer(vk_device.device, buf, None)
+    except vk.VkError:
+        pass
+    messages = drain_validation_messages()
+    assert any("VUID-VkBufferCreateInfo-size" in m for m in messages), messages
+
+
+def test_vk_call_names_the_call_and_object():
+    def vkAllocateMemory(*args):
+        raise vk.VkErrorOutOfDeviceMemory()
+    with pytest.raises(VkDelegateError, match="vkAllocateMemory failed for tensor 3: "
+                                              "VkErrorOutOfDeviceMemory"):
+        vk_call(vkAllocateMemory, what="tensor 3")
+
+
+def test_fence_timeout_is_an_error(vk_device):
+    dev = vk_device.device
+    fence = vk.vkCreateFence(dev, vk.VkFenceCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+    try:
+        with pytest.raises(VkDelegateError, match="execute: the GPU did not finish within "
+                                                  "0.01 s"):
+            wait_fence(dev, fence, 0.01, "execute")
+    finally:
+        vk.vkDestroyFence(dev, fence, None)
+
+
+def test_over_storage_buffer_range_names_the_tensor(vk_device):
+    from tests.runtime.graphs import GraphMaker
+    limit = vk_device.info.max_storage_buffer_range
+    m = GraphMaker()
+    ix = m.input((limit // 4 + 1,))
+    m.output(m.op("aten.relu.default", [ix], (limit // 4 + 1,)))
+    with pytest.raises(VkDelegateError, match=r"tensor 0 needs \d+ bytes, over this "
+                                              r"device's maxStorageBufferRange"):
+        m.build(vk_device)
+    assert np.iinfo(np.int32).max > limit // 4

@@ -1,0 +1,49 @@
+"""ShaderCompiler: errors name file and line; the disk cache hits and is keyed right."""
+import pytest
+
+from vkdelegate.backend.registry import load_all
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.shaders.compiler import GLSL_DIR, ShaderCompiler
+from vkdelegate.shaders.variants import all_variants
+
+SPIRV_MAGIC = b"\x03\x02\x23\x07"
+
+
+def test_compile_error_names_file_and_line(tmp_path):
+    (tmp_path / "broken.glsl").write_text(
+        "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {\n  undefined_thing = 1;\n}\n")
+    compiler = ShaderCompiler(glsl_dir=tmp_path, cache=tmp_path / "cache")
+    with pytest.raises(VkDelegateError, match=r"shader broken.glsl line 4: "
+                                              r"'undefined_thing' : undeclared identifier"):
+        compiler.compile("broken", {"X": "1"})
+
+
+def test_unknown_shader(tmp_path):
+    with pytest.raises(VkDelegateError, match="no shader source nope.glsl"):
+        ShaderCompiler(cache=tmp_path).compile("nope")
+
+
+def test_cache_hit_and_key(tmp_path):
+    compiler = ShaderCompiler(cache=tmp_path)
+    defines = {"OUT_T": "float", "IN_T": "float", "ACC_T": "float", "OP_EXPR": "x"}
+    first = compiler.compile("unary_op", defines)
+    assert first[:4] == SPIRV_MAGIC[::-1] or first[:4] == SPIRV_MAGIC
+    assert compiler.compiled == 1
+    assert compiler.compile("unary_op", defines) == first
+    assert compiler.compiled == 1  # served from the cache
+    other = dict(defines, OP_EXPR="-x")
+    assert compiler.key("unary_op", other) != compiler.key("unary_op", defines)
+    again = ShaderCompiler(cache=tmp_path)  # a new process would hit the same file
+    again.compile("unary_op", defines)
+    assert again.compiled == 0
+
+
+def test_every_registered_op_has_declared_variants():
+    registry = load_all()
+    shaders = {s for s, _ in all_variants()}
+    for name in ("aten.add.Tensor", "aten.relu.default", "aten.sum.dim_IntList",
+                 "aten.mm.default"):
+        assert name in registry
+    assert {"binary_op", "unary_op", "reduce_sum", "matmul"} <= shaders
+    for shader in shaders:
+        assert (GLSL_DIR / f"{shader}.glsl").is_file()

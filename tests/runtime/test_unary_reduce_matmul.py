@@ -1,0 +1,99 @@
+"""Unary ops, aten.sum.dim_IntList and aten.mm.default on the device vs numpy."""
+import numpy as np
+import pytest
+
+from tests.runtime.graphs import GraphMaker, rand
+
+NUMPY_UNARY = {
+    "aten.relu.default": lambda x: np.maximum(x, 0),
+    "aten.neg.default": np.negative,
+    "aten.abs.default": np.abs,
+    "aten.sigmoid.default": lambda x: 1 / (1 + np.exp(-x)),
+    "aten.tanh.default": np.tanh,
+    "aten.exp.default": np.exp,
+    "aten.sqrt.default": np.sqrt,
+    "aten.sin.default": np.sin,
+    "aten.cos.default": np.cos,
+}
+
+
+def _unary(device, op, x):
+    m = GraphMaker()
+    ix = m.input(x.shape, x.dtype.name)
+    m.output(m.op(op, [ix], x.shape, x.dtype.name))
+    with m.build(device) as graph:
+        return graph.execute([x])[0]
+
+
+@pytest.mark.parametrize("op", sorted(NUMPY_UNARY))
+def test_unary_fp32(vk_device, op):
+    rng = np.random.default_rng(5)
+    x = (3 * rand(rng, (7, 29))).astype(np.float32)
+    x[0, :4] = [0.0, -60.0, 60.0, -0.0]  # tanh/sigmoid/exp edges
+    with np.errstate(all="ignore"):
+        want = NUMPY_UNARY[op](x.astype(np.float64)).astype(np.float32)
+    got = _unary(vk_device, op, x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)  # NaN == NaN here
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int32", "int8"])
+@pytest.mark.parametrize("op", ["aten.relu.default", "aten.neg.default", "aten.abs.default"])
+def test_unary_other_dtypes(vk_device, op, dtype):
+    rng = np.random.default_rng(6)
+    x = rand(rng, (3, 5, 11), dtype)
+    if dtype == "int8":
+        x.flat[0] = -128  # abs/neg of -128 wrap to -128, as in ATen
+    want = NUMPY_UNARY[op](x)
+    np.testing.assert_array_equal(_unary(vk_device, op, x), want)
+
+
+def _sum(device, x, dims, keepdim):
+    want = x.astype(np.float64).sum(axis=tuple(dims) if dims else None,
+                                    keepdims=keepdim).astype(x.dtype)
+    m = GraphMaker()
+    ix = m.input(x.shape, x.dtype.name)
+    out = m.op("aten.sum.dim_IntList", [ix, m.scalar(list(dims)), m.scalar(keepdim),
+                                        m.scalar(None)], want.shape, x.dtype.name)
+    m.output(out)
+    with m.build(device) as graph:
+        return graph.execute([x])[0], want
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("shape,dims", [
+    ((113,), [0]),
+    ((7, 11), [1]),
+    ((7, 11), [0]),
+    ((3, 5, 7, 11), [0, 2]),
+    ((3, 5, 7, 11), [-1, 1]),
+    ((2, 3, 5, 1, 7, 3), [0, 3, 5]),
+    ((5, 7), []),                     # all dims
+    ((0, 3), [0]),                    # empty reduction -> zeros
+])
+def test_sum_dims(vk_device, shape, dims, keepdim):
+    x = rand(np.random.default_rng(7), shape)
+    got, want = _sum(vk_device, x, dims, keepdim)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sum_fp16_accumulates_in_fp32(vk_device):
+    x = np.full((4099,), 0.1, dtype=np.float16)  # an fp16 accumulator would stall at 256
+    got, want = _sum(vk_device, x, [0], False)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3)
+
+
+@pytest.mark.parametrize("constant_weight", [False, True])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("float16", 1e-2)])
+def test_mm(vk_device, dtype, tol, constant_weight):
+    rng = np.random.default_rng(8)
+    a, w = rand(rng, (37, 29), dtype), rand(rng, (29, 11), dtype)
+    want = (a.astype(np.float64) @ w.astype(np.float64)).astype(dtype)
+    m = GraphMaker()
+    ia = m.input(a.shape, dtype)
+    iw = m.constant(w) if constant_weight else m.input(w.shape, dtype)
+    m.output(m.op("aten.mm.default", [ia, iw], want.shape, dtype))
+    with m.build(vk_device) as graph:
+        got = graph.execute([a] if constant_weight else [a, w])[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                               rtol=tol, atol=tol)
