@@ -31,9 +31,10 @@ def _is_torch_tensor(value) -> bool:
 
 def to_numpy(value) -> np.ndarray:
     """A delegate input: torch tensors become contiguous numpy arrays; ints 0-d arrays."""
+    # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     if _is_torch_tensor(value):
-        return np.ascontiguousarray(value.detach().cpu().resolve_conj().numpy())
-    return np.ascontiguousarray(value)
+        return np.require(value.detach().cpu().resolve_conj().numpy(), requirements="C")
+    return np.require(value, requirements="C")
 
 
 def to_torch(value):

@@ -106,8 +106,8 @@ class VulkanPartitioner:
         """
         name = str(node.target)
         if node.target is operator.getitem:
-            # Placed by the partitioner with the node it reads from.
-            return ["getitem follows its producer"]
+            # CapabilityBasedPartitioner puts it with the node it reads from.
+            return ["getitem goes with its producer"]
         if not isinstance(node.target, torch._ops.OpOverload):
             return [f"{name} is not an ATen operator"]
         if self.allowlist is not None and name not in self.allowlist:
@@ -149,10 +149,14 @@ class VulkanPartitioner:
             graph_module, _Support(supported), allows_single_node_partition=True)
         partitions = [p for p in partitioner.propose_partitions() if p.nodes]
         where = {n.name: i for i, p in enumerate(partitions) for n in p.nodes}
+        nodes = {n.name: n for n in graph_module.graph.nodes}
         for d in decisions:
             d.partition = where.get(d.name)
             if d.partition is not None:
                 d.reasons = []
+            elif nodes[d.name].target is operator.getitem:
+                producer = nodes[d.name].args[0]
+                d.reasons = [f"reads an output of {producer.name}, which runs on the CPU"]
         report = PartitionReport(decisions, len(partitions))
         logger.info(report.summary())
         return partitions, report
