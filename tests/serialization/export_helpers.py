@@ -1,7 +1,6 @@
 """torch.export helpers shared by the builder tests."""
 import torch
 
-from vkdelegate.serialization.blob import read_blob
 from vkdelegate.serialization.builder import build_vkgraph
 from vkdelegate.serialization import vkgraph as vk
 

@@ -1,0 +1,122 @@
+"""``vkdelegate inspect FILE [--json]``: what is inside a delegate blob.
+
+Prints the VH00 header regions, the values table (id, kind, dtype, dims, constant id,
+mem_obj_id, list items), the op chain with arguments resolved to readable values,
+and a constants summary. ``--json`` prints the same as one JSON document. Reads our
+blobs and ExecuTorch Vulkan (ET-VK) blobs alike. A malformed file is one error line
+and exit status 2 (the CLI main turns VkDelegateError into that).
+
+Program files (``vkdelegate.serialization.program_file``): ``blobs_in_file`` shows
+each delegate blob the file holds. The hook for the program layer is a function
+``program_file.list_delegate_blobs(path) -> list[(label, blob bytes, named_data
+dict)]``; while that does not exist, every segment that starts like a blob is shown,
+labelled by its segment index, with named constants left unresolved.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from tabulate import tabulate
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization.describe import describe_blob
+from vkdelegate.serialization.header import MAGIC
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("inspect", help="show the contents of a delegate blob",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("file", metavar="FILE", help="delegate blob (VH00) or program file")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=run)
+
+
+def blobs_in_file(path: str) -> list[tuple[str, bytes, dict | None]]:
+    """(label, blob bytes, named data or None) for each delegate blob in ``path``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise VkDelegateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if data[4:8] == MAGIC:
+        return [(path, data, None)]
+    from vkdelegate.serialization import program_file
+
+    if data[:len(program_file.MAGIC)] == program_file.MAGIC:
+        lister = getattr(program_file, "list_delegate_blobs", None)
+        if lister is not None:
+            return list(lister(path))
+        # Until the program layer names its blobs: every segment that is a blob.
+        _, segments = program_file.read_program(path)
+        return [(f"{path} segment {i}", bytes(seg), None)
+                for i, seg in enumerate(segments) if bytes(seg[4:8]) == MAGIC]
+    raise VkDelegateError(f"{path}: not a delegate blob (bytes 4..8 are {data[4:8]!r}, "
+                          f"expected {MAGIC!r})")
+
+
+def _placement(row: dict) -> str:
+    """Storage type / memory layout of a tensor row, blank when both are defaults."""
+    storage, layout = row.get("storage_type"), row.get("memory_layout")
+    if storage in (None, "DEFAULT_STORAGE") and layout in (None, "DEFAULT_LAYOUT"):
+        return ""
+    return f"{storage}/{layout}"
+
+
+def _text(label: str, d: dict) -> str:
+    h, g = d["header"], d["graph"]
+    out = [f"== {label}: delegate blob, {d['size']} bytes",
+           tabulate([["header", 0, 30],
+                     ["flatbuffer", h["flatbuffer_offset"], h["flatbuffer_size"]],
+                     ["constants", h["constants_offset"], h["constants_size"]]],
+                    headers=["region", "offset", "size"]),
+           "",
+           f"version {g['version']!r}, {g['value_count']} values, {g['op_count']} ops, "
+           f"inputs {g['input_ids']}, outputs {g['output_ids']}, storage override "
+           f"{g['storage_type_override']}, layout override {g['memory_layout_override']}",
+           "", "Values"]
+    rows = [[v["id"], v["kind"], v.get("dtype", ""), v.get("dims", ""),
+             v.get("constant_id", ""), v.get("mem_obj_id", ""), _placement(v),
+             v.get("items", v.get("value", ""))] for v in d["values"]]
+    out.append(tabulate(rows, headers=["id", "kind", "dtype", "dims", "constant",
+                                       "mem_obj", "storage/layout", "value / items"]))
+    out += ["", "Op chain"]
+    chain = [[op["node_id"], op["name"],
+              ", ".join(op["readable"][:-1]) + " -> " + (op["readable"][-1] if op["readable"] else "")]
+             for op in d["chain"]]
+    out.append(tabulate(chain, headers=["node", "op", "args -> output"]))
+    c = d["constants"]
+    out += ["", f"Constants: {c['count']} ({c['total_bytes']} bytes); inline "
+                f"{c['inline']['count']} ({c['inline']['bytes']} bytes), named "
+                f"{c['named']['count']} ({c['named']['bytes']} bytes)"]
+    if c["items"]:
+        out.append(tabulate([[e["id"], e["storage"], e.get("offset", ""), e["length"],
+                              e.get("named_key", "")] for e in c["items"]],
+                            headers=["id", "storage", "offset", "length", "named key"]))
+    return "\n".join(out)
+
+
+def _json_safe(x):
+    # JSON has no inf/nan: spell them as strings ("inf", "-inf", "nan").
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return repr(x)
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def run(args) -> int:
+    described = [(label, describe_blob(data, named)) for label, data, named in
+                 blobs_in_file(args.file)]
+    if args.json:
+        doc = described[0][1] if len(described) == 1 and described[0][0] == args.file \
+            else {"blobs": [{"label": label, **d} for label, d in described]}
+        json.dump(_json_safe({"file": args.file, **doc}), sys.stdout, indent=1, allow_nan=False)
+        sys.stdout.write("\n")
+    elif not described:
+        print(f"{args.file}: no delegate blobs")
+    else:
+        print("\n\n".join(_text(label, d) for label, d in described))
+    return 0
