@@ -95,7 +95,10 @@ def read_program(path) -> tuple[dict, list[memoryview]]:
     except OSError as exc:
         raise VkDelegateError(f"cannot read program file {path}: {exc}") from exc
     where = f"program file {path}"
-    if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
+    if raw[:8] == MAGIC and len(raw) < HEADER_SIZE:
+        raise VkDelegateError(f"{where} is truncated: {len(raw)} bytes, the header "
+                              f"alone is {HEADER_SIZE}")
+    if raw[:8] != MAGIC:
         hint = " (it looks like a pickle)" if raw[:1] == b"\x80" else ""
         hint = " (it looks like a zip/torch.save file)" if raw[:2] == b"PK" else hint
         raise VkDelegateError(f"{where} is not a vkdelegate program: bad magic "

@@ -1,0 +1,264 @@
+"""Program files: save -> load in a fresh process, torch-free loading, dedup, and
+refusal of corrupted or crafted files."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import vkdelegate
+from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
+from vkdelegate.serialization import program_file
+
+from .conftest import _vulkan_available
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Mixed(torch.nn.Module):
+    """Vulkan (add, relu, tanh), CPU (sort), a parameter and mutable state."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6))
+        self.register_buffer("calls", torch.zeros(6))
+
+    def forward(self, x):
+        self.calls.add_(1.0)
+        y = torch.relu(x + self.w)
+        z = torch.sort(y, dim=-1)[0]
+        return {"sorted": torch.tanh(z) + self.calls, "y": y}
+
+
+class Elementwise(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x - y) + torch.tanh(x), x
+
+
+def _program(executor, module=None, inputs=None):
+    torch.manual_seed(0)
+    module = module or Mixed()
+    inputs = inputs or (torch.randn(4, 6),)
+    ep = torch.export.export(module, inputs)
+    return module, to_backend(ep, VulkanPartitioner({"executor": executor})), inputs
+
+
+def _run_python(code: str, *args, block_torch=False):
+    prelude = "import sys\nsys.modules['torch'] = None\n" if block_torch else ""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_save_load_in_subprocess(tmp_path, executor):
+    module, program, (x,) = _program(executor)
+    path = tmp_path / "mixed.vkp"
+    program.save(path)
+    np.save(tmp_path / "x.npy", x.numpy())
+    result = _run_python("""
+        import sys, numpy as np, torch, vkdelegate
+        p = vkdelegate.load(sys.argv[1])
+        x = torch.from_numpy(np.load(sys.argv[2]))
+        p(x)
+        out = p(x)          # the state advances between calls, as in eager
+        np.save(sys.argv[3], out["sorted"].numpy()); np.save(sys.argv[4], out["y"].numpy())
+        """, str(path), str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
+        str(tmp_path / "y.npy"))
+    assert result.returncode == 0, result.stderr
+    module(x)
+    expected = module(x)
+    np.testing.assert_allclose(np.load(tmp_path / "s.npy"),
+                               expected["sorted"].detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"),
+                               expected["y"].detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_fully_delegated_runs_without_torch(tmp_path):
+    # Vulkan only: the reference executor itself uses torch.
+    reason = _vulkan_available()
+    if reason:
+        pytest.skip(reason)
+    module, program, inputs = _program("vulkan", Elementwise(),
+                                       (torch.randn(3, 5), torch.randn(3, 5)))
+    assert all(not n.op.startswith("aten.") or n.on_vulkan
+               for n in program.report.decisions)
+    path = tmp_path / "full.vkp"
+    program.save(path)
+    for i, t in enumerate(inputs):
+        np.save(tmp_path / f"in{i}.npy", t.numpy())
+    result = _run_python("""
+        import sys, numpy as np, vkdelegate
+        try:
+            import torch
+            raise SystemExit("torch should not be importable here")
+        except ImportError:
+            pass
+        p = vkdelegate.load(sys.argv[1])
+        a, b = (np.load(sys.argv[2] + f"/in{i}.npy") for i in range(2))
+        out, same = p(a, b)
+        assert isinstance(out, np.ndarray) and same is a, (type(out), type(same))
+        np.save(sys.argv[2] + "/out.npy", out)
+        """, str(path), str(tmp_path), block_torch=True)
+    assert result.returncode == 0, result.stderr
+    expected = module(*inputs)[0].numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_cpu_parts_without_torch_name_the_op(tmp_path):
+    _, program, _ = _program("vulkan")
+    program.save(tmp_path / "mixed.vkp")
+    result = _run_python("""
+        import sys, vkdelegate
+        try:
+            vkdelegate.load(sys.argv[1])
+        except vkdelegate.VkDelegateError as e:
+            print(e)
+        """, str(tmp_path / "mixed.vkp"), block_torch=True)
+    assert result.returncode == 0, result.stderr
+    assert "runs aten.sort.default on the CPU, which needs torch" in result.stdout
+
+
+def test_constants_and_blobs_stored_once(tmp_path):
+    class Shared(torch.nn.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.w = torch.nn.Parameter(w)
+
+        def forward(self, x):
+            return torch.sort(x * self.w)[0] + self.w
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    x = torch.randn(64, 64)
+    eps = {name: torch.export.export(Shared(w.clone()), (x,)) for name in ("a", "b")}
+    program = to_backend(eps, VulkanPartitioner({"executor": "reference"}))
+    path = tmp_path / "shared.vkp"
+    program.save(path)
+    manifest, segments = program_file.read_program(path)
+    digests = [s["sha256"] for s in manifest["segments"]]
+    assert len(digests) == len(set(digests))
+    weight_bytes = w.numpy().tobytes()
+    assert sum(bytes(s) == weight_bytes for s in segments) == 1
+    assert os.path.getsize(path) < 2 * len(weight_bytes)
+    loaded = vkdelegate.load(path)
+    torch.testing.assert_close(loaded.a(x), loaded.run("b", x))
+    torch.testing.assert_close(loaded.b(x), Shared(w)(x).detach())
+
+
+def _saved(tmp_path):
+    _, program, _ = _program("reference")
+    path = tmp_path / "p.vkp"
+    program.save(path)
+    return path
+
+
+def _rewrite(path, edit):
+    manifest, segments = program_file.read_program(path)
+    manifest = edit(manifest) or manifest
+    program_file.write_program(path, manifest, [bytes(s) for s in segments])
+
+
+@pytest.mark.parametrize("where", ["manifest", "data", "header"])
+def test_flipped_byte_is_refused(tmp_path, where):
+    path = _saved(tmp_path)
+    raw = bytearray(path.read_bytes())
+    offset = {"header": 20, "manifest": 100, "data": len(raw) - 100}[where]
+    raw[offset] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(VkDelegateError, match="corrupt|checksum|truncated"):
+        vkdelegate.load(path)
+
+
+def test_truncated_file_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(VkDelegateError, match="truncated"):
+        vkdelegate.load(path)
+
+
+def test_pickle_and_torch_save_files_are_refused(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(VkDelegateError, match="bad magic.*looks like a pickle"):
+        vkdelegate.load(tmp_path / "evil.pkl")
+    torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
+    with pytest.raises(VkDelegateError, match="bad magic.*zip"):
+        vkdelegate.load(tmp_path / "model.pt")
+    assert not marker.exists()
+
+
+def test_pickle_payload_inside_a_valid_file_is_never_unpickled(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = _saved(tmp_path)
+    manifest, segments = program_file.read_program(path)
+    segments = [bytes(s) for s in segments] + [pickle.dumps(Payload())]
+    (name, ref), = manifest["methods"]["forward"]["state"].items()
+    for dtype in ("object", "float32"):  # object dtype refused; float32: wrong size
+        manifest["methods"]["forward"]["state"][name] = dict(
+            ref, segment=len(segments) - 1, dtype=dtype)
+        program_file.write_program(path, manifest, segments)
+        with pytest.raises(VkDelegateError, match="not allowed|do not hold"):
+            vkdelegate.load(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("op", ["builtins.eval", "os.system", "aten.__init__.x",
+                                "aten.not_an_op.default", "operator.attrgetter"])
+def test_crafted_glue_op_is_refused(tmp_path, op):
+    path = _saved(tmp_path)
+
+    def edit(manifest):
+        manifest["methods"]["forward"]["plan"]["nodes"][0]["op"] = op
+
+    _rewrite(path, edit)
+    with pytest.raises(VkDelegateError, match="not allowed|not an ATen operator"):
+        vkdelegate.load(path)
+
+
+@pytest.mark.parametrize("edit,text", [
+    (lambda m: m["methods"]["forward"]["plan"]["nodes"][0].update(args=[{"v": "nope"}]),
+     "reads 'nope' before it is defined"),
+    (lambda m: m["methods"]["forward"]["delegates"][0].update(blob=999), "malformed"),
+    (lambda m: m.update(methods=[]), "malformed"),
+    (lambda m: m["methods"]["forward"]["plan"].update(out_spec={"t": "set"}),
+     "malformed tree spec"),
+])
+def test_crafted_manifest_is_refused(tmp_path, edit, text):
+    path = _saved(tmp_path)
+    _rewrite(path, edit)
+    with pytest.raises(VkDelegateError, match=text):
+        vkdelegate.load(path)
+
+
+def test_newer_format_version_is_refused(tmp_path, monkeypatch):
+    path = _saved(tmp_path)
+    manifest, segments = program_file.read_program(path)
+    monkeypatch.setattr(program_file, "FORMAT_VERSION", 7)
+    program_file.write_program(path, manifest, [bytes(s) for s in segments])
+    monkeypatch.undo()
+    with pytest.raises(VkDelegateError, match="format version 7 is not supported"):
+        vkdelegate.load(path)
+
+
+def test_not_a_file(tmp_path):
+    with pytest.raises(VkDelegateError, match="cannot read program file"):
+        vkdelegate.load(tmp_path / "missing.vkp")
+    (tmp_path / "junk").write_bytes(b"VKDPROG1" + bytes(10))
+    with pytest.raises(VkDelegateError, match="truncated|corrupt"):
+        vkdelegate.load(tmp_path / "junk")
