@@ -1,0 +1,129 @@
+"""Calling lowered programs: input checks, dynamic ranges, methods, mutation, options."""
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
+from vkdelegate.serialization.blob import read_blob
+from vkdelegate.serialization.vkgraph import VkDataType, VkStorageType, VkTensor
+
+
+class AddTanh(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.tanh(x) + y
+
+
+def _lower(module, inputs, executor="reference", dynamic=None, **options):
+    ep = torch.export.export(module, inputs, dynamic_shapes=dynamic)
+    return to_backend(ep, VulkanPartitioner(dict(options, executor=executor)))
+
+
+@pytest.fixture
+def dynamic_program(executor):
+    length = Dim("length", min=2, max=40)
+    return _lower(AddTanh(), (torch.randn(3, 8), torch.randn(3, 8)), executor,
+                  dynamic=({1: length}, {1: length}))
+
+
+def test_sizes_in_range_run(dynamic_program):
+    torch.manual_seed(0)
+    for n in (2, 13, 40):
+        x, y = torch.randn(3, n), torch.randn(3, n)
+        torch.testing.assert_close(dynamic_program(x, y), AddTanh()(x, y), rtol=1e-4,
+                                   atol=1e-4)
+
+
+@pytest.mark.parametrize("shapes,dtype,text", [
+    (((3, 41), (3, 41)), torch.float32, r"input 'x' dim 1 is 41, allowed range 2\.\.40"),
+    (((3, 1), (3, 1)), torch.float32, r"input 'x' dim 1 is 1, allowed range 2\.\.40"),
+    (((4, 8), (4, 8)), torch.float32, r"input 'x' dim 0 is 4, expected 3 \(exported as a static"),
+    (((3, 8), (3, 9)), torch.float32, r"input 'y' dim 1 is 9 but input 'x' dim 1 is 8"),
+    (((3, 8), (3, 8)), torch.float64, r"input 'x' has dtype float64, expected float32"),
+    (((3, 8, 1), (3, 8)), torch.float32, r"input 'x' has rank 3, expected 2"),
+])
+def test_bad_inputs_are_named(dynamic_program, shapes, dtype, text):
+    args = [torch.randn(s).to(dtype) for s in shapes]
+    with pytest.raises(VkDelegateError, match=text):
+        dynamic_program(*args)
+
+
+def test_wrong_argument_count():
+    program = _lower(AddTanh(), (torch.randn(2), torch.randn(2)))
+    with pytest.raises(VkDelegateError, match="expected 2 items, got 1"):
+        program(torch.randn(2))
+
+
+def test_numpy_in_numpy_out(executor):
+    program = _lower(AddTanh(), (torch.randn(2, 3), torch.randn(2, 3)), executor)
+    x, y = np.random.default_rng(0).standard_normal((2, 2, 3), dtype=np.float32)
+    out = program(x, y)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, np.tanh(x) + y, rtol=1e-4, atol=1e-4)
+
+
+def test_repeated_runs_are_bit_identical(executor):
+    torch.manual_seed(1)
+    x, y = torch.randn(37, 11), torch.randn(37, 11)
+    program = _lower(AddTanh(), (x, y), executor)
+    first = program(x, y)
+    for _ in range(3):
+        assert torch.equal(program(x, y), first)
+
+
+def test_methods():
+    class Sub(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) - 1.0
+
+    x = torch.randn(4)
+    eps = {"add": torch.export.export(AddTanh(), (x, x)),
+           "sub": torch.export.export(Sub(), (x,))}
+    program = to_backend(eps, VulkanPartitioner({"executor": "reference"}))
+    assert program.method_names == ["add", "sub"]
+    torch.testing.assert_close(program.sub(x), Sub()(x))
+    torch.testing.assert_close(program.run("add", x, x), AddTanh()(x, x))
+    with pytest.raises(VkDelegateError, match=r"no method 'mul'; it has \['add', 'sub'\]"):
+        program.run("mul", x)
+    with pytest.raises(VkDelegateError, match="call program.run"):
+        program(x)
+
+
+def test_input_mutation_as_in_eager(executor):
+    class Mutate(torch.nn.Module):
+        def forward(self, x):
+            x.add_(1.0)
+            return torch.relu(x)
+
+    x = torch.randn(5)
+    program = _lower(Mutate(), (x.clone(),), executor)
+    mine, theirs = x.clone(), x.clone()
+    torch.testing.assert_close(program(mine), Mutate()(theirs))
+    torch.testing.assert_close(mine, theirs)
+
+
+def test_to_backend_rejects_non_programs():
+    with pytest.raises(VkDelegateError, match="expected a torch.export.ExportedProgram"):
+        to_backend(AddTanh())
+    ep = torch.export.export(AddTanh(), (torch.randn(2), torch.randn(2)))
+    with pytest.raises(VkDelegateError, match="must be a Python identifier"):
+        to_backend({"not valid": ep})
+
+
+def _blob_graphs(program):
+    return [read_blob(d.blob).graph for d in program.methods["forward"].delegates]
+
+
+def test_overrides_and_fp16_are_recorded_in_blobs():
+    program = _lower(AddTanh(), (torch.randn(2, 3), torch.randn(2, 3)),
+                     storage_type_override="BUFFER", force_fp16=True)
+    (graph,) = _blob_graphs(program)
+    assert graph.storage_type_override == VkStorageType.BUFFER
+    tensors = [v for v in graph.values if isinstance(v, VkTensor)]
+    assert tensors and all(t.datatype == VkDataType.FLOAT16 and
+                           t.staging_datatype == VkDataType.FLOAT32 for t in tensors)
+    plain = _lower(AddTanh(), (torch.randn(2, 3), torch.randn(2, 3)))
+    (graph,) = _blob_graphs(plain)
+    assert graph.storage_type_override == VkStorageType.DEFAULT_STORAGE
+    assert all(v.datatype == VkDataType.FLOAT32 for v in graph.values
+               if isinstance(v, VkTensor))
