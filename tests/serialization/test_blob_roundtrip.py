@@ -110,6 +110,10 @@ def test_reader_names_the_problem(mutate, message):
     (vk.VkGraph(values=[vk.Null()], chain=[vk.OperatorCall(3, "aten.relu.default", [0, 9])]),
      r"node 3 \(aten.relu.default, chain\[0\]\) arg 1 refers to value id 9"),
     (vk.VkGraph(values=[vk.ValueList([0, 2])]), r"value 0 \(ValueList\) item 1 refers to value id 2"),
+    (vk.VkGraph(values=[vk.Null()], chain=[vk.OperatorCall(2, "aten.relu.default", [])]),
+     r"node 2 \(aten.relu.default, chain\[0\]\) has no args; its output value id must be the last arg"),
+    (vk.VkGraph(values=[vk.Null()], chain=[vk.OperatorCall(4, "", [0])]),
+     r"chain\[0\] \(node 4\) has no operator name"),
     (vk.VkGraph(values=[vk.VkTensor(vk.VkDataType.BOOL, [1], constant_id=0)]),
      "value 0 .VkTensor. has constant_id 0, but the graph has 0 constants"),
 ])

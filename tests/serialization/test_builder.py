@@ -227,3 +227,25 @@ def test_unsupported_dtype_names_the_node():
     with pytest.raises(VkDelegateError, match=r"node '_to_copy'.*dtype torch.bfloat16 has no "
                                               r"Vulkan equivalent"):
         build(M(), (torch.randn(3),))
+
+
+def test_get_attr_tensors_are_constants():
+    torch.manual_seed(3)
+    module = TwoSameWeights()
+    x = torch.randn(3, 4)
+    gm, constants = export(module, (x,))
+    weight_ph = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name in constants
+                     and constants[n.name].dtype == torch.float32)
+    gm.register_buffer("weight_attr", constants.pop(weight_ph.name))
+    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    with gm.graph.inserting_before(first_op):
+        attr = gm.graph.get_attr("weight_attr")
+    attr.meta = dict(weight_ph.meta)
+    weight_ph.replace_all_uses_with(attr)
+    gm.graph.erase_node(weight_ph)
+    gm.recompile()
+    part = build_vkgraph(gm, constants)
+    assert len(part.graph.input_ids) == 1
+    got = run_blob(part, [x])
+    for g, e in zip(got, module(x)):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)

@@ -1,5 +1,6 @@
 """Mutated and truncated blobs: the reader raises VkDelegateError and nothing else."""
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -11,6 +12,8 @@ from .graphs import every_kind_graph
 
 VALID = write_blob(every_kind_graph(), bytes(range(256)) * 2)
 FB_END = 32 + int.from_bytes(VALID[14:18], "little")
+# Blobs written by ExecuTorch (flatc lays tables out differently from our Builder).
+ET_BLOBS = sorted((Path(__file__).resolve().parents[1] / "data" / "et_vk").glob("*.bin"))
 
 
 def _read(data: bytes) -> str:
@@ -28,22 +31,23 @@ def _read(data: bytes) -> str:
     return "ok"
 
 
-def _mutations(seed: int, count: int):
+def _mutations(seed: int, count: int, valid: bytes = VALID):
     rng = random.Random(seed)
+    fb_end = 32 + int.from_bytes(valid[14:18], "little")
     for _ in range(count):
-        data = bytearray(VALID)
+        data = bytearray(valid)
         kind = rng.randrange(4)
         if kind == 0:      # truncate anywhere
             yield bytes(data[:rng.randrange(len(data))])
             continue
         if kind == 1:      # flip bytes inside the flatbuffer, where the offsets are
-            positions = [rng.randrange(32, FB_END) for _ in range(rng.randint(1, 6))]
+            positions = [rng.randrange(32, fb_end) for _ in range(rng.randint(1, 6))]
         else:              # anywhere in the blob
             positions = [rng.randrange(len(data)) for _ in range(rng.randint(1, 6))]
         for p in positions:
             data[p] = rng.choice([0, 0xFF, 0x7F, 0x80, rng.randrange(256)])
         if kind == 3:      # and write a large 32-bit value (a wild offset or count)
-            p = rng.randrange(32, FB_END - 4)
+            p = rng.randrange(32, fb_end - 4)
             data[p:p + 4] = rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 0x10000, len(data)]).to_bytes(4, "little")
         yield bytes(data)
 
@@ -53,6 +57,14 @@ def test_seeded_mutations_raise_only_our_error():
     # Most mutations must be caught; an all-"ok" run would mean the reader checks nothing.
     assert outcomes.count("error") > 1500
     assert _read(VALID) == "ok"
+
+
+@pytest.mark.parametrize("path", ET_BLOBS, ids=lambda p: p.stem)
+def test_mutated_et_blobs_raise_only_our_error(path):
+    valid = path.read_bytes()
+    assert _read(valid) == "ok"
+    outcomes = [_read(d) for d in _mutations(seed=7, count=800, valid=valid)]
+    assert outcomes.count("error") > 300
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

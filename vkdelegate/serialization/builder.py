@@ -138,11 +138,13 @@ class _Builder:
             return self._shared(("BoolList", tuple(items)), lambda: vk.BoolList(list(items)))
         if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
             return self._shared(("IntList", tuple(items)), lambda: vk.IntList(list(items)))
-        if all(isinstance(x, float) for x in items):
-            key = ("DoubleList", struct.pack(f"<{len(items)}d", *items))
-            return self._shared(key, lambda: vk.DoubleList(list(items)))
-        raise VkDelegateError(f"list {items!r} mixes bools, ints and floats; "
-                              f"the wire format has no such list")
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in items):
+            # A float[] argument may hold ints ([2, 1.5]): all become doubles.
+            floats = [float(x) for x in items]
+            key = ("DoubleList", struct.pack(f"<{len(floats)}d", *floats))
+            return self._shared(key, lambda: vk.DoubleList(floats))
+        raise VkDelegateError(f"list {items!r} mixes bools with numbers or holds other "
+                              f"objects; the wire format has no such list")
 
     def arg(self, a: Any, where: str) -> int:
         """Value id for one argument (see the module docstring's table)."""
@@ -267,6 +269,9 @@ def build_vkgraph(gm: torch.fx.GraphModule,
     named_constants: store constants outside the blob, keyed by SHA-256 hex, in
         ``named_data`` (offset 2**64-1), instead of inline in the constants section.
     skip_memory_planning: give every tensor dedicated memory (mem_obj_id -1).
+
+    ``OperatorCall.node_id`` is the node's position in ``gm.graph.nodes``, so a
+    runtime error about a node can be traced back to the fx node.
 
     Raises VkDelegateError naming the node for anything that cannot be serialized:
     an unsupported dtype, a dynamic size without upper bound, a non-tensor output,

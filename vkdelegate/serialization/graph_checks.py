@@ -19,8 +19,9 @@ def _in_range(vid: int, n_values: int, what: str) -> None:
 def check_graph(graph: vk.VkGraph) -> None:
     """Raises VkDelegateError naming the first id that is out of range.
 
-    Checked: input_ids, output_ids, every op's args, every ValueList item (value ids
-    into ``graph.values``) and every tensor's ``constant_id`` (index into
+    Checked: every op has a name and at least one arg (its output); input_ids,
+    output_ids, every op's args, every ValueList item (value ids into
+    ``graph.values``) and every tensor's ``constant_id`` (index into
     ``graph.constants`` when >= 0).
     """
     n = len(graph.values)
@@ -29,6 +30,11 @@ def check_graph(graph: vk.VkGraph) -> None:
     for i, vid in enumerate(graph.output_ids):
         _in_range(vid, n, f"output_ids[{i}]")
     for k, op in enumerate(graph.chain):
+        if not op.name:
+            raise VkDelegateError(f"chain[{k}] (node {op.node_id}) has no operator name")
+        if not op.args:
+            raise VkDelegateError(f"node {op.node_id} ({op.name}, chain[{k}]) has no args; "
+                                  f"its output value id must be the last arg")
         for j, vid in enumerate(op.args):
             _in_range(vid, n, f"node {op.node_id} ({op.name}, chain[{k}]) arg {j}")
     n_const = len(graph.constants)
