@@ -122,8 +122,8 @@ def test_shared_mem_obj_id_aliases_memory(vk_device):
         x = rand(np.random.default_rng(16), (29,))
         np.testing.assert_allclose(graph.execute([x])[0], np.exp(-np.maximum(x, 0)) + x,
                                    rtol=1e-5)
-        # A WAW on the shared region must be ordered: relu -> neg -> exp, 2 barriers
-        # before exp (RAW on t2 covers it) plus before neg and the final add.
+        # Every step depends on the previous one (neg reads t1, exp reads t2 and
+        # rewrites t1's memory, add reads t3): one barrier before each of the three.
         assert graph.barriers == 3
 
 
@@ -215,3 +215,37 @@ def test_load_errors(vk_device):
     with pytest.raises(VkDelegateError, match=r"tensor 1: constant 0 has 8 bytes, "
                                               r"float32 \[3\] needs 12"):
         m.build(vk_device)
+
+
+def _count_calls(fn) -> int:
+    import sys
+    calls = 0
+
+    def profiler(frame, event, arg):
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_host_work_per_execute_does_not_grow_with_nodes(vk_device):
+    # Not a timing test: the host thread makes exactly the same calls per execute for a
+    # 2-node and a 60-node graph (one submit, one fence wait, whatever the node count).
+    x = rand(np.random.default_rng(20), (17,))
+    counts = []
+    for nodes in (2, 60):
+        m = GraphMaker()
+        prev = m.input((17,))
+        for _ in range(nodes):
+            prev = m.op("aten.relu.default", [prev], (17,))
+        m.output(prev)
+        with m.build(vk_device) as graph:
+            graph.execute([x])
+            counts.append(_count_calls(lambda: graph.execute([x])))
+            np.testing.assert_array_equal(graph.execute([x])[0], np.maximum(x, 0))
+    assert counts[0] == counts[1]

@@ -19,6 +19,7 @@ returns the output sizes.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -69,6 +70,7 @@ class DelegateGraph:
         self._pool = self._cmd = self._fence = None
         self._profile_cmd = self._query_pool = None
         self.last_profile: Profile | None = None
+        self.last_timing: dict[str, float] = {}
         if staging is None:
             staging = not self._has_mappable_device_memory()
         self.staging = staging
@@ -266,6 +268,7 @@ class DelegateGraph:
         buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
         Raises VkDelegateError for a wrong count, dtype, rank or size, or a timeout.
         """
+        start = time.perf_counter()
         if self._closed:
             raise VkDelegateError("execute() on a closed DelegateGraph")
         if len(inputs) != len(self.inputs):
@@ -287,14 +290,24 @@ class DelegateGraph:
             view[:a.size] = to_device(a, t.device_dtype, f"input {i}").reshape(-1)
         submit = self._submit if not profile else self._profile_submit()
         dev = self.device.device
-        vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence, what="the graph")
-        wait_fence(dev, self._fence, self.timeout_s, "execute")
+        # The fence is reset just before it is reused rather than right after the
+        # wait: a driver may still hold it briefly after signalling (lavapipe's queue
+        # thread does), and resetting it then would block the host for no reason.
         vk_call(vk.vkResetFences, dev, 1, [self._fence], what="the graph")
+        vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence, what="the graph")
+        wait_start = time.perf_counter()
+        wait_fence(dev, self._fence, self.timeout_s, "execute")
+        wait_s = time.perf_counter() - wait_start
         if profile:
             self.last_profile = Profile.from_queries(self.device, self._query_pool,
                                                      self.dispatches)
-        return [from_device(view[:t.numel], t.dtype).reshape(t.shape)
-                for t, view in zip(self.outputs, self._out_views)]
+        outputs = [from_device(view[:t.numel], t.dtype).reshape(t.shape)
+                   for t, view in zip(self.outputs, self._out_views)]
+        total = time.perf_counter() - start
+        # Host time is everything but the fence wait: what the CPU spends per run.
+        self.last_timing = {"total_s": total, "fence_wait_s": wait_s,
+                            "host_s": total - wait_s}
+        return outputs
 
     def resize(self, shapes) -> None:
         """Set new input sizes and propagate them through every node's shape_fn;

@@ -31,7 +31,7 @@ void main() {
   uint rem = i;
   int ia = 0;
   int ib = 0;
-  for (int d = 0; d < ndim_of(out_meta); ++d) {
+  [[unroll]] for (int d = 0; d < 8; ++d) {
     const int size = size_at(out_meta, d);
     const int c = int(rem % uint(size));
     rem /= uint(size);

@@ -5,6 +5,9 @@
 
 // 8/16-bit storage types only where the variant uses them; the runtime enables the
 // matching device features (see vkdelegate/runtime/dtypes.py for the fallback).
+// [[unroll]] over the 8 metadata dims turns dynamic vector indexing into constants.
+#extension GL_EXT_control_flow_attributes : require
+
 #ifdef STORAGE_16BIT
 #extension GL_EXT_shader_16bit_storage : require
 #endif

@@ -21,11 +21,10 @@ void main() {
   if (o >= uint(numel_of(out_meta))) {
     return;
   }
-  const int ndim = ndim_of(in_meta);
   uint rem = o;
   int base = 0;
   uint count = 1u;
-  for (int d = 0; d < ndim; ++d) {
+  [[unroll]] for (int d = 0; d < 8; ++d) {
     const int size = size_at(in_meta, d);
     if ((mask.x & (1 << d)) != 0) {
       count *= uint(size);
@@ -38,7 +37,7 @@ void main() {
   for (uint r = 0u; r < count; ++r) {
     uint rr = r;
     int offset = base;
-    for (int d = 0; d < ndim; ++d) {
+    [[unroll]] for (int d = 0; d < 8; ++d) {
       if ((mask.x & (1 << d)) != 0) {
         const int size = size_at(in_meta, d);
         offset += int(rr % uint(size)) * stride_at(in_meta, d);
