@@ -37,7 +37,7 @@ def test_sizes_in_range_run(dynamic_program):
 @pytest.mark.parametrize("shapes,dtype,text", [
     (((3, 41), (3, 41)), torch.float32, r"input 'x' dim 1 is 41, allowed range 2\.\.40"),
     (((3, 1), (3, 1)), torch.float32, r"input 'x' dim 1 is 1, allowed range 2\.\.40"),
-    (((4, 8), (4, 8)), torch.float32, r"input 'x' dim 0 is 4, expected 3 \(exported as a static"),
+    (((4, 8), (4, 8)), torch.float32, r"input 'x' dim 0 is 4, expected 3, a static size \(input 'x' is float32\[3, 2\.\.40\]\)"),
     (((3, 8), (3, 9)), torch.float32, r"input 'y' dim 1 is 9 but input 'x' dim 1 is 8"),
     (((3, 8), (3, 8)), torch.float64, r"input 'x' has dtype float64, expected float32"),
     (((3, 8, 1), (3, 8)), torch.float32, r"input 'x' has rank 3, expected 2"),

@@ -21,6 +21,19 @@ def _range_text(lo, hi) -> str:
     return f"{lo}..{hi if hi is not None else 'inf'}"
 
 
+def describe(spec: dict, ranges: dict) -> str:
+    """An input's expected type, e.g. ``float32[3, 2..40]``."""
+    dims = []
+    for want in spec["shape"]:
+        if isinstance(want, int):
+            dims.append(str(want))
+        elif "sym" in want:
+            dims.append(_range_text(*ranges.get(want["sym"], (0, None))))
+        else:
+            dims.append(want["expr"])
+    return f"{spec['dtype']}[{', '.join(dims)}]"
+
+
 def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
     """Raise VkDelegateError unless ``values`` fit ``specs``.
 
@@ -34,21 +47,22 @@ def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
     bound: dict[str, tuple[int, str]] = {}
     for value, spec in zip(values, specs):
         name = spec["name"]
+        expected = f" (input {name!r} is {describe(spec, ranges)})"
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
             raise VkDelegateError(f"input {name!r} must be a tensor or numpy array, got "
                                   f"{type(value).__name__}")
         if dtype_of(value) != spec["dtype"]:
             raise VkDelegateError(f"input {name!r} has dtype {dtype_of(value)}, expected "
-                                  f"{spec['dtype']}")
+                                  f"{describe(spec, ranges)}")
         shape = tuple(value.shape)
         if len(shape) != len(spec["shape"]):
             raise VkDelegateError(f"input {name!r} has rank {len(shape)}, expected "
-                                  f"{len(spec['shape'])}")
+                                  f"{len(spec['shape'])}{expected}")
         for d, (size, want) in enumerate(zip(shape, spec["shape"])):
             if isinstance(want, int):
                 if size != want:
                     raise VkDelegateError(f"input {name!r} dim {d} is {size}, expected "
-                                          f"{want} (exported as a static size)")
+                                          f"{want}, a static size{expected}")
                 continue
             sym = want.get("sym")
             if sym is None:
@@ -57,7 +71,7 @@ def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
             lo, hi = ranges.get(sym, (0, None))
             if size < lo or (hi is not None and size > hi):
                 raise VkDelegateError(f"input {name!r} dim {d} is {size}, allowed range "
-                                      f"{_range_text(lo, hi)}")
+                                      f"{_range_text(lo, hi)}{expected}")
             if sym in bound and bound[sym][0] != size:
                 raise VkDelegateError(f"input {name!r} dim {d} is {size} but "
                                       f"{bound[sym][1]} is {bound[sym][0]}; both are the "

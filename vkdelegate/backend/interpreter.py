@@ -173,6 +173,13 @@ class MethodRunner:
                                    "arguments")
         want_torch = any(_is_torch_tensor(v) for v in flat) or (
             not flat and "torch" in sys.modules)
+        convert = to_torch if want_torch else to_numpy
+        leaves = [convert(v) for v in self.call_flat(flat)]
+        return pytree_spec.unflatten(leaves, self.plan["out_spec"])
+
+    def call_flat(self, flat: list) -> list:
+        """Run on flattened user inputs, apply state and input updates, and return the
+        flattened user outputs (arrays or tensors, as produced)."""
         outputs = self.run_flat(flat)
         for name, index in self.plan.get("state_updates", {}).items():
             self.state[name] = outputs[index]
@@ -182,6 +189,4 @@ class MethodRunner:
                 target.copy_(to_torch(new))
             else:
                 np.copyto(target, to_numpy(new))
-        convert = to_torch if want_torch else to_numpy
-        leaves = [convert(outputs[i]) for i in self.plan["user_outputs"]]
-        return pytree_spec.unflatten(leaves, self.plan["out_spec"])
+        return [outputs[i] for i in self.plan["user_outputs"]]

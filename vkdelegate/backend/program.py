@@ -50,6 +50,8 @@ class _LazyDelegate:
 
     def __init__(self, delegate: Delegate, options: CompileOptions):
         self.delegate, self.options, self.loaded = delegate, options, None
+        self.profiling = False
+        self.last_profile = None
 
     def execute(self, inputs: list) -> list:
         if self.loaded is None:
@@ -62,7 +64,13 @@ class _LazyDelegate:
 
                 self.loaded = load_delegate(self.delegate.blob, self.delegate.named_data,
                                             device=self.options.device)
-        return self.loaded.execute(inputs)
+        if not self.profiling:
+            return self.loaded.execute(inputs)
+        if self.options.executor != "vulkan":
+            raise VkDelegateError("profiling needs the Vulkan executor")
+        outputs = self.loaded.execute(inputs, profile=True)
+        self.last_profile = self.loaded.last_profile
+        return outputs
 
     def close(self) -> None:
         if self.loaded is not None and hasattr(self.loaded, "close"):
@@ -96,9 +104,10 @@ class LoweredProgram:
     @property
     def report(self):
         """The partition report of the default method (None for a loaded program)."""
-        return self.methods[self._default()].report
+        return self.methods[self.default_method()].report
 
-    def _default(self) -> str:
+    def default_method(self) -> str:
+        """"forward" if the program has it, else its only method."""
         if "forward" in self.methods:
             return "forward"
         if len(self.methods) == 1:
@@ -108,14 +117,10 @@ class LoweredProgram:
 
     def run(self, method: str, *args, **kwargs):
         """Run ``method``; VkDelegateError names the methods when it does not exist."""
-        runner = self._runners.get(method)
-        if runner is None:
-            raise VkDelegateError(f"program has no method {method!r}; it has "
-                                  f"{self.method_names}")
-        return runner(*args, **kwargs)
+        return self.runner(method)(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        return self.run(self._default(), *args, **kwargs)
+        return self.run(self.default_method(), *args, **kwargs)
 
     def __getattr__(self, name):
         runners = self.__dict__.get("_runners", {})
@@ -123,8 +128,27 @@ class LoweredProgram:
             return runners[name]
         raise AttributeError(f"LoweredProgram has no attribute or method {name!r}")
 
+    def runner(self, method: str) -> MethodRunner:
+        """The MethodRunner of ``method`` (flat calls: ``runner.call_flat``)."""
+        if method not in self._runners:
+            raise VkDelegateError(f"program has no method {method!r}; it has "
+                                  f"{self.method_names}")
+        return self._runners[method]
+
+    def set_profiling(self, on: bool) -> None:
+        """Make the following calls record per-dispatch GPU times (Vulkan executor)."""
+        for runner in self._runners.values():
+            for d in runner.delegates:
+                d.profiling = on
+
+    def last_profiles(self, method: "str | None" = None) -> list:
+        """(delegate index, runtime Profile) of the last profiled call of ``method``."""
+        delegates = self.runner(method or self.default_method()).delegates
+        return [(i, d.last_profile) for i, d in enumerate(delegates)
+                if d.last_profile is not None]
+
     def num_delegates(self, method: "str | None" = None) -> int:
-        return len(self.methods[method or self._default()].delegates)
+        return len(self.methods[method or self.default_method()].delegates)
 
     def close(self) -> None:
         """Release every delegate's device resources."""

@@ -1,0 +1,144 @@
+"""``vkdelegate run PROGRAM --input NAME=FILE.npy ...``: run a saved program.
+
+Inputs are numpy files given by input name (``vkdelegate inspect`` or an error
+message lists the names and expected shapes); each output leaf is written to
+``OUTPUT_DIR/output_<path>.npy``, where <path> is its position in the returned
+structure (``0``, ``logits``, ``b.1``). ``--profile`` runs once more with GPU
+timestamps and prints the slowest dispatches; ``--trace`` writes them as a Chrome trace.
+Needs torch only when the program has CPU parts.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from vkdelegate.errors import VkDelegateError
+
+TOP_N = 15
+
+
+def _parse_inputs(pairs: list[str]) -> dict[str, str]:
+    inputs = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise VkDelegateError(f"--input {pair!r}: expected NAME=FILE.npy")
+        if name in inputs:
+            raise VkDelegateError(f"--input {name} given twice")
+        inputs[name] = path
+    return inputs
+
+
+def _load_array(name: str, path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise VkDelegateError(f"input {name!r}: cannot read {path}: {exc}") from exc
+
+
+def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
+    from vkdelegate.backend.input_checks import describe
+
+    ranges = plan.get("ranges", {})
+    names = [spec["name"] for spec in plan["inputs"]]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise VkDelegateError(f"unknown input {unknown[0]!r}; the method takes "
+                              f"{', '.join(names) or 'no inputs'}")
+    flat = []
+    for spec in plan["inputs"]:
+        if spec["name"] not in given:
+            raise VkDelegateError(f"missing input {spec['name']!r} "
+                                  f"({describe(spec, ranges)}); give --input "
+                                  f"{spec['name']}=FILE.npy")
+        flat.append(_load_array(spec["name"], given[spec["name"]]))
+    return flat
+
+
+def _leaf_paths(spec: dict, prefix: str = "") -> list[str]:
+    kind = spec["t"]
+    if kind == "leaf":
+        return [prefix or "0"]
+    if kind == "none":
+        return []
+    keys = spec["k"] if kind == "dict" else [str(i) for i in range(len(spec["c"]))]
+    paths = []
+    for key, child in zip(keys, spec["c"]):
+        paths.extend(_leaf_paths(child, f"{prefix}.{key}" if prefix else str(key)))
+    return paths
+
+
+def _print_profile(program, method: str, trace_path: "str | None") -> None:
+    from tabulate import tabulate
+
+    from vkdelegate.serialization.blob import read_blob
+    from vkdelegate.serialization.vkgraph import VkTensor
+
+    rows, events = [], []
+    delegates = program.methods[method].delegates
+    for index, profile in program.last_profiles(method):
+        graph = read_blob(delegates[index].blob).graph
+        calls = {c.node_id: c for c in graph.chain}
+        for d in profile.dispatches:
+            call = calls.get(d.node_id)
+            shapes = []
+            for vid in call.args if call else []:
+                value = graph.values[vid]
+                if isinstance(value, VkTensor):
+                    shapes.append("x".join(map(str, value.dims)) or "scalar")
+            rows.append((index, d.node_id, d.op, " ".join(shapes), d.duration_ns))
+        for event in profile.chrome_trace()["traceEvents"]:
+            events.append(dict(event, tid=index))
+    total = sum(r[4] for r in rows) or 1.0
+    top = sorted(rows, key=lambda r: -r[4])[:TOP_N]
+    print(tabulate([(r[0], r[1], r[2], r[3], f"{r[4] / 1e3:.1f}",
+                     f"{100 * r[4] / total:.1f}%") for r in top],
+                   headers=["delegate", "node", "op", "tensor shapes (output last)", "GPU us",
+                            "share"]))
+    print(f"total GPU time {total / 1e3:.1f} us over {len(rows)} dispatches")
+    if trace_path:
+        with open(trace_path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+        print(f"wrote Chrome trace {trace_path}")
+
+
+def run(args) -> int:
+    from vkdelegate.backend.interpreter import to_numpy
+    from vkdelegate.backend.program import load
+
+    program = load(args.program, device=args.device)
+    method = args.method or program.default_method()
+    runner = program.runner(method)
+    flat = _flat_inputs(runner.plan, _parse_inputs(args.input or []))
+    outputs = runner.call_flat(flat)
+    os.makedirs(args.output_dir, exist_ok=True)
+    for path, value in zip(_leaf_paths(runner.plan["out_spec"]), outputs):
+        array = to_numpy(value)
+        target = os.path.join(args.output_dir, f"output_{path}.npy")
+        np.save(target, array)
+        print(f"{path}: {array.dtype}{list(array.shape)} -> {target}")
+    if args.profile or args.trace:
+        program.set_profiling(True)
+        runner.call_flat(flat)
+        program.set_profiling(False)
+        _print_profile(program, method, args.trace)
+    program.close()
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run a saved program on .npy inputs",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("program", help="program file written by LoweredProgram.save")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="an input by name (repeat for each input)")
+    p.add_argument("--method", help="method to run (default: forward or the only one)")
+    p.add_argument("--device", type=int, help="Vulkan device index (vkdelegate devices)")
+    p.add_argument("--output-dir", default=".", help="where output_*.npy go (default .)")
+    p.add_argument("--profile", action="store_true",
+                   help="print the slowest dispatches by GPU time")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (implies "
+                   "--profile)")
+    p.set_defaults(func=run)
