@@ -16,7 +16,17 @@ VK_TO_TORCH = {vk.VkDataType.BOOL: torch.bool, vk.VkDataType.UINT8: torch.uint8,
                vk.VkDataType.FLOAT64: torch.float64, vk.VkDataType.INT64: torch.int64}
 
 
+def _prepack(x):
+    return x.clone()
+
+
+# ET-VK's own ops that have an eager equivalent (they are not in torch.ops without ET).
+ET_VK_OPS = {"et_vk.prepack.default": _prepack}
+
+
 def resolve_op(name: str):
+    if name in ET_VK_OPS:
+        return ET_VK_OPS[name]
     if "." not in name:
         return getattr(operator, name)
     ns, op, overload = name.split(".")

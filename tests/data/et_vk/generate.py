@@ -6,8 +6,11 @@ separate virtual environment, from the repository root::
     /tmp/et-venv/bin/python tests/data/et_vk/generate.py
 
 For each model in MODELS it lowers the model with ET's VulkanPartitioner, writes the
-(first) delegate blob as ``<name>.bin`` and what ET's own deserializer
-(``executorch.backends.vulkan.serialization``) reports about it as ``<name>.json``.
+(first) delegate blob as ``<name>.bin``, what ET's own deserializer
+(``executorch.backends.vulkan.serialization``) reports about it as ``<name>.json``, and
+the blob's named constants (ET keeps weights outside the blob, keyed by SHA-256) as
+``<name>.named.json`` ({key: hex bytes}). ``build_model(name)`` recreates the same
+weights (seeded), so a runtime test can run a fixture blob and compare with eager.
 ``tests/serialization/test_et_compat.py`` checks our reader against those reports, and
 imports this module to do the same live when executorch is importable.
 """
@@ -60,16 +63,34 @@ MODELS = {
 }
 
 
-def lower(module: torch.nn.Module, inputs: tuple) -> list[bytes]:
-    """The delegate blobs ET's VulkanPartitioner produces for ``module``."""
+def build_model(name: str) -> torch.nn.Module:
+    """Model ``name`` with the fixture's weights (seeded)."""
+    torch.manual_seed(0)
+    return MODELS[name][0]().eval()
+
+
+def lower_with_named_data(module: torch.nn.Module, inputs: tuple) -> list[tuple[bytes, dict]]:
+    """(blob, named data {key: bytes}) for each delegate ET's VulkanPartitioner
+    produces for ``module``."""
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    torch.manual_seed(0)
     ep = torch.export.export(module.eval(), inputs)
     edge = to_edge_transform_and_lower(ep, partitioner=[VulkanPartitioner()])
-    return [m.processed_bytes for _, m in edge.exported_program().graph_module.named_modules()
-            if getattr(m, "backend_id", None) == "VulkanBackend"]
+    out = []
+    for _, m in edge.exported_program().graph_module.named_modules():
+        if getattr(m, "backend_id", None) != "VulkanBackend":
+            continue
+        store = m.named_data_store_output
+        named = {key: bytes(store.buffers[entry.buffer_index])
+                 for key, entry in (store.pte_data if store else {}).items()}
+        out.append((m.processed_bytes, named))
+    return out
+
+
+def lower(module: torch.nn.Module, inputs: tuple) -> list[bytes]:
+    """The delegate blobs ET's VulkanPartitioner produces for ``module``."""
+    return [blob for blob, _ in lower_with_named_data(module, inputs)]
 
 
 def et_report(blob: bytes) -> dict:
@@ -92,12 +113,15 @@ def et_report(blob: bytes) -> dict:
 def main() -> int:
     from importlib.metadata import version
 
-    for name, (factory, inputs) in MODELS.items():
-        blobs = lower(factory(), inputs)
-        if not blobs:
+    for name, (_, inputs) in MODELS.items():
+        lowered = lower_with_named_data(build_model(name), inputs)
+        if not lowered:
             print(f"{name}: VulkanPartitioner produced no delegate blob", file=sys.stderr)
             return 1
+        blobs = [blob for blob, _ in lowered]
         (HERE / f"{name}.bin").write_bytes(blobs[0])
+        named = {key: data.hex() for key, data in sorted(lowered[0][1].items())}
+        (HERE / f"{name}.named.json").write_text(json.dumps(named, indent=1) + "\n")
         report = {"generator": f"executorch {version('executorch')}",
                   **et_report(blobs[0])}
         (HERE / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
