@@ -25,7 +25,8 @@ def test_unknown_shader(tmp_path):
 
 def test_cache_hit_and_key(tmp_path):
     compiler = ShaderCompiler(cache=tmp_path)
-    defines = {"OUT_T": "float", "IN_T": "float", "ACC_T": "float", "OP_EXPR": "x"}
+    defines = {"OUT_T": "float", "OUT_STORE(v)": "float(v)", "IN_T": "float",
+               "ACC_T": "float", "OP_EXPR": "x"}
     first = compiler.compile("unary_op", defines)
     assert first[:4] == SPIRV_MAGIC[::-1] or first[:4] == SPIRV_MAGIC
     assert compiler.compiled == 1

@@ -196,11 +196,14 @@ class Device:
     selector: device index or name substring (default: ``$VKDELEGATE_DEVICE``, else the
     preferred device). validation: enable VK_LAYER_KHRONOS_validation and record every
     warning and error it reports in ``validation_messages`` (list of str).
+    small_storage=False: leave 8/16-bit storage off even where the device has it, so
+    that narrow dtypes use the 32-bit fallback (see vkdelegate.runtime.dtypes).
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
     ``close()`` when done (graphs built on the device must be closed first).
     """
 
-    def __init__(self, selector=None, validation: bool = False):
+    def __init__(self, selector=None, validation: bool = False,
+                 small_storage: bool = True):
         if selector is None:
             selector = os.environ.get("VKDELEGATE_DEVICE")
         if validation and not _validation_available():
@@ -213,6 +216,9 @@ class Device:
             self._install_messenger()
         physical = vk_call(vk.vkEnumeratePhysicalDevices, self.instance)
         self.info = _select([_describe(i, pd) for i, pd in enumerate(physical)], selector)
+        if not small_storage:
+            # Behave like a device without 8/16-bit storage (tests the fallback path).
+            self.info.storage_8bit = self.info.storage_16bit = False
         self.physical = physical[self.info.index]
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self.queue_family, self.timestamp_bits = self._compute_family()

@@ -46,17 +46,40 @@ def acc_type(dtype: str) -> str:
     return "float" if dtype in FLOATING else "int"
 
 
-def storage_defines(**tensors) -> dict[str, str]:
-    """Shader defines for the storage types of named tensors.
+# How a value of ACC_T is stored into each device dtype, as a GLSL expression in v.
+# Native types convert with a constructor (int -> int8_t truncates, i.e. wraps like
+# ATen). Where a narrow dtype is held in a wider fallback type the store rounds or
+# wraps explicitly, so that the stored value is exactly what the narrow type would hold
+# and the next node reads the same value as on a device with 8/16-bit storage.
+_STORE = {
+    ("float32", "float32"): "float(v)",
+    ("float16", "float16"): "float16_t(v)",
+    ("float16", "float32"): "unpackHalf2x16(packHalf2x16(vec2(float(v), 0.0))).x",
+    ("int32", "int32"): "int(v)",
+    ("int8", "int8"): "int8_t(int(v))",
+    ("int8", "int32"): "bitfieldExtract(int(v), 0, 8)",
+    ("uint8", "uint8"): "uint8_t(int(v))",
+    ("uint8", "int32"): "(int(v) & 0xFF)",
+    ("bool", "bool"): "uint8_t(int(v) != 0 ? 1 : 0)",
+    ("bool", "int32"): "(int(v) != 0 ? 1 : 0)",
+}
 
-    ``storage_defines(OUT=out, IN=x)`` -> ``{"OUT_T": "float16_t", "IN_T": "float",
-    "STORAGE_16BIT": "1"}``; the STORAGE_8BIT/16BIT flags make common.h enable the GLSL
-    extensions those types need. Values are Tensors or device dtype names.
+
+def storage_defines(**tensors) -> dict[str, str]:
+    """Shader defines for the storage of named tensors.
+
+    ``storage_defines(OUT=out, IN=x)`` gives, per name, ``OUT_T`` (the GLSL storage
+    type, for the buffer declaration) and ``OUT_STORE(v)`` (converts an ACC_T value for
+    storing: ``out_data[i] = OUT_STORE(acc);``), plus STORAGE_8BIT/STORAGE_16BIT, which
+    make common.h enable the GLSL extensions those types need. Values are Tensors or
+    (graph dtype, device dtype) pairs.
     """
     defines = {}
     for name, t in tensors.items():
-        glsl = GLSL_TYPES[t if isinstance(t, str) else t.device_dtype]
+        dtype, dev = (t.dtype, t.device_dtype) if hasattr(t, "device_dtype") else t
+        glsl = GLSL_TYPES[dev]
         defines[f"{name}_T"] = glsl
+        defines[f"{name}_STORE(v)"] = _STORE[(dtype, dev)]
         if glsl == "float16_t":
             defines["STORAGE_16BIT"] = "1"
         elif glsl in ("int8_t", "uint8_t"):

@@ -88,5 +88,5 @@ for _name, (_expr, _sign) in BINARY_OPS.items():
                     notes="broadcasting on any axis, alpha, scalar other"))
     for _profile in STORAGE_PROFILES:
         for _dt in DTYPES:
-            _ddt = device_dtype(_dt, _profile)
+            _ddt = (_dt, device_dtype(_dt, _profile))
             declare(SHADER, _defines(_expr, _ddt, _ddt, _ddt, _dt))

@@ -64,6 +64,6 @@ register(OpSpec(name="aten.mm.default", dtypes=DTYPES, impl=_impl, shape_fn=_sha
                 notes="constant mat2 prepacked transposed"))
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
-        _ddt = device_dtype(_dt, _profile)
+        _ddt = (_dt, device_dtype(_dt, _profile))
         for _t in (False, True):
             declare(SHADER, _defines(_ddt, _ddt, _ddt, _dt, _t))

@@ -74,5 +74,5 @@ register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn
                 rules=(_dtype_arg,), notes="any set of dims, keepdim, fp32 accumulation"))
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
-        _ddt = device_dtype(_dt, _profile)
+        _ddt = (_dt, device_dtype(_dt, _profile))
         declare(SHADER, _defines(_ddt, _ddt, _dt))

@@ -57,5 +57,5 @@ for _name, (_expr, _dtypes) in UNARY_OPS.items():
                     shape_fn=_shape, notes="elementwise"))
     for _profile in STORAGE_PROFILES:
         for _dt in _dtypes:
-            _ddt = device_dtype(_dt, _profile)
+            _ddt = (_dt, device_dtype(_dt, _profile))
             declare(SHADER, _defines(_expr, _ddt, _ddt, _dt))

@@ -3,8 +3,9 @@
 #include "common.h"
 
 // Elementwise binary op with full broadcasting: out = OP_EXPR(a, b).
-// Defines: OUT_T, A_T, B_T (storage types), ACC_T (float or int), ACC_FLOAT (set for
-// float math), OP_EXPR (expression in a, b and ALPHA, e.g. "a + ALPHA * b").
+// Defines: OUT_T, A_T, B_T (storage types), OUT_STORE(v) (store conversion), ACC_T
+// (float or int), ACC_FLOAT (set for float math), OP_EXPR (expression in a, b and
+// ALPHA, e.g. "a + ALPHA * b").
 // Inputs broadcast on any axis: a dim of size 1 (or missing, the metadata pads with 1)
 // repeats. One invocation per output element; the grid is sized for the upper bound,
 // the current numel comes from out_meta.
@@ -40,5 +41,5 @@ void main() {
   }
   const ACC_T a = ACC_T(a_data[ia]);
   const ACC_T b = ACC_T(b_data[ib]);
-  out_data[i] = OUT_T(OP_EXPR);
+  out_data[i] = OUT_STORE(OP_EXPR);
 }

@@ -3,8 +3,8 @@
 #include "common.h"
 
 // out[M, N] = a[M, K] @ b[K, N], one invocation per output element, fp32 accumulation.
-// Defines: OUT_T, A_T, B_T, ACC_T; B_TRANSPOSED when b was prepacked as [N, K] (a
-// constant weight), so that the inner loop reads both operands contiguously.
+// Defines: OUT_T, A_T, B_T, OUT_STORE(v), ACC_T; B_TRANSPOSED when b was prepacked as
+// [N, K] (a constant weight), so that the inner loop reads both operands contiguously.
 // M, K, N come from the metadata (innermost dim first: size_at(m, 0) is the last dim).
 
 TENSOR_OUT(0, out_data, OUT_T)
@@ -31,5 +31,5 @@ void main() {
 #endif
     acc += ACC_T(a_data[row * K + k]) * bv;
   }
-  out_data[i] = OUT_T(acc);
+  out_data[i] = OUT_STORE(acc);
 }

@@ -4,11 +4,11 @@
 
 // Sum over any set of dims. One invocation per output element; it walks the reduced
 // dims sequentially, accumulating in ACC_T (fp32 for fp16 data).
-// Defines: OUT_T, IN_T, ACC_T. The reduced dims are a bitmask in `mask.x`, bit d for
-// metadata dim d (innermost first). The output is contiguous over the kept dims in
-// their order, whether keepdim is set or not, so the output index maps to kept-dim
-// coordinates of the input directly. Sizes come from in_meta, so a resize needs no
-// change here.
+// Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T. The reduced dims are a bitmask in
+// `mask.x`, bit d for metadata dim d (innermost first). The output is contiguous
+// over the kept dims in their order, whether keepdim is set or not, so the output
+// index maps to kept-dim coordinates of the input directly. Sizes come from in_meta,
+// so a resize needs no change here.
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
@@ -46,5 +46,5 @@ void main() {
     }
     acc += ACC_T(in_data[offset]);
   }
-  out_data[o] = OUT_T(acc);
+  out_data[o] = OUT_STORE(acc);
 }

@@ -1,0 +1,89 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+
+// Affine copy: the one shader behind view, permute, expand, slice, select, flip,
+// repeat, cat, split, constant_pad_nd, clone and _to_copy (see
+// vkdelegate/backend/ops/copy.py, which builds the plan this shader reads).
+//
+// One invocation per element of a "domain" (up to 8 dims, innermost first). For
+// domain coordinates c_d:
+//   out index = out_offset + sum(c_d * out_stride_d)
+//   source coordinate s_d = start_d + c_d * step_d       (mode 0, AFFINE)
+//                     s_d = c_d % bound_d                (mode 1, MODULO: repeat)
+//                     s_d = start_d + c_d * step_d, fill if outside [0, bound_d)
+//                                                        (mode 2, PAD)
+//   in index  = in_offset + sum(s_d * in_stride_d)
+// Values convert from the input dtype to the output dtype as torch converts them
+// (float -> int truncates toward zero, int8/uint8 wrap, bool is x != 0).
+// Defines: OUT_T, IN_T (storage types), IN_ACC (float or int), and one of OUT_FLOAT,
+// OUT_INT, OUT_INT8, OUT_UINT8, OUT_BOOL.
+
+TENSOR_OUT(0, out_data, OUT_T)
+TENSOR_IN(1, in_data, IN_T)
+layout(set = 0, binding = 2) uniform plan_block {
+  ivec4 domain[2];      // domain sizes, innermost first, padded with 1
+  ivec4 out_stride[2];
+  ivec4 step[2];
+  ivec4 start[2];
+  ivec4 in_stride[2];
+  ivec4 bound[2];
+  ivec4 mode[2];
+  ivec4 info;           // x: domain numel, y: out offset, z: in offset, w: int fill
+  vec4 ffill;           // x: float fill
+};
+
+#if defined(OUT_FLOAT)
+#define OUT_ACC float
+#define CONVERT(v) float(v)
+#define FILL ffill.x
+#elif defined(OUT_BOOL)
+#define OUT_ACC int
+#define CONVERT(v) ((v) != IN_ACC(0) ? 1 : 0)
+#define FILL info.w
+#elif defined(OUT_INT8)
+#define OUT_ACC int
+#define CONVERT(v) ((int(v) << 24) >> 24)
+#define FILL info.w
+#elif defined(OUT_UINT8)
+#define OUT_ACC int
+#define CONVERT(v) (int(v) & 255)
+#define FILL info.w
+#else
+#define OUT_ACC int
+#define CONVERT(v) int(v)
+#define FILL info.w
+#endif
+
+void main() {
+  const uint i = linear_id();
+  if (i >= uint(info.x)) {
+    return;
+  }
+  uint rem = i;
+  int o = info.y;
+  int src = info.z;
+  bool inside = true;
+  [[unroll]] for (int d = 0; d < 8; ++d) {
+    const int size = domain[d >> 2][d & 3];
+    const int c = int(rem % uint(size));
+    rem /= uint(size);
+    o += c * out_stride[d >> 2][d & 3];
+    const int m = mode[d >> 2][d & 3];
+    const int b = bound[d >> 2][d & 3];
+    int s = start[d >> 2][d & 3] + c * step[d >> 2][d & 3];
+    if (m == 1) {
+      s = c % b;
+    } else if (m == 2) {
+      inside = inside && s >= 0 && s < b;
+    }
+    src += s * in_stride[d >> 2][d & 3];
+  }
+  OUT_ACC v;
+  if (inside) {
+    v = CONVERT(IN_ACC(in_data[src]));
+  } else {
+    v = FILL;
+  }
+  out_data[o] = OUT_T(v);
+}
