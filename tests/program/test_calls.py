@@ -120,10 +120,34 @@ def test_overrides_and_fp16_are_recorded_in_blobs():
     (graph,) = _blob_graphs(program)
     assert graph.storage_type_override == VkStorageType.BUFFER
     tensors = [v for v in graph.values if isinstance(v, VkTensor)]
-    assert tensors and all(t.datatype == VkDataType.FLOAT16 and
-                           t.staging_datatype == VkDataType.FLOAT32 for t in tensors)
+    assert tensors and all(t.datatype == VkDataType.FLOAT16 for t in tensors)
     plain = _lower(AddTanh(), (torch.randn(2, 3), torch.randn(2, 3)))
     (graph,) = _blob_graphs(plain)
     assert graph.storage_type_override == VkStorageType.DEFAULT_STORAGE
     assert all(v.datatype == VkDataType.FLOAT32 for v in graph.values
                if isinstance(v, VkTensor))
+
+
+class WithWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(7))
+
+    def forward(self, x):
+        return torch.tanh(x + self.w) - self.w
+
+
+def test_force_fp16_runs_in_half_precision(executor):
+    torch.manual_seed(3)
+    x = torch.randn(5, 7)
+    module = WithWeight()
+    program = _lower(module, (x,), executor, force_fp16=True)
+    out = program(x)
+    assert out.dtype == torch.float32
+    expected = module(x).detach()
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+    # fp16 rounding shows: not bit-equal to the fp32 result.
+    assert not torch.equal(out, expected)
+    (delegate,) = program.methods["forward"].delegates
+    (weight,) = delegate.named_data.values()
+    assert weight == module.w.detach().numpy().astype("float16").tobytes()

@@ -65,6 +65,16 @@ def _special(key: str, name: str):
     return value
 
 
+_CASTS = ("float16", "float32")
+
+
+def _cast(arrays: list, dtypes: "list | None") -> list:
+    """Delegate-boundary casts (force_fp16): dtype per array, None for none."""
+    if not dtypes:
+        return arrays
+    return [a if d is None else a.astype(d) for a, d in zip(arrays, dtypes)]
+
+
 class MethodRunner:
     """Executes one method's plan.
 
@@ -98,6 +108,9 @@ class MethodRunner:
                 if not isinstance(index, int) or not 0 <= index < len(self.delegates):
                     raise VkDelegateError(f"node {n} calls delegate {index!r}, but the "
                                           f"method has {len(self.delegates)}")
+                for key in ("cast_inputs", "cast_outputs"):
+                    if not all(c is None or c in _CASTS for c in node.get(key) or []):
+                        raise VkDelegateError(f"node {n}: bad {key}")
                 self._ops.append(None)
             elif node["op"] == "getitem":
                 self._ops.append(None)
@@ -145,10 +158,11 @@ class MethodRunner:
             op = node["op"]
             if op == "delegate":
                 args = [to_numpy(self._arg(a, env, False)) for a in node["args"]]
+                args = _cast(args, node.get("cast_inputs"))
                 outs = self.delegates[node["index"]].execute(args)
                 # Own the memory: a runtime may reuse its output buffers on the next run.
-                env[node["out"]] = [np.require(o, requirements=["C", "W", "O"])
-                                    for o in outs]
+                env[node["out"]] = _cast([np.require(o, requirements=["C", "W", "O"])
+                                          for o in outs], node.get("cast_outputs"))
             elif op == "getitem":
                 seq, index = node["args"]
                 env[node["out"]] = env[seq["v"]][index]

@@ -9,8 +9,11 @@ a saved and reloaded program runs exactly the same code path.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
+
+import numpy as np
 
 import sympy
 import torch
@@ -89,25 +92,47 @@ def _ranges(pg: ProgramGraph) -> dict:
     return ranges
 
 
-def _apply_blob_options(blob: bytes, options: CompileOptions) -> bytes:
-    """Record storage/layout overrides and force_fp16 in the blob's VkGraph."""
+def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions
+                        ) -> tuple[bytes, dict, list, list]:
+    """Record the overrides and force_fp16 in a blob's VkGraph.
+
+    Returns (blob, named_data, input casts, output casts): with force_fp16 every fp32
+    tensor of the delegate becomes fp16, its constants are converted, and the glue
+    casts fp32 inputs to fp16 and outputs back to fp32 at the delegate boundary (a
+    cast per input and output, None where no cast is needed).
+    """
     if not (options.force_fp16 or options.storage_type_override
             or options.memory_layout_override):
-        return blob
+        return blob, named_data, [], []
     from vkdelegate.serialization.blob import read_blob, write_blob
 
     decoded = read_blob(blob)
     graph = decoded.graph
     graph.storage_type_override = options.storage_type
     graph.memory_layout_override = options.memory_layout
-    if options.force_fp16:
-        # Tensors live as fp16 on the device; staging (inputs, outputs, constant
-        # bytes) stays fp32, and the runtime converts while copying.
-        for value in graph.values:
-            if isinstance(value, VkTensor) and value.datatype == VkDataType.FLOAT32:
-                value.datatype = VkDataType.FLOAT16
-                value.staging_datatype = VkDataType.FLOAT32
-    return write_blob(graph, bytes(decoded.constants_section))
+    if not options.force_fp16:
+        return write_blob(graph, bytes(decoded.constants_section)), named_data, [], []
+    named_data = dict(named_data)
+    fp32 = {vid for vid, v in enumerate(graph.values)
+            if isinstance(v, VkTensor) and v.datatype == VkDataType.FLOAT32}
+    for vid in fp32:
+        tensor = graph.values[vid]
+        tensor.datatype = VkDataType.FLOAT16
+        if tensor.constant_id >= 0:
+            ref = graph.constants[tensor.constant_id]
+            if not ref.is_named:
+                raise VkDelegateError("force_fp16 needs named constants")
+            data = np.frombuffer(named_data[ref.named_key], np.float32)
+            half = data.astype(np.float16).tobytes()
+            ref.named_key = hashlib.sha256(half).hexdigest()
+            ref.length = len(half)
+            named_data[ref.named_key] = half
+    used = {ref.named_key for ref in graph.constants if ref.is_named}
+    named_data = {k: v for k, v in named_data.items() if k in used}
+    casts_in = ["float16" if vid in fp32 else None for vid in graph.input_ids]
+    casts_out = ["float32" if vid in fp32 else None for vid in graph.output_ids]
+    return (write_blob(graph, bytes(decoded.constants_section)), named_data, casts_in,
+            casts_out)
 
 
 class _GlueEncoder:
@@ -153,10 +178,14 @@ class _GlueEncoder:
                                        skip_memory_planning=self.options.skip_memory_planning)
         except VkDelegateError as exc:
             raise VkDelegateError(f"serializing partition {node.target} failed: {exc}") from exc
-        blob = _apply_blob_options(serialized.blob, self.options)
-        self.delegates.append(Delegate(blob, dict(serialized.named_data)))
-        return {"op": "delegate", "index": len(self.delegates) - 1, "args": inputs,
+        blob, named_data, casts_in, casts_out = _apply_blob_options(
+            serialized.blob, dict(serialized.named_data), self.options)
+        self.delegates.append(Delegate(blob, named_data))
+        call = {"op": "delegate", "index": len(self.delegates) - 1, "args": inputs,
                 "out": node.name}
+        if any(casts_in) or any(casts_out):
+            call.update(cast_inputs=casts_in, cast_outputs=casts_out)
+        return call
 
     def node(self, node: torch.fx.Node) -> dict:
         if node.op == "call_module":
