@@ -7,9 +7,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMPS := .stamps
 # Vulkan loader, lavapipe (software Vulkan 1.3 driver), shader compiler and tools,
-# and the Khronos validation layer the tests run under.
+# the Khronos validation layer the tests run under, and flatc (the tests check that
+# schema.fbs and the Python flatbuffer code agree by compiling the schema).
 SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
-                vulkan-validationlayers vulkan-tools
+                vulkan-validationlayers vulkan-tools flatbuffers-compiler
 
 .PHONY: demo test setup system-packages clean bench
 
