@@ -107,3 +107,13 @@ def test_program_file_lists_its_blobs(blob_path, tmp_path, capsys):
     else:
         assert [b["label"] for b in doc["blobs"]] == [f"{path} segment 1"]
     assert doc["blobs"][-1]["graph"]["value_count"] == len(every_kind_graph().values)
+
+
+def test_value_id_out_of_range_is_one_line(tmp_path, capsys):
+    from vkdelegate.serialization import vkgraph as vk
+
+    path = tmp_path / "ids.bin"
+    path.write_bytes(write_blob(vk.VkGraph(values=[vk.Null()], output_ids=[0, 3])))
+    assert main(["inspect", str(path)]) == 2
+    assert capsys.readouterr().err == ("vkdelegate inspect: error: output_ids[1] refers to "
+                                       "value id 3, but the graph has 1 values (ids 0..0)\n")
