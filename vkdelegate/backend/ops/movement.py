@@ -1,0 +1,293 @@
+"""View-like ops as affine copies: view, squeeze, unsqueeze, permute, expand, repeat,
+slice, select, flip (what torch.export + run_decompositions emits for reshape,
+flatten, transpose, t, narrow, unbind, x[...] indexing with ints and slices).
+
+Each op turns its arguments and the current input sizes into a ``CopyPlan``
+(see copy.py); sizes follow ATen exactly: negative dims wrap, slice bounds clamp to
+``[0, size]`` (an empty result when end <= start), view infers one ``-1``.
+"""
+from __future__ import annotations
+
+import math
+
+from vkdelegate.backend.ops.copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
+                                         affine_copy, contiguous_strides, flat_plan,
+                                         same_dtype)
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.errors import VkDelegateError
+
+
+def wrap_dim(dim: int, ndim: int) -> int:
+    """ATen's dim wrapping (a 0-d tensor accepts dims -1 and 0)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise VkDelegateError(f"dim {dim} out of range for rank {ndim}")
+    return dim % n
+
+
+def view_shape(in_shape, sizes) -> tuple:
+    """Sizes of ``view(x, sizes)``: one -1 is inferred from the element count."""
+    numel = math.prod(in_shape)
+    sizes = [int(s) for s in sizes]
+    if sizes.count(-1) > 1:
+        raise VkDelegateError(f"view sizes {sizes}: only one -1 allowed")
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if known == 0 or numel % known:
+            raise VkDelegateError(f"view of {list(in_shape)} as {sizes} is invalid")
+        sizes[sizes.index(-1)] = numel // known
+    if math.prod(sizes) != numel:
+        raise VkDelegateError(f"view of {list(in_shape)} ({numel} elements) as {sizes}")
+    return tuple(sizes)
+
+
+def _static_sizes(node: NodeSpec):
+    """Rule: the size-list argument must not hold dynamic sizes: a dynamic output of
+    view/expand means symbolic sizes, and SymInts would reach the partition as inputs,
+    which the runtime does not take (only tensors)."""
+    if any(t.is_dynamic for t in node.outputs):
+        return "size list with dynamic (symbolic) sizes"
+    return None
+
+
+# ---- view, squeeze, unsqueeze: contiguous data does not move --------------------------
+def _flat_impl(b, node):
+    x, out = b.tensor(node.args[0]), b.tensor(node.args[-1])
+    affine_copy(b, out, x, lambda: flat_plan(out.numel))
+
+
+def _view_shape(args):
+    return view_shape(args[0].shape, args[1])
+
+
+def squeeze_shape(shape, dims) -> tuple:
+    keep = set(range(len(shape))) - {wrap_dim(d, len(shape)) for d in dims}
+    return tuple(s for i, s in enumerate(shape) if i in keep or s != 1)
+
+
+def _squeeze_shape(args):
+    return squeeze_shape(args[0].shape, args[1])
+
+
+def _unsqueeze_shape(args):
+    shape = list(args[0].shape)
+    shape.insert(wrap_dim(args[1], len(shape) + 1), 1)
+    return tuple(shape)
+
+
+def _squeeze_rule(node: NodeSpec):
+    x = node.args[0]
+    for d in node.args[1]:
+        if -max(x.rank, 1) <= d < max(x.rank, 1) and x.rank and \
+                x.dynamic and x.dynamic[d % x.rank]:
+            return f"squeeze of dynamic dim {d} (its result rank depends on the size)"
+    return None
+
+
+# ---- permute ------------------------------------------------------------------------
+def _permute_shape(args):
+    shape = args[0].shape
+    return tuple(shape[wrap_dim(p, len(shape))] for p in args[1])
+
+
+def _permute_impl(b, node):
+    x_id, dims_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+    perm = [wrap_dim(p, x.ndim) for p in b.int_list(dims_id)]
+
+    def plan():
+        in_strides = contiguous_strides(x.shape)
+        out_strides = contiguous_strides(out.shape)
+        return CopyPlan([CopyDim(out.shape[i], out_strides[i], in_strides[p])
+                         for i, p in enumerate(perm)])
+    affine_copy(b, out, x, plan)
+
+
+# ---- expand and repeat ----------------------------------------------------------------
+def expand_shape(in_shape, sizes) -> tuple:
+    lead = len(sizes) - len(in_shape)
+    if lead < 0:
+        raise VkDelegateError(f"expand of {list(in_shape)} to fewer dims {list(sizes)}")
+    out = []
+    for i, s in enumerate(sizes):
+        src = in_shape[i - lead] if i >= lead else None
+        if s == -1:
+            if src is None:
+                raise VkDelegateError("expand: -1 is not allowed in a new leading dim")
+            s = src
+        elif src is not None and src != 1 and src != s:
+            raise VkDelegateError(f"expand of {list(in_shape)} to {list(sizes)}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def _expand_shape(args):
+    return expand_shape(args[0].shape, args[1])
+
+
+def _expand_impl(b, node):
+    x_id, _sizes_id, _implicit_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+
+    def plan():
+        lead = out.ndim - x.ndim
+        in_strides = contiguous_strides(x.shape)
+        out_strides = contiguous_strides(out.shape)
+        dims = []
+        for i, s in enumerate(out.shape):
+            j = i - lead
+            stride = in_strides[j] if j >= 0 and x.shape[j] != 1 else 0
+            dims.append(CopyDim(s, out_strides[i], stride))
+        return CopyPlan(dims)
+    affine_copy(b, out, x, plan)
+
+
+def repeat_shape(in_shape, repeats) -> tuple:
+    lead = len(repeats) - len(in_shape)
+    if lead < 0:
+        raise VkDelegateError(f"repeat: {len(repeats)} repeats for rank {len(in_shape)}")
+    padded = (1,) * lead + tuple(in_shape)
+    return tuple(p * r for p, r in zip(padded, repeats))
+
+
+def _repeat_shape(args):
+    return repeat_shape(args[0].shape, args[1])
+
+
+def _repeat_impl(b, node):
+    x_id, _repeats_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+
+    def plan():
+        lead = out.ndim - x.ndim
+        padded = (1,) * lead + tuple(x.shape)
+        in_strides = contiguous_strides(padded)
+        out_strides = contiguous_strides(out.shape)
+        return CopyPlan([CopyDim(s, out_strides[i], in_strides[i], mode=MODULO,
+                                 bound=padded[i]) for i, s in enumerate(out.shape)])
+    affine_copy(b, out, x, plan)
+
+
+# ---- slice, select, flip ------------------------------------------------------------
+def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:
+    """ATen's clamping of slice bounds: (start, length) for a dim of ``size``."""
+    if step <= 0:
+        raise VkDelegateError(f"slice step must be positive, got {step}")
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, -(-(end - start) // step)
+
+
+def _slice_shape(args):
+    x, dim, start, end, step = args
+    shape = list(x.shape)
+    d = wrap_dim(dim, len(shape))
+    shape[d] = slice_bounds(shape[d], start, end, step)[1]
+    return tuple(shape)
+
+
+def _slice_impl(b, node):
+    x_id, dim_id, start_id, end_id, step_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+    start_arg, end_arg, step = b.scalar(start_id), b.scalar(end_id), b.scalar(step_id)
+
+    def plan():
+        start, _ = slice_bounds(x.shape[dim], start_arg, end_arg, step)
+        in_strides = contiguous_strides(x.shape)
+        out_strides = contiguous_strides(out.shape)
+        dims = [CopyDim(s, out_strides[i], in_strides[i]) for i, s in enumerate(out.shape)]
+        dims[dim].start, dims[dim].step = start, step
+        return CopyPlan(dims)
+    affine_copy(b, out, x, plan)
+
+
+def _slice_rule(node: NodeSpec):
+    step = node.args[4]
+    if not isinstance(step, int) or step <= 0:
+        return f"slice step {step} (must be a positive int)"
+    for bound in node.args[2:4]:
+        if bound is not None and not isinstance(bound, int):
+            return "slice bounds that are not ints"
+    return None
+
+
+def _select_shape(args):
+    x, dim, _index = args
+    shape = list(x.shape)
+    del shape[wrap_dim(dim, len(shape))]
+    return tuple(shape)
+
+
+def _select_impl(b, node):
+    x_id, dim_id, index_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+    index = b.scalar(index_id)
+
+    def plan():
+        size = x.shape[dim]
+        if not -size <= index < size:
+            raise VkDelegateError(f"select: index {index} out of range for dim {dim} "
+                                  f"of size {size}")
+        in_strides = contiguous_strides(x.shape)
+        del in_strides[dim]
+        out_strides = contiguous_strides(out.shape)
+        plan = CopyPlan([CopyDim(s, out_strides[i], in_strides[i])
+                         for i, s in enumerate(out.shape)])
+        plan.in_offset = (index % size) * contiguous_strides(x.shape)[dim]
+        return plan
+    affine_copy(b, out, x, plan)
+
+
+def _select_rule(node: NodeSpec):
+    x, dim, index = node.args
+    d = dim % max(x.rank, 1)
+    if x.dynamic and x.dynamic[d] and index < 0:
+        return "select with a negative index on a dynamic dim"
+    return None
+
+
+def _flip_impl(b, node):
+    x_id, dims_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+    flipped = {wrap_dim(d, x.ndim) for d in b.int_list(dims_id)}
+
+    def plan():
+        strides = contiguous_strides(x.shape)
+        dims = [CopyDim(s, strides[i], strides[i]) for i, s in enumerate(x.shape)]
+        for d in flipped:
+            dims[d].start, dims[d].step = x.shape[d] - 1, -1
+        return CopyPlan(dims)
+    affine_copy(b, out, x, plan)
+
+
+def _same_shape(args):
+    return tuple(args[0].shape)
+
+
+def _op(name, impl, shape_fn, *rules, notes=""):
+    register(OpSpec(name=name, dtypes=MOVE_DTYPES, impl=impl, shape_fn=shape_fn,
+                    rules=(same_dtype,) + rules, notes=notes))
+
+
+_op("aten.view.default", _flat_impl, _view_shape, _static_sizes,
+    notes="copy; reshape, flatten, unflatten")
+_op("aten.squeeze.dims", _flat_impl, _squeeze_shape, _squeeze_rule, notes="copy")
+_op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="copy")
+_op("aten.permute.default", _permute_impl, _permute_shape,
+    notes="copy; transpose, t, movedim")
+_op("aten.expand.default", _expand_impl, _expand_shape, _static_sizes,
+    notes="broadcast copy")
+_op("aten.repeat.default", _repeat_impl, _repeat_shape, notes="tiled copy")
+_op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
+    notes="any step > 0, bounds clamped as ATen; narrow")
+_op("aten.select.int", _select_impl, _select_shape, _select_rule,
+    notes="negative index; unbind")
+_op("aten.flip.default", _flip_impl, _same_shape, notes="any set of dims")
