@@ -71,12 +71,18 @@ def storage_defines(**tensors) -> dict[str, str]:
     ``storage_defines(OUT=out, IN=x)`` gives, per name, ``OUT_T`` (the GLSL storage
     type, for the buffer declaration) and ``OUT_STORE(v)`` (converts an ACC_T value for
     storing: ``out_data[i] = OUT_STORE(acc);``), plus STORAGE_8BIT/STORAGE_16BIT, which
-    make common.h enable the GLSL extensions those types need. Values are Tensors or
-    (graph dtype, device dtype) pairs.
+    make common.h enable the GLSL extensions those types need. Values are Tensors,
+    (graph dtype, device dtype) pairs, or a device dtype name alone (then the store is
+    the plain constructor, which does not round or wrap in the 32-bit fallback).
     """
     defines = {}
     for name, t in tensors.items():
-        dtype, dev = (t.dtype, t.device_dtype) if hasattr(t, "device_dtype") else t
+        if hasattr(t, "device_dtype"):
+            dtype, dev = t.dtype, t.device_dtype
+        elif isinstance(t, str):
+            dtype = dev = t
+        else:
+            dtype, dev = t
         glsl = GLSL_TYPES[dev]
         defines[f"{name}_T"] = glsl
         defines[f"{name}_STORE(v)"] = _STORE[(dtype, dev)]
