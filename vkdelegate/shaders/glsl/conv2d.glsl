@@ -7,7 +7,7 @@
 // one group at PX consecutive output positions, so every input value loaded is used
 // OC_TILE times and every weight PX times. Accumulation is fp32.
 //
-// Defines: OUT_T, IN_T, W_T, B_T (the bias; zeros prepacked when there is none);
+// Defines: OUT_T, OUT_STORE(v), IN_T, W_T, B_T (the bias; zeros prepacked when there is none);
 // OC_TILE (1 or 4; 4 only when the output channels per group are a multiple of 4);
 // W_PACKED: weights prepacked at load as fp32 [OC / OC_TILE, IC/groups, KH, KW, OC_TILE]
 //   (the OC_TILE weights of one tap are contiguous); otherwise the weight is read as
@@ -178,7 +178,7 @@ void main() {
 #ifdef CLAMP
       v = min(max(v, conv.clamp.x), conv.clamp.y);
 #endif
-      out_data[out_base + t * P + p] = OUT_T(v);
+      out_data[out_base + t * P + p] = OUT_STORE(v);
     }
   }
 #else
@@ -188,7 +188,7 @@ void main() {
 #ifdef CLAMP
     v = min(max(v, conv.clamp.x), conv.clamp.y);
 #endif
-    out_data[out_base + p] = OUT_T(v);
+    out_data[out_base + p] = OUT_STORE(v);
   }
 #endif
 }

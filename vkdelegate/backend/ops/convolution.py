@@ -1,0 +1,229 @@
+"""Convolution: aten.convolution.default and ET-VK's et_vk.conv_with_clamp.default.
+
+Schema: convolution(input, weight, bias?, stride, padding, dilation, transposed,
+output_padding, groups); conv_with_clamp appends output_min?, output_max? (ET-VK's
+fused ReLU/ReLU6/clamp epilogue, same shader with CLAMP defined).
+
+Semantics: 1-D (N, C, L) and 2-D (N, C, H, W) inputs, any batch, stride, padding,
+dilation and groups, transposed with output_padding, bias or none; fp32 and fp16
+(accumulated in fp32). One shader, conv2d.glsl, with three paths chosen at load:
+pointwise (1x1, stride 1, no padding, groups 1: a tiled GEMM over pixels), direct
+(general, depthwise included: one channel per invocation when the output channels per
+group are not a multiple of 4) and transposed (a gather over input positions).
+Constant weights are prepacked once at load as fp32 [OC/T, IC/groups, KH, KW, T]
+(T = output channels per invocation) so the T weights of one tap are one contiguous
+read; a weight computed at run time is read as stored. Resizable in batch and spatial
+sizes; the channel count must be static.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.shaders.variants import declare
+
+SHADER = "conv2d"
+DTYPES = frozenset({"float32", "float16"})
+CONV = "aten.convolution.default"
+CONV_CLAMP = "et_vk.conv_with_clamp.default"
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def conv_output_size(size: int, k: int, s: int, p: int, d: int, transposed: bool,
+                     output_padding: int) -> int:
+    """One spatial output size, as ATen computes it."""
+    if transposed:
+        return (size - 1) * s - 2 * p + d * (k - 1) + output_padding + 1
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _expand(values, n: int) -> list[int]:
+    """ATen broadcasts a one-element stride/padding/dilation list to every dim."""
+    values = list(values or [])
+    return values * n if len(values) == 1 else values
+
+
+def conv_shape(x_shape, w_shape, stride, padding, dilation, transposed, output_padding,
+               groups) -> tuple:
+    """Output sizes of a convolution with input ``x_shape`` and weight ``w_shape``."""
+    n = len(x_shape) - 2
+    stride, padding = _expand(stride, n), _expand(padding, n)
+    dilation, output_padding = _expand(dilation, n), _expand(output_padding or [0], n)
+    oc = w_shape[1] * groups if transposed else w_shape[0]
+    spatial = tuple(conv_output_size(x_shape[2 + i], w_shape[2 + i], stride[i], padding[i],
+                                     dilation[i], transposed, output_padding[i])
+                    for i in range(n))
+    return (x_shape[0], oc) + spatial
+
+
+def _shape(args):
+    x, w, _bias, stride, padding, dilation, transposed, output_padding, groups = args[:9]
+    return conv_shape(x.shape, w.shape, stride, padding, dilation, bool(transposed),
+                      output_padding, groups)
+
+
+# ---- partition-time rules -------------------------------------------------------------
+def _spatial_rank(node: NodeSpec):
+    x, w = node.args[0], node.args[1]
+    n = x.rank - 2
+    if n not in (1, 2):
+        return f"only 1-D and 2-D convolutions (input of rank {x.rank})"
+    if w.rank != x.rank:
+        return f"weight of rank {w.rank} for an input of rank {x.rank}"
+    for name, i in (("stride", 3), ("padding", 4), ("dilation", 5)):
+        values = node.args[i]
+        if not isinstance(values, list) or len(values) not in (1, n) or \
+                not all(isinstance(v, int) for v in values):
+            return f"{name} {values} is not a list of {n} ints"
+    if any(v < 1 for v in node.args[3] + node.args[5]) or any(v < 0 for v in node.args[4]):
+        return "stride and dilation must be >= 1 and padding >= 0"
+    return None
+
+
+def _static_channels(node: NodeSpec):
+    x = node.args[0]
+    if len(x.dynamic) > 1 and x.dynamic[1]:
+        return "dynamic channel count"
+    if node.args[1].is_dynamic:
+        return "dynamic weight sizes"
+    return None
+
+
+def _same_dtype(node: NodeSpec):
+    dtypes = {t.dtype for t in node.tensors()}
+    return None if len(dtypes) == 1 else f"mixed dtypes {sorted(dtypes)}"
+
+
+def _groups(node: NodeSpec):
+    x, w, groups = node.args[0], node.args[1], node.args[8]
+    if not isinstance(groups, int) or groups < 1 or x.rank < 3:
+        return f"groups {groups} is not a positive int"
+    transposed = node.args[6]
+    ic, oc = x.shape[1], (w.shape[1] * groups if transposed else w.shape[0])
+    icg = w.shape[0] // groups if transposed else w.shape[1]
+    if ic % groups or oc % groups or ic != icg * groups:
+        return f"groups {groups} does not fit {ic} input and {oc} output channels"
+    return None
+
+
+RULES = (_spatial_rank, _static_channels, _same_dtype, _groups)
+
+
+# ---- runtime ------------------------------------------------------------------------
+def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool) -> dict:
+    d = storage_defines(OUT=out, IN=x, W=w, B=bias)
+    d["OC_TILE"] = str(tile)
+    if packed:
+        d["W_PACKED"] = "1"
+    if mode == "transposed":
+        d["TRANSPOSED"] = "1"
+    elif mode == "pointwise":
+        d["POINTWISE"] = "1"
+    if clamp:
+        d["CLAMP"] = "1"
+    return d
+
+
+def pack_weight(weight: np.ndarray, groups: int, transposed: bool, tile: int) -> np.ndarray:
+    """Weight (ATen layout, 1-D or 2-D) -> fp32 [OC/tile, IC/groups, KH, KW, tile]."""
+    w = weight.astype(np.float32)
+    if w.ndim == 3:
+        w = w[:, :, None, :]  # 1-D convolution: KH = 1
+    if transposed:
+        ic, ocg, kh, kw = w.shape
+        w = w.reshape(groups, ic // groups, ocg, kh, kw).transpose(0, 2, 1, 3, 4)
+        w = w.reshape(groups * ocg, ic // groups, kh, kw)
+    oc, icg, kh, kw = w.shape
+    w = w.reshape(oc // tile, tile, icg, kh, kw).transpose(0, 2, 3, 4, 1)
+    return np.ascontiguousarray(w)
+
+
+def _build(b, node, clamp_ids=None):
+    (x_id, w_id, bias_id, stride_id, pad_id, dil_id, tr_id, opad_id, groups_id,
+     out_id) = list(node.args[:9]) + [node.args[-1]]
+    x, w, out = b.tensor(x_id), b.tensor(w_id), b.tensor(out_id)
+    transposed, groups = bool(b.scalar(tr_id)), int(b.scalar(groups_id))
+    n = x.ndim - 2
+    if n not in (1, 2) or w.ndim != x.ndim or out.ndim != x.ndim:
+        raise b.error(f"only 1-D and 2-D convolutions: input {list(x.max_shape)}, "
+                      f"weight {list(w.max_shape)}")
+    if len({x.dtype, w.dtype, out.dtype}) != 1:
+        raise b.error(f"mixed dtypes {x.dtype}, {w.dtype}, {out.dtype}")
+    stride, pad = _expand(b.int_list(stride_id), n), _expand(b.int_list(pad_id), n)
+    dil = _expand(b.int_list(dil_id), n)
+    kernel = list(w.max_shape[2:])
+    if n == 1:  # a 1-D convolution is a 2-D one of height 1
+        stride, pad, dil, kernel = [1] + stride, [0] + pad, [1] + dil, [1] + kernel
+    ic, oc = x.max_shape[1], out.max_shape[1]
+    icg, ocg = ic // groups, oc // groups
+    tile = 4 if ocg % 4 == 0 else 1
+    weight = b.constant_array(w)
+    packed = weight is not None
+    if packed:
+        w = b.prepacked(pack_weight(weight, groups, transposed, tile), "float32")
+    else:
+        tile = 1  # a weight computed at run time is read as stored, one channel a time
+    bias = b.value(bias_id)
+    if bias is None or b.constant_array(bias) is not None:
+        values = np.zeros(oc, np.float32) if bias is None else b.constant_array(bias)
+        bias = b.prepacked(values.astype(np.float32).reshape(oc), "float32")
+    pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
+                 and pad == [0, 0] and groups == 1)
+    mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
+    lo, hi = -FLT_MAX, FLT_MAX
+    if clamp_ids is not None:
+        lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
+        lo = lo if lo_v is None else float(lo_v)
+        hi = hi if hi_v is None else float(hi_v)
+    params = b.params(record(ivec4(kernel[0], kernel[1], icg, ocg),
+                             ivec4(stride[0], stride[1], pad[0], pad[1]),
+                             ivec4(dil[0], dil[1], n), vec4(lo, hi)))
+    mx = out.max_shape
+    oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
+    if pointwise:
+        invocations = mx[0] * (oc // tile) * (-(-(oh * ow) // 4))
+    else:
+        invocations = mx[0] * (oc // tile) * oh * (-(-ow // 4))
+    b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
+                                clamp=clamp_ids is not None),
+               outputs=[out], inputs=[x, w, bias], params=[out.meta, x.meta, params],
+               global_size=(invocations,), local_size=(64, 1, 1))
+
+
+def _impl(b, node):
+    _build(b, node)
+
+
+def _impl_clamp(b, node):
+    _build(b, node, clamp_ids=node.args[9:11])
+
+
+register(OpSpec(name=CONV, dtypes=DTYPES, impl=_impl, shape_fn=_shape, rules=RULES,
+                max_rank=4, notes="1-D/2-D, stride, padding, dilation, groups, "
+                "transposed; pointwise and depthwise paths"))
+register(OpSpec(name=CONV_CLAMP, dtypes=DTYPES, impl=_impl_clamp, shape_fn=_shape,
+                rules=RULES, max_rank=4,
+                notes="convolution with a fused clamp/ReLU/ReLU6 epilogue (ET-VK)"))
+
+
+def _declare_all():
+    for profile in STORAGE_PROFILES:
+        for dt in DTYPES:
+            ddt = (dt, device_dtype(dt, profile))
+            f32 = ("float32", "float32")
+            for clamp in (False, True):
+                # A bias computed at run time keeps the input dtype; else fp32.
+                for bias_dt in {ddt, f32}:
+                    for tile in (1, 4):
+                        for mode in ("direct", "transposed", "pointwise"):
+                            declare(SHADER, _defines(ddt, ddt, f32, bias_dt,
+                                                     tile=tile, packed=True, mode=mode,
+                                                     clamp=clamp))
+                    for mode in ("direct", "transposed"):
+                        declare(SHADER, _defines(ddt, ddt, ddt, bias_dt, tile=1,
+                                                 packed=False, mode=mode, clamp=clamp))
+
+
+_declare_all()
