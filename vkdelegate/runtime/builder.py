@@ -82,24 +82,25 @@ class NodeBuilder:
     # ---- memory ----------------------------------------------------------------------
     def temporary(self, shape, dtype: str) -> Tensor:
         """A new device tensor of ``shape`` and graph dtype ``dtype`` (e.g. scratch)."""
-        return self._graph.new_tensor(-1, dtype, shape)
+        return self._graph.values.new_tensor(-1, dtype, shape)
 
     def constant_array(self, t: Tensor) -> np.ndarray | None:
         """The host copy (graph dtype, shaped) of a constant tensor, else None."""
-        return self._graph.constant_arrays.get(t.value_id)
+        return self._graph.values.constant_arrays.get(t.value_id)
 
     def prepacked(self, array: np.ndarray, dtype: str | None = None) -> Tensor:
         """Upload ``array`` (already in the layout the shader wants) as a new constant
         tensor of graph dtype ``dtype`` (default: the array's) and return it."""
         array = np.asarray(array)
-        t = self._graph.new_tensor(-1, dtype or array.dtype.name, array.shape,
-                                   constant=True)
-        self._graph.upload(t, array)
+        values = self._graph.values
+        t = values.new_tensor(-1, dtype or array.dtype.name, array.shape, constant=True)
+        values.upload(t, array)
         return t
 
     def params(self, data: bytes, what: str = "") -> ParamBuffer:
         """An op-owned uniform buffer holding ``data`` (std140 bytes, see params.py)."""
-        return self._graph.new_params(data, what or f"params of node {self.node.node_id}")
+        return self._graph.values.new_params(
+            data, what or f"params of node {self.node.node_id}")
 
     def on_resize(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` after every resize walk (to rewrite op-owned buffers that

@@ -30,18 +30,13 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
-from vkdelegate.runtime.dtypes import device_dtype, from_device, to_device
-from vkdelegate.runtime.memory import (HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE,
-                                       UNIFORM_USAGE, Allocator)
-from vkdelegate.runtime.params import META_BYTES, ParamBuffer
+from vkdelegate.runtime.dtypes import from_device, to_device
+from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
 from vkdelegate.runtime.tensor import Tensor
+from vkdelegate.runtime.values import GraphValues
 from vkdelegate.runtime.vkcall import vk_call, wait_fence
 from vkdelegate.serialization import vkgraph as g
-
-_SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
-            g.String: "string_val", g.SymInt: "value"}
-
 
 class DelegateGraph:
     """An executable partition.
@@ -63,9 +58,7 @@ class DelegateGraph:
         self.allocator = Allocator(self.device)
         self.dispatches: list = []
         self.resize_hooks: list = []
-        self.constant_arrays: dict[int, np.ndarray] = {}
         self.recordings = 0
-        self._pending_uploads: list = []
         self._closed = True
         self._pool = self._cmd = self._fence = None
         self._profile_cmd = self._query_pool = None
@@ -74,6 +67,7 @@ class DelegateGraph:
         if staging is None:
             staging = not self._has_mappable_device_memory()
         self.staging = staging
+        self.values = GraphValues(graph, self.device, self.allocator, staging)
         try:
             self._load(constant_bytes)
         except BaseException:
@@ -84,9 +78,7 @@ class DelegateGraph:
     # ---- load ------------------------------------------------------------------------
     def _load(self, constant_bytes):
         graph = self.graph
-        io_ids = set(graph.input_ids) | set(graph.output_ids)
-        self._values: dict[int, object] = {}
-        self._allocate_tensors(io_ids, constant_bytes)
+        self.values.allocate(set(graph.input_ids) | set(graph.output_ids), constant_bytes)
         self.inputs = [self._io_tensor(v, "input") for v in graph.input_ids]
         self.outputs = [self._io_tensor(v, "output") for v in graph.output_ids]
         if self.staging:
@@ -95,7 +87,7 @@ class DelegateGraph:
                                                   f"staging of {t.name}")
         self._specs = self._build_nodes()
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
-        self._flush_uploads()
+        self.values.flush_uploads(self.timeout_s)
         self._cmd, self.barriers = commands.record(
             self.device, self.dispatches, self._staged(self.inputs),
             self._staged(self.outputs))
@@ -116,108 +108,9 @@ class DelegateGraph:
         return any((mp.memoryTypes[i].propertyFlags & want) == want
                    for i in range(mp.memoryTypeCount))
 
-    def _allocate_tensors(self, io_ids, constant_bytes):
-        groups: dict[int, list[int]] = {}
-        for vid, v in enumerate(self.graph.values):
-            if isinstance(v, g.VkTensor):
-                key = v.mem_obj_id if v.mem_obj_id >= 0 and v.constant_id < 0 else -1 - vid
-                groups.setdefault(key, []).append(vid)
-        for vids in groups.values():
-            specs = [self.graph.values[v] for v in vids]
-            dtypes = [g.DTYPE_NAMES.get(s.datatype) for s in specs]
-            for vid, dt in zip(vids, dtypes):
-                if dt is None:
-                    raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
-                                          f"{int(specs[0].datatype)})")
-            dev_dtypes = [device_dtype(dt, self.device.info) for dt in dtypes]
-            host = not self.staging and any(v in io_ids or s.constant_id >= 0
-                                            for v, s in zip(vids, specs))
-            bufs = self.allocator.aliased(
-                [Tensor.nbytes_for(d, s.dims) for d, s in zip(dev_dtypes, specs)],
-                STORAGE_USAGE, host, [f"tensor {v}" for v in vids])
-            for vid, s, dt, ddt, buf in zip(vids, specs, dtypes, dev_dtypes, bufs):
-                t = Tensor(vid, dt, ddt, s.dims, buf, self._meta(f"metadata of tensor {vid}"),
-                           constant=s.constant_id >= 0)
-                self._values[vid] = t
-                if s.constant_id >= 0:
-                    self._load_constant(t, s.constant_id, constant_bytes)
-
-    def _load_constant(self, t: Tensor, cid: int, constant_bytes):
-        if not 0 <= cid < len(self.graph.constants):
-            raise VkDelegateError(f"{t.name}: constant_id {cid} out of range "
-                                  f"({len(self.graph.constants)} constants)")
-        data = constant_bytes(cid)
-        expected = t.max_numel * np.dtype(t.dtype).itemsize
-        if len(data) != expected:
-            raise VkDelegateError(f"{t.name}: constant {cid} has {len(data)} bytes, "
-                                  f"{t.dtype} {list(t.max_shape)} needs {expected}")
-        array = np.frombuffer(data, dtype=t.dtype).reshape(t.max_shape)
-        self.constant_arrays[t.value_id] = array
-        self.upload(t, array)
-
-    def _meta(self, what: str) -> ParamBuffer:
-        return ParamBuffer(self.allocator.buffer(META_BYTES, UNIFORM_USAGE, True, what), what)
-
-    def new_tensor(self, vid: int, dtype: str, shape, constant: bool = False) -> Tensor:
-        """A tensor outside the VkGraph values (op temporaries, prepacked weights)."""
-        ddt = device_dtype(dtype, self.device.info)
-        what = "prepacked constant" if constant else "temporary tensor"
-        buf = self.allocator.buffer(Tensor.nbytes_for(ddt, shape), STORAGE_USAGE,
-                                    constant and not self.staging, what)
-        return Tensor(vid, dtype, ddt, shape, buf, self._meta(f"metadata of {what}"),
-                      constant=constant)
-
-    def new_params(self, data: bytes, what: str) -> ParamBuffer:
-        p = ParamBuffer(self.allocator.buffer(len(data), UNIFORM_USAGE, True, what), what)
-        p.write(data)
-        return p
-
-    def upload(self, t: Tensor, array: np.ndarray) -> None:
-        """Write ``array`` into ``t`` (directly if mapped, else through staging memory
-        copied once before the command buffer is recorded)."""
-        data = to_device(array, t.device_dtype, t.name).reshape(-1)
-        if data.size != t.max_numel:
-            raise VkDelegateError(f"{t.name}: {data.size} values for {t.max_numel} elements")
-        raw = data.view(np.uint8)
-        if t.buffer.host is not None:
-            t.buffer.host[:raw.size] = raw
-            return
-        stage = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
-                                      f"upload of {t.name}")
-        stage.host[:raw.size] = raw
-        self._pending_uploads.append((stage, t.buffer))
-
-    def _flush_uploads(self):
-        if not self._pending_uploads:
-            return
-
-        def fill(cmd):
-            for src, dst in self._pending_uploads:
-                vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1,
-                                   [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=src.size)])
-        commands.run_once(self.device, fill, self.timeout_s)
-        self._pending_uploads = []
-
     def resolve(self, vid: int):
         """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value)."""
-        if vid in self._values:
-            return self._values[vid]
-        if not isinstance(vid, int) or not 0 <= vid < len(self.graph.values):
-            raise VkDelegateError(f"value id {vid} out of range "
-                                  f"({len(self.graph.values)} values)")
-        v = self.graph.values[vid]
-        if isinstance(v, g.Null):
-            out = None
-        elif type(v) in _SCALARS:
-            out = getattr(v, _SCALARS[type(v)])
-        elif isinstance(v, (g.IntList, g.DoubleList, g.BoolList)):
-            out = list(v.items)
-        elif isinstance(v, g.ValueList):
-            out = [self.resolve(i) for i in v.items]
-        else:
-            raise VkDelegateError(f"value {vid} has unsupported type {type(v).__name__}")
-        self._values[vid] = out
-        return out
+        return self.values.resolve(vid)
 
     def _io_tensor(self, vid: int, kind: str) -> Tensor:
         t = self.resolve(vid)

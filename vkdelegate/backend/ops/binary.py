@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
 from vkdelegate.runtime.params import ivec4, record, vec4
