@@ -5,7 +5,8 @@ import vulkan as vk
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import Device, list_devices
-from vkdelegate.runtime.device import _select, drain_validation_messages
+from vkdelegate.runtime.device import drain_validation_messages
+from vkdelegate.runtime.device_info import DeviceInfo, select
 from vkdelegate.runtime.vkcall import vk_call, wait_fence
 
 
@@ -19,19 +20,18 @@ def test_list_devices_reports_compute_properties(vk_device):
 def test_selection_rules():
     infos = [_fake(0, "llvmpipe", "cpu"), _fake(1, "Radeon 780M", "integrated"),
              _fake(2, "RTX 4090", "discrete")]
-    assert _select(infos, None).name == "RTX 4090"          # discrete first
-    assert _select(infos[:2], None).name == "Radeon 780M"   # then integrated, then CPU
-    assert _select(infos, "1").name == "Radeon 780M"        # index
-    assert _select(infos, "radeon").name == "Radeon 780M"   # name substring
+    assert select(infos, None).name == "RTX 4090"          # discrete first
+    assert select(infos[:2], None).name == "Radeon 780M"   # then integrated, then CPU
+    assert select(infos, "1").name == "Radeon 780M"        # index
+    assert select(infos, "radeon").name == "Radeon 780M"   # name substring
     with pytest.raises(VkDelegateError, match="no Vulkan device name contains 'mali'; "
                                               "devices: 0: llvmpipe, 1: Radeon 780M"):
-        _select(infos, "mali")
+        select(infos, "mali")
     with pytest.raises(VkDelegateError, match="index 7 out of range"):
-        _select(infos, 7)
+        select(infos, 7)
 
 
 def _fake(index, name, kind):
-    from vkdelegate.runtime.device import DeviceInfo
     return DeviceInfo(index=index, name=name, type=kind, driver="", api_version="1.3")
 
 

@@ -18,10 +18,11 @@ def _yes(flag: bool) -> str:
 def run(args) -> int:
     from tabulate import tabulate
 
-    from vkdelegate.runtime.device import _select, list_devices
+    from vkdelegate.runtime.device import list_devices
+    from vkdelegate.runtime.device_info import select
 
     infos = list_devices()
-    chosen = _select(infos, None).index if infos else -1
+    chosen = select(infos, None).index if infos else -1
     if args.json:
         print(json.dumps([dict(asdict(d), extensions=sorted(d.extensions),
                                default=d.index == chosen) for d in infos], indent=2))

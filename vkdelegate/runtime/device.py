@@ -14,126 +14,22 @@ then integrated, then virtual, then CPU device (lavapipe) is used.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import vulkan as vk
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.device_info import (API_VERSION_1_2, DeviceInfo, describe, select,
+                                            text)
 from vkdelegate.runtime.vkcall import vk_call
 
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
-
-_TYPE_NAMES = {
-    vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete",
-    vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: "integrated",
-    vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual",
-    vk.VK_PHYSICAL_DEVICE_TYPE_CPU: "cpu",
-    vk.VK_PHYSICAL_DEVICE_TYPE_OTHER: "other",
-}
-# Preference order when nothing is selected explicitly.
-_TYPE_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
-_COOPMAT_EXTENSIONS = ("VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix")
-# The binding defines only VK_API_VERSION_1_0; 1.2 is needed for the feature structs.
-API_VERSION_1_2 = vk.VK_MAKE_VERSION(1, 2, 0)
-
-
-@dataclass
-class DeviceInfo:
-    """What matters for compute about one physical device (see ``vkdelegate devices``).
-
-    Sizes are in bytes; ``timestamp_period_ns`` is nanoseconds per timestamp tick.
-    """
-
-    index: int
-    name: str
-    type: str
-    driver: str
-    api_version: str
-    storage_8bit: bool = False
-    storage_16bit: bool = False
-    float16_arith: bool = False
-    int8_arith: bool = False
-    subgroup_size: int = 0
-    subgroup_ops: list[str] = field(default_factory=list)
-    cooperative_matrix: bool = False
-    max_workgroup_count: tuple = ()
-    max_workgroup_size: tuple = ()
-    max_workgroup_invocations: int = 0
-    max_storage_buffer_range: int = 0
-    max_uniform_buffer_range: int = 0
-    max_allocation_count: int = 0
-    max_push_constants: int = 0
-    min_storage_offset_alignment: int = 0
-    timestamp_period_ns: float = 0.0
-    extensions: frozenset = frozenset()
-
-
-def _text(x) -> str:
-    """A char array from the binding as str (some fields already arrive as str)."""
-    return x if isinstance(x, str) else vk.ffi.string(x).decode(errors="replace")
-
-
-def _version(v: int) -> str:
-    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
-
-
-def _describe(index: int, pd) -> DeviceInfo:
-    props = vk.vkGetPhysicalDeviceProperties(pd)
-    limits = props.limits
-    exts = frozenset(_text(e.extensionName)
-                     for e in vk.vkEnumerateDeviceExtensionProperties(pd, None))
-    info = DeviceInfo(
-        index=index,
-        name=_text(props.deviceName),
-        type=_TYPE_NAMES.get(props.deviceType, "other"),
-        driver="",
-        api_version=_version(props.apiVersion),
-        cooperative_matrix=any(e in exts for e in _COOPMAT_EXTENSIONS),
-        max_workgroup_count=tuple(limits.maxComputeWorkGroupCount),
-        max_workgroup_size=tuple(limits.maxComputeWorkGroupSize),
-        max_workgroup_invocations=limits.maxComputeWorkGroupInvocations,
-        max_storage_buffer_range=limits.maxStorageBufferRange,
-        max_uniform_buffer_range=limits.maxUniformBufferRange,
-        max_allocation_count=limits.maxMemoryAllocationCount,
-        max_push_constants=limits.maxPushConstantsSize,
-        min_storage_offset_alignment=limits.minStorageBufferOffsetAlignment,
-        timestamp_period_ns=limits.timestampPeriod,
-        extensions=exts,
-    )
-    if props.apiVersion >= API_VERSION_1_2:
-        # Chained queries need Vulkan 1.2 structures; older devices report no extras.
-        f11 = vk.VkPhysicalDeviceVulkan11Features(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES)
-        f12 = vk.VkPhysicalDeviceVulkan12Features(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, pNext=f11)
-        feats = vk.VkPhysicalDeviceFeatures2(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=f12)
-        vk.vkGetPhysicalDeviceFeatures2(pd, feats)
-        info.storage_16bit = bool(f11.storageBuffer16BitAccess)
-        info.storage_8bit = bool(f12.storageBuffer8BitAccess)
-        info.float16_arith = bool(f12.shaderFloat16)
-        info.int8_arith = bool(f12.shaderInt8)
-        sub = vk.VkPhysicalDeviceSubgroupProperties(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
-        drv = vk.VkPhysicalDeviceDriverProperties(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES, pNext=sub)
-        props2 = vk.VkPhysicalDeviceProperties2(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=drv)
-        vk.vkGetPhysicalDeviceProperties2(pd, props2)
-        info.driver = (f"{_text(drv.driverName)} "
-                       f"{_text(drv.driverInfo)}").strip()
-        info.subgroup_size = sub.subgroupSize
-        info.subgroup_ops = [n for bit, n in (
-            (vk.VK_SUBGROUP_FEATURE_BASIC_BIT, "basic"),
-            (vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "arithmetic"),
-            (vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT, "shuffle"),
-            (vk.VK_SUBGROUP_FEATURE_BALLOT_BIT, "ballot")) if sub.supportedOperations & bit]
-    return info
+__all__ = ["Device", "DeviceInfo", "default_device", "list_devices",
+           "drain_validation_messages"]
 
 
 def _validation_available() -> bool:
     layers = vk.vkEnumerateInstanceLayerProperties()
-    return any(_text(p.layerName) == VALIDATION_LAYER for p in layers)
+    return any(text(p.layerName) == VALIDATION_LAYER for p in layers)
 
 
 # python-vulkan routes every debug-utils callback through one module-level slot, so one
@@ -142,9 +38,9 @@ _MESSAGE_SINKS: dict[int, list] = {}
 
 
 def _on_validation_message(severity, types, data, user_data):
-    text = _text(data.pMessage)
+    message = text(data.pMessage)
     for sink in _MESSAGE_SINKS.values():
-        sink.append(text)
+        sink.append(message)
     return vk.VK_FALSE
 
 
@@ -166,28 +62,10 @@ def list_devices() -> list[DeviceInfo]:
     """Every physical device the Vulkan loader reports, in enumeration order."""
     instance = _create_instance(validation=False)
     try:
-        return [_describe(i, pd) for i, pd in
+        return [describe(i, pd) for i, pd in
                 enumerate(vk_call(vk.vkEnumeratePhysicalDevices, instance))]
     finally:
         vk.vkDestroyInstance(instance, None)
-
-
-def _select(infos: list[DeviceInfo], selector) -> DeviceInfo:
-    if not infos:
-        raise VkDelegateError("no Vulkan device found (is a driver such as lavapipe, "
-                              "Debian package mesa-vulkan-drivers, installed?)")
-    if selector is None or selector == "":
-        return min(infos, key=lambda d: (_TYPE_RANK[d.type], d.index))
-    names = ", ".join(f"{d.index}: {d.name}" for d in infos)
-    text = str(selector)
-    if text.isdigit():
-        if int(text) < len(infos):
-            return infos[int(text)]
-        raise VkDelegateError(f"Vulkan device index {text} out of range; devices: {names}")
-    for d in infos:
-        if text.lower() in d.name.lower():
-            return d
-    raise VkDelegateError(f"no Vulkan device name contains {text!r}; devices: {names}")
 
 
 class Device:
@@ -215,7 +93,7 @@ class Device:
         if validation:
             self._install_messenger()
         physical = vk_call(vk.vkEnumeratePhysicalDevices, self.instance)
-        self.info = _select([_describe(i, pd) for i, pd in enumerate(physical)], selector)
+        self.info = select([describe(i, pd) for i, pd in enumerate(physical)], selector)
         if not small_storage:
             # Behave like a device without 8/16-bit storage (tests the fallback path).
             self.info.storage_8bit = self.info.storage_16bit = False
