@@ -62,6 +62,9 @@ _STORE = {
     ("uint8", "int32"): "(int(v) & 0xFF)",
     ("bool", "bool"): "uint8_t(int(v) != 0 ? 1 : 0)",
     ("bool", "int32"): "(int(v) != 0 ? 1 : 0)",
+    # 64-bit graph dtypes live in their 32-bit device dtype (see device_dtype).
+    ("int64", "int32"): "int(v)",
+    ("float64", "float32"): "float(v)",
 }
 
 
