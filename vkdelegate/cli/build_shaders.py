@@ -17,7 +17,7 @@ def run(args) -> int:
     from vkdelegate.shaders.variants import all_variants
 
     load_all()
-    variants = all_variants()
+    variants = [(n, d) for n, d in all_variants() if not args.shader or n in args.shader]
     compiler = ShaderCompiler(cache=args.cache)
     jobs = args.jobs or os.cpu_count() or 1
     # glslang runs as a subprocess, so threads compile in parallel.
@@ -38,5 +38,7 @@ def register(subparsers) -> None:
                    "$VKDELEGATE_CACHE or ~/.cache/vkdelegate)")
     p.add_argument("-j", "--jobs", type=int, default=0,
                    help="parallel glslang processes (default: CPU count)")
+    p.add_argument("--shader", action="append", default=[], metavar="NAME",
+                   help="only variants of this shader (repeatable)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

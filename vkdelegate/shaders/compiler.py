@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Mapping
 
@@ -43,9 +44,11 @@ class ShaderCompiler:
         self.tool = shutil.which("glslangValidator")
         self._version: str | None = None
         self.compiled = 0  # variants compiled in this process (cache misses)
+        self._lock = threading.Lock()  # build-shaders compiles from several threads
 
     @property
     def version(self) -> str:
+        """glslangValidator's version text (part of every cache key)."""
         if self._version is None:
             if not self.tool:
                 raise VkDelegateError("glslangValidator not found on PATH (Debian package "
@@ -93,7 +96,8 @@ class ShaderCompiler:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        self.compiled += 1
+        with self._lock:
+            self.compiled += 1
         return cached.read_bytes()
 
     @staticmethod

@@ -1,0 +1,29 @@
+"""`vkdelegate devices` and `vkdelegate build-shaders`."""
+import json
+import re
+
+from vkdelegate.cli import main
+
+
+def test_devices_table_and_json(vk_device, capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert vk_device.info.name in out and "max SSBO" in out
+    assert main(["devices", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    mine = next(d for d in listed if d["name"] == vk_device.info.name)
+    assert mine["storage_16bit"] == vk_device.info.storage_16bit
+    assert sum(d["default"] for d in listed) == 1
+
+
+def test_build_shaders_compiles_then_hits_the_cache(tmp_path, capsys):
+    args = ["build-shaders", "--cache", str(tmp_path), "--shader", "unary_op", "-q"]
+    assert main(args) == 0
+    first = re.search(r"(\d+) shader variants ready \((\d+) compiled, (\d+) cached\)",
+                      capsys.readouterr().out)
+    total, compiled, cached = map(int, first.groups())
+    assert total >= 9 and compiled == total and cached == 0
+    assert len(list((tmp_path / "spirv").glob("*.spv"))) == total
+    assert main(args) == 0
+    assert f"{total} shader variants ready (0 compiled, {total} cached)" in \
+        capsys.readouterr().out
