@@ -17,12 +17,12 @@ def test_devices_table_and_json(vk_device, capsys):
 
 
 def test_build_shaders_compiles_then_hits_the_cache(tmp_path, capsys):
-    args = ["build-shaders", "--cache", str(tmp_path), "--shader", "unary_op", "-q"]
+    args = ["build-shaders", "--cache", str(tmp_path), "--shader", "reduce_sum", "-q"]
     assert main(args) == 0
     first = re.search(r"(\d+) shader variants ready \((\d+) compiled, (\d+) cached\)",
                       capsys.readouterr().out)
     total, compiled, cached = map(int, first.groups())
-    assert total >= 9 and compiled == total and cached == 0
+    assert total >= 2 and compiled == total and cached == 0
     assert len(list((tmp_path / "spirv").glob("*.spv"))) == total
     assert main(args) == 0
     assert f"{total} shader variants ready (0 compiled, {total} cached)" in \
