@@ -1,0 +1,169 @@
+"""aten.convolution.default and et_vk.conv_with_clamp.default against eager.
+
+Covers every shader path (pointwise, direct with 4 or 1 output channels per
+invocation, depthwise, transposed, weights computed at run time), 1-D and 2-D, prime
+sizes, batch 1..3, fp16, the fused clamp, resizes and the partition-time rejections.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vkdelegate.backend.et_vk_ops  # noqa: F401  (defines torch.ops.et_vk.*)
+from tests.ops.harness import check_op
+from vkdelegate import VulkanPartitioner, to_backend
+
+CONV = "aten.convolution.default"
+CLAMP = "et_vk.conv_with_clamp.default"
+
+
+def _conv(weight, bias, **kw):
+    return lambda x: F.conv2d(x, weight, bias, **kw)
+
+
+# (input shape, weight shape, bias, kwargs): ids say which path the case exercises.
+CASES_2D = {
+    "pointwise_tile4": ((2, 7, 5, 3), (12, 7, 1, 1), True, {}),
+    "pointwise_tile1": ((1, 5, 11, 13), (3, 5, 1, 1), False, {}),
+    "pointwise_strided": ((1, 6, 9, 7), (8, 6, 1, 1), True, {"stride": 2}),
+    "k3_s2_p1": ((2, 3, 11, 13), (8, 3, 3, 3), True, {"stride": 2, "padding": 1}),
+    "k3_dilated_asym_pad": ((1, 3, 13, 11), (5, 3, 3, 3), False,
+                            {"padding": (2, 1), "dilation": (2, 1)}),
+    "k5_s3_rect": ((3, 4, 17, 19), (8, 4, 5, 3), True, {"stride": (3, 2), "padding": (2, 0)}),
+    "groups2": ((1, 6, 9, 7), (8, 3, 3, 3), True, {"padding": 1, "groups": 2}),
+    "depthwise": ((2, 7, 13, 11), (7, 1, 3, 3), True, {"padding": 1, "groups": 7}),
+    "depthwise_s2_k5": ((1, 3, 9, 7), (3, 1, 5, 5), False,
+                        {"stride": 2, "padding": 2, "groups": 3}),
+    "depthwise_multiplier2": ((1, 3, 7, 5), (6, 1, 3, 3), True, {"groups": 3}),
+    "one_by_one_image": ((2, 4, 1, 1), (8, 4, 1, 1), True, {}),
+    "kernel_covers_input": ((1, 3, 5, 5), (4, 3, 5, 5), True, {}),
+}
+
+
+@pytest.mark.parametrize("case", CASES_2D.values(), ids=CASES_2D.keys())
+def test_conv2d(case):
+    torch.manual_seed(0)
+    x_shape, w_shape, has_bias, kw = case
+    w = torch.randn(w_shape)
+    b = torch.randn(w_shape[0]) if has_bias else None
+    check_op(_conv(w, b, **kw), (torch.randn(x_shape),), ops=[CONV])
+
+
+TRANSPOSED = {
+    "s2_p1_outpad1_groups2": ((2, 6, 5, 4), (6, 4, 3, 3), True,
+                              {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}),
+    "s1_p0": ((1, 3, 7, 5), (3, 5, 3, 3), False, {}),
+    "s3_dilated": ((1, 4, 5, 3), (4, 8, 3, 2), True,
+                   {"stride": (3, 2), "padding": (1, 0), "dilation": (2, 1)}),
+}
+
+
+@pytest.mark.parametrize("case", TRANSPOSED.values(), ids=TRANSPOSED.keys())
+def test_conv_transpose2d(case):
+    torch.manual_seed(0)
+    x_shape, w_shape, has_bias, kw = case
+    w = torch.randn(w_shape)
+    b = torch.randn(w_shape[1] * kw.get("groups", 1)) if has_bias else None
+    check_op(lambda x: F.conv_transpose2d(x, w, b, **kw), (torch.randn(x_shape),),
+             ops=[CONV])
+
+
+def test_conv1d_and_conv_transpose1d():
+    torch.manual_seed(0)
+    w, b = torch.randn(8, 3, 3), torch.randn(8)
+    wt = torch.randn(8, 5, 4)
+    check_op(lambda x: F.conv1d(x, w, b, stride=2, padding=1, dilation=2),
+             (torch.randn(2, 3, 29),), ops=[CONV])
+    check_op(lambda x: F.conv_transpose1d(x, wt, None, stride=3, padding=1,
+                                          output_padding=2),
+             (torch.randn(1, 8, 11),), ops=[CONV])
+
+
+def test_weight_and_bias_computed_at_run_time():
+    # Not constants: the shader reads the weight as stored, one channel at a time.
+    torch.manual_seed(0)
+    check_op(lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2),
+             (torch.randn(2, 4, 7, 5), torch.randn(6, 2, 3, 3), torch.randn(6)), ops=[CONV])
+    check_op(lambda x, w: F.conv_transpose2d(x, w, stride=2),
+             (torch.randn(1, 4, 5, 3), torch.randn(4, 3, 3, 3)), ops=[CONV])
+
+
+def test_conv2d_fp16():
+    # fp16 storage: inputs and outputs carry 11 significant bits, so an output of
+    # magnitude ~10 is only known to ~5e-3; accumulation is fp32 on the device and in
+    # eager's CPU kernel, so the difference is the output rounding plus one fp16 ulp.
+    torch.manual_seed(0)
+    w, b = torch.randn(8, 4, 3, 3).half(), torch.randn(8).half()
+    wd = torch.randn(4, 1, 3, 3).half()
+    check_op(lambda x: F.conv2d(F.conv2d(x, wd, None, padding=1, groups=4), w, b,
+                                stride=2),
+             (torch.randn(2, 4, 11, 7).half(),), ops=[CONV], rtol=1e-2, atol=1e-2)
+
+
+def test_conv2d_dynamic_batch_and_size():
+    torch.manual_seed(0)
+    w, b = torch.randn(8, 3, 3, 3), torch.randn(8)
+    batch, h, wd = (torch.export.Dim("n", max=4), torch.export.Dim("h", min=4, max=16),
+                    torch.export.Dim("w", min=4, max=16))
+    check_op(_conv(w, b, stride=2, padding=1), (torch.randn(3, 3, 13, 11),), ops=[CONV],
+             dynamic_shapes=({0: batch, 2: h, 3: wd},),
+             resize_inputs=[(torch.randn(1, 3, 7, 5),), (torch.randn(4, 3, 16, 16),)])
+
+
+def test_pointwise_and_transposed_resize():
+    torch.manual_seed(0)
+    wp, wt = torch.randn(8, 5, 1, 1), torch.randn(8, 3, 2, 2)
+    h = torch.export.Dim("h", min=2, max=12)
+
+    def fn(x):
+        return F.conv_transpose2d(F.conv2d(x, wp), wt, stride=2)
+    check_op(fn, (torch.randn(1, 5, 11, 7),), ops=[CONV], dynamic_shapes=({2: h},),
+             resize_inputs=(torch.randn(1, 5, 3, 7),))
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 6.0), (0.0, None), (None, 0.5), (-1, 1)],
+                         ids=["relu6", "relu", "max_only", "int_bounds"])
+def test_conv_with_clamp(bounds):
+    torch.manual_seed(0)
+    w, b = torch.randn(8, 3, 3, 3), torch.randn(8)
+    lo, hi = bounds
+
+    def fn(x):
+        return torch.ops.et_vk.conv_with_clamp(x, w, b, [2, 2], [1, 1], [1, 1], False,
+                                               [0, 0], 1, lo, hi)
+    check_op(fn, (torch.randn(2, 3, 11, 7),), ops=[CLAMP])
+
+
+def test_conv_with_clamp_depthwise_fp16():
+    # Tolerance: fp16 output rounding, as in test_conv2d_fp16.
+    torch.manual_seed(0)
+    w = torch.randn(5, 1, 3, 3).half()
+
+    def fn(x):
+        return torch.ops.et_vk.conv_with_clamp(x, w, None, [1, 1], [1, 1], [1, 1], False,
+                                               [0, 0], 5, 0.0, 6.0)
+    check_op(fn, (torch.randn(1, 5, 7, 7).half(),), ops=[CLAMP], rtol=1e-2, atol=1e-2)
+
+
+def _cpu_reasons(fn, inputs):
+    ep = torch.export.export(type("M", (torch.nn.Module,), {"forward": lambda s, *a: fn(*a)})(),
+                             inputs)
+    program = to_backend(ep, VulkanPartitioner())
+    report = next(iter(program.methods.values())).report
+    return {d.op: "; ".join(d.reasons) for d in report.cpu_nodes}
+
+
+def test_unsupported_convolutions_stay_on_cpu_with_a_reason():
+    torch.manual_seed(0)
+    w3 = torch.randn(2, 3, 3, 3, 3)
+    reasons = _cpu_reasons(lambda x: F.conv3d(x, w3), (torch.randn(1, 3, 5, 5, 5),))
+    assert "only 1-D and 2-D convolutions" in reasons[CONV]
+    w = torch.randn(4, 3, 3, 3)
+    reasons = _cpu_reasons(lambda x: F.conv2d(x.double(), w.double()),
+                           (torch.randn(1, 3, 5, 5),))
+    assert "float64" in reasons[CONV]
+
+
+def test_conv2d_empty_batch():
+    torch.manual_seed(0)
+    w = torch.randn(4, 3, 3, 3)
+    check_op(_conv(w, None, padding=1), (torch.randn(0, 3, 5, 7),), ops=[CONV])
