@@ -161,10 +161,23 @@ class VulkanPartitioner:
         logger.info(report.summary())
         return partitions, report
 
+    def prepare(self, ep):
+        """The ProgramGraph to_backend partitions: ``ep`` decomposed to core ATen,
+        with the lowering passes applied (a copy; ``ep`` is not modified)."""
+        from vkdelegate.backend.passes import run_passes
+        from vkdelegate.backend.program_graph import from_exported_program
+
+        pg = from_exported_program(ep)
+        run_passes(pg)
+        pg.gm.graph.eliminate_dead_code()
+        return pg
+
     def partition(self, ep) -> list[Partition]:
-        """Partitions of an ExportedProgram's graph (the program is not modified)."""
-        return self.propose(ep.graph_module)[0]
+        """Partitions of ``ep`` as to_backend would form them (nodes of a prepared
+        copy, see ``prepare``; for inspection)."""
+        return self.propose(self.prepare(ep).gm)[0]
 
     def report(self, ep) -> PartitionReport:
-        """Which nodes of ``ep`` stay on the CPU, and why."""
-        return self.propose(ep.graph_module)[1]
+        """Which nodes of ``ep`` stay on the CPU after decomposition and the lowering
+        passes, and why: the same decisions to_backend makes."""
+        return self.propose(self.prepare(ep).gm)[1]

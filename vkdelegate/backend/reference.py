@@ -19,6 +19,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization import vkgraph as vk
 
 _NP_DTYPES = {k: np.dtype(v) for k, v in vk.DTYPE_NAMES.items()}
+_TORCH_DTYPES = {k: getattr(torch, v) for k, v in vk.DTYPE_NAMES.items()}
 
 
 class ReferenceGraph:
@@ -90,10 +91,14 @@ class ReferenceGraph:
                                       f"{len(arg_ids)} arguments, its schema {len(schema)}")
             args, kwargs = [], {}
             for a, vid in zip(schema, arg_ids):
+                value = self._arg(vid, env)
+                if "ScalarType" in str(a.real_type) and isinstance(value, int):
+                    # The builder stores a dtype as an Int holding its VkDataType.
+                    value = _TORCH_DTYPES[vk.VkDataType(value)]
                 if a.kwarg_only:
-                    kwargs[a.name] = self._arg(vid, env)
+                    kwargs[a.name] = value
                 else:
-                    args.append(self._arg(vid, env))
+                    args.append(value)
             result = op(*args, **kwargs)
             out = self.graph.values[out_id]
             if isinstance(out, vk.ValueList):

@@ -23,9 +23,8 @@ from vkdelegate.backend import glue_ops, pytree_spec
 from vkdelegate.backend.node_specs import dtype_name
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
-from vkdelegate.backend.passes import run_passes
 from vkdelegate.backend.program import Delegate, LoweredProgram, Method
-from vkdelegate.backend.program_graph import ProgramGraph, from_exported_program
+from vkdelegate.backend.program_graph import ProgramGraph
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization.vkgraph import VkDataType, VkTensor
 
@@ -59,9 +58,7 @@ def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> Lowe
 
 def lower_method(ep, partitioner: VulkanPartitioner) -> Method:
     """One ExportedProgram -> Method (plan, glue constants, state, delegates, report)."""
-    pg = from_exported_program(ep)
-    run_passes(pg)
-    pg.gm.graph.eliminate_dead_code()
+    pg = partitioner.prepare(ep)
     partitions, report = partitioner.propose(pg.gm)
     if partitions:
         fuse_by_partitions(pg.gm, [p.nodes for p in partitions], prefix=_PREFIX,
