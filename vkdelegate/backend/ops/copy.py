@@ -98,12 +98,12 @@ def out_kind(dtype: str) -> str:
     """The shader's OUT_* define for an output of graph dtype ``dtype``."""
     if acc_type(dtype) == "float":
         return "OUT_FLOAT"
-    return {"bool": "OUT_BOOL", "int8": "OUT_INT8", "uint8": "OUT_UINT8"}.get(dtype,
-                                                                              "OUT_INT")
+    return "OUT_BOOL" if dtype == "bool" else "OUT_INT"
 
 
 def copy_defines(out_ddt: str, in_ddt: str, out_dtype: str, in_dtype: str) -> dict:
-    d = storage_defines(OUT=out_ddt, IN=in_ddt)
+    """Variant defines for (device dtype, graph dtype) of output and input."""
+    d = storage_defines(OUT=(out_dtype, out_ddt), IN=(in_dtype, in_ddt))
     d.update(IN_ACC=acc_type(in_dtype))
     d[out_kind(out_dtype)] = "1"
     return d

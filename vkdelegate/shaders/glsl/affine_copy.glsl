@@ -16,8 +16,8 @@
 //   in index  = in_offset + sum(s_d * in_stride_d)
 // Values convert from the input dtype to the output dtype as torch converts them
 // (float -> int truncates toward zero, int8/uint8 wrap, bool is x != 0).
-// Defines: OUT_T, IN_T (storage types), IN_ACC (float or int), and one of OUT_FLOAT,
-// OUT_INT, OUT_INT8, OUT_UINT8, OUT_BOOL.
+// Defines: OUT_T, IN_T (storage types), OUT_STORE(v) (see runtime/dtypes.py), IN_ACC
+// (float or int), and one of OUT_FLOAT, OUT_INT, OUT_BOOL.
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
@@ -33,6 +33,8 @@ layout(set = 0, binding = 2) uniform plan_block {
   vec4 ffill;           // x: float fill
 };
 
+// CONVERT: input ACC value -> output ACC value; OUT_STORE (from storage_defines) then
+// rounds to fp16 or wraps to int8/uint8 exactly as the output dtype holds it.
 #if defined(OUT_FLOAT)
 #define OUT_ACC float
 #define CONVERT(v) float(v)
@@ -40,14 +42,6 @@ layout(set = 0, binding = 2) uniform plan_block {
 #elif defined(OUT_BOOL)
 #define OUT_ACC int
 #define CONVERT(v) ((v) != IN_ACC(0) ? 1 : 0)
-#define FILL info.w
-#elif defined(OUT_INT8)
-#define OUT_ACC int
-#define CONVERT(v) ((int(v) << 24) >> 24)
-#define FILL info.w
-#elif defined(OUT_UINT8)
-#define OUT_ACC int
-#define CONVERT(v) (int(v) & 255)
 #define FILL info.w
 #else
 #define OUT_ACC int
@@ -85,5 +79,5 @@ void main() {
   } else {
     v = FILL;
   }
-  out_data[o] = OUT_T(v);
+  out_data[o] = OUT_STORE(v);
 }

@@ -1,0 +1,119 @@
+"""Tensor creation: full, full_like, arange.start_step.
+
+torch.zeros/ones/full export as ``aten.full.default``; zeros_like/ones_like/full_like
+as ``aten.full_like.default``; every torch.arange form as ``aten.arange.start_step``.
+The fill value is converted to the output dtype on the host exactly as torch converts
+a Python scalar (numpy cast: truncation for ints, x != 0 for bool); arange computes
+``start + i * step`` on the device (fp32 for float outputs, int32 for integer ones).
+full and arange need static sizes: their size arguments would otherwise be SymInts.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
+from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.shaders.variants import declare
+
+SHADER = "arange_fill"
+DTYPES = frozenset({"float32", "float16", "int32", "int64", "int8", "uint8", "bool"})
+ARANGE_DTYPES = frozenset({"float32", "float16", "int32", "int64"})
+
+
+def _defines(out_ddt: str, dtype: str) -> dict:
+    d = storage_defines(OUT=(dtype, out_ddt))
+    if acc_type(dtype) == "float":
+        d["ACC_FLOAT"] = "1"
+    return d
+
+
+def _typed(value, dtype: str):
+    """A Python scalar as torch stores it in a tensor of ``dtype`` (as int or float)."""
+    if dtype == "bool":
+        return int(bool(value))
+    if acc_type(dtype) == "float":
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise VkDelegateError(f"fill value {value} for an integer tensor")
+    return int(np.array(int(value)).astype(dtype if dtype != "int64" else "int32"))
+
+
+def _dispatch(b, out, start, step):
+    def data():
+        return record(ivec4(out.numel, int(start) if acc_type(out.dtype) == "int" else 0,
+                            int(step) if acc_type(out.dtype) == "int" else 0),
+                      vec4(float(start), float(step)))
+    params = b.params(data())
+    b.on_resize(lambda: params.write(data()))
+    b.dispatch(SHADER, _defines(out.device_dtype, out.dtype), outputs=[out], inputs=[],
+               params=[params], global_size=(out.max_numel,))
+
+
+def _full_impl(b, node):
+    # full(size, fill_value, *, dtype, layout, device, pin_memory) and
+    # full_like(self, fill_value, *, dtype, layout, device, pin_memory, memory_format)
+    out = b.tensor(node.args[-1])
+    _dispatch(b, out, _typed(b.scalar(node.args[1]), out.dtype), 0)
+
+
+def arange_numel(start, end, step) -> int:
+    """torch.arange's length: ceil((end - start) / step), at least 0."""
+    if step == 0:
+        raise VkDelegateError("arange step must be nonzero")
+    return max(0, math.ceil((end - start) / step))
+
+
+def _arange_impl(b, node):
+    start, end, step = (b.scalar(v) for v in node.args[:3])
+    out = b.tensor(node.args[-1])
+    if acc_type(out.dtype) == "int" and any(isinstance(v, float) and v != int(v)
+                                            for v in (start, step)):
+        raise b.error(f"integer arange with fractional start {start} or step {step}")
+    _dispatch(b, out, start, step)
+
+
+def _static_output(node: NodeSpec):
+    if any(t.is_dynamic for t in node.outputs):
+        return "dynamic (symbolic) sizes"
+    return None
+
+
+def _fill_rule(node: NodeSpec):
+    value = node.args[1]
+    out = node.outputs[0].dtype
+    if isinstance(value, float) and acc_type(out) == "int" and out != "bool" and \
+            not math.isfinite(value):
+        return f"fill value {value} for an {out} tensor"
+    return None
+
+
+def _arange_rule(node: NodeSpec):
+    start, end, step = node.args[:3]
+    if not all(isinstance(v, (int, float)) for v in (start, end, step)):
+        return "arange bounds that are not numbers"
+    if acc_type(node.outputs[0].dtype) == "int" and any(
+            isinstance(v, float) and v != int(v) for v in (start, step)):
+        return "integer arange with a fractional start or step"
+    if node.outputs[0].dtype == "float16" and node.outputs[0].shape[0] > 2048:
+        # fp32 index math then rounding to fp16 differs from torch's fp16 arange once
+        # consecutive values are closer than fp16 can tell apart.
+        return "float16 arange longer than 2048"
+    return None
+
+
+register(OpSpec(name="aten.full.default", dtypes=DTYPES, impl=_full_impl,
+                shape_fn=lambda args: tuple(args[0]), rules=(_static_output, _fill_rule),
+                notes="zeros, ones, full"))
+register(OpSpec(name="aten.full_like.default", dtypes=DTYPES, impl=_full_impl,
+                shape_fn=lambda args: tuple(args[0].shape), rules=(_fill_rule,),
+                notes="zeros_like, ones_like, full_like; any dtype argument"))
+register(OpSpec(name="aten.arange.start_step", dtypes=ARANGE_DTYPES, impl=_arange_impl,
+                shape_fn=None, rules=(_arange_rule,), max_rank=1,
+                notes="every torch.arange form; float or integer"))
+for _profile in STORAGE_PROFILES:
+    for _dt in DTYPES:
+        declare(SHADER, _defines(device_dtype(_dt, _profile), _dt))

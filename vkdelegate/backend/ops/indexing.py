@@ -1,0 +1,156 @@
+"""Indexing by integer tensors: index_select, embedding, index.Tensor, gather.
+
+index_select, embedding and index.Tensor with ONE index tensor all pick whole rows
+along one dim: the input viewed as [outer, size, inner], the output as
+[outer, count, inner] (index_rows.glsl). index.Tensor is what torch.export emits for
+``x[:, idx]`` and for reflection/replication padding (with arange/abs/clamp building
+the indices). Several index tensors (broadcast together) and bool masks (data-dependent
+sizes) stay on the CPU. gather has its own shader. Negative indices count from the end
+as in ATen; indices ATen rejects are clamped on the device (no out-of-bounds reads).
+"""
+from __future__ import annotations
+
+import math
+
+from vkdelegate.backend.ops.copy import MOVE_DTYPES
+from vkdelegate.backend.ops.movement import wrap_dim
+from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
+from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.shaders.variants import declare
+
+INDEX_DTYPES = frozenset({"int64", "int32"})
+
+
+def _defines(out, x, idx, dtype: str) -> dict:
+    """out, x, idx: Tensors or (graph dtype, device dtype) pairs."""
+    d = storage_defines(OUT=out, IN=x, IDX=idx)
+    d["IN_ACC"] = acc_type(dtype)
+    return d
+
+
+def _rows(b, out, x, index, dim_fn):
+    """Record one index_rows dispatch; dim_fn() -> the indexed dim of ``x``."""
+    def info():
+        d = dim_fn()
+        inner = math.prod(x.shape[d + 1:])
+        return record(ivec4(out.numel, max(inner, 1), max(index.numel, 1), x.shape[d]))
+    params = b.params(info())
+    b.on_resize(lambda: params.write(info()))
+    b.dispatch("index_rows", _defines(out, x, index, out.dtype), outputs=[out],
+               inputs=[x, index], params=[params], global_size=(out.max_numel,))
+
+
+# ---- index_select ---------------------------------------------------------------
+def _index_select_shape(args):
+    x, dim, index = args
+    shape = list(x.shape)
+    if shape:
+        shape[wrap_dim(dim, len(shape))] = math.prod(index.shape)
+    return tuple(shape)
+
+
+def _index_select_impl(b, node):
+    x_id, dim_id, index_id, out_id = node.args
+    x, index, out = b.tensor(x_id), b.tensor(index_id), b.tensor(out_id)
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+    _rows(b, out, x, index, lambda: dim)
+
+
+# ---- embedding ------------------------------------------------------------------
+def _embedding_shape(args):
+    weight, indices = args[0], args[1]
+    return tuple(indices.shape) + tuple(weight.shape[1:])
+
+
+def _embedding_impl(b, node):
+    weight, indices, out = (b.tensor(node.args[0]), b.tensor(node.args[1]),
+                            b.tensor(node.args[-1]))
+    _rows(b, out, weight, indices, lambda: 0)
+
+
+def _embedding_rule(node: NodeSpec):
+    if node.args[0].rank != 2:
+        return f"embedding weight of rank {node.args[0].rank} (must be 2)"
+    return None
+
+
+# ---- index.Tensor -----------------------------------------------------------------
+def _single_index(indices) -> tuple[int, object]:
+    """(dim, index) of the one non-None entry of an index.Tensor indices list."""
+    found = [(d, t) for d, t in enumerate(indices) if t is not None]
+    if len(found) != 1:
+        raise VkDelegateError(f"index.Tensor with {len(found)} index tensors")
+    return found[0]
+
+
+def _index_shape(args):
+    x, indices = args
+    d, index = _single_index(indices)
+    return tuple(x.shape[:d]) + tuple(index.shape) + tuple(x.shape[d + 1:])
+
+
+def _index_impl(b, node):
+    x_id, indices_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+    try:
+        d, index = _single_index(b.value(indices_id))
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    _rows(b, out, x, index, lambda: d)
+
+
+def _index_rule(node: NodeSpec):
+    tensors = [t for t in node.args[1] if isinstance(t, TensorSpec)]
+    if len(tensors) != 1 or len([t for t in node.args[1] if t is not None]) != 1:
+        return (f"index.Tensor with {len(tensors)} index tensors (only one index tensor "
+                f"is supported)")
+    return None
+
+
+# ---- gather ----------------------------------------------------------------------
+def _gather_shape(args):
+    return tuple(args[2].shape)
+
+
+def _gather_impl(b, node):
+    x_id, dim_id, index_id, _sparse_id, out_id = node.args
+    x, index, out = b.tensor(x_id), b.tensor(index_id), b.tensor(out_id)
+    if index.ndim != x.ndim:
+        raise b.error(f"gather index of rank {index.ndim} for an input of rank {x.ndim}")
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+    params = b.params(record(ivec4(max(x.ndim, 1) - 1 - dim)))
+    b.dispatch("gather", _defines(out, x, index, out.dtype), outputs=[out],
+               inputs=[x, index], params=[out.meta, x.meta, params],
+               global_size=(out.max_numel,))
+
+
+def _gather_rule(node: NodeSpec):
+    x, _dim, index = node.args[:3]
+    if index.rank != x.rank:
+        return f"gather index of rank {index.rank} for an input of rank {x.rank}"
+    return None
+
+
+def _register(name, impl, shape_fn, index_arg, index_dtypes=INDEX_DTYPES, rules=(),
+              notes=""):
+    register(OpSpec(name=name, dtypes=MOVE_DTYPES, impl=impl, shape_fn=shape_fn,
+                    rules=rules, arg_dtypes={index_arg: index_dtypes}, notes=notes))
+
+
+_register("aten.index_select.default", _index_select_impl, _index_select_shape, 2,
+          notes="int32/int64 indices, negative indices")
+_register("aten.embedding.default", _embedding_impl, _embedding_shape, 1,
+          rules=(_embedding_rule,), notes="forward only (padding_idx has no effect)")
+_register("aten.index.Tensor", _index_impl, _index_shape, 1, rules=(_index_rule,),
+          notes="one index tensor (x[:, idx]); reflection/replication pad")
+_register("aten.gather.default", _gather_impl, _gather_shape, 2,
+          index_dtypes=frozenset({"int64"}), rules=(_gather_rule,), notes="any dim")
+
+for _profile in STORAGE_PROFILES:
+    for _dt in MOVE_DTYPES:
+        for _it in INDEX_DTYPES:
+            _ddt, _dit = device_dtype(_dt, _profile), device_dtype(_it, _profile)
+            for _shader in ("index_rows", "gather"):
+                declare(_shader, _defines((_dt, _ddt), (_dt, _ddt), (_it, _dit), _dt))
