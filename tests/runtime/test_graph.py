@@ -249,3 +249,26 @@ def test_host_work_per_execute_does_not_grow_with_nodes(vk_device):
             counts.append(_count_calls(lambda: graph.execute([x])))
             np.testing.assert_array_equal(graph.execute([x])[0], np.maximum(x, 0))
     assert counts[0] == counts[1]
+
+
+def test_malformed_node_is_reported(vk_device):
+    m = GraphMaker()
+    ix = m.input((3, 3))
+    m.output(m.op("aten.mm.default", [ix, ix, ix], (3, 3)))  # one argument too many
+    with pytest.raises(VkDelegateError, match=r"node 0 \(aten.mm.default\): malformed "
+                                              r"arguments \[0, 0, 0, 1\]"):
+        m.build(vk_device)
+
+
+def test_large_grid_folds_into_rows(vk_device):
+    # More workgroups than maxComputeWorkGroupCount[0] allows: the dispatch folds the
+    # 1-D grid into x * y and shaders recover the index with linear_id().
+    limit = vk_device.info.max_workgroup_count[0]
+    n = limit * 64 + 4099
+    m = GraphMaker()
+    ix = m.input((n,))
+    m.output(m.op("aten.neg.default", [ix], (n,)))
+    x = rand(np.random.default_rng(23), (n,))
+    with m.build(vk_device) as graph:
+        assert graph.dispatches[0].groups[1] > 1
+        np.testing.assert_array_equal(graph.execute([x])[0], -x)

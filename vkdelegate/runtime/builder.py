@@ -108,6 +108,18 @@ class NodeBuilder:
         self._graph.resize_hooks.append(hook)
 
     # ---- dispatches ------------------------------------------------------------------
+    def local_size_1d(self, invocations: int) -> tuple:
+        """Workgroup size for a 1-D dispatch of ``invocations`` (upper bound).
+
+        Small grids get 64 (a multiple of every common subgroup size, 32 or 64) so
+        that few invocations idle; large ones get 256, which amortizes per-workgroup
+        cost; always within the device's workgroup limits.
+        """
+        size = 64 if invocations <= 1 << 16 else 256
+        info = self.device.info
+        size = min(size, info.max_workgroup_size[0], info.max_workgroup_invocations)
+        return (max(size, 1), 1, 1)
+
     def dispatch(self, shader: str, defines: dict, outputs: list, inputs: list,
                  params: list, global_size, local_size=(64, 1, 1),
                  spec_constants: tuple = ()) -> None:

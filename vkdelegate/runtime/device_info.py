@@ -52,6 +52,7 @@ class DeviceInfo:
     max_storage_buffer_range: int = 0
     max_uniform_buffer_range: int = 0
     max_allocation_count: int = 0
+    max_allocation_size: int = 0
     max_push_constants: int = 0
     min_storage_offset_alignment: int = 0
     timestamp_period_ns: float = 0.0
@@ -106,14 +107,17 @@ def describe(index: int, pd) -> DeviceInfo:
         info.int8_arith = bool(f12.shaderInt8)
         sub = vk.VkPhysicalDeviceSubgroupProperties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+        maint3 = vk.VkPhysicalDeviceMaintenance3Properties(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, pNext=sub)
         drv = vk.VkPhysicalDeviceDriverProperties(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES, pNext=sub)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES, pNext=maint3)
         props2 = vk.VkPhysicalDeviceProperties2(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=drv)
         vk.vkGetPhysicalDeviceProperties2(pd, props2)
         info.driver = (f"{text(drv.driverName)} "
                        f"{text(drv.driverInfo)}").strip()
         info.subgroup_size = sub.subgroupSize
+        info.max_allocation_size = maint3.maxMemoryAllocationSize
         info.subgroup_ops = [n for bit, n in (
             (vk.VK_SUBGROUP_FEATURE_BASIC_BIT, "basic"),
             (vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "arithmetic"),

@@ -127,9 +127,13 @@ class DelegateGraph:
             try:
                 self._check_node(call, spec)
                 spec.impl(builder, call)
-            except (IndexError, KeyError, TypeError) as exc:
+            except VkDelegateError:
+                raise
+            except (IndexError, KeyError, TypeError, ValueError) as exc:
+                # An impl unpacking the wrong number of args, or an arg of the wrong
+                # kind: a malformed node, reported as such rather than as a traceback.
                 raise VkDelegateError(f"node {call.node_id} ({call.name}): malformed "
-                                      f"arguments {call.args}: {exc!r}") from exc
+                                      f"arguments {call.args}: {exc}") from exc
             specs.append(spec)
         return specs
 

@@ -47,12 +47,12 @@ class Buffer:
 
 
 class _Block:
-    def __init__(self, allocator: "Allocator", type_index: int, size: int):
+    def __init__(self, allocator: "Allocator", type_index: int, size: int, what: str):
         dev = allocator.device
         info = vk.VkMemoryAllocateInfo(sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
                                        allocationSize=size, memoryTypeIndex=type_index)
         self.memory = vk_call(vk.vkAllocateMemory, dev.device, info, None,
-                              what=f"a {size}-byte memory block (type {type_index})")
+                              what=f"a {size}-byte memory block for {what}")
         self.type_index = type_index
         self.size = size
         self.used = 0
@@ -130,10 +130,18 @@ class Allocator:
                 offset = block.place(size, alignment)
                 if offset is not None:
                     return block, offset
-        if len(self._blocks) >= self.device.info.max_allocation_count:
+        info = self.device.info
+        if len(self._blocks) >= info.max_allocation_count:
             raise VkDelegateError(f"{what}: device allocation count limit "
-                                  f"({self.device.info.max_allocation_count}) reached")
-        block = _Block(self, type_index, max(self.block_size, size))
+                                  f"({info.max_allocation_count}) reached")
+        heap = self.device.memory_properties.memoryTypes[type_index].heapIndex
+        heap_size = self.device.memory_properties.memoryHeaps[heap].size
+        limit = min(x for x in (info.max_allocation_size, heap_size) if x) or size
+        if size > limit:
+            raise VkDelegateError(f"{what} needs {size} bytes, over this device's largest "
+                                  f"allocation of {limit} bytes ({info.name})")
+        block_size = min(max(self.block_size, size), limit)
+        block = _Block(self, type_index, block_size, what)
         self._blocks.append(block)
         return block, block.place(size, alignment)
 

@@ -78,7 +78,8 @@ def _make_impl(expr: str, sign: int):
         b.dispatch(SHADER, _defines(expr, out, x, other, out.dtype),
                    outputs=[out], inputs=[x, other],
                    params=[out.meta, x.meta, other.meta, params],
-                   global_size=(out.max_numel,), local_size=(64, 1, 1))
+                   global_size=(out.max_numel,),
+                   local_size=b.local_size_1d(out.max_numel))
     return impl
 
 

@@ -56,7 +56,7 @@ def _impl(b, node):
         w = b.prepacked(np.ascontiguousarray(weight.T), w.dtype)
     b.dispatch(SHADER, _defines(out, a, w, out.dtype, transposed), outputs=[out],
                inputs=[a, w], params=[out.meta, a.meta], global_size=(out.max_numel,),
-               local_size=(64, 1, 1))
+               local_size=b.local_size_1d(out.max_numel))
 
 
 register(OpSpec(name="aten.mm.default", dtypes=DTYPES, impl=_impl, shape_fn=_shape,

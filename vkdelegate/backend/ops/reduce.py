@@ -67,7 +67,8 @@ def _impl(b, node):
         mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
     b.dispatch(SHADER, _defines(out, x, out.dtype), outputs=[out], inputs=[x],
                params=[out.meta, x.meta, b.params(record(ivec4(mask)))],
-               global_size=(out.max_numel,), local_size=(64, 1, 1))
+               global_size=(out.max_numel,),
+               local_size=b.local_size_1d(out.max_numel))
 
 
 register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn=_shape,
