@@ -121,3 +121,19 @@ def test_remove_noop_copies_keeps_returned_clone():
     for got, want in zip(out, M()(x)):
         torch.testing.assert_close(got, want)
     assert not remove_noop_copies(pg)           # nothing left to remove
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fold_batch_norm_into_decomposed_linear(bias, monkeypatch):
+    # Without aten.linear in the registry the layer stays addmm/mm(x, permute(w)).
+    registry.load_all()
+    monkeypatch.delitem(registry.REGISTRY, "aten.linear.default", raising=False)
+    torch.manual_seed(2)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 4, bias=bias), torch.nn.BatchNorm1d(4)).eval()
+    _randomize_bn(m[1])
+    x = torch.randn(5, 6)
+    pg = from_exported_program(torch.export.export(m, (x,)))
+    assert run_passes(pg) == ["fold_batch_norm"]
+    assert _targets(pg) == [aten.permute.default, aten.addmm.default]
+    (out,) = _run(pg, x)
+    torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
