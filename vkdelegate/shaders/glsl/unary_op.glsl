@@ -1,14 +1,31 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
+#include "elementwise_math.h"
 
 // Elementwise unary op: out = OP_EXPR(x). Defines: OUT_T, IN_T (storage types),
-// OUT_STORE(v), ACC_T (float or int), OP_EXPR (an expression in x of type ACC_T, one
-// line per op in vkdelegate/backend/ops/unary.py). In and out have the same sizes.
+// OUT_STORE(v), ACC_T (float or int; ACC_FLOAT set for float), OP_EXPR (an expression
+// in x of type ACC_T and the scalar parameters P0..P3, one line per op in
+// vkdelegate/backend/ops/unary.py), HAS_PARAMS when the op has scalar parameters.
+// In and out have the same sizes.
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
 TENSOR_META(2, out_meta)
+#ifdef HAS_PARAMS
+layout(set = 0, binding = 3) uniform params_block { vec4 fparams; ivec4 iparams; };
+#ifdef ACC_FLOAT
+#define P0 fparams.x
+#define P1 fparams.y
+#define P2 fparams.z
+#define P3 fparams.w
+#else
+#define P0 iparams.x
+#define P1 iparams.y
+#define P2 iparams.z
+#define P3 iparams.w
+#endif
+#endif
 
 void main() {
   const uint i = linear_id();

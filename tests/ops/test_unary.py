@@ -1,0 +1,138 @@
+"""Elementwise unary ops on Vulkan against eager: every claimed dtype, edge values
+(NaN, infinities, zeros, half-way points), prime and size-0/size-1 shapes, resize."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+from tests.ops.harness import check_op
+
+NAN, INF = float("nan"), float("inf")
+# fp16 has an 11-bit significand (relative spacing 2**-10 ~ 1e-3); results computed in
+# fp32 and rounded once may differ from eager's by one fp16 ulp.
+FP16_TOL = dict(rtol=2e-3, atol=2e-3)
+
+
+def _data(dtype, shape=(3, 5, 7), low=-4.0, high=4.0):
+    if dtype in (torch.int32, torch.int8):
+        return torch.randint(-100, 100, shape, dtype=dtype)
+    if dtype == torch.uint8:
+        return torch.randint(0, 255, shape, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    return (torch.rand(shape) * (high - low) + low).to(dtype)
+
+
+def _tol(dtype):
+    return FP16_TOL if dtype == torch.float16 else {}
+
+
+# (aten op, function, dtypes, input range)
+CASES = [
+    ("aten.relu.default", torch.relu, [torch.float32, torch.float16, torch.int32,
+                                        torch.int8, torch.uint8], (-4, 4)),
+    ("aten.hardtanh.default", F.relu6, [torch.float32, torch.float16], (-3, 9)),
+    ("aten.hardtanh.default", lambda x: F.hardtanh(x, -2.5, 1.5),
+     [torch.float32], (-4, 4)),
+    ("aten.clamp.default", lambda x: x.clamp(-1, 2), [torch.float32, torch.float16,
+                                                      torch.int32], (-4, 4)),
+    ("aten.clamp.default", lambda x: x.clamp(min=0.5), [torch.float32], (-4, 4)),
+    ("aten.clamp.default", lambda x: x.clamp(max=-3), [torch.int32], (-4, 4)),
+    ("aten.leaky_relu.default", F.leaky_relu, [torch.float32, torch.float16], (-4, 4)),
+    ("aten.leaky_relu.default", lambda x: F.leaky_relu(x, 0.3), [torch.float32], (-4, 4)),
+    ("aten.elu.default", F.elu, [torch.float32, torch.float16], (-4, 4)),
+    ("aten.elu.default", lambda x: F.elu(x, alpha=0.7), [torch.float32], (-1e-4, 1e-4)),
+    ("aten.elu.default", torch.selu, [torch.float32], (-4, 4)),
+    ("aten.gelu.default", F.gelu, [torch.float32, torch.float16], (-6, 6)),
+    ("aten.gelu.default", lambda x: F.gelu(x, approximate="tanh"),
+     [torch.float32, torch.float16], (-6, 6)),
+    ("aten.neg.default", torch.neg, [torch.float32, torch.float16, torch.int32,
+                                     torch.int8], (-4, 4)),
+    ("aten.abs.default", torch.abs, [torch.float32, torch.float16, torch.int32,
+                                     torch.int8], (-4, 4)),
+    ("aten.sign.default", torch.sign, [torch.float32, torch.float16, torch.int32], (-2, 2)),
+    ("aten.sigmoid.default", torch.sigmoid, [torch.float32, torch.float16], (-20, 20)),
+    ("aten.tanh.default", torch.tanh, [torch.float32, torch.float16], (-20, 20)),
+    ("aten.exp.default", torch.exp, [torch.float32, torch.float16], (-10, 10)),
+    ("aten.log.default", torch.log, [torch.float32, torch.float16], (0.01, 100)),
+    ("aten.sqrt.default", torch.sqrt, [torch.float32, torch.float16], (0, 100)),
+    ("aten.rsqrt.default", torch.rsqrt, [torch.float32, torch.float16], (0.01, 100)),
+    ("aten.reciprocal.default", torch.reciprocal, [torch.float32, torch.float16], (0.1, 9)),
+    ("aten.erf.default", torch.erf, [torch.float32, torch.float16], (-3, 3)),
+    ("aten.sin.default", torch.sin, [torch.float32, torch.float16], (-6, 6)),
+    ("aten.cos.default", torch.cos, [torch.float32, torch.float16], (-6, 6)),
+    ("aten.round.default", torch.round, [torch.float32, torch.float16], (-9, 9)),
+    ("aten.floor.default", torch.floor, [torch.float32, torch.float16], (-9, 9)),
+    ("aten.ceil.default", torch.ceil, [torch.float32, torch.float16], (-9, 9)),
+    ("aten.logical_not.default", torch.logical_not,
+     [torch.float32, torch.float16, torch.int32, torch.int8, torch.bool], (-1, 1)),
+]
+
+
+@pytest.mark.parametrize("op,fn,dtype,lohi", [
+    pytest.param(op, fn, dt, lohi, id=f"{op.split('.')[1]}{i}-{str(dt)[6:]}")
+    for i, (op, fn, dts, lohi) in enumerate(CASES) for dt in dts])
+def test_unary(op, fn, dtype, lohi):
+    torch.manual_seed(0)
+    x = _data(dtype, low=lohi[0], high=lohi[1])
+    check_op(fn, (x,), ops=[op], **_tol(dtype))
+
+
+EDGES = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 1e-30,
+                      -1e30, 100.0, -100.0])
+
+
+EDGE_OPS = [
+    ("aten.relu.default", torch.relu),
+    ("aten.hardtanh.default", F.relu6),
+    ("aten.clamp.default", lambda x: x.clamp(-1.0, 1.0)),
+    ("aten.sigmoid.default", torch.sigmoid),
+    ("aten.tanh.default", torch.tanh),
+    ("aten.exp.default", torch.exp),
+    ("aten.log.default", torch.log),
+    ("aten.sqrt.default", torch.sqrt),
+    ("aten.rsqrt.default", torch.rsqrt),
+    ("aten.reciprocal.default", torch.reciprocal),
+    ("aten.round.default", torch.round),
+    ("aten.sign.default", torch.sign),
+    # Eager's vectorized gelu gives NaN at +-inf (we give the limits): finite edges only.
+    ("aten.gelu.default", lambda x: F.gelu(x.clamp(-1e30, 1e30))),
+    ("aten.elu.default", F.elu),
+    ("aten.logical_not.default", torch.logical_not),
+]
+
+
+def test_edge_values():
+    """NaN, infinities, signed zeros, half-way points: one program, one output per op
+    (a failure names the output index, i.e. the position in EDGE_OPS)."""
+    fns = [fn for _, fn in EDGE_OPS]
+    check_op(lambda x: tuple(fn(x) for fn in fns), (EDGES,),
+             ops=sorted({op for op, _ in EDGE_OPS}))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (29,), (2, 0, 3), (1, 3, 1, 5, 1, 2)])
+def test_shapes(shape):
+    torch.manual_seed(0)
+    check_op(F.gelu, (torch.randn(shape),), ops=["aten.gelu.default"])
+
+
+def test_resize():
+    torch.manual_seed(0)
+    n = Dim("n", min=1, max=64)
+    check_op(F.relu6, (torch.randn(3, 29) * 8,), ops=["aten.hardtanh.default"],
+             dynamic_shapes=({1: n},), resize_inputs=[(torch.randn(3, 5) * 8,),
+                                                      (torch.randn(3, 64) * 8,)])
+
+
+def test_clamp_with_float_bound_on_int_stays_on_cpu():
+    x = torch.arange(-3, 4, dtype=torch.int32)
+    with pytest.raises(AssertionError, match="type promotion"):
+        check_op(lambda t: t.clamp(min=0.5), (x,), ops=["aten.clamp.default"])
+
+
+def test_hardswish_and_silu_decompositions_run_on_vulkan():
+    torch.manual_seed(0)
+    x = torch.randn(5, 11) * 4
+    check_op(F.hardswish, (x,), ops=["aten.clamp.default", "aten.add.Tensor"])
+    check_op(F.hardsigmoid, (x,), ops=["aten.clamp.default"])
+    check_op(F.silu, (x,), ops=["aten.sigmoid.default"])

@@ -1,0 +1,136 @@
+// Scalar helpers for the elementwise shaders (unary_op, binary_op, where): ATen's
+// results at the edges where GLSL leaves them undefined (NaN inputs to min/max, log
+// and pow outside their domain, integer division of negative numbers), and erf, which
+// GLSL lacks. Include after common.h; ACC_FLOAT is set when ACC_T is float.
+#ifndef VKDELEGATE_ELEMENTWISE_MATH_H
+#define VKDELEGATE_ELEMENTWISE_MATH_H
+
+#define INF_F uintBitsToFloat(0x7f800000u)
+
+// KEEP_NAN(x, e): e, except NaN where x is NaN (ATen's clamp/relu propagate NaN; GLSL
+// min/max may return either operand). Integers have no NaN.
+#ifdef ACC_FLOAT
+#define KEEP_NAN(x, e) (isnan(x) ? (x) : (e))
+#else
+#define KEEP_NAN(x, e) (e)
+#endif
+
+// erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, below fp32 tolerance
+// for gelu's use).
+float erf_approx(float x) {
+  const float t = 1.0 / (1.0 + 0.3275911 * abs(x));
+  const float poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
+      + t * (-1.453152027 + t * 1.061405429))));
+  const float y = 1.0 - poly * exp(-x * x);
+  return x < 0.0 ? -y : y;
+}
+
+// exp(x) - 1 without the cancellation of the naive formula near 0 (elu).
+float expm1_approx(float x) {
+  return abs(x) < 1e-5 ? x + 0.5 * x * x : exp(x) - 1.0;
+}
+
+// log with ATen's edges: NaN below 0, -inf at 0.
+float log_edges(float x) {
+  return x < 0.0 ? NAN_F : (x == 0.0 ? -INF_F : log(x));
+}
+
+// 1/x with a signed infinity at +-0 (IEEE, as ATen).
+float recip_edges(float x) {
+  return x == 0.0 ? uintBitsToFloat((floatBitsToUint(x) & 0x80000000u) | 0x7f800000u)
+                  : 1.0 / x;
+}
+
+// C's pow for floats: GLSL pow is undefined for x < 0 and for x == 0 with y <= 0.
+float pow_edges(float x, float y) {
+  if (y == 0.0 || x == 1.0) {
+    return 1.0;
+  }
+  if (isnan(x) || isnan(y)) {
+    return NAN_F;
+  }
+  if (y == 1.0) {
+    return x;
+  }
+  if (y == 2.0) {
+    return x * x;
+  }
+  const float ax = abs(x);
+  float r;
+  if (ax == 0.0) {
+    r = y > 0.0 ? 0.0 : INF_F;
+  } else if (isinf(y)) {
+    r = (ax > 1.0) == (y > 0.0) ? INF_F : 0.0;
+    return ax == 1.0 ? 1.0 : r;
+  } else {
+    r = exp2(y * log2(ax));
+  }
+  const bool negative = x < 0.0 || (x == 0.0 && floatBitsToUint(x) != 0u);
+  if (negative) {
+    if (floor(y) != y) {
+      return ax == 0.0 ? r : NAN_F;
+    }
+    if (mod(abs(y), 2.0) == 1.0) {
+      r = -r;
+    }
+  }
+  return r;
+}
+
+// Integer power with ATen's results for negative exponents (0 unless |base| == 1).
+int pow_int(int base, int e) {
+  if (e < 0) {
+    return base == 1 ? 1 : (base == -1 ? ((e & 1) == 0 ? 1 : -1) : 0);
+  }
+  int result = 1;
+  while (e > 0) {
+    if ((e & 1) != 0) {
+      result *= base;
+    }
+    base *= base;
+    e >>= 1;
+  }
+  return result;
+}
+
+// Integer division rounded toward zero, from magnitudes (GLSL leaves the sign of
+// integer division with negative operands undefined). Division by zero gives 0 (ATen
+// raises; a shader cannot).
+int div_trunc_int(int a, int b) {
+  if (b == 0) {
+    return 0;
+  }
+  const int q = int(uint(abs(a)) / uint(abs(b)));
+  return (a < 0) != (b < 0) ? -q : q;
+}
+
+int div_floor_int(int a, int b) {
+  const int q = div_trunc_int(a, b);
+  const int r = a - q * b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+
+// ATen's floor division of floats (div_floor_floating): rounds the exact quotient via
+// fmod, so that e.g. floor-dividing by 0.1 matches eager.
+float div_floor_float(float a, float b) {
+  if (b == 0.0) {
+    return a / b;  // +-inf or NaN, as ATen
+  }
+  const float m = a - b * trunc(a / b);
+  float div = (a - m) / b;
+  if (m != 0.0 && ((b < 0.0) != (m < 0.0))) {
+    div -= 1.0;
+  }
+  float q;
+  if (div != 0.0) {
+    q = floor(div);
+    if (div - q > 0.5) {
+      q += 1.0;
+    }
+  } else {
+    q = (a / b) < 0.0 ? -0.0 : 0.0;
+  }
+  return q;
+}
+
+#endif
