@@ -1,0 +1,99 @@
+"""Inference batch norm: aten._native_batch_norm_legit_no_training.default.
+
+Schema: (input, weight?, bias?, running_mean, running_var, momentum, eps) ->
+(out, save_mean, save_invstd). Normalizes dim 1 of an (N, C, ...) input of rank 2..6
+with the running statistics; ``momentum`` plays no part at inference. As in ATen's
+kernel, the two saved-statistics outputs are empty tensors of size [0] (nothing is
+computed for them). Used when the lowering pass cannot fold the batch norm into a
+preceding convolution or linear layer.
+
+When the weight, bias and statistics are constants (the usual case: parameters and
+buffers), scale = weight / sqrt(var + eps) and shift = bias - mean * scale are
+folded at load in float64 and uploaded as fp32, so the shader does one multiply-add
+per element; otherwise the shader reads them as stored. Resizable in every dim but
+the channel dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.params import record, vec4
+from vkdelegate.shaders.variants import declare
+
+SHADER = "batch_norm"
+NAME = "aten._native_batch_norm_legit_no_training.default"
+DTYPES = frozenset({"float32", "float16"})
+
+
+def _shape(args):
+    return [tuple(args[0].shape), (0,), (0,)]
+
+
+def _channels(node: NodeSpec):
+    x = node.args[0]
+    if x.rank < 2:
+        return f"input of rank {x.rank}: batch norm needs (N, C, ...)"
+    if x.dynamic and x.dynamic[1]:
+        return "dynamic channel count"
+    for i, name in ((1, "weight"), (2, "bias"), (3, "running_mean"), (4, "running_var")):
+        t = node.args[i]
+        if t is not None and tuple(t.shape) != (x.shape[1],):
+            return f"{name} of sizes {list(t.shape)} for {x.shape[1]} channels"
+    return None
+
+
+def _same_dtype(node: NodeSpec):
+    dtypes = {t.dtype for t in node.tensors()}
+    return None if len(dtypes) == 1 else f"mixed dtypes {sorted(dtypes)}"
+
+
+def _defines(out, x, p, prepacked: bool) -> dict:
+    d = storage_defines(OUT=out, IN=x, P=p)
+    if prepacked:
+        d["PREPACKED"] = "1"
+    return d
+
+
+def _impl(b, node):
+    x_id, w_id, b_id, mean_id, var_id, _momentum_id, eps_id, out_id = node.args
+    x = b.tensor(x_id)
+    outs = b.value(out_id)
+    if not isinstance(outs, list) or len(outs) != 3:
+        raise b.error("output is not a list of 3 tensors")
+    out = outs[0]
+    if x.dtype != out.dtype or x.ndim < 2:
+        raise b.error(f"input {x.dtype} {list(x.max_shape)}, output {out.dtype}")
+    channels = x.max_shape[1]
+    eps = float(b.scalar(eps_id))
+    stats = [b.value(i) for i in (w_id, b_id, mean_id, var_id)]
+    arrays = [b.constant_array(t) if t is not None else None for t in stats]
+    if all(a is not None or t is None for a, t in zip(arrays, stats)):
+        weight = arrays[0] if arrays[0] is not None else np.ones(channels)
+        bias = arrays[1] if arrays[1] is not None else np.zeros(channels)
+        mean, var = arrays[2], arrays[3]
+        scale = weight.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+        shift = bias.astype(np.float64) - mean.astype(np.float64) * scale
+        inputs = [x, b.prepacked(scale.astype(np.float32), "float32"),
+                  b.prepacked(shift.astype(np.float32), "float32")]
+        prepacked = True
+    else:
+        fill = {0: np.ones(channels), 1: np.zeros(channels)}
+        inputs = [x] + [t if t is not None else
+                        b.prepacked(fill[i].astype(x.dtype), x.dtype)
+                        for i, t in enumerate(stats)]
+        prepacked = False
+    b.dispatch(SHADER, _defines(out, x, inputs[1], prepacked), outputs=[out],
+               inputs=inputs, params=[out.meta, b.params(record(vec4(eps)))],
+               global_size=(out.max_numel,), local_size=(64, 1, 1))
+
+
+register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape,
+                rules=(_channels, _same_dtype), max_rank=6,
+                notes="inference statistics over dim 1; saved statistics are empty"))
+for _profile in STORAGE_PROFILES:
+    for _dt in DTYPES:
+        _ddt = (_dt, device_dtype(_dt, _profile))
+        declare(SHADER, _defines(_ddt, _ddt, ("float32", "float32"), True))
+        declare(SHADER, _defines(_ddt, _ddt, _ddt, False))
