@@ -135,6 +135,8 @@ CASES = [
          dynamic=lambda: (lambda t: ({1: t}, {1: t}))(Dim("length", min=2, max=64)), resized=lambda: A(r(2, 63), r(2, 63))),
     Case("dynamic_with_cpu_op", lambda: Fn(lambda x: torch.sigmoid(torch.sort(x + 1.0)[0])), lambda: A(r(3, 6)),
          dynamic=lambda: ({0: _batch(2, 8)},), resized=lambda: A(r(8, 6)), cpu_ops=("aten.sort.default",)),
+    Case("dynamic_reshape_permute", lambda: Fn(lambda x: (lambda y: (y.reshape(y.shape[0], -1) + 1.0, y.permute(0, 2, 1)))(torch.relu(x))), lambda: A(r(4, 3, 5)),
+         dynamic=lambda: ({0: _batch(2, 16)},), resized=lambda: A(r(9, 3, 5))),
     Case("dynamic_linear", lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), lambda: A(r(3, 4)),
          dynamic=lambda: ({0: _batch()},), resized=lambda: A(r(31, 4))),
 ]

@@ -83,14 +83,19 @@ def test_fully_delegated_runs_without_torch(tmp_path):
     reason = _vulkan_available()
     if reason:
         pytest.skip(reason)
-    module, program, inputs = _program("vulkan", Elementwise(),
-                                       (torch.randn(3, 5), torch.randn(3, 5)))
-    assert all(not n.op.startswith("aten.") or n.on_vulkan
-               for n in program.report.decisions)
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=2, max=32)
+    ep = torch.export.export(Elementwise(), (torch.randn(3, 5), torch.randn(3, 5)),
+                             dynamic_shapes=({0: batch}, {0: batch}))
+    program = to_backend(ep, VulkanPartitioner())
+    assert all(n.on_vulkan for n in program.report.decisions)
     path = tmp_path / "full.vkp"
     program.save(path)
-    for i, t in enumerate(inputs):
-        np.save(tmp_path / f"in{i}.npy", t.numpy())
+    sizes = (3, 29)
+    inputs = {n: (torch.randn(n, 5), torch.randn(n, 5)) for n in sizes}
+    for n, (a, b) in inputs.items():
+        np.save(tmp_path / f"a{n}.npy", a.numpy())
+        np.save(tmp_path / f"b{n}.npy", b.numpy())
     result = _run_python("""
         import sys, numpy as np, vkdelegate
         try:
@@ -98,16 +103,23 @@ def test_fully_delegated_runs_without_torch(tmp_path):
             raise SystemExit("torch should not be importable here")
         except ImportError:
             pass
+        d = sys.argv[2]
         p = vkdelegate.load(sys.argv[1])
-        a, b = (np.load(sys.argv[2] + f"/in{i}.npy") for i in range(2))
-        out, same = p(a, b)
-        assert isinstance(out, np.ndarray) and same is a, (type(out), type(same))
-        np.save(sys.argv[2] + "/out.npy", out)
+        for n in (3, 29):
+            a, b = np.load(f"{d}/a{n}.npy"), np.load(f"{d}/b{n}.npy")
+            out, same = p(a, b)
+            assert isinstance(out, np.ndarray) and same is a, (type(out), type(same))
+            np.save(f"{d}/out{n}.npy", out)
+        try:
+            p(np.zeros((33, 5), np.float32), np.zeros((33, 5), np.float32))
+        except vkdelegate.VkDelegateError as e:
+            print(e)
         """, str(path), str(tmp_path), block_torch=True)
     assert result.returncode == 0, result.stderr
-    expected = module(*inputs)[0].numpy()
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4,
-                               atol=1e-4)
+    assert "input 'x' dim 0 is 33, allowed range 2..32" in result.stdout
+    for n, (a, b) in inputs.items():
+        np.testing.assert_allclose(np.load(tmp_path / f"out{n}.npy"),
+                                   Elementwise()(a, b)[0].numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_cpu_parts_without_torch_name_the_op(tmp_path):

@@ -23,6 +23,16 @@ BUILTINS = {
     "operator.gt": operator.gt, "operator.ge": operator.ge,
 }
 
+
+
+def _sym_size(tensor, dim: int) -> int:
+    return int(tensor.shape[dim])
+
+
+#: ATen ops the glue runs without torch (they read only shapes), so that a program
+#: whose delegates need a run-time size still loads and runs without torch.
+TORCH_FREE = {"aten.sym_size.int": _sym_size}
+
 _ATEN_NAME = re.compile(r"^aten\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
 
 
@@ -42,6 +52,8 @@ def resolve(name: str):
         raise VkDelegateError(f"op name must be a string, got {type(name).__name__}")
     if name in BUILTINS:
         return BUILTINS[name]
+    if name in TORCH_FREE:
+        return TORCH_FREE[name]
     match = _ATEN_NAME.match(name)
     if not match:
         raise VkDelegateError(f"op {name!r} is not allowed in a program's CPU part "

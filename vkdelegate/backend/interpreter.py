@@ -167,7 +167,7 @@ class MethodRunner:
                 seq, index = node["args"]
                 env[node["out"]] = env[seq["v"]][index]
             else:
-                torch_side = not op.startswith("operator.")
+                torch_side = op not in glue_ops.BUILTINS and op not in glue_ops.TORCH_FREE
                 args = [self._arg(a, env, torch_side) for a in node.get("args", [])]
                 kwargs = {k: self._arg(a, env, torch_side)
                           for k, a in node.get("kwargs", {}).items()}
