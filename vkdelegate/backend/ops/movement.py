@@ -42,11 +42,15 @@ def view_shape(in_shape, sizes) -> tuple:
 
 
 def _static_sizes(node: NodeSpec):
-    """Rule: the size-list argument must not hold dynamic sizes: a dynamic output of
-    view/expand means symbolic sizes, and SymInts would reach the partition as inputs,
-    which the runtime does not take (only tensors)."""
-    if any(t.is_dynamic for t in node.outputs):
-        return "size list with dynamic (symbolic) sizes"
+    """Rule: the size list (argument 1) must hold ints, not SymInts: SymInts would
+    reach the partition as inputs, which the runtime does not take (only tensors).
+    A SymInt is described by its upper bound, so on a dynamic output dim only -1
+    (infer, or keep the input's size) shows a plain int list."""
+    out = node.outputs[0]
+    sizes = node.args[1]
+    for d, dynamic in enumerate(out.dynamic):
+        if dynamic and d < len(sizes) and sizes[d] != -1:
+            return f"size list with a dynamic (symbolic) size at dim {d}"
     return None
 
 

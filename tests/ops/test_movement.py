@@ -1,0 +1,169 @@
+"""View-like ops (view, squeeze, unsqueeze, permute, expand, repeat, slice, select,
+flip) against eager: ranks 1 to 6, prime and size-0/1 dims, every dtype, resizes."""
+import pytest
+import torch
+from torch.export import Dim
+
+from tests.ops.harness import check_op
+from tests.ops.movement_data import rand
+
+MOVE_DTYPES = ["float32", "float16", "int32", "int64", "int8", "uint8", "bool"]
+VIEW = "aten.view.default"
+PERMUTE = "aten.permute.default"
+
+
+@pytest.mark.parametrize("shape, sizes", [
+    ((3, 5, 7), (35, 3)),
+    ((3, 5, 7), (-1,)),
+    ((2, 3, 1, 5, 1, 7), (5, -1, 7)),
+    ((11,), (1, 11, 1, 1, 1, 1)),
+    ((3, 0, 5), (0, 5, 7)),
+])
+def test_view(shape, sizes):
+    check_op(lambda x: x.view(sizes), (rand(*shape),), ops=[VIEW])
+
+
+def test_reshape_of_a_permuted_tensor_and_flatten():
+    check_op(lambda x: x.transpose(0, 2).reshape(7, -1).flatten(), (rand(3, 5, 7),),
+             ops=[VIEW, PERMUTE])
+
+
+@pytest.mark.parametrize("shape, perm", [
+    ((3, 5), (1, 0)),
+    ((3, 5, 7), (2, 0, 1)),
+    ((2, 3, 5, 7), (0, 3, 1, 2)),
+    ((2, 3, 1, 5, 7), (4, 2, 0, 3, 1)),
+    ((2, 3, 1, 5, 1, 7), (5, 4, 3, 2, 1, 0)),
+    ((3, 0, 5), (-1, 0, 1)),
+])
+def test_permute(shape, perm):
+    check_op(lambda x: x.permute(perm), (rand(*shape),), ops=[PERMUTE])
+
+
+def test_transpose_and_t():
+    check_op(lambda x, y: (x.transpose(-1, 1), y.t()), (rand(2, 3, 5, 7), rand(3, 11)),
+             ops=[PERMUTE])
+
+
+@pytest.mark.parametrize("fn, op", [
+    (lambda x: x.squeeze(2), "aten.squeeze.dims"),
+    (lambda x: x.squeeze(), "aten.squeeze.dims"),
+    (lambda x: x.squeeze((0, -1)), "aten.squeeze.dims"),
+    (lambda x: x.unsqueeze(-1), "aten.unsqueeze.default"),
+    (lambda x: x.unsqueeze(0), "aten.unsqueeze.default"),
+])
+def test_squeeze_unsqueeze_ops(fn, op):
+    check_op(fn, (rand(1, 3, 1, 5, 1),), ops=[op])
+
+
+@pytest.mark.parametrize("shape, sizes", [
+    ((3, 1), (4, 3, 7)),          # new leading dim and the last axis
+    ((1, 5), (3, 5)),             # first axis
+    ((1, 1, 1), (2, 3, 5)),       # every axis
+    ((3, 1, 5, 1), (3, 7, 5, 2)),
+    ((1, 2, 1, 3, 1, 5), (2, 2, 3, 3, 7, 5)),
+    ((1, 5), (0, 5)),
+    ((7,), (1, 1, 1, 1, 1, 7)),
+])
+def test_expand(shape, sizes):
+    check_op(lambda x: x.expand(sizes), (rand(*shape),), ops=["aten.expand.default"])
+
+
+@pytest.mark.parametrize("shape, repeats", [
+    ((3, 7), (2, 3)),
+    ((3, 7), (2, 1, 3)),
+    ((5,), (3, 1, 1, 2, 1, 2)),
+    ((2, 1, 3), (1, 5, 1)),
+    ((3, 7), (0, 2)),
+])
+def test_repeat(shape, repeats):
+    check_op(lambda x: x.repeat(repeats), (rand(*shape),), ops=["aten.repeat.default"])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[:, 1:100:2],        # step, end beyond the size (clamped)
+    lambda x: x[:, -5:-1],          # negative bounds
+    lambda x: x[-100:2],            # start before the beginning (clamped)
+    lambda x: x[:, 5:3],            # empty: end before start
+    lambda x: x[..., ::3],          # last dim, step 3
+    lambda x: x[:, 2:, 1:6:4],      # two slices in a row
+    lambda x: x.narrow(1, 2, 3),
+    lambda x: x.narrow(-1, 0, 1),
+], ids=["step", "negative", "clamped_start", "empty", "last_dim", "twice", "narrow",
+        "narrow_last"])
+def test_slice(fn):
+    check_op(fn, (rand(3, 7, 11),), ops=["aten.slice.Tensor"])
+
+
+def test_slice_rank6():
+    check_op(lambda x: x[:, :, 1:, :, ::2, 3:], (rand(2, 3, 3, 1, 5, 7),),
+             ops=["aten.slice.Tensor"])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[:, 2], lambda x: x[-1], lambda x: x[..., -3], lambda x: x[1, :, 0],
+], ids=["middle", "first_negative", "last_negative", "two"])
+def test_select(fn):
+    check_op(fn, (rand(3, 7, 5),), ops=["aten.select.int"])
+
+
+def test_unbind():
+    # unbind exports as one slice + squeeze per output
+    check_op(lambda x: x.unbind(1), (rand(3, 4, 5),),
+             ops=["aten.slice.Tensor", "aten.squeeze.dims"])
+
+
+@pytest.mark.parametrize("shape, dims", [
+    ((7,), (0,)), ((3, 7), (0, 1)), ((3, 5, 7), (1,)), ((3, 5, 7), (-1, 0)),
+    ((2, 3, 1, 5, 3, 7), (0, 2, 4, 5)), ((3, 0, 2), (1,)),
+])
+def test_flip(shape, dims):
+    check_op(lambda x: x.flip(dims), (rand(*shape),), ops=["aten.flip.default"])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_every_dtype(dtype):
+    """Every movement op on every dtype in one chain (values must be bit-exact: a copy
+    never changes a value)."""
+    def fn(x):
+        y = x.view(3, 5, 7).permute(2, 0, 1)          # view, permute
+        y = y.unsqueeze(0).expand(2, 7, 3, 5)           # unsqueeze, expand
+        y = y[:, 1:6:2].flip(-1)                         # slice, flip
+        z = x.view(1, 105).squeeze(0)[4]                 # squeeze, select
+        return y.repeat(1, 1, 2, 1), z                   # repeat
+    ops = [VIEW, PERMUTE, "aten.unsqueeze.default", "aten.expand.default",
+           "aten.slice.Tensor", "aten.flip.default", "aten.squeeze.dims",
+           "aten.select.int", "aten.repeat.default"]
+    check_op(fn, (rand(105, dtype=dtype),), ops=ops, rtol=0, atol=0)
+
+
+def test_resize():
+    """Every movement op with a dynamic batch dim, run again at a smaller batch."""
+    def fn(x):
+        y = x.permute(0, 2, 1).unsqueeze(1).expand(-1, 2, -1, -1)
+        y = y[:, :, 1:, ::2].flip(0).repeat(1, 1, 2, 1)
+        return y, x[:, 2].view(-1, 5), x[:, :, 3].unsqueeze(2).squeeze(2)
+    batch = Dim("batch", min=1, max=11)
+    ops = [VIEW, PERMUTE, "aten.unsqueeze.default", "aten.expand.default",
+           "aten.slice.Tensor", "aten.flip.default", "aten.repeat.default",
+           "aten.select.int", "aten.squeeze.dims"]
+    check_op(fn, (rand(11, 3, 5),), ops=ops, dynamic_shapes=({0: batch},),
+             resize_inputs=[(rand(4, 3, 5, seed=1),), (rand(1, 3, 5, seed=2),)])
+
+
+def test_view_with_symbolic_sizes_stays_on_cpu():
+    """x.flatten(1) on a dynamic batch exports view(x, [sym_size, 15]): the SymInt
+    would be a partition input, so the view stays on the CPU with a reason."""
+    from vkdelegate import VulkanPartitioner
+    ep = torch.export.export(_Flatten(), (rand(7, 3, 5),),
+                             dynamic_shapes=({0: Dim("b", min=1, max=9)},))
+    ep = ep.run_decompositions()
+    report = VulkanPartitioner().report(ep)
+    views = [d for d in report.cpu_nodes if d.op == VIEW]
+    assert len(views) == 1
+    assert views[0].reasons == ["size list with a dynamic (symbolic) size at dim 0"]
+
+
+class _Flatten(torch.nn.Module):
+    def forward(self, x):
+        return x.flatten(1)
