@@ -48,6 +48,17 @@ class WithConstantBuffer(nn.Module):
         return torch.relu(x - self.offset) + self.offset
 
 
+class ReturnsParameterAndSize(nn.Module):
+    """Outputs that are a parameter and a Python int (a dynamic size), not tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return self.w, x.shape[0], torch.relu(x) + self.w
+
+
 def conv_bn_relu():
     m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                       nn.Conv2d(4, 2, 1))
@@ -137,6 +148,8 @@ CASES = [
          dynamic=lambda: ({0: _batch(2, 8)},), resized=lambda: A(r(8, 6)), cpu_ops=("aten.sort.default",)),
     Case("dynamic_reshape_permute", lambda: Fn(lambda x: (lambda y: (y.reshape(y.shape[0], -1) + 1.0, y.permute(0, 2, 1)))(torch.relu(x))), lambda: A(r(4, 3, 5)),
          dynamic=lambda: ({0: _batch(2, 16)},), resized=lambda: A(r(9, 3, 5))),
+    Case("parameter_and_size_outputs", ReturnsParameterAndSize, lambda: A(r(4, 3)),
+         dynamic=lambda: ({0: _batch(2, 8)},), resized=lambda: A(r(7, 3))),
     Case("dynamic_linear", lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), lambda: A(r(3, 4)),
          dynamic=lambda: ({0: _batch()},), resized=lambda: A(r(31, 4))),
 ]

@@ -151,3 +151,24 @@ def test_force_fp16_runs_in_half_precision(executor):
     (delegate,) = program.methods["forward"].delegates
     (weight,) = delegate.named_data.values()
     assert weight == module.w.detach().numpy().astype("float16").tobytes()
+
+
+def test_delegate_load_failure_names_method_and_delegate():
+    from vkdelegate.serialization.blob import write_blob
+
+    from .conftest import _vulkan_available
+
+    if _vulkan_available():
+        pytest.skip(_vulkan_available())
+    program = _lower(AddTanh(), (torch.randn(2, 3), torch.randn(2, 3)), "vulkan")
+    (delegate,) = program.methods["forward"].delegates
+    decoded = read_blob(delegate.blob)
+    decoded.graph.chain[0].name = "aten.sort.default"   # no Vulkan implementation
+    delegate.blob = write_blob(decoded.graph, bytes(decoded.constants_section))
+    with pytest.raises(VkDelegateError, match=r"^method 'forward', delegate 0: .*aten\.sort"):
+        program(torch.randn(2, 3), torch.randn(2, 3))
+
+
+def test_repr_and_context_manager():
+    with _lower(AddTanh(), (torch.randn(2), torch.randn(2))) as program:
+        assert repr(program) == "LoweredProgram(forward: 1 delegate(s), 0 CPU op(s))"

@@ -48,8 +48,9 @@ class Method:
 class _LazyDelegate:
     """Builds the delegate on the chosen executor at its first call."""
 
-    def __init__(self, delegate: Delegate, options: CompileOptions):
+    def __init__(self, delegate: Delegate, options: CompileOptions, where: str):
         self.delegate, self.options, self.loaded = delegate, options, None
+        self.where = where
         self.profiling = False
         self.last_profile = None
 
@@ -62,8 +63,12 @@ class _LazyDelegate:
             else:
                 from vkdelegate.runtime import load_delegate
 
-                self.loaded = load_delegate(self.delegate.blob, self.delegate.named_data,
-                                            device=self.options.device)
+                try:
+                    self.loaded = load_delegate(self.delegate.blob,
+                                                self.delegate.named_data,
+                                                device=self.options.device)
+                except VkDelegateError as exc:
+                    raise VkDelegateError(f"{self.where}: {exc}") from exc
         if not self.profiling:
             return self.loaded.execute(inputs)
         if self.options.executor != "vulkan":
@@ -94,7 +99,8 @@ class LoweredProgram:
         self.methods: dict[str, Method] = methods
         self._runners = {}
         for name, m in methods.items():
-            delegates = [_LazyDelegate(d, self.options) for d in m.delegates]
+            delegates = [_LazyDelegate(d, self.options, f"method {name!r}, delegate {i}")
+                         for i, d in enumerate(m.delegates)]
             self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates)
 
     @property
@@ -151,10 +157,23 @@ class LoweredProgram:
         return len(self.methods[method or self.default_method()].delegates)
 
     def close(self) -> None:
-        """Release every delegate's device resources."""
+        """Release every delegate's device resources (rebuilt if called again)."""
         for runner in self._runners.values():
             for d in runner.delegates:
                 d.close()
+
+    def __enter__(self) -> "LoweredProgram":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        parts = [f"{name}: {len(m.delegates)} delegate(s), "
+                 f"{sum(n['op'] not in ('delegate', 'getitem') for n in m.plan['nodes'])} "
+                 f"CPU op(s)"
+                 for name, m in self.methods.items()]
+        return f"LoweredProgram({'; '.join(parts)})"
 
     def save(self, path) -> None:
         """Write the program to one file (see ``vkdelegate.serialization.program_file``).
