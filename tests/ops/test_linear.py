@@ -1,0 +1,83 @@
+"""aten.linear.default, aten.addmm.default and aten.bmm.default against eager."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.ops.harness import check_op
+
+LINEAR, ADDMM, BMM = "aten.linear.default", "aten.addmm.default", "aten.bmm.default"
+
+
+@pytest.mark.parametrize("x_shape,out_features,bias", [
+    ((3, 29), 7, True), ((1, 1280), 1000, True), ((5, 11), 1, False),
+    ((2, 3, 5, 13), 6, True), ((2, 1, 3, 1, 2, 7), 3, True), ((0, 5), 3, True)],
+    ids=["2d", "classifier", "one_output_no_bias", "rank4", "rank6", "empty"])
+def test_linear_module(x_shape, out_features, bias):
+    # nn.Linear exports as permute + addmm (rank 2) or view + mm; the lowering pass
+    # turns those back into aten.linear.default.
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(x_shape[-1], out_features, bias=bias)
+    check_op(layer, (torch.randn(x_shape),), ops=[LINEAR])
+
+
+def test_linear_resize_and_fp16():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(13, 5)
+    n = torch.export.Dim("n", min=1, max=16)
+    check_op(layer, (torch.randn(7, 13),), ops=[LINEAR], dynamic_shapes={"input": {0: n}},
+             resize_inputs=(torch.randn(16, 13),))
+    # fp16: 13 products of N(0,1)-ish values give outputs of magnitude ~2; output
+    # rounding to fp16 (11 bits) and eager's own fp16 rounding stay below 1e-2.
+    check_op(torch.nn.Linear(13, 5).half(), (torch.randn(7, 13).half(),), ops=[LINEAR],
+             rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("bias_shape", [(7,), (1, 7), (5, 7), (5, 1), ()],
+                         ids=["row", "row2d", "full", "column", "scalar"])
+def test_addmm_broadcast_bias(bias_shape):
+    torch.manual_seed(0)
+    check_op(lambda c, a, b: torch.addmm(c, a, b),
+             (torch.randn(bias_shape), torch.randn(5, 11), torch.randn(11, 7)), ops=[ADDMM])
+
+
+def test_addmm_alpha_beta():
+    torch.manual_seed(0)
+    args = (torch.randn(3, 5), torch.randn(3, 29), torch.randn(29, 5))
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2.0), args, ops=[ADDMM])
+    # beta = 0: the bias is ignored, NaN included (ATen's rule).
+    nan_bias = torch.full((3, 5), float("nan"))
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0), (nan_bias,) + args[1:],
+             ops=[ADDMM])
+
+
+def test_addmm_fp16():
+    # fp16 output rounding of values ~5: tolerance 1e-2 (see test_linear_resize_and_fp16).
+    torch.manual_seed(0)
+    check_op(lambda c, a, b: torch.addmm(c, a, b),
+             (torch.randn(7).half(), torch.randn(5, 11).half(), torch.randn(11, 7).half()),
+             ops=[ADDMM], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shapes", [((3, 5, 7), (3, 7, 11)), ((1, 1, 29), (1, 29, 1)),
+                                    ((2, 0, 3), (2, 3, 4)), ((2, 3, 0), (2, 0, 4))],
+                         ids=["primes", "vector", "empty_m", "empty_k"])
+def test_bmm(shapes):
+    torch.manual_seed(0)
+    check_op(torch.bmm, tuple(torch.randn(s) for s in shapes), ops=[BMM])
+
+
+def test_bmm_fp16_and_resize():
+    torch.manual_seed(0)
+    # fp16 output rounding of values ~3: tolerance 1e-2.
+    check_op(torch.bmm, (torch.randn(2, 3, 7).half(), torch.randn(2, 7, 5).half()),
+             ops=[BMM], rtol=1e-2, atol=1e-2)
+    b, k = torch.export.Dim("b", max=4), torch.export.Dim("k", min=2, max=9)
+    check_op(torch.bmm, (torch.randn(3, 5, 7), torch.randn(3, 7, 2)), ops=[BMM],
+             dynamic_shapes=({0: b, 2: k}, {0: b, 1: k}),
+             resize_inputs=(torch.randn(4, 5, 2), torch.randn(4, 2, 2)))
+
+
+def test_matmul_with_broadcast_batch_dims():
+    # torch.matmul decomposes into expand/view + bmm at export; bmm must be delegated.
+    torch.manual_seed(0)
+    check_op(torch.matmul, (torch.randn(2, 1, 3, 5), torch.randn(4, 5, 7)), ops=[BMM])
