@@ -89,3 +89,24 @@ def test_over_storage_buffer_range_names_the_tensor(vk_device):
                                               r"device's maxStorageBufferRange"):
         m.build(vk_device)
     assert np.iinfo(np.int32).max > limit // 4
+
+
+def test_synchronization_validation_catches_a_missing_barrier(vk_device, monkeypatch):
+    # Drop every compute->compute barrier: the dependent second dispatch then reads
+    # the first one's output unsynchronized, which the layer must report.
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.runtime import commands
+
+    original = commands._barrier
+
+    def without_compute_barriers(cmd, src_stage, src_access, dst_stage, dst_access):
+        if not (src_stage == dst_stage == commands._COMPUTE):
+            original(cmd, src_stage, src_access, dst_stage, dst_access)
+    monkeypatch.setattr(commands, "_barrier", without_compute_barriers)
+    m = GraphMaker()
+    ix = m.input((8,))
+    m.output(m.op("aten.neg.default", [m.op("aten.relu.default", [ix], (8,))], (8,)))
+    with m.build(vk_device) as graph:
+        graph.execute([np.ones(8, np.float32)])
+    messages = drain_validation_messages()
+    assert any("SYNC-HAZARD-READ-AFTER-WRITE" in msg for msg in messages), messages

@@ -272,3 +272,16 @@ def test_large_grid_folds_into_rows(vk_device):
     with m.build(vk_device) as graph:
         assert graph.dispatches[0].groups[1] > 1
         np.testing.assert_array_equal(graph.execute([x])[0], -x)
+
+
+def test_non_contiguous_and_bool_inputs(vk_device):
+    m = GraphMaker()
+    ia, ib = m.input((5, 7)), m.input((5, 7), "bool")
+    m.output(m.op("aten.relu.default", [ia], (5, 7)))
+    m.output(ib)
+    base = rand(np.random.default_rng(24), (7, 5))
+    flags = rand(np.random.default_rng(25), (5, 7), "bool")
+    with m.build(vk_device) as graph:
+        out, same = graph.execute([base.T, flags])  # a transposed view
+        np.testing.assert_array_equal(out, np.maximum(base.T, 0))
+        assert same.dtype == np.bool_ and (same == flags).all()

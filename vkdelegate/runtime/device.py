@@ -51,11 +51,20 @@ def _create_instance(validation: bool):
         apiVersion=API_VERSION_1_2)
     layers = [VALIDATION_LAYER] if validation else []
     extensions = [vk.VK_EXT_DEBUG_UTILS_EXTENSION_NAME] if validation else []
+    # Synchronization validation checks every read/write hazard between commands, so
+    # a missing pipeline barrier is a reported error, not a rare wrong result.
+    enables = [vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT]
+    features = vk.VkValidationFeaturesEXT(
+        sType=vk.VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+        enabledValidationFeatureCount=len(enables), pEnabledValidationFeatures=enables)
     create = vk.VkInstanceCreateInfo(
-        sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pApplicationInfo=app,
+        sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pNext=features if validation else None,
+        pApplicationInfo=app,
         enabledLayerCount=len(layers), ppEnabledLayerNames=layers,
         enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions)
-    return vk_call(vk.vkCreateInstance, create, None, what="the Vulkan instance")
+    instance = vk_call(vk.vkCreateInstance, create, None, what="the Vulkan instance")
+    del features, enables
+    return instance
 
 
 def list_devices() -> list[DeviceInfo]:

@@ -262,6 +262,7 @@ class DelegateGraph:
             vk.vkDestroyFence(dev, self._fence, None)
         if self._pool is not None:
             vk.vkDestroyDescriptorPool(dev, self._pool, None)
+        self.values.close_uploads()
         self.allocator.close()
 
     def __enter__(self):

@@ -16,7 +16,8 @@ import vulkan as vk
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.commands import run_once
 from vkdelegate.runtime.dtypes import device_dtype, to_device
-from vkdelegate.runtime.memory import STAGING_USAGE, STORAGE_USAGE, UNIFORM_USAGE
+from vkdelegate.runtime.memory import (STAGING_USAGE, STORAGE_USAGE, UNIFORM_USAGE,
+                                       Allocator)
 from vkdelegate.runtime.params import META_BYTES, ParamBuffer
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.serialization import vkgraph as g
@@ -40,6 +41,8 @@ class GraphValues:
         self.constant_arrays: dict[int, np.ndarray] = {}
         self._values: dict[int, object] = {}
         self._pending_uploads: list = []
+        # Staging memory for constant uploads lives only until the copies ran.
+        self._upload_allocator = None
 
     def allocate(self, io_ids, constant_bytes) -> None:
         """Allocate every VkTensor of the graph and upload the constants."""
@@ -108,8 +111,10 @@ class GraphValues:
         if t.buffer.host is not None:
             t.buffer.host[:raw.size] = raw
             return
-        stage = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
-                                      f"upload of {t.name}")
+        if self._upload_allocator is None:
+            self._upload_allocator = Allocator(self.device)
+        stage = self._upload_allocator.buffer(t.buffer.size, STAGING_USAGE, True,
+                                              f"upload of {t.name}")
         stage.host[:raw.size] = raw
         self._pending_uploads.append((stage, t.buffer))
 
@@ -122,8 +127,17 @@ class GraphValues:
             for src, dst in self._pending_uploads:
                 vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1,
                                    [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=src.size)])
-        run_once(self.device, fill, timeout_s)
-        self._pending_uploads = []
+        try:
+            run_once(self.device, fill, timeout_s)
+        finally:
+            self._pending_uploads = []
+            self.close_uploads()
+
+    def close_uploads(self) -> None:
+        """Free the upload staging memory (after the copies, or on a failed load)."""
+        if self._upload_allocator is not None:
+            self._upload_allocator.close()
+            self._upload_allocator = None
 
     def resolve(self, vid: int):
         """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value)."""
