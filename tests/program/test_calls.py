@@ -172,3 +172,27 @@ def test_delegate_load_failure_names_method_and_delegate():
 def test_repr_and_context_manager():
     with _lower(AddTanh(), (torch.randn(2), torch.randn(2))) as program:
         assert repr(program) == "LoweredProgram(forward: 1 delegate(s), 0 CPU op(s))"
+
+
+def test_python_scalar_input_is_the_exported_constant(executor):
+    class Scale(torch.nn.Module):
+        def forward(self, x, n: int):
+            return torch.relu(x) + n
+
+    x = torch.randn(4)
+    program = _lower(Scale(), (x, 3), executor)
+    torch.testing.assert_close(program(x, 3), Scale()(x, 3))
+    with pytest.raises(VkDelegateError, match="input 'n' was exported as the constant 3; "
+                                              "got 4"):
+        program(x, 4)
+
+
+def test_control_flow_is_rejected():
+    class Cond(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+    ep = torch.export.export(Cond(), (torch.randn(3),))
+    with pytest.raises(VkDelegateError, match="node cond calls cond, which vkdelegate "
+                                              "cannot run"):
+        to_backend(ep)

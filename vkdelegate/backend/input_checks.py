@@ -23,6 +23,8 @@ def _range_text(lo, hi) -> str:
 
 def describe(spec: dict, ranges: dict) -> str:
     """An input's expected type, e.g. ``float32[3, 2..40]``."""
+    if "const" in spec:
+        return repr(spec["const"])
     dims = []
     for want in spec["shape"]:
         if isinstance(want, int):
@@ -39,7 +41,8 @@ def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
 
     values: the flattened user inputs (numpy arrays or torch tensors).
     specs: per input {"name": str, "dtype": str, "shape": [int | {"sym": str} |
-        {"expr": str}]}.
+        {"expr": str}]}, or {"name": str, "const": value} for a Python scalar input
+        that export specialized.
     ranges: symbol -> [low, high or None].
     """
     if len(values) != len(specs):
@@ -47,6 +50,12 @@ def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
     bound: dict[str, tuple[int, str]] = {}
     for value, spec in zip(values, specs):
         name = spec["name"]
+        if "const" in spec:
+            if type(value) is not type(spec["const"]) or value != spec["const"]:
+                raise VkDelegateError(f"input {name!r} was exported as the constant "
+                                      f"{spec['const']!r}; got {value!r} (export again "
+                                      f"to use another value)")
+            continue
         expected = f" (input {name!r} is {describe(spec, ranges)})"
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
             raise VkDelegateError(f"input {name!r} must be a tensor or numpy array, got "

@@ -208,9 +208,13 @@ class _GlueEncoder:
         inputs = []
         for name in pg.user_inputs:
             val = pg.placeholder(name).meta["val"]
+            if val is None or isinstance(val, (bool, int, float, str)):
+                # torch.export specializes a Python scalar input to its example value.
+                inputs.append({"name": name, "const": val})
+                continue
             if not isinstance(val, torch.Tensor):
-                raise VkDelegateError(f"input {name!r} is not a tensor; only tensor "
-                                      f"inputs are supported")
+                raise VkDelegateError(f"input {name!r} of type {type(val).__name__} is not "
+                                      f"supported (tensors and Python scalars are)")
             inputs.append({"name": name, "dtype": dtype_name(val.dtype),
                            "shape": [_dim_spec(d) for d in val.shape]})
         for node in pg.gm.graph.nodes:

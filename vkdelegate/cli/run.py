@@ -42,13 +42,16 @@ def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
     from vkdelegate.backend.input_checks import describe
 
     ranges = plan.get("ranges", {})
-    names = [spec["name"] for spec in plan["inputs"]]
+    names = [spec["name"] for spec in plan["inputs"] if "const" not in spec]
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise VkDelegateError(f"unknown input {unknown[0]!r}; the method takes "
                               f"{', '.join(names) or 'no inputs'}")
     flat = []
     for spec in plan["inputs"]:
+        if "const" in spec:  # a Python scalar export specialized: nothing to give
+            flat.append(spec["const"])
+            continue
         if spec["name"] not in given:
             raise VkDelegateError(f"missing input {spec['name']!r} "
                                   f"({describe(spec, ranges)}); give --input "
