@@ -1,17 +1,26 @@
-"""Reductions: aten.sum.dim_IntList over any set of dims, keepdim either way.
+"""Reductions over any set of dims, keepdim either way.
 
-Schema: sum.dim_IntList(self, dim: int[1]?, keepdim=False, *, dtype=None). An empty
-or absent ``dim`` reduces every dim (ATen's rule). Float dtypes only: ATen sums
-integers into int64, which the device would hold in int32 and could overflow, so
-integer sums stay on the CPU. ``dtype`` must be absent or equal the input dtype.
+sum.dim_IntList (reduce_sum.glsl); mean.dim/mean.default, prod.dim_int/prod.default,
+amax/amin, max.default/min.default, var.correction and argmax/argmin (reduce.glsl,
+``REDUCTIONS``). An empty or absent ``dim`` reduces every dim (ATen's rule). Values
+accumulate in fp32 (fp16 data) or int32. Sums, means, products and variances are
+float-only: ATen sums and multiplies integers into int64, which the device would hold
+in int32 and could overflow, so those stay on the CPU. A ``dtype`` argument must be
+absent or equal the input dtype. argmax/argmin give int64 (int32 on the device, widened
+at the staging boundary) and the first index of the extreme value or of the first
+NaN; amax/amin propagate NaN; var divides by max(0, N - correction) like ATen (NaN or
+inf when that is 0). Reducing an empty dim with max/min/argmax/argmin raises in ATen:
+such nodes stay on the CPU.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
-from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.runtime.params import ivec4, record, vec4
 from vkdelegate.shaders.variants import declare
 
 SHADER = "reduce_sum"
@@ -25,7 +34,7 @@ def reduced_dims(dims, ndim: int) -> list[int]:
     out = set()
     for d in dims:
         if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise VkDelegateError(f"sum: dim {d} out of range for rank {ndim}")
+            raise VkDelegateError(f"reduction dim {d} out of range for rank {ndim}")
         out.add(d % max(ndim, 1))
     if ndim == 0:
         return []
@@ -77,3 +86,140 @@ for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
         _ddt = (_dt, device_dtype(_dt, _profile))
         declare(SHADER, _defines(_ddt, _ddt, _dt))
+
+
+# ---- reduce.glsl: every other reduction ------------------------------------------------
+GENERIC_SHADER = "reduce"
+FLOATS = frozenset({"float32", "float16"})
+ORDERED = FLOATS | {"int32"}
+KINDS = {"mean": 1, "prod": 2, "max": 3, "min": 4, "var": 5, "argmax": 6, "argmin": 7}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """kind: a KINDS key. args: how the scalar arguments (after self, before the
+    output) read: "dims_keepdim" (dim list, keepdim), "all" (no dims: every dim),
+    "dim_keepdim" (one int dim, keepdim), "optdim_keepdim" (int dim or None for every
+    dim, keepdim), "var" (dim list, correction, keepdim). dtypes: input dtypes;
+    index: the output is int64 indices."""
+
+    kind: str
+    args: str
+    dtypes: frozenset
+    index: bool = False
+    notes: str = ""
+
+
+REDUCTIONS = {
+    "aten.mean.dim": Reduction("mean", "dims_keepdim", FLOATS),
+    "aten.mean.default": Reduction("mean", "all", FLOATS),
+    "aten.prod.dim_int": Reduction("prod", "dim_keepdim", FLOATS),
+    "aten.prod.default": Reduction("prod", "all", FLOATS),
+    "aten.amax.default": Reduction("max", "dims_keepdim", ORDERED, notes="propagates NaN"),
+    "aten.amin.default": Reduction("min", "dims_keepdim", ORDERED, notes="propagates NaN"),
+    "aten.max.default": Reduction("max", "all", ORDERED, notes="propagates NaN"),
+    "aten.min.default": Reduction("min", "all", ORDERED, notes="propagates NaN"),
+    "aten.var.correction": Reduction("var", "var", FLOATS,
+                                     notes="two-pass, any correction; std = var + sqrt"),
+    "aten.argmax.default": Reduction("argmax", "optdim_keepdim", ORDERED, index=True,
+                                     notes="int64 output, first occurrence, NaN wins"),
+    "aten.argmin.default": Reduction("argmin", "optdim_keepdim", ORDERED, index=True,
+                                     notes="int64 output, first occurrence, NaN wins"),
+}
+
+
+def parse_args(how: str, values: list, ndim: int) -> tuple:
+    """(sorted reduced dims, keepdim, correction) from an op's scalar arguments."""
+    correction = 1.0
+    if how == "all":
+        dims, keepdim = [], False
+    elif how == "dims_keepdim":
+        dims, keepdim = values[0] or [], values[1]
+    elif how == "dim_keepdim":
+        dims, keepdim = [values[0]], values[1]
+    elif how == "optdim_keepdim":
+        dims, keepdim = ([] if values[0] is None else [values[0]]), values[1]
+    else:  # var: dim, correction, keepdim
+        dims, keepdim = values[0] or [], values[2]
+        correction = 1.0 if values[1] is None else float(values[1])
+    return reduced_dims(dims, ndim), bool(keepdim), correction
+
+
+def _make_shape(r: Reduction):
+    def shape(args):
+        x = args[0]
+        dims, keepdim, _ = parse_args(r.args, list(args[1:]), len(x.shape))
+        return sum_shape(x.shape, dims, keepdim)
+    return shape
+
+
+def _make_rules(r: Reduction) -> tuple:
+    def dtypes(node: NodeSpec):
+        expected = "int64" if r.index else node.args[0].dtype
+        if node.outputs and node.outputs[0].dtype != expected:
+            return f"output dtype {node.outputs[0].dtype}, expected {expected} " \
+                   f"(a dtype argument that changes the dtype)"
+        return None
+
+    def empty(node: NodeSpec):
+        x = node.args[0]
+        try:
+            dims, _, _ = parse_args(r.args, list(node.args[1:]), x.rank)
+        except VkDelegateError as exc:
+            return str(exc)
+        if any(x.shape[d] == 0 for d in dims) or (not dims and 0 in x.shape):
+            return f"{r.kind} over an empty dim (ATen raises)"
+        return None
+
+    return (dtypes, empty) if r.kind in ("max", "min", "argmax", "argmin") else (dtypes,)
+
+
+def _storage(t):
+    """(graph dtype, device dtype) for storage_defines; int64 tensors are int32 on the
+    device (converted at the staging boundary)."""
+    dtype, dev = (t.dtype, t.device_dtype) if hasattr(t, "device_dtype") else t
+    return ("int32", dev) if dtype == "int64" else (dtype, dev)
+
+
+def _generic_defines(kind: str, out, x, x_dtype: str) -> dict:
+    d = storage_defines(OUT=_storage(out), IN=_storage(x))
+    d.update(ACC_T=acc_type(x_dtype), REDUCE_KIND=str(KINDS[kind]))
+    if acc_type(x_dtype) == "float":
+        d["ACC_FLOAT"] = "1"
+    return d
+
+
+def _make_impl(r: Reduction):
+    def impl(b, node):
+        x_id, *scalar_ids, out_id = node.args
+        x, out = b.tensor(x_id), b.tensor(out_id)
+        expected = "int64" if r.index else x.dtype
+        if out.dtype != expected:
+            raise b.error(f"output dtype {out.dtype}, expected {expected}")
+        dims, _, correction = parse_args(r.args, [b.value(i) for i in scalar_ids], x.ndim)
+        mask = 0
+        for d in dims:
+            mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
+        b.dispatch(GENERIC_SHADER, _generic_defines(r.kind, out, x, x.dtype),
+                   outputs=[out], inputs=[x],
+                   params=[out.meta, x.meta, b.params(record(ivec4(mask),
+                                                             vec4(correction)))],
+                   global_size=(out.max_numel,), local_size=(64, 1, 1))
+    return impl
+
+
+for _name, _r in REDUCTIONS.items():
+    if _r.index:
+        _spec = OpSpec(name=_name, dtypes=frozenset({"int64"}), impl=_make_impl(_r),
+                       shape_fn=_make_shape(_r), rules=_make_rules(_r),
+                       arg_dtypes={0: _r.dtypes}, notes=_r.notes)
+    else:
+        _spec = OpSpec(name=_name, dtypes=_r.dtypes, impl=_make_impl(_r),
+                       shape_fn=_make_shape(_r), rules=_make_rules(_r),
+                       notes=_r.notes or "any set of dims, keepdim, fp32 accumulation")
+    register(_spec)
+    for _profile in STORAGE_PROFILES:
+        for _dt in _r.dtypes:
+            _x = (_dt, device_dtype(_dt, _profile))
+            _out = ("int64", device_dtype("int64", _profile)) if _r.index else _x
+            declare(GENERIC_SHADER, _generic_defines(_r.kind, _out, _x, _dt))
