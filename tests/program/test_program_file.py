@@ -274,3 +274,18 @@ def test_not_a_file(tmp_path):
     (tmp_path / "junk").write_bytes(b"VKDPROG1" + bytes(10))
     with pytest.raises(VkDelegateError, match="truncated|corrupt"):
         vkdelegate.load(tmp_path / "junk")
+
+
+def test_list_delegate_blobs_for_inspect(tmp_path):
+    _, program, _ = _program("reference")
+    path = tmp_path / "p.vkp"
+    program.save(path)
+    listed = program_file.list_delegate_blobs(path)
+    delegates = program.methods["forward"].delegates
+    assert [label for label, _, _ in listed] == [
+        f"{path} method 'forward' delegate {i}" for i in range(len(delegates))]
+    for (_, blob, named), d in zip(listed, delegates):
+        assert blob == d.blob and named == d.named_data
+    from vkdelegate.cli import main
+
+    assert main(["inspect", str(path)]) == 0

@@ -134,3 +134,20 @@ def read_program(path) -> tuple[dict, list[memoryview]]:
             raise VkDelegateError(f"{where}: segment {i} checksum mismatch (file corrupted)")
         segments.append(seg)
     return manifest, segments
+
+
+def list_delegate_blobs(path) -> list[tuple[str, bytes, dict]]:
+    """(label, blob bytes, named data) of every delegate in a program file, in method
+    order; for ``vkdelegate inspect``. Raises VkDelegateError for a bad file."""
+    manifest, segments = read_program(path)
+    found = []
+    try:
+        for name, method in manifest["methods"].items():
+            for i, d in enumerate(method["delegates"]):
+                named = {k: bytes(segments[v]) for k, v in d["named_data"].items()}
+                found.append((f"{path} method {name!r} delegate {i}",
+                              bytes(segments[d["blob"]]), named))
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise VkDelegateError(f"program file {path}: malformed manifest "
+                              f"({type(exc).__name__}: {exc})") from exc
+    return found
