@@ -1,0 +1,106 @@
+"""index_select, embedding, index.Tensor (one index tensor) and gather against eager:
+negative indices, int32 and int64 indices, every data dtype, resizes."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+from tests.ops.harness import check_op
+from tests.ops.movement_data import rand
+
+MOVE_DTYPES = ["float32", "float16", "int32", "int64", "int8", "uint8", "bool"]
+
+
+def _idx(*values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype)
+
+
+@pytest.mark.parametrize("shape, dim, index", [
+    ((3, 7), 1, _idx(0, 3, 3, 6)),
+    ((3, 7), 0, _idx(2, 0)),
+    ((2, 3, 5, 7), -2, _idx(4, 0, 1, 1, 2)),
+    ((2, 3, 1, 5, 1, 7), 5, _idx(6, 0)),
+    ((3, 7), 1, _idx(dtype=torch.int64).reshape(0)),     # empty index
+    ((3, 7), 1, _idx(5, 1, dtype=torch.int32)),
+])
+def test_index_select(shape, dim, index):
+    check_op(lambda x, i: x.index_select(dim, i), (rand(*shape), index),
+             ops=["aten.index_select.default"])
+
+
+@pytest.mark.parametrize("indices", [
+    _idx(0, 3, 9), _idx(0, 3, 9, 1).reshape(2, 2), _idx(4, 2, dtype=torch.int32),
+    _idx(1, 2, 3, 4, 5, 6, 7, 8).reshape(2, 1, 2, 2),
+])
+def test_embedding(indices):
+    check_op(lambda w, i: F.embedding(i, w), (rand(10, 5), indices),
+             ops=["aten.embedding.default"])
+
+
+@pytest.mark.parametrize("fn, index", [
+    (lambda x, i: x[i], _idx(0, 4, 4, 1)),
+    (lambda x, i: x[:, i], _idx(-1, 0, -7)),               # negative indices wrap
+    (lambda x, i: x[:, :, i], _idx(2, 0, 1, 1, 0, 2).reshape(2, 3)),
+    (lambda x, i: x[i], _idx(3, 1, dtype=torch.int32)),
+], ids=["dim0", "negative", "2d_index", "int32"])
+def test_index_tensor(fn, index):
+    check_op(fn, (rand(5, 7, 3), index), ops=["aten.index.Tensor"])
+
+
+def test_index_with_two_index_tensors_stays_on_cpu():
+    from vkdelegate import VulkanPartitioner
+
+    class TwoIndices(torch.nn.Module):
+        def forward(self, x, i, j):
+            return x[i, j]
+    ep = torch.export.export(TwoIndices(), (rand(5, 7), _idx(0, 1), _idx(2, 3)))
+    report = VulkanPartitioner().report(ep.run_decompositions())
+    reasons = [d.reasons for d in report.cpu_nodes if d.op == "aten.index.Tensor"]
+    assert reasons == [["index.Tensor with 2 index tensors (only one index tensor is "
+                        "supported)"]]
+
+
+@pytest.mark.parametrize("shape, dim, index_shape", [
+    ((3, 7), 1, (3, 4)),
+    ((3, 7), 0, (5, 7)),
+    ((3, 5, 7), -1, (2, 5, 3)),                 # index smaller than the input elsewhere
+    ((2, 3, 1, 5, 1, 7), 3, (2, 3, 1, 4, 1, 7)),
+])
+def test_gather(shape, dim, index_shape):
+    size = shape[dim]
+    index = torch.randint(-size, size, index_shape, generator=torch.Generator().manual_seed(3))
+    index = index.remainder(size)   # gather takes no negative indices
+    check_op(lambda x, i: x.gather(dim, i), (rand(*shape), index),
+             ops=["aten.gather.default"])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_every_dtype(dtype):
+    def fn(x, i, g):
+        return (x.index_select(1, i), F.embedding(i, x), x[:, i], x.gather(1, g))
+    ops = ["aten.index_select.default", "aten.embedding.default", "aten.index.Tensor",
+           "aten.gather.default"]
+    check_op(fn, (rand(5, 7, dtype=dtype), _idx(4, 0, 2), _idx(6, 0, 1, 1, 5).reshape(5, 1)),
+             ops=ops, rtol=0, atol=0)
+
+
+def test_int32_indices():
+    def fn(x, i):
+        return x.index_select(0, i), F.embedding(i, x), x[i]
+    check_op(fn, (rand(5, 7), _idx(4, 0, 3, dtype=torch.int32)),
+             ops=["aten.index_select.default", "aten.embedding.default",
+                  "aten.index.Tensor"])
+
+
+def test_resize():
+    """Dynamic number of indices and dynamic data rows."""
+    n, rows = Dim("n", min=1, max=6), Dim("rows", min=2, max=9)
+
+    def fn(x, i, g):
+        return x.index_select(1, i), F.embedding(i, x), x[:, i], x.gather(0, g)
+    gi = _idx(1, 0, 1, 0, 1, 1).reshape(2, 3)
+    check_op(fn, (rand(9, 3), _idx(2, 0, 1, 1, 0, 2), gi), ops=[
+        "aten.index_select.default", "aten.embedding.default", "aten.index.Tensor",
+        "aten.gather.default"],
+        dynamic_shapes=({0: rows}, {0: n}, None),
+        resize_inputs=[(rand(4, 3, seed=1), _idx(1, 2), gi)])
