@@ -196,3 +196,17 @@ def test_control_flow_is_rejected():
     with pytest.raises(VkDelegateError, match="node cond calls cond, which vkdelegate "
                                               "cannot run"):
         to_backend(ep)
+
+
+def test_report_partitions_are_delegate_indexes():
+    class TwoParts(torch.nn.Module):
+        def forward(self, x):
+            a = torch.relu(x) + 1.0
+            b = torch.sort(a)[0]
+            return torch.tanh(b) - 2.0
+
+    program = _lower(TwoParts(), (torch.randn(3, 4),))
+    d = {n.name: n for n in program.report.decisions}
+    assert (d["relu"].partition, d["tanh"].partition) == (0, 1)
+    nodes = program.methods["forward"].plan["nodes"]
+    assert [n["index"] for n in nodes if n["op"] == "delegate"] == [0, 1]

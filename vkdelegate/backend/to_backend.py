@@ -65,6 +65,11 @@ def lower_method(ep, partitioner: VulkanPartitioner) -> Method:
                            always_return_tuple=True)
     encoder = _GlueEncoder(pg, partitioner.options)
     plan = encoder.encode()
+    # Number partitions in the report as the program numbers its delegates (graph
+    # order), so that "partition 2" in a report is delegate 2 in profiles and inspect.
+    for decision in report.decisions:
+        if decision.partition is not None:
+            decision.partition = encoder.delegate_index[f"{_PREFIX}{decision.partition}"]
     constants = {k: v for k, v in pg.constants.items() if k in encoder.used}
     return Method(plan=plan, constants=constants, state=dict(pg.state),
                   delegates=encoder.delegates, report=report)
@@ -138,6 +143,7 @@ class _GlueEncoder:
     def __init__(self, pg: ProgramGraph, options: CompileOptions):
         self.pg, self.options = pg, options
         self.delegates: list[Delegate] = []
+        self.delegate_index: dict[str, int] = {}  # fused submodule name -> index
         self.used: set[str] = set()
 
     def arg(self, a, where: str):
@@ -177,6 +183,7 @@ class _GlueEncoder:
             raise VkDelegateError(f"serializing partition {node.target} failed: {exc}") from exc
         blob, named_data, casts_in, casts_out = _apply_blob_options(
             serialized.blob, dict(serialized.named_data), self.options)
+        self.delegate_index[node.target] = len(self.delegates)
         self.delegates.append(Delegate(blob, named_data))
         call = {"op": "delegate", "index": len(self.delegates) - 1, "args": inputs,
                 "out": node.name}
