@@ -176,7 +176,7 @@ void main() {
     for (int p = 0; p < valid; ++p) {
       float v = acc[p][t] + bias;
 #ifdef CLAMP
-      v = min(max(v, conv.clamp.x), conv.clamp.y);
+      v = isnan(v) ? v : min(max(v, conv.clamp.x), conv.clamp.y);  // ATen keeps NaN
 #endif
       out_data[out_base + t * P + p] = OUT_STORE(v);
     }
@@ -186,7 +186,7 @@ void main() {
   for (int p = 0; p < valid; ++p) {
     float v = acc[p] + bias;
 #ifdef CLAMP
-    v = min(max(v, conv.clamp.x), conv.clamp.y);
+    v = isnan(v) ? v : min(max(v, conv.clamp.x), conv.clamp.y);  // ATen keeps NaN
 #endif
     out_data[out_base + p] = OUT_STORE(v);
   }

@@ -1,0 +1,101 @@
+"""2-D pooling ops against eager: max (with indices), avg, adaptive avg and max."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.ops.harness import check_op
+
+MAX, AVG = "aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default"
+AAVG, AMAX = "aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"
+
+MAX_CASES = {
+    "k3_s2_p1": ((2, 3, 11, 13), dict(kernel_size=3, stride=2, padding=1)),
+    "k2_default_stride": ((1, 5, 8, 7), dict(kernel_size=2)),
+    "rect_dilated": ((1, 2, 13, 11), dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0),
+                                          dilation=(2, 3))),
+    "ceil_mode": ((2, 3, 7, 5), dict(kernel_size=3, stride=2, ceil_mode=True)),
+    "unbatched": ((3, 7, 5), dict(kernel_size=2, stride=1, padding=1)),
+    "one_pixel": ((1, 3, 1, 1), dict(kernel_size=1)),
+}
+
+
+@pytest.mark.parametrize("case", MAX_CASES.values(), ids=MAX_CASES.keys())
+def test_max_pool2d_with_indices(case):
+    torch.manual_seed(0)
+    shape, kw = case
+    check_op(lambda x: F.max_pool2d(x, return_indices=True, **kw), (torch.randn(shape),),
+             ops=[MAX])
+
+
+def test_max_pool2d_nan_ties_and_inf():
+    # NaN wins the window and takes the index of the last NaN, -inf windows keep the
+    # first tap's index, ties keep the first maximum: ATen's CPU kernel's choices.
+    x = torch.tensor([[[[1.0, float("nan"), 2.0, float("nan")],
+                        [-float("inf"), -float("inf"), 3.0, 3.0],
+                        [-float("inf"), -float("inf"), 0.5, 0.25],
+                        [5.0, 5.0, 5.0, 5.0]]]])
+    check_op(lambda x: F.max_pool2d(x, 2, return_indices=True), (x,), ops=[MAX])
+
+
+def test_max_pool2d_plain_fp16_and_resize():
+    torch.manual_seed(0)
+    # Max returns one of its inputs: exact in fp16 too.
+    check_op(lambda x: F.max_pool2d(x, 3, 2, 1), (torch.randn(2, 4, 9, 7).half(),),
+             ops=[MAX], rtol=0, atol=0)
+    h = torch.export.Dim("h", min=3, max=20)
+    check_op(lambda x: F.max_pool2d(x, 3, 2, 1), (torch.randn(1, 3, 11, 7),), ops=[MAX],
+             dynamic_shapes=({2: h},), resize_inputs=(torch.randn(1, 3, 20, 7),))
+
+
+AVG_CASES = {
+    "k3_s2_p1": ((2, 3, 11, 13), dict(kernel_size=3, stride=2, padding=1)),
+    "exclude_pad": ((1, 2, 7, 5), dict(kernel_size=3, stride=2, padding=1,
+                                       count_include_pad=False)),
+    "ceil_mode": ((1, 3, 7, 5), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    "ceil_exclude_pad": ((2, 2, 8, 6), dict(kernel_size=(3, 2), stride=(3, 2), padding=1,
+                                            ceil_mode=True, count_include_pad=False)),
+    "divisor_override": ((1, 3, 7, 5), dict(kernel_size=2, divisor_override=3)),
+    "unbatched": ((3, 5, 7), dict(kernel_size=(2, 3), stride=1)),
+}
+
+
+@pytest.mark.parametrize("case", AVG_CASES.values(), ids=AVG_CASES.keys())
+def test_avg_pool2d(case):
+    torch.manual_seed(0)
+    shape, kw = case
+    check_op(lambda x: F.avg_pool2d(x, **kw), (torch.randn(shape),), ops=[AVG])
+
+
+def test_avg_pool2d_fp16_and_resize():
+    torch.manual_seed(0)
+    # fp16: the mean of N(0,1) values is ~1; output rounding to 11 bits: < 1e-3.
+    check_op(lambda x: F.avg_pool2d(x, 3, 2, 1), (torch.randn(1, 3, 9, 7).half(),),
+             ops=[AVG], rtol=1e-3, atol=1e-3)
+    n = torch.export.Dim("n", max=3)
+    check_op(lambda x: F.avg_pool2d(x, 2), (torch.randn(2, 3, 8, 6),), ops=[AVG],
+             dynamic_shapes=({0: n},), resize_inputs=(torch.randn(3, 3, 8, 6),))
+
+
+@pytest.mark.parametrize("shape,size", [((2, 3, 7, 5), (1, 1)), ((1, 3, 11, 13), (3, 5)),
+                                        ((1, 2, 5, 3), (7, 4)), ((3, 6, 4), (2, 2))],
+                         ids=["global", "uneven", "upsampling", "unbatched"])
+def test_adaptive_pools(shape, size):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    # A global (1, 1) average exports as aten.mean.dim (the reduction family's op).
+    check_op(lambda x: F.adaptive_avg_pool2d(x, size), (x,),
+             ops=[AAVG] if size != (1, 1) else ["aten.mean.dim"])
+    check_op(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), (x,),
+             ops=[AMAX])
+
+
+def test_adaptive_pools_fp16_and_resize():
+    torch.manual_seed(0)
+    # fp16 output rounding of means ~1: < 1e-3; max is exact.
+    x = torch.randn(1, 3, 9, 7).half()
+    check_op(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), (x,), ops=[AAVG],
+             rtol=1e-3, atol=1e-3)
+    check_op(lambda x: F.adaptive_max_pool2d(x, (2, 3)), (x,), ops=[AMAX], rtol=0, atol=0)
+    h = torch.export.Dim("h", min=4, max=16)
+    check_op(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), (torch.randn(1, 3, 9, 7),),
+             ops=[AAVG], dynamic_shapes=({2: h},), resize_inputs=(torch.randn(1, 3, 16, 7),))

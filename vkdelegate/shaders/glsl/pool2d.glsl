@@ -1,0 +1,96 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+
+// 2-D pooling over the last two dims of a (C, H, W) or (N, C, H, W) tensor, one output
+// element per invocation, following ATen's CPU kernels window for window.
+// Defines: OUT_T, OUT_STORE(v), IN_T; one of
+//   MAX_POOL: max over the window (dilated), NaN wins (ATen: val > max || isnan(val));
+//     IDX_T: indices output (flat h * W + w within the plane, as ATen picks it);
+//   AVG_POOL: mean with padding, ceil_mode, count_include_pad, divisor_override;
+// ADAPTIVE: windows [floor(o * I / O), ceil((o + 1) * I / O)) instead of kernel/stride.
+// Sizes come from the metadata, so resized inputs need no rebuild.
+
+TENSOR_OUT(0, out_data, OUT_T)
+#ifdef MAX_POOL
+TENSOR_OUT(1, idx_data, IDX_T)
+#define IN_BINDING 2
+#else
+#define IN_BINDING 1
+#endif
+TENSOR_IN(IN_BINDING, in_data, IN_T)
+TENSOR_META(IN_BINDING + 1, out_meta)
+TENSOR_META(IN_BINDING + 2, in_meta)
+// Mirrors vkdelegate.backend.ops.pool._pool_params.
+layout(set = 0, binding = IN_BINDING + 3) uniform pool_block {
+  ivec4 kernel_stride;  // kernel h, kernel w, stride h, stride w
+  ivec4 pad_dilation;   // padding h, padding w, dilation h, dilation w
+  ivec4 avg;            // count_include_pad, divisor_override (0: none)
+} pool;
+
+void main() {
+  const uint i = linear_id();
+  if (i >= uint(numel_of(out_meta))) {
+    return;
+  }
+  const int OW = size_at(out_meta, 0), OH = size_at(out_meta, 1);
+  const int IW = size_at(in_meta, 0), IH = size_at(in_meta, 1);
+  const int ow = int(i) % OW;
+  const int oh = (int(i) / OW) % OH;
+  const int plane = int(i) / (OW * OH);
+  const int in_base = plane * IH * IW;
+#ifdef ADAPTIVE
+  const int h0 = (oh * IH) / OH, h1 = ((oh + 1) * IH + OH - 1) / OH;
+  const int w0 = (ow * IW) / OW, w1 = ((ow + 1) * IW + OW - 1) / OW;
+  const int dH = 1, dW = 1;
+#else
+  const int dH = pool.pad_dilation.z, dW = pool.pad_dilation.w;
+  const int h0 = oh * pool.kernel_stride.z - pool.pad_dilation.x;
+  const int w0 = ow * pool.kernel_stride.w - pool.pad_dilation.y;
+  const int h1 = h0 + (pool.kernel_stride.x - 1) * dH + 1;
+  const int w1 = w0 + (pool.kernel_stride.y - 1) * dW + 1;
+#endif
+
+#ifdef MAX_POOL
+  // First in-bounds tap of the (dilated) window.
+  int hs = h0, ws = w0;
+  while (hs < 0) hs += dH;
+  while (ws < 0) ws += dW;
+  float best = uintBitsToFloat(0xff800000u);  // -inf
+  int best_idx = hs * IW + ws;
+  for (int h = hs; h < min(h1, IH); h += dH) {
+    for (int w = ws; w < min(w1, IW); w += dW) {
+      const float v = float(in_data[in_base + h * IW + w]);
+      // ATen's rule, kept literally: a later NaN takes the index again.
+      if (v > best || isnan(v)) {
+        best = v;
+        best_idx = h * IW + w;
+      }
+    }
+  }
+  out_data[i] = OUT_STORE(best);
+  idx_data[i] = IDX_T(best_idx);
+#else
+#ifdef ADAPTIVE
+  const int hs = h0, he = h1, ws = w0, we = w1;
+  const int divisor = (h1 - h0) * (w1 - w0);
+#else
+  // ATen: the padded window (clipped to input + padding) sets count_include_pad's
+  // divisor; the sum runs over the window clipped to the input.
+  const int he_pad = min(h0 + pool.kernel_stride.x, IH + pool.pad_dilation.x);
+  const int we_pad = min(w0 + pool.kernel_stride.y, IW + pool.pad_dilation.y);
+  const int pool_size = (he_pad - h0) * (we_pad - w0);
+  const int hs = max(h0, 0), ws = max(w0, 0);
+  const int he = min(he_pad, IH), we = min(we_pad, IW);
+  int divisor = pool.avg.y != 0 ? pool.avg.y
+      : (pool.avg.x != 0 ? pool_size : (he - hs) * (we - ws));
+#endif
+  float sum = 0.0;
+  for (int h = hs; h < he; ++h) {
+    for (int w = ws; w < we; ++w) {
+      sum += float(in_data[in_base + h * IW + w]);
+    }
+  }
+  out_data[i] = OUT_STORE(hs < he && ws < we ? sum / float(divisor) : 0.0);
+#endif
+}
