@@ -110,3 +110,23 @@ def test_synchronization_validation_catches_a_missing_barrier(vk_device, monkeyp
         graph.execute([np.ones(8, np.float32)])
     messages = drain_validation_messages()
     assert any("SYNC-HAZARD-READ-AFTER-WRITE" in msg for msg in messages), messages
+
+
+def test_tensor_meta_record_mirrors_the_glsl_block():
+    # The std140 record in params.py and the GLSL struct in tensor_meta.h must agree:
+    # same members in the same order, every member a 16-byte ivec4 row.
+    import re
+
+    from vkdelegate.runtime.params import META_BYTES, meta_record
+    from vkdelegate.shaders.compiler import GLSL_DIR
+
+    source = (GLSL_DIR / "tensor_meta.h").read_text()
+    body = re.search(r"struct TensorMeta \{(.*?)\};", source, re.S).group(1)
+    members = re.findall(r"^\s*(\w+)\s+(\w+)(?:\[(\d+)\])?;", body, re.M)
+    assert [(t, n) for t, n, _ in members] == [("ivec4", "sizes"), ("ivec4", "strides"),
+                                              ("ivec4", "info")]
+    assert sum(16 * int(c or 1) for _, _, c in members) == META_BYTES
+    rec = meta_record((2, 3, 5))
+    assert rec[0:8].tolist() == [5, 3, 2, 1, 1, 1, 1, 1]     # sizes, innermost first
+    assert rec[8:16].tolist() == [1, 5, 15, 0, 0, 0, 0, 0]   # strides
+    assert rec[16:18].tolist() == [30, 3]                    # numel, ndim

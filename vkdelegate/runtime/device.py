@@ -28,7 +28,7 @@ __all__ = ["Device", "DeviceInfo", "default_device", "list_devices",
 
 
 def _validation_available() -> bool:
-    layers = vk.vkEnumerateInstanceLayerProperties()
+    layers = vk_call(vk.vkEnumerateInstanceLayerProperties, what="instance layers")
     return any(text(p.layerName) == VALIDATION_LAYER for p in layers)
 
 
@@ -185,7 +185,7 @@ class Device:
         if self._closed:
             return
         self._closed = True
-        vk.vkDeviceWaitIdle(self.device)
+        vk_call(vk.vkDeviceWaitIdle, self.device, what=f"device {self.info.name}")
         self.pipelines.close()
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyDevice(self.device, None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import vulkan as vk
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.vkcall import vk_call
 
 _TYPE_NAMES = {
     vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete",
@@ -73,7 +74,8 @@ def describe(index: int, pd) -> DeviceInfo:
     props = vk.vkGetPhysicalDeviceProperties(pd)
     limits = props.limits
     exts = frozenset(text(e.extensionName)
-                     for e in vk.vkEnumerateDeviceExtensionProperties(pd, None))
+                     for e in vk_call(vk.vkEnumerateDeviceExtensionProperties, pd, None,
+                                      what=f"device {index}"))
     info = DeviceInfo(
         index=index,
         name=text(props.deviceName),

@@ -252,7 +252,7 @@ class DelegateGraph:
             return
         self._closed = True
         dev = self.device.device
-        vk.vkQueueWaitIdle(self.device.queue)
+        vk_call(vk.vkQueueWaitIdle, self.device.queue, what="closing the graph")
         cmds = [c for c in (self._cmd, self._profile_cmd) if c is not None]
         if cmds:
             vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(cmds), cmds)

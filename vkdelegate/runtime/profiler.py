@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import vulkan as vk
 
+from vkdelegate.runtime.vkcall import vk_call
+
 
 @dataclass
 class DispatchTime:
@@ -35,8 +37,9 @@ class Profile:
     def from_queries(cls, device, pool, dispatches) -> "Profile":
         n = len(dispatches) + 1
         data = vk.ffi.new("uint64_t[]", n)
-        vk.vkGetQueryPoolResults(device.device, pool, 0, n, 8 * n, data, 8,
-                                 vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        vk_call(vk.vkGetQueryPoolResults, device.device, pool, 0, n, 8 * n, data, 8,
+                vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+                what="the profiling timestamps")
         bits = device.timestamp_bits
         mask = (1 << bits) - 1 if bits < 64 else (1 << 64) - 1
         period = device.info.timestamp_period_ns
