@@ -1,0 +1,76 @@
+"""clone and _to_copy (dtype conversions) against eager.
+
+Conversions follow torch: float -> integer truncates toward zero, anything -> bool is
+x != 0, bool -> number is 0/1, fp32 -> fp16 rounds to nearest even. Input values stay
+inside the target's range (out-of-range float -> integer casts are undefined in C++ and
+differ between torch's CPU kernels).
+"""
+import pytest
+import torch
+from torch.export import Dim
+
+from tests.ops.harness import check_op
+from tests.ops.movement_data import TORCH_DTYPES, rand
+
+CONVERT_DTYPES = ["float32", "float16", "float64", "int32", "int64", "int8", "uint8",
+                  "bool"]
+TO_COPY = "aten._to_copy.default"
+
+
+def _source(dtype: str, target: str) -> torch.Tensor:
+    """Values of ``dtype`` that fit ``target``, with fractions, negatives and zeros."""
+    gen = torch.Generator().manual_seed(len(dtype) * 31 + len(target))
+    x = torch.randn(3, 5, 7, generator=gen) * 40
+    x[0, 0, :3] = torch.tensor([0.0, -0.0, 0.5])
+    if target == "uint8" or dtype == "uint8":
+        x = x.abs()
+    if target == "int8" or dtype == "int8":
+        x = x.clamp(-120, 120)
+    if dtype == "bool":
+        return x > 0
+    if not TORCH_DTYPES[dtype].is_floating_point:
+        x = x.round()
+    return x.to(TORCH_DTYPES[dtype])
+
+
+@pytest.mark.parametrize("source", CONVERT_DTYPES)
+def test_to_copy(source):
+    """One program converts ``source`` to every other dtype."""
+    targets = [t for t in CONVERT_DTYPES if t != source]
+
+    def fn(*xs):
+        return tuple(x.to(TORCH_DTYPES[t]) for x, t in zip(xs, targets))
+    # fp16 holds 11 significant bits: values near 40 round by up to 2^-6 (rtol 1e-3 is
+    # more than enough); float64 results are computed in fp32 (rtol 1e-6).
+    check_op(fn, tuple(_source(source, t) for t in targets), ops=[TO_COPY],
+             rtol=1e-3 if source == "float16" or "float16" in targets else 1e-6, atol=0)
+
+
+def test_float_to_int_truncates_toward_zero():
+    x = torch.tensor([-2.9, -2.5, -0.7, 0.0, 0.7, 2.5, 2.9, 100.99, -100.99])
+    check_op(lambda x: (x.int(), x.to(torch.int8), x.long()), (x,), ops=[TO_COPY])
+
+
+def test_fp16_rounding_is_exact():
+    """fp32 -> fp16 must round to nearest even, bit for bit as torch."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(5)) * 1000
+    check_op(lambda x: x.half(), (x,), ops=[TO_COPY], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int64", "int8", "uint8",
+                                   "bool"])
+def test_clone(dtype):
+    check_op(_Clone(), (rand(2, 3, 1, 5, 1, 7, dtype=dtype),), ops=["aten.clone.default"],
+             rtol=0, atol=0)
+
+
+class _Clone(torch.nn.Module):
+    def forward(self, x):
+        return x.clone()
+
+
+def test_resize():
+    batch = Dim("batch", min=1, max=11)
+    check_op(lambda x: (x.half(), x.int(), x.clone()), (rand(11, 5) * 10,),
+             ops=[TO_COPY, "aten.clone.default"], dynamic_shapes=({0: batch},),
+             resize_inputs=[(rand(3, 5, seed=1) * 10,)], rtol=1e-3)
