@@ -58,9 +58,12 @@ class ProgramGraph:
         placeholders = list(graph.find_nodes(op="placeholder"))
         with graph.inserting_after(placeholders[-1]):
             node = graph.placeholder(name_hint)
-        # FakeTensor metadata keeps shape/dtype queries working for later passes.
+        # FakeTensor metadata keeps shape/dtype queries working for later passes. A
+        # constant's sizes are static: without static_shapes the export's ShapeEnv would
+        # give the new fake tensor fresh symbolic sizes with no upper bound.
         fake_mode = torch._guards.detect_fake_mode([p.meta.get("val") for p in placeholders])
-        node.meta["val"] = fake_mode.from_tensor(value) if fake_mode else value
+        node.meta["val"] = (fake_mode.from_tensor(value, static_shapes=True) if fake_mode
+                            else value)
         self.constants[node.name] = value
         return node
 
