@@ -89,12 +89,13 @@ def _assert_delegated(program, ops: Sequence[str]) -> None:
 
 def assert_matches_eager(got, expected, rtol: float, atol: float, what: str = "") -> None:
     """Same structure; each tensor of the same dtype and shape; floats within rtol/atol
-    (NaN where eager has NaN), integers and bools exactly equal."""
+    (NaN where eager has NaN), integers and bools exactly equal. Messages name the
+    output by its path in the structure (e.g. ``output [2]`` or ``output ['floor']``)."""
     got_leaves, got_spec = pytree.tree_flatten(got)
-    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    exp_paths, exp_spec = pytree.tree_flatten_with_path(expected)
     assert got_spec == exp_spec, f"{what}output structure {got_spec} != {exp_spec}"
-    for i, (out, ref) in enumerate(zip(got_leaves, exp_leaves)):
-        where = f"{what}output {i}"
+    for out, (path, ref) in zip(got_leaves, exp_paths):
+        where = f"{what}output {pytree.keystr(path) or '(the only one)'}"
         if not isinstance(ref, torch.Tensor):
             assert out == ref, f"{where}: {out!r} != {ref!r}"
             continue

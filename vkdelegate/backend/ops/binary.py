@@ -1,35 +1,101 @@
-"""Elementwise binary ops with broadcasting: aten.add.Tensor, aten.sub.Tensor.
+"""Elementwise binary ops with broadcasting on any axis (rank <= 6).
 
 One shader (binary_op.glsl) serves every op of this family; an op is one entry of
-``BINARY_OPS``: its GLSL expression in ``a``, ``b`` and ``ALPHA``. Semantics follow
-ATen: broadcasting on any axis (rank <= 6), ``alpha`` scales the second operand, a
-Python-scalar second operand (``x + 1`` exports as add.Tensor(x, 1)) is a 0-d tensor,
-integer results wrap like ATen's. All tensors of a node must share one dtype (ATen's
-type promotion is not done on the device: a mixed node stays on the CPU).
+``BINARY_OPS``: its GLSL expression in ``a``, ``b`` (and ``ALPHA`` for add/sub), the
+dtypes of its tensor operands and its result rule (``kind``), applied to the promoted
+operand dtype (``promote``: the operand of the highest category, e.g. float32 * bool is
+float32):
+
+- "arith": the result has the operands' dtype; an integer tensor with a Python float
+  operand gives float32 (ATen's promotion of a wrapped number), computed in float.
+- "truediv": always a float result (int32 / int32 gives float32).
+- "compare" / "logical": a bool result; compared in float when either side is float.
+- "bitwise": integer and bool operands, same-dtype result.
+
+Python-scalar operands (``x + 1`` exports as add.Tensor(x, 1); eq.Scalar, pow.Scalar
+...) become 0-d constant tensors in the dtype ATen casts them to (the tensor's dtype, or
+float32 for a float scalar with an integer tensor). Tensor operands of different
+dtypes must differ in category (float16 + float32, int8 + int32 stay on the CPU).
+Integer semantics are exact: wrapping arithmetic, C-style "trunc" and Python-style
+"floor" division, integer pow with ATen's results for negative exponents. Integer
+division by zero, which raises in ATen, gives 0. add and mul accept bool (masks:
+``x * (x > 0)``; bool + bool is logical or, as in ATen).
 """
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import numpy as np
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
-                                       storage_defines)
+from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
+    storage_defines
 from vkdelegate.runtime.params import ivec4, record, vec4
 from vkdelegate.shaders.variants import declare
 
 SHADER = "binary_op"
-DTYPES = frozenset({"float32", "float16", "int32", "int8", "uint8"})
+FLOATS = frozenset({"float32", "float16"})
+ARITH = FLOATS | {"int32", "int8", "uint8", "bool"}
+NUMERIC = FLOATS | {"int32"}
+WITH_BOOL = NUMERIC | {"bool"}
+INT_BOOL = frozenset({"int32", "bool"})
 
-#: aten name -> (GLSL expression, sign applied to alpha)
+
+@dataclass(frozen=True)
+class Binary:
+    """expr: GLSL expression, or {rounding_mode: expression} (div.Tensor_mode).
+    dtypes: accepted operand dtypes. kind: result rule (see the module docstring).
+    alpha: sign applied to add/sub's alpha (None: the op has no alpha).
+    scalar_pos: operand positions that may be a Python scalar."""
+
+    expr: "str | dict"
+    dtypes: frozenset
+    kind: str = "arith"
+    alpha: "int | None" = None
+    scalar_pos: tuple = (1,)
+    notes: str = "broadcasting on any axis, scalar operand"
+
+
+_CMP = "broadcasting, scalar operand, bool result"
 BINARY_OPS = {
-    "aten.add.Tensor": ("a + ALPHA * b", 1),
-    "aten.sub.Tensor": ("a + ALPHA * b", -1),
+    "aten.add.Tensor": Binary("a + ALPHA * b", ARITH, alpha=1,
+                              notes="broadcasting on any axis, alpha, scalar other"),
+    "aten.sub.Tensor": Binary("a + ALPHA * b", ARITH - {"bool"}, alpha=-1,
+                              notes="broadcasting on any axis, alpha, scalar other"),
+    "aten.mul.Tensor": Binary("a * b", ARITH),
+    "aten.div.Tensor": Binary("a / b", NUMERIC, kind="truediv",
+                              notes="true division, int32 operands give float32"),
+    "aten.div.Tensor_mode": Binary({None: "a / b", "trunc": "div_trunc(a, b)",
+                                    "floor": "div_floor(a, b)"}, NUMERIC,
+                                   notes="rounding_mode None/'trunc'/'floor'; integer "
+                                         "division by zero gives 0 (ATen raises)"),
+    "aten.pow.Tensor_Tensor": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=()),
+    "aten.pow.Tensor_Scalar": Binary("pow_edges(a, b)", NUMERIC),
+    "aten.pow.Scalar": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(0,)),
+    "aten.minimum.default": Binary("min_nan(a, b)", NUMERIC, scalar_pos=(), notes="propagates NaN"),
+    "aten.maximum.default": Binary("max_nan(a, b)", NUMERIC, scalar_pos=(), notes="propagates NaN"),
+    "aten.logical_and.default": Binary("(a != ACC_T(0)) && (b != ACC_T(0))", WITH_BOOL,
+                                       kind="logical", scalar_pos=(), notes=_CMP),
+    "aten.logical_or.default": Binary("(a != ACC_T(0)) || (b != ACC_T(0))", WITH_BOOL,
+                                      kind="logical", scalar_pos=(), notes=_CMP),
+    "aten.logical_xor.default": Binary("(a != ACC_T(0)) != (b != ACC_T(0))", WITH_BOOL,
+                                       kind="logical", scalar_pos=(), notes=_CMP),
+    "aten.bitwise_and.Tensor": Binary("a & b", INT_BOOL, kind="bitwise", scalar_pos=()),
+    "aten.bitwise_or.Tensor": Binary("a | b", INT_BOOL, kind="bitwise", scalar_pos=()),
+    "aten.bitwise_xor.Tensor": Binary("a ^ b", INT_BOOL, kind="bitwise", scalar_pos=()),
 }
+for _cmp, _glsl in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
+                    ("ge", ">=")):
+    for _overload in ("Tensor", "Scalar"):
+        BINARY_OPS[f"aten.{_cmp}.{_overload}"] = Binary(
+            f"a {_glsl} b", WITH_BOOL, kind="compare", notes=_CMP,
+            scalar_pos=(1,) if _overload == "Scalar" else ())
 
 
 def broadcast_shape(a, b) -> tuple:
     """numpy/ATen broadcast of two size tuples (VkDelegateError if incompatible)."""
-    from vkdelegate.errors import VkDelegateError
     n = max(len(a), len(b))
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)
@@ -42,52 +108,138 @@ def broadcast_shape(a, b) -> tuple:
 
 
 def _shape(args):
-    self_, other = args[0], args[1]
-    other_shape = other.shape if hasattr(other, "shape") else ()
-    return broadcast_shape(self_.shape, other_shape)
+    shapes = [tuple(v.shape) if hasattr(v, "shape") else () for v in args[:2]]
+    return broadcast_shape(*shapes)
 
 
-def _same_dtype(node: NodeSpec):
-    dtypes = {t.dtype for t in node.tensors()}
-    if len(dtypes) > 1:
-        return f"mixed dtypes {sorted(dtypes)} (no type promotion on the device)"
-    return None
+def _category(dtype: str) -> int:
+    return 0 if dtype == "bool" else (2 if acc_type(dtype) == "float" else 1)
 
 
-def _defines(expr: str, out, a, b, out_dtype: str) -> dict:
+def promote(dtypes: list) -> "str | None":
+    """ATen's result dtype of tensor operands where it is one of them: the dtype of the
+    highest category (bool < integer < float), if only one operand dtype is in it
+    (float32 * bool -> float32, int32 + bool -> int32; float16 + float32 -> None)."""
+    top = max(dtypes, key=_category)
+    if len({d for d in dtypes if _category(d) == _category(top)}) > 1:
+        return None
+    return top
+
+
+def plan(op: Binary, a, b, out_dtype: str, mode=None) -> "tuple[str, str] | str":
+    """(computation dtype, dtype of a scalar operand's 0-d tensor), or the reason the
+    node cannot run. ``a``/``b``: operand dtype names, or Python scalars. ``mode``:
+    div.Tensor_mode's rounding_mode (None is true division)."""
+    tensors = [v for v in (a, b) if isinstance(v, str)]
+    scalars = [v for v in (a, b) if not isinstance(v, str)]
+    t = promote(tensors)
+    if t is None:
+        return f"operand dtypes {tensors} differ within one category (no such type " \
+               f"promotion on the device)"
+    float_scalar = any(isinstance(s, float) for s in scalars)
+    t_float = acc_type(t) == "float"
+    if op.kind in ("compare", "logical"):
+        expected = "bool"
+        compute = "float32" if t_float or float_scalar else "int32"
+    elif op.kind == "truediv" or (isinstance(op.expr, dict) and mode is None) or \
+            (op.kind == "arith" and float_scalar and not t_float):
+        expected = t if t_float else "float32"
+        compute = expected
+    else:
+        expected = compute = t
+    if op.kind == "bitwise" and scalars:
+        return "a scalar operand of a bitwise op"
+    if out_dtype != expected:
+        return f"output dtype {out_dtype}, expected {expected} for {t} operands"
+    scalar_dtype = t if t_float else ("float32" if float_scalar else "int32")
+    if acc_type(compute) == "int":
+        compute = "int32"
+    return compute, scalar_dtype
+
+
+def _rule(op: Binary):
+    def check(node: NodeSpec):
+        a, b = (v.dtype if isinstance(v, TensorSpec) else v for v in node.args[:2])
+        mode = node.args[2] if isinstance(op.expr, dict) else None
+        if isinstance(op.expr, dict) and mode not in op.expr:
+            return f"rounding_mode {mode!r} not supported"
+        result = plan(op, a, b, node.outputs[0].dtype, mode)
+        if isinstance(result, str):
+            return result
+        if op.alpha is not None and acc_type(result[0]) == "int" \
+                and node.args[2] != int(node.args[2]):
+            return f"alpha {node.args[2]} is not an integer for integer operands"
+        return None
+    return check
+
+
+def _load(storage: str, compute: str) -> str:
+    """A_LOAD/B_LOAD: storage -> ACC_T (integer storage reaches float through int)."""
+    if acc_type(compute) == "float" and storage not in ("float", "float16_t"):
+        return "float(int(v))"
+    return "ACC_T(v)"
+
+
+def _defines(expr: str, out, a, b, compute: str) -> dict:
     d = storage_defines(OUT=out, A=a, B=b)
-    d.update(ACC_T=acc_type(out_dtype), OP_EXPR=expr)
-    if acc_type(out_dtype) == "float":
+    d.update(ACC_T=acc_type(compute), OP_EXPR=expr, **{
+        "A_LOAD(v)": _load(d["A_T"], compute), "B_LOAD(v)": _load(d["B_T"], compute)})
+    if acc_type(compute) == "float":
         d["ACC_FLOAT"] = "1"
     return d
 
 
-def _make_impl(expr: str, sign: int):
-    def impl(b, node):
-        self_id, other_id, alpha_id, out_id = node.args
-        x, out = b.tensor(self_id), b.tensor(out_id)
-        other = b.value(other_id)
-        if not hasattr(other, "buffer"):
-            # A Python scalar operand becomes a 0-d constant tensor.
-            other = b.prepacked(np.asarray(other, dtype=out.dtype))
-        alpha = b.scalar(alpha_id)
-        alpha = sign * (1 if alpha is None else alpha)
-        if acc_type(out.dtype) == "int" and alpha != int(alpha):
-            raise b.error(f"alpha {alpha} is not an integer for dtype {out.dtype}")
-        params = b.params(record(vec4(alpha), ivec4(int(alpha))))
-        b.dispatch(SHADER, _defines(expr, out, x, other, out.dtype),
-                   outputs=[out], inputs=[x, other],
-                   params=[out.meta, x.meta, other.meta, params],
-                   global_size=(out.max_numel,),
-                   local_size=b.local_size_1d(out.max_numel))
+def _make_impl(op: Binary):
+    def impl(bld, node):
+        a_id, b_id, *extra_ids, out_id = node.args
+        out = bld.tensor(out_id)
+        a, b = bld.value(a_id), bld.value(b_id)
+        dtype = [v.dtype if hasattr(v, "buffer") else v for v in (a, b)]
+        extra = [bld.value(i) for i in extra_ids]
+        mode = extra[0] if isinstance(op.expr, dict) else None
+        if isinstance(op.expr, dict) and mode not in op.expr:
+            raise bld.error(f"rounding_mode {mode!r} not supported")
+        result = plan(op, dtype[0], dtype[1], out.dtype, mode)
+        if isinstance(result, str):
+            raise bld.error(result)
+        compute, scalar_dtype = result
+        # A Python scalar operand becomes a 0-d constant tensor.
+        a, b = (v if hasattr(v, "buffer") else
+                bld.prepacked(np.asarray(v, dtype=scalar_dtype)) for v in (a, b))
+        expr = op.expr[mode] if isinstance(op.expr, dict) else op.expr
+        alpha = op.alpha * (1 if extra[0] is None else extra[0]) if op.alpha else 0
+        if acc_type(compute) == "int" and alpha != int(alpha):
+            raise bld.error(f"alpha {alpha} is not an integer for dtype {compute}")
+        params = bld.params(record(vec4(alpha), ivec4(int(alpha))))
+        bld.dispatch(SHADER, _defines(expr, out, a, b, compute),
+                     outputs=[out], inputs=[a, b],
+                     params=[out.meta, a.meta, b.meta, params],
+                     global_size=(out.max_numel,), local_size=(64, 1, 1))
     return impl
 
 
-for _name, (_expr, _sign) in BINARY_OPS.items():
-    register(OpSpec(name=_name, dtypes=DTYPES, impl=_make_impl(_expr, _sign),
-                    shape_fn=_shape, rules=(_same_dtype,),
-                    notes="broadcasting on any axis, alpha, scalar other"))
-    for _profile in STORAGE_PROFILES:
-        for _dt in DTYPES:
-            _ddt = (_dt, device_dtype(_dt, _profile))
-            declare(SHADER, _defines(_expr, _ddt, _ddt, _ddt, _dt))
+def _declare(op: Binary) -> None:
+    """Every variant the op can ask for: operand dtypes x scalar placement x result."""
+    modes = list(op.expr) if isinstance(op.expr, dict) else [None]
+    for profile in STORAGE_PROFILES:
+        pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
+        for t in op.dtypes:
+            lower = [d for d in op.dtypes if _category(d) < _category(t)]
+            operands = [(t, t)] + [(t, s) for s in (1, 0.5) if 1 in op.scalar_pos] + \
+                       [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
+                       [p for d in lower for p in ((t, d), (d, t))]
+            for (a, b), out_dtype, mode in itertools.product(
+                    operands, {"bool", t, "float32"}, modes):
+                result = plan(op, a, b, out_dtype, mode)
+                if isinstance(result, str):
+                    continue
+                compute, sdt = result
+                a_pair, b_pair = (pair(v if isinstance(v, str) else sdt) for v in (a, b))
+                expr = op.expr[mode] if isinstance(op.expr, dict) else op.expr
+                declare(SHADER, _defines(expr, pair(out_dtype), a_pair, b_pair, compute))
+
+
+for _name, _op in BINARY_OPS.items():
+    register(OpSpec(name=_name, dtypes=_op.dtypes, impl=_make_impl(_op), shape_fn=_shape,
+                    rules=(_rule(_op),), notes=_op.notes))
+    _declare(_op)

@@ -1,11 +1,14 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
+#include "elementwise_math.h"
 
 // Elementwise binary op with full broadcasting: out = OP_EXPR(a, b).
 // Defines: OUT_T, A_T, B_T (storage types), OUT_STORE(v) (store conversion), ACC_T
-// (float or int), ACC_FLOAT (set for float math), OP_EXPR (expression in a, b and
-// ALPHA, e.g. "a + ALPHA * b").
+// (float or int: the computation type), ACC_FLOAT (set for float math), A_LOAD(v) and
+// B_LOAD(v) (storage value -> ACC_T; integer storage reaches float math through int,
+// as 8-bit storage only converts to 32-bit ints), OP_EXPR (expression in a, b and
+// ALPHA, e.g. "a + ALPHA * b"; one entry per op in vkdelegate/backend/ops/binary.py).
 // Inputs broadcast on any axis: a dim of size 1 (or missing, the metadata pads with 1)
 // repeats. One invocation per output element; the grid is sized for the upper bound,
 // the current numel comes from out_meta.
@@ -39,7 +42,7 @@ void main() {
     ia += (size_at(a_meta, d) == 1 ? 0 : c) * stride_at(a_meta, d);
     ib += (size_at(b_meta, d) == 1 ? 0 : c) * stride_at(b_meta, d);
   }
-  const ACC_T a = ACC_T(a_data[ia]);
-  const ACC_T b = ACC_T(b_data[ib]);
+  const ACC_T a = A_LOAD(a_data[ia]);
+  const ACC_T b = B_LOAD(b_data[ib]);
   out_data[i] = OUT_STORE(OP_EXPR);
 }

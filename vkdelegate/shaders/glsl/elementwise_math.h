@@ -78,7 +78,7 @@ float pow_edges(float x, float y) {
 }
 
 // Integer power with ATen's results for negative exponents (0 unless |base| == 1).
-int pow_int(int base, int e) {
+int pow_edges(int base, int e) {
   if (e < 0) {
     return base == 1 ? 1 : (base == -1 ? ((e & 1) == 0 ? 1 : -1) : 0);
   }
@@ -96,7 +96,7 @@ int pow_int(int base, int e) {
 // Integer division rounded toward zero, from magnitudes (GLSL leaves the sign of
 // integer division with negative operands undefined). Division by zero gives 0 (ATen
 // raises; a shader cannot).
-int div_trunc_int(int a, int b) {
+int div_trunc(int a, int b) {
   if (b == 0) {
     return 0;
   }
@@ -104,15 +104,19 @@ int div_trunc_int(int a, int b) {
   return (a < 0) != (b < 0) ? -q : q;
 }
 
-int div_floor_int(int a, int b) {
-  const int q = div_trunc_int(a, b);
+int div_floor(int a, int b) {
+  const int q = div_trunc(a, b);
   const int r = a - q * b;
   return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
 }
 
+float div_trunc(float a, float b) {
+  return trunc(a / b);
+}
+
 // ATen's floor division of floats (div_floor_floating): rounds the exact quotient via
 // fmod, so that e.g. floor-dividing by 0.1 matches eager.
-float div_floor_float(float a, float b) {
+float div_floor(float a, float b) {
   if (b == 0.0) {
     return a / b;  // +-inf or NaN, as ATen
   }
@@ -132,5 +136,11 @@ float div_floor_float(float a, float b) {
   }
   return q;
 }
+
+// minimum/maximum: NaN if either operand is NaN (ATen); GLSL min/max may pick either.
+float min_nan(float a, float b) { return isnan(a) || isnan(b) ? NAN_F : min(a, b); }
+float max_nan(float a, float b) { return isnan(a) || isnan(b) ? NAN_F : max(a, b); }
+int min_nan(int a, int b) { return min(a, b); }
+int max_nan(int a, int b) { return max(a, b); }
 
 #endif
