@@ -1,0 +1,73 @@
+"""softmax and log_softmax along any dim: aten._softmax.default, aten._log_softmax.default.
+
+Schema: _softmax(self, dim: int, half_to_float: bool). One invocation per row
+(softmax.glsl), max-shifted, fp32 accumulation for fp16 data. ``half_to_float=True``
+(an fp16 input with an fp32 result) stays on the CPU; torch.export on the CPU does not
+produce it.
+"""
+from __future__ import annotations
+
+import math
+
+from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.shaders.variants import declare
+
+SHADER = "softmax"
+DTYPES = frozenset({"float32", "float16"})
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    """``dim`` in [0, max(ndim, 1)) (a 0-d tensor accepts 0 and -1, like ATen)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise VkDelegateError(f"softmax dim {dim} out of range for rank {ndim}")
+    return dim % n
+
+
+def _rule(node: NodeSpec):
+    x, dim, half_to_float = node.args[:3]
+    if half_to_float:
+        return "half_to_float=True (fp32 result of fp16 input) is not supported"
+    try:
+        normalize_dim(dim, x.rank)
+    except VkDelegateError as exc:
+        return str(exc)
+    return None
+
+
+def _defines(out, x, log: bool) -> dict:
+    d = storage_defines(OUT=out, IN=x)
+    if log:
+        d["LOG_SOFTMAX"] = "1"
+    return d
+
+
+def _make_impl(log: bool):
+    def impl(b, node):
+        x_id, dim_id, half_id, out_id = node.args
+        x, out = b.tensor(x_id), b.tensor(out_id)
+        if b.scalar(half_id) or out.dtype != x.dtype:
+            raise b.error("half_to_float=True is not supported")
+        dim = normalize_dim(b.scalar(dim_id), x.ndim)
+        meta_dim = x.ndim - 1 - dim if x.ndim else 0  # metadata counts from the innermost
+        rows = math.prod(s for d, s in enumerate(x.max_shape) if d != dim)
+        b.dispatch(SHADER, _defines(out, x, log), outputs=[out], inputs=[x],
+                   params=[out.meta, x.meta, b.params(record(ivec4(meta_dim)))],
+                   global_size=(rows,), local_size=(64, 1, 1))
+    return impl
+
+
+def _shape(args):
+    return tuple(args[0].shape)
+
+
+for _name, _log in (("aten._softmax.default", False), ("aten._log_softmax.default", True)):
+    register(OpSpec(name=_name, dtypes=DTYPES, impl=_make_impl(_log), shape_fn=_shape,
+                    rules=(_rule,), notes="any dim, max-shifted, fp32 accumulation"))
+    for _profile in STORAGE_PROFILES:
+        for _dt in DTYPES:
+            _pair = (_dt, device_dtype(_dt, _profile))
+            declare(SHADER, _defines(_pair, _pair, _log))
