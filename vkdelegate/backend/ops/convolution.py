@@ -177,18 +177,20 @@ def _build(b, node, clamp_ids=None):
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
         lo = lo if lo_v is None else float(lo_v)
         hi = hi if hi_v is None else float(hi_v)
-    params = b.params(record(ivec4(kernel[0], kernel[1], icg, ocg),
-                             ivec4(stride[0], stride[1], pad[0], pad[1]),
-                             ivec4(dil[0], dil[1], n), vec4(lo, hi)))
+    params = b.params(record(ivec4(icg, ocg, n), vec4(lo, hi)))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
+    px = 4 if tile == 4 and not pointwise else 8  # output positions per invocation (PX in the shader)
     if pointwise:
-        invocations = mx[0] * (oc // tile) * (-(-(oh * ow) // 4))
+        invocations = mx[0] * (oc // tile) * (-(-(oh * ow) // px))
     else:
-        invocations = mx[0] * (oc // tile) * oh * (-(-ow // 4))
+        invocations = mx[0] * (oc // tile) * oh * (-(-ow // px))
+    # Window geometry as specialization constants 3..10 (KH, KW, SH, SW, PH, PW, DH, DW).
+    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])
     b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
                                 clamp=clamp_ids is not None),
                outputs=[out], inputs=[x, w, bias], params=[out.meta, x.meta, params],
+               spec_constants=geometry,
                global_size=(invocations,), local_size=(64, 1, 1))
 
 

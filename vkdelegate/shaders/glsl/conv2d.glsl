@@ -16,22 +16,42 @@
 // POINTWISE: 1x1 kernel, stride 1, no padding, groups 1: a GEMM over flattened pixels;
 // CLAMP: clamp the result to [conv.clamp.x, conv.clamp.y] (fused ReLU/ReLU6/clamp).
 // Sizes come from the metadata (innermost first), so resized inputs need no rebuild.
+// The window geometry (kernel, stride, padding, dilation) is specialization constants
+// 3..10: the compiler unrolls the tap loops and folds the index arithmetic, and the
+// direct path loads each input row segment once for all taps of the row.
 
+// Output positions per invocation: 4 with 4 channels in the direct path (16
+// accumulators besides the row segment), 8 otherwise (pointwise: 8 x 4 accumulators).
+#if OC_TILE == 4 && !defined(POINTWISE)
 #define PX 4
+#else
+#define PX 8
+#endif
+
+layout(constant_id = 3) const int KH = 1;
+layout(constant_id = 4) const int KW = 1;
+layout(constant_id = 5) const int SH = 1;
+layout(constant_id = 6) const int SW = 1;
+layout(constant_id = 7) const int PH = 0;
+layout(constant_id = 8) const int PW = 0;
+layout(constant_id = 9) const int DH = 1;
+layout(constant_id = 10) const int DW = 1;
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
+#if defined(W_PACKED) && OC_TILE == 4
+TENSOR_IN(2, w_data, vec4)  // prepacked fp32: the 4 channels' weights of a tap at once
+#else
 TENSOR_IN(2, w_data, W_T)
+#endif
 TENSOR_IN(3, b_data, B_T)
 #define PARAM0 4
 TENSOR_META(PARAM0, out_meta)
 TENSOR_META(PARAM0 + 1, in_meta)
 // Mirrors vkdelegate.backend.ops.convolution._conv_params.
 layout(set = 0, binding = PARAM0 + 2) uniform conv_block {
-  ivec4 kernel;      // KH, KW, IC per group, OC per group
-  ivec4 stride_pad;  // stride h, stride w, padding h, padding w
-  ivec4 dilation;    // dilation h, dilation w, spatial dims (1 or 2)
-  vec4 clamp;        // output min, output max (CLAMP only)
+  ivec4 channels;  // IC per group, OC per group, spatial dims (1 or 2)
+  vec4 clamp;      // output min, output max (CLAMP only)
 } conv;
 
 #if OC_TILE == 4
@@ -41,12 +61,11 @@ layout(set = 0, binding = PARAM0 + 2) uniform conv_block {
 #endif
 
 // The OC_TILE weights of output channels oc..oc+OC_TILE-1 at (icg, kh, kw).
-ACC_VEC load_w(int oc, int icg, int kh, int kw, int ICg, int OCg, int KH, int KW) {
+ACC_VEC load_w(int oc, int icg, int kh, int kw, int ICg, int OCg) {
 #ifdef W_PACKED
   const int i = (((oc / OC_TILE) * ICg + icg) * KH + kh) * KW + kw;
 #if OC_TILE == 4
-  return vec4(float(w_data[4 * i]), float(w_data[4 * i + 1]), float(w_data[4 * i + 2]),
-              float(w_data[4 * i + 3]));
+  return w_data[i];
 #else
   return float(w_data[i]);
 #endif
@@ -70,7 +89,7 @@ ACC_VEC load_w(int oc, int icg, int kh, int kw, int ICg, int OCg, int KH, int KW
 }
 
 void main() {
-  const int SPATIAL = conv.dilation.z;
+  const int SPATIAL = conv.channels.z;
   const int OW = size_at(out_meta, 0);
   const int OH = SPATIAL == 2 ? size_at(out_meta, 1) : 1;
   const int OC = size_at(out_meta, SPATIAL);
@@ -78,8 +97,7 @@ void main() {
   const int IW = size_at(in_meta, 0);
   const int IH = SPATIAL == 2 ? size_at(in_meta, 1) : 1;
   const int IC = size_at(in_meta, SPATIAL);
-  const int KH = conv.kernel.x, KW = conv.kernel.y;
-  const int ICg = conv.kernel.z, OCg = conv.kernel.w;
+  const int ICg = conv.channels.x, OCg = conv.channels.y;
   const int OCB = (OC + OC_TILE - 1) / OC_TILE;
 
 #ifdef POINTWISE
@@ -105,7 +123,7 @@ void main() {
   }
   int in_off = n * IC * P;
   for (int ic = 0; ic < IC; ++ic, in_off += P) {
-    const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC, 1, 1);
+    const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC);
     for (int p = 0; p < PX; ++p) {
       acc[p] += w * float(in_data[in_off + pix[p]]);
     }
@@ -125,44 +143,51 @@ void main() {
   const int oc = ocb * OC_TILE;
   const int ow0 = tile * PX;
   const int g = oc / OCg;
-  const int sH = conv.stride_pad.x, sW = conv.stride_pad.y;
-  const int pH = conv.stride_pad.z, pW = conv.stride_pad.w;
-  const int dH = conv.dilation.x, dW = conv.dilation.y;
   ACC_VEC acc[PX];
   for (int p = 0; p < PX; ++p) {
     acc[p] = ACC_VEC(0);
   }
+#ifndef TRANSPOSED
+  // Input columns that the PX outputs' windows touch: one row segment per (icg, kh).
+  const int SEG = (PX - 1) * SW + (KW - 1) * DW + 1;
+  const int iw0 = ow0 * SW - PW;
+  float seg[SEG];
+#endif
   for (int icg = 0; icg < ICg; ++icg) {
     const int plane = (n * IC + g * ICg + icg) * IH * IW;
     for (int kh = 0; kh < KH; ++kh) {
 #ifdef TRANSPOSED
-      const int hn = oh + pH - kh * dH;
-      if (hn < 0 || hn % sH != 0 || hn / sH >= IH) {
+      const int hn = oh + PH - kh * DH;
+      if (hn < 0 || hn % SH != 0 || hn / SH >= IH) {
         continue;
       }
-      const int row = plane + (hn / sH) * IW;
+      const int row = plane + (hn / SH) * IW;
+      for (int kw = 0; kw < KW; ++kw) {
+        const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg);
+        for (int p = 0; p < PX; ++p) {
+          const int wn = ow0 + p + PW - kw * DW;
+          const bool ok = wn >= 0 && wn % SW == 0 && wn / SW < IW;
+          const float x = ok ? float(in_data[row + wn / SW]) : 0.0;
+          acc[p] += w * x;
+        }
+      }
 #else
-      const int ih = oh * sH - pH + kh * dH;
+      const int ih = oh * SH - PH + kh * DH;
       if (ih < 0 || ih >= IH) {
         continue;
       }
       const int row = plane + ih * IW;
-#endif
+      for (int j = 0; j < SEG; ++j) {
+        const int iw = iw0 + j;
+        seg[j] = (iw >= 0 && iw < IW) ? float(in_data[row + iw]) : 0.0;
+      }
       for (int kw = 0; kw < KW; ++kw) {
-        const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg, KH, KW);
+        const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg);
         for (int p = 0; p < PX; ++p) {
-#ifdef TRANSPOSED
-          const int wn = ow0 + p + pW - kw * dW;
-          const bool ok = wn >= 0 && wn % sW == 0 && wn / sW < IW;
-          const int iw = wn / sW;
-#else
-          const int iw = (ow0 + p) * sW - pW + kw * dW;
-          const bool ok = iw >= 0 && iw < IW;
-#endif
-          const float x = ok ? float(in_data[row + iw]) : 0.0;
-          acc[p] += w * x;
+          acc[p] += w * seg[p * SW + kw * DW];
         }
       }
+#endif
     }
   }
   const int out_base = ((n * OC + oc) * OH + oh) * OW + ow0;
