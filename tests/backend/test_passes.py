@@ -137,3 +137,50 @@ def test_fold_batch_norm_into_decomposed_linear(bias, monkeypatch):
     assert _targets(pg) == [aten.permute.default, aten.addmm.default]
     (out,) = _run(pg, x)
     torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+
+
+class ConvClamp(torch.nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.conv(x))
+
+
+@pytest.mark.parametrize("act,bounds", [
+    (torch.nn.ReLU(), (0.0, None)),
+    (torch.nn.ReLU6(), (0.0, 6.0)),
+    (lambda y: torch.clamp(y, max=0.25), (None, 0.25)),
+])
+def test_fuse_conv_clamp(act, bounds):
+    from vkdelegate.backend.passes.fuse_conv_clamp import FUSED, fuse_conv_clamp
+
+    if FUSED not in registry.load_all():
+        pytest.skip("the registry has no fused conv op")
+    torch.manual_seed(4)
+    m = ConvClamp(act).eval()
+    x = torch.randn(1, 3, 6, 5) * 3
+    pg = from_exported_program(torch.export.export(m, (x,)))
+    assert fuse_conv_clamp(pg)
+    (node,) = [n for n in pg.gm.graph.nodes if n.op == "call_function"]
+    assert str(node.target) == FUSED and tuple(node.args[-2:]) == bounds
+    (out,) = _run(pg, x)
+    torch.testing.assert_close(out, m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_read_twice_is_not_fused():
+    from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 2, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return torch.relu(y), y
+
+    pg = from_exported_program(torch.export.export(M(), (torch.randn(1, 2, 3, 3),)))
+    assert not fuse_conv_clamp(pg)

@@ -132,6 +132,7 @@ CASES = [
     Case("linear_bn", linear_bn, lambda: A(r(7, 6))),
     Case("conv_stack", lambda: nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), nn.Conv2d(6, 4, 3, stride=2, padding=1)), lambda: A(r(2, 3, 11, 13))),
     Case("conv_bn_relu", conv_bn_relu, lambda: A(r(1, 3, 7, 5))),
+    Case("conv_relu6_clamp", lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU6(), nn.Conv2d(3, 2, 1), nn.Hardtanh(-0.5, 0.5)), lambda: A(r(2, 2, 9, 8) * 4)),
     Case("matmul", lambda: Fn(lambda x, y: torch.relu(x @ y) + 1.0), lambda: A(r(5, 3), r(3, 7))),
     Case("softmax_mean", lambda: Fn(lambda x: (torch.softmax(x, -1), x.mean(dim=1, keepdim=True) + x)), lambda: A(r(4, 10))),
     Case("constant_buffer", WithConstantBuffer, lambda: A(r(2, 5))),

@@ -210,3 +210,21 @@ def test_report_partitions_are_delegate_indexes():
     assert (d["relu"].partition, d["tanh"].partition) == (0, 1)
     nodes = program.methods["forward"].plan["nodes"]
     assert [n["index"] for n in nodes if n["op"] == "delegate"] == [0, 1]
+
+
+def test_fused_conv_clamp_on_the_cpu(executor):
+    # The fused op a pass creates must also run in the CPU glue (here: blocklisted).
+    from vkdelegate.backend import registry
+    from vkdelegate.backend.passes.fuse_conv_clamp import FUSED
+
+    if FUSED not in registry.load_all():
+        pytest.skip("the registry has no fused conv op")
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU6(), torch.nn.Tanh())
+    x = torch.randn(1, 3, 7, 7) * 3
+    ep = torch.export.export(m, (x,))
+    program = to_backend(ep, VulkanPartitioner({"executor": executor},
+                                               operator_blocklist=[FUSED]))
+    assert any(n.op == FUSED and n.reasons == ["in operator_blocklist"]
+               for n in program.report.cpu_nodes)
+    torch.testing.assert_close(program(x), m(x), rtol=1e-4, atol=1e-4)

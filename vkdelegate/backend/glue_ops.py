@@ -2,8 +2,9 @@
 
 The glue is data (JSON nodes naming ops), so a program file can never name arbitrary
 Python: an op name resolves only to an ATen operator overload
-(``torch.ops.aten.<op>.<overload>``) or to one of a fixed set of integer operations that
-size arithmetic in dynamic-shape programs needs. Anything else is refused when the
+(``torch.ops.aten.<op>.<overload>``), one of the few custom ops our passes create
+(``CUSTOM_OPS``), or one of a fixed set of integer operations that size arithmetic in
+dynamic-shape programs needs. Anything else is refused when the
 program is loaded, before it runs. Torch is imported only when an ATen op is resolved.
 """
 from __future__ import annotations
@@ -35,6 +36,10 @@ TORCH_FREE = {"aten.sym_size.int": _sym_size}
 
 _ATEN_NAME = re.compile(r"^aten\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
 
+#: Custom ops (ExecuTorch Vulkan's) a graph may hold after our lowering passes; torch
+#: learns them from ``vkdelegate.backend.et_vk_ops``.
+CUSTOM_OPS = frozenset({"et_vk.conv_with_clamp.default"})
+
 
 def builtin_name(target) -> "str | None":
     """The glue name of a Python operator target, or None if it is not allowed."""
@@ -54,6 +59,8 @@ def resolve(name: str):
         return BUILTINS[name]
     if name in TORCH_FREE:
         return TORCH_FREE[name]
+    if name in CUSTOM_OPS:
+        return _custom(name)
     match = _ATEN_NAME.match(name)
     if not match:
         raise VkDelegateError(f"op {name!r} is not allowed in a program's CPU part "
@@ -74,3 +81,16 @@ def resolve(name: str):
         raise VkDelegateError(f"op {name!r} is not an ATen operator of torch "
                               f"{torch.__version__}")
     return overload
+
+
+def _custom(name: str):
+    try:
+        import torch
+    except ImportError:
+        raise VkDelegateError(f"this program runs {name} on the CPU, which needs torch; "
+                              f"install torch or lower the program fully to Vulkan") from None
+    from vkdelegate.backend.et_vk_ops import ensure_defined
+
+    ensure_defined()
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)

@@ -6,6 +6,7 @@ it changed the graph. ``PASSES`` lists them once, in the order they must run.
 from __future__ import annotations
 
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
+from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 
@@ -14,9 +15,10 @@ from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 #    (a clone between a linear and its batch norm would block the fold);
 # 2. addmm/permute -> linear before batch-norm folding, so that a BatchNorm1d after a
 #    Linear folds into one linear node;
-# 3. batch-norm folding last: it needs the conv/linear with constant weights.
-# conv+clamp fusion is absent: the registry has no fused conv op to fuse into.
-PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm)
+# 3. batch-norm folding: it needs the conv/linear with constant weights;
+# 4. conv+clamp fusion after the fold, so that conv -> bn -> relu, now conv -> relu,
+#    fuses too.
+PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm, fuse_conv_clamp)
 
 
 def run_passes(pg) -> list[str]:
