@@ -173,7 +173,7 @@ def _rule(op: Binary):
     return check
 
 
-def _load(storage: str, compute: str) -> str:
+def load_define(storage: str, compute: str) -> str:
     """A_LOAD/B_LOAD: storage -> ACC_T (integer storage reaches float through int)."""
     if acc_type(compute) == "float" and storage not in ("float", "float16_t"):
         return "float(int(v))"
@@ -183,7 +183,7 @@ def _load(storage: str, compute: str) -> str:
 def _defines(expr: str, out, a, b, compute: str) -> dict:
     d = storage_defines(OUT=out, A=a, B=b)
     d.update(ACC_T=acc_type(compute), OP_EXPR=expr, **{
-        "A_LOAD(v)": _load(d["A_T"], compute), "B_LOAD(v)": _load(d["B_T"], compute)})
+        "A_LOAD(v)": load_define(d["A_T"], compute), "B_LOAD(v)": load_define(d["B_T"], compute)})
     if acc_type(compute) == "float":
         d["ACC_FLOAT"] = "1"
     return d
