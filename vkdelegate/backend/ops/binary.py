@@ -183,7 +183,8 @@ def load_define(storage: str, compute: str) -> str:
 def _defines(expr: str, out, a, b, compute: str) -> dict:
     d = storage_defines(OUT=out, A=a, B=b)
     d.update(ACC_T=acc_type(compute), OP_EXPR=expr, **{
-        "A_LOAD(v)": load_define(d["A_T"], compute), "B_LOAD(v)": load_define(d["B_T"], compute)})
+        "A_LOAD(v)": load_define(d["A_T"], compute),
+        "B_LOAD(v)": load_define(d["B_T"], compute)})
     if acc_type(compute) == "float":
         d["ACC_FLOAT"] = "1"
     return d

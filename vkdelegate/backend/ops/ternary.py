@@ -13,7 +13,7 @@ import itertools
 
 import numpy as np
 
-from vkdelegate.backend.ops.binary import load_define, broadcast_shape, promote
+from vkdelegate.backend.ops.binary import broadcast_shape, load_define, promote
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
