@@ -114,9 +114,10 @@ class VulkanPartitioner:
             return ["not in operator_allowlist"]
         if name in self.blocklist:
             return ["in operator_blocklist"]
-        try:
-            spec = registry.lookup(name)
-        except VkDelegateError:
+        # load_all outside any try: a broken op family is a bug to surface, not a
+        # reason to keep every node on the CPU.
+        spec = registry.load_all().get(name)
+        if spec is None:
             return [f"no Vulkan implementation of {name}"]
         try:
             described = node_spec(node)
