@@ -58,39 +58,49 @@ class Binary:
     notes: str = "broadcasting on any axis, scalar operand"
 
 
-_CMP = "broadcasting, scalar operand, bool result"
+_LOGICAL = "broadcasting, any operand dtype (NaN is true), bool result"
+_POW = "broadcasting, C's results for negative bases and 0**negative; int32 exact"
 BINARY_OPS = {
     "aten.add.Tensor": Binary("a + ALPHA * b", ARITH, alpha=1,
                               notes="broadcasting on any axis, alpha, scalar other"),
     "aten.sub.Tensor": Binary("a + ALPHA * b", ARITH - {"bool"}, alpha=-1,
                               notes="broadcasting on any axis, alpha, scalar other"),
-    "aten.mul.Tensor": Binary("a * b", ARITH),
+    "aten.mul.Tensor": Binary("a * b", ARITH, notes="broadcasting on any axis, scalar "
+                                                    "other, bool masks"),
     "aten.div.Tensor": Binary("a / b", NUMERIC, kind="truediv",
                               notes="true division, int32 operands give float32"),
     "aten.div.Tensor_mode": Binary({None: "a / b", "trunc": "div_trunc(a, b)",
                                     "floor": "div_floor(a, b)"}, NUMERIC,
                                    notes="rounding_mode None/'trunc'/'floor'; integer "
                                          "division by zero gives 0 (ATen raises)"),
-    "aten.pow.Tensor_Tensor": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=()),
-    "aten.pow.Tensor_Scalar": Binary("pow_edges(a, b)", NUMERIC),
-    "aten.pow.Scalar": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(0,)),
-    "aten.minimum.default": Binary("min_nan(a, b)", NUMERIC, scalar_pos=(), notes="propagates NaN"),
-    "aten.maximum.default": Binary("max_nan(a, b)", NUMERIC, scalar_pos=(), notes="propagates NaN"),
+    "aten.pow.Tensor_Tensor": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(),
+                                     notes=_POW),
+    "aten.pow.Tensor_Scalar": Binary("pow_edges(a, b)", NUMERIC, notes=_POW),
+    "aten.pow.Scalar": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(0,), notes=_POW),
+    "aten.minimum.default": Binary("min_nan(a, b)", NUMERIC, scalar_pos=(),
+                                   notes="broadcasting, propagates NaN"),
+    "aten.maximum.default": Binary("max_nan(a, b)", NUMERIC, scalar_pos=(),
+                                   notes="broadcasting, propagates NaN"),
     "aten.logical_and.default": Binary("(a != ACC_T(0)) && (b != ACC_T(0))", WITH_BOOL,
-                                       kind="logical", scalar_pos=(), notes=_CMP),
+                                       kind="logical", scalar_pos=(), notes=_LOGICAL),
     "aten.logical_or.default": Binary("(a != ACC_T(0)) || (b != ACC_T(0))", WITH_BOOL,
-                                      kind="logical", scalar_pos=(), notes=_CMP),
+                                      kind="logical", scalar_pos=(), notes=_LOGICAL),
     "aten.logical_xor.default": Binary("(a != ACC_T(0)) != (b != ACC_T(0))", WITH_BOOL,
-                                       kind="logical", scalar_pos=(), notes=_CMP),
-    "aten.bitwise_and.Tensor": Binary("a & b", INT_BOOL, kind="bitwise", scalar_pos=()),
-    "aten.bitwise_or.Tensor": Binary("a | b", INT_BOOL, kind="bitwise", scalar_pos=()),
-    "aten.bitwise_xor.Tensor": Binary("a ^ b", INT_BOOL, kind="bitwise", scalar_pos=()),
+                                       kind="logical", scalar_pos=(), notes=_LOGICAL),
+    "aten.bitwise_and.Tensor": Binary("a & b", INT_BOOL, "bitwise", scalar_pos=(),
+                                      notes="broadcasting"),
+    "aten.bitwise_or.Tensor": Binary("a | b", INT_BOOL, "bitwise", scalar_pos=(),
+                                     notes="broadcasting"),
+    "aten.bitwise_xor.Tensor": Binary("a ^ b", INT_BOOL, "bitwise", scalar_pos=(),
+                                      notes="broadcasting"),
 }
 for _cmp, _glsl in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
                     ("ge", ">=")):
     for _overload in ("Tensor", "Scalar"):
         BINARY_OPS[f"aten.{_cmp}.{_overload}"] = Binary(
-            f"a {_glsl} b", WITH_BOOL, kind="compare", notes=_CMP,
+            f"a {_glsl} b", WITH_BOOL, kind="compare",
+            notes="Python-scalar other, bool result" if _overload == "Scalar"
+            else "broadcasting, bool result",
             scalar_pos=(1,) if _overload == "Scalar" else ())
 
 
