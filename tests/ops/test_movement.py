@@ -121,6 +121,26 @@ def test_flip(shape, dims):
     check_op(lambda x: x.flip(dims), (rand(*shape),), ops=["aten.flip.default"])
 
 
+@pytest.mark.parametrize("fn, shape", [
+    (lambda x: torch.nn.functional.pixel_shuffle(x, 2), (2, 12, 3, 5)),
+    (lambda x: torch.nn.functional.pixel_shuffle(x, 3), (1, 9, 1, 7)),
+    (lambda x: torch.nn.functional.pixel_unshuffle(x, 2), (2, 3, 6, 10)),
+], ids=["shuffle2", "shuffle3", "unshuffle2"])
+def test_pixel_shuffle(fn, shape):
+    # pixel_shuffle exports as view + permute (+ clone, removed at lowering) + view
+    check_op(fn, (rand(*shape),), ops=[VIEW, PERMUTE])
+
+
+def test_non_contiguous_inputs():
+    """Inputs that are views in eager (transposed, sliced, expanded) give the same
+    values as their contiguous copies."""
+    x = rand(7, 5, 3).transpose(0, 2)
+    y = rand(11, 6)[:, ::2]
+    z = rand(5, 1).expand(5, 4)
+    check_op(lambda x, y, z: (x.permute(1, 0, 2), y.flip(0), z.view(-1)), (x, y, z),
+             ops=[PERMUTE, "aten.flip.default", VIEW])
+
+
 @pytest.mark.parametrize("dtype", MOVE_DTYPES)
 def test_every_dtype(dtype):
     """Every movement op on every dtype in one chain (values must be bit-exact: a copy
@@ -149,6 +169,14 @@ def test_resize():
            "aten.select.int", "aten.squeeze.dims"]
     check_op(fn, (rand(11, 3, 5),), ops=ops, dynamic_shapes=({0: batch},),
              resize_inputs=[(rand(4, 3, 5, seed=1),), (rand(1, 3, 5, seed=2),)])
+
+
+def test_resize_slices_of_the_dynamic_dim():
+    """Slice bounds and flip are re-planned from the new size of the dynamic dim."""
+    batch = Dim("batch", min=4, max=11)
+    check_op(lambda x: (x[1::2], x[-3:].flip(0), x[2:]), (rand(11, 3),),
+             ops=["aten.slice.Tensor", "aten.flip.default"], dynamic_shapes=({0: batch},),
+             resize_inputs=[(rand(4, 3, seed=1),), (rand(7, 3, seed=2),)])
 
 
 def test_view_with_symbolic_sizes_stays_on_cpu():
