@@ -195,3 +195,57 @@ def test_view_with_symbolic_sizes_stays_on_cpu():
 class _Flatten(torch.nn.Module):
     def forward(self, x):
         return x.flatten(1)
+
+
+#: ExecuTorch's names for the copying view ops (found in ET-VK blobs), run as a chain
+#: (op name, arguments after the input tensor) in a hand-built VkGraph.
+ET_CHAIN = [
+    ("aten.view_copy.default", [[5, 21]]),
+    ("aten.permute_copy.default", [[1, 0]]),
+    ("aten.unsqueeze_copy.default", [1]),
+    ("aten.expand_copy.default", [[21, 3, 5], False]),
+    ("aten.slice_copy.Tensor", [2, 1, None, 2]),
+    ("aten.select_copy.int", [1, -1]),
+    ("aten.unsqueeze_copy.default", [0]),
+    ("aten.squeeze_copy.dims", [[0]]),
+    ("aten.split_with_sizes_copy.default", [[4, 17], 0]),
+]
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_executorch_copy_op_names(vk_device, dtype):
+    """ET-VK blobs name the view ops view_copy, permute_copy, ...: the same ops run
+    under those names, compared exactly with ATen's own *_copy ops."""
+    from tests.ops import coverage
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.serialization import vkgraph as g
+
+    x = rand(105, dtype=dtype)
+    gm = GraphMaker()
+    vid = gm.input(x.shape, dtype)
+    ref = x
+    for name, args in ET_CHAIN:
+        _, packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        schema = op._schema.arguments[1:]   # args are in schema order, kwargs included
+        ref = op(ref, *[a for a, s in zip(args, schema) if not s.kwarg_only],
+                 **{s.name: a for a, s in zip(args, schema) if s.kwarg_only})
+        arg_ids = [vid] + [gm.scalar(a) for a in args]
+        if isinstance(ref, (list, tuple)):
+            outs = [gm.tensor(r.shape, dtype) for r in ref]
+            out = gm._add(g.ValueList(outs))
+            gm.graph.chain.append(g.OperatorCall(len(gm.graph.chain), name, arg_ids + [out]))
+            for o in outs:
+                gm.output(o)
+        else:
+            vid = gm.op(name, arg_ids, ref.shape, dtype)
+    graph = gm.build(vk_device)
+    try:
+        got = graph.execute([x.numpy()])
+    finally:
+        graph.close()
+    for out, expected in zip(got, ref):
+        assert out.dtype == expected.numpy().dtype and out.shape == tuple(expected.shape)
+        assert (out == expected.numpy()).all()
+    for name, _ in ET_CHAIN:
+        coverage.record(name, (dtype, dtype))

@@ -101,6 +101,8 @@ def _split_rule(node: NodeSpec):
 
 register(OpSpec(name="aten.cat.default", dtypes=MOVE_DTYPES, impl=_cat_impl,
                 shape_fn=_cat_shape, rules=(same_dtype,), notes="any dim; stack"))
-register(OpSpec(name="aten.split_with_sizes.default", dtypes=MOVE_DTYPES,
-                impl=_split_impl, shape_fn=_split_shape, rules=(same_dtype, _split_rule),
-                notes="ValueList output; split, chunk"))
+for _name, _notes in (("aten.split_with_sizes.default", "ValueList output; split, chunk"),
+                      # ExecuTorch's edge-dialect name, found in ET-VK blobs.
+                      ("aten.split_with_sizes_copy.default", "ExecuTorch name")):
+    register(OpSpec(name=_name, dtypes=MOVE_DTYPES, impl=_split_impl,
+                    shape_fn=_split_shape, rules=(same_dtype, _split_rule), notes=_notes))

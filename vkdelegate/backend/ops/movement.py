@@ -8,12 +8,13 @@ Each op turns its arguments and the current input sizes into a ``CopyPlan``
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from vkdelegate.backend.ops.copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
                                          affine_copy, contiguous_strides, flat_plan,
                                          same_dtype)
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.backend.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
 
@@ -295,3 +296,18 @@ _op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
 _op("aten.select.int", _select_impl, _select_shape, _select_rule,
     notes="negative index; unbind")
 _op("aten.flip.default", _flip_impl, _same_shape, notes="any set of dims")
+
+# ExecuTorch's edge dialect names the view ops' copying variants (view_copy, ...); ET-VK
+# blobs carry those names, with the same schemas. They share the declarations above.
+ET_COPY_NAMES = {
+    "aten.view_copy.default": "aten.view.default",
+    "aten.squeeze_copy.dims": "aten.squeeze.dims",
+    "aten.unsqueeze_copy.default": "aten.unsqueeze.default",
+    "aten.permute_copy.default": "aten.permute.default",
+    "aten.expand_copy.default": "aten.expand.default",
+    "aten.slice_copy.Tensor": "aten.slice.Tensor",
+    "aten.select_copy.int": "aten.select.int",
+}
+for _et_name, _name in ET_COPY_NAMES.items():
+    register(dataclasses.replace(REGISTRY[_name], name=_et_name,
+                                 notes=f"ExecuTorch name of {_name}"))
