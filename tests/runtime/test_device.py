@@ -88,7 +88,6 @@ def test_over_storage_buffer_range_names_the_tensor(vk_device):
     with pytest.raises(VkDelegateError, match=r"tensor 0 needs \d+ bytes, over this "
                                               r"device's maxStorageBufferRange"):
         m.build(vk_device)
-    assert np.iinfo(np.int32).max > limit // 4
 
 
 def test_synchronization_validation_catches_a_missing_barrier(vk_device, monkeypatch):
