@@ -117,3 +117,22 @@ def test_argmax_of_large_int64_range_output():
     # int64 indices come back as int64 even though the device holds int32.
     torch.manual_seed(0)
     check_op(lambda t: t.argmax(0), (torch.randn(1000, 3),), ops=["aten.argmax.default"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32], ids=str)
+def test_max_min_dim(dtype):
+    torch.manual_seed(0)
+    x = torch.randint(-5, 5, (5, 3, 7)).to(dtype)  # small integers: ties
+    # tuple(): the lowered program's outputs cannot be torch.return_types containers.
+    check_op(lambda t: (tuple(torch.max(t, 1)), tuple(torch.min(t, -1, keepdim=True)),
+                        t.max(0).values, t.min(2).indices),
+             (x,), ops=["aten.max.dim", "aten.min.dim"])
+
+
+def test_max_dim_nan_and_resize():
+    nan = float("nan")
+    x = torch.tensor([[1.0, nan, 3.0, nan], [2.0, 2.0, -1.0, 0.0], [0.0, 5.0, 5.0, 1.0]])
+    n = Dim("n", min=1, max=8)
+    check_op(lambda t: (tuple(torch.max(t, 1)), tuple(torch.min(t, 1))), (x,),
+             ops=["aten.max.dim", "aten.min.dim"], dynamic_shapes=({1: n},),
+             resize_inputs=[(x[:, :1].contiguous(),), (torch.randn(3, 8),)])

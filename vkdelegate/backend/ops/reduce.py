@@ -223,3 +223,54 @@ for _name, _r in REDUCTIONS.items():
             _x = (_dt, device_dtype(_dt, _profile))
             _out = ("int64", device_dtype("int64", _profile)) if _r.index else _x
             declare(GENERIC_SHADER, _generic_defines(_r.kind, _out, _x, _dt))
+
+
+# ---- max.dim / min.dim: (values, indices) as a ValueList output ------------------------
+def _dim_pair_shape(args):
+    x, dim, keepdim = args[0], args[1], args[2]
+    shape = sum_shape(x.shape, reduced_dims([dim], len(x.shape)), bool(keepdim))
+    return [shape, shape]
+
+
+def _dim_pair_rule(node: NodeSpec):
+    x, outs = node.args[0], node.outputs
+    if len(outs) != 2 or outs[0].dtype != x.dtype or outs[1].dtype != "int64":
+        return f"outputs {[o.dtype for o in outs]}, expected [{x.dtype}, int64]"
+    try:
+        dims = reduced_dims([node.args[1]], x.rank)
+    except VkDelegateError as exc:
+        return str(exc)
+    if any(x.shape[d] == 0 for d in dims):
+        return "max/min over an empty dim (ATen raises)"
+    return None
+
+
+def _make_dim_pair_impl(kind: str):
+    def impl(b, node):
+        x_id, dim_id, _keepdim_id, out_id = node.args
+        x, outs = b.tensor(x_id), b.value(out_id)
+        if not isinstance(outs, list) or len(outs) != 2:
+            raise b.error("expected a (values, indices) output list")
+        dims = reduced_dims([b.scalar(dim_id)], x.ndim)
+        mask = sum(1 << (x.ndim - 1 - d) for d in dims)
+        params = b.params(record(ivec4(mask), vec4(0.0)))
+        # Two passes over the same input (the values, then the indices) keep one shader
+        # per output; both pick the first NaN, so values and indices agree.
+        for out, k in zip(outs, (kind, "arg" + kind)):
+            b.dispatch(GENERIC_SHADER, _generic_defines(k, out, x, x.dtype),
+                       outputs=[out], inputs=[x], params=[out.meta, x.meta, params],
+                       global_size=(out.max_numel,), local_size=(64, 1, 1))
+    return impl
+
+
+for _name, _kind in (("aten.max.dim", "max"), ("aten.min.dim", "min")):
+    register(OpSpec(name=_name, dtypes=ORDERED | {"int64"}, impl=_make_dim_pair_impl(_kind),
+                    shape_fn=_dim_pair_shape, rules=(_dim_pair_rule,),
+                    arg_dtypes={0: ORDERED},
+                    notes="(values, int64 indices); first occurrence, NaN wins"))
+    for _profile in STORAGE_PROFILES:
+        for _dt in ORDERED:
+            _x = (_dt, device_dtype(_dt, _profile))
+            declare(GENERIC_SHADER, _generic_defines(_kind, _x, _x, _dt))
+            declare(GENERIC_SHADER, _generic_defines(
+                "arg" + _kind, ("int64", device_dtype("int64", _profile)), _x, _dt))
