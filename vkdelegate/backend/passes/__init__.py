@@ -9,6 +9,7 @@ from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
+from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 
 # Order matters:
 # 1. no-op clones/copies go first, so that they do not hide the patterns below
@@ -18,7 +19,10 @@ from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 # 3. batch-norm folding: it needs the conv/linear with constant weights;
 # 4. conv+clamp fusion after the fold, so that conv -> bn -> relu, now conv -> relu,
 #    fuses too.
-PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm, fuse_conv_clamp)
+# 5. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
+#    batch from their sym_size inputs, which then die).
+PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
+          symbolic_view_sizes)
 
 
 def run_passes(pg) -> list[str]:
