@@ -179,22 +179,35 @@ def test_resize_slices_of_the_dynamic_dim():
              resize_inputs=[(rand(4, 3, seed=1),), (rand(7, 3, seed=2),)])
 
 
-def test_view_with_symbolic_sizes_stays_on_cpu():
-    """x.flatten(1) on a dynamic batch exports view(x, [sym_size, 15]): the SymInt
-    would be a partition input, so the view stays on the CPU with a reason."""
+def test_flatten_of_a_dynamic_batch():
+    """flatten(1) exports as view(x, [sym_size(x, 0), 15]); the symbolic_view_sizes
+    pass makes that -1, so the view runs on Vulkan and follows resizes."""
+    batch = Dim("batch", min=1, max=9)
+    check_op(lambda x: x.flatten(1), (rand(9, 3, 5),), ops=[VIEW],
+             dynamic_shapes=({0: batch},), resize_inputs=[(rand(4, 3, 5, seed=1),)])
+
+
+def test_view_with_a_product_of_symbolic_sizes():
+    dims = {0: Dim("a", min=1, max=9), 1: Dim("b", min=1, max=9)}
+    check_op(lambda x: x.reshape(x.shape[0] * x.shape[1], 5), (rand(7, 3, 5),), ops=[VIEW],
+             dynamic_shapes=(dims,), resize_inputs=[(rand(2, 5, 5, seed=1),)])
+
+
+def test_view_with_two_symbolic_sizes_stays_on_cpu():
+    """Two symbolic sizes cannot both become -1: the SymInts would be partition
+    inputs, so the view stays on the CPU with a reason."""
     from vkdelegate import VulkanPartitioner
-    ep = torch.export.export(_Flatten(), (rand(7, 3, 5),),
-                             dynamic_shapes=({0: Dim("b", min=1, max=9)},))
-    ep = ep.run_decompositions()
-    report = VulkanPartitioner().report(ep)
+    dims = {0: Dim("a", min=1, max=9), 1: Dim("b", min=1, max=9)}
+    ep = torch.export.export(_Unflatten(), (rand(7, 3, 5),), dynamic_shapes=(dims,))
+    report = VulkanPartitioner().report(ep.run_decompositions())
     views = [d for d in report.cpu_nodes if d.op == VIEW]
     assert len(views) == 1
     assert views[0].reasons == ["size list with a dynamic (symbolic) size at dim 0"]
 
 
-class _Flatten(torch.nn.Module):
+class _Unflatten(torch.nn.Module):
     def forward(self, x):
-        return x.flatten(1)
+        return x.reshape(x.shape[1], x.shape[0], 5)
 
 
 #: ExecuTorch's names for the copying view ops (found in ET-VK blobs), run as a chain
