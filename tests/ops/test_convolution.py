@@ -24,6 +24,8 @@ def _conv(weight, bias, **kw):
 CASES_2D = {
     "pointwise_tile4": ((2, 7, 5, 3), (12, 7, 1, 1), True, {}),
     "pointwise_tile1": ((1, 5, 11, 13), (3, 5, 1, 1), False, {}),
+    "pointwise_aligned": ((2, 6, 4, 6), (8, 6, 1, 1), True, {}),
+    "pointwise_aligned_tail": ((1, 5, 3, 4), (4, 5, 1, 1), False, {}),
     "pointwise_strided": ((1, 6, 9, 7), (8, 6, 1, 1), True, {"stride": 2}),
     "k3_s2_p1": ((2, 3, 11, 13), (8, 3, 3, 3), True, {"stride": 2, "padding": 1}),
     "k3_dilated_asym_pad": ((1, 3, 13, 11), (5, 3, 3, 3), False,
@@ -93,10 +95,13 @@ def test_conv2d_fp16():
     # eager's CPU kernel, so the difference is the output rounding plus one fp16 ulp.
     torch.manual_seed(0)
     w, b = torch.randn(8, 4, 3, 3).half(), torch.randn(8).half()
-    wd = torch.randn(4, 1, 3, 3).half()
+    wd, wp = torch.randn(4, 1, 3, 3).half(), torch.randn(4, 4, 1, 1).half()
     check_op(lambda x: F.conv2d(F.conv2d(x, wd, None, padding=1, groups=4), w, b,
                                 stride=2),
              (torch.randn(2, 4, 11, 7).half(),), ops=[CONV], rtol=1e-2, atol=1e-2)
+    # Pointwise over planes of 12 pixels: the 4-at-a-time loads of fp16 data.
+    check_op(lambda x: F.conv2d(x, wp), (torch.randn(2, 4, 3, 4).half(),), ops=[CONV],
+             rtol=1e-2, atol=1e-2)
 
 
 def test_conv2d_dynamic_batch_and_size():

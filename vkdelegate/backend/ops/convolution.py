@@ -121,9 +121,25 @@ def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool
         d["TRANSPOSED"] = "1"
     elif mode == "pointwise":
         d["POINTWISE"] = "1"
+        d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
     if clamp:
         d["CLAMP"] = "1"
     return d
+
+
+def workgroup_for(grid, invocations: int = 64) -> tuple:
+    """A workgroup of ``invocations`` (a power of two) shaped to a 3-D ``grid``: x
+    first, so that few invocations fall outside small grids."""
+    sizes = []
+    left = invocations
+    for extent in grid[:2]:
+        size = 1
+        while size < extent and size < left:
+            size *= 2
+        sizes.append(size)
+        left //= size
+    sizes.append(left)
+    return tuple(sizes)
 
 
 def pack_weight(weight: np.ndarray, groups: int, transposed: bool, tile: int) -> np.ndarray:
@@ -177,21 +193,23 @@ def _build(b, node, clamp_ids=None):
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
         lo = lo if lo_v is None else float(lo_v)
         hi = hi if hi_v is None else float(hi_v)
-    params = b.params(record(ivec4(icg, ocg, n), vec4(lo, hi)))
+    params = b.params(record(ivec4(icg, ocg), vec4(lo, hi)))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
-    px = 4 if tile == 4 and not pointwise else 8  # output positions per invocation (PX in the shader)
+    px = 4 if tile == 4 and not pointwise else 8  # outputs per invocation (PX)
     if pointwise:
-        invocations = mx[0] * (oc // tile) * (-(-(oh * ow) // px))
+        grid = (-(-(oh * ow) // px), oc // tile, mx[0])
     else:
-        invocations = mx[0] * (oc // tile) * oh * (-(-ow // px))
-    # Window geometry as specialization constants 3..10 (KH, KW, SH, SW, PH, PW, DH, DW).
-    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])
+        grid = (-(-ow // px), oh, mx[0] * (oc // tile))
+    # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
+    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
+                n)
     b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
                                 clamp=clamp_ids is not None),
-               outputs=[out], inputs=[x, w, bias], params=[out.meta, x.meta, params],
+               outputs=[out], inputs=[x, w, bias] + ([x] if pointwise else []),
+               params=[out.meta, x.meta, params],
                spec_constants=geometry,
-               global_size=(invocations,), local_size=(64, 1, 1))
+               global_size=grid, local_size=workgroup_for(grid))
 
 
 def _impl(b, node):

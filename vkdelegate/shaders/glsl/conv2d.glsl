@@ -36,6 +36,7 @@ layout(constant_id = 7) const int PH = 0;
 layout(constant_id = 8) const int PW = 0;
 layout(constant_id = 9) const int DH = 1;
 layout(constant_id = 10) const int DW = 1;
+layout(constant_id = 11) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
@@ -45,12 +46,18 @@ TENSOR_IN(2, w_data, vec4)  // prepacked fp32: the 4 channels' weights of a tap 
 TENSOR_IN(2, w_data, W_T)
 #endif
 TENSOR_IN(3, b_data, B_T)
+#ifdef POINTWISE
+// The input again, 4 elements per load (used when a channel plane is a multiple of 4).
+TENSOR_IN(4, in4_data, IN4_T)
+#define PARAM0 5
+#else
 #define PARAM0 4
+#endif
 TENSOR_META(PARAM0, out_meta)
 TENSOR_META(PARAM0 + 1, in_meta)
 // Mirrors vkdelegate.backend.ops.convolution._conv_params.
 layout(set = 0, binding = PARAM0 + 2) uniform conv_block {
-  ivec4 channels;  // IC per group, OC per group, spatial dims (1 or 2)
+  ivec4 channels;  // IC per group, OC per group
   vec4 clamp;      // output min, output max (CLAMP only)
 } conv;
 
@@ -89,7 +96,6 @@ ACC_VEC load_w(int oc, int icg, int kh, int kw, int ICg, int OCg) {
 }
 
 void main() {
-  const int SPATIAL = conv.channels.z;
   const int OW = size_at(out_meta, 0);
   const int OH = SPATIAL == 2 ? size_at(out_meta, 1) : 1;
   const int OC = size_at(out_meta, SPATIAL);
@@ -103,13 +109,14 @@ void main() {
 #ifdef POINTWISE
   const int P = OH * OW;  // flattened pixels: input and output share them
   const int tiles = (P + PX - 1) / PX;
-  const uint i = linear_id();
-  if (i >= uint(N * OCB * tiles)) {
+  // Grid: (pixel tile, channel block, batch); no per-invocation division (llvmpipe
+  // runs integer division lane by lane).
+  const int tile = int(gl_GlobalInvocationID.x);
+  const int ocb = int(gl_GlobalInvocationID.y);
+  const int n = int(gl_GlobalInvocationID.z);
+  if (tile >= tiles || ocb >= OCB || n >= N) {
     return;
   }
-  const int tile = int(i) % tiles;
-  const int ocb = (int(i) / tiles) % OCB;
-  const int n = int(i) / (tiles * OCB);
   const int oc = ocb * OC_TILE;
   const int p0 = tile * PX;
   ACC_VEC acc[PX];
@@ -122,24 +129,45 @@ void main() {
     pix[p] = min(p0 + p, P - 1);
   }
   int in_off = n * IC * P;
-  for (int ic = 0; ic < IC; ++ic, in_off += P) {
-    const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC);
-    for (int p = 0; p < PX; ++p) {
-      acc[p] += w * float(in_data[in_off + pix[p]]);
+  if ((P & 3) == 0) {
+    // Aligned planes: two vec4 loads per channel; the second of a tail tile is clamped
+    // to the plane's last vec4 (its values are not stored).
+    const int q0 = p0 >> 2;
+    const int q1 = min(q0 + 1, (P >> 2) - 1);
+    int q_off = in_off >> 2;
+    for (int ic = 0; ic < IC; ++ic, q_off += P >> 2) {
+      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC);
+      const vec4 lo = vec4(in4_data[q_off + q0]);
+      const vec4 hi = vec4(in4_data[q_off + q1]);
+      acc[0] += w * lo.x;
+      acc[1] += w * lo.y;
+      acc[2] += w * lo.z;
+      acc[3] += w * lo.w;
+      acc[4] += w * hi.x;
+      acc[5] += w * hi.y;
+      acc[6] += w * hi.z;
+      acc[7] += w * hi.w;
+    }
+  } else {
+    for (int ic = 0; ic < IC; ++ic, in_off += P) {
+      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC);
+      for (int p = 0; p < PX; ++p) {
+        acc[p] += w * float(in_data[in_off + pix[p]]);
+      }
     }
   }
   const int out_base = (n * OC + oc) * P + p0;
   const int valid = min(PX, P - p0);
 #else
   const int tiles = (OW + PX - 1) / PX;
-  const uint i = linear_id();
-  if (i >= uint(N * OCB * OH * tiles)) {
+  // Grid: (column tile, output row, batch x channel block).
+  const int tile = int(gl_GlobalInvocationID.x);
+  const int oh = int(gl_GlobalInvocationID.y);
+  const int ocb = int(gl_GlobalInvocationID.z) % OCB;
+  const int n = int(gl_GlobalInvocationID.z) / OCB;
+  if (tile >= tiles || oh >= OH || n >= N) {
     return;
   }
-  const int tile = int(i) % tiles;
-  const int oh = (int(i) / tiles) % OH;
-  const int ocb = (int(i) / (tiles * OH)) % OCB;
-  const int n = int(i) / (tiles * OH * OCB);
   const int oc = ocb * OC_TILE;
   const int ow0 = tile * PX;
   const int g = oc / OCg;
