@@ -287,3 +287,18 @@ def test_non_contiguous_and_bool_inputs(vk_device):
         out, same = graph.execute([base.T, flags])  # a transposed view
         np.testing.assert_array_equal(out, np.maximum(base.T, 0))
         assert same.dtype == np.bool_ and (same == flags).all()
+
+
+def test_failed_resize_leaves_no_stale_metadata(vk_device):
+    m = GraphMaker()
+    ia, ib = m.input((5, 7)), m.input((5, 7))
+    m.output(m.op("aten.add.Tensor", [ia, ib, m.scalar(1)], (5, 7)))
+    rng = np.random.default_rng(26)
+    a, b = rand(rng, (5, 7)), rand(rng, (5, 7))
+    with m.build(vk_device) as graph:
+        with pytest.raises(VkDelegateError, match=r"node 0 \(aten.add.Tensor\): sizes "
+                                                  r"\[2, 7\] and \[3, 7\] do not broadcast"):
+            graph.execute([a[:2], b[:3]])
+        with pytest.raises(VkDelegateError, match="exceed the upper bounds"):
+            graph.execute([a[:2], np.zeros((6, 7), np.float32)])
+        np.testing.assert_allclose(graph.execute([a, b])[0], a + b, rtol=1e-6)

@@ -208,22 +208,31 @@ class DelegateGraph:
 
     def resize(self, shapes) -> None:
         """Set new input sizes and propagate them through every node's shape_fn;
-        VkDelegateError if a size exceeds its bound or a node cannot be resized."""
+        VkDelegateError naming the node if a size exceeds its bound, the sizes do not
+        fit the op, or the node cannot be resized. After a failure the next execute
+        resizes from scratch, so no half-updated metadata survives."""
+        self._shapes = None
         for t, s in zip(self.inputs, shapes):
             t.set_shape(s)
         for call, spec in zip(self.graph.chain, self._specs):
             out = self.resolve(call.args[-1])
             args = [self.resolve(a) for a in call.args[:-1]]
+            where = f"node {call.node_id} ({call.name})"
             if spec.shape_fn is None:
-                if any(isinstance(a, Tensor) and a.shape != a.max_shape for a in args):
-                    raise VkDelegateError(f"node {call.node_id} ({call.name}) cannot run "
-                                          f"on resized inputs (no shape function)")
+                tensors = [t for a in args for t in (a if isinstance(a, list) else [a])
+                           if isinstance(t, Tensor)]
+                if any(t.shape != t.max_shape for t in tensors):
+                    raise VkDelegateError(f"{where} cannot run on resized inputs (the op "
+                                          f"has no shape function)")
                 continue
-            new = spec.shape_fn(args)
-            outs = out if isinstance(out, list) else [out]
-            news = new if isinstance(new, list) else [new]
-            for t, s in zip(outs, news):
-                t.set_shape(s)
+            try:
+                new = spec.shape_fn(args)
+                outs = out if isinstance(out, list) else [out]
+                news = new if isinstance(new, list) else [new]
+                for t, size in zip(outs, news):
+                    t.set_shape(size)
+            except VkDelegateError as exc:
+                raise VkDelegateError(f"{where}: {exc}") from None
         for hook in self.resize_hooks:
             hook()
         self._shapes = tuple(t.shape for t in self.inputs)
