@@ -38,14 +38,16 @@ from vkdelegate.runtime.values import GraphValues
 from vkdelegate.runtime.vkcall import vk_call, wait_fence
 from vkdelegate.serialization import vkgraph as g
 
+
 class DelegateGraph:
     """An executable partition.
 
     graph: the VkGraph. constant_bytes: ``f(i) -> bytes`` resolving
     ``graph.constants[i]``. device: a Device, a selector (index or name substring) or
-    None (default device). staging: None picks per device (zero-copy when device-local
-    memory is host-visible), True always copies inputs/outputs through staging buffers,
-    False maps tensor memory directly. timeout_s: fence wait limit per execute.
+    None (default device). staging: None picks per device: zero-copy (tensor memory
+    mapped) on integrated and CPU devices whose device-local memory is host-visible,
+    staging buffers in host-cached memory on discrete GPUs (host reads of mapped VRAM
+    cross the bus uncached); True or False forces either. timeout_s: fence wait limit per execute.
     Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
     Call ``close()`` (or use ``with``) to free device memory.
     """
@@ -65,7 +67,8 @@ class DelegateGraph:
         self.last_profile: Profile | None = None
         self.last_timing: dict[str, float] = {}
         if staging is None:
-            staging = not self._has_mappable_device_memory()
+            staging = (self.device.info.type == "discrete"
+                       or not self._has_mappable_device_memory())
         self.staging = staging
         self.values = GraphValues(graph, self.device, self.allocator, staging)
         try:
@@ -84,7 +87,7 @@ class DelegateGraph:
         if self.staging:
             for t in {id(t): t for t in self.inputs + self.outputs}.values():
                 t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
-                                                  f"staging of {t.name}")
+                                                  f"staging of {t.name}", cached=True)
         self._specs = self._build_nodes()
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
         self.values.flush_uploads(self.timeout_s)

@@ -85,12 +85,14 @@ class Allocator:
         self._buffers: list = []
         self._regions = 0
 
-    def buffer(self, size: int, usage: int, host_visible: bool, what: str) -> Buffer:
-        """One buffer of ``size`` bytes (0 is rounded up to 16) in its own region."""
-        return self.aliased([size], usage, host_visible, [what])[0]
+    def buffer(self, size: int, usage: int, host_visible: bool, what: str,
+               cached: bool = False) -> Buffer:
+        """One buffer of ``size`` bytes (0 is rounded up to 16) in its own region.
+        cached: prefer host-cached memory (staging buffers the host reads)."""
+        return self.aliased([size], usage, host_visible, [what], cached)[0]
 
     def aliased(self, sizes: list[int], usage: int, host_visible: bool,
-                whats: list[str]) -> list[Buffer]:
+                whats: list[str], cached: bool = False) -> list[Buffer]:
         """Buffers that share one memory region (their contents may alias)."""
         dev = self.device
         handles, type_bits, alignment, need = [], ~0, 1, 1
@@ -112,8 +114,9 @@ class Allocator:
             alignment = max(alignment, req.alignment)
             need = max(need, req.size)
         required = HOST_FLAGS if host_visible else 0
-        type_index = dev.find_memory_type(type_bits & 0xFFFFFFFF, required,
-                                          vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        preferred = (vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT if cached
+                     else vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        type_index = dev.find_memory_type(type_bits & 0xFFFFFFFF, required, preferred)
         block, offset = self._place(type_index, need, alignment, whats[0])
         self._regions += 1
         out = []
