@@ -64,9 +64,10 @@ def count_calls(fn) -> int:
 
 
 def measure(device, nodes: int, numel: int, runs: int, warmup: int,
-            settle_s: float) -> dict:
+            settle_s: float, staging=None) -> dict:
     x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
-    with DelegateGraph(chain_graph(nodes, numel), lambda i: b"", device=device) as graph:
+    with DelegateGraph(chain_graph(nodes, numel), lambda i: b"", device=device,
+                       staging=staging) as graph:
         for _ in range(warmup):
             graph.execute([x])
         samples = []
@@ -95,16 +96,20 @@ def main(argv=None) -> int:
     parser.add_argument("--settle-ms", type=float, default=20.0,
                         help="idle time before each settled run")
     parser.add_argument("--device", default=None, help="index or name substring")
+    parser.add_argument("--staging", choices=["auto", "on", "off"], default="auto",
+                        help="inputs/outputs through staging buffers, or mapped memory")
     args = parser.parse_args(argv)
     device = default_device(args.device)
     rows, results = [], {}
     for nodes in (2, 200):
+        staging = {"auto": None, "on": True, "off": False}[args.staging]
         r = results[nodes] = measure(device, nodes, args.numel, args.runs, args.warmup,
-                                     args.settle_ms / 1e3)
+                                     args.settle_ms / 1e3, staging)
         rows.append([nodes, f"{r['total_s']:.0f}", f"{r['fence_wait_s']:.0f}",
                      f"{r['host_s']:.0f}", f"{r['settled_host_s']:.0f}", r["calls"]])
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}")
-    print(f"median of {args.runs} runs, {args.numel} float32 elements per tensor\n")
+    print(f"median of {args.runs} runs, {args.numel} float32 elements per tensor, "
+          f"staging {args.staging}\n")
     print(tabulate(rows, headers=["nodes", "total us", "fence wait us", "host us",
                                   "settled host us", "Python calls"]))
     for key, label in (("host_s", "back to back"), ("settled_host_s", "settled")):
