@@ -124,3 +124,20 @@ def test_require_dynamic_shapes_rejects_static_only_ops(fake_ops):
     assert _by_name(VulkanPartitioner().report(ep))["cos"].on_vulkan
     d = _by_name(VulkanPartitioner({"require_dynamic_shapes": True}).report(ep))
     assert d["cos"].reasons == ["op cannot be resized and require_dynamic_shapes is set"]
+
+
+def test_linear_preserved_whole_when_supported():
+    # aten.linear on a 3-D input decomposes into views around a matrix multiply; when
+    # the registry runs linear, every linear node stays whole.
+    if "aten.linear.default" not in registry.load_all():
+        pytest.skip("the registry has no aten.linear.default")
+    m = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+    part = VulkanPartitioner()
+    ep = torch.export.export(m, (torch.randn(2, 5, 8),))
+    assert part.ops_to_preserve(ep) == {torch.ops.aten.linear.default}
+    targets = [n.target for n in part.prepare(ep).gm.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.aten.linear.default, torch.ops.aten.relu.default,
+                       torch.ops.aten.linear.default]
+    # float64 is not supported: the linear decomposes as usual.
+    ep64 = torch.export.export(m.double(), (torch.randn(2, 5, 8).double(),))
+    assert part.ops_to_preserve(ep64) == set()

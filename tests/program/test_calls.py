@@ -228,3 +228,11 @@ def test_fused_conv_clamp_on_the_cpu(executor):
     assert any(n.op == FUSED and n.reasons == ["in operator_blocklist"]
                for n in program.report.cpu_nodes)
     torch.testing.assert_close(program(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_errors_use_the_signature_input_name():
+    # nn.Sequential's input is "input", a builtin: the graph copy renames the
+    # placeholder, but users see the name they know.
+    program = _lower(torch.nn.Sequential(torch.nn.ReLU()), (torch.randn(2, 3),))
+    with pytest.raises(VkDelegateError, match="input 'input' dim 1 is 4, expected 3"):
+        program(torch.randn(2, 4))

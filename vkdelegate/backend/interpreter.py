@@ -68,6 +68,11 @@ def _special(key: str, name: str):
 _CASTS = ("float16", "float32")
 
 
+def _value_name(input_spec: dict) -> str:
+    """The glue value an input binds ("value"; older plans used "name" for both)."""
+    return input_spec.get("value", input_spec["name"])
+
+
 def _cast(arrays: list, dtypes: "list | None") -> list:
     """Delegate-boundary casts (force_fp16): dtype per array, None for none."""
     if not dtypes:
@@ -98,7 +103,8 @@ class MethodRunner:
                 raise VkDelegateError(f"method plan lacks {key!r}")
         pytree_spec.validate(plan["in_spec"])
         pytree_spec.validate(plan["out_spec"])
-        defined = {i["name"] for i in plan["inputs"]} | set(self.constants) | set(self.state)
+        defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
+            self.state)
         self._ops = []
         for n, node in enumerate(plan["nodes"]):
             if not isinstance(node, dict) or "op" not in node or "out" not in node:
@@ -153,7 +159,7 @@ class MethodRunner:
         check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}))
         env = dict(self.constants)
         env.update(self.state)
-        env.update({spec["name"]: v for spec, v in zip(plan["inputs"], flat_inputs)})
+        env.update({_value_name(spec): v for spec, v in zip(plan["inputs"], flat_inputs)})
         for node, fn in zip(plan["nodes"], self._ops):
             op = node["op"]
             if op == "delegate":

@@ -162,13 +162,26 @@ class VulkanPartitioner:
         logger.info(report.summary())
         return partitions, report
 
+    def ops_to_preserve(self, ep) -> set:
+        """Ops the default decomposition would split but that every one of their nodes
+        in ``ep`` could run on Vulkan whole (e.g. ``aten.linear`` on 3-D inputs,
+        which decomposes into views around a matrix multiply)."""
+        table = torch.export.default_decompositions()
+        verdicts: dict = {}
+        for node in ep.graph_module.graph.nodes:
+            op = node.target
+            if node.op != "call_function" or op not in table or verdicts.get(op) is False:
+                continue
+            verdicts[op] = not self.check_node(node)
+        return {op for op, ok in verdicts.items() if ok}
+
     def prepare(self, ep):
         """The ProgramGraph to_backend partitions: ``ep`` decomposed to core ATen,
         with the lowering passes applied (a copy; ``ep`` is not modified)."""
         from vkdelegate.backend.passes import run_passes
         from vkdelegate.backend.program_graph import from_exported_program
 
-        pg = from_exported_program(ep)
+        pg = from_exported_program(ep, self.ops_to_preserve(ep))
         run_passes(pg)
         pg.gm.graph.eliminate_dead_code()
         return pg

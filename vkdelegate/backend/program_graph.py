@@ -25,6 +25,8 @@ class ProgramGraph:
     user_inputs: placeholder names of the user inputs, in call order.
     constants: placeholder name -> tensor, for parameters, buffers that are never
         mutated and lifted constants.
+    user_input_labels: the user inputs' names in the exported program's signature (a
+        copy may rename a placeholder; users know the signature's names).
     state: placeholder name -> initial tensor, for buffers the program mutates.
     state_updates: placeholder name of a state buffer -> index in the output tuple
         of its new value.
@@ -38,6 +40,7 @@ class ProgramGraph:
     gm: torch.fx.GraphModule
     user_inputs: list[str]
     constants: dict[str, torch.Tensor]
+    user_input_labels: list[str] = field(default_factory=list)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     state_updates: dict[str, int] = field(default_factory=dict)
     input_updates: dict[int, int] = field(default_factory=dict)
@@ -75,14 +78,19 @@ class ProgramGraph:
                 del self.constants[node.name]
 
 
-def from_exported_program(ep) -> ProgramGraph:
+def from_exported_program(ep, preserve=()) -> ProgramGraph:
     """Decompose ``ep`` to core ATen and read its graph signature.
 
+    preserve: OpOverloads to keep whole instead of decomposing (ops a delegate runs
+        better as one node, such as a 3-D ``aten.linear``).
     Raises VkDelegateError for programs we cannot run (higher-order control flow,
     gradients, tokens).
     """
+    table = torch.export.default_decompositions()
+    for op in preserve:
+        table.pop(op, None)
     try:
-        ep = ep.run_decompositions()
+        ep = ep.run_decompositions(table)
     except Exception as exc:
         raise VkDelegateError(f"ATen decomposition of the exported program failed: "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -106,6 +114,7 @@ def from_exported_program(ep) -> ProgramGraph:
         if spec.kind == InputKind.USER_INPUT:
             placeholder_of[spec.arg.name] = len(pg.user_inputs)
             pg.user_inputs.append(name)
+            pg.user_input_labels.append(spec.arg.name)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
                            InputKind.CONSTANT_TENSOR):
             value = tensors[spec.target].detach()

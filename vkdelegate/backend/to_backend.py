@@ -213,16 +213,17 @@ class _GlueEncoder:
         pg = self.pg
         nodes, outputs = [], []
         inputs = []
-        for name in pg.user_inputs:
+        for name, label in zip(pg.user_inputs, pg.user_input_labels):
             val = pg.placeholder(name).meta["val"]
             if val is None or isinstance(val, (bool, int, float, str)):
                 # torch.export specializes a Python scalar input to its example value.
-                inputs.append({"name": name, "const": val})
+                inputs.append({"name": label, "value": name, "const": val})
                 continue
             if not isinstance(val, torch.Tensor):
                 raise VkDelegateError(f"input {name!r} of type {type(val).__name__} is not "
                                       f"supported (tensors and Python scalars are)")
-            inputs.append({"name": name, "dtype": dtype_name(val.dtype),
+            # "name": what users call the input; "value": the glue value it binds.
+            inputs.append({"name": label, "value": name, "dtype": dtype_name(val.dtype),
                            "shape": [_dim_spec(d) for d in val.shape]})
         for node in pg.gm.graph.nodes:
             if node.op in ("call_function", "call_module"):
