@@ -169,9 +169,13 @@ def test_delegate_load_failure_names_method_and_delegate():
         program(torch.randn(2, 3), torch.randn(2, 3))
 
 
-def test_repr_and_context_manager():
-    with _lower(AddTanh(), (torch.randn(2), torch.randn(2))) as program:
+def test_repr_context_manager_and_build(executor):
+    with _lower(AddTanh(), (torch.randn(2), torch.randn(2)), executor) as program:
         assert repr(program) == "LoweredProgram(forward: 1 delegate(s), 0 CPU op(s))"
+        (delegate,) = program.runner("forward").delegates
+        assert delegate.loaded is None
+        assert program.build() is program and delegate.loaded is not None
+    assert delegate.loaded is None  # closed on exit
 
 
 def test_python_scalar_input_is_the_exported_constant(executor):

@@ -54,21 +54,26 @@ class _LazyDelegate:
         self.profiling = False
         self.last_profile = None
 
+    def build(self) -> None:
+        """Decode the blob and build it on the executor (once)."""
+        if self.loaded is not None:
+            return
+        if self.options.executor == "reference":
+            from vkdelegate.backend.reference import load_reference
+
+            self.loaded = load_reference(self.delegate.blob, self.delegate.named_data)
+        else:
+            from vkdelegate.runtime import load_delegate
+
+            try:
+                self.loaded = load_delegate(self.delegate.blob,
+                                            self.delegate.named_data,
+                                            device=self.options.device)
+            except VkDelegateError as exc:
+                raise VkDelegateError(f"{self.where}: {exc}") from exc
+
     def execute(self, inputs: list) -> list:
-        if self.loaded is None:
-            if self.options.executor == "reference":
-                from vkdelegate.backend.reference import load_reference
-
-                self.loaded = load_reference(self.delegate.blob, self.delegate.named_data)
-            else:
-                from vkdelegate.runtime import load_delegate
-
-                try:
-                    self.loaded = load_delegate(self.delegate.blob,
-                                                self.delegate.named_data,
-                                                device=self.options.device)
-                except VkDelegateError as exc:
-                    raise VkDelegateError(f"{self.where}: {exc}") from exc
+        self.build()
         if not self.profiling:
             return self.loaded.execute(inputs)
         if self.options.executor != "vulkan":
@@ -155,6 +160,14 @@ class LoweredProgram:
 
     def num_delegates(self, method: "str | None" = None) -> int:
         return len(self.methods[method or self.default_method()].delegates)
+
+    def build(self) -> "LoweredProgram":
+        """Build every delegate now (decode, allocate, upload weights, compile and
+        record) instead of at its first call; returns the program."""
+        for runner in self._runners.values():
+            for d in runner.delegates:
+                d.build()
+        return self
 
     def close(self) -> None:
         """Release every delegate's device resources (rebuilt if called again)."""
