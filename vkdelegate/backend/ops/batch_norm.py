@@ -15,8 +15,11 @@ the channel dim.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import record, vec4
@@ -84,9 +87,11 @@ def _impl(b, node):
                         b.prepacked(fill[i].astype(x.dtype), x.dtype)
                         for i, t in enumerate(stats)]
         prepacked = False
+    mx = out.max_shape
+    grid = (math.prod(mx[2:]), mx[1], mx[0])
     b.dispatch(SHADER, _defines(out, x, inputs[1], prepacked), outputs=[out],
                inputs=inputs, params=[out.meta, b.params(record(vec4(eps)))],
-               global_size=(out.max_numel,), local_size=(64, 1, 1))
+               global_size=grid, local_size=workgroup_for(grid, 64))
 
 
 register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape,

@@ -16,6 +16,9 @@ int32 on the device). Resizable in every dim.
 """
 from __future__ import annotations
 
+import math
+
+from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record
@@ -107,6 +110,12 @@ def _output_size_rule(node: NodeSpec):
 
 
 # ---- runtime ------------------------------------------------------------------------
+def _grid(out) -> tuple:
+    """(columns, rows, planes) of the output at its upper-bound sizes."""
+    *planes, h, w = out.max_shape
+    return (w, h, math.prod(planes))
+
+
 def _defines(out, x, kind: str) -> dict:
     d = storage_defines(OUT=out, IN=x)
     if kind in ("max", "adaptive_max"):
@@ -127,8 +136,8 @@ def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
                              ivec4(int(bool(count_include_pad)), divisor or 0)))
     outputs = [out] + ([idx] if idx is not None else [])
     b.dispatch(SHADER, _defines(out, x, kind), outputs=outputs, inputs=[x],
-               params=[out.meta, x.meta, params], global_size=(out.max_numel,),
-               local_size=(64, 1, 1))
+               params=[out.meta, x.meta, params], global_size=_grid(out),
+               local_size=workgroup_for(_grid(out)))
 
 
 def _max_impl(b, node):

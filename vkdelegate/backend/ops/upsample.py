@@ -15,6 +15,9 @@ Resizable: output sizes follow the input when they come from scale factors.
 """
 from __future__ import annotations
 
+import math
+
+from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record, vec4
@@ -69,6 +72,12 @@ def _make_rule(size_pos: int, scale_pos: int, is_vec: bool):
     return rule
 
 
+def _grid(out) -> tuple:
+    """(columns, rows, planes) of the output at its upper-bound sizes."""
+    *planes, h, w = out.max_shape
+    return (w, h, math.prod(planes))
+
+
 def _defines(out, x, mode: str) -> dict:
     d = storage_defines(OUT=out, IN=x)
     d["NEAREST" if mode == "nearest" else "BILINEAR"] = "1"
@@ -90,8 +99,8 @@ def _make_impl(mode: str, size_pos: int, align_pos, scale_pos: int, is_vec: bool
         align = bool(args[align_pos]) if align_pos is not None else False
         params = b.params(record(vec4(*inv), ivec4(int(align))))
         b.dispatch(SHADER, _defines(out, x, mode), outputs=[out], inputs=[x],
-                   params=[out.meta, x.meta, params], global_size=(out.max_numel,),
-                   local_size=(64, 1, 1))
+                   params=[out.meta, x.meta, params], global_size=_grid(out),
+                   local_size=workgroup_for(_grid(out)))
     return impl
 
 

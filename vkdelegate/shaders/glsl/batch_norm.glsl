@@ -26,25 +26,37 @@ TENSOR_META(PARAM0, out_meta)
 layout(set = 0, binding = PARAM0 + 1) uniform bn_block { vec4 eps; };
 
 void main() {
-  const uint i = linear_id();
-  if (i >= uint(numel_of(out_meta))) {
-    return;
-  }
+  // Grid: (element within a channel plane, channel, batch): no integer division
+  // (llvmpipe runs it lane by lane).
+  // Sizes read with constant indices only: indexing the metadata block with a
+  // run-time value makes llvmpipe copy it to scratch memory on every access.
   const int nd = ndim_of(out_meta);
-  // Elements per channel plane: the product of the dims after dim 1.
-  int inner = 1;
-  for (int d = 0; d < 6; ++d) {
+  int inner = 1;  // elements per channel plane: the product of the dims after dim 1
+  int C = 1;
+  int N = 1;
+  [[unroll]] for (int d = 0; d < 8; ++d) {
+    const int size = size_at(out_meta, d);
     if (d < nd - 2) {
-      inner *= size_at(out_meta, d);
+      inner *= size;
+    } else if (d == nd - 2) {
+      C = size;
+    } else if (d == nd - 1) {
+      N = size;
     }
   }
-  const int c = (int(i) / inner) % size_at(out_meta, nd - 2);
-  const float x = float(in_data[i]);
+  const int x = int(gl_GlobalInvocationID.x);
+  const int c = int(gl_GlobalInvocationID.y);
+  const int n = int(gl_GlobalInvocationID.z);
+  if (x >= inner || c >= C || n >= N) {
+    return;
+  }
+  const int i = (n * C + c) * inner + x;
+  const float v = float(in_data[i]);
 #ifdef PREPACKED
-  const float v = x * float(scale_data[c]) + float(shift_data[c]);
+  const float r = v * float(scale_data[c]) + float(shift_data[c]);
 #else
   const float s = float(w_data[c]) / sqrt(float(var_data[c]) + eps.x);
-  const float v = (x - float(mean_data[c])) * s + float(b_data[c]);
+  const float r = (v - float(mean_data[c])) * s + float(b_data[c]);
 #endif
-  out_data[i] = OUT_STORE(v);
+  out_data[i] = OUT_STORE(r);
 }

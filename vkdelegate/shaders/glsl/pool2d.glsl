@@ -29,15 +29,16 @@ layout(set = 0, binding = IN_BINDING + 3) uniform pool_block {
 } pool;
 
 void main() {
-  const uint i = linear_id();
-  if (i >= uint(numel_of(out_meta))) {
-    return;
-  }
+  // Grid: (output column, output row, plane): no integer division per element.
   const int OW = size_at(out_meta, 0), OH = size_at(out_meta, 1);
   const int IW = size_at(in_meta, 0), IH = size_at(in_meta, 1);
-  const int ow = int(i) % OW;
-  const int oh = (int(i) / OW) % OH;
-  const int plane = int(i) / (OW * OH);
+  const int ow = int(gl_GlobalInvocationID.x);
+  const int oh = int(gl_GlobalInvocationID.y);
+  const int plane = int(gl_GlobalInvocationID.z);
+  if (ow >= OW || oh >= OH || plane * OW * OH >= numel_of(out_meta)) {
+    return;
+  }
+  const int i = (plane * OH + oh) * OW + ow;
   const int in_base = plane * IH * IW;
 #ifdef ADAPTIVE
   const int h0 = (oh * IH) / OH, h1 = ((oh + 1) * IH + OH - 1) / OH;

@@ -60,15 +60,17 @@ void linear_idx(int o, int in_size, int out_size, float inv_scale, out int i0, o
 #endif
 
 void main() {
-  const uint i = linear_id();
-  if (i >= uint(numel_of(out_meta))) {
-    return;
-  }
+  // Grid: (output column, output row, plane): no integer division per element.
   const int OW = size_at(out_meta, 0), OH = size_at(out_meta, 1);
   const int IW = size_at(in_meta, 0), IH = size_at(in_meta, 1);
-  const int ow = int(i) % OW;
-  const int oh = (int(i) / OW) % OH;
-  const int base = (int(i) / (OW * OH)) * IH * IW;
+  const int ow = int(gl_GlobalInvocationID.x);
+  const int oh = int(gl_GlobalInvocationID.y);
+  const int plane = int(gl_GlobalInvocationID.z);
+  if (ow >= OW || oh >= OH || plane * OW * OH >= numel_of(out_meta)) {
+    return;
+  }
+  const int i = (plane * OH + oh) * OW + ow;
+  const int base = plane * IH * IW;
 #ifdef NEAREST
   const int ih = nearest_idx(oh, IH, OH, up.inv_scales.x);
   const int iw = nearest_idx(ow, IW, OW, up.inv_scales.y);
