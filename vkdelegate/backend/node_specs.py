@@ -96,9 +96,29 @@ def schema_args(node: torch.fx.Node) -> list:
     return values
 
 
+def _symbolic_args(values) -> list[str]:
+    """Names of fx nodes among ``values`` (lists searched) that carry a SymInt."""
+    found = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            found += _symbolic_args(v)
+        elif isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.SymInt):
+            found.append(v.name)
+    return found
+
+
 def node_spec(node: torch.fx.Node) -> NodeSpec:
-    """The NodeSpec of a call_function node whose target is an ATen OpOverload."""
-    args = tuple(_describe(a) for a in schema_args(node))
+    """The NodeSpec of a call_function node whose target is an ATen OpOverload.
+
+    Raises VkDelegateError for a node with a symbolic-size (SymInt) argument: it would
+    be an input of its partition, and delegates take tensors only.
+    """
+    values = schema_args(node)
+    symbolic = _symbolic_args(values)
+    if symbolic:
+        raise VkDelegateError(f"takes symbolic sizes ({', '.join(symbolic)}) as arguments; "
+                              f"delegates take tensors only")
+    args = tuple(_describe(a) for a in values)
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
     outputs = tuple(tensor_spec(v) for v in vals if isinstance(v, torch.Tensor))
