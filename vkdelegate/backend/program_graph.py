@@ -117,7 +117,11 @@ def from_exported_program(ep, preserve=()) -> ProgramGraph:
             pg.user_input_labels.append(spec.arg.name)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
                            InputKind.CONSTANT_TENSOR):
-            value = tensors[spec.target].detach()
+            value = tensors[spec.target]
+            if not isinstance(value, torch.Tensor):
+                raise VkDelegateError(f"input {name} ({spec.target}) holds a "
+                                      f"{type(value).__name__}, not a tensor")
+            value = value.detach()
             if spec.kind == InputKind.BUFFER and spec.target in mutated:
                 pg.state[name] = value.clone()
             else:
