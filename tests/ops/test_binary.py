@@ -188,3 +188,16 @@ def test_resize():
              dynamic_shapes=({1: n}, {1: n}),
              resize_inputs=[(torch.randn(4, 1), torch.randn(1, 1)),
                             (torch.randn(4, 32), torch.randn(1, 32))])
+
+
+def test_plan_refusals():
+    # Partition-time reasons for what the device cannot do exactly (torch-free rules).
+    from vkdelegate.backend.ops.binary import BINARY_OPS, plan
+    add, eq = BINARY_OPS["aten.add.Tensor"], BINARY_OPS["aten.eq.Scalar"]
+    assert plan(add, "int32", 2 ** 40, "int32") == \
+        "scalar operand [1099511627776] outside the int32 range of the device"
+    assert "within one category" in plan(add, "int8", "int32", "int32")
+    assert isinstance(plan(add, "bool", 1, "int64"), str)  # int64 result: stays on CPU
+    assert plan(add, "int32", 0.5, "float32") == ("float32", "float32")
+    assert plan(eq, "float16", 0.1, "bool") == ("float32", "float16")
+    assert plan(eq, "int32", 1, "bool") == ("int32", "int32")

@@ -142,6 +142,8 @@ def plan(op: Binary, a, b, out_dtype: str, mode=None) -> "tuple[str, str] | str"
     div.Tensor_mode's rounding_mode (None is true division)."""
     tensors = [v for v in (a, b) if isinstance(v, str)]
     scalars = [v for v in (a, b) if not isinstance(v, str)]
+    if not tensors:
+        return "no tensor operand"
     t = promote(tensors)
     if t is None:
         return f"operand dtypes {tensors} differ within one category (no such type " \
@@ -162,6 +164,8 @@ def plan(op: Binary, a, b, out_dtype: str, mode=None) -> "tuple[str, str] | str"
     if out_dtype != expected:
         return f"output dtype {out_dtype}, expected {expected} for {t} operands"
     scalar_dtype = t if t_float else ("float32" if float_scalar else "int32")
+    if scalar_dtype == "int32" and any(not -2 ** 31 <= s < 2 ** 31 for s in scalars):
+        return f"scalar operand {scalars} outside the int32 range of the device"
     if acc_type(compute) == "int":
         compute = "int32"
     return compute, scalar_dtype
