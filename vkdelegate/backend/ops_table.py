@@ -34,6 +34,13 @@ checks; otherwise the partitioner leaves the node on the CPU and the partition r
 unless an argument position (`arg i`, in ATen schema order) lists its own.
 *dynamic*: the op runs on inputs resized within their `Dim` ranges without
 re-lowering. Notes state the ATen semantics kept and the known limits.
+
+Adding an op (docs/RUNTIME.md, "How to add an op"): test it in
+`tests/ops/test_<family>.py` with `tests.ops.harness.check_op`, which compares the
+lowered program with eager and records what ran on Vulkan. A full `pytest tests/ops`
+run ends with `tests/ops/test_registry_coverage.py`, which fails for any claimed
+(op, dtype) no test ran and any dispatched shader variant that was not declared. Then
+regenerate this file.
 """
 
 
