@@ -2,8 +2,10 @@
 
 One shader, linear.glsl: a batched matrix multiply with broadcasting batch dims, an
 optional bias broadcast against the output, and alpha/beta scaling; fp32 and fp16
-(accumulated in fp32). ``nn.Linear``'s weight ([out, in]) is read in place as its
-transpose, so nothing is repacked.
+(accumulated in fp32), 4 x 4 output tiles per invocation. A constant ``nn.Linear``
+weight ([out, in]) is prepacked at load as fp32 [ceil(out/4), in, 4], so the 4
+columns of a tile are one load; a weight computed at run time is read in place as its
+transpose.
 
 - linear(input [..., K], weight [N, K], bias [N]?) -> [..., N]: any input rank 1..6.
 - addmm(self, mat1 [M, K], mat2 [K, N], beta=1, alpha=1) -> [M, N]: ``self`` is
@@ -16,6 +18,11 @@ data-movement family.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import record, vec4
@@ -25,30 +32,47 @@ SHADER = "linear"
 DTYPES = frozenset({"float32", "float16"})
 
 
-def _defines(out, a, b, bias, b_nk: bool) -> dict:
+def _defines(out, a, b, bias, layout: str, m_tile: int) -> dict:
+    """layout: "kn" (b is [..., K, N]), "nk" (a [N, K] weight read in place) or
+    "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K])."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
     d = storage_defines(**tensors)
+    d["M_TILE"] = str(m_tile)
     if bias is not None:
         d["HAS_BIAS"] = "1"
-    if b_nk:
+    if layout == "nk":
         d["B_NK"] = "1"
+    elif layout == "packed":
+        d["B_PACKED"] = "1"
+        d.pop("B_T")
     return d
 
 
-def _matmul(b, out, a, mat, bias, b_nk: bool, alpha: float = 1.0, beta: float = 1.0):
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """[N, K] weight -> fp32 [ceil(N/4), K, 4], zero-padded: the shader's vec4 rows."""
+    n, k = weight.shape
+    padded = np.zeros((-(-n // 4) * 4, k), np.float32)
+    padded[:n] = weight
+    return np.ascontiguousarray(padded.reshape(-1, 4, k).transpose(0, 2, 1))
+
+
+def _matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 1.0):
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(record(vec4(alpha, beta))))
-    rows = 1
-    for s in out.max_shape[:-1]:
-        rows *= s
-    n = out.max_shape[-1] if out.ndim else 1
-    b.dispatch(SHADER, _defines(out, a, mat, bias, b_nk), outputs=[out],
+    if layout == "packed":
+        mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
+    shape = (1, 1) + tuple(out.max_shape)
+    # Rows per invocation: 4 share each b load; a single row (a classifier's batch of
+    # one) would waste 3 of them.
+    m_tile = 4 if shape[-2] >= 4 else 1
+    grid = (-(-shape[-1] // 4), -(-shape[-2] // m_tile), math.prod(shape[:-2]))
+    b.dispatch(SHADER, _defines(out, a, mat, bias, layout, m_tile), outputs=[out],
                inputs=[a, mat] + ([bias] if bias is not None else []), params=params,
-               global_size=(rows * (-(-n // 4)),), local_size=(64, 1, 1))
+               global_size=grid, local_size=workgroup_for(grid))
 
 
 def _same_dtype(node: NodeSpec):
@@ -80,8 +104,9 @@ def _linear_rule(node: NodeSpec):
 
 def _linear_impl(b, node):
     x_id, w_id, bias_id, out_id = node.args
-    bias = b.value(bias_id)
-    _matmul(b, b.tensor(out_id), b.tensor(x_id), b.tensor(w_id), bias, b_nk=True)
+    bias, w = b.value(bias_id), b.tensor(w_id)
+    layout = "packed" if b.constant_array(w) is not None else "nk"
+    _matmul(b, b.tensor(out_id), b.tensor(x_id), w, bias, layout)
 
 
 # ---- addmm --------------------------------------------------------------------------
@@ -107,7 +132,7 @@ def _addmm_impl(b, node):
     bias_id, m1_id, m2_id, beta_id, alpha_id, out_id = node.args
     beta, alpha = b.scalar(beta_id), b.scalar(alpha_id)
     _matmul(b, b.tensor(out_id), b.tensor(m1_id), b.tensor(m2_id), b.tensor(bias_id),
-            b_nk=False, alpha=1.0 if alpha is None else float(alpha),
+            "kn", alpha=1.0 if alpha is None else float(alpha),
             beta=1.0 if beta is None else float(beta))
 
 
@@ -126,7 +151,7 @@ def _bmm_rule(node: NodeSpec):
 
 def _bmm_impl(b, node):
     a_id, m_id, out_id = node.args
-    _matmul(b, b.tensor(out_id), b.tensor(a_id), b.tensor(m_id), None, b_nk=False)
+    _matmul(b, b.tensor(out_id), b.tensor(a_id), b.tensor(m_id), None, "kn")
 
 
 register(OpSpec(name="aten.linear.default", dtypes=DTYPES, impl=_linear_impl,
@@ -141,6 +166,7 @@ register(OpSpec(name="aten.bmm.default", dtypes=DTYPES, impl=_bmm_impl,
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
         _ddt = (_dt, device_dtype(_dt, _profile))
-        for _b_nk in (False, True):
+        for _layout in ("kn", "nk", "packed"):
             for _bias in (None, _ddt):
-                declare(SHADER, _defines(_ddt, _ddt, _ddt, _bias, _b_nk))
+                for _m_tile in (1, 4):
+                    declare(SHADER, _defines(_ddt, _ddt, _ddt, _bias, _layout, _m_tile))

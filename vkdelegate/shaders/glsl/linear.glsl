@@ -4,18 +4,28 @@
 
 // Batched matrix multiply with broadcasting batch dims and an optional bias:
 //   out[..., m, n] = alpha * sum_k a[..., m, k] * b[..., k, n] + beta * bias[...]
-// Each invocation computes 4 adjacent columns of one row (a[m, k] is loaded once for
-// 4 products), accumulating in fp32.
-// Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS).
-// B_NK: b is a weight stored [N, K] (nn.Linear's layout), read in place as its
-//   transpose; otherwise b is [..., K, N].
-// HAS_BIAS: bias broadcast against out (any rank <= out's, sizes 1 broadcast).
-// Batch dims (every dim before the last two) broadcast where a or b has size 1.
-// Sizes come from the metadata; K is a's innermost size.
+// Each invocation computes an M_TILE x 4 tile (rows m0.., columns n0..n0+3; M_TILE is
+// 4, or 1 for fewer than 4 rows): per k, M_TILE values of a and 4 of b feed
+// 4 * M_TILE multiply-adds, accumulated in fp32. Tiles at the
+// edges re-read the last row/column instead of reading out of bounds, and store only
+// their valid part.
+// Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS), M_TILE; one layout of b:
+//   B_PACKED: a constant [N, K] weight prepacked at load as fp32 vec4 [ceil(N/4), K]
+//     (the 4 columns of a tile at each k are one load);
+//   B_NK: b is [N, K] (nn.Linear's layout), read in place as its transpose;
+//   neither: b is [..., K, N].
+// HAS_BIAS: bias broadcast against out (any rank <= out's; size-1 dims broadcast).
+// Grid: (column tile, row tile, batch index over the dims before the last two).
+// Sizes come from the metadata (read with constant indices only: a run-time index
+// into the metadata block makes llvmpipe copy it to scratch memory).
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, a_data, A_T)
+#ifdef B_PACKED
+TENSOR_IN(2, b_data, vec4)
+#else
 TENSOR_IN(2, b_data, B_T)
+#endif
 #ifdef HAS_BIAS
 TENSOR_IN(3, c_data, C_T)
 #define PARAM0 4
@@ -31,46 +41,59 @@ TENSOR_META(PARAM0 + 3, c_meta)
 #else
 #define SCALARS_BINDING (PARAM0 + 3)
 #endif
-layout(set = 0, binding = SCALARS_BINDING) uniform scalars_block { vec4 scalars; };  // alpha, beta
+// alpha, beta
+layout(set = 0, binding = SCALARS_BINDING) uniform scalars_block { vec4 scalars; };
 
 void main() {
+  if (numel_of(out_meta) == 0) {
+    return;
+  }
   const int N = size_at(out_meta, 0);
   const int M = size_at(out_meta, 1);
   const int K = size_at(a_meta, 0);
   const int nd = ndim_of(out_meta);
-  const int tiles = (N + 3) / 4;
-  const uint i = linear_id();
-  if (N == 0 || i >= uint((numel_of(out_meta) / N) * tiles)) {
+  const int n0 = int(gl_GlobalInvocationID.x) * 4;
+  const int m0 = int(gl_GlobalInvocationID.y) * M_TILE;
+  if (n0 >= N || m0 >= M) {
     return;
   }
-  const int tile = int(i) % tiles;
-  const int row = int(i) / tiles;  // index over [..., M]
-  const int m = row % M;
-  int a_off = m * K;
+  // Batch offsets from the batch index (dims 2.. of the metadata, innermost first).
+  int rest = int(gl_GlobalInvocationID.z);
+  int a_off = 0;
   int b_off = 0;
-  // Batch coordinates, innermost batch dim (metadata index 2) first.
-  int rest = row / M;
-  for (int d = 2; d < 8; ++d) {
+  int c_off = 0;
+  [[unroll]] for (int d = 2; d < 8; ++d) {
     if (d < nd) {
       const int size = size_at(out_meta, d);
       const int coord = rest % size;
       rest /= size;
-      if (size_at(a_meta, d) != 1) {
-        a_off += coord * stride_at(a_meta, d);
-      }
-      if (size_at(b_meta, d) != 1) {
-        b_off += coord * stride_at(b_meta, d);
-      }
+      a_off += (size_at(a_meta, d) == 1 ? 0 : coord) * stride_at(a_meta, d);
+      b_off += (size_at(b_meta, d) == 1 ? 0 : coord) * stride_at(b_meta, d);
+#ifdef HAS_BIAS
+      c_off += (size_at(c_meta, d) == 1 ? 0 : coord) * stride_at(c_meta, d);
+#endif
     }
   }
-  const int n0 = tile * 4;
+  if (rest > 0) {
+    return;  // beyond the current batch count (the grid covers the upper bound)
+  }
+  int rows[M_TILE];
+  vec4 acc[M_TILE];
+  for (int j = 0; j < M_TILE; ++j) {
+    rows[j] = a_off + min(m0 + j, M - 1) * K;
+    acc[j] = vec4(0.0);
+  }
   int cols[4];
   for (int j = 0; j < 4; ++j) {
-    cols[j] = min(n0 + j, N - 1);  // the tail tile re-reads the last column
+    cols[j] = min(n0 + j, N - 1);
   }
-  vec4 acc = vec4(0.0);
+#ifdef B_PACKED
+  const int packed_row = (n0 >> 2) * K;
+#endif
   for (int k = 0; k < K; ++k) {
-    const float av = float(a_data[a_off + k]);
+#ifdef B_PACKED
+    const vec4 bv = b_data[packed_row + k];
+#else
     vec4 bv;
     for (int j = 0; j < 4; ++j) {
 #ifdef B_NK
@@ -79,33 +102,34 @@ void main() {
       bv[j] = float(b_data[b_off + k * N + cols[j]]);
 #endif
     }
-    acc += av * bv;
+#endif
+    for (int j = 0; j < M_TILE; ++j) {
+      acc[j] += float(a_data[rows[j] + k]) * bv;
+    }
   }
-  acc *= scalars.x;
-  const int out_row = row * N;
-  for (int j = 0; j < 4; ++j) {
-    const int n = n0 + j;
-    if (n >= N) {
+#ifdef HAS_BIAS
+  const int c_row = size_at(c_meta, 1) == 1 ? 0 : stride_at(c_meta, 1);
+  const int c_col = size_at(c_meta, 0) == 1 ? 0 : stride_at(c_meta, 0);
+#endif
+  for (int j = 0; j < M_TILE; ++j) {
+    const int m = m0 + j;
+    if (m >= M) {
       break;
     }
-    float v = acc[j];
-#ifdef HAS_BIAS
-    // ATen ignores the bias (NaN included) when beta is 0.
-    if (scalars.y != 0.0) {
-      int c_off = 0;
-      int idx = out_row + n;
-      for (int d = 0; d < 8; ++d) {
-        if (d < nd) {
-          const int size = size_at(out_meta, d);
-          if (size_at(c_meta, d) != 1) {
-            c_off += (idx % size) * stride_at(c_meta, d);
-          }
-          idx /= size;
-        }
+    const int out_row = (int(gl_GlobalInvocationID.z) * M + m) * N;
+    for (int jj = 0; jj < 4; ++jj) {
+      const int n = n0 + jj;
+      if (n >= N) {
+        break;
       }
-      v += scalars.y * float(c_data[c_off]);
-    }
+      float v = scalars.x * acc[j][jj];
+#ifdef HAS_BIAS
+      // ATen ignores the bias (NaN included) when beta is 0.
+      if (scalars.y != 0.0) {
+        v += scalars.y * float(c_data[c_off + m * c_row + n * c_col]);
+      }
 #endif
-    out_data[out_row + n] = OUT_STORE(v);
+      out_data[out_row + n] = OUT_STORE(v);
+    }
   }
 }
