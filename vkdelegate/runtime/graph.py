@@ -50,6 +50,12 @@ class DelegateGraph:
     cross the bus uncached); True or False forces either. timeout_s: fence wait limit per execute.
     Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
     Call ``close()`` (or use ``with``) to free device memory.
+
+    Attributes: ``inputs``/``outputs`` (Tensors), ``dispatches`` (recorded in order),
+    ``barriers`` (pipeline barriers between dispatches), ``recordings`` (times the main
+    command buffer was recorded: 1), ``last_profile`` (Profile of the last
+    ``profile=True`` run), ``last_timing`` (total/fence-wait/host seconds of the last
+    run).
     """
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],

@@ -154,6 +154,7 @@ class Allocator:
         return sum(b.size for b in self._blocks)
 
     def close(self) -> None:
+        """Destroy every buffer and free every block (the GPU must be done with them)."""
         dev = self.device.device
         for handle in self._buffers:
             vk.vkDestroyBuffer(dev, handle, None)

@@ -67,6 +67,7 @@ class Pipeline:
         del spec_buffer, entries, spec, stage, create
 
     def destroy(self, dev) -> None:
+        """Destroy the pipeline and the objects it owns on VkDevice ``dev``."""
         vk.vkDestroyPipeline(dev, self.pipeline, None)
         vk.vkDestroyPipelineLayout(dev, self.layout, None)
         vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
@@ -93,6 +94,7 @@ class PipelineCache:
         return len(self._pipelines)
 
     def close(self) -> None:
+        """Destroy every cached pipeline (at Device.close)."""
         for pipe in self._pipelines.values():
             pipe.destroy(self.device.device)
         self._pipelines.clear()

@@ -35,6 +35,7 @@ class Profile:
 
     @classmethod
     def from_queries(cls, device, pool, dispatches) -> "Profile":
+        """Read the len(dispatches) + 1 timestamps of ``pool`` (waiting for them)."""
         n = len(dispatches) + 1
         data = vk.ffi.new("uint64_t[]", n)
         vk_call(vk.vkGetQueryPoolResults, device.device, pool, 0, n, 8 * n, data, 8,
@@ -52,6 +53,7 @@ class Profile:
 
     @property
     def total_ns(self) -> float:
+        """Sum of the dispatches' GPU times, in ns."""
         return sum(d.duration_ns for d in self.dispatches)
 
     def per_node(self) -> dict[int, float]:
@@ -79,5 +81,6 @@ class Profile:
         return {"traceEvents": events, "displayTimeUnit": "ns"}
 
     def write_chrome_trace(self, path) -> None:
+        """Write ``chrome_trace()`` as JSON to ``path``."""
         with open(path, "w") as f:
             json.dump(self.chrome_trace(), f)

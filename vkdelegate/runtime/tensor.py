@@ -58,6 +58,7 @@ class Tensor:
 
     @staticmethod
     def nbytes_for(device_dtype: str, shape) -> int:
+        """Bytes of a contiguous tensor of ``shape`` stored as ``device_dtype``."""
         return math.prod(shape) * np.dtype(device_dtype).itemsize
 
     def set_shape(self, shape) -> bool:
