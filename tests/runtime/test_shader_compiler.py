@@ -48,3 +48,19 @@ def test_every_registered_op_has_declared_variants():
     assert {"binary_op", "unary_op", "reduce_sum", "matmul"} <= shaders
     for shader in shaders:
         assert (GLSL_DIR / f"{shader}.glsl").is_file()
+
+
+def test_prebuilt_cache_works_without_glslang(tmp_path):
+    defines = {"OUT_T": "float", "OUT_STORE(v)": "float(v)", "IN_T": "float",
+               "ACC_T": "float", "OP_EXPR": "-x"}
+    spirv = ShaderCompiler(cache=tmp_path).compile("unary_op", defines)
+    offline = ShaderCompiler(cache=tmp_path)
+    offline.tool = None  # a machine without glslang-tools, with the copied cache
+    assert offline.compile("unary_op", defines) == spirv
+    with pytest.raises(VkDelegateError, match=r"shader unary_op.glsl \(.*OP_EXPR=x.*\) "
+                                              r"is not in the prebuilt SPIR-V cache"):
+        offline.compile("unary_op", dict(defines, OP_EXPR="x"))
+    bare = ShaderCompiler(cache=tmp_path / "empty")
+    bare.tool = None
+    with pytest.raises(VkDelegateError, match="glslangValidator not found on PATH"):
+        bare.compile("unary_op", defines)

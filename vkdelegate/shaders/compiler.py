@@ -48,13 +48,29 @@ class ShaderCompiler:
 
     @property
     def version(self) -> str:
-        """glslangValidator's version text (part of every cache key)."""
+        """glslangValidator's version text (part of every cache key).
+
+        Recorded in the cache folder whenever glslang runs, so that a machine without
+        glslang can still use SPIR-V that ``vkdelegate build-shaders`` prepared (and
+        copied along with the cache) for the same sources.
+        """
         if self._version is None:
-            if not self.tool:
+            recorded = self.cache / "compiler-version.txt"
+            if self.tool:
+                out = subprocess.run([self.tool, "--version"], capture_output=True,
+                                     text=True)
+                self._version = out.stdout.strip()
+                if not recorded.is_file() or recorded.read_text() != self._version:
+                    self.cache.mkdir(parents=True, exist_ok=True)
+                    tmp = recorded.with_suffix(f".{os.getpid()}.tmp")
+                    tmp.write_text(self._version)
+                    os.replace(tmp, recorded)
+            elif recorded.is_file():
+                self._version = recorded.read_text()
+            else:
                 raise VkDelegateError("glslangValidator not found on PATH (Debian package "
-                                      "glslang-tools); it compiles the GLSL shaders")
-            out = subprocess.run([self.tool, "--version"], capture_output=True, text=True)
-            self._version = out.stdout.strip()
+                                      "glslang-tools); it compiles the GLSL shaders, and "
+                                      f"there is no prebuilt SPIR-V cache in {self.cache}")
         return self._version
 
     def source_path(self, name: str) -> Path:
@@ -80,6 +96,11 @@ class ShaderCompiler:
         cached = self.cache / f"{self.key(name, defines)}.spv"
         if cached.is_file():
             return cached.read_bytes()
+        if not self.tool:
+            variant = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
+            raise VkDelegateError(f"shader {name}.glsl ({variant}) is not in the prebuilt "
+                                  f"SPIR-V cache {self.cache} and glslangValidator is not "
+                                  f"installed to compile it")
         src = self.source_path(name)
         self.cache.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.cache, suffix=".spv.tmp")
