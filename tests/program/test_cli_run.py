@@ -76,3 +76,21 @@ def test_profile_and_trace(tmp_path, capsys):
     events = json.loads((d / "trace.json").read_text())["traceEvents"]
     assert {e["name"] for e in events} >= {"aten.add.Tensor", "aten.relu.default"}
     assert all(e["dur"] >= 0 for e in events)
+
+
+def test_method_choice(tmp_path, capsys):
+    class Neg(torch.nn.Module):
+        def forward(self, x):
+            return -torch.relu(x)
+
+    x = torch.randn(5)
+    eps = {"pos": torch.export.export(torch.nn.ReLU(), (x,)),
+           "neg": torch.export.export(Neg(), (x,))}
+    to_backend(eps, VulkanPartitioner({"executor": "reference"})).save(tmp_path / "m.vkp")
+    np.save(tmp_path / "x.npy", x.numpy())
+    base = ["run", str(tmp_path / "m.vkp"), "--output-dir", str(tmp_path)]
+    assert main(base + ["--method", "neg", "--input", f"x={tmp_path / 'x.npy'}"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "output_0.npy"), Neg()(x).numpy())
+    assert main(base + ["--input", f"input={tmp_path / 'x.npy'}"]) == 2
+    assert capsys.readouterr().err == ("vkdelegate run: error: the program has methods "
+                                       "pos, neg; choose one with --method\n")

@@ -112,7 +112,13 @@ def run(args) -> int:
     from vkdelegate.backend.program import load
 
     program = load(args.program, device=args.device)
-    method = args.method or program.default_method()
+    method = args.method
+    if method is None:
+        if "forward" not in program.methods and len(program.methods) > 1:
+            raise VkDelegateError(f"the program has methods "
+                                  f"{', '.join(program.method_names)}; choose one with "
+                                  f"--method")
+        method = program.default_method()
     runner = program.runner(method)
     flat = _flat_inputs(runner.plan, _parse_inputs(args.input or []))
     outputs = runner.call_flat(flat)
