@@ -12,6 +12,7 @@ expressions at load time; every choice is a declared variant.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -54,10 +55,11 @@ _GELU_TANH = ("0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * 
 #: aten name -> Unary
 UNARY_OPS = {
     "aten.relu.default": Unary("KEEP_NAN(x, max(x, ACC_T(0)))", NUMERIC | {"uint8"}),
-    "aten.hardtanh.default": Unary("KEEP_NAN(x, min(max(x, P0), P1))", FLOATS,
+    "aten.hardtanh.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))", FLOATS,
                                    params=lambda s, f: (s[0], s[1]),
                                    notes="relu6 exports as hardtanh(x, 0, 6)"),
-    "aten.clamp.default": Unary("KEEP_NAN(x, min(max(x, P0), P1))", FLOATS | {"int32"},
+    "aten.clamp.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))",
+                                FLOATS | {"int32"},
                                 params=lambda s, f: _bounds(s[0], s[1], f),
                                 notes="either bound may be None"),
     "aten.leaky_relu.default": Unary("x > 0.0 ? x : x * P0", FLOATS,
@@ -117,8 +119,9 @@ def _make_impl(op: Unary):
         param_buffers = [out.meta]
         if op.params is not None:
             values = op.params(scalars, acc_type(x.dtype) == "float")
-            ints = [max(INT32_MIN, min(INT32_MAX, int(v))) if abs(v) != float("inf")
-                    else 0 for v in values]
+            # The int row is read only by integer variants, whose parameters are ints.
+            ints = [max(INT32_MIN, min(INT32_MAX, int(v))) if math.isfinite(v) else 0
+                    for v in values]
             param_buffers.append(b.params(record(vec4(*values), ivec4(*ints))))
         b.dispatch(SHADER, _defines(expr, out, x, x.dtype, op.params is not None),
                    outputs=[out], inputs=[x], params=param_buffers,
