@@ -9,7 +9,7 @@ from __future__ import annotations
 from vkdelegate.backend.ops.copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
                                          contiguous_strides, same_dtype)
 from vkdelegate.backend.ops.movement import wrap_dim
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.backend.registry import OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
 
@@ -92,17 +92,8 @@ def _split_impl(b, node):
         affine_copy(b, out, x, plan)
 
 
-def _split_rule(node: NodeSpec):
-    x, _sizes, dim = node.args
-    if x.rank and x.dynamic and x.dynamic[dim % x.rank]:
-        return "split along a dynamic dim (the split sizes are symbolic)"
-    return None
-
-
-register(OpSpec(name="aten.cat.default", dtypes=MOVE_DTYPES, impl=_cat_impl,
-                shape_fn=_cat_shape, rules=(same_dtype,), notes="any dim; stack"))
 for _name, _notes in (("aten.split_with_sizes.default", "ValueList output; split, chunk"),
                       # ExecuTorch's edge-dialect name, found in ET-VK blobs.
                       ("aten.split_with_sizes_copy.default", "ExecuTorch name")):
     register(OpSpec(name=_name, dtypes=MOVE_DTYPES, impl=_split_impl,
-                    shape_fn=_split_shape, rules=(same_dtype, _split_rule), notes=_notes))
+                    shape_fn=_split_shape, rules=(same_dtype,), notes=_notes))

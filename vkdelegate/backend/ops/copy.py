@@ -119,8 +119,10 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
     params = b.params(plan_record(plan, fill))
     b.on_resize(lambda: params.write(plan_record(plan_fn(), fill)))
     defines = copy_defines(out.device_dtype, x.device_dtype, out.dtype, x.dtype)
+    # The plan's rank is the specialization constant NDIM (id 3): resizes keep it.
     b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=[params],
-               global_size=(plan.numel,), local_size=(64, 1, 1))
+               global_size=(plan.numel,), local_size=(64, 1, 1),
+               spec_constants=(len(plan.dims),))
 
 
 def declare_copy(dtype_pairs) -> None:

@@ -49,6 +49,12 @@ layout(set = 0, binding = 2) uniform plan_block {
 #define FILL info.w
 #endif
 
+// The plan's rank, fixed per node (resizes change sizes, never the rank): the loop
+// below runs only over real dims. Integer division has no SIMD form on CPUs
+// (llvmpipe scalarizes it), so every division saved counts: the outermost dim needs
+// none, and a flat copy (view, clone, _to_copy) none at all.
+layout(constant_id = 3) const int NDIM = 8;
+
 void main() {
   const uint i = linear_id();
   if (i >= uint(info.x)) {
@@ -58,10 +64,16 @@ void main() {
   int o = info.y;
   int src = info.z;
   bool inside = true;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    const int size = domain[d >> 2][d & 3];
-    const int c = int(rem % uint(size));
-    rem /= uint(size);
+  [[unroll]] for (int d = 0; d < NDIM; ++d) {
+    int c;
+    if (d == NDIM - 1) {
+      c = int(rem);
+    } else {
+      const uint size = uint(domain[d >> 2][d & 3]);
+      const uint q = rem / size;
+      c = int(rem - q * size);
+      rem = q;
+    }
     o += c * out_stride[d >> 2][d & 3];
     const int m = mode[d >> 2][d & 3];
     const int b = bound[d >> 2][d & 3];
