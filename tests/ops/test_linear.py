@@ -1,9 +1,10 @@
 """aten.linear.default, aten.addmm.default and aten.bmm.default against eager."""
+import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.ops.harness import check_op
+from tests.runtime.graphs import GraphMaker, rand
 
 LINEAR, ADDMM, BMM = "aten.linear.default", "aten.addmm.default", "aten.bmm.default"
 
@@ -81,3 +82,18 @@ def test_matmul_with_broadcast_batch_dims():
     # torch.matmul decomposes into expand/view + bmm at export; bmm must be delegated.
     torch.manual_seed(0)
     check_op(torch.matmul, (torch.randn(2, 1, 3, 5), torch.randn(4, 5, 7)), ops=[BMM])
+
+
+@pytest.mark.parametrize("m", [1, 6], ids=["one_row", "row_tiles"])
+def test_linear_with_weight_computed_at_run_time(vk_device, m):
+    # Export only makes linear nodes for constant weights (the lowering pass); a blob
+    # from elsewhere may carry a graph-input weight, read in place as [N, K].
+    rng = np.random.default_rng(0)
+    gm = GraphMaker()
+    x, w, bias = gm.input((2, m, 11)), gm.input((7, 11)), gm.input((7,))
+    gm.output(gm.op(LINEAR, [x, w, bias], (2, m, 7)))
+    arrays = [rand(rng, (2, m, 11)), rand(rng, (7, 11)), rand(rng, (7,))]
+    with gm.build(vk_device) as graph:
+        got = graph.execute(arrays)[0]
+    expected = arrays[0].astype(np.float64) @ arrays[1].T.astype(np.float64) + arrays[2]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
