@@ -13,7 +13,6 @@ included), the stable measure on a CPU driver on a shared machine. Torch-free.
 from __future__ import annotations
 
 import argparse
-import math
 import resource
 
 import numpy as np
