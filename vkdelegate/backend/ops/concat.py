@@ -92,6 +92,8 @@ def _split_impl(b, node):
         affine_copy(b, out, x, plan)
 
 
+register(OpSpec(name="aten.cat.default", dtypes=MOVE_DTYPES, impl=_cat_impl,
+                shape_fn=_cat_shape, rules=(same_dtype,), notes="any dim; stack"))
 for _name, _notes in (("aten.split_with_sizes.default", "ValueList output; split, chunk"),
                       # ExecuTorch's edge-dialect name, found in ET-VK blobs.
                       ("aten.split_with_sizes_copy.default", "ExecuTorch name")):
