@@ -67,11 +67,13 @@ def test_save_load_in_subprocess(tmp_path, executor):
         p(x)
         out = p(x)          # the state advances between calls, as in eager
         np.save(sys.argv[3], out["sorted"].numpy()); np.save(sys.argv[4], out["y"].numpy())
+        print(p.report)
         """, str(path), str(tmp_path / "x.npy"), str(tmp_path / "s.npy"),
         str(tmp_path / "y.npy"))
     assert result.returncode == 0, result.stderr
     module(x)
     expected = module(x)
+    assert "sort" in result.stdout  # the report travels with the program
     np.testing.assert_allclose(np.load(tmp_path / "s.npy"),
                                expected["sorted"].detach().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"),
@@ -250,6 +252,8 @@ def test_crafted_glue_op_is_refused(tmp_path, op):
     (lambda m: m.update(methods=[]), "malformed"),
     (lambda m: m["methods"]["forward"]["plan"].update(out_spec={"t": "set"}),
      "malformed tree spec"),
+    (lambda m: m["methods"]["forward"].update(report={"decisions": 3}),
+     "malformed partition report"),
 ])
 def test_crafted_manifest_is_refused(tmp_path, edit, text):
     path = _saved(tmp_path)
@@ -289,3 +293,13 @@ def test_list_delegate_blobs_for_inspect(tmp_path):
     from vkdelegate.cli import main
 
     assert main(["inspect", str(path)]) == 0
+
+
+def test_report_round_trip(tmp_path):
+    _, program, _ = _program("reference")
+    program.save(tmp_path / "p.vkp")
+    loaded = vkdelegate.load(tmp_path / "p.vkp")
+    assert loaded.report == program.report
+    assert str(loaded.report) == str(program.report)
+    assert [d.op for d in loaded.report.cpu_nodes] == ["aten.sort.default",
+                                                       "operator.getitem"]

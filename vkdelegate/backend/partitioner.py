@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import operator
-from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import torch
@@ -20,49 +19,19 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from vkdelegate.backend import registry
 from vkdelegate.backend.node_specs import node_spec
 from vkdelegate.backend.options import CompileOptions, parse_options
+from vkdelegate.backend.report import NodeDecision, PartitionReport
 from vkdelegate.errors import VkDelegateError
 
 logger = logging.getLogger("vkdelegate")
 
 
-@dataclass
-class NodeDecision:
-    """Whether one node runs on Vulkan; ``reasons`` is empty when it does."""
-
-    name: str
-    op: str
-    reasons: list[str] = field(default_factory=list)
-    partition: Optional[int] = None
-
-    @property
-    def on_vulkan(self) -> bool:
-        return self.partition is not None
-
-
-@dataclass
-class PartitionReport:
-    """Every call_function node's decision, in graph order."""
-
-    decisions: list[NodeDecision]
-    num_partitions: int
-
-    @property
-    def cpu_nodes(self) -> list[NodeDecision]:
-        """Nodes left on the CPU, each with at least one reason."""
-        return [d for d in self.decisions if not d.on_vulkan]
-
-    def summary(self) -> str:
-        """One line: how many nodes and partitions go to Vulkan."""
-        on = sum(d.on_vulkan for d in self.decisions)
-        return (f"vkdelegate: {on} of {len(self.decisions)} nodes delegated to Vulkan "
-                f"in {self.num_partitions} partition(s); {len(self.cpu_nodes)} on CPU")
-
-    def __str__(self) -> str:
-        from tabulate import tabulate
-
-        rows = [(d.name, d.op, "; ".join(d.reasons)) for d in self.cpu_nodes]
-        table = tabulate(rows, headers=("node", "op", "reason")) if rows else ""
-        return self.summary() + ("\n" + table if table else "")
+def _op_label(target) -> str:
+    """"aten.add.Tensor" for ATen ops, "operator.getitem" for Python functions."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    module = getattr(target, "__module__", None) or ""
+    module = "operator" if module == "_operator" else module
+    return f"{module}.{getattr(target, '__name__', target)}".lstrip(".")
 
 
 def _op_names(ops: Optional[Iterable]) -> Optional[frozenset]:
@@ -143,7 +112,7 @@ class VulkanPartitioner:
             if node.op != "call_function":
                 continue
             reasons = self.check_node(node)
-            decisions.append(NodeDecision(node.name, str(node.target), reasons))
+            decisions.append(NodeDecision(node.name, _op_label(node.target), reasons))
             if not reasons:
                 supported.add(node.name)
         partitioner = CapabilityBasedPartitioner(

@@ -18,6 +18,7 @@ import numpy as np
 
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy
 from vkdelegate.backend.options import CompileOptions, parse_options
+from vkdelegate.backend.report import PartitionReport
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization import program_file
 
@@ -114,7 +115,7 @@ class LoweredProgram:
 
     @property
     def report(self):
-        """The partition report of the default method (None for a loaded program)."""
+        """The partition report of the default method (kept in the program file)."""
         return self.methods[self.default_method()].report
 
     def default_method(self) -> str:
@@ -202,6 +203,7 @@ class LoweredProgram:
                 "plan": m.plan,
                 "constants": {k: _tensor_ref(table, v) for k, v in m.constants.items()},
                 "state": {k: _tensor_ref(table, v) for k, v in runner.state.items()},
+                "report": m.report.to_json() if m.report is not None else None,
                 "delegates": [{"blob": table.add(d.blob),
                                "named_data": {k: table.add(v)
                                               for k, v in d.named_data.items()}}
@@ -277,7 +279,9 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None
                 plan=m["plan"],
                 constants={k: _tensor_from(v, segments, w) for k, v in m["constants"].items()},
                 state={k: _tensor_from(v, segments, w) for k, v in m["state"].items()},
-                delegates=delegates)
+                delegates=delegates,
+                report=(PartitionReport.from_json(m["report"])
+                        if m.get("report") is not None else None))
         return LoweredProgram(methods, options)
     except VkDelegateError:
         raise

@@ -1,0 +1,68 @@
+"""The partition report: which nodes run on Vulkan, and why the others do not.
+
+Torch-free, so that a loaded program (which keeps the report it was lowered with)
+can show it without torch. ``to_json``/``from_json`` store it in the program file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from vkdelegate.errors import VkDelegateError
+
+
+@dataclass
+class NodeDecision:
+    """Whether one node runs on Vulkan; ``reasons`` is empty when it does."""
+
+    name: str
+    op: str
+    reasons: list[str] = field(default_factory=list)
+    partition: Optional[int] = None
+
+    @property
+    def on_vulkan(self) -> bool:
+        return self.partition is not None
+
+
+@dataclass
+class PartitionReport:
+    """Every call_function node's decision, in graph order."""
+
+    decisions: list[NodeDecision]
+    num_partitions: int
+
+    @property
+    def cpu_nodes(self) -> list[NodeDecision]:
+        """Nodes left on the CPU, each with at least one reason."""
+        return [d for d in self.decisions if not d.on_vulkan]
+
+    def summary(self) -> str:
+        """One line: how many nodes and partitions go to Vulkan."""
+        on = sum(d.on_vulkan for d in self.decisions)
+        return (f"vkdelegate: {on} of {len(self.decisions)} nodes delegated to Vulkan "
+                f"in {self.num_partitions} partition(s); {len(self.cpu_nodes)} on CPU")
+
+    def __str__(self) -> str:
+        from tabulate import tabulate
+
+        rows = [(d.name, d.op, "; ".join(d.reasons)) for d in self.cpu_nodes]
+        table = tabulate(rows, headers=("node", "op", "reason")) if rows else ""
+        return self.summary() + ("\n" + table if table else "")
+
+    def to_json(self) -> dict:
+        """The report as a JSON-ready dict."""
+        return {"num_partitions": self.num_partitions,
+                "decisions": [[d.name, d.op, d.reasons, d.partition]
+                              for d in self.decisions]}
+
+    @classmethod
+    def from_json(cls, data) -> "PartitionReport":
+        """Rebuild a report stored by ``to_json``; VkDelegateError if malformed."""
+        try:
+            decisions = [NodeDecision(str(n), str(op), [str(r) for r in reasons],
+                                      None if p is None else int(p))
+                         for n, op, reasons, p in data["decisions"]]
+            return cls(decisions, int(data["num_partitions"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VkDelegateError(f"malformed partition report ({exc})") from None
