@@ -118,3 +118,51 @@ def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight):
             got = graph.execute([a] if constant_weight else [a, w])[0]
             np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
         assert graph.recordings == 1
+
+
+@pytest.fixture
+def force_cooperative_sum(monkeypatch):
+    # lavapipe is a CPU device and keeps one invocation per output for sums up to
+    # reduce.THREAD_MAX: force the cooperative form (the GPU path) to test it here.
+    from vkdelegate.backend.ops import reduce
+    monkeypatch.setattr(reduce, "cooperative", lambda info, reduced: True)
+
+
+@pytest.mark.parametrize("shape,dims,keepdim", [
+    ((3, 1031), [1], False),
+    ((517, 2, 3), [0, 2], True),
+    ((5, 0, 300), [0, 2], False),     # empty reduction -> zeros
+    ((100003,), [], False),           # everything to one value
+    ((7, 5), [0], False),             # fewer elements than invocations
+])
+def test_sum_cooperative(vk_device, force_cooperative_sum, shape, dims, keepdim):
+    x = rand(np.random.default_rng(30), shape)
+    got, want = _sum(vk_device, x, dims, keepdim)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_sum_cooperative_resize(vk_device, force_cooperative_sum):
+    m = GraphMaker()
+    ix = m.input((7, 1031))
+    m.output(m.op("aten.sum.dim_IntList", [ix, m.scalar([1]), m.scalar(False),
+                                           m.scalar(None)], (7,)))
+    rng = np.random.default_rng(31)
+    with m.build(vk_device) as graph:
+        assert "WG_REDUCE" in dict(graph.dispatches[0].pipeline.defines)
+        for shape in ((7, 1031), (2, 5), (1, 1000), (7, 1031)):
+            x = rand(rng, shape)
+            np.testing.assert_allclose(graph.execute([x])[0], x.sum(axis=1, dtype=np.float64),
+                                       rtol=1e-5, atol=1e-4)
+        assert graph.recordings == 1
+
+
+def test_sum_longer_than_llvmpipe_loop_limit(vk_device):
+    # llvmpipe ends a shader loop after 65535 iterations; a sum this long must still
+    # see every element (the op switches to the cooperative form past THREAD_MAX).
+    from vkdelegate.backend.ops.reduce import THREAD_MAX
+    n = THREAD_MAX + 4099
+    got, want = _sum(vk_device, np.ones((1, n), np.float32), [1], False)
+    assert got.tolist() == [float(n)]
+    x = rand(np.random.default_rng(32), (1, n))
+    got, want = _sum(vk_device, x, [1], False)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)

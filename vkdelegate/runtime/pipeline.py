@@ -21,11 +21,13 @@ UNIFORM = vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
 
 
 class Pipeline:
-    """One compute pipeline; ``binding_types`` lists each binding's descriptor type."""
+    """One compute pipeline: ``name`` (shader), ``defines`` (sorted (name, value)
+    pairs of the variant), ``binding_types`` (each binding's descriptor type)."""
 
     def __init__(self, device, shader: str, defines: dict, binding_types: tuple,
                  spec_constants: tuple):
         self.name = shader
+        self.defines = tuple(sorted(defines.items()))
         self.binding_types = binding_types
         dev = device.device
         what = f"shader {shader}"

@@ -14,6 +14,7 @@ such nodes stay on the CPU.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
@@ -24,6 +25,7 @@ from vkdelegate.runtime.params import ivec4, record, vec4
 from vkdelegate.shaders.variants import declare
 
 SHADER = "reduce_sum"
+WG_REDUCE = 64  # invocations per output in the cooperative form (a power of two)
 DTYPES = frozenset({"float32", "float16"})
 
 
@@ -65,6 +67,22 @@ def _defines(out, x, dtype: str) -> dict:
     return d
 
 
+#: Longest sum per output each form can do on llvmpipe, which ends any shader loop
+#: after 65535 iterations (common.h LOOP_LIMIT); both forms load 16 per iteration.
+THREAD_MAX = 65535 * 16
+COOPERATIVE_MAX = THREAD_MAX * WG_REDUCE
+
+
+def cooperative(info, reduced: int) -> bool:
+    """The cooperative form (one workgroup per output) on GPUs once an output sums at
+    least 4 elements per invocation: loads coalesce and the tree is more accurate.
+    On CPU drivers workgroup barriers are dear (llvmpipe: 6x slower at 1024 x 1024),
+    so they use it only for sums longer than the per-invocation form can do there."""
+    if reduced > THREAD_MAX:
+        return True
+    return info.type != "cpu" and reduced >= 4 * WG_REDUCE
+
+
 def _impl(b, node):
     x_id, dim_id, keepdim_id, _dtype_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
@@ -74,10 +92,19 @@ def _impl(b, node):
     mask = 0
     for d in dims:
         mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
-    b.dispatch(SHADER, _defines(out, x, out.dtype), outputs=[out], inputs=[x],
-               params=[out.meta, x.meta, b.params(record(ivec4(mask)))],
-               global_size=(out.max_numel,),
-               local_size=b.local_size_1d(out.max_numel))
+    params = [out.meta, x.meta, b.params(record(ivec4(mask)))]
+    defines = _defines(out, x, out.dtype)
+    reduced = math.prod(x.max_shape[d] for d in dims)
+    if reduced > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+        raise b.error(f"a sum of {reduced} elements per output exceeds llvmpipe's shader "
+                      f"loop limit ({COOPERATIVE_MAX})")
+    if cooperative(b.device.info, reduced):
+        b.dispatch(SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
+                   inputs=[x], params=params, global_size=(out.max_numel * WG_REDUCE,),
+                   local_size=(WG_REDUCE, 1, 1))
+        return
+    b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=params,
+               global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel))
 
 
 register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn=_shape,
@@ -86,6 +113,7 @@ for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
         _ddt = (_dt, device_dtype(_dt, _profile))
         declare(SHADER, _defines(_ddt, _ddt, _dt))
+        declare(SHADER, dict(_defines(_ddt, _ddt, _dt), WG_REDUCE=str(WG_REDUCE)))
 
 
 # ---- reduce.glsl: every other reduction ------------------------------------------------

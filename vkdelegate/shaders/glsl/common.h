@@ -34,6 +34,13 @@ uint linear_id() {
       + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
 }
 
+// llvmpipe (lavapipe) silently ends a shader loop after LOOP_LIMIT iterations in one
+// invocation (its compiler's guard against endless loops; splitting the loop into
+// nested loops does not help, the inner count keeps growing). A loop that may run
+// longer does several elements per iteration with an [[unroll]]ed inner loop, and the
+// op checks the worst case at load (vkdelegate/backend/ops/reduce.py).
+#define LOOP_LIMIT 65535u
+
 // A quiet NaN: GLSL leaves sqrt/log of negative numbers undefined, ATen gives NaN.
 #define NAN_F uintBitsToFloat(0x7fc00000u)
 

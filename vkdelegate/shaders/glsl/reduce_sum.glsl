@@ -2,13 +2,19 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
 
-// Sum over any set of dims. One invocation per output element; it walks the reduced
-// dims sequentially, accumulating in ACC_T (fp32 for fp16 data).
-// Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T. The reduced dims are a bitmask in
-// `mask.x`, bit d for metadata dim d (innermost first). The output is contiguous
-// over the kept dims in their order, whether keepdim is set or not, so the output
-// index maps to kept-dim coordinates of the input directly. Sizes come from in_meta,
-// so a resize needs no change here.
+// Sum over any set of dims, accumulating in ACC_T (fp32 for fp16 data).
+// Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T; WG_REDUCE=<n> for the cooperative form.
+// The reduced dims are a bitmask in `mask.x`, bit d for metadata dim d (innermost
+// first). The output is contiguous over the kept dims in their order, whether keepdim
+// is set or not, so the output index maps to kept-dim coordinates of the input
+// directly. Sizes come from in_meta, so a resize needs no change here.
+// Two forms:
+// - default: one invocation per output walks its reduced elements (many outputs,
+//   short reductions);
+// - WG_REDUCE=n: one workgroup of n invocations (a power of two, equal to the local
+//   size) per output; each sums a strided share, then a tree in shared memory adds
+//   the n partial sums (few outputs, long reductions: a sum to one value would
+//   otherwise run on one invocation).
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
@@ -16,14 +22,12 @@ TENSOR_META(2, out_meta)
 TENSOR_META(3, in_meta)
 layout(set = 0, binding = 4) uniform reduce_block { ivec4 mask; };
 
-void main() {
-  const uint o = linear_id();
-  if (o >= uint(numel_of(out_meta))) {
-    return;
-  }
+// Offset in the input of output element o's first reduced element, and how many
+// elements it reduces.
+int kept_base(uint o, out uint count) {
   uint rem = o;
   int base = 0;
-  uint count = 1u;
+  count = 1u;
   [[unroll]] for (int d = 0; d < 8; ++d) {
     const int size = size_at(in_meta, d);
     if ((mask.x & (1 << d)) != 0) {
@@ -33,18 +37,81 @@ void main() {
       rem /= uint(size);
     }
   }
+  return base;
+}
+
+// Offset of the r-th reduced element (row-major over the reduced dims) from base.
+int reduced_offset(int base, uint r) {
+  int offset = base;
+  [[unroll]] for (int d = 0; d < 8; ++d) {
+    if ((mask.x & (1 << d)) != 0) {
+      const int size = size_at(in_meta, d);
+      offset += int(r % uint(size)) * stride_at(in_meta, d);
+      r /= uint(size);
+    }
+  }
+  return offset;
+}
+
+#ifdef WG_REDUCE
+shared ACC_T partial[WG_REDUCE];
+
+void main() {
+  const uint o = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (o >= uint(numel_of(out_meta))) {
+    return;  // the whole workgroup leaves together: no barrier is split
+  }
+  uint count;
+  const int base = kept_base(o, count);
+  const uint lid = gl_LocalInvocationID.x;
   ACC_T acc = ACC_T(0);
-  for (uint r = 0u; r < count; ++r) {
-    uint rr = r;
-    int offset = base;
-    [[unroll]] for (int d = 0; d < 8; ++d) {
-      if ((mask.x & (1 << d)) != 0) {
-        const int size = size_at(in_meta, d);
-        offset += int(rr % uint(size)) * stride_at(in_meta, d);
-        rr /= uint(size);
+  // 16 loads per loop iteration (see LOOP_LIMIT in common.h), consecutive lanes
+  // reading consecutive reduced elements; each block of 16 is summed apart first,
+  // which keeps the rounding error of long sums down.
+  for (uint r0 = 0u; r0 < count; r0 += 16u * WG_REDUCE) {
+    ACC_T block = ACC_T(0);
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+      const uint r = r0 + j * WG_REDUCE + lid;
+      if (r < count) {
+        block += ACC_T(in_data[reduced_offset(base, r)]);
       }
     }
-    acc += ACC_T(in_data[offset]);
+    acc += block;
+  }
+  partial[lid] = acc;
+  barrier();
+  for (uint s = WG_REDUCE / 2; s > 0u; s >>= 1) {
+    if (lid < s) {
+      partial[lid] += partial[lid + s];
+    }
+    barrier();
+  }
+  if (lid == 0u) {
+    out_data[o] = OUT_STORE(partial[0]);
+  }
+}
+#else
+void main() {
+  const uint o = linear_id();
+  if (o >= uint(numel_of(out_meta))) {
+    return;
+  }
+  uint count;
+  const int base = kept_base(o, count);
+  ACC_T acc = ACC_T(0);
+  // 16 loads per loop iteration (see LOOP_LIMIT in common.h), then the remainder;
+  // each block of 16 is summed apart first, which keeps the rounding error down.
+  const uint full = count & ~15u;
+  for (uint r0 = 0u; r0 < full; r0 += 16u) {
+    ACC_T block = ACC_T(0);
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+      block += ACC_T(in_data[reduced_offset(base, r0 + j)]);
+    }
+    acc += block;
+  }
+  for (uint r = full; r < count; ++r) {
+    acc += ACC_T(in_data[reduced_offset(base, r)]);
   }
   out_data[o] = OUT_STORE(acc);
 }
+#endif
