@@ -123,7 +123,7 @@ def _gather_impl(b, node):
     params = b.params(record(ivec4(max(x.ndim, 1) - 1 - dim)))
     b.dispatch("gather", _defines(out, x, index, out.dtype), outputs=[out],
                inputs=[x, index], params=[out.meta, x.meta, params],
-               global_size=(out.max_numel,))
+               global_size=(out.max_numel,), spec_constants=(out.ndim,))
 
 
 def _gather_rule(node: NodeSpec):

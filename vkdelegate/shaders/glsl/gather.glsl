@@ -16,6 +16,10 @@ layout(set = 0, binding = 5) uniform gather_block {
   ivec4 info;  // x: gathered dim, counted from the innermost (0)
 };
 
+// The tensors' rank: the loop runs over real dims only (integer division is slow on
+// CPU drivers); the outermost dim needs no division.
+layout(constant_id = 3) const int NDIM = 8;
+
 void main() {
   const uint i = linear_id();
   if (i >= uint(numel_of(out_meta))) {
@@ -27,9 +31,15 @@ void main() {
   idx = clamp(idx, 0, size - 1);
   uint rem = i;
   int src = 0;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    const int c = int(rem % uint(size_at(out_meta, d)));
-    rem /= uint(size_at(out_meta, d));
+  [[unroll]] for (int d = 0; d < NDIM; ++d) {
+    int c;
+    if (d == NDIM - 1) {
+      c = int(rem);
+    } else {
+      const uint q = rem / uint(size_at(out_meta, d));
+      c = int(rem - q * uint(size_at(out_meta, d)));
+      rem = q;
+    }
     src += (d == info.x ? idx : c) * stride_at(in_meta, d);
   }
   out_data[i] = OUT_STORE(IN_ACC(in_data[src]));
