@@ -31,7 +31,7 @@ def run(device, m: int, k: int, n: int, tiled: bool, runs: int) -> tuple[float, 
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     original = matmul.use_tiled
-    matmul.use_tiled = lambda info, rows, cols: tiled
+    matmul.use_tiled = lambda info, rows, cols, k=0: tiled
     try:
         dg = DelegateGraph(graph, lambda i: b"", device=device)
     finally:

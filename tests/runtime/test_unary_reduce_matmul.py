@@ -104,7 +104,7 @@ def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight):
     # lavapipe is a CPU device and normally gets the simple shader: force the tiled
     # one (the GPU path) and check it on shapes that are not multiples of the tile.
     from vkdelegate.backend.ops import matmul
-    monkeypatch.setattr(matmul, "use_tiled", lambda info, m, n: True)
+    monkeypatch.setattr(matmul, "use_tiled", lambda info, m, n, k=0: True)
     rng = np.random.default_rng(9)
     w = rand(rng, (37, 19))
     m = GraphMaker()
@@ -166,3 +166,18 @@ def test_sum_longer_than_llvmpipe_loop_limit(vk_device):
     x = rand(np.random.default_rng(32), (1, n))
     got, want = _sum(vk_device, x, [1], False)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_mm_longer_k_than_llvmpipe_loop_limit(vk_device):
+    # K past 65535 iterations would be cut short by llvmpipe in the simple shader:
+    # the op takes the tiled one (K / 16 iterations) there.
+    k = 65535 + 37
+    rng = np.random.default_rng(33)
+    a, w = rand(rng, (2, k)), rand(rng, (k, 3))
+    m = GraphMaker()
+    ia, iw = m.input(a.shape), m.input(w.shape)
+    m.output(m.op("aten.mm.default", [ia, iw], (2, 3)))
+    with m.build(vk_device) as graph:
+        assert graph.dispatches[0].pipeline.name == "matmul_tiled"
+        got = graph.execute([a, w])[0]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)

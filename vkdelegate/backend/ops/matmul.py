@@ -24,11 +24,19 @@ TILE = 16
 DTYPES = frozenset({"float32", "float16"})
 
 
-def use_tiled(info, m: int, n: int) -> bool:
+#: llvmpipe ends a shader loop after 65535 iterations (common.h LOOP_LIMIT); the simple
+#: shader loops K times, the tiled one K / TILE times.
+LOOP_LIMIT = 65535
+
+
+def use_tiled(info, m: int, n: int, k: int = 0) -> bool:
     """Shared-memory tiles pay off on GPUs (each loaded element is used TILE times).
     On CPU drivers (llvmpipe) a workgroup barrier costs more than the reuse saves: the
-    tiled shader measured 2.6x slower there at 256x512x256, so they get the simple one.
-    Outputs smaller than one tile gain nothing either."""
+    tiled shader measured 2.6x slower there at 256x512x256, so they get the simple one
+    unless K is longer than its loop may run. Outputs smaller than a tile gain
+    nothing."""
+    if k > LOOP_LIMIT:
+        return True
     return info.type != "cpu" and m * n >= TILE * TILE
 
 
@@ -70,7 +78,10 @@ def _impl(b, node):
         w = b.prepacked(np.ascontiguousarray(weight.T), w.dtype)
     defines = _defines(out, a, w, out.dtype, transposed)
     m, n = out.max_shape
-    if use_tiled(b.device.info, m, n):
+    k = a.max_shape[1]
+    if k > LOOP_LIMIT * TILE and b.device.info.name.startswith("llvmpipe"):
+        raise b.error(f"K = {k} exceeds llvmpipe's shader loop limit")
+    if use_tiled(b.device.info, m, n, k):
         b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE)), outputs=[out],
                    inputs=[a, w], params=[out.meta, a.meta], global_size=(n, m),
                    local_size=(TILE, TILE, 1))
