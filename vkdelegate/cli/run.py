@@ -73,7 +73,9 @@ def _leaf_paths(spec: dict, prefix: str = "") -> list[str]:
     return paths
 
 
-def _print_profile(program, method: str, trace_path: "str | None") -> None:
+def print_profile(program, method: str, trace_path: "str | None") -> None:
+    """Print the TOP_N slowest dispatches of the last profiled call of ``method`` (op,
+    tensor shapes, GPU time, share of the total); write a Chrome trace to ``trace_path``."""
     from tabulate import tabulate
 
     from vkdelegate.serialization.blob import read_blob
@@ -132,7 +134,7 @@ def run(args) -> int:
         program.set_profiling(True)
         runner.call_flat(flat)
         program.set_profiling(False)
-        _print_profile(program, method, args.trace)
+        print_profile(program, method, args.trace)
     program.close()
     return 0
 

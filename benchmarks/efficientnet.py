@@ -1,0 +1,106 @@
+"""EfficientNet-Lite0 latency: vkdelegate on Vulkan vs eager PyTorch (CPU, and CUDA when
+present), batch 1 and 8, in one run.
+
+Prints a table (median, p10-p90 spread, ratio to vkdelegate) and writes JSON; with
+--profile also prints the slowest dispatches of the Vulkan program at batch 1.
+
+    python benchmarks/efficientnet.py [--batch 1 8] [--runs 20] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+from tabulate import tabulate
+
+import vkdelegate
+from vkdelegate.examples import efficientnet_lite as model_zoo
+from vkdelegate.runtime.device import default_device
+
+
+def timed(fn, runs: int, warmup: int, sync=lambda: None) -> list[float]:
+    """Wall-clock milliseconds of ``runs`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def stats(times: list[float]) -> dict:
+    q = np.percentile(times, [10, 50, 90])
+    return {"median_ms": float(q[1]), "p10_ms": float(q[0]), "p90_ms": float(q[2]),
+            "runs": len(times)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", default="efficientnet_bench.json")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the slowest Vulkan dispatches at the first batch size")
+    args = ap.parse_args()
+
+    model = model_zoo.load_model()
+    image = torch.from_numpy(model_zoo.preprocess(model_zoo.load_image()))
+    device = default_device()
+    results = {"machine": platform.node(), "cpu_threads": torch.get_num_threads(),
+               "vulkan_device": device.info.name, "torch": torch.__version__, "rows": []}
+    rows = []
+    for batch in args.batch:
+        x = image.repeat(batch, 1, 1, 1)
+        ep = torch.export.export(model, (x,))
+        program = vkdelegate.to_backend(ep, vkdelegate.VulkanPartitioner())
+        assert not program.report.cpu_nodes, str(program.report)
+        with torch.no_grad():
+            eager = model(x)
+        ours = program(x)
+        diff = float((ours - eager).abs().max())
+        measured = {"vkdelegate (Vulkan)": timed(lambda: program(x), args.runs, args.warmup)}
+        with torch.no_grad():
+            measured["eager PyTorch CPU"] = timed(lambda: model(x), args.runs, args.warmup)
+            if torch.cuda.is_available():
+                cuda_model, cx = model.to("cuda"), x.to("cuda")
+                measured["eager PyTorch CUDA"] = timed(
+                    lambda: cuda_model(cx), args.runs, args.warmup, torch.cuda.synchronize)
+                model.to("cpu")
+        base = statistics.median(measured["vkdelegate (Vulkan)"])
+        for name, times in measured.items():
+            s = stats(times)
+            results["rows"].append({"batch": batch, "backend": name, **s,
+                                    "max_abs_logit_diff": diff})
+            rows.append((batch, name, f"{s['median_ms']:.2f}",
+                         f"{s['p10_ms']:.2f}-{s['p90_ms']:.2f}",
+                         f"{s['median_ms'] / base:.2f}x"))
+        if args.profile and batch == args.batch[0]:
+            from vkdelegate.cli.run import print_profile
+
+            program.set_profiling(True)
+            program(x)
+            program.set_profiling(False)
+            print(f"\nslowest dispatches, batch {batch}, {device.info.name}:")
+            print_profile(program, program.default_method(), None)
+        program.close()
+    print(f"\nEfficientNet-Lite0, Vulkan device: {device.info.name}, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} CPU threads)")
+    print(tabulate(rows, headers=("batch", "backend", "median ms", "p10-p90 ms",
+                                  "vs vkdelegate")))
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
