@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from vkdelegate.errors import VkDelegateError
+
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
@@ -18,8 +20,12 @@ def _yes(flag: bool) -> str:
 def run(args) -> int:
     from tabulate import tabulate
 
-    from vkdelegate.runtime.device import list_devices
-    from vkdelegate.runtime.device_info import select
+    try:
+        from vkdelegate.runtime.device import list_devices
+        from vkdelegate.runtime.device_info import select
+    except OSError as exc:  # the vulkan binding could not load libvulkan
+        raise VkDelegateError(f"no Vulkan loader (libvulkan.so.1, Debian package "
+                              f"libvulkan1): {exc}") from None
 
     infos = list_devices()
     chosen = select(infos, None).index if infos else -1
