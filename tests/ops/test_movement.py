@@ -172,10 +172,12 @@ def test_resize():
 
 
 def test_resize_slices_of_the_dynamic_dim():
-    """Slice bounds and flip are re-planned from the new size of the dynamic dim."""
+    """Slice bounds, flip and a negative select index are re-planned from the new size
+    of the dynamic dim."""
     batch = Dim("batch", min=4, max=11)
-    check_op(lambda x: (x[1::2], x[-3:].flip(0), x[2:]), (rand(11, 3),),
-             ops=["aten.slice.Tensor", "aten.flip.default"], dynamic_shapes=({0: batch},),
+    check_op(lambda x: (x[1::2], x[-3:].flip(0), x[2:], x[-2]), (rand(11, 3),),
+             ops=["aten.slice.Tensor", "aten.flip.default", "aten.select.int"],
+             dynamic_shapes=({0: batch},),
              resize_inputs=[(rand(4, 3, seed=1),), (rand(7, 3, seed=2),)])
 
 

@@ -251,14 +251,6 @@ def _select_impl(b, node):
     affine_copy(b, out, x, plan)
 
 
-def _select_rule(node: NodeSpec):
-    x, dim, index = node.args
-    d = dim % max(x.rank, 1)
-    if x.dynamic and x.dynamic[d] and index < 0:
-        return "select with a negative index on a dynamic dim"
-    return None
-
-
 def _flip_impl(b, node):
     x_id, dims_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
@@ -293,8 +285,8 @@ _op("aten.expand.default", _expand_impl, _expand_shape, _static_sizes,
 _op("aten.repeat.default", _repeat_impl, _repeat_shape, notes="tiled copy")
 _op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
     notes="any step > 0, bounds clamped as ATen; narrow")
-_op("aten.select.int", _select_impl, _select_shape, _select_rule,
-    notes="negative index; unbind")
+_op("aten.select.int", _select_impl, _select_shape,
+    notes="negative index (also on a resized dim)")
 _op("aten.flip.default", _flip_impl, _same_shape, notes="any set of dims")
 
 # ExecuTorch's edge dialect names the view ops' copying variants (view_copy, ...); ET-VK
