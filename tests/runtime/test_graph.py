@@ -302,3 +302,24 @@ def test_failed_resize_leaves_no_stale_metadata(vk_device):
         with pytest.raises(VkDelegateError, match="exceed the upper bounds"):
             graph.execute([a[:2], np.zeros((6, 7), np.float32)])
         np.testing.assert_allclose(graph.execute([a, b])[0], a + b, rtol=1e-6)
+
+
+def test_graphs_run_from_several_threads(vk_device):
+    from concurrent.futures import ThreadPoolExecutor
+    graphs = []
+    for k in range(3):
+        m = GraphMaker()
+        ix = m.input((97,))
+        m.output(m.op("aten.add.Tensor", [ix, ix, m.scalar(float(k))], (97,)))
+        graphs.append(m.build(vk_device))
+    x = rand(np.random.default_rng(27), (97,))
+
+    def run(k):  # two threads per graph, three graphs
+        k %= 3
+        return all(np.allclose(graphs[k].execute([x])[0], x * (1 + k)) for _ in range(20))
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            assert all(pool.map(run, range(6)))
+    finally:
+        for graph in graphs:
+            graph.close()

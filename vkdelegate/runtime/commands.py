@@ -137,7 +137,8 @@ def run_once(device, fill, timeout_s: float = 60.0) -> None:
     submit = vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1,
                              pCommandBuffers=[cmd])
     try:
-        vk_call(vk.vkQueueSubmit, device.queue, 1, [submit], fence, what="an upload")
+        with device.queue_lock:
+            vk_call(vk.vkQueueSubmit, device.queue, 1, [submit], fence, what="an upload")
         wait_fence(dev, fence, timeout_s, "an upload")
     finally:
         vk.vkDestroyFence(dev, fence, None)

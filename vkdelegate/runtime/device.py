@@ -14,6 +14,7 @@ then integrated, then virtual, then CPU device (lavapipe) is used.
 from __future__ import annotations
 
 import os
+import threading
 
 import vulkan as vk
 
@@ -111,6 +112,9 @@ class Device:
         self.queue_family, self.timestamp_bits = self._compute_family()
         self.device = self._create_device()
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        # Vulkan requires external synchronization of a queue: graphs on one device
+        # may be executed from several threads.
+        self.queue_lock = threading.Lock()
         pool_info = vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,

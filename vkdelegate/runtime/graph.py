@@ -19,6 +19,7 @@ returns the output sizes.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -67,6 +68,7 @@ class DelegateGraph:
         self.dispatches: list = []
         self.resize_hooks: list = []
         self.recordings = 0
+        self._lock = threading.Lock()  # inputs, outputs and fence serve one run at a time
         self._closed = True
         self._pool = self._cmd = self._fence = None
         self._profile_cmd = self._query_pool = None
@@ -173,7 +175,12 @@ class DelegateGraph:
         arrays, one per graph output. With ``profile=True`` the run uses a command
         buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
         Raises VkDelegateError for a wrong count, dtype, rank or size, or a timeout.
+        Thread-safe: concurrent calls on one graph run one after the other.
         """
+        with self._lock:
+            return self._execute(inputs, profile)
+
+    def _execute(self, inputs, profile: bool) -> list[np.ndarray]:
         start = time.perf_counter()
         if self._closed:
             raise VkDelegateError("execute() on a closed DelegateGraph")
@@ -200,7 +207,9 @@ class DelegateGraph:
         # wait: a driver may still hold it briefly after signalling (lavapipe's queue
         # thread does), and resetting it then would block the host for no reason.
         vk_call(vk.vkResetFences, dev, 1, [self._fence], what="the graph")
-        vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence, what="the graph")
+        with self.device.queue_lock:
+            vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence,
+                    what="the graph")
         wait_start = time.perf_counter()
         wait_fence(dev, self._fence, self.timeout_s, "execute")
         wait_s = time.perf_counter() - wait_start
@@ -270,7 +279,8 @@ class DelegateGraph:
             return
         self._closed = True
         dev = self.device.device
-        vk_call(vk.vkQueueWaitIdle, self.device.queue, what="closing the graph")
+        with self.device.queue_lock:
+            vk_call(vk.vkQueueWaitIdle, self.device.queue, what="closing the graph")
         cmds = [c for c in (self._cmd, self._profile_cmd) if c is not None]
         if cmds:
             vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(cmds), cmds)
