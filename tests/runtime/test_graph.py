@@ -323,3 +323,12 @@ def test_graphs_run_from_several_threads(vk_device):
     finally:
         for graph in graphs:
             graph.close()
+
+
+def test_tensor_without_dtype_is_reported(vk_device):
+    m = GraphMaker()
+    ix = m.input((3,))
+    m.output(m.op("aten.relu.default", [ix], (3,)))
+    m.graph.values[1].datatype = g.VkDataType.UNSET
+    with pytest.raises(VkDelegateError, match=r"tensor 1 has no dtype \(datatype 127\)"):
+        m.build(vk_device)

@@ -54,10 +54,10 @@ class GraphValues:
         for vids in groups.values():
             specs = [self.graph.values[v] for v in vids]
             dtypes = [g.DTYPE_NAMES.get(s.datatype) for s in specs]
-            for vid, dt in zip(vids, dtypes):
+            for vid, spec, dt in zip(vids, specs, dtypes):
                 if dt is None:
                     raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
-                                          f"{int(specs[0].datatype)})")
+                                          f"{int(spec.datatype)})")
             dev_dtypes = [device_dtype(dt, self.device.info) for dt in dtypes]
             host = not self.staging and any(v in io_ids or s.constant_id >= 0
                                             for v, s in zip(vids, specs))
@@ -97,6 +97,7 @@ class GraphValues:
                       constant=constant)
 
     def new_params(self, data: bytes, what: str) -> ParamBuffer:
+        """An op-owned uniform buffer initialised with ``data`` (std140 bytes)."""
         p = ParamBuffer(self.allocator.buffer(len(data), UNIFORM_USAGE, True, what), what)
         p.write(data)
         return p
