@@ -332,3 +332,12 @@ def test_tensor_without_dtype_is_reported(vk_device):
     m.graph.values[1].datatype = g.VkDataType.UNSET
     with pytest.raises(VkDelegateError, match=r"tensor 1 has no dtype \(datatype 127\)"):
         m.build(vk_device)
+
+
+def test_small_graph_holds_little_memory(vk_device):
+    m = GraphMaker()
+    ix = m.input((64,))
+    m.output(m.op("aten.relu.default", [ix], (64,)))
+    with m.build(vk_device) as graph:
+        assert graph.allocator.allocated_bytes <= 2 << 20
+        assert "1 nodes" in repr(graph) and "1 dispatches" in repr(graph)

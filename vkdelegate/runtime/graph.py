@@ -293,6 +293,14 @@ class DelegateGraph:
         self.values.close_uploads()
         self.allocator.close()
 
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else (
+            f"{len(self.dispatches)} dispatches, {getattr(self, 'barriers', 0)} barriers, "
+            f"{self.allocator.allocated_bytes / 2**20:.1f} MiB in blocks, "
+            f"{'staged' if self.staging else 'mapped'} inputs/outputs")
+        return (f"DelegateGraph({len(self.graph.chain)} nodes on {self.device.info.name}: "
+                f"{state})")
+
     def __enter__(self):
         return self
 

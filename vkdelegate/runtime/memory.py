@@ -2,11 +2,12 @@
 
 Vulkan implementations limit the number of live allocations (``maxMemoryAllocationCount``
 can be as low as 4096) and each allocation is slow, so an ``Allocator`` takes memory in
-blocks of ``block_size`` bytes (or one dedicated block for a larger buffer) and places
-buffers in them at offsets that respect each buffer's alignment requirement. Buffers
-that may alias (tensors with the same ``mem_obj_id``, whose lifetimes do not overlap)
-are placed at one offset of one block: the region is as large as the largest and uses a
-memory type allowed by the intersection of all their memory-type bits.
+blocks, growing from 1 MiB to ``block_size`` bytes (a larger buffer gets a block of its
+own size), and places buffers in them at offsets that respect each buffer's alignment
+requirement. Buffers that may alias (tensors with the same ``mem_obj_id``, whose
+lifetimes do not overlap) are placed at one offset of one block: the region is as large
+as the largest and uses a memory type allowed by the intersection of all their
+memory-type bits.
 
 Host-visible blocks are mapped once for their whole size; a ``Buffer`` in such a block
 exposes ``host`` (a writable numpy uint8 view of exactly its bytes). Everything is freed
@@ -23,6 +24,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.vkcall import vk_call
 
 DEFAULT_BLOCK_SIZE = 64 << 20
+MIN_BLOCK_SIZE = 1 << 20
 HOST_FLAGS = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
 STORAGE_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
@@ -143,7 +145,11 @@ class Allocator:
         if size > limit:
             raise VkDelegateError(f"{what} needs {size} bytes, over this device's largest "
                                   f"allocation of {limit} bytes ({info.name})")
-        block_size = min(max(self.block_size, size), limit)
+        # Blocks grow geometrically (1 MiB, 2 MiB, ... up to block_size) per memory
+        # type: a small graph holds little memory, a large one few allocations.
+        same_type = sum(1 for b in self._blocks if b.type_index == type_index)
+        grown = min(self.block_size, MIN_BLOCK_SIZE << min(same_type, 20))
+        block_size = min(max(grown, size), limit)
         block = _Block(self, type_index, block_size, what)
         self._blocks.append(block)
         return block, block.place(size, alignment)
