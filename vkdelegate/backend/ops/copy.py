@@ -145,7 +145,8 @@ def same_shape(args):
     return tuple(args[0].shape)
 
 
-def _flat_impl(b, node):
+def flat_impl(b, node):
+    """Impl of ops whose output is the input's elements in order (view, clone...)."""
     x, out = b.tensor(node.args[0]), b.tensor(node.args[-1])
     affine_copy(b, out, x, lambda: flat_plan(out.numel))
 
@@ -167,10 +168,10 @@ def _to_copy_rule(node: NodeSpec):
     return None
 
 
-register(OpSpec(name="aten.clone.default", dtypes=MOVE_DTYPES, impl=_flat_impl,
+register(OpSpec(name="aten.clone.default", dtypes=MOVE_DTYPES, impl=flat_impl,
                 shape_fn=same_shape, rules=(same_dtype, _memory_format_rule(1)),
                 notes="copy"))
-register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=_flat_impl,
+register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=flat_impl,
                 shape_fn=same_shape, rules=(_to_copy_rule, _memory_format_rule(6)),
                 notes="dtype conversion as torch converts (float->int truncates)"))
 declare_copy([(dt, dt) for dt in MOVE_DTYPES])

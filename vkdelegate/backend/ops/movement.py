@@ -4,7 +4,9 @@ flatten, transpose, t, narrow, unbind, x[...] indexing with ints and slices).
 
 Each op turns its arguments and the current input sizes into a ``CopyPlan``
 (see copy.py); sizes follow ATen exactly: negative dims wrap, slice bounds clamp to
-``[0, size]`` (an empty result when end <= start), view infers one ``-1``.
+``[0, size]`` (an empty result when end <= start), view infers one ``-1``. A size
+argument that is symbolic (a SymInt) keeps its node on the CPU (node_specs.py); the
+symbolic_view_sizes pass turns a view's single symbolic size into ``-1`` first.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import dataclasses
 import math
 
 from vkdelegate.backend.ops.copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
-                                         affine_copy, contiguous_strides, flat_plan,
+                                         affine_copy, contiguous_strides, flat_impl,
                                          same_dtype)
 from vkdelegate.backend.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
@@ -42,25 +44,7 @@ def view_shape(in_shape, sizes) -> tuple:
     return tuple(sizes)
 
 
-def _static_sizes(node: NodeSpec):
-    """Rule: the size list (argument 1) must hold ints, not SymInts: SymInts would
-    reach the partition as inputs, which the runtime does not take (only tensors).
-    A SymInt is described by its upper bound, so on a dynamic output dim only -1
-    (infer, or keep the input's size) shows a plain int list."""
-    out = node.outputs[0]
-    sizes = node.args[1]
-    for d, dynamic in enumerate(out.dynamic):
-        if dynamic and d < len(sizes) and sizes[d] != -1:
-            return f"size list with a dynamic (symbolic) size at dim {d}"
-    return None
-
-
 # ---- view, squeeze, unsqueeze: contiguous data does not move --------------------------
-def _flat_impl(b, node):
-    x, out = b.tensor(node.args[0]), b.tensor(node.args[-1])
-    affine_copy(b, out, x, lambda: flat_plan(out.numel))
-
-
 def _view_shape(args):
     return view_shape(args[0].shape, args[1])
 
@@ -274,13 +258,13 @@ def _op(name, impl, shape_fn, *rules, notes=""):
                     rules=(same_dtype,) + rules, notes=notes))
 
 
-_op("aten.view.default", _flat_impl, _view_shape, _static_sizes,
+_op("aten.view.default", flat_impl, _view_shape,
     notes="copy; reshape, flatten, unflatten")
-_op("aten.squeeze.dims", _flat_impl, _squeeze_shape, _squeeze_rule, notes="copy")
-_op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="copy")
+_op("aten.squeeze.dims", flat_impl, _squeeze_shape, _squeeze_rule, notes="copy")
+_op("aten.unsqueeze.default", flat_impl, _unsqueeze_shape, notes="copy")
 _op("aten.permute.default", _permute_impl, _permute_shape,
     notes="copy; transpose, t, movedim")
-_op("aten.expand.default", _expand_impl, _expand_shape, _static_sizes,
+_op("aten.expand.default", _expand_impl, _expand_shape,
     notes="broadcast copy")
 _op("aten.repeat.default", _repeat_impl, _repeat_shape, notes="tiled copy")
 _op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
