@@ -74,3 +74,12 @@ def test_split_along_a_dynamic_dim_stays_on_cpu():
 class _Halves(torch.nn.Module):
     def forward(self, x):
         return x.chunk(2)
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_executorch_split_tensor(vk_device, dtype):
+    """ET-VK blobs keep split.Tensor (equal pieces, the last smaller)."""
+    from tests.ops.et_graphs import run_et_node
+    x = rand(3, 11, dtype=dtype)
+    run_et_node(vk_device, "aten.split.Tensor", [x, 4, 1], list(x.split(4, 1)))
+    run_et_node(vk_device, "aten.split.Tensor", [x, 2, -2], list(x.split(2, -2)))

@@ -74,3 +74,18 @@ def test_resize():
     check_op(lambda x: (x.half(), x.int(), x.clone()), (rand(11, 5) * 10,),
              ops=[TO_COPY, "aten.clone.default"], dynamic_shapes=({0: batch},),
              resize_inputs=[(rand(3, 5, seed=1) * 10,)], rtol=1e-3)
+
+
+@pytest.mark.parametrize("source", CONVERT_DTYPES)
+def test_executorch_to_dim_order_copy(vk_device, source):
+    """ET-VK's _to_dim_order_copy converts like _to_copy; a dim_order (channels last
+    here) changes strides, never values."""
+    from tests.ops.et_graphs import run_et_node
+    for target in CONVERT_DTYPES:
+        x = _source(source, target)
+        dim_order = [0, 2, 1] if target == source else None
+        # fp16 and fp64 results: see test_to_copy for the tolerance
+        run_et_node(vk_device, "dim_order_ops._to_dim_order_copy.default",
+                    [x, None, None, None, None, False, dim_order],
+                    x.to(TORCH_DTYPES[target]),
+                    rtol=1e-3 if "float16" in (source, target) else 1e-6)

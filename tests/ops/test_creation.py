@@ -60,3 +60,19 @@ def test_arange(args, dtype):
     def fn(x):
         return x.clone(), torch.arange(*args, dtype=dtype)
     check_op(fn, (rand(3),), ops=["aten.arange.start_step"])
+
+
+@pytest.mark.parametrize("dtype", FULL_DTYPES)
+def test_executorch_zeros_ones(vk_device, dtype):
+    """ET-VK blobs keep zeros/ones(_like) (torch.export emits full/full_like)."""
+    from tests.ops.et_graphs import run_et_node
+    dt = TORCH_DTYPES[dtype]
+    like = rand(3, 5, dtype=dtype)
+    run_et_node(vk_device, "aten.zeros.default", [[2, 7], None, None, None, None],
+                torch.zeros(2, 7, dtype=dt))
+    run_et_node(vk_device, "aten.ones.default", [[5], None, None, None, None],
+                torch.ones(5, dtype=dt))
+    run_et_node(vk_device, "aten.zeros_like.default", [like, None, None, None, None, None],
+                torch.zeros_like(like))
+    run_et_node(vk_device, "aten.ones_like.default", [like, None, None, None, None, None],
+                torch.ones_like(like))

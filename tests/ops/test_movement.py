@@ -277,3 +277,11 @@ def test_executorch_copy_op_names(vk_device, dtype):
         assert (out == expected.numpy()).all()
     for name, _ in ET_CHAIN:
         coverage.record(name, (dtype, dtype))
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_executorch_t_copy(vk_device, dtype):
+    from tests.ops.et_graphs import run_et_node
+    for shape in ((3, 7), (5,), ()):
+        x = rand(*shape, dtype=dtype)
+        run_et_node(vk_device, "aten.t_copy.default", [x], x.t().contiguous())

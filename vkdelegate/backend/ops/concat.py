@@ -76,6 +76,16 @@ def _split_shape(args):
     return out
 
 
+def _split_tensor_shape(args):
+    """split.Tensor(self, split_size, dim): pieces of split_size, the last smaller."""
+    x, split_size, dim = args
+    size = x.shape[wrap_dim(dim, len(x.shape))]
+    if split_size <= 0:
+        raise VkDelegateError(f"split: split_size {split_size} must be positive")
+    sizes = [min(split_size, size - k) for k in range(0, size, split_size)] or [0]
+    return _split_shape([x, sizes, dim])
+
+
 def _split_impl(b, node):
     x_id, sizes_id, dim_id, out_id = node.args
     x, outs = b.tensor(x_id), b.value(out_id)
@@ -99,3 +109,7 @@ for _name, _notes in (("aten.split_with_sizes.default", "ValueList output; split
                       ("aten.split_with_sizes_copy.default", "ExecuTorch name")):
     register(OpSpec(name=_name, dtypes=MOVE_DTYPES, impl=_split_impl,
                     shape_fn=_split_shape, rules=(same_dtype,), notes=_notes))
+# ExecuTorch keeps split.Tensor (torch.export decomposes it to split_with_sizes).
+register(OpSpec(name="aten.split.Tensor", dtypes=MOVE_DTYPES, impl=_split_impl,
+                shape_fn=_split_tensor_shape, rules=(same_dtype,),
+                notes="ExecuTorch name: equal pieces, the last smaller"))

@@ -174,5 +174,10 @@ register(OpSpec(name="aten.clone.default", dtypes=MOVE_DTYPES, impl=flat_impl,
 register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=flat_impl,
                 shape_fn=same_shape, rules=(_to_copy_rule, _memory_format_rule(6)),
                 notes="dtype conversion as torch converts (float->int truncates)"))
+# ExecuTorch's dim-order-aware _to_copy: our tensors are always contiguous, so a
+# dim_order only changes strides, never values; the dtype conversion is _to_copy's.
+register(OpSpec(name="dim_order_ops._to_dim_order_copy.default", dtypes=CONVERT_DTYPES,
+                impl=flat_impl, shape_fn=same_shape,
+                notes="ExecuTorch name of _to_copy (dim_order: values unchanged)"))
 declare_copy([(dt, dt) for dt in MOVE_DTYPES])
 declare_copy([(o, i) for o in CONVERT_DTYPES for i in CONVERT_DTYPES])

@@ -76,12 +76,6 @@ def _arange_impl(b, node):
     _dispatch(b, out, start, step)
 
 
-def _static_output(node: NodeSpec):
-    if any(t.is_dynamic for t in node.outputs):
-        return "dynamic (symbolic) sizes"
-    return None
-
-
 def _fill_rule(node: NodeSpec):
     value = node.args[1]
     out = node.outputs[0].dtype
@@ -106,11 +100,29 @@ def _arange_rule(node: NodeSpec):
 
 
 register(OpSpec(name="aten.full.default", dtypes=DTYPES, impl=_full_impl,
-                shape_fn=lambda args: tuple(args[0]), rules=(_static_output, _fill_rule),
+                shape_fn=lambda args: tuple(args[0]), rules=(_fill_rule,),
                 notes="zeros, ones, full"))
 register(OpSpec(name="aten.full_like.default", dtypes=DTYPES, impl=_full_impl,
                 shape_fn=lambda args: tuple(args[0].shape), rules=(_fill_rule,),
                 notes="zeros_like, ones_like, full_like; any dtype argument"))
+# ExecuTorch keeps zeros/ones(_like) as ops of their own (torch.export makes them full):
+# schemas as full's without the fill value.
+
+
+def _constant_impl(value):
+    def impl(b, node):
+        out = b.tensor(node.args[-1])
+        _dispatch(b, out, _typed(value, out.dtype), 0)
+    return impl
+
+
+for _name, _value, _shape in (
+        ("aten.zeros.default", 0, lambda args: tuple(args[0])),
+        ("aten.ones.default", 1, lambda args: tuple(args[0])),
+        ("aten.zeros_like.default", 0, lambda args: tuple(args[0].shape)),
+        ("aten.ones_like.default", 1, lambda args: tuple(args[0].shape))):
+    register(OpSpec(name=_name, dtypes=DTYPES, impl=_constant_impl(_value), shape_fn=_shape,
+                    notes="ExecuTorch name (torch.export emits full / full_like)"))
 register(OpSpec(name="aten.arange.start_step", dtypes=ARANGE_DTYPES, impl=_arange_impl,
                 shape_fn=None, rules=(_arange_rule,), max_rank=1,
                 notes="every torch.arange form; float or integer"))

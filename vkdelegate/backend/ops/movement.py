@@ -81,9 +81,23 @@ def _permute_shape(args):
 
 def _permute_impl(b, node):
     x_id, dims_id, out_id = node.args
-    x, out = b.tensor(x_id), b.tensor(out_id)
-    perm = [wrap_dim(p, x.ndim) for p in b.int_list(dims_id)]
+    x = b.tensor(x_id)
+    _permute_copy(b, b.tensor(out_id), x, [wrap_dim(p, x.ndim) for p in b.int_list(dims_id)])
 
+
+def _t_impl(b, node):
+    """t_copy (ExecuTorch): transpose of a tensor of rank <= 2."""
+    x = b.tensor(node.args[0])
+    _permute_copy(b, b.tensor(node.args[-1]), x, list(reversed(range(x.ndim))))
+
+
+def _t_rule(node: NodeSpec):
+    if node.args[0].rank > 2:
+        return f"t of a rank-{node.args[0].rank} tensor (t takes rank <= 2)"
+    return None
+
+
+def _permute_copy(b, out, x, perm):
     def plan():
         in_strides = contiguous_strides(x.shape)
         out_strides = contiguous_strides(out.shape)
@@ -284,6 +298,8 @@ ET_COPY_NAMES = {
     "aten.slice_copy.Tensor": "aten.slice.Tensor",
     "aten.select_copy.int": "aten.select.int",
 }
+_op("aten.t_copy.default", _t_impl, lambda args: tuple(reversed(args[0].shape)), _t_rule,
+    notes="ExecuTorch name: transpose of rank <= 2")
 for _et_name, _name in ET_COPY_NAMES.items():
     register(dataclasses.replace(REGISTRY[_name], name=_et_name,
                                  notes=f"ExecuTorch name of {_name}"))
