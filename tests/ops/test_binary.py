@@ -201,3 +201,13 @@ def test_plan_refusals():
     assert plan(add, "int32", 0.5, "float32") == ("float32", "float32")
     assert plan(eq, "float16", 0.1, "bool") == ("float32", "float16")
     assert plan(eq, "int32", 1, "bool") == ("int32", "int32")
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, I32], ids=str)
+def test_remainder_fmod(dtype):
+    torch.manual_seed(0)
+    x, y = _data(dtype, (5, 7), -20, 20), _nonzero(_data(dtype, (7,), -6, 6))
+    check_op(lambda a, b: {"rem": torch.remainder(a, b), "mod": a % 3, "mod_neg": a % -3,
+                           "fmod": torch.fmod(a, b), "fmod_s": torch.fmod(a, -4)},
+             (x, y), ops=["aten.remainder.Tensor", "aten.remainder.Scalar",
+                          "aten.fmod.Tensor", "aten.fmod.Scalar"], **_tol(dtype))

@@ -139,3 +139,16 @@ def test_max_dim_nan_and_resize():
     check_op(lambda t: (tuple(torch.max(t, 1)), tuple(torch.min(t, 1))), (x,),
              ops=["aten.max.dim", "aten.min.dim"], dynamic_shapes=({1: n},),
              resize_inputs=[(x[:, :1].contiguous(),), (torch.randn(3, 8),)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.bool],
+                         ids=str)
+def test_any_all(dtype):
+    torch.manual_seed(0)
+    x = (torch.rand(5, 3, 7) < 0.15).to(dtype)  # sparse: some all-false rows
+    if dtype == torch.float32:
+        x[0, 0, 0] = float("nan")  # NaN is true
+    check_op(lambda t: {"dim": t.any(1), "dims": t.any((0, 2), keepdim=True),
+                        "all": t.any(), "all_dim": t.all(-1), "all_all": t.all(),
+                        "empty": t[:, :0].any(1)},
+             (x,), ops=["aten.any.dim", "aten.any.dims", "aten.any.default"])

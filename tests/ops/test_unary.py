@@ -142,3 +142,31 @@ def test_hardswish_and_silu_decompositions_run_on_vulkan():
     check_op(F.hardswish, (x,), ops=["aten.clamp.default", "aten.add.Tensor"])
     check_op(F.hardsigmoid, (x,), ops=["aten.clamp.default"])
     check_op(F.silu, (x,), ops=["aten.sigmoid.default"])
+
+
+def test_more_elementwise():
+    # log1p/expm1 near 0 (where naive formulas lose digits), softplus and mish (exported
+    # via log1p and where), log2/exp2/trunc, isnan and bitwise_not.
+    torch.manual_seed(0)
+    small = torch.tensor([1e-8, -1e-8, 1e-4, -3e-3, 0.3, -0.7, 5.0, -1.0, -2.0, 0.0, NAN,
+                          INF, 50.0, -50.0])
+    x = torch.randn(3, 29) * 4
+    check_op(lambda s, t: {"log1p": torch.log1p(s), "expm1": torch.expm1(s),
+                           "softplus": F.softplus(t), "mish": F.mish(t),
+                           "log2": torch.log2(t.abs()), "exp2": torch.exp2(t),
+                           "trunc": torch.trunc(t), "isnan": torch.isnan(s),
+                           "fp16": torch.log1p(t.abs().half()), "fp16e": torch.expm1(
+                               (t / 8).half())},
+             (small, x), ops=["aten.log1p.default", "aten.expm1.default",
+                              "aten.log2.default", "aten.exp2.default",
+                              "aten.trunc.default", "aten.isnan.default"],
+             rtol=2e-3, atol=2e-3)
+    # fp32-only tolerance for the accuracy claims near 0:
+    check_op(lambda s: (torch.log1p(s), torch.expm1(s)), (small,),
+             ops=["aten.log1p.default", "aten.expm1.default"], rtol=1e-5, atol=1e-12)
+    i = torch.randint(-100, 100, (5, 7), dtype=torch.int32)
+    check_op(lambda n: (~n, ~(n > 0), torch.isnan(n.float())), (i,),
+             ops=["aten.bitwise_not.default"])
+    check_op(lambda t: (torch.log2(t), torch.exp2(t), torch.trunc(t), torch.isnan(t)),
+             (x.half(),), ops=["aten.log2.default", "aten.exp2.default",
+                               "aten.trunc.default", "aten.isnan.default"], **FP16_TOL)

@@ -59,6 +59,9 @@ class Binary:
 
 
 _LOGICAL = "broadcasting, any operand dtype (NaN is true), bool result"
+_MOD = ("remainder: sign of the divisor (Python %), fmod: sign of the dividend; float "
+        "quotients exact below 2**24; integer modulo 0 gives 0 (remainder) or the "
+        "dividend (fmod) where ATen raises")
 _POW = "broadcasting, C's results for negative bases and 0**negative; int32 exact"
 BINARY_OPS = {
     "aten.add.Tensor": Binary("a + ALPHA * b", ARITH, alpha=1,
@@ -77,6 +80,10 @@ BINARY_OPS = {
                                      notes=_POW),
     "aten.pow.Tensor_Scalar": Binary("pow_edges(a, b)", NUMERIC, notes=_POW),
     "aten.pow.Scalar": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(0,), notes=_POW),
+    "aten.remainder.Tensor": Binary("remainder_edges(a, b)", NUMERIC, notes=_MOD),
+    "aten.remainder.Scalar": Binary("remainder_edges(a, b)", NUMERIC, notes=_MOD),
+    "aten.fmod.Tensor": Binary("fmod_edges(a, b)", NUMERIC, notes=_MOD),
+    "aten.fmod.Scalar": Binary("fmod_edges(a, b)", NUMERIC, notes=_MOD),
     "aten.minimum.default": Binary("min_nan(a, b)", NUMERIC, scalar_pos=(),
                                    notes="broadcasting, propagates NaN"),
     "aten.maximum.default": Binary("max_nan(a, b)", NUMERIC, scalar_pos=(),

@@ -1,9 +1,9 @@
 """Reductions over any set of dims, keepdim either way.
 
 sum.dim_IntList (reduce_sum.glsl); mean.dim/mean.default, prod.dim_int/prod.default,
-amax/amin, max.default/min.default, var.correction and argmax/argmin (reduce.glsl,
-``REDUCTIONS``). An empty or absent ``dim`` reduces every dim (ATen's rule). Values
-accumulate in fp32 (fp16 data) or int32. Sums, means, products and variances are
+amax/amin, max.default/min.default, var.correction, argmax/argmin and any (reduce.glsl,
+``REDUCTIONS``); max.dim/min.dim (values and indices). An empty or absent ``dim``
+reduces every dim (ATen's rule). Values accumulate in fp32 (fp16 data) or int32. Sums, means, products and variances are
 float-only: ATen sums and multiplies integers into int64, which the device would hold
 in int32 and could overflow, so those stay on the CPU. A ``dtype`` argument must be
 absent or equal the input dtype. argmax/argmin give int64 (int32 on the device, widened
@@ -120,7 +120,9 @@ for _profile in STORAGE_PROFILES:
 GENERIC_SHADER = "reduce"
 FLOATS = frozenset({"float32", "float16"})
 ORDERED = FLOATS | {"int32"}
-KINDS = {"mean": 1, "prod": 2, "max": 3, "min": 4, "var": 5, "argmax": 6, "argmin": 7}
+TRUTHY = ORDERED | {"bool"}
+KINDS = {"mean": 1, "prod": 2, "max": 3, "min": 4, "var": 5, "argmax": 6, "argmin": 7,
+         "any": 8}
 
 
 @dataclass(frozen=True)
@@ -129,15 +131,19 @@ class Reduction:
     output) read: "dims_keepdim" (dim list, keepdim), "all" (no dims: every dim),
     "dim_keepdim" (one int dim, keepdim), "optdim_keepdim" (int dim or None for every
     dim, keepdim), "var" (dim list, correction, keepdim). dtypes: input dtypes;
-    index: the output is int64 indices."""
+    out: the output dtype, "same" as the input, "int64" (indices) or "bool"."""
 
     kind: str
     args: str
     dtypes: frozenset
-    index: bool = False
+    out: str = "same"
     notes: str = ""
 
+    def out_dtype(self, x_dtype: str) -> str:
+        return x_dtype if self.out == "same" else self.out
 
+
+_ANY = "bool output, any input dtype (NaN is true); all() exports as not(any(not x))"
 REDUCTIONS = {
     "aten.mean.dim": Reduction("mean", "dims_keepdim", FLOATS),
     "aten.mean.default": Reduction("mean", "all", FLOATS),
@@ -149,10 +155,13 @@ REDUCTIONS = {
     "aten.min.default": Reduction("min", "all", ORDERED, notes="propagates NaN"),
     "aten.var.correction": Reduction("var", "var", FLOATS,
                                      notes="two-pass, any correction; std = var + sqrt"),
-    "aten.argmax.default": Reduction("argmax", "optdim_keepdim", ORDERED, index=True,
+    "aten.argmax.default": Reduction("argmax", "optdim_keepdim", ORDERED, out="int64",
                                      notes="int64 output, first occurrence, NaN wins"),
-    "aten.argmin.default": Reduction("argmin", "optdim_keepdim", ORDERED, index=True,
+    "aten.argmin.default": Reduction("argmin", "optdim_keepdim", ORDERED, out="int64",
                                      notes="int64 output, first occurrence, NaN wins"),
+    "aten.any.dim": Reduction("any", "dim_keepdim", TRUTHY, out="bool", notes=_ANY),
+    "aten.any.dims": Reduction("any", "dims_keepdim", TRUTHY, out="bool", notes=_ANY),
+    "aten.any.default": Reduction("any", "all", TRUTHY, out="bool", notes=_ANY),
 }
 
 
@@ -183,7 +192,7 @@ def _make_shape(r: Reduction):
 
 def _make_rules(r: Reduction) -> tuple:
     def dtypes(node: NodeSpec):
-        expected = "int64" if r.index else node.args[0].dtype
+        expected = r.out_dtype(node.args[0].dtype)
         if node.outputs and node.outputs[0].dtype != expected:
             return f"output dtype {node.outputs[0].dtype}, expected {expected} " \
                    f"(a dtype argument that changes the dtype)"
@@ -221,7 +230,7 @@ def _make_impl(r: Reduction):
     def impl(b, node):
         x_id, *scalar_ids, out_id = node.args
         x, out = b.tensor(x_id), b.tensor(out_id)
-        expected = "int64" if r.index else x.dtype
+        expected = r.out_dtype(x.dtype)
         if out.dtype != expected:
             raise b.error(f"output dtype {out.dtype}, expected {expected}")
         dims, _, correction = parse_args(r.args, [b.value(i) for i in scalar_ids], x.ndim)
@@ -237,8 +246,8 @@ def _make_impl(r: Reduction):
 
 
 for _name, _r in REDUCTIONS.items():
-    if _r.index:
-        _spec = OpSpec(name=_name, dtypes=frozenset({"int64"}), impl=_make_impl(_r),
+    if _r.out != "same":
+        _spec = OpSpec(name=_name, dtypes=frozenset({_r.out}), impl=_make_impl(_r),
                        shape_fn=_make_shape(_r), rules=_make_rules(_r),
                        arg_dtypes={0: _r.dtypes}, notes=_r.notes)
     else:
@@ -249,7 +258,7 @@ for _name, _r in REDUCTIONS.items():
     for _profile in STORAGE_PROFILES:
         for _dt in _r.dtypes:
             _x = (_dt, device_dtype(_dt, _profile))
-            _out = ("int64", device_dtype("int64", _profile)) if _r.index else _x
+            _out = (_r.out_dtype(_dt), device_dtype(_r.out_dtype(_dt), _profile))
             declare(GENERIC_SHADER, _generic_defines(_r.kind, _out, _x, _dt))
 
 

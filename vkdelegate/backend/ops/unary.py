@@ -30,7 +30,8 @@ INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 @dataclass(frozen=True)
 class Unary:
-    """expr: GLSL expression, or {value of the first scalar argument: expression}.
+    """expr: GLSL expression, or {value of the first scalar argument: expression}, or
+    with ``by_dtype`` {input dtype: expression}.
     params: scalar arguments -> up to 4 numbers for P0..P3 (None: no parameters).
     out_bool: the output is bool whatever the input dtype."""
 
@@ -38,6 +39,7 @@ class Unary:
     dtypes: frozenset
     params: Optional[Callable[[list, bool], tuple]] = None
     out_bool: bool = False
+    by_dtype: bool = False
     notes: str = "elementwise"
 
 
@@ -64,7 +66,7 @@ UNARY_OPS = {
                                 notes="either bound may be None"),
     "aten.leaky_relu.default": Unary("x > 0.0 ? x : x * P0", FLOATS,
                                      params=lambda s, f: (s[0],)),
-    "aten.elu.default": Unary("x > 0.0 ? P1 * x : P1 * P0 * expm1_approx(x * P2)", FLOATS,
+    "aten.elu.default": Unary("x > 0.0 ? P1 * x : P1 * P0 * expm1_accurate(x * P2)", FLOATS,
                               params=lambda s, f: (s[0], s[1], s[2]),
                               notes="alpha, scale, input_scale"),
     "aten.gelu.default": Unary(
@@ -78,6 +80,11 @@ UNARY_OPS = {
     "aten.tanh.default": Unary("KEEP_NAN(x, tanh(clamp(x, -15.0, 15.0)))", FLOATS),
     "aten.exp.default": Unary("exp(x)", FLOATS),
     "aten.log.default": Unary("log_edges(x)", FLOATS),
+    "aten.log2.default": Unary("x < 0.0 ? NAN_F : (x == 0.0 ? -INF_F : log2(x))", FLOATS),
+    "aten.log1p.default": Unary("log1p_accurate(x)", FLOATS,
+                                notes="accurate near 0 (softplus, mish)"),
+    "aten.expm1.default": Unary("expm1_accurate(x)", FLOATS, notes="accurate near 0"),
+    "aten.exp2.default": Unary("exp2(x)", FLOATS),
     "aten.sqrt.default": Unary("x < 0.0 ? NAN_F : sqrt(x)", FLOATS),
     "aten.rsqrt.default": Unary("x < 0.0 ? NAN_F : recip_edges(sqrt(x))", FLOATS),
     "aten.reciprocal.default": Unary("recip_edges(x)", FLOATS),
@@ -87,6 +94,11 @@ UNARY_OPS = {
     "aten.round.default": Unary("roundEven(x)", FLOATS, notes="half to even, as torch"),
     "aten.floor.default": Unary("floor(x)", FLOATS),
     "aten.ceil.default": Unary("ceil(x)", FLOATS),
+    "aten.trunc.default": Unary("trunc(x)", FLOATS),
+    "aten.isnan.default": Unary("isnan(x)", FLOATS, out_bool=True, notes="bool output"),
+    "aten.bitwise_not.default": Unary({"int32": "~x", "bool": "x == 0"},
+                                      frozenset({"int32", "bool"}), by_dtype=True,
+                                      notes="~ on int32 and bool tensors"),
     "aten.logical_not.default": Unary("x == ACC_T(0)", NUMERIC | {"bool"}, out_bool=True,
                                       notes="any input dtype, bool output"),
 }
@@ -111,7 +123,9 @@ def _make_impl(op: Unary):
             raise b.error(f"output dtype {out.dtype}, expected {expected}")
         scalars = [b.value(i) for i in scalar_ids]
         expr = op.expr
-        if isinstance(expr, dict):
+        if op.by_dtype:
+            expr = expr[x.dtype]
+        elif isinstance(expr, dict):
             if scalars[0] not in expr:
                 raise b.error(f"argument {scalars[0]!r} not supported, expected one of "
                               f"{sorted(expr)}")
@@ -148,7 +162,7 @@ def _make_rules(op: Unary) -> tuple:
         return None
 
     rules = (output_dtype,)
-    if isinstance(op.expr, dict):
+    if isinstance(op.expr, dict) and not op.by_dtype:
         rules += (choice,)
     return rules
 
@@ -159,7 +173,7 @@ def _declare(op: Unary) -> None:
         for dt in op.dtypes:
             x = (dt, device_dtype(dt, profile))
             out = ("bool", device_dtype("bool", profile)) if op.out_bool else x
-            for expr in exprs:
+            for expr in ([op.expr[dt]] if op.by_dtype else exprs):
                 declare(SHADER, _defines(expr, out, x, dt, op.params is not None))
 
 

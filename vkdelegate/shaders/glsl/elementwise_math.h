@@ -25,9 +25,50 @@ float erf_approx(float x) {
   return x < 0.0 ? -y : y;
 }
 
-// exp(x) - 1 without the cancellation of the naive formula near 0 (elu).
-float expm1_approx(float x) {
-  return abs(x) < 1e-5 ? x + 0.5 * x * x : exp(x) - 1.0;
+// exp(x) - 1 and log(1 + x) without the cancellation of the naive formulas near 0.
+// For |x| <= 0.5 both are series in plain arithmetic: Vulkan lets exp/log carry an
+// absolute error of 2^-21 near 1, which is the whole answer near 0.
+float expm1_accurate(float x) {
+  if (!(abs(x) <= 0.5)) {
+    return exp(x) - 1.0;  // also NaN, +-inf
+  }
+  // Taylor series to x^11/11! (remainder below 1e-12 for |x| <= 0.5), Horner form.
+  float p = 1.0 / 39916800.0;
+  p = p * x + 1.0 / 3628800.0;
+  p = p * x + 1.0 / 362880.0;
+  p = p * x + 1.0 / 40320.0;
+  p = p * x + 1.0 / 5040.0;
+  p = p * x + 1.0 / 720.0;
+  p = p * x + 1.0 / 120.0;
+  p = p * x + 1.0 / 24.0;
+  p = p * x + 1.0 / 6.0;
+  p = p * x + 0.5;
+  p = p * x + 1.0;
+  return p * x;
+}
+
+float log1p_accurate(float x) {
+  if (x < -1.0) {
+    return NAN_F;
+  }
+  if (x == -1.0) {
+    return -INF_F;
+  }
+  if (!(abs(x) <= 0.5)) {
+    return log(1.0 + x);  // also NaN, +inf
+  }
+  // log(1 + x) = 2 atanh(s), s = x / (2 + x), |s| <= 0.2: odd series to s^15.
+  const float s = x / (2.0 + x);
+  const float s2 = s * s;
+  float p = 1.0 / 15.0;
+  p = p * s2 + 1.0 / 13.0;
+  p = p * s2 + 1.0 / 11.0;
+  p = p * s2 + 1.0 / 9.0;
+  p = p * s2 + 1.0 / 7.0;
+  p = p * s2 + 1.0 / 5.0;
+  p = p * s2 + 1.0 / 3.0;
+  p = p * s2 + 1.0;
+  return 2.0 * s * p;
 }
 
 // log with ATen's edges: NaN below 0, -inf at 0.
@@ -142,5 +183,22 @@ float min_nan(float a, float b) { return isnan(a) || isnan(b) ? NAN_F : min(a, b
 float max_nan(float a, float b) { return isnan(a) || isnan(b) ? NAN_F : max(a, b); }
 int min_nan(int a, int b) { return min(a, b); }
 int max_nan(int a, int b) { return max(a, b); }
+
+// fmod (C, the sign of a) and remainder (Python, the sign of b). Floats go through the
+// quotient, exact while |a / b| < 2^24; integer division by zero gives a (fmod) and
+// 0 (remainder), where ATen raises.
+float fmod_edges(float a, float b) { return a - b * trunc(a / b); }
+int fmod_edges(int a, int b) { return b == 0 ? a : a - div_trunc(a, b) * b; }
+float remainder_edges(float a, float b) {
+  const float r = fmod_edges(a, b);
+  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+int remainder_edges(int a, int b) {
+  if (b == 0) {
+    return 0;
+  }
+  const int r = fmod_edges(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
 
 #endif

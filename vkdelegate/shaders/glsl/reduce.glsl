@@ -3,7 +3,7 @@
 #include "common.h"
 #include "elementwise_math.h"
 
-// Reductions over any set of dims: mean, prod, amax, amin, var and argmax/argmin
+// Reductions over any set of dims: mean, prod, amax, amin, var, argmax/argmin and any
 // (sum keeps its own shader, reduce_sum.glsl). One invocation per output element walks
 // the reduced elements in row-major order, accumulating in ACC_T (fp32 for fp16 data).
 // Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T (ACC_FLOAT for float), REDUCE_KIND (one of
@@ -18,6 +18,7 @@
 #define KIND_VAR 5
 #define KIND_ARGMAX 6
 #define KIND_ARGMIN 7
+#define KIND_ANY 8
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
@@ -103,7 +104,17 @@ void main() {
     acc = REDUCE_KIND == KIND_MAX ? max(acc, v) : min(acc, v);
   }
   out_data[o] = OUT_STORE(acc);
-#else
+#elif REDUCE_KIND == KIND_ANY
+  // Truthiness as in ATen: nonzero, NaN included (NaN != 0 is true).
+  bool found = false;
+  for (uint r = 0u; r < count; ++r) {
+    if (ACC_T(in_data[reduced_offset(base, r)]) != ACC_T(0)) {
+      found = true;
+      break;
+    }
+  }
+  out_data[o] = OUT_STORE(found);
+#elif REDUCE_KIND == KIND_ARGMAX || REDUCE_KIND == KIND_ARGMIN
   // argmax/argmin: index of the first extreme value, or of the first NaN (ATen).
   ACC_T best = ACC_T(0);
   int index = 0;
@@ -120,5 +131,7 @@ void main() {
     }
   }
   out_data[o] = OUT_STORE(index);
+#else
+#error unknown REDUCE_KIND
 #endif
 }
