@@ -63,12 +63,16 @@ def _copy(cmd, src, dst, size):
     vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [region])
 
 
-def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None):
+def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
+           state_copies=()):
     """Allocate and record one primary command buffer; return (command buffer,
     number of pipeline barriers between dispatches).
 
     staged_inputs / staged_outputs: Tensors with a ``staging`` buffer to copy from /
     to. timestamps: a query pool with len(dispatches) + 1 queries, or None.
+    state_copies: (source Tensor, destination Tensor) pairs copied after every
+    dispatch (and after the output downloads): a state output written back into its
+    state input for the next run, which the final barrier makes visible to it.
     """
     dev = device.device
     alloc = vk.VkCommandBufferAllocateInfo(
@@ -101,13 +105,23 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None):
                                    timestamps, i + 1)
         written |= d.writes
         read |= d.reads
-    if staged_outputs:
+    if staged_outputs or state_copies:
         _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _TRANSFER,
                  vk.VK_ACCESS_TRANSFER_READ_BIT)
         for t in staged_outputs:
             _copy(cmd, t.buffer, t.staging, t.staging.size)
-        _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                 vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+        for src, dst in state_copies:
+            _copy(cmd, src.buffer, dst.buffer, src.nbytes_for(src.device_dtype, src.max_shape))
+        if state_copies:
+            # The state inputs are read by the next run's dispatches (and by the host
+            # or a transfer when the program asks for the state's value).
+            _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                     vk.VK_PIPELINE_STAGE_HOST_BIT | _COMPUTE | _TRANSFER,
+                     vk.VK_ACCESS_HOST_READ_BIT | _SHADER_RW | vk.VK_ACCESS_TRANSFER_READ_BIT
+                     | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        else:
+            _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                     vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
     else:
         _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT,
                  vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
@@ -143,3 +157,19 @@ def run_once(device, fill, timeout_s: float = 60.0) -> None:
     finally:
         vk.vkDestroyFence(dev, fence, None)
         vk.vkFreeCommandBuffers(dev, device.command_pool, 1, [cmd])
+
+
+def copy_once(device, copies, timeout_s: float = 60.0) -> None:
+    """Copy buffers now, ordered after all earlier GPU work and visible to all later
+    work and to the host: copies are (source Buffer, destination Buffer, bytes)."""
+    everything = (_COMPUTE | _TRANSFER | vk.VK_PIPELINE_STAGE_HOST_BIT)
+    access = (_SHADER_RW | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+              | vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_HOST_WRITE_BIT)
+
+    def fill(cmd):
+        _barrier(cmd, everything, access, _TRANSFER,
+                 vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        for src, dst, size in copies:
+            _copy(cmd, src, dst, size)
+        _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT, everything, access)
+    run_once(device, fill, timeout_s)

@@ -31,6 +31,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
+from vkdelegate.runtime.device_state import DeviceState
 from vkdelegate.runtime.dtypes import from_device, to_device
 from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
@@ -40,7 +41,7 @@ from vkdelegate.runtime.vkcall import vk_call, wait_fence
 from vkdelegate.serialization import vkgraph as g
 
 
-class DelegateGraph:
+class DelegateGraph(DeviceState):
     """An executable partition.
 
     graph: the VkGraph. constant_bytes: ``f(i) -> bytes`` resolving
@@ -54,9 +55,11 @@ class DelegateGraph:
 
     Attributes: ``inputs``/``outputs`` (Tensors), ``dispatches`` (recorded in order),
     ``barriers`` (pipeline barriers between dispatches), ``recordings`` (times the main
-    command buffer was recorded: 1), ``last_profile`` (Profile of the last
+    command buffer was recorded: 1, once more after ``bind_state``), ``last_profile`` (Profile of the last
     ``profile=True`` run), ``last_timing`` (total/fence-wait/host seconds of the last
-    run).
+    run), ``last_transfer`` (bytes written into and read from host-visible memory by
+    the last run: ``upload_bytes``, ``download_bytes``), ``state_bindings`` (input
+    index -> output index of the state kept on the device, see ``bind_state``).
     """
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
@@ -74,6 +77,11 @@ class DelegateGraph:
         self._profile_cmd = self._query_pool = None
         self.last_profile: Profile | None = None
         self.last_timing: dict[str, float] = {}
+        self.last_transfer: dict[str, int] = {}
+        self.state_bindings: dict[int, int] = {}  # input index -> output index
+        self._downloaded_states: set[int] = set()  # state inputs bound with download
+        self._skip_download: set[int] = set()     # state outputs the host never reads
+        self._record_again = False
         if staging is None:
             staging = (self.device.info.type == "discrete"
                        or not self._has_mappable_device_memory())
@@ -99,9 +107,7 @@ class DelegateGraph:
         self._specs = self._build_nodes()
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
         self.values.flush_uploads(self.timeout_s)
-        self._cmd, self.barriers = commands.record(
-            self.device, self.dispatches, self._staged(self.inputs),
-            self._staged(self.outputs))
+        self._cmd, self.barriers = self._record()
         self.recordings += 1
         dev = self.device.device
         self._fence = vk_call(vk.vkCreateFence, dev, vk.VkFenceCreateInfo(
@@ -168,12 +174,24 @@ class DelegateGraph:
     def _staged(self, tensors):
         return list({id(t): t for t in tensors if t.staging is not None}.values())
 
+    def _record(self, timestamps=None):
+        """Record the main (or, with ``timestamps``, the profiling) command buffer:
+        state inputs are not uploaded, state outputs the host never reads are not
+        downloaded, and each state output is copied into its input at the end."""
+        ins = [t for i, t in enumerate(self.inputs) if i not in self.state_bindings]
+        outs = [t for j, t in enumerate(self.outputs) if j not in self._skip_download]
+        copies = [(self.outputs[j], self.inputs[i]) for i, j in self.state_bindings.items()]
+        return commands.record(self.device, self.dispatches, self._staged(ins),
+                               self._staged(outs), timestamps=timestamps,
+                               state_copies=copies)
+
     # ---- run -------------------------------------------------------------------------
     def execute(self, inputs: Sequence[np.ndarray], profile: bool = False) -> list[np.ndarray]:
         """Run the graph on ``inputs`` (one numpy array per graph input, in order, with
-        the graph's dtypes; sizes up to the serialized upper bounds). Returns new
-        arrays, one per graph output. With ``profile=True`` the run uses a command
-        buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
+        the graph's dtypes; sizes up to the serialized upper bounds; None for a state
+        input, see ``bind_state``). Returns new arrays, one per graph output (None for
+        a state output bound without ``download``). With ``profile=True`` the run uses
+        a command buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
         Raises VkDelegateError for a wrong count, dtype, rank or size, or a timeout.
         Thread-safe: concurrent calls on one graph run one after the other.
         """
@@ -188,6 +206,12 @@ class DelegateGraph:
             raise VkDelegateError(f"graph takes {len(self.inputs)} inputs, got {len(inputs)}")
         arrays = []
         for i, (x, t) in enumerate(zip(inputs, self.inputs)):
+            if i in self.state_bindings:
+                if x is not None:
+                    raise VkDelegateError(f"input {i} is state kept on the device "
+                                          f"(bind_state): pass None")
+                arrays.append(None)
+                continue
             a = np.asarray(x)
             if a.dtype.name != t.dtype:
                 raise VkDelegateError(f"input {i} has dtype {a.dtype.name}, the graph "
@@ -196,11 +220,24 @@ class DelegateGraph:
                 raise VkDelegateError(f"input {i} has rank {a.ndim}, the graph expects "
                                       f"{t.ndim} (sizes up to {list(t.max_shape)})")
             arrays.append(a)
-        shapes = tuple(a.shape for a in arrays)
+        shapes = tuple(t.shape if a is None else a.shape
+                       for a, t in zip(arrays, self.inputs))
         if shapes != self._shapes:
             self.resize(shapes)
+            for i, j in self.state_bindings.items():
+                if self.outputs[j].shape != self.inputs[i].shape:
+                    self._shapes = None
+                    raise VkDelegateError(
+                        f"state output {j} has sizes {list(self.outputs[j].shape)} for "
+                        f"these inputs, its state input {i} {list(self.inputs[i].shape)}")
+        if self._record_again:
+            self._record_with_state()
+        uploaded = 0
         for i, (a, t, view) in enumerate(zip(arrays, self.inputs, self._in_views)):
-            view[:a.size] = to_device(a, t.device_dtype, f"input {i}").reshape(-1)
+            if a is not None:
+                data = to_device(a, t.device_dtype, f"input {i}").reshape(-1)
+                view[:a.size] = data
+                uploaded += data.nbytes
         submit = self._submit if not profile else self._profile_submit()
         dev = self.device.device
         # The fence is reset just before it is reused rather than right after the
@@ -216,8 +253,13 @@ class DelegateGraph:
         if profile:
             self.last_profile = Profile.from_queries(self.device, self._query_pool,
                                                      self.dispatches)
-        outputs = [from_device(view[:t.numel], t.dtype).reshape(t.shape)
-                   for t, view in zip(self.outputs, self._out_views)]
+        outputs = [None if j in self._skip_download
+                   else from_device(view[:t.numel], t.dtype).reshape(t.shape)
+                   for j, (t, view) in enumerate(zip(self.outputs, self._out_views))]
+        self.last_transfer = {
+            "upload_bytes": uploaded,
+            "download_bytes": sum(Tensor.nbytes_for(t.device_dtype, t.shape)
+                                  for t, o in zip(self.outputs, outputs) if o is not None)}
         total = time.perf_counter() - start
         # Host time is everything but the fence wait: what the CPU spends per run.
         self.last_timing = {"total_s": total, "fence_wait_s": wait_s,
@@ -265,9 +307,7 @@ class DelegateGraph:
                                             queryCount=len(self.dispatches) + 1)
             self._query_pool = vk_call(vk.vkCreateQueryPool, self.device.device, info, None,
                                        what="the profiling query pool")
-            self._profile_cmd, _ = commands.record(
-                self.device, self.dispatches, self._staged(self.inputs),
-                self._staged(self.outputs), timestamps=self._query_pool)
+            self._profile_cmd, _ = self._record(timestamps=self._query_pool)
             self._profile_submits = [vk.VkSubmitInfo(
                 sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1,
                 pCommandBuffers=[self._profile_cmd])]

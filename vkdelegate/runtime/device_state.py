@@ -1,0 +1,120 @@
+"""Mutable state kept on the device between runs of a ``DelegateGraph``.
+
+A module buffer updated in place (``self.count.add_(1)``, a KV cache written with
+``copy_``) is, after export, a graph input (the old value) plus a graph output (the
+new value). Bound with ``bind_state``, the input is uploaded once; the recorded
+command buffer ends with a copy of the output into the input's memory (after every
+dispatch, so after the last one reading the input) and a barrier that makes it
+visible to the next run, so the state never crosses to the host unless asked for
+(``read_state``, or ``download=True`` when the new value is also a user output).
+"""
+from __future__ import annotations
+
+import numpy as np
+import vulkan as vk
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime import commands
+from vkdelegate.runtime.dtypes import from_device, to_device
+from vkdelegate.runtime.tensor import Tensor
+
+
+class DeviceState:
+    """Mixin of ``DelegateGraph``: ``bind_state``, ``read_state``. Uses the graph's
+    ``inputs``, ``outputs``, ``graph``, ``state_bindings``, ``_downloaded_states``,
+    ``_skip_download``, ``_record_again``, ``_in_views``, ``_lock`` and ``_record``."""
+
+    def bind_state(self, input_index: int, output_index: int, initial: np.ndarray,
+                   download: bool = False) -> None:
+        """Keep graph input ``input_index`` on the device as mutable state whose new
+        value is graph output ``output_index`` (a buffer a module updates in place).
+
+        ``initial`` (graph dtype, the input's full sizes) is uploaded now. Every later
+        run copies the output into the input's memory after the last dispatch, in the
+        same command buffer, so the next run reads it without a host upload.
+        ``execute`` then takes None at ``input_index`` and returns None at
+        ``output_index`` unless ``download`` is true; ``read_state`` gives the value.
+        The command buffer is recorded again (once) before the next run.
+        Raises VkDelegateError when the pair cannot be kept this way: an index out of
+        range, an input already bound, dtypes or sizes that differ, an input listed
+        twice or also an output, an output that is also an input, an input whose
+        memory is shared with other tensors, or ``initial`` of the wrong dtype/sizes.
+        """
+        with self._lock:
+            if self._closed:
+                raise VkDelegateError("bind_state() on a closed DelegateGraph")
+            if not (0 <= input_index < len(self.inputs)
+                    and 0 <= output_index < len(self.outputs)):
+                raise VkDelegateError(f"state input {input_index} / output {output_index} "
+                                      f"out of range ({len(self.inputs)} inputs, "
+                                      f"{len(self.outputs)} outputs)")
+            t_in, t_out = self.inputs[input_index], self.outputs[output_index]
+            v_in, v_out = self.graph.input_ids[input_index], self.graph.output_ids[output_index]
+            where = f"state input {input_index} / output {output_index}"
+            problem = None
+            if input_index in self.state_bindings:
+                problem = "the input is already state"
+            elif self.graph.input_ids.count(v_in) != 1 or v_in in self.graph.output_ids:
+                problem = "the input is listed twice or is also an output"
+            elif v_out in self.graph.input_ids:
+                problem = "the output is a graph input"
+            elif getattr(self.graph.values[v_in], "mem_obj_id", -1) >= 0:
+                problem = "the input shares memory with other tensors"
+            elif t_in.dtype != t_out.dtype or t_in.max_shape != t_out.max_shape:
+                problem = (f"the input is {t_in.dtype}{list(t_in.max_shape)}, the output "
+                           f"{t_out.dtype}{list(t_out.max_shape)}")
+            initial = np.asarray(initial)
+            if problem is None and (initial.dtype.name != t_in.dtype
+                                    or initial.shape != t_in.max_shape):
+                problem = (f"initial value is {initial.dtype.name}{list(initial.shape)}, "
+                           f"the input is {t_in.dtype}{list(t_in.max_shape)}")
+            if problem is not None:
+                raise VkDelegateError(f"{where} cannot be kept on the device: {problem}")
+            if t_in.set_shape(t_in.max_shape):
+                self._shapes = None
+            data = to_device(initial, t_in.device_dtype, f"state input {input_index}")
+            self._in_views[input_index][:data.size] = data.reshape(-1)
+            if t_in.staging is not None:
+                nbytes = Tensor.nbytes_for(t_in.device_dtype, t_in.max_shape)
+                commands.copy_once(self.device, [(t_in.staging, t_in.buffer, nbytes)],
+                                   self.timeout_s)
+            self.state_bindings[input_index] = output_index
+            if download:
+                self._downloaded_states.add(input_index)
+            # An output two states share is downloaded if either asks for it.
+            self._skip_download = ({j for j in self.state_bindings.values()}
+                                   - {self.state_bindings[k] for k in self._downloaded_states})
+            self._record_again = True
+
+    def read_state(self, input_index: int) -> np.ndarray:
+        """The current value (a new array, graph dtype) of state input ``input_index``
+        (see ``bind_state``). Raises VkDelegateError if that input is not state."""
+        with self._lock:
+            if self._closed:
+                raise VkDelegateError("read_state() on a closed DelegateGraph")
+            if input_index not in self.state_bindings:
+                raise VkDelegateError(f"input {input_index} is not state kept on the "
+                                      f"device (bind_state)")
+            t = self.inputs[input_index]
+            if t.staging is not None:
+                nbytes = Tensor.nbytes_for(t.device_dtype, t.max_shape)
+                commands.copy_once(self.device, [(t.buffer, t.staging, nbytes)],
+                                   self.timeout_s)
+            view = self._in_views[input_index]
+            return from_device(view[:t.numel], t.dtype).reshape(t.shape)
+
+    def _record_with_state(self) -> None:
+        """Record the command buffers again after ``bind_state`` (before a run)."""
+        dev = self.device.device
+        old = [c for c in (self._cmd, self._profile_cmd) if c is not None]
+        self._cmd = self._profile_cmd = None
+        if old:
+            vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(old), old)
+        if self._query_pool is not None:  # the profiling buffer is recorded anew
+            vk.vkDestroyQueryPool(dev, self._query_pool, None)
+            self._query_pool = None
+        self._cmd, self.barriers = self._record()
+        self.recordings += 1
+        self._submit = [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                        commandBufferCount=1, pCommandBuffers=[self._cmd])]
+        self._record_again = False
