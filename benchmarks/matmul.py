@@ -1,8 +1,9 @@
-"""GPU time of aten.mm.default: the simple shader vs the shared-memory tiled one.
+"""GPU time of aten.mm.default: simple shader, tiled, tiled with register blocking.
 
-For each size M x K x N, builds a one-node graph per shader (forcing the choice that
-``vkdelegate.backend.ops.matmul.use_tiled`` makes per device), checks the result
-against numpy, and prints the median GPU time from timestamp queries and the GFLOP/s.
+For each size M x K x N, builds a one-node graph per variant (forcing the choices that
+``vkdelegate.backend.ops.matmul.use_tiled`` and ``register_block`` make per device and
+shape), checks the result against numpy, and prints the median GPU time from timestamp
+queries and the GFLOP/s.
 
     python benchmarks/matmul.py [--runs 10] [--device NAME]
 """
@@ -21,7 +22,8 @@ from vkdelegate.serialization import vkgraph as g
 SIZES = [(37, 29, 11), (256, 512, 256), (1024, 1024, 1024), (4096, 4096, 4096)]
 
 
-def run(device, m: int, k: int, n: int, tiled: bool, runs: int) -> tuple[float, float]:
+def run(device, m: int, k: int, n: int, tiled: bool, reg: int,
+        runs: int) -> tuple[float, float]:
     f32 = g.VkDataType.FLOAT32
     graph = g.VkGraph(chain=[g.OperatorCall(0, "aten.mm.default", [0, 1, 2])],
                       values=[g.VkTensor(f32, [m, k]), g.VkTensor(f32, [k, n]),
@@ -30,12 +32,13 @@ def run(device, m: int, k: int, n: int, tiled: bool, runs: int) -> tuple[float, 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    original = matmul.use_tiled
+    original = matmul.use_tiled, matmul.register_block
     matmul.use_tiled = lambda info, rows, cols, k=0: tiled
+    matmul.register_block = lambda rows, cols: reg
     try:
         dg = DelegateGraph(graph, lambda i: b"", device=device)
     finally:
-        matmul.use_tiled = original
+        matmul.use_tiled, matmul.register_block = original
     with dg:
         out = dg.execute([a, b])[0]
         ref = a.astype(np.float64) @ b
@@ -59,15 +62,17 @@ def main(argv=None) -> int:
         if max(m, k, n) > args.max_size:
             continue
         line = [f"{m}x{k}x{n}"]
-        for tiled in (False, True):
-            ms, err = run(device, m, k, n, tiled, args.runs)
+        for tiled, reg in ((False, 1), (True, 1), (True, matmul.REG)):
+            ms, err = run(device, m, k, n, tiled, reg, args.runs)
             line += [f"{ms:.3f}", f"{2 * m * k * n / ms / 1e6:.1f}", f"{err:.1e}"]
         rows.append(line)
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}")
     print(f"default choice on this device: "
           f"{'tiled' if matmul.use_tiled(device.info, 1024, 1024) else 'simple'}\n")
     print(tabulate(rows, headers=["M x K x N", "simple ms", "GFLOP/s", "rel err",
-                                  "tiled ms", "GFLOP/s", "rel err"]))
+                                  "tiled ms", "GFLOP/s", "rel err",
+                                  f"tiled {matmul.REG}x{matmul.REG} ms", "GFLOP/s",
+                                  "rel err"]))
     return 0
 
 

@@ -99,21 +99,24 @@ def test_mm(vk_device, dtype, tol, constant_weight):
                                rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("rows_max,cols,reg", [(41, 19, "1"), (131, 67, "4")])
 @pytest.mark.parametrize("constant_weight", [False, True])
-def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight):
+def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight, rows_max, cols, reg):
     # lavapipe is a CPU device and normally gets the simple shader: force the tiled
-    # one (the GPU path) and check it on shapes that are not multiples of the tile.
+    # one (the GPU path) and check it on shapes that are not multiples of the tile,
+    # with one and with 4 x 4 outputs per invocation.
     from vkdelegate.backend.ops import matmul
     monkeypatch.setattr(matmul, "use_tiled", lambda info, m, n, k=0: True)
     rng = np.random.default_rng(9)
-    w = rand(rng, (37, 19))
+    w = rand(rng, (37, cols))
     m = GraphMaker()
-    ia = m.input((41, 37))
+    ia = m.input((rows_max, 37))
     iw = m.constant(w) if constant_weight else m.input(w.shape)
-    m.output(m.op("aten.mm.default", [ia, iw], (41, 19)))
+    m.output(m.op("aten.mm.default", [ia, iw], (rows_max, cols)))
     with m.build(vk_device) as graph:
-        assert graph.dispatches[0].pipeline.name == "matmul_tiled"
-        for rows in (41, 17, 1):
+        pipeline = graph.dispatches[0].pipeline
+        assert pipeline.name == "matmul_tiled" and dict(pipeline.defines)["REG"] == reg
+        for rows in (rows_max, 17, 1):
             a = rand(rng, (rows, 37))
             got = graph.execute([a] if constant_weight else [a, w])[0]
             np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)

@@ -21,6 +21,7 @@ from vkdelegate.shaders.variants import declare
 SHADER = "matmul"
 TILED_SHADER = "matmul_tiled"
 TILE = 16
+REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
 DTYPES = frozenset({"float32", "float16"})
 
 
@@ -38,6 +39,12 @@ def use_tiled(info, m: int, n: int, k: int = 0) -> bool:
     if k > LOOP_LIMIT:
         return True
     return info.type != "cpu" and m * n >= TILE * TILE
+
+
+def register_block(m: int, n: int) -> int:
+    """Outputs per invocation per dim in the tiled shader: 4 (a 64 x 64 block per
+    workgroup) once the output fills such blocks, else 1 (16 x 16)."""
+    return REG if min(m, n) >= TILE * REG else 1
 
 
 def _shape(args):
@@ -82,9 +89,10 @@ def _impl(b, node):
     if k > LOOP_LIMIT * TILE and b.device.info.name.startswith("llvmpipe"):
         raise b.error(f"K = {k} exceeds llvmpipe's shader loop limit")
     if use_tiled(b.device.info, m, n, k):
-        b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE)), outputs=[out],
-                   inputs=[a, w], params=[out.meta, a.meta], global_size=(n, m),
-                   local_size=(TILE, TILE, 1))
+        reg = register_block(m, n)
+        b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(reg)),
+                   outputs=[out], inputs=[a, w], params=[out.meta, a.meta],
+                   global_size=(-(-n // reg), -(-m // reg)), local_size=(TILE, TILE, 1))
         return
     b.dispatch(SHADER, defines, outputs=[out],
                inputs=[a, w], params=[out.meta, a.meta], global_size=(out.max_numel,),
@@ -99,4 +107,6 @@ for _profile in STORAGE_PROFILES:
         _ddt = (_dt, device_dtype(_dt, _profile))
         for _t in (False, True):
             declare(SHADER, _defines(_ddt, _ddt, _ddt, _dt, _t))
-            declare(TILED_SHADER, dict(_defines(_ddt, _ddt, _ddt, _dt, _t), TILE=str(TILE)))
+            for _reg in (1, REG):
+                declare(TILED_SHADER, dict(_defines(_ddt, _ddt, _ddt, _dt, _t),
+                                           TILE=str(TILE), REG=str(_reg)))
