@@ -19,6 +19,7 @@ import numpy as np
 
 from vkdelegate.backend import glue_ops, pytree_spec
 from vkdelegate.backend.input_checks import check_inputs
+from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
 
 _SPECIAL_KEYS = ("dtype", "device", "layout", "memory_format")
@@ -74,10 +75,11 @@ def _value_name(input_spec: dict) -> str:
 
 
 def _cast(arrays: list, dtypes: "list | None") -> list:
-    """Delegate-boundary casts (force_fp16): dtype per array, None for none."""
+    """Delegate-boundary casts (force_fp16): dtype per array, None for none (and None
+    for an array the runtime keeps on the device)."""
     if not dtypes:
         return arrays
-    return [a if d is None else a.astype(d) for a, d in zip(arrays, dtypes)]
+    return [a if d is None or a is None else a.astype(d) for a, d in zip(arrays, dtypes)]
 
 
 class MethodRunner:
@@ -86,15 +88,68 @@ class MethodRunner:
     plan: the method's JSON-ready dict. constants: name -> array/tensor for glue
     constants. state: name -> array/tensor of mutable buffers (updated after each call).
     delegates: objects with ``execute(list[np.ndarray]) -> list[np.ndarray]``, indexed
-    by the plan's delegate nodes. Raises VkDelegateError for a malformed plan.
+    by the plan's delegate nodes; a delegate that also has ``bind_state(input, output,
+    initial, download) -> bool`` and ``read_state(input)`` keeps the states that
+    ``state_bindings.plan_bindings`` finds on the device from its first call on.
+    Raises VkDelegateError for a malformed plan.
     """
 
     def __init__(self, plan: dict, constants: dict, state: dict, delegates: list):
         self.plan = plan
         self.constants = constants
-        self.state = state
+        self._host_state = dict(state)
         self.delegates = delegates
         self._validate()
+        self._bindings = plan_bindings(plan)
+        self._bound: dict = {}       # state name -> (delegate index, StateBinding, cast)
+        self._bound_inputs: dict = {}  # delegate index -> argument positions bound
+        self._tried: set = set()     # delegates whose bindings were attempted
+        for d in delegates:
+            if hasattr(d, "before_close"):  # closing a delegate must not lose state
+                d.before_close = self.release_state
+
+    @property
+    def state(self) -> dict:
+        """Current value of every mutable buffer (name -> array/tensor); a state kept
+        on the device is read back from it (a copy)."""
+        values = dict(self._host_state)
+        for name, (d, binding, cast) in self._bound.items():
+            value = self.delegates[d].read_state(binding.input)
+            values[name] = value if cast is None else value.astype(cast)
+        return values
+
+    @property
+    def states_on_device(self) -> list[str]:
+        """Names of the states currently kept on the device."""
+        return list(self._bound)
+
+    def release_state(self) -> None:
+        """Bring every state kept on the device back to the host (before the
+        delegates are closed); the next call binds them again."""
+        self._host_state = self.state
+        self._bound, self._bound_inputs, self._tried = {}, {}, set()
+
+    def _bind(self, index: int, node: dict) -> None:
+        """Offer delegate ``index`` its states (once per build of the delegate)."""
+        self._tried.add(index)
+        delegate = self.delegates[index]
+        if not hasattr(delegate, "bind_state"):
+            return
+        casts_in = node.get("cast_inputs") or []
+        casts_out = node.get("cast_outputs") or []
+        for b in self._bindings.get(index, []):
+            initial = to_numpy(self._host_state[b.name])
+            cast = casts_in[b.input] if b.input < len(casts_in) else None
+            if cast is not None:
+                initial = initial.astype(cast)
+            try:
+                bound = delegate.bind_state(b.input, b.output, initial, b.download)
+            except VkDelegateError:
+                bound = False  # the runtime cannot alias this pair: stay on the host
+            if bound:
+                back = casts_out[b.output] if b.output < len(casts_out) else None
+                self._bound[b.name] = (index, b, back)
+                self._bound_inputs.setdefault(index, set()).add(b.input)
 
     def _validate(self) -> None:
         plan = self.plan
@@ -104,7 +159,7 @@ class MethodRunner:
         pytree_spec.validate(plan["in_spec"])
         pytree_spec.validate(plan["out_spec"])
         defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
-            self.state)
+            self._host_state)
         self._ops = []
         for n, node in enumerate(plan["nodes"]):
             if not isinstance(node, dict) or "op" not in node or "out" not in node:
@@ -158,16 +213,23 @@ class MethodRunner:
         plan = self.plan
         check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}))
         env = dict(self.constants)
-        env.update(self.state)
+        env.update({k: v for k, v in self._host_state.items() if k not in self._bound})
         env.update({_value_name(spec): v for spec, v in zip(plan["inputs"], flat_inputs)})
         for node, fn in zip(plan["nodes"], self._ops):
             op = node["op"]
             if op == "delegate":
-                args = [to_numpy(self._arg(a, env, False)) for a in node["args"]]
+                index = node["index"]
+                if index in self._bindings and index not in self._tried:
+                    self._bind(index, node)
+                on_device = self._bound_inputs.get(index, ())
+                args = [None if i in on_device else to_numpy(self._arg(a, env, False))
+                        for i, a in enumerate(node["args"])]
                 args = _cast(args, node.get("cast_inputs"))
-                outs = self.delegates[node["index"]].execute(args)
+                outs = self.delegates[index].execute(args)
                 # Own the memory: a runtime may reuse its output buffers on the next run.
-                env[node["out"]] = _cast([np.require(o, requirements=["C", "W", "O"])
+                # None: a state's new value that stayed on the device.
+                env[node["out"]] = _cast([None if o is None else
+                                          np.require(o, requirements=["C", "W", "O"])
                                           for o in outs], node.get("cast_outputs"))
             elif op == "getitem":
                 seq, index = node["args"]
@@ -202,7 +264,8 @@ class MethodRunner:
         flattened user outputs (arrays or tensors, as produced)."""
         outputs = self.run_flat(flat)
         for name, index in self.plan.get("state_updates", {}).items():
-            self.state[name] = outputs[index]
+            if name not in self._bound:  # the device already holds the new value
+                self._host_state[name] = outputs[index]
         for pos, index in self.plan.get("input_updates", {}).items():
             target, new = flat[int(pos)], outputs[index]
             if _is_torch_tensor(target):

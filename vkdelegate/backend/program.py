@@ -54,6 +54,7 @@ class _LazyDelegate:
         self.where = where
         self.profiling = False
         self.last_profile = None
+        self.before_close = None  # set by MethodRunner: fetch state kept on the device
 
     def build(self) -> None:
         """Decode the blob and build it on the executor (once)."""
@@ -83,7 +84,23 @@ class _LazyDelegate:
         self.last_profile = self.loaded.last_profile
         return outputs
 
+    def bind_state(self, input_index: int, output_index: int, initial, download: bool
+                   ) -> bool:
+        """Keep a state on the device (``DelegateGraph.bind_state``); False when the
+        executor cannot (the reference executor), so the state stays on the host."""
+        self.build()
+        if not hasattr(self.loaded, "bind_state"):
+            return False
+        self.loaded.bind_state(input_index, output_index, initial, download)
+        return True
+
+    def read_state(self, input_index: int):
+        """Current value of a state kept on the device (a numpy array)."""
+        return self.loaded.read_state(input_index)
+
     def close(self) -> None:
+        if self.loaded is not None and self.before_close is not None:
+            self.before_close()
         if self.loaded is not None and hasattr(self.loaded, "close"):
             self.loaded.close()
         self.loaded = None
@@ -158,6 +175,11 @@ class LoweredProgram:
         delegates = self.runner(method or self.default_method()).delegates
         return [(i, d.last_profile) for i, d in enumerate(delegates)
                 if d.last_profile is not None]
+
+    def state_dict(self, method: "str | None" = None) -> dict:
+        """Current values of ``method``'s mutable buffers (placeholder name, e.g.
+        ``b_count``, -> array or tensor); state kept on the GPU is read back."""
+        return self.runner(method or self.default_method()).state
 
     def num_delegates(self, method: "str | None" = None) -> int:
         return len(self.methods[method or self.default_method()].delegates)
