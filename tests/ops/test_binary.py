@@ -211,3 +211,17 @@ def test_remainder_fmod(dtype):
                            "fmod": torch.fmod(a, b), "fmod_s": torch.fmod(a, -4)},
              (x, y), ops=["aten.remainder.Tensor", "aten.remainder.Scalar",
                           "aten.fmod.Tensor", "aten.fmod.Scalar"], **_tol(dtype))
+
+
+def test_fp16_with_python_float_is_exact():
+    # ATen keeps the scalar in fp32 for mul/div and rounds it to fp16 for the others;
+    # either way one fp32 operation and one rounding: results must match bit for bit.
+    torch.manual_seed(0)
+    h = (torch.randn(4000) * 4).half()
+    check_op(lambda x: {"add": x + 0.1, "sub": x - 0.3337, "mul": x * 0.1,
+                        "div": x / 0.3337, "floordiv": x // 0.1,
+                        "trunc": torch.div(x, 2.7183, rounding_mode="trunc"),
+                        "gt": x > 2.7183, "eq": x == 0.1, "rem": x % 2.7183,
+                        "pow": x.abs() ** 0.3337},
+             (h,), ops=["aten.mul.Tensor", "aten.div.Tensor", "aten.div.Tensor_mode"],
+             rtol=0, atol=0)

@@ -48,13 +48,16 @@ class Binary:
     """expr: GLSL expression, or {rounding_mode: expression} (div.Tensor_mode).
     dtypes: accepted operand dtypes. kind: result rule (see the module docstring).
     alpha: sign applied to add/sub's alpha (None: the op has no alpha).
-    scalar_pos: operand positions that may be a Python scalar."""
+    scalar_pos: operand positions that may be a Python scalar.
+    fp32_scalar: a Python float stays fp32 with an fp16 tensor (ATen's mul and div use
+    the scalar's opmath value; the other ops round it to fp16 first)."""
 
     expr: "str | dict"
     dtypes: frozenset
     kind: str = "arith"
     alpha: "int | None" = None
     scalar_pos: tuple = (1,)
+    fp32_scalar: bool = False
     notes: str = "broadcasting on any axis, scalar operand"
 
 
@@ -68,12 +71,13 @@ BINARY_OPS = {
                               notes="broadcasting on any axis, alpha, scalar other"),
     "aten.sub.Tensor": Binary("a + ALPHA * b", ARITH - {"bool"}, alpha=-1,
                               notes="broadcasting on any axis, alpha, scalar other"),
-    "aten.mul.Tensor": Binary("a * b", ARITH, notes="broadcasting on any axis, scalar "
+    "aten.mul.Tensor": Binary("a * b", ARITH, fp32_scalar=True, notes="broadcasting on any axis, scalar "
                                                     "other, bool masks"),
-    "aten.div.Tensor": Binary("a / b", NUMERIC, kind="truediv",
+    "aten.div.Tensor": Binary("a / b", NUMERIC, kind="truediv", fp32_scalar=True,
                               notes="true division, int32 operands give float32"),
     "aten.div.Tensor_mode": Binary({None: "a / b", "trunc": "div_trunc(a, b)",
                                     "floor": "div_floor(a, b)"}, NUMERIC,
+                                   fp32_scalar=True,
                                    notes="rounding_mode None/'trunc'/'floor'; integer "
                                          "division by zero gives 0 (ATen raises)"),
     "aten.pow.Tensor_Tensor": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(),
@@ -171,6 +175,8 @@ def plan(op: Binary, a, b, out_dtype: str, mode=None) -> "tuple[str, str] | str"
     if out_dtype != expected:
         return f"output dtype {out_dtype}, expected {expected} for {t} operands"
     scalar_dtype = t if t_float else ("float32" if float_scalar else "int32")
+    if op.fp32_scalar and t == "float16":
+        scalar_dtype = "float32"
     if scalar_dtype == "int32" and any(not -2 ** 31 <= s < 2 ** 31 for s in scalars):
         return f"scalar operand {scalars} outside the int32 range of the device"
     if acc_type(compute) == "int":

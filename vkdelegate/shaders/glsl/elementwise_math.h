@@ -155,13 +155,47 @@ float div_trunc(float a, float b) {
   return trunc(a / b);
 }
 
+// C's fmod for floats, exact while |a / b| < 2^24: q, the integer part of a / b, then
+// a - q * b with q * b split exactly into p + e (Dekker's product; `precise` keeps the
+// compiler from fusing or reassociating it: fma may run unfused), then corrected when
+// a / b rounded across an integer. fmod(a, 0), fmod(+-inf, b) are NaN; fmod(a, inf) = a.
+void split_float(float x, out float hi, out float lo) {
+  precise float c = 4097.0 * x;  // 2^12 + 1: Veltkamp's split of a 24-bit significand
+  precise float big = c - x;
+  hi = c - big;
+  lo = x - hi;
+}
+
+float fmod_edges(float a, float b) {
+  if (b == 0.0 || isinf(a) || isnan(a) || isnan(b)) {
+    return NAN_F;
+  }
+  if (isinf(b)) {
+    return a;
+  }
+  const float q = trunc(a / b);
+  float qh, ql, bh, bl;
+  split_float(q, qh, ql);
+  split_float(b, bh, bl);
+  precise float p = q * b;
+  precise float e = ((qh * bh - p) + qh * bl + ql * bh) + ql * bl;
+  precise float r = (a - p) - e;  // a - p is exact (Sterbenz) for q != 0
+  const float step = a < 0.0 ? -abs(b) : abs(b);
+  if (r != 0.0 && ((r < 0.0) != (a < 0.0))) {
+    r += step;
+  } else if (abs(r) >= abs(b)) {
+    r -= step;
+  }
+  return r;
+}
+
 // ATen's floor division of floats (div_floor_floating): rounds the exact quotient via
 // fmod, so that e.g. floor-dividing by 0.1 matches eager.
 float div_floor(float a, float b) {
   if (b == 0.0) {
     return a / b;  // +-inf or NaN, as ATen
   }
-  const float m = a - b * trunc(a / b);
+  const float m = fmod_edges(a, b);
   float div = (a - m) / b;
   if (m != 0.0 && ((b < 0.0) != (m < 0.0))) {
     div -= 1.0;
@@ -184,10 +218,8 @@ float max_nan(float a, float b) { return isnan(a) || isnan(b) ? NAN_F : max(a, b
 int min_nan(int a, int b) { return min(a, b); }
 int max_nan(int a, int b) { return max(a, b); }
 
-// fmod (C, the sign of a) and remainder (Python, the sign of b). Floats go through the
-// quotient, exact while |a / b| < 2^24; integer division by zero gives a (fmod) and
-// 0 (remainder), where ATen raises.
-float fmod_edges(float a, float b) { return a - b * trunc(a / b); }
+// fmod (C, the sign of a; float version above div_floor) and remainder (Python, the
+// sign of b). Integer modulo 0 gives a (fmod) and 0 (remainder), where ATen raises.
 int fmod_edges(int a, int b) { return b == 0 ? a : a - div_trunc(a, b) * b; }
 float remainder_edges(float a, float b) {
   const float r = fmod_edges(a, b);
