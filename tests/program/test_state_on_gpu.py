@@ -307,3 +307,16 @@ def test_graph_bind_state_errors():
             graph.bind_state(0, 0, np.zeros(3, np.float32))
         with pytest.raises(VkDelegateError, match="pass None"):
             graph.execute([np.zeros(3, np.float32), np.zeros(3, np.float32)])
+
+
+def test_profiled_calls_keep_the_state():
+    torch.manual_seed(11)
+    module = RunningSum().eval()
+    xs = _inputs((2, 8), 4, seed=11)
+    program = _lower(module, xs[0])
+    _run_both(module, program, xs[:1])
+    program.set_profiling(True)  # another command buffer, with the same state copy
+    _run_both(module, program, xs[1:3])
+    program.set_profiling(False)
+    _run_both(module, program, xs[3:])
+    assert program.runner("forward").states_on_device == ["b_total"]

@@ -14,6 +14,7 @@ scalar, a list, None, ``{"v": name}`` (a value), or ``{"dtype"|"device"|"layout"
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 
@@ -104,6 +105,7 @@ class MethodRunner:
         self._bound: dict = {}       # state name -> (delegate index, StateBinding, cast)
         self._bound_inputs: dict = {}  # delegate index -> argument positions bound
         self._tried: set = set()     # delegates whose bindings were attempted
+        self._bind_lock = threading.Lock()
         for d in delegates:
             if hasattr(d, "before_close"):  # closing a delegate must not lose state
                 d.before_close = self.release_state
@@ -220,7 +222,9 @@ class MethodRunner:
             if op == "delegate":
                 index = node["index"]
                 if index in self._bindings and index not in self._tried:
-                    self._bind(index, node)
+                    with self._bind_lock:  # two threads' first calls bind once
+                        if index not in self._tried:
+                            self._bind(index, node)
                 on_device = self._bound_inputs.get(index, ())
                 args = [None if i in on_device else to_numpy(self._arg(a, env, False))
                         for i, a in enumerate(node["args"])]
