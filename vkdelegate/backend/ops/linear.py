@@ -46,7 +46,9 @@ def _defines(out, a, b, bias, layout: str, m_tile: int) -> dict:
         d["B_NK"] = "1"
     elif layout == "packed":
         d["B_PACKED"] = "1"
+        # The packed buffer is always fp32 vec4: one variant whatever b's dtype.
         d.pop("B_T")
+        d.pop("B_STORE(v)", None)
     return d
 
 
