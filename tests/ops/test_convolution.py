@@ -172,3 +172,38 @@ def test_conv2d_empty_batch():
     torch.manual_seed(0)
     w = torch.randn(4, 3, 3, 3)
     check_op(_conv(w, None, padding=1), (torch.randn(0, 3, 5, 7),), ops=[CONV])
+
+
+def _random_case(seed: int):
+    """A seeded random convolution: (fn, input) with every argument drawn."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(*options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+    spatial, transposed = pick(1, 2), pick(False, True)
+    groups = pick(1, 1, 2, 3)
+    icg, ocg = pick(1, 2, 3, 4), pick(1, 3, 4, 8)
+    k = [pick(1, 2, 3, 5) for _ in range(spatial)]
+    stride = [pick(1, 2, 3) for _ in range(spatial)]
+    dilation = [pick(1, 1, 2) for _ in range(spatial)]
+    padding = [pick(*range((kk - 1) * d // 2 + 1)) for kk, d in zip(k, dilation)]
+    size = [pick(1, 5, 7, 11) for _ in range(spatial)]
+    if not transposed:  # the window must fit: grow the input where it does not
+        size = [max(s, d * (kk - 1) + 1 - 2 * p) for s, kk, d, p in
+                zip(size, k, dilation, padding)]
+    x = torch.randn((pick(1, 2, 3), groups * icg, *size), generator=g)
+    bias = torch.randn(groups * ocg, generator=g) if pick(True, False) else None
+    if transposed:
+        w = torch.randn((groups * icg, ocg, *k), generator=g)
+        out_pad = [pick(*range(max(s, d))) for s, d in zip(stride, dilation)]
+        conv = F.conv_transpose1d if spatial == 1 else F.conv_transpose2d
+        return (lambda x: conv(x, w, bias, stride, padding, out_pad, groups, dilation)), x
+    w = torch.randn((groups * ocg, icg, *k), generator=g)
+    conv = F.conv1d if spatial == 1 else F.conv2d
+    return (lambda x: conv(x, w, bias, stride, padding, dilation, groups)), x
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_convolutions(seed):
+    fn, x = _random_case(seed)
+    check_op(fn, (x,), ops=[CONV])
