@@ -30,3 +30,33 @@ def test_comparison_checks_values_dtype_and_shape():
         assert_matches_eager(x.reshape(3, 2), x, 1e-4, 1e-4)
     with pytest.raises(AssertionError, match="elements differ"):
         assert_matches_eager(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), 0, 0)
+
+
+def test_partial_selection_is_detected():
+    # The registry coverage test may only judge a session that ran every op test.
+    from types import SimpleNamespace
+
+    from tests.ops import conftest
+
+    here = conftest._HERE
+    files = sorted(p.name for p in here.glob("test_*.py"))
+    items = [SimpleNamespace(path=here / name, nodeid=f"tests/ops/{name}::t")
+             for name in files]
+
+    def config(keyword="", markexpr="", args=("tests",)):
+        return SimpleNamespace(option=SimpleNamespace(keyword=keyword, markexpr=markexpr),
+                               args=list(args))
+
+    saved = list(conftest._deselected_here)
+    conftest._deselected_here.clear()
+    try:
+        assert conftest._partial_reason(config(), items) is None
+        assert "-k" in conftest._partial_reason(config(keyword="add"), items)
+        assert "-m" in conftest._partial_reason(config(markexpr="slow"), items)
+        assert "node id" in conftest._partial_reason(
+            config(args=["tests/ops/test_unary.py::test_resize"]), items)
+        assert files[0] in conftest._partial_reason(config(), items[1:])
+        conftest._deselected_here.append("tests/ops/test_unary.py::test_resize")
+        assert "deselected" in conftest._partial_reason(config(), items)
+    finally:
+        conftest._deselected_here[:] = saved
