@@ -35,6 +35,13 @@ unless an argument position (`arg i`, in ATen schema order) lists its own.
 *dynamic*: the op runs on inputs resized within their `Dim` ranges without
 re-lowering. Notes state the ATen semantics kept and the known limits.
 
+Lowering first decomposes the program to core ATen, so many PyTorch functions arrive as
+the ops below: `relu6` and `hardtanh` as `hardtanh`, `hardswish`/`hardsigmoid` as
+add/clamp/mul/div, `silu` as sigmoid and mul, `softplus`/`mish` through log1p and
+where, `std` as `var` and `sqrt`, `all` as `logical_not` around `any`, `x ** 2` as
+`pow.Tensor_Scalar`, `x > 0` as `gt.Scalar`, `torch.where(c, x, 0.0)` as
+`scalar_tensor` (on the CPU) and `where.self`.
+
 Adding an op (docs/RUNTIME.md, "How to add an op"): test it in
 `tests/ops/test_<family>.py` with `tests.ops.harness.check_op`, which compares the
 lowered program with eager and records what ran on Vulkan. A full `pytest tests/ops`
