@@ -101,3 +101,29 @@ def test_adaptive_pools_fp16_and_resize():
     h = torch.export.Dim("h", min=4, max=16)
     check_op(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), (torch.randn(1, 3, 9, 7),),
              ops=[AAVG], dynamic_shapes=({2: h},), resize_inputs=(torch.randn(1, 3, 16, 7),))
+
+
+def _random_pool(seed: int):
+    """Seeded random max/avg pooling arguments and input within ATen's constraints."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(*options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+    k = [pick(1, 2, 3, 4) for _ in range(2)]
+    stride = [pick(1, 2, 3) for _ in range(2)]
+    dilation = [pick(1, 2) for _ in range(2)]
+    padding = [pick(*range(kk // 2 + 1)) for kk in k]
+    size = [max(pick(1, 4, 7, 9), (kk - 1) * d + 1) for kk, d in zip(k, dilation)]
+    x = torch.randn((pick(1, 2), pick(1, 3), *size), generator=g)
+    return x, k, stride, padding, dilation, pick(False, True), pick(False, True), \
+        pick(None, None, 2, 5)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_pools(seed):
+    x, k, stride, padding, dilation, ceil_mode, include_pad, divisor = _random_pool(seed)
+    check_op(lambda x: F.max_pool2d(x, k, stride, padding, dilation, ceil_mode=ceil_mode,
+                                    return_indices=True), (x,), ops=[MAX])
+    check_op(lambda x: F.avg_pool2d(x, k, stride, padding, ceil_mode=ceil_mode,
+                                    count_include_pad=include_pad,
+                                    divisor_override=divisor), (x,), ops=[AVG])

@@ -69,3 +69,22 @@ def test_resize():
     check_op(lambda x: F.interpolate(x, size=(8, 8), mode="bilinear"),
              (torch.randn(1, 3, 5, 7),), ops=[BILINEAR_VEC], dynamic_shapes=({2: h},),
              resize_inputs=(torch.randn(1, 3, 11, 7),))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_sizes_and_scales(seed):
+    # Sizes and scale factors whose source indices fall on and between input pixels.
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(*options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+    x = torch.randn((pick(1, 2), pick(1, 3), pick(2, 3, 5, 8), pick(2, 4, 7)), generator=g)
+    if pick(True, False):
+        kw = dict(size=(pick(1, 2, 6, 13), pick(1, 3, 9, 16)))
+    else:
+        kw = dict(scale_factor=(pick(0.5, 1.5, 2.0, 2.7), pick(0.75, 1.0, 3.0, 3.3)))
+    check_op(lambda x: F.interpolate(x, mode="nearest", **kw), (x,), ops=[NEAREST_VEC],
+             rtol=0, atol=0)
+    align = pick(False, True)
+    check_op(lambda x: F.interpolate(x, mode="bilinear", align_corners=align, **kw), (x,),
+             ops=[BILINEAR_VEC])
