@@ -339,5 +339,7 @@ def test_small_graph_holds_little_memory(vk_device):
     ix = m.input((64,))
     m.output(m.op("aten.relu.default", [ix], (64,)))
     with m.build(vk_device) as graph:
-        assert graph.allocator.allocated_bytes <= 2 << 20
+        # One 1 MiB block per memory type in use (tensors, uniforms, and on discrete
+        # GPUs host-cached staging), not 64 MiB.
+        assert graph.allocator.allocated_bytes <= 4 << 20
         assert "1 nodes" in repr(graph) and "1 dispatches" in repr(graph)

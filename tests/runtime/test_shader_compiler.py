@@ -64,3 +64,14 @@ def test_prebuilt_cache_works_without_glslang(tmp_path):
     bare.tool = None
     with pytest.raises(VkDelegateError, match="glslangValidator not found on PATH"):
         bare.compile("unary_op", defines)
+
+
+def test_version_is_read_once_from_many_threads(tmp_path):
+    # build-shaders asks for the version from one thread per core at once.
+    from concurrent.futures import ThreadPoolExecutor
+    compiler = ShaderCompiler(cache=tmp_path)
+    with ThreadPoolExecutor(16) as pool:
+        versions = set(pool.map(lambda _: compiler.version, range(64)))
+    assert len(versions) == 1
+    assert (tmp_path / "spirv" / "compiler-version.txt").read_text() == versions.pop()
+    assert not list((tmp_path / "spirv").glob("*.tmp"))

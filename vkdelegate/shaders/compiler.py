@@ -54,24 +54,31 @@ class ShaderCompiler:
         glslang can still use SPIR-V that ``vkdelegate build-shaders`` prepared (and
         copied along with the cache) for the same sources.
         """
-        if self._version is None:
-            recorded = self.cache / "compiler-version.txt"
-            if self.tool:
-                out = subprocess.run([self.tool, "--version"], capture_output=True,
-                                     text=True)
-                self._version = out.stdout.strip()
-                if not recorded.is_file() or recorded.read_text() != self._version:
-                    self.cache.mkdir(parents=True, exist_ok=True)
-                    tmp = recorded.with_suffix(f".{os.getpid()}.tmp")
-                    tmp.write_text(self._version)
-                    os.replace(tmp, recorded)
-            elif recorded.is_file():
-                self._version = recorded.read_text()
-            else:
-                raise VkDelegateError("glslangValidator not found on PATH (Debian package "
-                                      "glslang-tools); it compiles the GLSL shaders, and "
-                                      f"there is no prebuilt SPIR-V cache in {self.cache}")
+        with self._lock:  # build-shaders asks from many threads at once
+            if self._version is None:
+                self._version = self._read_version()
         return self._version
+
+    def _read_version(self) -> str:
+        recorded = self.cache / "compiler-version.txt"
+        if self.tool:
+            out = subprocess.run([self.tool, "--version"], capture_output=True,
+                                 text=True)
+            version = out.stdout.strip()
+            if not recorded.is_file() or recorded.read_text() != version:
+                # Another process may record at the same time: a private
+                # temporary file, then an atomic rename.
+                self.cache.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.cache, suffix=".txt.tmp")
+                with os.fdopen(fd, "w") as f:
+                    f.write(version)
+                os.replace(tmp, recorded)
+            return version
+        if recorded.is_file():
+            return recorded.read_text()
+        raise VkDelegateError("glslangValidator not found on PATH (Debian package "
+                              "glslang-tools); it compiles the GLSL shaders, and "
+                              f"there is no prebuilt SPIR-V cache in {self.cache}")
 
     def source_path(self, name: str) -> Path:
         path = self.glsl_dir / f"{name}.glsl"
