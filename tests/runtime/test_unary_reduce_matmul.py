@@ -107,6 +107,7 @@ def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight, rows_max,
     # with one and with 4 x 4 outputs per invocation.
     from vkdelegate.backend.ops import matmul
     monkeypatch.setattr(matmul, "use_tiled", lambda info, m, n, k=0: True)
+    monkeypatch.setattr(matmul, "register_block", lambda m, n: int(reg))
     rng = np.random.default_rng(9)
     w = rand(rng, (37, cols))
     m = GraphMaker()
