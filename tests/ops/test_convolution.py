@@ -207,3 +207,15 @@ def _random_case(seed: int):
 def test_random_convolutions(seed):
     fn, x = _random_case(seed)
     check_op(fn, (x,), ops=[CONV])
+
+
+def test_conv_with_clamp_keeps_nan_and_inf():
+    # ATen's clamp propagates NaN, and an absent bound leaves +-inf untouched.
+    torch.manual_seed(0)
+    w = torch.ones(2, 1, 1, 1)
+    x = torch.tensor([[[[float("nan"), float("inf"), -float("inf"), 3.0, -2.0]]]])
+
+    def fn(x):
+        return torch.ops.et_vk.conv_with_clamp(x, w, None, [1, 1], [0, 0], [1, 1], False,
+                                               [0, 0], 1, 0.0, None)
+    check_op(fn, (x,), ops=[CLAMP])

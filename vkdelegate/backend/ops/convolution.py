@@ -28,7 +28,7 @@ SHADER = "conv2d"
 DTYPES = frozenset({"float32", "float16"})
 CONV = "aten.convolution.default"
 CONV_CLAMP = "et_vk.conv_with_clamp.default"
-FLT_MAX = float(np.finfo(np.float32).max)
+INF = float("inf")  # an absent clamp bound: clamping to +-inf keeps +-inf results
 
 
 def conv_output_size(size: int, k: int, s: int, p: int, d: int, transposed: bool,
@@ -129,7 +129,8 @@ def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool
 
 def workgroup_for(grid, invocations: int = 64) -> tuple:
     """A workgroup of ``invocations`` (a power of two) shaped to a 3-D ``grid``: x
-    first, so that few invocations fall outside small grids."""
+    first, so that few invocations fall outside small grids. Shared by the CNN op
+    families (batch norm, pooling, upsampling, linear) for their 3-D grids."""
     sizes = []
     left = invocations
     for extent in grid[:2]:
@@ -188,7 +189,7 @@ def _build(b, node, clamp_ids=None):
     pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
                  and pad == [0, 0] and groups == 1)
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
-    lo, hi = -FLT_MAX, FLT_MAX
+    lo, hi = -INF, INF
     if clamp_ids is not None:
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
         lo = lo if lo_v is None else float(lo_v)
