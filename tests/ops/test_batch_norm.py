@@ -71,3 +71,10 @@ def test_all_three_outputs():
         return torch.ops.aten._native_batch_norm_legit_no_training.default(
             x, w, b, mean, var, 0.1, 1e-5)
     check_op(fn, (torch.randn(2, 3, 4, 5),), ops=[BN])
+
+
+def test_batch_norm_plane_beyond_one_grid_row():
+    # 2050 x 2050 = 4.2M elements per channel: more than 65535 workgroups of 64 (the
+    # usual maxComputeWorkGroupCount[0], lavapipe's too), so the shader strides.
+    torch.manual_seed(0)
+    check_op(_bn(2, 2), (torch.randn(1, 2, 2050, 2050),), ops=[BN])

@@ -52,10 +52,12 @@ def _same_dtype(node: NodeSpec):
     return None if len(dtypes) == 1 else f"mixed dtypes {sorted(dtypes)}"
 
 
-def _defines(out, x, p, prepacked: bool) -> dict:
+def _defines(out, x, p, prepacked: bool, plane_loop: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x, P=p)
     if prepacked:
         d["PREPACKED"] = "1"
+    if plane_loop:
+        d["PLANE_LOOP"] = "1"
     return d
 
 
@@ -88,10 +90,14 @@ def _impl(b, node):
                         for i, t in enumerate(stats)]
         prepacked = False
     mx = out.max_shape
-    grid = (math.prod(mx[2:]), mx[1], mx[0])
-    b.dispatch(SHADER, _defines(out, x, inputs[1], prepacked), outputs=[out],
-               inputs=inputs, params=[out.meta, b.params(record(vec4(eps)))],
-               global_size=grid, local_size=workgroup_for(grid, 64))
+    plane = math.prod(mx[2:])
+    local = workgroup_for((plane, mx[1], mx[0]))
+    # Cap x at the device limit; the shader then strides over longer planes.
+    limit = b.device.info.max_workgroup_count[0] * local[0]
+    grid = (min(plane, limit), mx[1], mx[0])
+    b.dispatch(SHADER, _defines(out, x, inputs[1], prepacked, plane > limit),
+               outputs=[out], inputs=inputs, params=[out.meta, b.params(record(vec4(eps)))],
+               global_size=grid, local_size=local)
 
 
 register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape,
@@ -100,5 +106,6 @@ register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape,
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
         _ddt = (_dt, device_dtype(_dt, _profile))
-        declare(SHADER, _defines(_ddt, _ddt, ("float32", "float32"), True))
-        declare(SHADER, _defines(_ddt, _ddt, _ddt, False))
+        for _loop in (False, True):
+            declare(SHADER, _defines(_ddt, _ddt, ("float32", "float32"), True, _loop))
+            declare(SHADER, _defines(_ddt, _ddt, _ddt, False, _loop))
