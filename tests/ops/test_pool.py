@@ -127,3 +127,11 @@ def test_random_pools(seed):
     check_op(lambda x: F.avg_pool2d(x, k, stride, padding, ceil_mode=ceil_mode,
                                     count_include_pad=include_pad,
                                     divisor_override=divisor), (x,), ops=[AVG])
+
+
+def test_more_planes_than_one_grid_column():
+    # 65600 planes of 8x8 outputs: workgroups of 8x8x1, so more than the usual 65535
+    # workgroups along z (lavapipe's limit too); the shader strides over the planes.
+    torch.manual_seed(0)
+    x = torch.randn(1, 65600, 8, 8)
+    check_op(lambda x: F.max_pool2d(x, 3, 1, 1), (x,), ops=[MAX], rtol=0, atol=0)

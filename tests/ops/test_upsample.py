@@ -88,3 +88,10 @@ def test_random_sizes_and_scales(seed):
     align = pick(False, True)
     check_op(lambda x: F.interpolate(x, mode="bilinear", align_corners=align, **kw), (x,),
              ops=[BILINEAR_VEC])
+
+
+def test_more_planes_than_one_grid_column():
+    # 65600 output planes of 8x8: more than 65535 workgroups along z (see test_pool.py).
+    torch.manual_seed(0)
+    check_op(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
+             (torch.randn(1, 65600, 4, 4),), ops=[NEAREST_VEC], rtol=0, atol=0)

@@ -110,14 +110,21 @@ def _output_size_rule(node: NodeSpec):
 
 
 # ---- runtime ------------------------------------------------------------------------
-def _grid(out) -> tuple:
-    """(columns, rows, planes) of the output at its upper-bound sizes."""
+def _grid(b, out) -> tuple[tuple, tuple, bool]:
+    """(grid, workgroup, plane loop) for the output at its upper-bound sizes: grid
+    (columns, rows, planes), its z capped at the device's workgroup-count limit, in
+    which case the shader's PLANE_LOOP variant strides over the planes."""
     *planes, h, w = out.max_shape
-    return (w, h, math.prod(planes))
+    grid = (w, h, math.prod(planes))
+    local = workgroup_for(grid)
+    limit = b.device.info.max_workgroup_count[2] * local[2]
+    return (w, h, min(grid[2], limit)), local, grid[2] > limit
 
 
-def _defines(out, x, kind: str) -> dict:
+def _defines(out, x, kind: str, plane_loop: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x)
+    if plane_loop:
+        d["PLANE_LOOP"] = "1"
     if kind in ("max", "adaptive_max"):
         d["MAX_POOL"] = "1"
         d["IDX_T"] = "int"  # int64 indices are int32 on the device
@@ -135,9 +142,9 @@ def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
     params = b.params(record(ivec4(k[0], k[1], s[0], s[1]), ivec4(p[0], p[1], d[0], d[1]),
                              ivec4(int(bool(count_include_pad)), divisor or 0)))
     outputs = [out] + ([idx] if idx is not None else [])
-    b.dispatch(SHADER, _defines(out, x, kind), outputs=outputs, inputs=[x],
-               params=[out.meta, x.meta, params], global_size=_grid(out),
-               local_size=workgroup_for(_grid(out)))
+    grid, local, plane_loop = _grid(b, out)
+    b.dispatch(SHADER, _defines(out, x, kind, plane_loop), outputs=outputs, inputs=[x],
+               params=[out.meta, x.meta, params], global_size=grid, local_size=local)
 
 
 def _max_impl(b, node):
@@ -183,4 +190,5 @@ for _profile in STORAGE_PROFILES:
     for _dt in FLOATS:
         _ddt = (_dt, device_dtype(_dt, _profile))
         for _kind in ("max", "avg", "adaptive_avg", "adaptive_max"):
-            declare(SHADER, _defines(_ddt, _ddt, _kind))
+            for _loop in (False, True):
+                declare(SHADER, _defines(_ddt, _ddt, _kind, _loop))

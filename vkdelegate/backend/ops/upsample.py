@@ -72,14 +72,21 @@ def _make_rule(size_pos: int, scale_pos: int, is_vec: bool):
     return rule
 
 
-def _grid(out) -> tuple:
-    """(columns, rows, planes) of the output at its upper-bound sizes."""
+def _grid(b, out) -> tuple[tuple, tuple, bool]:
+    """(grid, workgroup, plane loop) for the output at its upper-bound sizes: grid
+    (columns, rows, planes), its z capped at the device's workgroup-count limit, in
+    which case the shader's PLANE_LOOP variant strides over the planes."""
     *planes, h, w = out.max_shape
-    return (w, h, math.prod(planes))
+    grid = (w, h, math.prod(planes))
+    local = workgroup_for(grid)
+    limit = b.device.info.max_workgroup_count[2] * local[2]
+    return (w, h, min(grid[2], limit)), local, grid[2] > limit
 
 
-def _defines(out, x, mode: str) -> dict:
+def _defines(out, x, mode: str, plane_loop: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x)
+    if plane_loop:
+        d["PLANE_LOOP"] = "1"
     d["NEAREST" if mode == "nearest" else "BILINEAR"] = "1"
     return d
 
@@ -98,9 +105,9 @@ def _make_impl(mode: str, size_pos: int, align_pos, scale_pos: int, is_vec: bool
         inv = [1.0 / float(s) if s and s > 0 else 0.0 for s in scales]
         align = bool(args[align_pos]) if align_pos is not None else False
         params = b.params(record(vec4(*inv), ivec4(int(align))))
-        b.dispatch(SHADER, _defines(out, x, mode), outputs=[out], inputs=[x],
-                   params=[out.meta, x.meta, params], global_size=_grid(out),
-                   local_size=workgroup_for(_grid(out)))
+        grid, local, plane_loop = _grid(b, out)
+        b.dispatch(SHADER, _defines(out, x, mode, plane_loop), outputs=[out], inputs=[x],
+                   params=[out.meta, x.meta, params], global_size=grid, local_size=local)
     return impl
 
 
@@ -115,4 +122,5 @@ for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
         _ddt = (_dt, device_dtype(_dt, _profile))
         for _mode in ("nearest", "bilinear"):
-            declare(SHADER, _defines(_ddt, _ddt, _mode))
+            for _loop in (False, True):
+                declare(SHADER, _defines(_ddt, _ddt, _mode, _loop))
