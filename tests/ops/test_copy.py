@@ -5,6 +5,7 @@ x != 0, bool -> number is 0/1, fp32 -> fp16 rounds to nearest even. Input values
 inside the target's range (out-of-range float -> integer casts are undefined in C++ and
 differ between torch's CPU kernels).
 """
+import numpy as np
 import pytest
 import torch
 from torch.export import Dim
@@ -89,3 +90,51 @@ def test_executorch_to_dim_order_copy(vk_device, source):
                     [x, None, None, None, None, False, dim_order],
                     x.to(TORCH_DTYPES[target]),
                     rtol=1e-3 if "float16" in (source, target) else 1e-6)
+
+
+@pytest.fixture(scope="module")
+def wide_device(vk_device):
+    """The test device with 8/16-bit storage turned off: narrow dtypes in 32-bit words."""
+    from vkdelegate.runtime import Device
+    dev = Device(vk_device.info.name, validation=True, small_storage=False)
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("source, target", [
+    ("int32", "int8"), ("int32", "uint8"), ("float32", "float16"), ("float32", "bool"),
+    ("int32", "bool"),
+])
+def test_narrow_dtypes_between_nodes_without_small_storage(wide_device, source, target):
+    """On a device without 8/16-bit storage a narrow tensor lives in a 32-bit word: the
+    conversion must store it rounded (fp16) or wrapped (int8/uint8) so that the next
+    node reads what eager holds. Each output converts back to the wide dtype, which
+    shows the stored narrow values exactly: the conversion itself, then a pad (fill
+    value) and an index_select reading it."""
+    from tests.runtime.graphs import GraphMaker
+    gen = torch.Generator().manual_seed(9)
+    if source == "int32":
+        x = torch.randint(-1000, 1000, (5, 7), generator=gen, dtype=torch.int32)
+    else:
+        x = torch.randn(5, 7, generator=gen) * 100
+    index = torch.tensor([4, 0, 2, 2])
+    narrow = x.to(TORCH_DTYPES[target])
+    padded = torch.nn.functional.pad(narrow, (1, 2), value=1)
+    expected = [narrow.to(x.dtype), padded.to(x.dtype),
+                padded.index_select(0, index).to(x.dtype)]
+
+    m = GraphMaker()
+    nones = [m.scalar(None)] * 4 + [m.scalar(False), m.scalar(None)]
+    ix, ii = m.input(x.shape, source), m.input(index.shape, "int64")
+    a = m.op(TO_COPY, [ix] + nones, x.shape, target)
+    p = m.op("aten.constant_pad_nd.default", [a, m.scalar([1, 2]), m.scalar(1)], (5, 10),
+             target)
+    s = m.op("aten.index_select.default", [p, m.scalar(0), ii], (4, 10), target)
+    for t, shape in ((a, x.shape), (p, (5, 10)), (s, (4, 10))):
+        m.output(m.op(TO_COPY, [t] + nones, shape, source))
+    with m.build(wide_device) as graph:
+        assert graph.resolve(a).device_dtype in ("int32", "float32")
+        got = graph.execute([x.numpy(), index.numpy()])
+    for out, ref in zip(got, expected):
+        np.testing.assert_array_equal(out, ref.numpy())
+    assert not wide_device.validation_messages
