@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 import vkdelegate.backend.et_vk_ops  # noqa: F401  (defines torch.ops.et_vk.*)
 from tests.ops.harness import check_op
+from tests.runtime.graphs import GraphMaker, rand
 from vkdelegate import VulkanPartitioner, to_backend
-from vkdelegate.runtime import DelegateGraph
+from vkdelegate.runtime import DelegateGraph, Device
 from vkdelegate.serialization.blob import read_blob
 
 CONV = "aten.convolution.default"
@@ -245,3 +246,34 @@ def test_executorch_conv_blob_runs_on_vulkan(vk_device):
         got = graph.execute([t.numpy() for t in inputs])
     expected = gen.build_model("conv_split_cat")(*inputs)
     np.testing.assert_allclose(got[0], expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_on_a_device_without_16bit_storage(vk_device):
+    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads of the pointwise path
+    # read them as fp32): results round to fp16 at each store, like eager's fp16.
+    rng = np.random.default_rng(5)
+    x = rand(rng, (1, 4, 3, 4), "float16")
+    w1, w2 = rand(rng, (8, 4, 1, 1), "float16"), rand(rng, (8, 1, 3, 3), "float16")
+    m = GraphMaker()
+    ix = m.input(x.shape, "float16")
+    ints = [m.scalar([1, 1]), m.scalar([0, 0]), m.scalar([1, 1])]
+    pw = m.op(CONV, [ix, m.constant(w1), m.scalar(None), *ints, m.scalar(False),
+                     m.scalar([0, 0]), m.scalar(1)], (1, 8, 3, 4), "float16")
+    dw = m.op(CONV, [pw, m.constant(w2), m.scalar(None), ints[0], ints[0], ints[2],
+                     m.scalar(False), m.scalar([0, 0]), m.scalar(8)], (1, 8, 3, 4),
+              "float16")
+    m.output(dw)
+    dev = Device(vk_device.info.name, validation=True, small_storage=False)
+    try:
+        with m.build(dev) as graph:
+            assert graph.resolve(pw).device_dtype == "float32"
+            got = graph.execute([x])[0]
+        assert not dev.validation_messages
+    finally:
+        dev.close()
+    ref = F.conv2d(torch.from_numpy(x).float(), torch.from_numpy(w1).float()).half()
+    ref = F.conv2d(ref.float(), torch.from_numpy(w2).float(), padding=1, groups=8).half()
+    assert got.dtype == np.float16
+    # One fp16 rounding of the intermediate and of the result (values ~5): 1e-2.
+    np.testing.assert_allclose(got.astype(np.float32), ref.float().numpy(),
+                               rtol=1e-2, atol=1e-2)
