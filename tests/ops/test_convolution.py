@@ -277,3 +277,10 @@ def test_fp16_on_a_device_without_16bit_storage(vk_device):
     # One fp16 rounding of the intermediate and of the result (values ~5): 1e-2.
     np.testing.assert_allclose(got.astype(np.float32), ref.float().numpy(),
                                rtol=1e-2, atol=1e-2)
+
+
+def test_unbatched_conv2d():
+    # F.conv2d on (C, H, W) exports as unsqueeze -> convolution -> squeeze.
+    torch.manual_seed(0)
+    w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
+    check_op(lambda x: F.conv2d(x, w, b, padding=1), (torch.randn(3, 7, 5),), ops=[CONV])
