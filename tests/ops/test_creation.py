@@ -76,3 +76,18 @@ def test_executorch_zeros_ones(vk_device, dtype):
                 torch.zeros_like(like))
     run_et_node(vk_device, "aten.ones_like.default", [like, None, None, None, None, None],
                 torch.ones_like(like))
+
+
+@pytest.mark.parametrize("fn, op, reason", [
+    (lambda x: (x.clone(), torch.full((3,), 2**40)), "aten.full.default",
+     "fill value 1099511627776 does not fit int32, the device representation of int64"),
+    (lambda x: (x.clone(), torch.arange(2**31 - 2, 2**31 + 1)), "aten.arange.start_step",
+     "arange bound value 2147483649 does not fit int32, the device representation of "
+     "int64"),
+], ids=["full", "arange"])
+def test_int64_values_beyond_int32_stay_on_cpu(fn, op, reason):
+    """int64 tensors are held in int32 on the device: a value that does not fit keeps
+    the node on the CPU (with the reason) and the program still matches eager."""
+    program = check_op(fn, (rand(3),), ops=["aten.clone.default"])
+    cpu = [d for m in program.methods.values() for d in m.report.cpu_nodes if d.op == op]
+    assert len(cpu) == 1 and cpu[0].reasons == [reason]

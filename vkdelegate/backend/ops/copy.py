@@ -141,6 +141,20 @@ def same_dtype(node: NodeSpec):
     return None
 
 
+def scalar_reason(value, dtype: str):
+    """Why the Python scalar ``value`` cannot become an element of a ``dtype`` tensor on
+    the device (None if it can): integer tensors take no inf/NaN, and int64 tensors
+    are held in int32, so their values must fit it."""
+    if not isinstance(value, (int, float)) or dtype in ("bool", "float32", "float16",
+                                                        "float64"):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"value {value} for an {dtype} tensor"
+    if dtype == "int64" and not -2**31 <= int(value) < 2**31:
+        return f"value {value} does not fit int32, the device representation of int64"
+    return None
+
+
 def same_shape(args):
     return tuple(args[0].shape)
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from vkdelegate.backend.ops.copy import scalar_reason
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
@@ -77,18 +78,18 @@ def _arange_impl(b, node):
 
 
 def _fill_rule(node: NodeSpec):
-    value = node.args[1]
-    out = node.outputs[0].dtype
-    if isinstance(value, float) and acc_type(out) == "int" and out != "bool" and \
-            not math.isfinite(value):
-        return f"fill value {value} for an {out} tensor"
-    return None
+    reason = scalar_reason(node.args[1], node.outputs[0].dtype)
+    return f"fill {reason}" if reason else None
 
 
 def _arange_rule(node: NodeSpec):
     start, end, step = node.args[:3]
     if not all(isinstance(v, (int, float)) for v in (start, end, step)):
         return "arange bounds that are not numbers"
+    for v in (start, end):
+        reason = scalar_reason(v, node.outputs[0].dtype)
+        if reason:
+            return f"arange bound {reason}"
     if acc_type(node.outputs[0].dtype) == "int" and any(
             isinstance(v, float) and v != int(v) for v in (start, step)):
         return "integer arange with a fractional start or step"

@@ -10,7 +10,7 @@ need no op of their own.
 from __future__ import annotations
 
 from vkdelegate.backend.ops.copy import (MOVE_DTYPES, PAD, CopyDim, CopyPlan, affine_copy,
-                                         contiguous_strides, same_dtype)
+                                         contiguous_strides, same_dtype, scalar_reason)
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import acc_type
@@ -62,11 +62,8 @@ def _impl(b, node):
 
 
 def _value_rule(node: NodeSpec):
-    value = node.args[2]
-    if isinstance(value, float) and value != value and \
-            node.outputs[0].dtype not in ("float32", "float16"):
-        return "NaN fill value for an integer tensor"
-    return None
+    reason = scalar_reason(node.args[2], node.outputs[0].dtype)
+    return f"fill {reason}" if reason else None
 
 
 register(OpSpec(name="aten.constant_pad_nd.default", dtypes=MOVE_DTYPES, impl=_impl,
