@@ -99,14 +99,12 @@ def test_program_file_lists_its_blobs(blob_path, tmp_path, capsys):
     from vkdelegate.serialization import program_file
 
     path = tmp_path / "p.vkprog"
-    program_file.write_program(path, {}, [b"not a blob" * 4, blob_path.read_bytes()])
+    manifest = {"methods": {"forward": {"delegates": [{"blob": 1, "named_data": {}}]}}}
+    program_file.write_program(path, manifest, [b"not a blob" * 4, blob_path.read_bytes()])
     assert main(["inspect", "--json", str(path)]) == 0
     doc = json.loads(capsys.readouterr().out)
-    if hasattr(program_file, "list_delegate_blobs"):
-        assert len(doc["blobs"]) >= 1
-    else:
-        assert [b["label"] for b in doc["blobs"]] == [f"{path} segment 1"]
-    assert doc["blobs"][-1]["graph"]["value_count"] == len(every_kind_graph().values)
+    assert [b["label"] for b in doc["blobs"]] == [f"{path} method 'forward' delegate 0"]
+assert doc["blobs"][-1]["graph"]["value_count"] == len(every_kind_graph().values)
 
 
 def test_value_id_out_of_range_is_one_line(tmp_path, capsys):
