@@ -104,7 +104,7 @@ def test_program_file_lists_its_blobs(blob_path, tmp_path, capsys):
     assert main(["inspect", "--json", str(path)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [b["label"] for b in doc["blobs"]] == [f"{path} method 'forward' delegate 0"]
-assert doc["blobs"][-1]["graph"]["value_count"] == len(every_kind_graph().values)
+    assert doc["blobs"][-1]["graph"]["value_count"] == len(every_kind_graph().values)
 
 
 def test_value_id_out_of_range_is_one_line(tmp_path, capsys):
