@@ -2,6 +2,8 @@
 flip) against eager: ranks 1 to 6, prime and size-0/1 dims, every dtype, resizes."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.export import Dim
 
 from tests.ops.harness import check_op
@@ -285,3 +287,17 @@ def test_executorch_t_copy(vk_device, dtype):
     for shape in ((3, 7), (5,), ()):
         x = rand(*shape, dtype=dtype)
         run_et_node(vk_device, "aten.t_copy.default", [x], x.t().contiguous())
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(0, 20), start=st.one_of(st.none(), st.integers(-30, 30)),
+       end=st.one_of(st.none(), st.integers(-30, 30)), step=st.integers(1, 5))
+def test_slice_bounds_match_python_slicing(size, start, end, step):
+    """ATen clamps slice bounds like Python slicing (for positive steps): the plan's
+    first index and length must match range(size)[start:end:step]."""
+    from vkdelegate.backend.ops.movement import slice_bounds
+    picked = range(size)[start:end:step]
+    first, length = slice_bounds(size, start, end, step)
+    assert length == len(picked)
+    if length:
+        assert first == picked[0]

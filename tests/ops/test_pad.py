@@ -2,6 +2,8 @@
 padding (exported as arange + index.Tensor) against eager."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.nn.functional as F
 from torch.export import Dim
 
@@ -66,3 +68,22 @@ def test_resize():
     check_op(lambda x: F.pad(x, (1, -1, 2, -1), value=1.5), (rand(5, 3, 7),), ops=[PAD],
              dynamic_shapes=({0: batch, 2: width},),
              resize_inputs=[(rand(2, 3, 4, seed=1),), (rand(5, 3, 2, seed=2),)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+       data=st.data())
+def test_pad_shape_matches_torch(shape, data):
+    """Output sizes for any pad list (negative values crop) equal torch's, and sizes
+    torch refuses (negative results) raise VkDelegateError."""
+    from vkdelegate.backend.ops.pad import pad_shape
+    from vkdelegate.errors import VkDelegateError
+    pad = data.draw(st.lists(st.integers(-4, 4), min_size=0, max_size=2 * len(shape))
+                    .filter(lambda p: len(p) % 2 == 0))
+    try:
+        expected = tuple(F.pad(torch.empty(shape, device="meta"), pad).shape)
+    except RuntimeError:
+        with pytest.raises(VkDelegateError):
+            pad_shape(shape, pad)
+        return
+    assert pad_shape(shape, pad) == expected

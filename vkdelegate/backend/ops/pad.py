@@ -27,13 +27,15 @@ def pad_pairs(pad, ndim: int) -> list[tuple[int, int]]:
 
 
 def pad_shape(shape, pad) -> tuple:
+    """Sizes after constant_pad_nd; VkDelegateError where ATen raises: it crops the
+    negative pads first (before, then after), and no crop may exceed what is left."""
     out = []
     for s, (lo, hi) in zip(shape, pad_pairs(pad, len(shape))):
-        n = s + lo + hi
-        if n < 0:
-            raise VkDelegateError(f"constant_pad_nd: pad {list(pad)} gives a negative "
-                                  f"size for {list(shape)}")
-        out.append(n)
+        cropped = s + min(lo, 0)
+        if cropped < 0 or cropped + min(hi, 0) < 0 or s + lo + hi < 0:
+            raise VkDelegateError(f"constant_pad_nd: pad {list(pad)} crops more than "
+                                  f"the sizes {list(shape)} hold")
+        out.append(s + lo + hi)
     return tuple(out)
 
 
