@@ -301,3 +301,25 @@ def test_slice_bounds_match_python_slicing(size, start, end, step):
     assert length == len(picked)
     if length:
         assert first == picked[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), min_size=0, max_size=4), data=st.data())
+def test_expand_and_repeat_sizes_match_torch(shape, data):
+    """expand (with -1 and new leading dims) and repeat sizes equal torch's; what torch
+    refuses raises VkDelegateError."""
+    from vkdelegate.backend.ops.movement import expand_shape, repeat_shape
+    from vkdelegate.errors import VkDelegateError
+    x = torch.empty(shape, device="meta")
+    lead = data.draw(st.integers(0, 2))
+    sizes = [data.draw(st.integers(0, 3)) for _ in range(lead)] + \
+        [data.draw(st.sampled_from([-1, s, 1, 3])) for s in shape]
+    repeats = [data.draw(st.integers(0, 3)) for _ in range(lead + len(shape))]
+    for fn, ours, arg in ((x.expand, expand_shape, sizes), (x.repeat, repeat_shape, repeats)):
+        try:
+            expected = tuple(fn(arg).shape)
+        except RuntimeError:
+            with pytest.raises(VkDelegateError):
+                ours(tuple(shape), arg)
+            continue
+        assert ours(tuple(shape), arg) == expected
