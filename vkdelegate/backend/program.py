@@ -56,8 +56,9 @@ class _LazyDelegate:
         self.last_profile = None
         self.before_close = None  # set by MethodRunner: fetch state kept on the device
 
-    def build(self) -> None:
-        """Decode the blob and build it on the executor (once)."""
+    def build(self, progress: bool = False) -> None:
+        """Decode the blob and build it on the executor (once); ``progress`` shows a
+        progress bar while the Vulkan executor compiles shaders and packs weights."""
         if self.loaded is not None:
             return
         if self.options.executor == "reference":
@@ -70,7 +71,8 @@ class _LazyDelegate:
             try:
                 self.loaded = load_delegate(self.delegate.blob,
                                             self.delegate.named_data,
-                                            device=self.options.device)
+                                            device=self.options.device,
+                                            progress=progress)
             except VkDelegateError as exc:
                 raise VkDelegateError(f"{self.where}: {exc}") from exc
 
@@ -184,12 +186,13 @@ class LoweredProgram:
     def num_delegates(self, method: "str | None" = None) -> int:
         return len(self.methods[method or self.default_method()].delegates)
 
-    def build(self) -> "LoweredProgram":
+    def build(self, progress: bool = False) -> "LoweredProgram":
         """Build every delegate now (decode, allocate, upload weights, compile and
-        record) instead of at its first call; returns the program."""
+        record) instead of at its first call; returns the program. ``progress`` shows
+        a progress bar per delegate (tqdm, on stderr)."""
         for runner in self._runners.values():
             for d in runner.delegates:
-                d.build()
+                d.build(progress)
         return self
 
     def close(self) -> None:

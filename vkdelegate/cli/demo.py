@@ -75,7 +75,8 @@ def run(args) -> int:
     step("loading")
     program = vkdelegate.load(args.out, device=args.device)
     step("building on the device")
-    ours = program(x)  # first call: compiles shaders, uploads weights, records commands
+    program.build(progress=True)  # compiles shaders, uploads weights, records commands
+    ours = program(x)
     step("running")
     with torch.no_grad():
         eager = model(x)

@@ -24,7 +24,7 @@ def load_delegate(blob: bytes, named_data: Mapping[str, bytes] | None = None,
 
     named_data: bytes of constants stored outside the blob, keyed by ``named_key``.
     device: a Device, a device index or name substring, or None for the default.
-    options: passed to DelegateGraph (staging, timeout_s).
+    options: passed to DelegateGraph (staging, timeout_s, progress).
     Raises VkDelegateError for a malformed blob, a missing constant, an unsupported op
     or a device limit.
     """

@@ -50,6 +50,8 @@ class DelegateGraph(DeviceState):
     mapped) on integrated and CPU devices whose device-local memory is host-visible,
     staging buffers in host-cached memory on discrete GPUs (host reads of mapped VRAM
     cross the bus uncached); True or False forces either. timeout_s: fence wait limit per execute.
+    progress: show a tqdm bar over the nodes while building (shader compilation and
+    weight packing are the slow steps of a first load).
     Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
     Call ``close()`` (or use ``with``) to free device memory.
 
@@ -63,7 +65,9 @@ class DelegateGraph(DeviceState):
     """
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
-                 device=None, staging: bool | None = None, timeout_s: float = 30.0):
+                 device=None, staging: bool | None = None, timeout_s: float = 30.0,
+                 progress: bool = False):
+        self.progress = progress
         self.device = device if isinstance(device, Device) else default_device(device)
         self.graph = graph
         self.timeout_s = timeout_s
@@ -138,7 +142,13 @@ class DelegateGraph(DeviceState):
     def _build_nodes(self):
         builder = NodeBuilder(self)
         specs = []
-        for call in self.graph.chain:
+        chain = self.graph.chain
+        if self.progress:
+            from tqdm import tqdm
+
+            chain = tqdm(chain, desc="building: shaders and weights", unit="node",
+                         leave=False)
+        for call in chain:
             spec = lookup(call.name)
             builder.node = call
             try:
