@@ -104,3 +104,11 @@ def test_resize():
         "aten.gather.default"],
         dynamic_shapes=({0: rows}, {0: n}, None),
         resize_inputs=[(rand(4, 3, seed=1), _idx(1, 2), gi)])
+
+
+def test_zero_dim_inputs():
+    """0-d data (one row) with index_select, and a 0-d index with gather."""
+    x = torch.tensor(2.5)
+    check_op(lambda x, i, j: (x.index_select(0, i), x.gather(0, j)),
+             (x, _idx(0), torch.tensor(0)),
+             ops=["aten.index_select.default", "aten.gather.default"])

@@ -42,6 +42,15 @@ def test_permute(shape, perm):
     check_op(lambda x: x.permute(perm), (rand(*shape),), ops=[PERMUTE])
 
 
+def test_zero_dim_tensors():
+    """A 0-d input through view, unsqueeze, expand, repeat and flip, and back to 0-d."""
+    check_op(lambda x: (x.view(1, 1), x.unsqueeze(0), x.expand(3, 2), x.repeat(2, 1),
+                        x.flip(0), x.view(1).view(())),
+             (torch.tensor(3.5),),
+             ops=[VIEW, "aten.unsqueeze.default", "aten.expand.default",
+                  "aten.repeat.default", "aten.flip.default"])
+
+
 def test_transpose_and_t():
     check_op(lambda x, y: (x.transpose(-1, 1), y.t()), (rand(2, 3, 5, 7), rand(3, 11)),
              ops=[PERMUTE])

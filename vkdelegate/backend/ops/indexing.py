@@ -35,7 +35,8 @@ def _rows(b, out, x, index, dim_fn):
     def info():
         d = dim_fn()
         inner = math.prod(x.shape[d + 1:])
-        return record(ivec4(out.numel, max(inner, 1), max(index.numel, 1), x.shape[d]))
+        size = x.shape[d] if x.ndim else 1  # a 0-d input is one row
+        return record(ivec4(out.numel, max(inner, 1), max(index.numel, 1), size))
     params = b.params(info())
     b.on_resize(lambda: params.write(info()))
     b.dispatch("index_rows", _defines(out, x, index, out.dtype), outputs=[out],

@@ -252,7 +252,8 @@ def _select_impl(b, node):
 def _flip_impl(b, node):
     x_id, dims_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
-    flipped = {wrap_dim(d, x.ndim) for d in b.int_list(dims_id)}
+    # A 0-d tensor accepts dim 0 (or -1) and flips to itself.
+    flipped = {wrap_dim(d, x.ndim) for d in b.int_list(dims_id)} if x.ndim else set()
 
     def plan():
         strides = contiguous_strides(x.shape)
