@@ -226,6 +226,25 @@ def _generic_defines(kind: str, out, x, x_dtype: str) -> dict:
     return d
 
 
+def dispatch_generic(b, kind: str, out, x, reduced: int, params) -> None:
+    """One reduce.glsl dispatch of `kind` from x to out, `reduced` elements per output
+    (upper bound): the per-invocation or the cooperative form by the same rule as sum
+    (``cooperative``). Raises VkDelegateError (b.error) on llvmpipe for reductions
+    longer than its shader loop limit allows even in the cooperative form."""
+    defines = _generic_defines(kind, out, x, x.dtype)
+    if reduced > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+        raise b.error(f"{kind} of {reduced} elements per output exceeds llvmpipe's "
+                      f"shader loop limit ({COOPERATIVE_MAX})")
+    if cooperative(b.device.info, reduced):
+        b.dispatch(GENERIC_SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)),
+                   outputs=[out], inputs=[x], params=params,
+                   global_size=(out.max_numel * WG_REDUCE,),
+                   local_size=(WG_REDUCE, 1, 1))
+        return
+    b.dispatch(GENERIC_SHADER, defines, outputs=[out], inputs=[x], params=params,
+               global_size=(out.max_numel,), local_size=(64, 1, 1))
+
+
 def _make_impl(r: Reduction):
     def impl(b, node):
         x_id, *scalar_ids, out_id = node.args
@@ -237,12 +256,16 @@ def _make_impl(r: Reduction):
         mask = 0
         for d in dims:
             mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
-        b.dispatch(GENERIC_SHADER, _generic_defines(r.kind, out, x, x.dtype),
-                   outputs=[out], inputs=[x],
-                   params=[out.meta, x.meta, b.params(record(ivec4(mask),
-                                                             vec4(correction)))],
-                   global_size=(out.max_numel,), local_size=(64, 1, 1))
+        dispatch_generic(b, r.kind, out, x, math.prod(x.max_shape[d] for d in dims),
+                         [out.meta, x.meta, b.params(record(ivec4(mask),
+                                                            vec4(correction)))])
     return impl
+
+
+def _declare_generic(kind: str, out, x, x_dtype: str) -> None:
+    defines = _generic_defines(kind, out, x, x_dtype)
+    declare(GENERIC_SHADER, defines)
+    declare(GENERIC_SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)))
 
 
 for _name, _r in REDUCTIONS.items():
@@ -259,7 +282,7 @@ for _name, _r in REDUCTIONS.items():
         for _dt in _r.dtypes:
             _x = (_dt, device_dtype(_dt, _profile))
             _out = (_r.out_dtype(_dt), device_dtype(_r.out_dtype(_dt), _profile))
-            declare(GENERIC_SHADER, _generic_defines(_r.kind, _out, _x, _dt))
+            _declare_generic(_r.kind, _out, _x, _dt)
 
 
 # ---- max.dim / min.dim: (values, indices) as a ValueList output ------------------------
@@ -293,10 +316,9 @@ def _make_dim_pair_impl(kind: str):
         params = b.params(record(ivec4(mask), vec4(0.0)))
         # Two passes over the same input (the values, then the indices) keep one shader
         # per output; both pick the first NaN, so values and indices agree.
+        reduced = math.prod(x.max_shape[d] for d in dims)
         for out, k in zip(outs, (kind, "arg" + kind)):
-            b.dispatch(GENERIC_SHADER, _generic_defines(k, out, x, x.dtype),
-                       outputs=[out], inputs=[x], params=[out.meta, x.meta, params],
-                       global_size=(out.max_numel,), local_size=(64, 1, 1))
+            dispatch_generic(b, k, out, x, reduced, [out.meta, x.meta, params])
     return impl
 
 
@@ -308,6 +330,6 @@ for _name, _kind in (("aten.max.dim", "max"), ("aten.min.dim", "min")):
     for _profile in STORAGE_PROFILES:
         for _dt in ORDERED:
             _x = (_dt, device_dtype(_dt, _profile))
-            declare(GENERIC_SHADER, _generic_defines(_kind, _x, _x, _dt))
-            declare(GENERIC_SHADER, _generic_defines(
-                "arg" + _kind, ("int64", device_dtype("int64", _profile)), _x, _dt))
+            _declare_generic(_kind, _x, _x, _dt)
+            _declare_generic("arg" + _kind, ("int64", device_dtype("int64", _profile)),
+                             _x, _dt)

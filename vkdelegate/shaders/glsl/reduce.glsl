@@ -4,13 +4,24 @@
 #include "elementwise_math.h"
 
 // Reductions over any set of dims: mean, prod, amax, amin, var, argmax/argmin and any
-// (sum keeps its own shader, reduce_sum.glsl). One invocation per output element walks
-// the reduced elements in row-major order, accumulating in ACC_T (fp32 for fp16 data).
+// (sum keeps its own shader, reduce_sum.glsl), accumulating in ACC_T (fp32 for fp16).
 // Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T (ACC_FLOAT for float), REDUCE_KIND (one of
-// the KIND_* below). The reduced dims are a bitmask in `mask.x`, bit d for metadata
-// dim d (innermost first); `fparams.x` is var's correction. The output is contiguous
-// over the kept dims in their order, keepdim or not, so the output index maps to the
-// kept-dim coordinates of the input directly. Sizes come from in_meta (resizable).
+// the KIND_* below); WG_REDUCE=<n> for the cooperative form. The reduced dims are a
+// bitmask in `mask.x`, bit d for metadata dim d (innermost first); `fparams.x` is
+// var's correction. The output is contiguous over the kept dims in their order,
+// keepdim or not, so the output index maps to the kept-dim coordinates of the input
+// directly. Sizes come from in_meta (resizable).
+// Two forms, as in reduce_sum.glsl:
+// - default: one invocation per output walks its reduced elements;
+// - WG_REDUCE=n: one workgroup of n invocations (a power of two, the local size) per
+//   output; each folds a strided share, then a tree in shared memory folds the n
+//   partial states (long reductions: llvmpipe ends a loop after LOOP_LIMIT iterations).
+// Both load 16 elements per loop iteration ([[unroll]]ed) for the same reason.
+// Every kind is a fold over a state (value, index) with one `combine` that is
+// associative and commutative given the indices (argmax/argmin break ties, NaN
+// included, by the lower index), so the strided shares and the tree give ATen's
+// results: first index of the extreme value or of the first NaN, NaN propagating
+// through amax/amin, any true on NaN.
 #define KIND_MEAN 1
 #define KIND_PROD 2
 #define KIND_MAX 3
@@ -39,6 +50,24 @@ int reduced_offset(int base, uint r) {
   return offset;
 }
 
+// Offset in the input of output element o's first reduced element, and how many
+// elements it reduces.
+int kept_base(uint o, out uint count) {
+  uint rem = o;
+  int base = 0;
+  count = 1u;
+  [[unroll]] for (int d = 0; d < 8; ++d) {
+    const int size = size_at(in_meta, d);
+    if ((mask.x & (1 << d)) != 0) {
+      count *= uint(size);
+    } else {
+      base += int(rem % uint(size)) * stride_at(in_meta, d);
+      rem /= uint(size);
+    }
+  }
+  return base;
+}
+
 #ifdef ACC_FLOAT
 #define LOWEST (-INF_F)
 #define HIGHEST INF_F
@@ -49,89 +78,181 @@ bool is_nan(float v) { return isnan(v); }
 bool is_nan(int v) { return false; }
 #endif
 
-void main() {
-  const uint o = linear_id();
-  if (o >= uint(numel_of(out_meta))) {
-    return;
+#if REDUCE_KIND == KIND_MEAN || REDUCE_KIND == KIND_VAR
+#define IDENTITY ACC_T(0)
+#elif REDUCE_KIND == KIND_PROD
+#define IDENTITY ACC_T(1)
+#elif REDUCE_KIND == KIND_MAX || REDUCE_KIND == KIND_ARGMAX
+#define IDENTITY ACC_T(LOWEST)
+#elif REDUCE_KIND == KIND_MIN || REDUCE_KIND == KIND_ARGMIN
+#define IDENTITY ACC_T(HIGHEST)
+#elif REDUCE_KIND == KIND_ANY
+#define IDENTITY ACC_T(0)
+#else
+#error unknown REDUCE_KIND
+#endif
+
+// Folds state (bv, bi) into (av, ai). Indices matter for argmax/argmin only, where
+// ai < 0 marks the empty state.
+void combine(inout ACC_T av, inout int ai, ACC_T bv, int bi) {
+#if REDUCE_KIND == KIND_MEAN || REDUCE_KIND == KIND_VAR
+  av += bv;
+#elif REDUCE_KIND == KIND_PROD
+  av *= bv;
+#elif REDUCE_KIND == KIND_MAX || REDUCE_KIND == KIND_MIN
+  if (!is_nan(av)) {  // NaN wins
+    av = is_nan(bv) ? bv : (REDUCE_KIND == KIND_MAX ? max(av, bv) : min(av, bv));
   }
-  uint rem = o;
-  int base = 0;
-  uint count = 1u;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    const int size = size_at(in_meta, d);
-    if ((mask.x & (1 << d)) != 0) {
-      count *= uint(size);
-    } else {
-      base += int(rem % uint(size)) * stride_at(in_meta, d);
-      rem /= uint(size);
+#elif REDUCE_KIND == KIND_ANY
+  av = (av != ACC_T(0) || bv != ACC_T(0)) ? ACC_T(1) : ACC_T(0);
+#else  // argmax / argmin
+  bool take;
+  if (bi < 0 || ai < 0) {
+    take = ai < 0;
+  } else if (is_nan(av) || is_nan(bv)) {
+    take = is_nan(av) && is_nan(bv) ? bi < ai : is_nan(bv);
+  } else {
+    take = (REDUCE_KIND == KIND_ARGMAX ? bv > av : bv < av) || (bv == av && bi < ai);
+  }
+  if (take) {
+    av = bv;
+    ai = bi;
+  }
+#endif
+}
+
+// Whether a fold in increasing index order can stop: later elements change nothing.
+bool settled(ACC_T v, int i) {
+#if REDUCE_KIND == KIND_MAX || REDUCE_KIND == KIND_MIN
+  return is_nan(v);
+#elif REDUCE_KIND == KIND_ARGMAX || REDUCE_KIND == KIND_ARGMIN
+  return i >= 0 && is_nan(v);
+#elif REDUCE_KIND == KIND_ANY
+  return v != ACC_T(0);
+#else
+  return false;
+#endif
+}
+
+// The element folded in: the value itself, its squared deviation from `center` for
+// var's second pass, or its truthiness for any (NaN != 0 is true, as in ATen).
+ACC_T element(int base, uint r, bool deviation, float center) {
+  const ACC_T v = ACC_T(in_data[reduced_offset(base, r)]);
+#if REDUCE_KIND == KIND_VAR
+  if (deviation) {
+    const float dev = float(v) - center;
+    return dev * dev;
+  }
+#elif REDUCE_KIND == KIND_ANY
+  return v != ACC_T(0) ? ACC_T(1) : ACC_T(0);
+#endif
+  return v;
+}
+
+#ifdef WG_REDUCE
+#define STEP (16u * WG_REDUCE)
+#define LANE gl_LocalInvocationID.x
+#define LANE_STRIDE WG_REDUCE
+#else
+#define STEP 16u
+#define LANE 0u
+#define LANE_STRIDE 1u
+#endif
+
+// This invocation's fold over its share of the `count` reduced elements: indices
+// r0 + j * LANE_STRIDE + LANE, 16 per loop iteration. Each block of 16 is folded apart
+// first, which keeps the rounding error of long sums down.
+void fold_share(int base, uint count, bool deviation, float center,
+                inout ACC_T acc, inout int index) {
+  for (uint r0 = 0u; r0 < count; r0 += STEP) {
+    ACC_T block = IDENTITY;
+    int block_index = -1;
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+      const uint r = r0 + j * LANE_STRIDE + LANE;
+      if (r < count) {
+        combine(block, block_index, element(base, r, deviation, center), int(r));
+      }
+    }
+    combine(acc, index, block, block_index);
+    if (settled(acc, index)) {
+      break;
     }
   }
-#if REDUCE_KIND == KIND_MEAN || REDUCE_KIND == KIND_VAR
-  float sum = 0.0;
-  for (uint r = 0u; r < count; ++r) {
-    sum += float(in_data[reduced_offset(base, r)]);
+}
+
+#ifdef WG_REDUCE
+shared ACC_T partial[WG_REDUCE];
+shared int partial_index[WG_REDUCE];
+
+// Folds every lane's (acc, index) into all lanes' (acc, index) through shared memory.
+void fold_workgroup(inout ACC_T acc, inout int index) {
+  partial[LANE] = acc;
+  partial_index[LANE] = index;
+  barrier();
+  for (uint s = WG_REDUCE / 2; s > 0u; s >>= 1) {
+    if (LANE < s) {
+      ACC_T v = partial[LANE];
+      int i = partial_index[LANE];
+      combine(v, i, partial[LANE + s], partial_index[LANE + s]);
+      partial[LANE] = v;
+      partial_index[LANE] = i;
+    }
+    barrier();
   }
-  const float mean = count == 0u ? NAN_F : sum / float(count);
+  acc = partial[0];
+  index = partial_index[0];
+  barrier();  // every lane has read the result before shared memory is reused
+}
+
+uint output_index() {
+  return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+}
+#else
+void fold_workgroup(inout ACC_T acc, inout int index) {}
+
+uint output_index() { return linear_id(); }
+#endif
+
+void main() {
+  const uint o = output_index();
+  if (o >= uint(numel_of(out_meta))) {
+    return;  // a whole workgroup leaves together in the cooperative form
+  }
+  uint count;
+  const int base = kept_base(o, count);
+  ACC_T acc = IDENTITY;
+  int index = -1;
+  fold_share(base, count, false, 0.0, acc, index);
+  fold_workgroup(acc, index);
+#if REDUCE_KIND == KIND_MEAN || REDUCE_KIND == KIND_VAR
+  const float mean = count == 0u ? NAN_F : acc / float(count);
 #if REDUCE_KIND == KIND_MEAN
-  out_data[o] = OUT_STORE(mean);
+  if (LANE == 0u) {
+    out_data[o] = OUT_STORE(mean);
+  }
 #else
   // Two passes (mean, then squared deviations): no cancellation of sum(x^2) - n*mean^2.
   float m2 = 0.0;
-  for (uint r = 0u; r < count; ++r) {
-    const float dev = float(in_data[reduced_offset(base, r)]) - mean;
-    m2 += dev * dev;
-  }
+  fold_share(base, count, true, mean, m2, index);
+  fold_workgroup(m2, index);
   const float denom = float(count) - fparams.x;
   // ATen divides by max(0, N - correction): 0/0 is NaN, m2/0 is inf.
   const float var = denom > 0.0 ? m2 / denom : (m2 > 0.0 ? INF_F : NAN_F);
-  out_data[o] = OUT_STORE(var);
+  if (LANE == 0u) {
+    out_data[o] = OUT_STORE(var);
+  }
 #endif
-#elif REDUCE_KIND == KIND_PROD
-  ACC_T acc = ACC_T(1);
-  for (uint r = 0u; r < count; ++r) {
-    acc *= ACC_T(in_data[reduced_offset(base, r)]);
-  }
-  out_data[o] = OUT_STORE(acc);
-#elif REDUCE_KIND == KIND_MAX || REDUCE_KIND == KIND_MIN
-  // NaN wins (ATen's amax/amin propagate it).
-  ACC_T acc = REDUCE_KIND == KIND_MAX ? ACC_T(LOWEST) : ACC_T(HIGHEST);
-  for (uint r = 0u; r < count; ++r) {
-    const ACC_T v = ACC_T(in_data[reduced_offset(base, r)]);
-    if (is_nan(v)) {
-      acc = v;
-      break;
-    }
-    acc = REDUCE_KIND == KIND_MAX ? max(acc, v) : min(acc, v);
-  }
-  out_data[o] = OUT_STORE(acc);
-#elif REDUCE_KIND == KIND_ANY
-  // Truthiness as in ATen: nonzero, NaN included (NaN != 0 is true).
-  bool found = false;
-  for (uint r = 0u; r < count; ++r) {
-    if (ACC_T(in_data[reduced_offset(base, r)]) != ACC_T(0)) {
-      found = true;
-      break;
-    }
-  }
-  out_data[o] = OUT_STORE(found);
 #elif REDUCE_KIND == KIND_ARGMAX || REDUCE_KIND == KIND_ARGMIN
-  // argmax/argmin: index of the first extreme value, or of the first NaN (ATen).
-  ACC_T best = ACC_T(0);
-  int index = 0;
-  for (uint r = 0u; r < count; ++r) {
-    const ACC_T v = ACC_T(in_data[reduced_offset(base, r)]);
-    if (is_nan(v)) {
-      index = int(r);
-      break;
-    }
-    const bool better = REDUCE_KIND == KIND_ARGMAX ? v > best : v < best;
-    if (r == 0u || better) {
-      best = v;
-      index = int(r);
-    }
+  if (LANE == 0u) {
+    out_data[o] = OUT_STORE(max(index, 0));
   }
-  out_data[o] = OUT_STORE(index);
+#elif REDUCE_KIND == KIND_ANY
+  if (LANE == 0u) {
+    out_data[o] = OUT_STORE(acc != ACC_T(0));
+  }
 #else
-#error unknown REDUCE_KIND
+  if (LANE == 0u) {
+    out_data[o] = OUT_STORE(acc);
+  }
 #endif
 }
