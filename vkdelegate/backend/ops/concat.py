@@ -6,8 +6,8 @@ skips 1-D empty tensors of any other shape is kept.
 """
 from __future__ import annotations
 
-from vkdelegate.backend.ops.copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
-                                         contiguous_strides, same_dtype)
+from vkdelegate.backend.ops.copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy, around,
+                                         contiguous_strides, merged, same_dtype)
 from vkdelegate.backend.ops.movement import wrap_dim
 from vkdelegate.backend.registry import OpSpec, register
 from vkdelegate.errors import VkDelegateError
@@ -58,7 +58,7 @@ def _cat_impl(b, node):
             p = CopyPlan([CopyDim(s, out_strides[i], in_strides[i])
                           for i, s in enumerate(x.shape)])
             p.out_offset = offset * out_strides[dim]
-            return p
+            return merged(p, around(out.ndim, dim))
         affine_copy(b, out, x, plan)
 
 
@@ -98,7 +98,7 @@ def _split_impl(b, node):
             p = CopyPlan([CopyDim(s, out_strides[i], in_strides[i])
                           for i, s in enumerate(out.shape)])
             p.in_offset = offset * in_strides[dim]
-            return p
+            return merged(p, around(x.ndim, dim))
         affine_copy(b, out, x, plan)
 
 

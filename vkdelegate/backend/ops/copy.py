@@ -18,11 +18,13 @@ integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record, vec4
 from vkdelegate.shaders.variants import declare
@@ -77,11 +79,48 @@ def flat_plan(numel: int) -> CopyPlan:
     return CopyPlan([CopyDim(numel, 1, 1)])
 
 
+def runs(flags) -> list[list[int]]:
+    """Groups of consecutive dims for ``merged``: each run of True flags is one group,
+    each False dim a group of its own. ``runs([1, 1, 0, 1])`` -> [[0, 1], [2], [3]]."""
+    groups: list[list[int]] = []
+    for d, flag in enumerate(flags):
+        if flag and groups and flags[groups[-1][-1]]:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def around(ndim: int, dim: int) -> list[list[int]]:
+    """Groups [dims before ``dim``], [dim], [dims after] (empty ones dropped): the
+    mergeable structure of a copy that treats one dim specially (cat, split, slice)."""
+    return [g for g in (list(range(dim)), [dim], list(range(dim + 1, ndim))) if g]
+
+
+def merged(plan: CopyPlan, groups) -> CopyPlan:
+    """``plan`` with each group of consecutive dims merged into one: fewer dims, fewer
+    integer divisions per element. Ops choose groups from their structure (dims that
+    no slice, pad or permutation separates), so the rank stays the same after a resize;
+    a group that is not contiguous in both output and input is a bug and raises."""
+    dims = []
+    for g in groups:
+        members = [plan.dims[d] for d in g]
+        for outer, inner in zip(members, members[1:]):
+            if (outer.mode, inner.mode, outer.start, inner.start, outer.step, inner.step) \
+                    != (AFFINE, AFFINE, 0, 0, 1, 1) or \
+                    outer.out_stride != inner.out_stride * inner.size or \
+                    outer.in_stride != inner.in_stride * inner.size:
+                raise VkDelegateError(f"copy dims {g} cannot be merged: {members}")
+        last = members[-1]
+        dims.append(dataclasses.replace(last, size=math.prod(m.size for m in members)))
+    return CopyPlan(dims, plan.out_offset, plan.in_offset)
+
+
 def plan_record(plan: CopyPlan, fill=0) -> bytes:
     """The std140 bytes of ``plan_block`` in affine_copy.glsl."""
     dims = list(reversed(plan.dims))  # the shader counts from the innermost dim
     if len(dims) > MAX_DOMAIN:
-        raise ValueError(f"copy of rank {len(dims)} > {MAX_DOMAIN}")
+        raise VkDelegateError(f"copy of rank {len(dims)} > {MAX_DOMAIN}")
     pad = MAX_DOMAIN - len(dims)
     rows = []
     for attr, default in (("size", 1), ("out_stride", 0), ("step", 0), ("start", 0),

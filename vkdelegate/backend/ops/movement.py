@@ -14,8 +14,8 @@ import dataclasses
 import math
 
 from vkdelegate.backend.ops.copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
-                                         affine_copy, contiguous_strides, flat_impl,
-                                         same_dtype)
+                                         affine_copy, around, contiguous_strides,
+                                         flat_impl, merged, runs, same_dtype)
 from vkdelegate.backend.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
@@ -98,11 +98,19 @@ def _t_rule(node: NodeSpec):
 
 
 def _permute_copy(b, out, x, perm):
+    # Output dims that stay neighbours in the input (perm[i + 1] == perm[i] + 1) merge.
+    groups: list[list[int]] = []
+    for i, p in enumerate(perm):
+        if groups and perm[groups[-1][-1]] + 1 == p:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+
     def plan():
         in_strides = contiguous_strides(x.shape)
         out_strides = contiguous_strides(out.shape)
-        return CopyPlan([CopyDim(out.shape[i], out_strides[i], in_strides[p])
-                         for i, p in enumerate(perm)])
+        return merged(CopyPlan([CopyDim(out.shape[i], out_strides[i], in_strides[p])
+                                for i, p in enumerate(perm)]), groups)
     affine_copy(b, out, x, plan)
 
 
@@ -207,7 +215,7 @@ def _slice_impl(b, node):
         out_strides = contiguous_strides(out.shape)
         dims = [CopyDim(s, out_strides[i], in_strides[i]) for i, s in enumerate(out.shape)]
         dims[dim].start, dims[dim].step = start, step
-        return CopyPlan(dims)
+        return merged(CopyPlan(dims), around(x.ndim, dim))
     affine_copy(b, out, x, plan)
 
 
@@ -245,7 +253,9 @@ def _select_impl(b, node):
         plan = CopyPlan([CopyDim(s, out_strides[i], in_strides[i])
                          for i, s in enumerate(out.shape)])
         plan.in_offset = (index % size) * contiguous_strides(x.shape)[dim]
-        return plan
+        # out dims before the selected one, and after it, are each contiguous in x
+        groups = [g for g in (list(range(dim)), list(range(dim, out.ndim))) if g]
+        return merged(plan, groups)
     affine_copy(b, out, x, plan)
 
 
@@ -260,7 +270,7 @@ def _flip_impl(b, node):
         dims = [CopyDim(s, strides[i], strides[i]) for i, s in enumerate(x.shape)]
         for d in flipped:
             dims[d].start, dims[d].step = x.shape[d] - 1, -1
-        return CopyPlan(dims)
+        return merged(CopyPlan(dims), runs([d not in flipped for d in range(x.ndim)]))
     affine_copy(b, out, x, plan)
 
 

@@ -10,7 +10,8 @@ need no op of their own.
 from __future__ import annotations
 
 from vkdelegate.backend.ops.copy import (MOVE_DTYPES, PAD, CopyDim, CopyPlan, affine_copy,
-                                         contiguous_strides, same_dtype, scalar_reason)
+                                         contiguous_strides, merged, runs, same_dtype,
+                                         scalar_reason)
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import acc_type
@@ -54,12 +55,17 @@ def _impl(b, node):
     else:
         value = float(value)
 
+    # Unpadded dims copy straight through, and each run of them is one dim of the plan.
+    unpadded = [p == (0, 0) for p in pairs]
+
     def plan():
         out_strides = contiguous_strides(out.shape)
         in_strides = contiguous_strides(x.shape)
-        return CopyPlan([CopyDim(s, out_strides[i], in_strides[i], start=-pairs[i][0],
-                                 mode=PAD, bound=x.shape[i])
-                         for i, s in enumerate(out.shape)])
+        return merged(CopyPlan([
+            CopyDim(s, out_strides[i], in_strides[i]) if unpadded[i] else
+            CopyDim(s, out_strides[i], in_strides[i], start=-pairs[i][0], mode=PAD,
+                    bound=x.shape[i])
+            for i, s in enumerate(out.shape)]), runs(unpadded))
     affine_copy(b, out, x, plan, fill=value)
 
 
