@@ -97,3 +97,13 @@ def test_linear_with_weight_computed_at_run_time(vk_device, m):
         got = graph.execute(arrays)[0]
     expected = arrays[0].astype(np.float64) @ arrays[1].T.astype(np.float64) + arrays[2]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_addmm_resize_with_full_bias():
+    # self of sizes [M, N] follows M when it is dynamic (read through its metadata).
+    torch.manual_seed(0)
+    m = torch.export.Dim("m", min=2, max=16)
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0.5),
+             (torch.randn(5, 7), torch.randn(5, 11), torch.randn(11, 7)), ops=[ADDMM],
+             dynamic_shapes=({0: m}, {0: m}, None),
+             resize_inputs=(torch.randn(16, 7), torch.randn(16, 11), torch.randn(11, 7)))

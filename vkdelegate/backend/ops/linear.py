@@ -122,8 +122,6 @@ def _addmm_rule(node: NodeSpec):
         return f"cannot multiply {list(m1.shape)} by {list(m2.shape)}"
     if not _broadcasts(bias.shape, (m1.shape[0], m2.shape[1])):
         return f"self of sizes {list(bias.shape)} does not broadcast to the product"
-    if bias.is_dynamic:
-        return "dynamic self (bias) sizes"
     for name, v in (("beta", node.args[3]), ("alpha", node.args[4])):
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             return f"{name} {v!r} is not a real number"
