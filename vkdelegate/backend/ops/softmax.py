@@ -1,7 +1,8 @@
 """softmax and log_softmax along any dim: aten._softmax.default, aten._log_softmax.default.
 
-Schema: _softmax(self, dim: int, half_to_float: bool). One invocation per row
-(softmax.glsl), max-shifted, fp32 accumulation for fp16 data. ``half_to_float=True``
+Schema: _softmax(self, dim: int, half_to_float: bool). One invocation per row, or one
+workgroup per row for long rows (softmax.glsl; the same rule as sum's cooperative
+form, ``reduce.cooperative``), max-shifted, fp32 accumulation for fp16 data. ``half_to_float=True``
 (an fp16 input with an fp32 result) stays on the CPU; torch.export on the CPU does not
 produce it.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from vkdelegate.backend.ops.reduce import COOPERATIVE_MAX, WG_REDUCE, cooperative
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -54,8 +56,18 @@ def _make_impl(log: bool):
         dim = normalize_dim(b.scalar(dim_id), x.ndim)
         meta_dim = x.ndim - 1 - dim if x.ndim else 0  # metadata counts from the innermost
         rows = math.prod(s for d, s in enumerate(x.max_shape) if d != dim)
-        b.dispatch(SHADER, _defines(out, x, log), outputs=[out], inputs=[x],
-                   params=[out.meta, x.meta, b.params(record(ivec4(meta_dim)))],
+        n = x.max_shape[dim] if x.ndim else 1
+        params = [out.meta, x.meta, b.params(record(ivec4(meta_dim)))]
+        defines = _defines(out, x, log)
+        if n > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+            raise b.error(f"softmax over {n} elements exceeds llvmpipe's shader loop "
+                          f"limit ({COOPERATIVE_MAX})")
+        if cooperative(b.device.info, n):
+            b.dispatch(SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
+                       inputs=[x], params=params, global_size=(rows * WG_REDUCE,),
+                       local_size=(WG_REDUCE, 1, 1))
+            return
+        b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=params,
                    global_size=(rows,), local_size=(64, 1, 1))
     return impl
 
@@ -71,3 +83,4 @@ for _name, _log in (("aten._softmax.default", False), ("aten._log_softmax.defaul
         for _dt in DTYPES:
             _pair = (_dt, device_dtype(_dt, _profile))
             declare(SHADER, _defines(_pair, _pair, _log))
+            declare(SHADER, dict(_defines(_pair, _pair, _log), WG_REDUCE=str(WG_REDUCE)))

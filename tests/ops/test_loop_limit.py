@@ -1,0 +1,127 @@
+"""Ops whose shader loops grow with the data, at sizes past llvmpipe's loop limit.
+
+llvmpipe (lavapipe) silently ends any shader loop after 65535 iterations in one
+invocation (docs/RUNTIME.md, common.h LOOP_LIMIT); before the fix, mean over
+arange(100000) gave 21473.6, amax 65534 and softmax NaN. Every case here reduces or
+accumulates more than 65535 elements per output, against eager. Other dims are kept
+small so that each check stays quick on lavapipe.
+"""
+import pytest
+import torch
+
+from tests.ops.harness import check_op
+
+LONG = 100003  # prime, past 65535
+# A sum of 1e5 fp32 values of unit scale: eager and the device add in different
+# orders, each with a relative rounding error of about log2(1e5) * 6e-8 ~ 1e-6 of
+# the sum of magnitudes; 1e-4 of the result leaves margin for the cancellation in
+# means of zero-centred data (atol covers results near zero).
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def _long_row_data(rows: int = 2) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(rows, LONG)
+
+
+def _exact_product_data(rows: int) -> torch.Tensor:
+    """Ones with a few factors of 2, 0.5 and 4 scattered over the whole row (past
+    65535 too): their products are exact in fp32 in any order, so a product that
+    skipped elements shows; products of 1e5 random factors differ from the exact one
+    by ~1e-3 in eager already."""
+    torch.manual_seed(1)
+    x = torch.ones(rows, LONG)
+    for r in range(rows):
+        at = torch.randint(0, LONG, (12,))
+        x[r, at] = torch.tensor([2.0, 0.5, 4.0])[torch.randint(0, 3, (12,))]
+        x[r, LONG - 1] = 2.0
+    return x
+
+
+def test_arange_mean_amax_softmax_reported():
+    # The reported failures, as reported (arange(100000.) in one row).
+    x = torch.arange(100000.0)
+    check_op(lambda t: (t.mean(), t.amax(), t.amin(), t.argmax(),
+                        torch.softmax(t.view(1, -1), -1).sum()),
+             (x,), ops=["aten.mean.default", "aten.amax.default", "aten.amin.default",
+                        "aten.argmax.default", "aten._softmax.default"], rtol=1e-4,
+             atol=1e-6)
+
+
+def test_reductions_over_long_dim():
+    x = _long_row_data()
+    x[1, 70001] = 9.0  # a unique extreme past the limit: argmax must find it
+    x[1, 80021] = -9.0
+    check_op(lambda t: (t.mean(1), t.amax(1), t.amin(1, keepdim=True), t.var(1),
+                        t.std(1, correction=0), t.argmax(1), t.argmin(1)),
+             (x,), ops=["aten.mean.dim", "aten.amax.default", "aten.amin.default",
+                        "aten.var.correction", "aten.argmax.default",
+                        "aten.argmin.default"], **TOL)
+
+
+def test_reductions_over_all_dims():
+    x = _long_row_data(3)
+    x[2, 99000] = 11.0
+    check_op(lambda t: (t.mean(), t.amax(), t.amin(), t.max(), t.min(), t.var(),
+                        t.argmax(), t.argmin()),
+             (x,), ops=["aten.mean.default", "aten.amax.default", "aten.max.default",
+                        "aten.min.default", "aten.var.correction", "aten.argmax.default",
+                        "aten.argmin.default"], **TOL)
+
+
+def test_prod_long_exact():
+    x = _exact_product_data(3)
+    check_op(lambda t: (t.prod(1), t.prod(), t.t().prod(0, keepdim=True)), (x,),
+             ops=["aten.prod.dim_int", "aten.prod.default"], rtol=0, atol=0)
+
+
+def test_long_reduction_over_a_strided_dim():
+    # The long dim is not the innermost: the reduced elements are 3 apart.
+    x = _long_row_data(3).t().contiguous()
+    check_op(lambda t: (t.mean(0), t.amax(0), t.argmin(0)), (x,),
+             ops=["aten.mean.dim", "aten.amax.default", "aten.argmin.default"], **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=str)
+def test_any_argmax_late_and_nan(dtype):
+    # The only nonzero / the extreme / the first NaN sit past 65535; ties before it.
+    x = torch.zeros(3, LONG, dtype=dtype)
+    x[0, 90000] = 1
+    x[1, 70000] = 5
+    x[1, 70001] = 5  # a tie: argmax gives the first
+    if dtype == torch.float32:
+        x[2, 80000] = float("nan")
+        x[2, 90000] = float("nan")
+        x[2, 100] = 7
+    ops = ["aten.any.dim", "aten.argmax.default", "aten.max.dim"]
+    check_op(lambda t: (t.any(1), t.argmax(1), *t.max(1), t.amax(1)), (x,), ops=ops)
+
+
+def test_max_dim_values_and_indices_long():
+    x = _long_row_data()
+    x[0, 65536] = 20.0
+    check_op(lambda t: t.min(1, keepdim=True) + t.max(1), (x,),
+             ops=["aten.max.dim", "aten.min.dim"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_softmax_over_long_dim(dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(2, 70001) * 4).to(dtype)
+    x[1, 69999] = 30.0  # the max late in the row
+    # fp16: each output is stored once, rounded to fp16 (a relative 5e-4). atol 2e-5:
+    # at the max, log_softmax is -log(sum) = -1.48e-5 (float64 and fp32 eager agree,
+    # the device gives -1.49e-5) where fp16 eager's kernel returns 0.
+    tol = dict(rtol=2e-3, atol=2e-5) if dtype == torch.float16 else dict(rtol=1e-4,
+                                                                         atol=1e-7)
+    check_op(lambda t: (torch.softmax(t, -1), torch.log_softmax(t, 1)), (x,),
+             ops=["aten._softmax.default", "aten._log_softmax.default"], **tol)
+
+
+def test_softmax_long_dim_not_innermost():
+    torch.manual_seed(0)
+    x = torch.randn(70001, 3)
+    x[70000, 1] = float("nan")  # that column is NaN, as in ATen
+    check_op(lambda t: (torch.softmax(t, 0), torch.log_softmax(t, 0)), (x,),
+             ops=["aten._softmax.default", "aten._log_softmax.default"],
+             rtol=1e-4, atol=1e-7)
