@@ -125,3 +125,14 @@ def test_softmax_long_dim_not_innermost():
     check_op(lambda t: (torch.softmax(t, 0), torch.log_softmax(t, 0)), (x,),
              ops=["aten._softmax.default", "aten._log_softmax.default"],
              rtol=1e-4, atol=1e-7)
+
+
+def test_passes_share_the_loop_limit():
+    # llvmpipe's limit counts every loop iteration of an invocation together: var
+    # (two passes) and softmax (three) over rows that one pass could still do in one
+    # invocation (600011 / 16 < 65535 < 2 * 600011 / 16) must still see every element.
+    torch.manual_seed(0)
+    x = torch.randn(1, 600011)
+    x[0, 599999] = 8.0
+    check_op(lambda t: (t.var(1), torch.softmax(t, -1), t.argmax(1)), (x,),
+             ops=["aten.var.correction", "aten._softmax.default"], rtol=1e-4, atol=1e-7)

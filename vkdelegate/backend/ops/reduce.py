@@ -67,9 +67,16 @@ def _defines(out, x, dtype: str) -> dict:
     return d
 
 
-#: Longest sum per output each form can do on llvmpipe, which ends any shader loop
-#: after 65535 iterations (common.h LOOP_LIMIT); both forms load 16 per iteration.
-THREAD_MAX = 65535 * 16
+#: llvmpipe ends a shader invocation's loops after LOOP_LIMIT iterations in all
+#: (common.h LOOP_LIMIT: one counter per invocation, which every loop's every
+#: iteration decrements, sequential and nested loops alike).
+LOOP_LIMIT = 65535
+#: Iterations of the short loops besides the long passes: sum's remainder (<= 15),
+#: up to three shared-memory trees of log2(WG_REDUCE) steps, one partial block per pass.
+LOOP_SLACK = 48
+#: Longest pass (elements per output times passes over them) each form can do on
+#: llvmpipe; both forms load 16 elements per loop iteration.
+THREAD_MAX = (LOOP_LIMIT - LOOP_SLACK) * 16
 COOPERATIVE_MAX = THREAD_MAX * WG_REDUCE
 
 
@@ -77,7 +84,9 @@ def cooperative(info, reduced: int) -> bool:
     """The cooperative form (one workgroup per output) on GPUs once an output sums at
     least 4 elements per invocation: loads coalesce and the tree is more accurate.
     On CPU drivers workgroup barriers are dear (llvmpipe: 6x slower at 1024 x 1024),
-    so they use it only for sums longer than the per-invocation form can do there."""
+    so they use it only for sums longer than the per-invocation form can do there.
+    ``reduced``: elements per output times the passes the shader makes over them
+    (var: 2, softmax: 3), which is what llvmpipe's loop limit counts."""
     if reduced > THREAD_MAX:
         return True
     return info.type != "cpu" and reduced >= 4 * WG_REDUCE
@@ -232,10 +241,11 @@ def dispatch_generic(b, kind: str, out, x, reduced: int, params) -> None:
     (``cooperative``). Raises VkDelegateError (b.error) on llvmpipe for reductions
     longer than its shader loop limit allows even in the cooperative form."""
     defines = _generic_defines(kind, out, x, x.dtype)
-    if reduced > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+    passes = 2 if kind == "var" else 1  # var: the mean, then the squared deviations
+    if reduced * passes > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
         raise b.error(f"{kind} of {reduced} elements per output exceeds llvmpipe's "
-                      f"shader loop limit ({COOPERATIVE_MAX})")
-    if cooperative(b.device.info, reduced):
+                      f"shader loop limit ({COOPERATIVE_MAX // passes})")
+    if cooperative(b.device.info, reduced * passes):
         b.dispatch(GENERIC_SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)),
                    outputs=[out], inputs=[x], params=params,
                    global_size=(out.max_numel * WG_REDUCE,),
