@@ -34,11 +34,12 @@ uint linear_id() {
       + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
 }
 
-// llvmpipe (lavapipe) silently ends a shader loop after LOOP_LIMIT iterations in one
-// invocation (its compiler's guard against endless loops; splitting the loop into
-// nested loops does not help, the inner count keeps growing). A loop that may run
-// longer does several elements per iteration with an [[unroll]]ed inner loop, and the
-// op checks the worst case at load (vkdelegate/backend/ops/reduce.py).
+// llvmpipe (lavapipe) silently ends an invocation's loops after LOOP_LIMIT iterations
+// (its compiler's guard against endless loops: ONE counter per invocation, which every
+// iteration of every loop decrements, so sequential passes and nested loops add up).
+// Work that may run longer does several elements per iteration with an [[unroll]]ed
+// inner loop or spreads over a workgroup, and the op checks the worst case at load
+// (LOOP_LIMIT, THREAD_MAX in vkdelegate/backend/ops/reduce.py).
 #define LOOP_LIMIT 65535u
 
 // A quiet NaN: GLSL leaves sqrt/log of negative numbers undefined, ATen gives NaN.
