@@ -136,3 +136,17 @@ def test_passes_share_the_loop_limit():
     x[0, 599999] = 8.0
     check_op(lambda t: (t.var(1), torch.softmax(t, -1), t.argmax(1)), (x,),
              ops=["aten.var.correction", "aten._softmax.default"], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("batch", [1, 5], ids=["m_tile1", "m_tile4"])
+def test_linear_long_k(batch):
+    # K = 70001 (prime: 16-step loop plus a remainder); a bias; the packed constant
+    # weight, and the same product as mm/addmm and bmm with a runtime [K, N] operand.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(70001, 3)
+    x = torch.randn(batch, 70001)
+    # Sums of 70001 products of ~0.004 magnitude: rounding differs by order, ~1e-6.
+    check_op(lin, (x,), ops=["aten.linear.default"], rtol=1e-4, atol=1e-5)
+    y = torch.randn(70001, 2)
+    check_op(lambda a, b: (a @ b, torch.bmm(a[None], b[None])), (x, y),
+             ops=["aten.mm.default", "aten.bmm.default"], rtol=1e-4, atol=1e-3)

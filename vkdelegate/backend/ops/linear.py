@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -68,6 +69,8 @@ def _matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float =
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     shape = (1, 1) + tuple(out.max_shape)
+    k = a.max_shape[-1] if a.ndim else 1
+    loop_limit.check(b, loop_limit.unrolled_iterations(k), f"K = {k}")
     # Rows per invocation: 4 share each b load; a single row (a classifier's batch of
     # one) would waste 3 of them.
     m_tile = 4 if shape[-2] >= 4 else 1

@@ -44,6 +44,25 @@ TENSOR_META(PARAM0 + 3, c_meta)
 // alpha, beta
 layout(set = 0, binding = SCALARS_BINDING) uniform scalars_block { vec4 scalars; };
 
+// acc[j] += a[row j, k] * b[k, the tile's 4 columns], for every row j of the tile.
+#ifdef B_PACKED
+#define LOAD_B(k) const vec4 bv = b_data[packed_row + (k)];
+#elif defined(B_NK)
+#define LOAD_B(k) const vec4 bv = vec4(float(b_data[b_off + cols[0] * K + (k)]), \
+    float(b_data[b_off + cols[1] * K + (k)]), float(b_data[b_off + cols[2] * K + (k)]), \
+    float(b_data[b_off + cols[3] * K + (k)]));
+#else
+#define LOAD_B(k) const vec4 bv = vec4(float(b_data[b_off + (k) * N + cols[0]]), \
+    float(b_data[b_off + (k) * N + cols[1]]), float(b_data[b_off + (k) * N + cols[2]]), \
+    float(b_data[b_off + (k) * N + cols[3]]));
+#endif
+#define ACCUMULATE(k) { \
+    LOAD_B(k) \
+    [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
+      acc[j] += float(a_data[rows[j] + (k)]) * bv; \
+    } \
+  }
+
 void main() {
   if (numel_of(out_meta) == 0) {
     return;
@@ -79,45 +98,39 @@ void main() {
   }
   int rows[M_TILE];
   vec4 acc[M_TILE];
-  for (int j = 0; j < M_TILE; ++j) {
+  [[unroll]] for (int j = 0; j < M_TILE; ++j) {
     rows[j] = a_off + min(m0 + j, M - 1) * K;
     acc[j] = vec4(0.0);
   }
   int cols[4];
-  for (int j = 0; j < 4; ++j) {
+  [[unroll]] for (int j = 0; j < 4; ++j) {
     cols[j] = min(n0 + j, N - 1);
   }
 #ifdef B_PACKED
   const int packed_row = (n0 >> 2) * K;
 #endif
-  for (int k = 0; k < K; ++k) {
-#ifdef B_PACKED
-    const vec4 bv = b_data[packed_row + k];
-#else
-    vec4 bv;
-    for (int j = 0; j < 4; ++j) {
-#ifdef B_NK
-      bv[j] = float(b_data[b_off + cols[j] * K + k]);
-#else
-      bv[j] = float(b_data[b_off + k * N + cols[j]]);
-#endif
+  // 16 k per loop iteration, then the remainder: llvmpipe ends an invocation's loops
+  // after LOOP_LIMIT iterations in all (common.h), which a K of 65536 would pass.
+  const int K16 = K & ~15;
+  for (int k0 = 0; k0 < K16; k0 += 16) {
+    [[unroll]] for (int kk = 0; kk < 16; ++kk) {
+      ACCUMULATE(k0 + kk);
     }
-#endif
-    for (int j = 0; j < M_TILE; ++j) {
-      acc[j] += float(a_data[rows[j] + k]) * bv;
-    }
+  }
+  for (int k = K16; k < K; ++k) {
+    ACCUMULATE(k);
   }
 #ifdef HAS_BIAS
   const int c_row = size_at(c_meta, 1) == 1 ? 0 : stride_at(c_meta, 1);
   const int c_col = size_at(c_meta, 0) == 1 ? 0 : stride_at(c_meta, 0);
 #endif
-  for (int j = 0; j < M_TILE; ++j) {
+  [[unroll]] for (int j = 0; j < M_TILE; ++j) {
     const int m = m0 + j;
     if (m >= M) {
       break;
     }
     const int out_row = (int(gl_GlobalInvocationID.z) * M + m) * N;
-    for (int jj = 0; jj < 4; ++jj) {
+    [[unroll]] for (int jj = 0; jj < 4; ++jj) {
       const int n = n0 + jj;
       if (n >= N) {
         break;
