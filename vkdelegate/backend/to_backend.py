@@ -87,10 +87,14 @@ def _dim_spec(dim) -> "int | dict":
 
 
 def _ranges(pg: ProgramGraph) -> dict:
+    """symbol -> [low, high or None]. Unbacked symbols (a size or index read from a
+    tensor, e.g. ``x[t]`` with a 0-d ``t``) may have no bound at either end; they are
+    never input sizes, so an unbounded low end is recorded as 0."""
     ranges = {}
     for sym, vr in pg.range_constraints.items():
-        hi = float(vr.upper)
-        ranges[str(sym)] = [int(vr.lower), int(hi) if math.isfinite(hi) else None]
+        lo, hi = float(vr.lower), float(vr.upper)
+        ranges[str(sym)] = [int(lo) if math.isfinite(lo) else 0,
+                            int(hi) if math.isfinite(hi) else None]
     return ranges
 
 
