@@ -12,80 +12,7 @@ included), the stable measure on a CPU driver on a shared machine. Torch-free.
 """
 from __future__ import annotations
 
-import argparse
-import resource
-
-import numpy as np
-from tabulate import tabulate
-
-from vkdelegate.runtime import DelegateGraph, default_device
-from vkdelegate.serialization import vkgraph as g
-
-F32 = g.VkDataType.FLOAT32
-
-
-class OneNode:
-    """A VkGraph with one node: inputs, constants and scalars added in schema order."""
-
-    def __init__(self):
-        self.values: list = []
-        self.consts: list[bytes] = []
-        self.inputs: list[int] = []
-        self.arrays: list[np.ndarray] = []
-        self.args: list[int] = []
-
-    def _add(self, value) -> int:
-        self.values.append(value)
-        return len(self.values) - 1
-
-    def tensor(self, shape, const: bool = False, positive: bool = False):
-        rng = np.random.default_rng(len(self.values))
-        data = rng.standard_normal(shape).astype(np.float32)
-        if positive:  # e.g. a batch norm's running variance
-            data = np.abs(data) + 0.5
-        if const:
-            self.consts.append(data.tobytes())
-            self.args.append(self._add(g.VkTensor(F32, list(shape),
-                                                  constant_id=len(self.consts) - 1)))
-        else:
-            self.inputs.append(self._add(g.VkTensor(F32, list(shape))))
-            self.arrays.append(data)
-        return self
-
-    def arg(self, value):
-        if value is None:
-            v = g.Null()
-        elif isinstance(value, bool):
-            v = g.Bool(value)
-        elif isinstance(value, int):
-            v = g.Int(value)
-        elif isinstance(value, float):
-            v = g.Double(value)
-        else:
-            v = g.IntList(list(value)) if all(isinstance(x, int) for x in value) \
-                else g.DoubleList(list(value))
-        self.args.append(self._add(v))
-        return self
-
-    def input(self, shape):
-        self.tensor(shape)
-        self.args.append(self.inputs[-1])
-        return self
-
-    def graph(self, op: str, out_shapes) -> tuple[g.VkGraph, list, bytes]:
-        """(graph, input arrays, constants section) with outputs of ``out_shapes``:
-        (shape, "f" for float32 or "i" for int64) pairs; several make a ValueList."""
-        outs = [self._add(g.VkTensor(F32 if dt == "f" else g.VkDataType.INT64, list(s)))
-                for s, dt in out_shapes]
-        out = outs[0] if len(outs) == 1 else self._add(g.ValueList(outs))
-        offsets, pos = [], 0
-        for c in self.consts:
-            offsets.append(g.VkBytes(pos, len(c)))
-            pos += len(c)
-        graph = g.VkGraph(chain=[g.OperatorCall(0, op, self.args + [out])],
-                          values=self.values, input_ids=self.inputs, output_ids=outs[:1],
-                          constants=offsets)
-        return graph, self.arrays, b"".join(self.consts)
+from one_node import OneNode, main as run_cases
 
 
 def conv(name, n, cin, cout, hw, k, s, groups=1, transposed=False):
@@ -96,58 +23,61 @@ def conv(name, n, cin, cout, hw, k, s, groups=1, transposed=False):
     else:
         oh = (hw + 2 * pad - k) // s + 1
         w_shape = (cout, cin // groups, k, k)
-    b = OneNode().input((n, cin, hw, hw)).tensor(w_shape, const=True).tensor((cout,), True)
+    b = OneNode(name).input((n, cin, hw, hw)).constant(w_shape).constant((cout,))
     b.arg([s, s]).arg([pad, pad]).arg([1, 1]).arg(transposed).arg([0, 0]).arg(groups)
-    flops = 2 * n * cout * (cin // groups) * k * k * (hw * hw if transposed else oh * oh)
-    return name, b.graph("aten.convolution.default", [((n, cout, oh, oh), "f")]), flops, None
+    b.flops = 2 * n * cout * (cin // groups) * k * k * (hw * hw if transposed else oh * oh)
+    return b.graph("aten.convolution.default", [((n, cout, oh, oh), "float32")])
 
 
 def linear(name, m, k, n):
-    b = OneNode().input((m, k)).tensor((n, k), const=True).tensor((n,), const=True)
-    return name, b.graph("aten.linear.default", [((m, n), "f")]), 2 * m * k * n, None
+    b = OneNode(name).input((m, k)).constant((n, k)).constant((n,))
+    b.flops = 2 * m * k * n
+    return b.graph("aten.linear.default", [((m, n), "float32")])
 
 
 def bmm(name, batch, m, k, n):
-    b = OneNode().input((batch, m, k)).input((batch, k, n))
-    return name, b.graph("aten.bmm.default", [((batch, m, n), "f")]), 2 * batch * m * k * n, None
+    b = OneNode(name).input((batch, m, k)).input((batch, k, n))
+    b.flops = 2 * batch * m * k * n
+    return b.graph("aten.bmm.default", [((batch, m, n), "float32")])
 
 
 def max_pool(name, n, c, hw):
     oh = (hw + 2 - 3) // 2 + 1
-    b = OneNode().input((n, c, hw, hw)).arg([3, 3]).arg([2, 2]).arg([1, 1]).arg([1, 1])
+    b = OneNode(name).input((n, c, hw, hw)).arg([3, 3]).arg([2, 2]).arg([1, 1]).arg([1, 1])
     b.arg(False)
-    moved = 4 * n * c * (hw * hw + 3 * oh * oh)  # input, output, int32 indices
-    return name, b.graph("aten.max_pool2d_with_indices.default",
-                         [((n, c, oh, oh), "f"), ((n, c, oh, oh), "i")]), None, moved
+    # moved: input, output and the int64 indices (written, not read back)
+    return b.graph("aten.max_pool2d_with_indices.default",
+                   [((n, c, oh, oh), "float32"), ((n, c, oh, oh), "int64")],
+                   graph_outputs=1)
 
 
 def avg_pool(name, n, c, hw):
     oh = hw // 2
-    b = OneNode().input((n, c, hw, hw)).arg([2, 2]).arg([2, 2]).arg([0, 0]).arg(False)
+    b = OneNode(name).input((n, c, hw, hw)).arg([2, 2]).arg([2, 2]).arg([0, 0]).arg(False)
     b.arg(True).arg(None)
-    return name, b.graph("aten.avg_pool2d.default", [((n, c, oh, oh), "f")]), None, \
-        4 * n * c * (hw * hw + oh * oh)
+    return b.graph("aten.avg_pool2d.default", [((n, c, oh, oh), "float32")])
 
 
 def batch_norm(name, n, c, hw):
-    b = OneNode().input((n, c, hw, hw))
+    b = OneNode(name).input((n, c, hw, hw))
     for i in range(4):  # weight, bias, running mean, running variance
-        b.tensor((c,), const=True, positive=i == 3)
+        b.constant((c,), positive=i == 3)
     b.arg(0.1).arg(1e-5)
-    return name, b.graph("aten._native_batch_norm_legit_no_training.default",
-                         [((n, c, hw, hw), "f"), ((0,), "f"), ((0,), "f")]), None, \
-        8 * n * c * hw * hw
+    # save_mean and save_invstd are empty in inference
+    return b.graph("aten._native_batch_norm_legit_no_training.default",
+                   [((n, c, hw, hw), "float32"), ((0,), "float32"), ((0,), "float32")],
+                   graph_outputs=1)
 
 
 def upsample(name, n, c, hw, mode):
-    b = OneNode().input((n, c, hw, hw))
+    b = OneNode(name).input((n, c, hw, hw))
     if mode == "nearest":
         b.arg(None).arg([2.0, 2.0])
         op = "aten.upsample_nearest2d.vec"
     else:
         b.arg([2 * hw, 2 * hw]).arg(False).arg(None)
         op = "aten.upsample_bilinear2d.vec"
-    return name, b.graph(op, [((n, c, 2 * hw, 2 * hw), "f")]), None, 4 * n * c * hw * hw * 5
+    return b.graph(op, [((n, c, 2 * hw, 2 * hw), "float32")])
 
 
 CASES = [
@@ -170,47 +100,5 @@ CASES = [
 ]
 
 
-def _cpu_seconds() -> float:
-    """CPU time of this process, all threads: on a CPU driver (lavapipe) it counts the
-    shader work too and, unlike wall-clock GPU time, barely moves when other jobs
-    share the cores."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--filter", default="", help="only cases whose name contains this")
-    args = parser.parse_args(argv)
-    device = default_device(args.device)
-    rows = []
-    for make in CASES:
-        name, (graph, arrays, blob), flops, moved = make()
-        if args.filter not in name:
-            continue
-
-        def constant(i, graph=graph, blob=blob):
-            c = graph.constants[i]
-            return blob[c.offset:c.offset + c.length]
-        with DelegateGraph(graph, constant, device=device) as dg:
-            dg.execute(arrays)
-            times, cpu = [], []
-            for _ in range(args.runs):
-                dg.execute(arrays, profile=True)
-                times.append(dg.last_profile.total_ns)
-                start = _cpu_seconds()
-                dg.execute(arrays)
-                cpu.append(_cpu_seconds() - start)
-        ms = min(times) / 1e6  # best of --runs: the machine may be shared
-        rate = f"{flops / ms / 1e6:.2f} GFLOP/s" if flops else f"{moved / ms / 1e6:.2f} GB/s"
-        rows.append([name, f"{ms:.3f}", rate, f"{min(cpu) * 1e3:.2f}"])
-    print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}\n")
-    print(tabulate(rows, headers=["case", "GPU ms (best)", "throughput",
-                                  "process CPU ms (best)"]))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cases(CASES, __doc__.split("\n\n")[0]))
