@@ -150,3 +150,42 @@ def test_linear_long_k(batch):
     y = torch.randn(70001, 2)
     check_op(lambda a, b: (a @ b, torch.bmm(a[None], b[None])), (x, y),
              ops=["aten.mm.default", "aten.bmm.default"], rtol=1e-4, atol=1e-3)
+
+
+CONV = ["aten.convolution.default"]
+
+
+@pytest.mark.parametrize("hw", [2, 3], ids=["aligned_plane", "unaligned_plane"])
+def test_pointwise_conv_70001_channels(hw):
+    # A 1x1 convolution with a constant weight (the pointwise GEMM form), K = 70001.
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(70001, 4, 1)
+    check_op(conv, (torch.randn(1, 70001, hw, hw),), ops=CONV, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: torch.nn.Conv2d(9001, 4, 7, padding=3), (1, 9001, 4, 5)),  # K = 441049
+    (lambda: torch.nn.Conv2d(9001, 3, 7, stride=2), (1, 9001, 9, 9)),   # OC_TILE 1
+    (lambda: torch.nn.Conv1d(3001, 4, 25, padding=12), (1, 3001, 7)),   # K = 75025
+    (lambda: torch.nn.ConvTranspose2d(9001, 4, 7, stride=2), (1, 9001, 2, 2)),
+], ids=["k7", "k7_stride2", "conv1d_k25", "transposed_k7"])
+def test_direct_conv_k_past_loop_limit(make, shape):
+    # K = Cin * KH * KW past 65535 with kernels larger than 3x3, whose tap loops the
+    # compiler did not unroll by itself: Cin times the kernel rows passed the limit.
+    torch.manual_seed(0)
+    # Sums of ~1e4..1e5 products: fp32 rounding of order 1e-7 of the sum of |terms|
+    # (~100 here), so outputs that cancel to near 0 need atol 1e-4.
+    check_op(make(), (torch.randn(shape),), ops=CONV, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_too_many_channels_per_group_is_refused():
+    # 70001 input channels per group in the direct form: more loop iterations than
+    # llvmpipe runs; a clear error at load instead of wrong numbers.
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import default_device
+    if not default_device().info.name.startswith("llvmpipe"):
+        pytest.skip("the loop limit is llvmpipe's")
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(70001, 1, 3)
+    with pytest.raises(VkDelegateError, match="70001 input channels per group"):
+        check_op(conv, (torch.randn(1, 70001, 3, 3),), ops=CONV)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record, vec4
@@ -189,6 +190,10 @@ def _build(b, node, clamp_ids=None):
     pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
                  and pad == [0, 0] and groups == 1)
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
+    # The shader's only data-sized loop runs over input channels (4 per iteration in
+    # the pointwise form; the tap loops are unrolled): llvmpipe's loop limit.
+    loop_limit.check(b, ic // 4 + 3 if pointwise else icg,
+                     f"{icg} input channels per group")
     lo, hi = -INF, INF
     if clamp_ids is not None:
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)

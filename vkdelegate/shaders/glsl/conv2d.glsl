@@ -120,40 +120,61 @@ void main() {
   const int oc = ocb * OC_TILE;
   const int p0 = tile * PX;
   ACC_VEC acc[PX];
-  for (int p = 0; p < PX; ++p) {
+  [[unroll]] for (int p = 0; p < PX; ++p) {
     acc[p] = ACC_VEC(0);
   }
   // The tail tile re-reads the last valid pixel instead of reading out of bounds.
   int pix[PX];
-  for (int p = 0; p < PX; ++p) {
+  [[unroll]] for (int p = 0; p < PX; ++p) {
     pix[p] = min(p0 + p, P - 1);
   }
   int in_off = n * IC * P;
+  // 4 channels per loop iteration, then the remainder: llvmpipe ends an invocation's
+  // loops after LOOP_LIMIT iterations in all (common.h; checked at load).
+  const int IC4 = IC & ~3;
   if ((P & 3) == 0) {
     // Aligned planes: two vec4 loads per channel; the second of a tail tile is clamped
     // to the plane's last vec4 (its values are not stored).
     const int q0 = p0 >> 2;
     const int q1 = min(q0 + 1, (P >> 2) - 1);
     int q_off = in_off >> 2;
-    for (int ic = 0; ic < IC; ++ic, q_off += P >> 2) {
-      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC);
-      const vec4 lo = vec4(in4_data[q_off + q0]);
-      const vec4 hi = vec4(in4_data[q_off + q1]);
-      acc[0] += w * lo.x;
-      acc[1] += w * lo.y;
-      acc[2] += w * lo.z;
-      acc[3] += w * lo.w;
-      acc[4] += w * hi.x;
-      acc[5] += w * hi.y;
-      acc[6] += w * hi.z;
-      acc[7] += w * hi.w;
+#define PW_ALIGNED(ic) { \
+      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
+      const vec4 lo = vec4(in4_data[q_off + q0]); \
+      const vec4 hi = vec4(in4_data[q_off + q1]); \
+      q_off += P >> 2; \
+      acc[0] += w * lo.x; \
+      acc[1] += w * lo.y; \
+      acc[2] += w * lo.z; \
+      acc[3] += w * lo.w; \
+      acc[4] += w * hi.x; \
+      acc[5] += w * hi.y; \
+      acc[6] += w * hi.z; \
+      acc[7] += w * hi.w; \
+    }
+    for (int ic0 = 0; ic0 < IC4; ic0 += 4) {
+      [[unroll]] for (int u = 0; u < 4; ++u) {
+        PW_ALIGNED(ic0 + u)
+      }
+    }
+    for (int ic = IC4; ic < IC; ++ic) {
+      PW_ALIGNED(ic)
     }
   } else {
-    for (int ic = 0; ic < IC; ++ic, in_off += P) {
-      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC);
-      for (int p = 0; p < PX; ++p) {
-        acc[p] += w * float(in_data[in_off + pix[p]]);
+#define PW_ROWS(ic) { \
+      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
+      [[unroll]] for (int p = 0; p < PX; ++p) { \
+        acc[p] += w * float(in_data[in_off + pix[p]]); \
+      } \
+      in_off += P; \
+    }
+    for (int ic0 = 0; ic0 < IC4; ic0 += 4) {
+      [[unroll]] for (int u = 0; u < 4; ++u) {
+        PW_ROWS(ic0 + u)
       }
+    }
+    for (int ic = IC4; ic < IC; ++ic) {
+      PW_ROWS(ic)
     }
   }
   const int out_base = (n * OC + oc) * P + p0;
@@ -172,7 +193,7 @@ void main() {
   const int ow0 = tile * PX;
   const int g = oc / OCg;
   ACC_VEC acc[PX];
-  for (int p = 0; p < PX; ++p) {
+  [[unroll]] for (int p = 0; p < PX; ++p) {
     acc[p] = ACC_VEC(0);
   }
 #ifndef TRANSPOSED
@@ -181,18 +202,21 @@ void main() {
   const int iw0 = ow0 * SW - PW;
   float seg[SEG];
 #endif
+  // The tap loops are [[unroll]]ed (their trip counts are specialization constants):
+  // llvmpipe ends an invocation's loops after LOOP_LIMIT iterations in all (common.h),
+  // so only the ICg loop counts against it (checked at load).
   for (int icg = 0; icg < ICg; ++icg) {
     const int plane = (n * IC + g * ICg + icg) * IH * IW;
-    for (int kh = 0; kh < KH; ++kh) {
+    [[unroll]] for (int kh = 0; kh < KH; ++kh) {
 #ifdef TRANSPOSED
       const int hn = oh + PH - kh * DH;
       if (hn < 0 || hn % SH != 0 || hn / SH >= IH) {
         continue;
       }
       const int row = plane + (hn / SH) * IW;
-      for (int kw = 0; kw < KW; ++kw) {
+      [[unroll]] for (int kw = 0; kw < KW; ++kw) {
         const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg);
-        for (int p = 0; p < PX; ++p) {
+        [[unroll]] for (int p = 0; p < PX; ++p) {
           const int wn = ow0 + p + PW - kw * DW;
           const bool ok = wn >= 0 && wn % SW == 0 && wn / SW < IW;
           const float x = ok ? float(in_data[row + wn / SW]) : 0.0;
@@ -205,13 +229,13 @@ void main() {
         continue;
       }
       const int row = plane + ih * IW;
-      for (int j = 0; j < SEG; ++j) {
+      [[unroll]] for (int j = 0; j < SEG; ++j) {
         const int iw = iw0 + j;
         seg[j] = (iw >= 0 && iw < IW) ? float(in_data[row + iw]) : 0.0;
       }
-      for (int kw = 0; kw < KW; ++kw) {
+      [[unroll]] for (int kw = 0; kw < KW; ++kw) {
         const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg);
-        for (int p = 0; p < PX; ++p) {
+        [[unroll]] for (int p = 0; p < PX; ++p) {
           acc[p] += w * seg[p * SW + kw * DW];
         }
       }
