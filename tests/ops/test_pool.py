@@ -4,6 +4,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.ops.harness import check_op
+from vkdelegate import VulkanPartitioner, to_backend
+from vkdelegate.backend.ops.loop_limit import is_llvmpipe
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime import default_device
 
 MAX, AVG = "aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default"
 AAVG, AMAX = "aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"
@@ -135,3 +139,26 @@ def test_more_planes_than_one_grid_column():
     torch.manual_seed(0)
     x = torch.randn(1, 65600, 8, 8)
     check_op(lambda x: F.max_pool2d(x, 3, 1, 1), (x,), ops=[MAX], rtol=0, atol=0)
+
+
+def test_windows_longer_than_llvmpipes_loop_budget():
+    # 300 x 300 windows: 90000 taps, more than the 65535 loop iterations llvmpipe runs
+    # per invocation; 16 taps per iteration keep them whole.
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 600, 600)
+    check_op(lambda x: F.adaptive_avg_pool2d(x, (2, 2)), (x,), ops=[AAVG])
+    check_op(lambda x: F.adaptive_max_pool2d(x, (2, 2), return_indices=True), (x,),
+             ops=[AMAX], rtol=0, atol=0)
+    check_op(lambda x: F.max_pool2d(x, (300, 250), dilation=(1, 2), return_indices=True),
+             (x,), ops=[MAX], rtol=0, atol=0)
+    check_op(lambda x: F.avg_pool2d(x, 300), (x,), ops=[AVG])
+
+
+def test_window_beyond_the_loop_budget_fails_at_load():
+    if not is_llvmpipe(default_device().info):
+        pytest.skip("only llvmpipe limits shader loops")
+    x = torch.randn(1, 1, 2000, 2000)
+    ep = torch.export.export(torch.nn.AdaptiveMaxPool2d(1), (x,))
+    program = to_backend(ep, VulkanPartitioner())
+    with pytest.raises(VkDelegateError, match="pooling window of 2001 x 2001"):
+        program(x)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -121,10 +122,13 @@ def _grid(b, out) -> tuple[tuple, tuple, bool]:
     return (w, h, min(grid[2], limit)), local, grid[2] > limit
 
 
-def _defines(out, x, kind: str, plane_loop: bool = False) -> dict:
+def _defines(out, x, kind: str, plane_loop: bool = False,
+             long_window: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x)
     if plane_loop:
         d["PLANE_LOOP"] = "1"
+    if long_window:
+        d["LONG_WINDOW"] = "1"
     if kind in ("max", "adaptive_max"):
         d["MAX_POOL"] = "1"
         d["IDX_T"] = "int"  # int64 indices are int32 on the device
@@ -143,8 +147,23 @@ def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
                              ivec4(int(bool(count_include_pad)), divisor or 0)))
     outputs = [out] + ([idx] if idx is not None else [])
     grid, local, plane_loop = _grid(b, out)
-    b.dispatch(SHADER, _defines(out, x, kind, plane_loop), outputs=outputs, inputs=[x],
-               params=[out.meta, x.meta, params], global_size=grid, local_size=local)
+    # Loop iterations per output (pool2d.glsl): rows x columns for a plain window,
+    # rows x (columns / 16 + up to 15 + 2) for the LONG_WINDOW form, which only windows
+    # beyond the plain form's budget use (it costs small windows 3x on llvmpipe).
+    # Adaptive windows span up to ceil(in / out) + 1 elements.
+    if kind.startswith("adaptive"):
+        rows, cols = (-(-i // max(o, 1)) + 1 for i, o in zip(x.max_shape[-2:],
+                                                               out.max_shape[-2:]))
+    else:
+        rows, cols = k
+    passes = 2 if plane_loop else 1
+    long_window = rows * (cols + 2) * passes + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    if long_window:
+        loop_limit.check(b, rows * (cols // 16 + 17) * passes,
+                         f"a pooling window of {rows} x {cols}")
+    b.dispatch(SHADER, _defines(out, x, kind, plane_loop, long_window), outputs=outputs,
+               inputs=[x], params=[out.meta, x.meta, params], global_size=grid,
+               local_size=local)
 
 
 def _max_impl(b, node):
@@ -191,4 +210,5 @@ for _profile in STORAGE_PROFILES:
         _ddt = (_dt, device_dtype(_dt, _profile))
         for _kind in ("max", "avg", "adaptive_avg", "adaptive_max"):
             for _loop in (False, True):
-                declare(SHADER, _defines(_ddt, _ddt, _kind, _loop))
+                for _long in (False, True):
+                    declare(SHADER, _defines(_ddt, _ddt, _kind, _loop, _long))

@@ -8,7 +8,9 @@
 //   MAX_POOL: max over the window (dilated), NaN wins (ATen: val > max || isnan(val));
 //     IDX_T: indices output (flat h * W + w within the plane, as ATen picks it);
 //   AVG_POOL: mean with padding, ceil_mode, count_include_pad, divisor_override;
-// ADAPTIVE: windows [floor(o * I / O), ceil((o + 1) * I / O)) instead of kernel/stride.
+// ADAPTIVE: windows [floor(o * I / O), ceil((o + 1) * I / O)) instead of kernel/stride;
+// LONG_WINDOW: 16 window columns per loop iteration (windows of many elements);
+// PLANE_LOOP: see main().
 // Sizes come from the metadata, so resized inputs need no rebuild.
 
 TENSOR_OUT(0, out_data, OUT_T)
@@ -51,14 +53,29 @@ void pool_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
   while (ws < 0) ws += dW;
   float best = uintBitsToFloat(0xff800000u);  // -inf
   int best_idx = hs * IW + ws;
-  for (int h = hs; h < min(h1, IH); h += dH) {
-    for (int w = ws; w < min(w1, IW); w += dW) {
-      const float v = float(in_data[in_base + h * IW + w]);
-      // ATen's rule, kept literally: a later NaN takes the index again.
-      if (v > best || isnan(v)) {
-        best = v;
-        best_idx = h * IW + w;
+  // ATen's rule, kept literally: a later NaN takes the index again.
+#define MAX_TAP(h, w) { \
+    const float v = float(in_data[in_base + (h) * IW + (w)]); \
+    if (v > best || isnan(v)) { \
+      best = v; \
+      best_idx = (h) * IW + (w); \
+    } \
+  }
+  const int he = min(h1, IH), we = min(w1, IW);
+  for (int h = hs; h < he; h += dH) {
+    int w = ws;
+#ifdef LONG_WINDOW
+    // 16 taps per loop iteration, then the rest: llvmpipe ends an invocation's loops
+    // after LOOP_LIMIT iterations in all (common.h; ops/pool.py picks this variant for
+    // windows that need it and checks at load). Only then: it costs small windows 3x.
+    for (; w + 15 * dW < we; w += 16 * dW) {
+      [[unroll]] for (int j = 0; j < 16; ++j) {
+        MAX_TAP(h, w + j * dW)
       }
+    }
+#endif
+    for (; w < we; w += dW) {
+      MAX_TAP(h, w)
     }
   }
   out_data[i] = OUT_STORE(best);
@@ -80,8 +97,18 @@ void pool_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
 #endif
   float sum = 0.0;
   for (int h = hs; h < he; ++h) {
-    for (int w = ws; w < we; ++w) {
-      sum += float(in_data[in_base + h * IW + w]);
+    const int row = in_base + h * IW;
+    int w = ws;
+#ifdef LONG_WINDOW
+    // 16 elements per loop iteration (in order), then the rest: see MAX_POOL above.
+    for (; w + 15 < we; w += 16) {
+      [[unroll]] for (int j = 0; j < 16; ++j) {
+        sum += float(in_data[row + w + j]);
+      }
+    }
+#endif
+    for (; w < we; ++w) {
+      sum += float(in_data[row + w]);
     }
   }
   out_data[i] = OUT_STORE(hs < he && ws < we ? sum / float(divisor) : 0.0);
