@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 import numpy as np
 from tabulate import tabulate
 
 from vkdelegate.runtime import DelegateGraph, default_device
+from vkdelegate.runtime.host_calls import count_calls
 from vkdelegate.serialization import vkgraph as g
 
 
@@ -45,22 +45,6 @@ def chain_graph(nodes: int, numel: int) -> g.VkGraph:
             chain.append(g.OperatorCall(i, "aten.relu.default", [prev, out]))
         prev = out
     return g.VkGraph(chain=chain, values=values, input_ids=[0], output_ids=[prev])
-
-
-def count_calls(fn) -> int:
-    """Function calls (Python and C) made while running ``fn()``."""
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event in ("call", "c_call"):
-            calls += 1
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def measure(device, nodes: int, numel: int, runs: int, warmup: int,

@@ -8,6 +8,7 @@ import pytest
 from tests.runtime.graphs import GraphMaker, rand
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import load_delegate
+from vkdelegate.runtime.host_calls import count_calls
 from vkdelegate.serialization import vkgraph as g
 from vkdelegate.serialization.blob import write_blob
 
@@ -217,22 +218,6 @@ def test_load_errors(vk_device):
         m.build(vk_device)
 
 
-def _count_calls(fn) -> int:
-    import sys
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event in ("call", "c_call"):
-            calls += 1
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
 def test_host_work_per_execute_does_not_grow_with_nodes(vk_device):
     # Not a timing test: the host thread makes exactly the same calls per execute for a
     # 2-node and a 60-node graph (one submit, one fence wait, whatever the node count).
@@ -246,7 +231,7 @@ def test_host_work_per_execute_does_not_grow_with_nodes(vk_device):
         m.output(prev)
         with m.build(vk_device) as graph:
             graph.execute([x])
-            counts.append(_count_calls(lambda: graph.execute([x])))
+            counts.append(count_calls(lambda: graph.execute([x])))
             np.testing.assert_array_equal(graph.execute([x])[0], np.maximum(x, 0))
     assert counts[0] == counts[1]
 
