@@ -93,8 +93,9 @@ def test_any_argmax_late_and_nan(dtype):
         x[2, 80000] = float("nan")
         x[2, 90000] = float("nan")
         x[2, 100] = 7
-    ops = ["aten.any.dim", "aten.argmax.default", "aten.max.dim"]
-    check_op(lambda t: (t.any(1), t.argmax(1), *t.max(1), t.amax(1)), (x,), ops=ops)
+    ops = ["aten.any.dim", "aten.any.default", "aten.argmax.default", "aten.max.dim"]
+    check_op(lambda t: (t.any(1), t[0].any(), t[:2].all(), t.argmax(1), *t.max(1),
+                        t.amax(1)), (x,), ops=ops)
 
 
 def test_max_dim_values_and_indices_long():
@@ -189,3 +190,12 @@ def test_conv_too_many_channels_per_group_is_refused():
     conv = torch.nn.Conv2d(70001, 1, 3)
     with pytest.raises(VkDelegateError, match="70001 input channels per group"):
         check_op(conv, (torch.randn(1, 70001, 3, 3),), ops=CONV)
+
+
+def test_global_average_pool_of_a_large_plane():
+    # adaptive_avg_pool2d to 1 x 1 (global pooling) exports as mean over H and W:
+    # 300 x 300 = 90000 elements per output.
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 300, 300)
+    check_op(lambda t: (torch.nn.functional.adaptive_avg_pool2d(t, 1), t.mean((2, 3))),
+             (x,), ops=["aten.mean.dim"], **TOL)
