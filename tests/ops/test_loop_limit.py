@@ -199,3 +199,68 @@ def test_global_average_pool_of_a_large_plane():
     x = torch.randn(1, 3, 300, 300)
     check_op(lambda t: (torch.nn.functional.adaptive_avg_pool2d(t, 1), t.mean((2, 3))),
              (x,), ops=["aten.mean.dim"], **TOL)
+
+
+@pytest.fixture
+def force_cooperative(monkeypatch):
+    # lavapipe keeps one invocation per output up to reduce.THREAD_MAX: force the
+    # cooperative (one workgroup per output) form, the GPU path and the long one.
+    from vkdelegate.backend.ops import reduce, softmax
+    monkeypatch.setattr(reduce, "cooperative", lambda info, reduced: True)
+    monkeypatch.setattr(softmax, "cooperative", lambda info, reduced: True)
+
+
+def test_cooperative_form_semantics(force_cooperative):
+    # Strided shares and the shared-memory tree must keep ATen's semantics: the first
+    # index of ties and of NaN across lanes, NaN propagation, empty reductions (mean
+    # NaN, prod 1, any False), rows shorter than the workgroup.
+    torch.manual_seed(0)
+    x = torch.randn(6, 1031)
+    x[0, 700] = x[0, 5] = 50.0            # tie in different lanes: argmax is 5
+    x[1, 900] = float("nan")
+    x[1, 3] = float("nan")                # the first NaN wins argmax/argmin
+    x[2, 64] = x[2, 1] = -50.0            # tie for argmin at lanes 1 and 0
+    x[3, :] = 0.0
+    x[3, 1030] = 1.0                      # any: only the last element
+    x[4, :] = 2.0                         # all equal: index 0
+    e = torch.zeros(3, 0)
+    check_op(lambda t, z: (t.argmax(1), t.argmin(1), t.amax(1), t.amin(1), *t.max(1),
+                           *t.min(1), t.mean(1), t.var(1), t.any(1), t[:, :3].mean(1),
+                           (t[:, :40] * 0.01 + 1).prod(1), t[:, :2].argmax(1),
+                           t.argmax(), t.amax(), z.mean(1), z.prod(1), z.any(1),
+                           torch.softmax(t, 1), torch.log_softmax(t[:, :5], 1),
+                           torch.softmax(t, 0)),
+             (x, e), ops=["aten.argmax.default", "aten.argmin.default",
+                          "aten.amax.default", "aten.amin.default", "aten.max.dim",
+                          "aten.min.dim", "aten.mean.dim", "aten.var.correction",
+                          "aten.any.dim", "aten.prod.dim_int", "aten._softmax.default",
+                          "aten._log_softmax.default"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int32], ids=str)
+def test_cooperative_form_dtypes(force_cooperative, dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(3, 517) * 40).to(dtype)
+    x[1, 300] = x[1, 7] = 127   # a tie, indices in different lanes
+    fns = lambda t: (t.argmax(1), t.amin(1), t.any(1), *t.max(1))  # noqa: E731
+    ops = ["aten.argmax.default", "aten.amin.default", "aten.any.dim", "aten.max.dim"]
+    if dtype == torch.float16:
+        fns = lambda t: (t.argmax(1), t.amin(1), t.any(1), *t.max(1),  # noqa: E731
+                         t.mean(1), t.var(1), torch.softmax(t, 1))
+        ops += ["aten.mean.dim", "aten.var.correction", "aten._softmax.default"]
+    # fp16: one rounding to fp16 of fp32 results (~5e-4 relative); var of values ~40
+    # is ~1600, where an fp16 ulp is 1.
+    tol = dict(rtol=2e-3, atol=1e-3) if dtype == torch.float16 else {}
+    check_op(fns, (x,), ops=ops, **tol)
+
+
+def test_cooperative_form_resize(force_cooperative):
+    from torch.export import Dim
+    torch.manual_seed(0)
+    n = Dim("n", min=1, max=300)
+    check_op(lambda t: (t.argmax(1), t.var(1), torch.softmax(t, 1), t.amax(0)),
+             (torch.randn(3, 300),), ops=["aten.argmax.default", "aten.var.correction",
+                                           "aten._softmax.default"],
+             dynamic_shapes=({1: n},),
+             resize_inputs=[(torch.randn(3, 1),), (torch.randn(3, 77),)],
+             rtol=1e-4, atol=1e-6)
