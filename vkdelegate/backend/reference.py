@@ -6,10 +6,15 @@ the compile option ``executor="reference"`` (or ``vkdelegate.load(..., executor=
 "reference")``), never as a silent fallback.
 
 Each ``OperatorCall`` resolves to its ATen overload (the same allow-list as the CPU
-glue); its value ids map to Python arguments in schema order, the last id being the
-output (a ``ValueList`` for multi-output ops).
+glue, see ``resolve``); its value ids map to Python arguments in schema order, the last
+id being the output (a ``ValueList`` for multi-output ops). The serialization tests use
+it as their oracle too (``ReferenceGraph.from_graph``): it reads only the VkGraph, so a
+builder bug in argument order, defaults, dtype encoding or ids shows up as a wrong
+result against eager PyTorch.
 """
 from __future__ import annotations
+
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -33,25 +38,35 @@ class ReferenceGraph:
         from vkdelegate.serialization.blob import read_blob
 
         decoded = read_blob(blob)
-        self.graph = decoded.graph
         named_data = named_data or {}
+        self._load(decoded.graph, lambda i: decoded.constant_bytes(i, named_data))
+
+    @classmethod
+    def from_graph(cls, graph: vk.VkGraph, constant_bytes: Callable[[int], bytes],
+                   extra_ops: "Mapping[str, Callable] | None" = None) -> "ReferenceGraph":
+        """A reference graph from a decoded VkGraph; ``constant_bytes(i)`` gives the
+        bytes of ``graph.constants[i]`` (e.g. ``DelegateBlob.constant_bytes``).
+        ``extra_ops`` maps op names outside the allow-list (a test's custom op) to
+        their callables; a program file can never supply them."""
+        self = cls.__new__(cls)
+        self._load(graph, constant_bytes, extra_ops or {})
+        return self
+
+    def _load(self, graph: vk.VkGraph, constant_bytes: Callable[[int], bytes],
+              extra_ops: "Mapping[str, Callable] | None" = None) -> None:
+        self.graph = graph
         self.constants: dict[int, torch.Tensor] = {}
         for vid, value in enumerate(self.graph.values):
             if isinstance(value, vk.VkTensor) and value.constant_id >= 0:
-                ref = self.graph.constants[value.constant_id]
-                if ref.is_named:
-                    if ref.named_key not in named_data:
-                        raise VkDelegateError(f"value {vid}: named constant "
-                                              f"{ref.named_key!r} missing")
-                    data = named_data[ref.named_key]
-                else:
-                    data = decoded.constants_section[ref.offset:ref.offset + ref.length]
+                data = constant_bytes(value.constant_id)
                 dtype = value.staging_datatype
                 if dtype == vk.VkDataType.UNSET:
                     dtype = value.datatype
                 arr = np.frombuffer(bytes(data), dtype=_NP_DTYPES[dtype])
                 self.constants[vid] = torch.from_numpy(arr.reshape(value.dims).copy())
-        self.ops = [glue_ops.resolve(call.name) for call in self.graph.chain]
+        extra_ops = extra_ops or {}
+        self.ops = [extra_ops[call.name] if call.name in extra_ops else resolve(call.name)
+                    for call in self.graph.chain]
 
     def _arg(self, vid: int, env: dict):
         value = self.graph.values[vid]
@@ -85,6 +100,9 @@ class ReferenceGraph:
                         else torch.from_numpy(np.array(arr)))
         for call, op in zip(self.graph.chain, self.ops):
             *arg_ids, out_id = call.args
+            if not hasattr(op, "_schema"):  # size arithmetic on SymInts: positional
+                env[out_id] = op(*[self._arg(vid, env) for vid in arg_ids])
+                continue
             schema = op._schema.arguments
             if len(arg_ids) != len(schema):
                 raise VkDelegateError(f"node {call.node_id} ({call.name}) has "
@@ -107,6 +125,27 @@ class ReferenceGraph:
             else:
                 env[out_id] = result
         return [np.asarray(self._arg(i, env)) for i in self.graph.output_ids]
+
+
+def _prepack(x):
+    return x.clone()
+
+
+#: Delegate-internal ET-VK ops with no ATen or glue equivalent: ``prepack`` copies a
+#: constant into its GPU layout, on the CPU a copy.
+_DELEGATE_ONLY = {"et_vk.prepack.default": _prepack}
+
+
+def resolve(name: str):
+    """The CPU callable for an ``OperatorCall`` name: an allowed glue op
+    (``glue_ops.resolve``), a Python operator on SymInts under the builder's bare
+    name (``mul`` for operator.mul), or a delegate-only ET-VK op. Raises
+    VkDelegateError naming the op for anything else."""
+    if name in _DELEGATE_ONLY:
+        return _DELEGATE_ONLY[name]
+    if "." not in name and f"operator.{name}" in glue_ops.BUILTINS:
+        return glue_ops.BUILTINS[f"operator.{name}"]
+    return glue_ops.resolve(name)
 
 
 def load_reference(blob: bytes, named_data: "dict | None" = None) -> ReferenceGraph:
