@@ -113,9 +113,12 @@ RULES = (_spatial_rank, _static_channels, _same_dtype, _groups)
 
 
 # ---- runtime ------------------------------------------------------------------------
-def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool) -> dict:
+def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
+             long_loops: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x, W=w, B=bias)
     d["OC_TILE"] = str(tile)
+    if long_loops:
+        d["LONG_LOOPS"] = "1"
     if packed:
         d["W_PACKED"] = "1"
     if mode == "transposed":
@@ -158,6 +161,18 @@ def pack_weight(weight: np.ndarray, groups: int, transposed: bool, tile: int) ->
     return np.ascontiguousarray(w)
 
 
+def _plain_loop_iterations(pointwise: bool, transposed: bool, icg: int, kernel, stride,
+                           dilation, px: int) -> int:
+    """Worst-case loop iterations per invocation of conv2d.glsl without LONG_LOOPS,
+    counting every loop as if the compiler unrolled none (llvmpipe's budget)."""
+    if pointwise:
+        return icg * (1 + px) + 2 * px
+    taps = kernel[1] * (1 + px)
+    if not transposed:
+        taps += (px - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1  # row segment
+    return icg * kernel[0] * (1 + taps) + px
+
+
 def _build(b, node, clamp_ids=None):
     (x_id, w_id, bias_id, stride_id, pad_id, dil_id, tr_id, opad_id, groups_id,
      out_id) = list(node.args[:9]) + [node.args[-1]]
@@ -192,8 +207,14 @@ def _build(b, node, clamp_ids=None):
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     # The shader's only data-sized loop runs over input channels (4 per iteration in
     # the pointwise form; the tap loops are unrolled): llvmpipe's loop limit.
-    loop_limit.check(b, ic // 4 + 3 if pointwise else icg,
-                     f"{icg} input channels per group")
+    long_loops = _plain_loop_iterations(pointwise, transposed, icg, kernel, stride, dil,
+                                        4 if tile == 4 and not pointwise else 8) \
+        + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    if long_loops:
+        # The LONG_LOOPS form: only the channel loop counts (4 per iteration in the
+        # pointwise form; the tap loops are unrolled).
+        loop_limit.check(b, ic // 4 + 3 if pointwise else icg,
+                         f"{icg} input channels per group")
     lo, hi = -INF, INF
     if clamp_ids is not None:
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
@@ -211,7 +232,7 @@ def _build(b, node, clamp_ids=None):
     geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
                 n)
     b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
-                                clamp=clamp_ids is not None),
+                                clamp=clamp_ids is not None, long_loops=long_loops),
                outputs=[out], inputs=[x, w, bias] + ([x] if pointwise else []),
                params=[out.meta, x.meta, params],
                spec_constants=geometry,
@@ -242,14 +263,16 @@ def _declare_all():
             for clamp in (False, True):
                 # A bias computed at run time keeps the input dtype; else fp32.
                 for bias_dt in {ddt, f32}:
-                    for tile in (1, 4):
-                        for mode in ("direct", "transposed", "pointwise"):
-                            declare(SHADER, _defines(ddt, ddt, f32, bias_dt,
-                                                     tile=tile, packed=True, mode=mode,
-                                                     clamp=clamp))
-                    for mode in ("direct", "transposed"):
-                        declare(SHADER, _defines(ddt, ddt, ddt, bias_dt, tile=1,
-                                                 packed=False, mode=mode, clamp=clamp))
+                    for long_loops in (False, True):
+                        for tile in (1, 4):
+                            for mode in ("direct", "transposed", "pointwise"):
+                                declare(SHADER, _defines(
+                                    ddt, ddt, f32, bias_dt, tile=tile, packed=True,
+                                    mode=mode, clamp=clamp, long_loops=long_loops))
+                        for mode in ("direct", "transposed"):
+                            declare(SHADER, _defines(
+                                ddt, ddt, ddt, bias_dt, tile=1, packed=False, mode=mode,
+                                clamp=clamp, long_loops=long_loops))
 
 
 _declare_all()

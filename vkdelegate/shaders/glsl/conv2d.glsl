@@ -38,6 +38,17 @@ layout(constant_id = 9) const int DH = 1;
 layout(constant_id = 10) const int DW = 1;
 layout(constant_id = 11) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
 
+// LONG_LOOPS, chosen at load when the plain loops could run past llvmpipe's loop
+// budget (LOOP_LIMIT iterations per invocation in all, common.h): every tap loop
+// [[unroll]]ed and 4 pointwise channels per iteration, so only the channel loop
+// counts. Only then: the unrolled form costs 5x5 depthwise convs ~40% and pointwise
+// convs ~25% of their time on llvmpipe.
+#ifdef LONG_LOOPS
+#define TAP_FOR [[unroll]] for
+#else
+#define TAP_FOR for
+#endif
+
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
 #if defined(W_PACKED) && OC_TILE == 4
@@ -120,17 +131,16 @@ void main() {
   const int oc = ocb * OC_TILE;
   const int p0 = tile * PX;
   ACC_VEC acc[PX];
-  [[unroll]] for (int p = 0; p < PX; ++p) {
+  TAP_FOR (int p = 0; p < PX; ++p) {
     acc[p] = ACC_VEC(0);
   }
   // The tail tile re-reads the last valid pixel instead of reading out of bounds.
   int pix[PX];
-  [[unroll]] for (int p = 0; p < PX; ++p) {
+  TAP_FOR (int p = 0; p < PX; ++p) {
     pix[p] = min(p0 + p, P - 1);
   }
   int in_off = n * IC * P;
-  // 4 channels per loop iteration, then the remainder: llvmpipe ends an invocation's
-  // loops after LOOP_LIMIT iterations in all (common.h; checked at load).
+  // LONG_LOOPS: 4 channels per loop iteration, then the remainder (see TAP_FOR).
   const int IC4 = IC & ~3;
   if ((P & 3) == 0) {
     // Aligned planes: two vec4 loads per channel; the second of a tail tile is clamped
@@ -152,28 +162,36 @@ void main() {
       acc[6] += w * hi.z; \
       acc[7] += w * hi.w; \
     }
+#ifdef LONG_LOOPS
     for (int ic0 = 0; ic0 < IC4; ic0 += 4) {
       [[unroll]] for (int u = 0; u < 4; ++u) {
         PW_ALIGNED(ic0 + u)
       }
     }
     for (int ic = IC4; ic < IC; ++ic) {
+#else
+    for (int ic = 0; ic < IC; ++ic) {
+#endif
       PW_ALIGNED(ic)
     }
   } else {
 #define PW_ROWS(ic) { \
       const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
-      [[unroll]] for (int p = 0; p < PX; ++p) { \
+      TAP_FOR (int p = 0; p < PX; ++p) { \
         acc[p] += w * float(in_data[in_off + pix[p]]); \
       } \
       in_off += P; \
     }
+#ifdef LONG_LOOPS
     for (int ic0 = 0; ic0 < IC4; ic0 += 4) {
       [[unroll]] for (int u = 0; u < 4; ++u) {
         PW_ROWS(ic0 + u)
       }
     }
     for (int ic = IC4; ic < IC; ++ic) {
+#else
+    for (int ic = 0; ic < IC; ++ic) {
+#endif
       PW_ROWS(ic)
     }
   }
@@ -193,7 +211,7 @@ void main() {
   const int ow0 = tile * PX;
   const int g = oc / OCg;
   ACC_VEC acc[PX];
-  [[unroll]] for (int p = 0; p < PX; ++p) {
+  TAP_FOR (int p = 0; p < PX; ++p) {
     acc[p] = ACC_VEC(0);
   }
 #ifndef TRANSPOSED
@@ -202,21 +220,20 @@ void main() {
   const int iw0 = ow0 * SW - PW;
   float seg[SEG];
 #endif
-  // The tap loops are [[unroll]]ed (their trip counts are specialization constants):
-  // llvmpipe ends an invocation's loops after LOOP_LIMIT iterations in all (common.h),
-  // so only the ICg loop counts against it (checked at load).
+  // LONG_LOOPS unrolls the tap loops (their trip counts are specialization constants)
+  // so that only the ICg loop counts against llvmpipe's loop budget (see TAP_FOR).
   for (int icg = 0; icg < ICg; ++icg) {
     const int plane = (n * IC + g * ICg + icg) * IH * IW;
-    [[unroll]] for (int kh = 0; kh < KH; ++kh) {
+    TAP_FOR (int kh = 0; kh < KH; ++kh) {
 #ifdef TRANSPOSED
       const int hn = oh + PH - kh * DH;
       if (hn < 0 || hn % SH != 0 || hn / SH >= IH) {
         continue;
       }
       const int row = plane + (hn / SH) * IW;
-      [[unroll]] for (int kw = 0; kw < KW; ++kw) {
+      TAP_FOR (int kw = 0; kw < KW; ++kw) {
         const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg);
-        [[unroll]] for (int p = 0; p < PX; ++p) {
+        TAP_FOR (int p = 0; p < PX; ++p) {
           const int wn = ow0 + p + PW - kw * DW;
           const bool ok = wn >= 0 && wn % SW == 0 && wn / SW < IW;
           const float x = ok ? float(in_data[row + wn / SW]) : 0.0;
@@ -229,13 +246,13 @@ void main() {
         continue;
       }
       const int row = plane + ih * IW;
-      [[unroll]] for (int j = 0; j < SEG; ++j) {
+      TAP_FOR (int j = 0; j < SEG; ++j) {
         const int iw = iw0 + j;
         seg[j] = (iw >= 0 && iw < IW) ? float(in_data[row + iw]) : 0.0;
       }
-      [[unroll]] for (int kw = 0; kw < KW; ++kw) {
+      TAP_FOR (int kw = 0; kw < KW; ++kw) {
         const ACC_VEC w = load_w(oc, icg, kh, kw, ICg, OCg);
-        [[unroll]] for (int p = 0; p < PX; ++p) {
+        TAP_FOR (int p = 0; p < PX; ++p) {
           acc[p] += w * seg[p * SW + kw * DW];
         }
       }
