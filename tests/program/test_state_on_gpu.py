@@ -17,6 +17,8 @@ from vkdelegate import VulkanPartitioner, load, to_backend
 
 from tests.program.conftest import _vulkan_available
 from tests.program.helpers import assert_same
+# Counter returns its state too: the new value is downloaded, never uploaded.
+from tests.program.modules import Counter
 
 
 @pytest.fixture(autouse=True)
@@ -24,18 +26,6 @@ def _needs_vulkan():
     reason = _vulkan_available()
     if reason:
         pytest.skip(reason)
-
-
-class Counter(nn.Module):
-    """Returns its state too: the new value is downloaded, never uploaded."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("count", torch.zeros(3))
-
-    def forward(self, x):
-        self.count.add_(1.0)
-        return x + self.count, self.count
 
 
 class RunningSum(nn.Module):
