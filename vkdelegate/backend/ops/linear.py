@@ -33,7 +33,7 @@ SHADER = "linear"
 DTYPES = frozenset({"float32", "float16"})
 
 
-def _defines(out, a, b, bias, layout: str, m_tile: int) -> dict:
+def _defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False) -> dict:
     """layout: "kn" (b is [..., K, N]), "nk" (a [N, K] weight read in place) or
     "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K])."""
     tensors = dict(OUT=out, A=a, B=b)
@@ -41,6 +41,8 @@ def _defines(out, a, b, bias, layout: str, m_tile: int) -> dict:
         tensors["C"] = bias
     d = storage_defines(**tensors)
     d["M_TILE"] = str(m_tile)
+    if long_k:
+        d["LONG_K"] = "1"
     if bias is not None:
         d["HAS_BIAS"] = "1"
     if layout == "nk":
@@ -70,12 +72,15 @@ def _matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float =
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     shape = (1, 1) + tuple(out.max_shape)
     k = a.max_shape[-1] if a.ndim else 1
-    loop_limit.check(b, loop_limit.unrolled_iterations(k), f"K = {k}")
+    # The plain k loop runs K iterations; past llvmpipe's budget, LONG_K does 16 a time.
+    long_k = k + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    if long_k:
+        loop_limit.check(b, loop_limit.unrolled_iterations(k), f"K = {k}")
     # Rows per invocation: 4 share each b load; a single row (a classifier's batch of
     # one) would waste 3 of them.
     m_tile = 4 if shape[-2] >= 4 else 1
     grid = (-(-shape[-1] // 4), -(-shape[-2] // m_tile), math.prod(shape[:-2]))
-    b.dispatch(SHADER, _defines(out, a, mat, bias, layout, m_tile), outputs=[out],
+    b.dispatch(SHADER, _defines(out, a, mat, bias, layout, m_tile, long_k), outputs=[out],
                inputs=[a, mat] + ([bias] if bias is not None else []), params=params,
                global_size=grid, local_size=workgroup_for(grid))
 
@@ -172,4 +177,6 @@ for _profile in STORAGE_PROFILES:
         for _layout in ("kn", "nk", "packed"):
             for _bias in (None, _ddt):
                 for _m_tile in (1, 4):
-                    declare(SHADER, _defines(_ddt, _ddt, _ddt, _bias, _layout, _m_tile))
+                    for _long in (False, True):
+                        declare(SHADER, _defines(_ddt, _ddt, _ddt, _bias, _layout, _m_tile,
+                                                 _long))

@@ -9,7 +9,8 @@
 // 4 * M_TILE multiply-adds, accumulated in fp32. Tiles at the
 // edges re-read the last row/column instead of reading out of bounds, and store only
 // their valid part.
-// Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS), M_TILE; one layout of b:
+// Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS), M_TILE, LONG_K (K past
+// llvmpipe's loop budget); one layout of b:
 //   B_PACKED: a constant [N, K] weight prepacked at load as fp32 vec4 [ceil(N/4), K]
 //     (the 4 columns of a tile at each k are one load);
 //   B_NK: b is [N, K] (nn.Linear's layout), read in place as its transpose;
@@ -109,8 +110,11 @@ void main() {
 #ifdef B_PACKED
   const int packed_row = (n0 >> 2) * K;
 #endif
+#ifdef LONG_K
   // 16 k per loop iteration, then the remainder: llvmpipe ends an invocation's loops
   // after LOOP_LIMIT iterations in all (common.h), which a K of 65536 would pass.
+  // A variant for such K only: the unrolled form costs short products (bmm with
+  // K = 64) about 40% on llvmpipe.
   const int K16 = K & ~15;
   for (int k0 = 0; k0 < K16; k0 += 16) {
     [[unroll]] for (int kk = 0; kk < 16; ++kk) {
@@ -118,6 +122,9 @@ void main() {
     }
   }
   for (int k = K16; k < K; ++k) {
+#else
+  for (int k = 0; k < K; ++k) {
+#endif
     ACCUMULATE(k);
   }
 #ifdef HAS_BIAS
