@@ -9,6 +9,7 @@ the graph signature once and records that.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -90,7 +91,12 @@ def from_exported_program(ep, preserve=()) -> ProgramGraph:
     for op in preserve:
         table.pop(op, None)
     try:
-        ep = ep.run_decompositions(table)
+        with warnings.catch_warnings():
+            # torch 2.13's own deep copy of the program's TreeSpec trips its own
+            # LeafSpec deprecation warning; nothing a user can act on.
+            warnings.filterwarnings("ignore", category=FutureWarning,
+                                    message=r".*isinstance\(treespec, LeafSpec\)")
+            ep = ep.run_decompositions(table)
     except Exception as exc:
         raise VkDelegateError(f"ATen decomposition of the exported program failed: "
                               f"{type(exc).__name__}: {exc}") from exc
