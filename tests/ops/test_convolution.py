@@ -4,9 +4,6 @@ Covers every shader path (pointwise, direct with 4 or 1 output channels per
 invocation, depthwise, transposed, weights computed at run time), 1-D and 2-D, prime
 sizes, batch 1..3, fp16, the fused clamp, resizes and the partition-time rejections.
 """
-import importlib.util
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +14,7 @@ import vkdelegate.backend.et_vk_ops  # noqa: F401  (defines torch.ops.et_vk.*)
 from tests.ops.harness import check_op
 from tests.runtime.graphs import GraphMaker, rand
 from vkdelegate import VulkanPartitioner, to_backend
-from vkdelegate.runtime import DelegateGraph, Device
-from vkdelegate.serialization.blob import read_blob
+from vkdelegate.runtime import Device
 
 CONV = "aten.convolution.default"
 CLAMP = "et_vk.conv_with_clamp.default"
@@ -227,25 +223,6 @@ def test_conv_with_clamp_keeps_nan_and_inf():
         return torch.ops.et_vk.conv_with_clamp(x, w, None, [1, 1], [0, 0], [1, 1], False,
                                                [0, 0], 1, 0.0, None)
     check_op(fn, (x,), ops=[CLAMP])
-
-
-def test_executorch_conv_blob_runs_on_vulkan(vk_device):
-    # A blob written by ExecuTorch 1.5.1's VulkanPartitioner (tests/data/et_vk): its
-    # convolution (named constants, ET's value layout) runs here and matches eager.
-    data = Path(__file__).resolve().parents[1] / "data" / "et_vk"
-    spec = importlib.util.spec_from_file_location("et_vk_generate", data / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    blob = read_blob((data / "conv_split_cat.bin").read_bytes())
-    named = {k: bytes.fromhex(v) for k, v in
-             json.loads((data / "conv_split_cat.named.json").read_text()).items()}
-    assert blob.graph.chain[0].name == CONV
-    inputs = list(gen.MODELS["conv_split_cat"][1])
-    with DelegateGraph(blob.graph, lambda i: blob.constant_bytes(i, named),
-                       device=vk_device) as graph:
-        got = graph.execute([t.numpy() for t in inputs])
-    expected = gen.build_model("conv_split_cat")(*inputs)
-    np.testing.assert_allclose(got[0], expected.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_fp16_on_a_device_without_16bit_storage(vk_device):

@@ -12,6 +12,7 @@ from torch.export import Dim
 
 from tests.ops.harness import check_op
 from tests.ops.movement_data import TORCH_DTYPES, rand
+from vkdelegate.backend.ops.copy import MOVE_DTYPES
 
 CONVERT_DTYPES = ["float32", "float16", "float64", "int32", "int64", "int8", "uint8",
                   "bool"]
@@ -90,6 +91,14 @@ def test_executorch_to_dim_order_copy(vk_device, source):
                     [x, None, None, None, None, False, dim_order],
                     x.to(TORCH_DTYPES[target]),
                     rtol=1e-3 if "float16" in (source, target) else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", sorted(MOVE_DTYPES))
+def test_executorch_prepack(vk_device, dtype):
+    """ET-VK's et_vk.prepack copies a constant into the tensor its consumer reads."""
+    from tests.ops.et_graphs import run_et_node
+    x = _source(dtype, dtype)
+    run_et_node(vk_device, "et_vk.prepack.default", [x], x.clone())
 
 
 @pytest.fixture(scope="module")

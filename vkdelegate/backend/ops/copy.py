@@ -232,5 +232,10 @@ register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=flat_i
 register(OpSpec(name="dim_order_ops._to_dim_order_copy.default", dtypes=CONVERT_DTYPES,
                 impl=flat_impl, shape_fn=same_shape,
                 notes="ExecuTorch name of _to_copy (dim_order: values unchanged)"))
+# ET-VK copies each constant into the tensor its consumer reads with et_vk.prepack
+# (args: constant, out); on our buffers that is a plain copy.
+register(OpSpec(name="et_vk.prepack.default", dtypes=MOVE_DTYPES, impl=flat_impl,
+                shape_fn=same_shape, rules=(same_dtype,),
+                notes="ExecuTorch's constant prepacking (a copy here)"))
 declare_copy([(dt, dt) for dt in MOVE_DTYPES])
 declare_copy([(o, i) for o in CONVERT_DTYPES for i in CONVERT_DTYPES])
