@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vkdelegate.backend.ops.broadcast_plan import plan_dispatch
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
@@ -239,10 +240,8 @@ def _make_impl(op: Binary):
         if acc_type(compute) == "int" and alpha != int(alpha):
             raise bld.error(f"alpha {alpha} is not an integer for dtype {compute}")
         params = bld.params(record(vec4(alpha), ivec4(int(alpha))))
-        bld.dispatch(SHADER, _defines(expr, out, a, b, compute),
-                     outputs=[out], inputs=[a, b],
-                     params=[out.meta, a.meta, b.meta, params],
-                     global_size=(out.max_numel,), local_size=(64, 1, 1))
+        plan_dispatch(bld, SHADER, _defines(expr, out, a, b, compute), out, [a, b],
+                      extra_params=(params,))
     return impl
 
 

@@ -14,6 +14,7 @@ import itertools
 import numpy as np
 
 from vkdelegate.backend.ops.binary import broadcast_shape, load_define, promote
+from vkdelegate.backend.ops.broadcast_plan import plan_dispatch
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
@@ -58,10 +59,8 @@ def _defines(expr: str, out, c, a, b, compute: str, c_type: str) -> dict:
 
 
 def _dispatch(b, expr, out, c, x, y, c_type):
-    b.dispatch(SHADER, _defines(expr, out, c, x, y, out.dtype, c_type),
-               outputs=[out], inputs=[c, x, y],
-               params=[out.meta, c.meta, x.meta, y.meta],
-               global_size=(out.max_numel,), local_size=(64, 1, 1))
+    plan_dispatch(b, SHADER, _defines(expr, out, c, x, y, out.dtype, c_type), out,
+                  [c, x, y])
 
 
 def _where_impl(b, node):

@@ -2,6 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
 #include "elementwise_math.h"
+#define PLAN_BINDING 3
+#include "broadcast_plan.h"
 
 // Elementwise binary op with full broadcasting: out = OP_EXPR(a, b).
 // Defines: OUT_T, A_T, B_T (storage types), OUT_STORE(v) (store conversion), ACC_T
@@ -9,17 +11,15 @@
 // B_LOAD(v) (storage value -> ACC_T; integer storage reaches float math through int,
 // as 8-bit storage only converts to 32-bit ints), OP_EXPR (expression in a, b and
 // ALPHA, e.g. "a + ALPHA * b"; one entry per op in vkdelegate/backend/ops/binary.py).
-// Inputs broadcast on any axis: a dim of size 1 (or missing, the metadata pads with 1)
-// repeats. One invocation per output element; the grid is sized for the upper bound,
-// the current numel comes from out_meta.
+// Inputs broadcast on any axis: a dim of size 1 (or missing) repeats; the host's
+// broadcast plan (broadcast_plan.h) maps the output index to input offsets. One
+// invocation per output element; the grid is sized for the upper bound, the current
+// numel comes from the plan.
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, a_data, A_T)
 TENSOR_IN(2, b_data, B_T)
-TENSOR_META(3, out_meta)
-TENSOR_META(4, a_meta)
-TENSOR_META(5, b_meta)
-layout(set = 0, binding = 6) uniform scalars_block { vec4 fscalars; ivec4 iscalars; };
+layout(set = 0, binding = 4) uniform scalars_block { vec4 fscalars; ivec4 iscalars; };
 
 #ifdef ACC_FLOAT
 #define ALPHA fscalars.x
@@ -29,20 +29,11 @@ layout(set = 0, binding = 6) uniform scalars_block { vec4 fscalars; ivec4 iscala
 
 void main() {
   const uint i = linear_id();
-  if (i >= uint(numel_of(out_meta))) {
+  if (i >= uint(plan_numel())) {
     return;
   }
-  uint rem = i;
-  int ia = 0;
-  int ib = 0;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    const int size = size_at(out_meta, d);
-    const int c = int(rem % uint(size));
-    rem /= uint(size);
-    ia += (size_at(a_meta, d) == 1 ? 0 : c) * stride_at(a_meta, d);
-    ib += (size_at(b_meta, d) == 1 ? 0 : c) * stride_at(b_meta, d);
-  }
-  const ACC_T a = A_LOAD(a_data[ia]);
-  const ACC_T b = B_LOAD(b_data[ib]);
+  const ivec3 o = plan_offsets(i);
+  const ACC_T a = A_LOAD(a_data[o.x]);
+  const ACC_T b = B_LOAD(b_data[o.y]);
   out_data[i] = OUT_STORE(OP_EXPR);
 }

@@ -1,0 +1,140 @@
+"""Index plans for elementwise ops whose operands broadcast (binary_op, ternary_op).
+
+An output element's flat index ``i`` maps to one offset per operand. Instead of
+walking all 8 metadata dims with a ``%`` and a ``/`` each (llvmpipe scalarizes integer
+division, so that cost a broadcasting add 5x a unary op's time), the host folds the
+shapes into a *plan*: output dims of size 1 are dropped, and neighbouring dims that no
+operand treats differently (each operand either follows both, contiguously, or
+broadcasts both) merge into one. Each operand gets a stride per plan dim, 0 where it
+broadcasts. Same-shape operands give a rank-1 plan (no division at all); a per-channel
+bias on NCHW gives rank 2 or 3.
+
+The plan's rank is a specialization constant (``NDIM``, id 3, see broadcast_plan.h),
+fixed when the node is built from the upper-bound sizes; the sizes and strides live in
+an op-owned uniform buffer rewritten after every resize. A resize only shrinks sizes,
+which never adds plan dims for programs torch.export produces (an operand dim either
+equals the output's or is the static size 1); a resize that would need more dims than
+the node was built for raises VkDelegateError rather than computing wrong offsets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.params import ivec4, record
+
+MAX_PLAN_DIMS = 8
+MAX_OPERANDS = 3
+
+
+@dataclass(frozen=True)
+class BroadcastPlan:
+    """sizes: plan dim sizes, innermost first (at least one dim).
+    strides: per operand, its element stride per plan dim (0: broadcast).
+    numel: output elements."""
+
+    sizes: tuple
+    strides: tuple
+    numel: int
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+
+def _contiguous_strides(shape) -> list:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def broadcast_plan(out_shape, operand_shapes) -> BroadcastPlan:
+    """The plan mapping an output of ``out_shape`` to contiguous operands of
+    ``operand_shapes`` (each broadcasts to out_shape: right-aligned, every dim equal to
+    the output's or 1). Raises VkDelegateError if an operand does not broadcast."""
+    out_shape = tuple(int(s) for s in out_shape)
+    n = len(out_shape)
+    per_operand = []
+    for shape in operand_shapes:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) > n:
+            raise VkDelegateError(f"operand sizes {list(shape)} have more dims than the "
+                                  f"output {list(out_shape)}")
+        padded = (1,) * (n - len(shape)) + shape
+        strides = [0] * (n - len(shape)) + _contiguous_strides(shape)
+        row = []
+        for size, out_size, stride in zip(padded, out_shape, strides):
+            if size == out_size:
+                row.append(stride)
+            elif size == 1:
+                row.append(0)
+            else:
+                raise VkDelegateError(f"operand sizes {list(shape)} do not broadcast to "
+                                      f"the output sizes {list(out_shape)}")
+        per_operand.append(row)
+    # Walk from the innermost dim outwards, merging a dim into the current plan dim
+    # when every operand's stride continues it (outer stride = inner stride x size).
+    sizes: list = []
+    strides: list = [[] for _ in per_operand]
+    for d in reversed(range(n)):
+        if out_shape[d] == 1:
+            continue
+        if sizes and all(row[d] == s[-1] * sizes[-1] for row, s in zip(per_operand, strides)):
+            sizes[-1] *= out_shape[d]
+            continue
+        sizes.append(out_shape[d])
+        for row, s in zip(per_operand, strides):
+            s.append(row[d])
+    if not sizes:  # every dim has size 1 (or the output is 0-d): one element
+        sizes = [1]
+        strides = [[0] for _ in per_operand]
+    numel = 1
+    for s in out_shape:
+        numel *= s
+    return BroadcastPlan(tuple(sizes), tuple(tuple(s) for s in strides), numel)
+
+
+def plan_record(plan: BroadcastPlan, ndim: int) -> bytes:
+    """The std140 bytes of ``broadcast_plan_block`` (broadcast_plan.h) for a shader
+    specialized to ``ndim`` plan dims: ``plan`` padded with outer dims of size 1.
+    Raises VkDelegateError if the plan needs more than ``ndim`` dims."""
+    if plan.ndim > ndim:
+        raise VkDelegateError(f"the operand sizes need a {plan.ndim}-dim broadcast plan; "
+                              f"the node was built for {ndim} (an operand shrank where "
+                              f"the output did not)")
+    if ndim > MAX_PLAN_DIMS or len(plan.strides) > MAX_OPERANDS:
+        raise VkDelegateError(f"broadcast plan of {ndim} dims and {len(plan.strides)} "
+                              f"operands exceeds {MAX_PLAN_DIMS} dims / {MAX_OPERANDS}")
+    pad = MAX_PLAN_DIMS - plan.ndim
+
+    def rows(values, fill):
+        values = list(values) + [fill] * pad
+        return [ivec4(*values[:4]), ivec4(*values[4:])]
+
+    out = rows(plan.sizes, 1)
+    strides = list(plan.strides) + [()] * (MAX_OPERANDS - len(plan.strides))
+    for s in strides:
+        out += rows(s, 0) if s else rows([], 0)
+    out.append(ivec4(plan.numel))
+    return record(*out)
+
+
+def plan_dispatch(b, shader: str, defines: dict, out, operands: list,
+                  extra_params: tuple = ()) -> None:
+    """Record an elementwise dispatch of ``shader`` over ``out`` reading ``operands``
+    (Tensors, bindings after the output), then the plan uniform, then
+    ``extra_params`` (ParamBuffers). The plan's rank at the upper-bound sizes becomes
+    the specialization constant NDIM; the plan is rewritten after every resize."""
+    def current() -> BroadcastPlan:
+        return broadcast_plan(out.shape, [t.shape for t in operands])
+
+    ndim = max(1, broadcast_plan(out.max_shape, [t.max_shape for t in operands]).ndim)
+    if ndim > MAX_PLAN_DIMS:
+        raise b.error(f"broadcast over {ndim} unmergeable dims (at most {MAX_PLAN_DIMS})")
+    params = b.params(plan_record(current(), ndim))
+    b.on_resize(lambda: params.write(plan_record(current(), ndim)))
+    b.dispatch(shader, defines, outputs=[out], inputs=list(operands),
+               params=[params, *extra_params], global_size=(out.max_numel,),
+               local_size=b.local_size_1d(out.max_numel), spec_constants=(ndim,))
