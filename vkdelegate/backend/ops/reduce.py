@@ -11,12 +11,20 @@ at the staging boundary) and the first index of the extreme value or of the firs
 NaN; amax/amin propagate NaN; var divides by max(0, N - correction) like ATen (NaN or
 inf when that is 0). Reducing an empty dim with max/min/argmax/argmin raises in ATen:
 such nodes stay on the CPU.
+
+Both shaders have two forms (``cooperative`` picks): one invocation per output, or one
+workgroup of WG_REDUCE invocations per output with a tree in shared memory (GPUs from
+a few hundred elements per output; on llvmpipe only past THREAD_MAX, since its
+barriers are dear and its loop budget, ``loop_limit``, caps what one invocation can
+walk). Both load 16 elements per loop iteration; a reduction longer than even the
+cooperative form can walk on llvmpipe raises VkDelegateError at load.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
@@ -67,16 +75,11 @@ def _defines(out, x, dtype: str) -> dict:
     return d
 
 
-#: llvmpipe ends a shader invocation's loops after LOOP_LIMIT iterations in all
-#: (common.h LOOP_LIMIT: one counter per invocation, which every loop's every
-#: iteration decrements, sequential and nested loops alike).
-LOOP_LIMIT = 65535
-#: Iterations of the short loops besides the long passes: sum's remainder (<= 15),
-#: up to three shared-memory trees of log2(WG_REDUCE) steps, one partial block per pass.
-LOOP_SLACK = 48
-#: Longest pass (elements per output times passes over them) each form can do on
-#: llvmpipe; both forms load 16 elements per loop iteration.
-THREAD_MAX = (LOOP_LIMIT - LOOP_SLACK) * 16
+#: Longest pass (elements per output times passes over them) each form can walk on
+#: llvmpipe, within its loop budget (loop_limit.py: every loop of an invocation counts,
+#: and SLACK covers sum's remainder, the trees and each pass's partial block); both
+#: forms load UNROLL (16) elements per loop iteration.
+THREAD_MAX = (loop_limit.LOOP_LIMIT - loop_limit.SLACK) * loop_limit.UNROLL
 COOPERATIVE_MAX = THREAD_MAX * WG_REDUCE
 
 
@@ -104,7 +107,7 @@ def _impl(b, node):
     params = [out.meta, x.meta, b.params(record(ivec4(mask)))]
     defines = _defines(out, x, out.dtype)
     reduced = math.prod(x.max_shape[d] for d in dims)
-    if reduced > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+    if reduced > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
         raise b.error(f"a sum of {reduced} elements per output exceeds llvmpipe's shader "
                       f"loop limit ({COOPERATIVE_MAX})")
     if cooperative(b.device.info, reduced):
@@ -242,7 +245,7 @@ def dispatch_generic(b, kind: str, out, x, reduced: int, params) -> None:
     longer than its shader loop limit allows even in the cooperative form."""
     defines = _generic_defines(kind, out, x, x.dtype)
     passes = 2 if kind == "var" else 1  # var: the mean, then the squared deviations
-    if reduced * passes > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+    if reduced * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
         raise b.error(f"{kind} of {reduced} elements per output exceeds llvmpipe's "
                       f"shader loop limit ({COOPERATIVE_MAX // passes})")
     if cooperative(b.device.info, reduced * passes):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.ops.reduce import COOPERATIVE_MAX, WG_REDUCE, cooperative
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
@@ -60,7 +61,7 @@ def _make_impl(log: bool):
         params = [out.meta, x.meta, b.params(record(ivec4(meta_dim)))]
         defines = _defines(out, x, log)
         # Three passes over a row (max, sum, write) count against llvmpipe's limit.
-        if 3 * n > COOPERATIVE_MAX and b.device.info.name.startswith("llvmpipe"):
+        if 3 * n > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
             raise b.error(f"softmax over {n} elements exceeds llvmpipe's shader loop "
                           f"limit ({COOPERATIVE_MAX // 3})")
         if cooperative(b.device.info, 3 * n):
