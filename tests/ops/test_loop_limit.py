@@ -264,3 +264,23 @@ def test_cooperative_form_resize(force_cooperative):
              dynamic_shapes=({1: n},),
              resize_inputs=[(torch.randn(3, 1),), (torch.randn(3, 77),)],
              rtol=1e-4, atol=1e-6)
+
+
+def test_loop_limit_check_unit():
+    # loop_limit.check raises through the builder's error only on llvmpipe and only
+    # past LOOP_LIMIT - SLACK iterations.
+    from types import SimpleNamespace
+
+    from vkdelegate.backend.ops import loop_limit
+    from vkdelegate.errors import VkDelegateError
+
+    def builder(name):
+        return SimpleNamespace(device=SimpleNamespace(info=SimpleNamespace(name=name)),
+                               error=lambda msg: VkDelegateError(f"node 7: {msg}"))
+
+    budget = loop_limit.LOOP_LIMIT - loop_limit.SLACK
+    loop_limit.check(builder("llvmpipe (LLVM 15)"), budget, "K = 1")
+    with pytest.raises(VkDelegateError, match=r"node 7: K = 9 needs about 65488 "):
+        loop_limit.check(builder("llvmpipe (LLVM 15)"), budget + 1, "K = 9")
+    loop_limit.check(builder("NVIDIA H200"), 10 * budget, "K = 9")
+    assert loop_limit.unrolled_iterations(70001) == 70001 // 16 + 15
