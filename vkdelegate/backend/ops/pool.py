@@ -16,10 +16,8 @@ int32 on the device). Resizable in every dim.
 """
 from __future__ import annotations
 
-import math
-
 from vkdelegate.backend.ops import loop_limit
-from vkdelegate.backend.ops.convolution import workgroup_for
+from vkdelegate.backend.ops.plane_grid import plane_grid
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record
@@ -111,17 +109,6 @@ def _output_size_rule(node: NodeSpec):
 
 
 # ---- runtime ------------------------------------------------------------------------
-def _grid(b, out) -> tuple[tuple, tuple, bool]:
-    """(grid, workgroup, plane loop) for the output at its upper-bound sizes: grid
-    (columns, rows, planes), its z capped at the device's workgroup-count limit, in
-    which case the shader's PLANE_LOOP variant strides over the planes."""
-    *planes, h, w = out.max_shape
-    grid = (w, h, math.prod(planes))
-    local = workgroup_for(grid)
-    limit = b.device.info.max_workgroup_count[2] * local[2]
-    return (w, h, min(grid[2], limit)), local, grid[2] > limit
-
-
 def _defines(out, x, kind: str, plane_loop: bool = False,
              long_window: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x)
@@ -146,7 +133,7 @@ def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
     params = b.params(record(ivec4(k[0], k[1], s[0], s[1]), ivec4(p[0], p[1], d[0], d[1]),
                              ivec4(int(bool(count_include_pad)), divisor or 0)))
     outputs = [out] + ([idx] if idx is not None else [])
-    grid, local, plane_loop = _grid(b, out)
+    grid, local, plane_loop = plane_grid(b, out)
     # Loop iterations per output (pool2d.glsl): rows x columns for a plain window,
     # rows x (columns / 16 + up to 15 + 2) for the LONG_WINDOW form, which only windows
     # beyond the plain form's budget use (it costs small windows 3x on llvmpipe).

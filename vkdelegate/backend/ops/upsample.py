@@ -15,9 +15,7 @@ Resizable: output sizes follow the input when they come from scale factors.
 """
 from __future__ import annotations
 
-import math
-
-from vkdelegate.backend.ops.convolution import workgroup_for
+from vkdelegate.backend.ops.plane_grid import plane_grid
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record, vec4
@@ -72,17 +70,6 @@ def _make_rule(size_pos: int, scale_pos: int, is_vec: bool):
     return rule
 
 
-def _grid(b, out) -> tuple[tuple, tuple, bool]:
-    """(grid, workgroup, plane loop) for the output at its upper-bound sizes: grid
-    (columns, rows, planes), its z capped at the device's workgroup-count limit, in
-    which case the shader's PLANE_LOOP variant strides over the planes."""
-    *planes, h, w = out.max_shape
-    grid = (w, h, math.prod(planes))
-    local = workgroup_for(grid)
-    limit = b.device.info.max_workgroup_count[2] * local[2]
-    return (w, h, min(grid[2], limit)), local, grid[2] > limit
-
-
 def _defines(out, x, mode: str, plane_loop: bool = False) -> dict:
     d = storage_defines(OUT=out, IN=x)
     if plane_loop:
@@ -105,7 +92,7 @@ def _make_impl(mode: str, size_pos: int, align_pos, scale_pos: int, is_vec: bool
         inv = [1.0 / float(s) if s and s > 0 else 0.0 for s in scales]
         align = bool(args[align_pos]) if align_pos is not None else False
         params = b.params(record(vec4(*inv), ivec4(int(align))))
-        grid, local, plane_loop = _grid(b, out)
+        grid, local, plane_loop = plane_grid(b, out)
         b.dispatch(SHADER, _defines(out, x, mode, plane_loop), outputs=[out], inputs=[x],
                    params=[out.meta, x.meta, params], global_size=grid, local_size=local)
     return impl

@@ -10,7 +10,7 @@
 //   AVG_POOL: mean with padding, ceil_mode, count_include_pad, divisor_override;
 // ADAPTIVE: windows [floor(o * I / O), ceil((o + 1) * I / O)) instead of kernel/stride;
 // LONG_WINDOW: 16 window columns per loop iteration (windows of many elements);
-// PLANE_LOOP: see main().
+// PLANE_LOOP: see plane_grid.h.
 // Sizes come from the metadata, so resized inputs need no rebuild.
 
 TENSOR_OUT(0, out_data, OUT_T)
@@ -30,8 +30,8 @@ layout(set = 0, binding = IN_BINDING + 3) uniform pool_block {
   ivec4 avg;            // count_include_pad, divisor_override (0: none)
 } pool;
 
-// One output element; sizes passed in so that they are read once per invocation.
-void pool_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
+// One output element (plane_grid.h calls it).
+void output_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
   const int i = (plane * OH + oh) * OW + ow;
   const int in_base = plane * IH * IW;
 #ifdef ADAPTIVE
@@ -115,29 +115,4 @@ void pool_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
 #endif
 }
 
-void main() {
-  // Grid: (output column, output row, plane): no integer division per element.
-  const int OW = size_at(out_meta, 0), OH = size_at(out_meta, 1);
-  const int IW = size_at(in_meta, 0), IH = size_at(in_meta, 1);
-  const int ow = int(gl_GlobalInvocationID.x);
-  const int oh = int(gl_GlobalInvocationID.y);
-  if (ow >= OW || oh >= OH) {
-    return;
-  }
-  // (N,) C: the metadata pads missing dims with size 1.
-  const int planes = size_at(out_meta, 2) * size_at(out_meta, 3);
-#ifdef PLANE_LOOP
-  // The grid's z was capped at the device's workgroup-count limit (N x C beyond it):
-  // each invocation strides over the planes. A separate variant: the loop costs
-  // llvmpipe about 10% in the common case.
-  const int step = int(gl_NumWorkGroups.z * gl_WorkGroupSize.z);
-  for (int plane = int(gl_GlobalInvocationID.z); plane < planes; plane += step) {
-    pool_at(ow, oh, plane, OW, OH, IW, IH);
-  }
-#else
-  const int plane = int(gl_GlobalInvocationID.z);
-  if (plane < planes) {
-    pool_at(ow, oh, plane, OW, OH, IW, IH);
-  }
-#endif
-}
+#include "plane_grid.h"

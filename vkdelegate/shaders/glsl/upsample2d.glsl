@@ -6,7 +6,8 @@
 // output element per invocation, with ATen's index arithmetic in fp32
 // (aten/src/ATen/native/UpSample.h): ``precise`` keeps the compiler from fusing the
 // multiply-adds, so source indices round exactly as on the CPU.
-// Defines: OUT_T, OUT_STORE(v), IN_T; NEAREST (legacy "nearest") or BILINEAR.
+// Defines: OUT_T, OUT_STORE(v), IN_T; NEAREST (legacy "nearest") or BILINEAR;
+// PLANE_LOOP: see plane_grid.h.
 // Sizes come from the metadata; a scale factor given at export (> 0) replaces
 // input/output as ATen's compute_scales_value does.
 
@@ -59,8 +60,8 @@ void linear_idx(int o, int in_size, int out_size, float inv_scale, out int i0, o
 }
 #endif
 
-// One output element; sizes passed in so that they are read once per invocation.
-void upsample_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
+// One output element (plane_grid.h calls it).
+void output_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
   const int i = (plane * OH + oh) * OW + ow;
   const int base = plane * IH * IW;
 #ifdef NEAREST
@@ -80,29 +81,4 @@ void upsample_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
 #endif
 }
 
-void main() {
-  // Grid: (output column, output row, plane): no integer division per element.
-  const int OW = size_at(out_meta, 0), OH = size_at(out_meta, 1);
-  const int IW = size_at(in_meta, 0), IH = size_at(in_meta, 1);
-  const int ow = int(gl_GlobalInvocationID.x);
-  const int oh = int(gl_GlobalInvocationID.y);
-  if (ow >= OW || oh >= OH) {
-    return;
-  }
-  // (N,) C: the metadata pads missing dims with size 1.
-  const int planes = size_at(out_meta, 2) * size_at(out_meta, 3);
-#ifdef PLANE_LOOP
-  // The grid's z was capped at the device's workgroup-count limit (N x C beyond it):
-  // each invocation strides over the planes. A separate variant: the loop costs
-  // llvmpipe about 10% in the common case.
-  const int step = int(gl_NumWorkGroups.z * gl_WorkGroupSize.z);
-  for (int plane = int(gl_GlobalInvocationID.z); plane < planes; plane += step) {
-    upsample_at(ow, oh, plane, OW, OH, IW, IH);
-  }
-#else
-  const int plane = int(gl_GlobalInvocationID.z);
-  if (plane < planes) {
-    upsample_at(ow, oh, plane, OW, OH, IW, IH);
-  }
-#endif
-}
+#include "plane_grid.h"
