@@ -7,10 +7,8 @@
 // (sum keeps its own shader, reduce_sum.glsl), accumulating in ACC_T (fp32 for fp16).
 // Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T (ACC_FLOAT for float), REDUCE_KIND (one of
 // the KIND_* below); WG_REDUCE=<n> for the cooperative form. The reduced dims are a
-// bitmask in `mask.x`, bit d for metadata dim d (innermost first); `fparams.x` is
-// var's correction. The output is contiguous over the kept dims in their order,
-// keepdim or not, so the output index maps to the kept-dim coordinates of the input
-// directly. Sizes come from in_meta (resizable).
+// bitmask in `mask.x` (index arithmetic: reduced_dims.h); `fparams.x` is var's
+// correction. Sizes come from in_meta (resizable).
 // Two forms, as in reduce_sum.glsl:
 // - default: one invocation per output walks its reduced elements;
 // - WG_REDUCE=n: one workgroup of n invocations (a power of two, the local size) per
@@ -37,36 +35,7 @@ TENSOR_META(2, out_meta)
 TENSOR_META(3, in_meta)
 layout(set = 0, binding = 4) uniform reduce_block { ivec4 mask; vec4 fparams; };
 
-// Offset of the r-th reduced element (row-major over the reduced dims) from `base`.
-int reduced_offset(int base, uint r) {
-  int offset = base;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    if ((mask.x & (1 << d)) != 0) {
-      const int size = size_at(in_meta, d);
-      offset += int(r % uint(size)) * stride_at(in_meta, d);
-      r /= uint(size);
-    }
-  }
-  return offset;
-}
-
-// Offset in the input of output element o's first reduced element, and how many
-// elements it reduces.
-int kept_base(uint o, out uint count) {
-  uint rem = o;
-  int base = 0;
-  count = 1u;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    const int size = size_at(in_meta, d);
-    if ((mask.x & (1 << d)) != 0) {
-      count *= uint(size);
-    } else {
-      base += int(rem % uint(size)) * stride_at(in_meta, d);
-      rem /= uint(size);
-    }
-  }
-  return base;
-}
+#include "reduced_dims.h"
 
 #ifdef ACC_FLOAT
 #define LOWEST (-INF_F)

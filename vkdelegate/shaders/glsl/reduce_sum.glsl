@@ -4,10 +4,8 @@
 
 // Sum over any set of dims, accumulating in ACC_T (fp32 for fp16 data).
 // Defines: OUT_T, IN_T, OUT_STORE(v), ACC_T; WG_REDUCE=<n> for the cooperative form.
-// The reduced dims are a bitmask in `mask.x`, bit d for metadata dim d (innermost
-// first). The output is contiguous over the kept dims in their order, whether keepdim
-// is set or not, so the output index maps to kept-dim coordinates of the input
-// directly. Sizes come from in_meta, so a resize needs no change here.
+// The reduced dims are a bitmask in `mask.x` (index arithmetic: reduced_dims.h).
+// Sizes come from in_meta, so a resize needs no change here.
 // Two forms:
 // - default: one invocation per output walks its reduced elements (many outputs,
 //   short reductions);
@@ -22,36 +20,7 @@ TENSOR_META(2, out_meta)
 TENSOR_META(3, in_meta)
 layout(set = 0, binding = 4) uniform reduce_block { ivec4 mask; };
 
-// Offset in the input of output element o's first reduced element, and how many
-// elements it reduces.
-int kept_base(uint o, out uint count) {
-  uint rem = o;
-  int base = 0;
-  count = 1u;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    const int size = size_at(in_meta, d);
-    if ((mask.x & (1 << d)) != 0) {
-      count *= uint(size);
-    } else {
-      base += int(rem % uint(size)) * stride_at(in_meta, d);
-      rem /= uint(size);
-    }
-  }
-  return base;
-}
-
-// Offset of the r-th reduced element (row-major over the reduced dims) from base.
-int reduced_offset(int base, uint r) {
-  int offset = base;
-  [[unroll]] for (int d = 0; d < 8; ++d) {
-    if ((mask.x & (1 << d)) != 0) {
-      const int size = size_at(in_meta, d);
-      offset += int(r % uint(size)) * stride_at(in_meta, d);
-      r /= uint(size);
-    }
-  }
-  return offset;
-}
+#include "reduced_dims.h"
 
 #ifdef WG_REDUCE
 shared ACC_T partial[WG_REDUCE];
