@@ -204,10 +204,10 @@ def test_global_average_pool_of_a_large_plane():
 @pytest.fixture
 def force_cooperative(monkeypatch):
     # lavapipe keeps one invocation per output up to reduce.THREAD_MAX: force the
-    # cooperative (one workgroup per output) form, the GPU path and the long one.
-    from vkdelegate.backend.ops import reduce, softmax
+    # cooperative (one workgroup per output) form, the GPU path and the long one
+    # (sum, reduce.glsl and softmax all choose it in reduce.dispatch_rows).
+    from vkdelegate.backend.ops import reduce
     monkeypatch.setattr(reduce, "cooperative", lambda info, reduced: True)
-    monkeypatch.setattr(softmax, "cooperative", lambda info, reduced: True)
 
 
 def test_cooperative_form_semantics(force_cooperative):

@@ -95,6 +95,27 @@ def cooperative(info, reduced: int) -> bool:
     return info.type != "cpu" and reduced >= 4 * WG_REDUCE
 
 
+def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: int,
+                  passes: int, what: str, local_size=(64, 1, 1)) -> None:
+    """One dispatch of a shader with both forms (reduce_sum.glsl, reduce.glsl,
+    softmax.glsl): ``rows`` outputs (upper bound) of ``n`` elements each, walked
+    ``passes`` times; the cooperative form (``cooperative``) is one workgroup of
+    WG_REDUCE per row, the other one invocation per row in workgroups of
+    ``local_size``. Raises VkDelegateError (b.error) on llvmpipe when even the
+    cooperative form would pass its shader loop limit; the message starts with
+    ``what`` (e.g. "a sum of 7 elements per output")."""
+    if n * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
+        raise b.error(f"{what} exceeds llvmpipe's shader loop limit "
+                      f"({COOPERATIVE_MAX // passes})")
+    if cooperative(b.device.info, n * passes):
+        b.dispatch(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
+                   inputs=[x], params=params, global_size=(rows * WG_REDUCE,),
+                   local_size=(WG_REDUCE, 1, 1))
+        return
+    b.dispatch(shader, defines, outputs=[out], inputs=[x], params=params,
+               global_size=(rows,), local_size=local_size)
+
+
 def _impl(b, node):
     x_id, dim_id, keepdim_id, _dtype_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
@@ -107,16 +128,9 @@ def _impl(b, node):
     params = [out.meta, x.meta, b.params(record(ivec4(mask)))]
     defines = _defines(out, x, out.dtype)
     reduced = math.prod(x.max_shape[d] for d in dims)
-    if reduced > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
-        raise b.error(f"a sum of {reduced} elements per output exceeds llvmpipe's shader "
-                      f"loop limit ({COOPERATIVE_MAX})")
-    if cooperative(b.device.info, reduced):
-        b.dispatch(SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
-                   inputs=[x], params=params, global_size=(out.max_numel * WG_REDUCE,),
-                   local_size=(WG_REDUCE, 1, 1))
-        return
-    b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=params,
-               global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel))
+    dispatch_rows(b, SHADER, defines, out, x, params, out.max_numel, reduced, 1,
+                  f"a sum of {reduced} elements per output",
+                  local_size=b.local_size_1d(out.max_numel))
 
 
 register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn=_shape,
@@ -245,17 +259,8 @@ def dispatch_generic(b, kind: str, out, x, reduced: int, params) -> None:
     longer than its shader loop limit allows even in the cooperative form."""
     defines = _generic_defines(kind, out, x, x.dtype)
     passes = 2 if kind == "var" else 1  # var: the mean, then the squared deviations
-    if reduced * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
-        raise b.error(f"{kind} of {reduced} elements per output exceeds llvmpipe's "
-                      f"shader loop limit ({COOPERATIVE_MAX // passes})")
-    if cooperative(b.device.info, reduced * passes):
-        b.dispatch(GENERIC_SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)),
-                   outputs=[out], inputs=[x], params=params,
-                   global_size=(out.max_numel * WG_REDUCE,),
-                   local_size=(WG_REDUCE, 1, 1))
-        return
-    b.dispatch(GENERIC_SHADER, defines, outputs=[out], inputs=[x], params=params,
-               global_size=(out.max_numel,), local_size=(64, 1, 1))
+    dispatch_rows(b, GENERIC_SHADER, defines, out, x, params, out.max_numel, reduced,
+                  passes, f"{kind} of {reduced} elements per output")
 
 
 def _make_impl(r: Reduction):

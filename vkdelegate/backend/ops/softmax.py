@@ -2,7 +2,7 @@
 
 Schema: _softmax(self, dim: int, half_to_float: bool). One invocation per row, or one
 workgroup per row for long rows (softmax.glsl; the same rule as sum's cooperative
-form, ``reduce.cooperative``), max-shifted, fp32 accumulation for fp16 data. ``half_to_float=True``
+form, ``reduce.dispatch_rows``), max-shifted, fp32 accumulation for fp16 data. ``half_to_float=True``
 (an fp16 input with an fp32 result) stays on the CPU; torch.export on the CPU does not
 produce it.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.ops import loop_limit
-from vkdelegate.backend.ops.reduce import COOPERATIVE_MAX, WG_REDUCE, cooperative
+from vkdelegate.backend.ops.reduce import WG_REDUCE, dispatch_rows
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -61,16 +60,8 @@ def _make_impl(log: bool):
         params = [out.meta, x.meta, b.params(record(ivec4(meta_dim)))]
         defines = _defines(out, x, log)
         # Three passes over a row (max, sum, write) count against llvmpipe's limit.
-        if 3 * n > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
-            raise b.error(f"softmax over {n} elements exceeds llvmpipe's shader loop "
-                          f"limit ({COOPERATIVE_MAX // 3})")
-        if cooperative(b.device.info, 3 * n):
-            b.dispatch(SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
-                       inputs=[x], params=params, global_size=(rows * WG_REDUCE,),
-                       local_size=(WG_REDUCE, 1, 1))
-            return
-        b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=params,
-                   global_size=(rows,), local_size=(64, 1, 1))
+        dispatch_rows(b, SHADER, defines, out, x, params, rows, n, 3,
+                      f"softmax over {n} elements")
     return impl
 
 
