@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from tests.ops import coverage
+from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.serialization import vkgraph as g
 from vkdelegate.serialization.blob import read_blob
@@ -38,17 +39,6 @@ class _Fn(torch.nn.Module):
 
     def forward(self, *args):
         return self.fn(*args)
-
-
-def _vulkan_unavailable() -> "str | None":
-    try:
-        from vkdelegate.runtime import list_devices
-
-        if not list_devices():
-            return "no Vulkan device"
-    except Exception as exc:  # no loader, no driver, runtime not importable
-        return f"Vulkan runtime unavailable: {type(exc).__name__}: {exc}"
-    return None
 
 
 def _tensor_dtypes(graph: g.VkGraph, call: g.OperatorCall) -> tuple[str, ...]:
@@ -142,7 +132,7 @@ def check_op(fn_or_module, inputs: tuple, *, ops: Sequence[str], rtol: float = 1
     Returns the LoweredProgram (its delegates closed; calling it again rebuilds them).
     Skips the test when no Vulkan device is available.
     """
-    reason = _vulkan_unavailable()
+    reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
     kwargs = dict(kwargs or {})

@@ -1,17 +1,8 @@
 """Fixtures for end-to-end lowering tests: the executors delegates run on."""
 import pytest
 
-
-def _vulkan_available() -> str | None:
-    """None if the Vulkan runtime can run here, else why not."""
-    try:
-        from vkdelegate.runtime import list_devices
-
-        if not list_devices():
-            return "no Vulkan device"
-    except Exception as exc:  # no loader, no driver, runtime not importable
-        return f"Vulkan runtime unavailable: {type(exc).__name__}: {exc}"
-    return None
+# None if the Vulkan runtime can run here, else why not (tests import this name).
+from tests.vulkan_skip import vulkan_unavailable as _vulkan_available
 
 
 @pytest.fixture(params=["reference", "vulkan"])
