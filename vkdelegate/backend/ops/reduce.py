@@ -101,12 +101,12 @@ def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: i
     softmax.glsl): ``rows`` outputs (upper bound) of ``n`` elements each, walked
     ``passes`` times; the cooperative form (``cooperative``) is one workgroup of
     WG_REDUCE per row, the other one invocation per row in workgroups of
-    ``local_size``. Raises VkDelegateError (b.error) on llvmpipe when even the
+    ``local_size``. Raises DeviceLimitError (b.error) on llvmpipe when even the
     cooperative form would pass its shader loop limit; the message starts with
     ``what`` (e.g. "a sum of 7 elements per output")."""
     if n * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
         raise b.error(f"{what} exceeds llvmpipe's shader loop limit "
-                      f"({COOPERATIVE_MAX // passes})")
+                      f"({COOPERATIVE_MAX // passes})", limit=True)
     if cooperative(b.device.info, n * passes):
         b.dispatch(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
                    inputs=[x], params=params, global_size=(rows * WG_REDUCE,),
@@ -114,6 +114,12 @@ def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: i
         return
     b.dispatch(shader, defines, outputs=[out], inputs=[x], params=params,
                global_size=(rows,), local_size=local_size)
+
+
+def declare_rows(shader: str, defines: dict) -> None:
+    """Declare both variants ``dispatch_rows`` may pick for ``defines``."""
+    declare(shader, defines)
+    declare(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)))
 
 
 def _impl(b, node):
@@ -138,8 +144,7 @@ register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:
         _ddt = (_dt, device_dtype(_dt, _profile))
-        declare(SHADER, _defines(_ddt, _ddt, _dt))
-        declare(SHADER, dict(_defines(_ddt, _ddt, _dt), WG_REDUCE=str(WG_REDUCE)))
+        declare_rows(SHADER, _defines(_ddt, _ddt, _dt))
 
 
 # ---- reduce.glsl: every other reduction ------------------------------------------------
@@ -282,8 +287,7 @@ def _make_impl(r: Reduction):
 
 def _declare_generic(kind: str, out, x, x_dtype: str) -> None:
     defines = _generic_defines(kind, out, x, x_dtype)
-    declare(GENERIC_SHADER, defines)
-    declare(GENERIC_SHADER, dict(defines, WG_REDUCE=str(WG_REDUCE)))
+    declare_rows(GENERIC_SHADER, defines)
 
 
 for _name, _r in REDUCTIONS.items():

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.ops.reduce import WG_REDUCE, dispatch_rows
+from vkdelegate.backend.ops.reduce import declare_rows, dispatch_rows
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.params import ivec4, record
-from vkdelegate.shaders.variants import declare
 
 SHADER = "softmax"
 DTYPES = frozenset({"float32", "float16"})
@@ -75,5 +74,4 @@ for _name, _log in (("aten._softmax.default", False), ("aten._log_softmax.defaul
     for _profile in STORAGE_PROFILES:
         for _dt in DTYPES:
             _pair = (_dt, device_dtype(_dt, _profile))
-            declare(SHADER, _defines(_pair, _pair, _log))
-            declare(SHADER, dict(_defines(_pair, _pair, _log), WG_REDUCE=str(WG_REDUCE)))
+            declare_rows(SHADER, _defines(_pair, _pair, _log))
