@@ -45,7 +45,7 @@ def test_run_writes_outputs(saved):
 
 @pytest.mark.parametrize("inputs,text", [
     (["x=X"], "missing input 'y' (float32[3, 4]); give --input y=FILE.npy"),
-    (["x=X", "y=X", "z=X"], "unknown input 'z'; the method takes x, y"),
+    (["x=X", "y=X", "z=X"], "unknown input 'z'; the method takes input(s) 'x', 'y'"),
     (["x=X", "y=BAD"], "input 'y' dim 0 is 2, expected 3, a static size (input 'y' is "
                        "float32[3, 4])"),
     (["x=X", "y"], "--input 'y': expected NAME=FILE.npy"),
@@ -94,3 +94,18 @@ def test_method_choice(tmp_path, capsys):
     assert main(base + ["--input", f"input={tmp_path / 'x.npy'}"]) == 2
     assert capsys.readouterr().err == ("vkdelegate run: error: the program has methods "
                                        "pos, neg; choose one with --method\n")
+
+
+def test_unwritable_paths_fail_before_running(saved, capsys):
+    # An output folder that is a file, or a trace in a missing folder: one line, exit 2.
+    d, _ = saved
+    inputs = ["--input", f"x={d / 'x.npy'}", "--input", f"y={d / 'y.npy'}"]
+    blocker = d / "file"
+    blocker.write_text("")
+    assert main(["run", str(d / "p.vkp"), *inputs, "--output-dir", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vkdelegate run: error: ") and err.count("\n") == 1
+    assert main(["run", str(d / "p.vkp"), *inputs, "--output-dir", str(d / "out"),
+                 "--trace", str(d / "missing" / "t.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not list((d / "out").glob("output_*.npy"))

@@ -1,6 +1,8 @@
 """`vkdelegate devices` and `vkdelegate build-shaders`."""
 import json
 import re
+import subprocess
+import sys
 
 from vkdelegate.cli import main
 
@@ -27,3 +29,21 @@ def test_build_shaders_compiles_then_hits_the_cache(tmp_path, capsys):
     assert main(args) == 0
     assert f"{total} shader variants ready (0 compiled, {total} cached)" in \
         capsys.readouterr().out
+
+
+def test_build_shaders_argument_errors_are_one_line(capsys):
+    from vkdelegate.cli import main
+
+    assert main(["build-shaders", "--shader", "no_such_shader"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vkdelegate build-shaders: error: no shader named no_such_shader;")
+    assert "binary_op" in err and err.count("\n") == 1
+    assert main(["build-shaders", "-j", "-2"]) == 2
+    assert "--jobs must be 0" in capsys.readouterr().err
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    # `vkdelegate devices --json | head -1`: no BrokenPipeError traceback.
+    proc = subprocess.run(f"{sys.executable} -m vkdelegate devices --json | head -c 1",
+                          shell=True, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr

@@ -2,12 +2,15 @@
 
 Each subcommand lives in its own module of this package and exposes
 ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
-Any ``VkDelegateError`` becomes one line on stderr and exit status 2.
+Any ``VkDelegateError``, and any OSError (a path that cannot be read or written),
+becomes one line on stderr and exit status 2. A closed pipe (``| head``) ends the
+command quietly.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from vkdelegate.errors import VkDelegateError
@@ -42,11 +45,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args) or 0)
-    except VkDelegateError as exc:
+    except (VkDelegateError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            # The reader went away (`vkdelegate inspect F | head`): stop quietly, and
+            # keep Python from reporting the failed flush at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         print(f"vkdelegate {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def help_description(doc: str) -> str:
+    """A subcommand's argparse description: its docstring's first paragraph without
+    reStructuredText double backquotes."""
+    return doc.split("\n\n")[0].replace("``", "")
 
 
 if __name__ == "__main__":

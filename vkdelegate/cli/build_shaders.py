@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from vkdelegate.cli import help_description
+from vkdelegate.errors import VkDelegateError
+
 
 def run(args) -> int:
     from tqdm import tqdm
@@ -16,15 +19,22 @@ def run(args) -> int:
     from vkdelegate.shaders.compiler import ShaderCompiler
     from vkdelegate.shaders.variants import all_variants
 
+    if args.jobs < 0:
+        raise VkDelegateError(f"--jobs must be 0 (CPU count) or more, got {args.jobs}")
     load_all()
-    variants = [(n, d) for n, d in all_variants() if not args.shader or n in args.shader]
+    declared = all_variants()
+    unknown = sorted(set(args.shader) - {n for n, _ in declared})
+    if unknown:
+        raise VkDelegateError(f"no shader named {', '.join(unknown)}; shaders: "
+                              f"{', '.join(sorted({n for n, _ in declared}))}")
+    variants = [(n, d) for n, d in declared if not args.shader or n in args.shader]
     compiler = ShaderCompiler(cache=args.cache)
     jobs = args.jobs or os.cpu_count() or 1
     # glslang runs as a subprocess, so threads compile in parallel.
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(compiler.compile, name, defines) for name, defines in variants]
         for fut in tqdm(futures, desc="compiling shaders", unit="variant",
-                        disable=args.quiet):
+                        disable=True if args.quiet else None):  # None: off without a TTY
             fut.result()
     print(f"{len(variants)} shader variants ready ({compiler.compiled} compiled, "
           f"{len(variants) - compiler.compiled} cached) in {compiler.cache}")
@@ -33,7 +43,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("build-shaders", help="precompile every shader variant",
-                              description=__doc__.split("\n\n")[0])
+                              description=help_description(__doc__))
     p.add_argument("--cache", default=None, help="cache folder (default: "
                    "$VKDELEGATE_CACHE or ~/.cache/vkdelegate)")
     p.add_argument("-j", "--jobs", type=int, default=0,

@@ -12,12 +12,13 @@ import os
 import statistics
 import time
 
+from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="classify a photo with EfficientNet-Lite0 on Vulkan",
-                       description=__doc__.split("\n\n")[0])
+                       description=help_description(__doc__))
     p.add_argument("--image", metavar="PATH",
                    help="image file to classify (default: scikit-image's 'chelsea' cat)")
     p.add_argument("--out", metavar="FILE", default="out/efficientnet_lite0.vkdp",
@@ -46,19 +47,51 @@ def run(args) -> int:
     from tabulate import tabulate
     from tqdm import tqdm
 
+    from vkdelegate.examples import efficientnet_lite as model_zoo
+    from vkdelegate.runtime.device import default_device
+
+    # Bad arguments fail before the slow steps: the image, then the device.
+    image = model_zoo.load_image(args.image)
+    device = default_device(args.device).info.name
+    steps = tqdm(total=6, desc="demo", unit="step", leave=False, disable=None)
+    try:
+        program, report, ours, eager, ours_ms, eager_ms = _pipeline(args, image, steps)
+    finally:
+        steps.close()
+
+    labels = model_zoo.labels()
+    ours_top = model_zoo.top_k(ours.numpy())
+    eager_top = model_zoo.top_k(eager.numpy())
+    rows = [(i + 1, labels[a], f"{pa:.4f}", labels[b], f"{pb:.4f}")
+            for i, ((a, pa), (b, pb)) in enumerate(zip(ours_top, eager_top))]
+    diff = float((ours - eager).abs().max())
+    print(f"EfficientNet-Lite0 on {args.image or 'skimage.data.chelsea()'}, "
+          f"program saved to {args.out} ({os.path.getsize(args.out) / 2**20:.1f} MiB)")
+    print(f"{report.summary()}")
+    print(tabulate(rows, headers=("#", f"vkdelegate ({device})", "p", "eager PyTorch (CPU)",
+                                  "p")))
+    print(f"max |logit difference|: {diff:.2e}")
+    print(f"median latency over {args.runs} runs: vkdelegate {ours_ms:.1f} ms, "
+          f"eager PyTorch {eager_ms:.1f} ms")
+    program.close()
+    if [a for a, _ in ours_top] != [b for b, _ in eager_top]:
+        raise VkDelegateError("top-5 differs between vkdelegate and eager PyTorch")
+    return 0
+
+
+def _pipeline(args, image, steps):
+    """Export, lower, save, load, build and time; ``steps`` is the progress bar.
+    Returns (loaded program, partition report, our logits, eager logits, our median
+    ms, eager median ms)."""
     import torch
 
     import vkdelegate
     from vkdelegate.examples import efficientnet_lite as model_zoo
-    from vkdelegate.runtime.device import default_device
-
-    steps = tqdm(total=6, desc="demo", unit="step", leave=False)
 
     def step(text):
         steps.set_description(text)
         steps.update(1)
 
-    image = model_zoo.load_image(args.image)
     x = torch.from_numpy(model_zoo.preprocess(image))
     model = model_zoo.load_model()
     step("exporting")
@@ -83,24 +116,4 @@ def run(args) -> int:
     ours_ms = _median_ms(lambda: program(x), args.runs)
     with torch.no_grad():
         eager_ms = _median_ms(lambda: model(x), args.runs)
-    steps.close()
-
-    labels = model_zoo.labels()
-    ours_top = model_zoo.top_k(ours.numpy())
-    eager_top = model_zoo.top_k(eager.numpy())
-    rows = [(i + 1, labels[a], f"{pa:.4f}", labels[b], f"{pb:.4f}")
-            for i, ((a, pa), (b, pb)) in enumerate(zip(ours_top, eager_top))]
-    diff = float((ours - eager).abs().max())
-    device = default_device(args.device).info.name
-    print(f"EfficientNet-Lite0 on {args.image or 'skimage.data.chelsea()'}, "
-          f"program saved to {args.out} ({os.path.getsize(args.out) / 2**20:.1f} MiB)")
-    print(f"{report.summary()}")
-    print(tabulate(rows, headers=("#", f"vkdelegate ({device})", "p", "eager PyTorch (CPU)",
-                                  "p")))
-    print(f"max |logit difference|: {diff:.2e}")
-    print(f"median latency over {args.runs} runs: vkdelegate {ours_ms:.1f} ms, "
-          f"eager PyTorch {eager_ms:.1f} ms")
-    program.close()
-    if [a for a, _ in ours_top] != [b for b, _ in eager_top]:
-        raise VkDelegateError("top-5 differs between vkdelegate and eager PyTorch")
-    return 0
+    return program, report, ours, eager, ours_ms, eager_ms

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 
 
@@ -56,6 +57,6 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("devices", help="list Vulkan devices and their compute "
-                              "properties", description=__doc__.split("\n\n")[0])
+                              "properties", description=help_description(__doc__))
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)

@@ -19,6 +19,7 @@ import sys
 
 from tabulate import tabulate
 
+from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization.describe import describe_blob
 from vkdelegate.serialization.header import MAGIC
@@ -26,7 +27,7 @@ from vkdelegate.serialization.header import MAGIC
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("inspect", help="show the contents of a delegate blob",
-                              description=__doc__.split("\n\n")[0])
+                              description=help_description(__doc__))
     p.add_argument("file", metavar="FILE", help="delegate blob (VH00) or program file")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)

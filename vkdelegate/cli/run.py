@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 
 TOP_N = 15
@@ -45,8 +46,9 @@ def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
     names = [spec["name"] for spec in plan["inputs"] if "const" not in spec]
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise VkDelegateError(f"unknown input {unknown[0]!r}; the method takes "
-                              f"{', '.join(names) or 'no inputs'}")
+        takes = (f"input(s) {', '.join(repr(n) for n in names)}" if names
+                 else "no inputs")
+        raise VkDelegateError(f"unknown input {unknown[0]!r}; the method takes {takes}")
     flat = []
     for spec in plan["inputs"]:
         if "const" in spec:  # a Python scalar export specialized: nothing to give
@@ -123,8 +125,12 @@ def run(args) -> int:
         method = program.default_method()
     runner = program.runner(method)
     flat = _flat_inputs(runner.plan, _parse_inputs(args.input or []))
-    outputs = runner.call_flat(flat)
+    # Paths are checked before the program runs: a bad one fails fast, not after.
     os.makedirs(args.output_dir, exist_ok=True)
+    if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
+        raise VkDelegateError(f"--trace {args.trace}: folder "
+                              f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
+    outputs = runner.call_flat(flat)
     for path, value in zip(_leaf_paths(runner.plan["out_spec"]), outputs):
         array = to_numpy(value)
         target = os.path.join(args.output_dir, f"output_{path}.npy")
@@ -141,7 +147,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run a saved program on .npy inputs",
-                              description=__doc__.split("\n\n")[0])
+                              description=help_description(__doc__))
     p.add_argument("program", help="program file written by LoweredProgram.save")
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input by name (repeat for each input)")

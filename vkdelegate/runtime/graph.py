@@ -147,7 +147,7 @@ class DelegateGraph(DeviceState):
             from tqdm import tqdm
 
             chain = tqdm(chain, desc="building: shaders and weights", unit="node",
-                         leave=False)
+                         leave=False, disable=None)  # None: off without a TTY
         for call in chain:
             spec = lookup(call.name)
             builder.node = call
