@@ -1,6 +1,6 @@
 """The operator registry: each supported ATen operator declared once.
 
-Both sides read the same declaration (DESIGN.md section 2):
+Both sides read the same declaration (docs/DESIGN.md section 2):
 - the partitioner: accepted dtypes, rank limit, argument rules, resize support;
 - the runtime: the output-shape function (dynamic shapes) and the implementation
   that records the op's dispatches.

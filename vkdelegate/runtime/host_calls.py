@@ -1,5 +1,5 @@
 """Counting the host calls of one execute: the check that host work per inference
-does not grow with the number of nodes (build once, run many; DESIGN.md section 4).
+does not grow with the number of nodes (build once, run many; docs/DESIGN.md section 4).
 
 A count, unlike a host-time measurement, is exact and does not depend on the machine's
 load, so a test can assert on it; benchmarks/runtime_overhead.py prints it next to the

@@ -1,6 +1,6 @@
 """The delegate blob: VH00 header, VK00 flatbuffer, constants section.
 
-Layout (DESIGN.md section 3, the same as ExecuTorch's Vulkan backend)::
+Layout (docs/DESIGN.md section 3, the same as ExecuTorch's Vulkan backend)::
 
     [0, 30)    VH00 header (header.py), zero-padded to 32
     [32, ...)  VkGraph flatbuffer, zero-padded to a multiple of 16

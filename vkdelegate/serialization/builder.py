@@ -15,7 +15,7 @@
 - the output node's args, in order, are the outputs (an input returned as an output,
   or an output returned twice, repeats the id).
 
-Argument encoding (DESIGN.md section 3), chosen so the runtime never sees Python:
+Argument encoding (docs/DESIGN.md section 3), chosen so the runtime never sees Python:
 
 ========================  ==================================================
 Python / fx argument      value
@@ -63,7 +63,7 @@ from vkdelegate.serialization.memory_planning import plan_memory
 #: Written to VkGraph.version by this builder.
 GRAPH_VERSION = "0"
 
-# Python values the schema encodes as Null (DESIGN.md: None, device, layout, memory format).
+# Python values the schema encodes as Null (docs/DESIGN.md: None, device, layout, memory format).
 _NULL_TYPES = (type(None), torch.device, torch.layout, torch.memory_format)
 
 

@@ -1,4 +1,4 @@
-"""The VH00 header at the start of a delegate blob (DESIGN.md section 3).
+"""The VH00 header at the start of a delegate blob (docs/DESIGN.md section 3).
 
 Layout, little-endian, 30 bytes (the blob pads it to 32):
 

@@ -5,7 +5,7 @@ defaults. The writer and reader in this package convert between these objects an
 VK00 flatbuffer; the builder creates them from a torch.export graph; the runtime
 executes them. No torch import here.
 
-Conventions (ExecuTorch Vulkan backend, see DESIGN.md section 3):
+Conventions (ExecuTorch Vulkan backend, see docs/DESIGN.md section 3):
 - ``OperatorCall.args`` are value ids in ATen schema order; the output id is last.
 - ``VkTensor.constant_id >= 0`` indexes ``VkGraph.constants``; ``mem_obj_id >= 0``
   means tensors with the same id share one allocation.
