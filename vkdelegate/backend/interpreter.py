@@ -20,6 +20,7 @@ import numpy as np
 
 from vkdelegate.backend import glue_ops, pytree_spec
 from vkdelegate.backend.input_checks import check_inputs
+from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
 
@@ -55,7 +56,10 @@ def _special(key: str, name: str):
         value = getattr(torch, name, None)
         ok = isinstance(value, torch.dtype)
     elif key == "device":
-        return torch.device(name)
+        try:
+            return torch.device(name)
+        except (RuntimeError, TypeError) as exc:
+            raise VkDelegateError(f"unknown device {name!r}") from exc
     elif key == "layout":
         value = getattr(torch, name, None)
         ok = isinstance(value, torch.layout)
@@ -155,11 +159,7 @@ class MethodRunner:
 
     def _validate(self) -> None:
         plan = self.plan
-        for key in ("inputs", "in_spec", "out_spec", "nodes", "outputs", "user_outputs"):
-            if key not in plan:
-                raise VkDelegateError(f"method plan lacks {key!r}")
-        pytree_spec.validate(plan["in_spec"])
-        pytree_spec.validate(plan["out_spec"])
+        check_plan(plan, self._host_state)
         defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
             self._host_state)
         self._ops = []
@@ -237,7 +237,11 @@ class MethodRunner:
                                           for o in outs], node.get("cast_outputs"))
             elif op == "getitem":
                 seq, index = node["args"]
-                env[node["out"]] = env[seq["v"]][index]
+                try:
+                    env[node["out"]] = env[seq["v"]][index]
+                except (IndexError, TypeError, KeyError) as exc:
+                    raise VkDelegateError(f"node {node['out']}: item {index} of "
+                                          f"{seq['v']!r} does not exist") from exc
             else:
                 torch_side = op not in glue_ops.BUILTINS and op not in glue_ops.TORCH_FREE
                 args = [self._arg(a, env, torch_side) for a in node.get("args", [])]
@@ -272,8 +276,12 @@ class MethodRunner:
                 self._host_state[name] = outputs[index]
         for pos, index in self.plan.get("input_updates", {}).items():
             target, new = flat[int(pos)], outputs[index]
-            if _is_torch_tensor(target):
-                target.copy_(to_torch(new))
-            else:
-                np.copyto(target, to_numpy(new))
+            try:
+                if _is_torch_tensor(target):
+                    target.copy_(to_torch(new))
+                else:
+                    np.copyto(target, to_numpy(new))
+            except (TypeError, RuntimeError, ValueError) as exc:
+                raise VkDelegateError(f"input {pos}: cannot write its new value back "
+                                      f"(plan output {index}): {exc}") from exc
         return [outputs[i] for i in self.plan["user_outputs"]]

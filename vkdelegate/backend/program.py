@@ -11,6 +11,7 @@ numpy only.
 """
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field
 
@@ -19,8 +20,15 @@ import numpy as np
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import PartitionReport
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import DeviceLimitError, VkDelegateError
 from vkdelegate.serialization import program_file
+
+_log = logging.getLogger("vkdelegate")
+
+#: Appended to a device-limit message when the method has dynamic dims: delegate
+#: tensors are allocated for the dims' upper bounds, not for the sizes of a call.
+DYNAMIC_HINT = ("sized for the upper bound of dynamic dims; export with a smaller "
+                "Dim max")
 
 #: dtypes a program file may hold; "bfloat16" only with torch installed.
 _FILE_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8",
@@ -47,11 +55,21 @@ class Method:
 
 
 class _LazyDelegate:
-    """Builds the delegate on the chosen executor at its first call."""
+    """Builds the delegate on the chosen executor at its first call.
 
-    def __init__(self, delegate: Delegate, options: CompileOptions, where: str):
+    A delegate that is valid but over a limit of the device (DeviceLimitError) runs
+    on the CPU reference executor when torch is installed, with one warning on the
+    "vkdelegate" logger naming the method, the delegate and the limit; without torch
+    the DeviceLimitError is raised. dynamic: the method has dynamic dims (the message
+    then says the tensors are sized for their upper bounds).
+    """
+
+    def __init__(self, delegate: Delegate, options: CompileOptions, where: str,
+                 dynamic: bool = False):
         self.delegate, self.options, self.loaded = delegate, options, None
         self.where = where
+        self.dynamic = dynamic
+        self.fallback = None  # the DeviceLimitError message when run on the CPU
         self.profiling = False
         self.last_profile = None
         self.before_close = None  # set by MethodRunner: fetch state kept on the device
@@ -73,6 +91,17 @@ class _LazyDelegate:
                                             self.delegate.named_data,
                                             device=self.options.device,
                                             progress=progress)
+            except DeviceLimitError as exc:
+                hint = f" ({DYNAMIC_HINT})" if self.dynamic else ""
+                message = f"{self.where}: {exc}{hint}"
+                if _torch_or_none() is None:
+                    raise DeviceLimitError(message) from exc
+                from vkdelegate.backend.reference import load_reference
+
+                self.loaded = load_reference(self.delegate.blob, self.delegate.named_data)
+                self.fallback = message
+                _log.warning("%s; running this delegate on the CPU reference executor "
+                             "instead", message)
             except VkDelegateError as exc:
                 raise VkDelegateError(f"{self.where}: {exc}") from exc
 
@@ -80,8 +109,9 @@ class _LazyDelegate:
         self.build()
         if not self.profiling:
             return self.loaded.execute(inputs)
-        if self.options.executor != "vulkan":
-            raise VkDelegateError("profiling needs the Vulkan executor")
+        if self.options.executor != "vulkan" or self.fallback is not None:
+            raise VkDelegateError("profiling needs the Vulkan executor"
+                                  + (f" ({self.fallback})" if self.fallback else ""))
         outputs = self.loaded.execute(inputs, profile=True)
         self.last_profile = self.loaded.last_profile
         return outputs
@@ -106,6 +136,7 @@ class _LazyDelegate:
         if self.loaded is not None and hasattr(self.loaded, "close"):
             self.loaded.close()
         self.loaded = None
+        self.fallback = None
 
 
 class LoweredProgram:
@@ -124,9 +155,15 @@ class LoweredProgram:
         self.methods: dict[str, Method] = methods
         self._runners = {}
         for name, m in methods.items():
-            delegates = [_LazyDelegate(d, self.options, f"method {name!r}, delegate {i}")
+            dynamic = any(not isinstance(dim, int) for spec in m.plan.get("inputs", [])
+                          for dim in spec.get("shape", ()))
+            delegates = [_LazyDelegate(d, self.options, f"method {name!r}, delegate {i}",
+                                       dynamic)
                          for i, d in enumerate(m.delegates)]
-            self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates)
+            try:
+                self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates)
+            except VkDelegateError as exc:
+                raise VkDelegateError(f"method {name!r}: {exc}") from exc
 
     @property
     def method_names(self) -> list[str]:

@@ -1,0 +1,119 @@
+"""Crafted manifests: a field deleted or of the wrong type (the CRC still matching)
+gives VkDelegateError at load or at the call, never a raw KeyError/TypeError."""
+import functools
+import json
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import vkdelegate
+from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
+from vkdelegate.serialization import program_file
+
+
+class Mixed(torch.nn.Module):
+    """CPU glue (sort: getitem, kwargs), a delegate, a state and an input update."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x, y):
+        self.count.add_(1.0)
+        y.mul_(2.0)
+        s = torch.sort(torch.relu(x + self.w), dim=-1)[0]
+        return s.to(dtype=torch.float32) - self.count, y
+
+
+def _example():
+    torch.manual_seed(0)
+    return torch.randn(3, 4), torch.randn(3, 4)
+
+
+@functools.lru_cache(maxsize=1)
+def _saved(tmp_dir: str):
+    ep = torch.export.export(Mixed(), _example())
+    program = to_backend(ep, VulkanPartitioner({"executor": "reference"}))
+    path = f"{tmp_dir}/p.vkp"
+    program.save(path)
+    manifest, segments = program_file.read_program(path)
+    return json.dumps(manifest), [bytes(s) for s in segments]
+
+
+def _paths(value, prefix=()):
+    """Every (path) inside the plan part of a manifest."""
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _paths(v, prefix + (i,))
+
+
+_REPLACEMENTS = [None, "s", 7, -1, 2.5, [], [None], {}, {"v": 3}, True]
+
+
+def _mutate(manifest: dict, path: tuple, action) -> None:
+    parent = manifest
+    for k in path[:-1]:
+        parent = parent[k]
+    key = path[-1]
+    if action == "delete":
+        if isinstance(parent, dict):
+            del parent[key]
+        else:
+            parent.pop(key)
+    else:
+        parent[key] = action
+
+
+def _check(tmp_path, text: str, segments, path, action) -> None:
+    manifest = json.loads(text)
+    _mutate(manifest, path, action)
+    out = tmp_path / "crafted.vkp"
+    program_file.write_program(out, manifest, segments)
+    try:
+        program = vkdelegate.load(out)
+        x, y = _example()
+        program(x, y)
+        program.state_dict()
+    except VkDelegateError:
+        pass
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_manifest_fields(tmp_path_factory, tmp_path, data):
+    text, segments = _saved(str(tmp_path_factory.getbasetemp()))
+    methods = json.loads(text)["methods"]
+    paths = [("methods",) + p for p in _paths(methods) if p]
+    path = data.draw(st.sampled_from(paths))
+    action = data.draw(st.sampled_from(["delete"] + _REPLACEMENTS))
+    _check(tmp_path, text, segments, path, action)
+
+
+def test_each_plan_field_deleted_or_nulled(tmp_path_factory, tmp_path):
+    """Every plan field, deleted and set to null, in turn (the cases the trial hit)."""
+    text, segments = _saved(str(tmp_path_factory.getbasetemp()))
+    plan = json.loads(text)["methods"]["forward"]["plan"]
+    for p in _paths(plan):
+        if p:
+            for action in ("delete", None, "s", [1, 2, 3]):
+                _check(tmp_path, text, segments, ("methods", "forward", "plan") + p, action)
+
+
+def test_missing_shape_names_the_field(tmp_path_factory, tmp_path):
+    text, segments = _saved(str(tmp_path_factory.getbasetemp()))
+    manifest = json.loads(text)
+    del manifest["methods"]["forward"]["plan"]["inputs"][0]["shape"]
+    program_file.write_program(tmp_path / "p.vkp", manifest, segments)
+    try:
+        vkdelegate.load(tmp_path / "p.vkp")
+    except VkDelegateError as exc:
+        assert "method 'forward'" in str(exc) and "plan.inputs[0].shape" in str(exc)
+    else:
+        raise AssertionError("a plan without an input shape loaded")
