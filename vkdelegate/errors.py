@@ -10,3 +10,14 @@ class VkDelegateError(ValueError):
     A subclass of ValueError so that callers that already catch bad-input errors keep
     working.
     """
+
+
+class DeviceLimitError(VkDelegateError):
+    """Raised when a valid program does not fit the chosen Vulkan device: a tensor over
+    ``maxStorageBufferRange`` or the largest allocation, too many allocations, a
+    dispatch over the workgroup limits, or a shader loop over llvmpipe's budget.
+
+    Raised while a delegate is built (before the offending memory is allocated), so
+    the program layer can run that delegate on the CPU instead (see
+    ``vkdelegate.backend.program``).
+    """

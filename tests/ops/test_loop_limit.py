@@ -179,16 +179,20 @@ def test_direct_conv_k_past_loop_limit(make, shape):
     check_op(make(), (torch.randn(shape),), ops=CONV, rtol=1e-4, atol=1e-4)
 
 
-def test_conv_too_many_channels_per_group_is_refused():
+def test_conv_too_many_channels_per_group_is_refused(monkeypatch):
     # 70001 input channels per group in the direct form: more loop iterations than
-    # llvmpipe runs; a clear error at load instead of wrong numbers.
-    from vkdelegate.errors import VkDelegateError
+    # llvmpipe runs; a clear error at load instead of wrong numbers. (With torch the
+    # program layer runs such a delegate on the CPU instead; the error is what it
+    # raises without torch.)
+    from vkdelegate.backend import program
+    from vkdelegate.errors import DeviceLimitError
     from vkdelegate.runtime import default_device
     if not default_device().info.name.startswith("llvmpipe"):
         pytest.skip("the loop limit is llvmpipe's")
+    monkeypatch.setattr(program, "_torch_or_none", lambda: None)
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(70001, 1, 3)
-    with pytest.raises(VkDelegateError, match="70001 input channels per group"):
+    with pytest.raises(DeviceLimitError, match="70001 input channels per group"):
         check_op(conv, (torch.randn(1, 70001, 3, 3),), ops=CONV)
 
 
@@ -272,15 +276,18 @@ def test_loop_limit_check_unit():
     from types import SimpleNamespace
 
     from vkdelegate.backend.ops import loop_limit
-    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.errors import DeviceLimitError, VkDelegateError
+
+    def error(msg, limit=False):
+        return (DeviceLimitError if limit else VkDelegateError)(f"node 7: {msg}")
 
     def builder(name):
         return SimpleNamespace(device=SimpleNamespace(info=SimpleNamespace(name=name)),
-                               error=lambda msg: VkDelegateError(f"node 7: {msg}"))
+                               error=error)
 
     budget = loop_limit.LOOP_LIMIT - loop_limit.SLACK
     loop_limit.check(builder("llvmpipe (LLVM 15)"), budget, "K = 1")
-    with pytest.raises(VkDelegateError, match=r"node 7: K = 9 needs about 65488 "):
+    with pytest.raises(DeviceLimitError, match=r"node 7: K = 9 needs about 65488 "):
         loop_limit.check(builder("llvmpipe (LLVM 15)"), budget + 1, "K = 9")
     loop_limit.check(builder("NVIDIA H200"), 10 * budget, "K = 9")
     assert loop_limit.unrolled_iterations(70001) == 70001 // 16 + 15

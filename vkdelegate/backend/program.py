@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vkdelegate.backend.interpreter import MethodRunner, to_numpy
+from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import PartitionReport
 from vkdelegate.errors import DeviceLimitError, VkDelegateError
@@ -161,7 +161,8 @@ class LoweredProgram:
                                        dynamic)
                          for i, d in enumerate(m.delegates)]
             try:
-                self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates)
+                self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates,
+                                                   name)
             except VkDelegateError as exc:
                 raise VkDelegateError(f"method {name!r}: {exc}") from exc
 
@@ -171,7 +172,14 @@ class LoweredProgram:
 
     @property
     def report(self):
-        """The partition report of the default method (kept in the program file)."""
+        """The partition report of the default method (kept in the program file).
+
+        A program with several methods and no "forward" has no default one: its
+        reports are ``program.methods[name].report``; VkDelegateError says so.
+        """
+        if "forward" not in self.methods and len(self.methods) != 1:
+            raise VkDelegateError(f"program has methods {self.method_names} and no "
+                                  f"default one; read program.methods[name].report")
         return self.methods[self.default_method()].report
 
     def default_method(self) -> str:
@@ -217,8 +225,14 @@ class LoweredProgram:
 
     def state_dict(self, method: "str | None" = None) -> dict:
         """Current values of ``method``'s mutable buffers (placeholder name, e.g.
-        ``b_count``, -> array or tensor); state kept on the GPU is read back."""
-        return self.runner(method or self.default_method()).state
+        ``b_count``, -> torch tensor when torch is installed, else numpy array, before
+        and after any call); state kept on the GPU is read back."""
+        state = self.runner(method or self.default_method()).state
+        torch = _torch_or_none()
+        if torch is None:
+            return {k: to_numpy(v) for k, v in state.items()}
+        return {k: v if isinstance(v, torch.Tensor) else to_torch(np.asarray(v))
+                for k, v in state.items()}
 
     def num_delegates(self, method: "str | None" = None) -> int:
         return len(self.methods[method or self.default_method()].delegates)

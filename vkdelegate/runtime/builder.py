@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import DeviceLimitError, VkDelegateError
 from vkdelegate.runtime.params import ParamBuffer
 from vkdelegate.runtime.pipeline import STORAGE, UNIFORM
 from vkdelegate.runtime.tensor import Tensor
@@ -74,10 +74,11 @@ class NodeBuilder:
             raise self.error(f"value {vid} is not a list of ints")
         return v
 
-    def error(self, message: str) -> VkDelegateError:
-        """A VkDelegateError naming the node being built."""
+    def error(self, message: str, limit: bool = False) -> VkDelegateError:
+        """A VkDelegateError naming the node being built; with ``limit`` a
+        DeviceLimitError (the node is valid but over a limit of this device)."""
         where = f"node {self.node.node_id} ({self.node.name})" if self.node else "graph"
-        return VkDelegateError(f"{where}: {message}")
+        return (DeviceLimitError if limit else VkDelegateError)(f"{where}: {message}")
 
     # ---- memory ----------------------------------------------------------------------
     def temporary(self, shape, dtype: str) -> Tensor:
@@ -143,7 +144,7 @@ class NodeBuilder:
         if any(n > lim for n, lim in zip(groups, limits)) or \
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
-                             f"exceeds this device's compute limits")
+                             f"exceeds this device's compute limits", limit=True)
         types = (STORAGE,) * (len(outputs) + len(inputs)) + (UNIFORM,) * len(params)
         pipeline = self.device.pipelines.get(shader, defines, types,
                                              ls + tuple(spec_constants))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import vulkan as vk
 
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import DeviceLimitError, VkDelegateError
 from vkdelegate.runtime.vkcall import vk_call
 
 DEFAULT_BLOCK_SIZE = 64 << 20
@@ -76,8 +76,9 @@ class _Block:
 class Allocator:
     """Sub-allocates buffers from large device-memory blocks (see module docstring).
 
-    Raises VkDelegateError naming the buffer (``what``) when it exceeds a device limit
-    or no memory type fits.
+    Raises DeviceLimitError (a VkDelegateError) naming the buffer (``what``) when it
+    exceeds a device limit, checked before anything is allocated; VkDelegateError when
+    no memory type fits.
     """
 
     def __init__(self, device, block_size: int = DEFAULT_BLOCK_SIZE):
@@ -102,7 +103,7 @@ class Allocator:
             size = max(int(size), 16)
             if usage & vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT and \
                     size > dev.info.max_storage_buffer_range:
-                raise VkDelegateError(
+                raise DeviceLimitError(
                     f"{what} needs {size} bytes, over this device's maxStorageBufferRange "
                     f"of {dev.info.max_storage_buffer_range} bytes ({dev.info.name})")
             info = vk.VkBufferCreateInfo(sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
@@ -137,14 +138,14 @@ class Allocator:
                     return block, offset
         info = self.device.info
         if len(self._blocks) >= info.max_allocation_count:
-            raise VkDelegateError(f"{what}: device allocation count limit "
-                                  f"({info.max_allocation_count}) reached")
+            raise DeviceLimitError(f"{what}: device allocation count limit "
+                                   f"({info.max_allocation_count}) reached")
         heap = self.device.memory_properties.memoryTypes[type_index].heapIndex
         heap_size = self.device.memory_properties.memoryHeaps[heap].size
         limit = min(x for x in (info.max_allocation_size, heap_size) if x) or size
         if size > limit:
-            raise VkDelegateError(f"{what} needs {size} bytes, over this device's largest "
-                                  f"allocation of {limit} bytes ({info.name})")
+            raise DeviceLimitError(f"{what} needs {size} bytes, over this device's "
+                                   f"largest allocation of {limit} bytes ({info.name})")
         # Blocks grow geometrically (1 MiB, 2 MiB, ... up to block_size) per memory
         # type: a small graph holds little memory, a large one few allocations.
         same_type = sum(1 for b in self._blocks if b.type_index == type_index)

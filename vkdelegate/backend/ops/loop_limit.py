@@ -33,11 +33,12 @@ def unrolled_iterations(elements: int) -> int:
 
 
 def check(b, iterations: int, what: str) -> None:
-    """Raise VkDelegateError (through NodeBuilder.error, naming the node) when
+    """Raise DeviceLimitError (through NodeBuilder.error, naming the node) when
     ``iterations`` (a worst-case estimate per invocation at the upper-bound sizes)
     plus SLACK exceeds llvmpipe's loop budget on an llvmpipe device.
 
     what: the size that is too large, e.g. "K = 2000000" (goes into the message)."""
     if iterations + SLACK > LOOP_LIMIT and is_llvmpipe(b.device.info):
         raise b.error(f"{what} needs about {iterations} shader loop iterations per "
-                      f"invocation, more than llvmpipe runs ({LOOP_LIMIT - SLACK})")
+                      f"invocation, more than llvmpipe runs ({LOOP_LIMIT - SLACK})",
+                      limit=True)

@@ -88,7 +88,7 @@ def _impl(b, node):
     m, n = out.max_shape
     k = a.max_shape[1]
     if k > LOOP_LIMIT * TILE and b.device.info.name.startswith("llvmpipe"):
-        raise b.error(f"K = {k} exceeds llvmpipe's shader loop limit")
+        raise b.error(f"K = {k} exceeds llvmpipe's shader loop limit", limit=True)
     if use_tiled(b.device.info, m, n, k):
         reg = register_block(m, n)
         b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(reg)),
