@@ -35,6 +35,24 @@ class Dispatch:
     descriptor_set: object = None
 
 
+@dataclass
+class ErrorFlag:
+    """One node's word in its graph's error-flag buffer (see NodeBuilder.error_flag).
+
+    buffer: the graph's error-flag storage buffer (host-visible, one uint32 per checked
+    node, zeroed before every run); bind it by passing the ErrorFlag among a
+    dispatch's ``outputs``. slot: this node's word index in it (pass it to the shader,
+    e.g. in the op's params). message: ``() -> str`` (or a str) saying what was wrong,
+    called when the word was set, after the run (so it may read current sizes).
+    """
+
+    buffer: object
+    slot: int
+    node_id: int
+    op: str
+    message: object
+
+
 class NodeBuilder:
     """Gives an op impl access to values, memory and dispatches of one graph.
 
@@ -108,6 +126,15 @@ class NodeBuilder:
         depend on sizes). Tensor metadata never needs a hook."""
         self._graph.resize_hooks.append(hook)
 
+    def error_flag(self, message) -> ErrorFlag:
+        """This node's word in the graph's error-flag buffer, for input errors only the
+        shader can see (ATen raises, e.g. an index out of range). A shader that finds
+        one sets the word non-zero (``atomicOr``); after the fence wait of that run the
+        graph raises VkDelegateError "node N (op): <message>". message: str or
+        ``() -> str``. Calling it twice for one node returns the same word.
+        """
+        return self._graph.error_flag(self.node, message)
+
     # ---- dispatches ------------------------------------------------------------------
     def local_size_1d(self, invocations: int) -> tuple:
         """Workgroup size for a 1-D dispatch of ``invocations`` (upper bound).
@@ -131,7 +158,8 @@ class NodeBuilder:
         uniform buffers). global_size: invocations (x, y, z), sized for the upper-bound
         shapes; the grid is rounded up to whole workgroups, so shaders bounds-check.
         A 1-D global size beyond the device's workgroup-count limit is folded into y
-        (read it back with ``linear_id()`` from common.h). local_size: workgroup size,
+        (read it back with ``linear_id()`` from common.h). An ErrorFlag among
+        ``outputs`` binds the error-flag buffer there. local_size: workgroup size,
         passed as specialization constants 0..2; spec_constants: ints for ids 3...
         """
         gs = tuple(global_size) + (1,) * (3 - len(tuple(global_size)))
@@ -155,4 +183,6 @@ class NodeBuilder:
             op=self.node.name if self.node else shader,
             pipeline=pipeline, buffers=buffers, groups=tuple(groups),
             reads={t.buffer.region for t in inputs},
-            writes={t.buffer.region for t in outputs}))
+            # Error-flag words are only set (atomicOr, order-free) and read by the host
+            # after the final barrier: they need no barrier between dispatches.
+            writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)}))

@@ -106,8 +106,11 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
         written |= d.writes
         read |= d.reads
     if staged_outputs or state_copies:
-        _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _TRANSFER,
-                 vk.VK_ACCESS_TRANSFER_READ_BIT)
+        # The host reads the error flags (NodeBuilder.error_flag) straight from the
+        # shaders' writes, not through a copy.
+        _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT,
+                 _TRANSFER | vk.VK_PIPELINE_STAGE_HOST_BIT,
+                 vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
         for t in staged_outputs:
             _copy(cmd, t.buffer, t.staging, t.staging.size)
         for src, dst in state_copies:

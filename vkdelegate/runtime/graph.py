@@ -29,11 +29,11 @@ import vulkan as vk
 from vkdelegate.backend.registry import NodeSpec, TensorSpec, lookup
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import commands
-from vkdelegate.runtime.builder import NodeBuilder
+from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
 from vkdelegate.runtime.dtypes import from_device, to_device
-from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, Allocator
+from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.runtime.values import GraphValues
@@ -74,6 +74,8 @@ class DelegateGraph(DeviceState):
         self.allocator = Allocator(self.device)
         self.dispatches: list = []
         self.resize_hooks: list = []
+        self.error_flags: list[ErrorFlag] = []  # NodeBuilder.error_flag, in chain order
+        self._error_view = None  # uint32 host view of the error-flag buffer
         self.recordings = 0
         self._lock = threading.Lock()  # inputs, outputs and fence serve one run at a time
         self._closed = True
@@ -128,6 +130,33 @@ class DelegateGraph(DeviceState):
         mp = self.device.memory_properties
         return any((mp.memoryTypes[i].propertyFlags & want) == want
                    for i in range(mp.memoryTypeCount))
+
+    def error_flag(self, call: g.OperatorCall, message) -> ErrorFlag:
+        """The error-flag word of node ``call`` (see NodeBuilder.error_flag). The
+        buffer, allocated on first use, holds one uint32 per node of the chain."""
+        for flag in self.error_flags:
+            if flag.node_id == call.node_id:
+                return flag
+        if self._error_view is None:
+            n = max(len(self.graph.chain), 1)
+            self._error_buffer = self.allocator.buffer(4 * n, STORAGE_USAGE, True,
+                                                       "the error flags")
+            self._error_view = self._error_buffer.host[:4 * n].view(np.uint32)
+            self._error_view[:] = 0
+        flag = ErrorFlag(self._error_buffer, len(self.error_flags), call.node_id,
+                         call.name, message)
+        self.error_flags.append(flag)
+        return flag
+
+    def _check_error_flags(self) -> None:
+        """Raise VkDelegateError for the first node whose error-flag word the last run
+        set (one read of a few host-visible bytes)."""
+        words = self._error_view[:len(self.error_flags)]
+        if not words.any():
+            return
+        flag = self.error_flags[int(np.flatnonzero(words)[0])]
+        message = flag.message() if callable(flag.message) else flag.message
+        raise VkDelegateError(f"node {flag.node_id} ({flag.op}): {message}")
 
     def resolve(self, vid: int):
         """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value)."""
@@ -202,7 +231,8 @@ class DelegateGraph(DeviceState):
         input, see ``bind_state``). Returns new arrays, one per graph output (None for
         a state output bound without ``download``). With ``profile=True`` the run uses
         a command buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
-        Raises VkDelegateError for a wrong count, dtype, rank or size, or a timeout.
+        Raises VkDelegateError for a wrong count, dtype, rank or size, a timeout, or an
+        input error a shader flagged (NodeBuilder.error_flag, e.g. an index out of range).
         Thread-safe: concurrent calls on one graph run one after the other.
         """
         with self._lock:
@@ -248,6 +278,8 @@ class DelegateGraph(DeviceState):
                 data = to_device(a, t.device_dtype, f"input {i}").reshape(-1)
                 view[:a.size] = data
                 uploaded += data.nbytes
+        if self.error_flags:
+            self._error_view[:len(self.error_flags)] = 0
         submit = self._submit if not profile else self._profile_submit()
         dev = self.device.device
         # The fence is reset just before it is reused rather than right after the
@@ -263,6 +295,8 @@ class DelegateGraph(DeviceState):
         if profile:
             self.last_profile = Profile.from_queries(self.device, self._query_pool,
                                                      self.dispatches)
+        if self.error_flags:
+            self._check_error_flags()
         outputs = [None if j in self._skip_download
                    else from_device(view[:t.numel], t.dtype).reshape(t.shape)
                    for j, (t, view) in enumerate(zip(self.outputs, self._out_views))]
