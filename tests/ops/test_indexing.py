@@ -112,3 +112,76 @@ def test_zero_dim_inputs():
     check_op(lambda x, i, j: (x.index_select(0, i), x.gather(0, j)),
              (x, _idx(0), torch.tensor(0)),
              ops=["aten.index_select.default", "aten.gather.default"])
+
+
+# ---- out-of-range indices: eager raises, so must we (the shader's error flag) ----------
+_RANGE_CASES = {
+    # op: (fn, data, good index, index too large, index too negative)
+    "aten.index_select.default": (lambda x, i: x.index_select(0, i), rand(3, 7),
+                                  _idx(2, 0, 1), _idx(3, 0, 1), _idx(-1, 0, 1)),
+    "aten.embedding.default": (lambda w, i: F.embedding(i, w), rand(10, 5),
+                               _idx(9, 0, 4), _idx(10, 0, 4), _idx(-1, 0, 4)),
+    "aten.index.Tensor": (lambda x, i: x[i], rand(3, 7),            # -3..2 allowed
+                          _idx(2, -3, -1), _idx(3, 0, 1), _idx(-4, 0, 1)),
+    "aten.gather.default": (lambda x, i: x.gather(1, i), rand(3, 7),
+                            _idx(6, 0, 3).reshape(3, 1), _idx(7, 0, 3).reshape(3, 1),
+                            _idx(-1, 0, 3).reshape(3, 1)),
+}
+
+
+@pytest.mark.parametrize("op", list(_RANGE_CASES))
+def test_out_of_range_index_raises(op):
+    """Each bad index raises VkDelegateError naming the node's op (eager raises too);
+    the same lowered program then still gives eager's values for good indices, so the
+    error flag was reset."""
+    from vkdelegate.errors import VkDelegateError
+
+    fn, data, good, *bad = _RANGE_CASES[op]
+    lowered = check_op(fn, (data, good), ops=[op])
+    for index in bad:
+        with pytest.raises((IndexError, RuntimeError)):
+            fn(data, index)
+        with pytest.raises(VkDelegateError, match=rf"node \d+ \({op}\): an index is out "
+                                                  rf"of range for dim \d+ of size"):
+            lowered(data, index)
+        torch.testing.assert_close(lowered(data, good), fn(data, good), rtol=0, atol=0)
+
+
+def test_out_of_range_names_the_failing_node():
+    """With two checked nodes in one graph, the error names the one whose index was
+    bad and the size of its indexed dim (7, not the index_select's 3)."""
+    from vkdelegate.errors import VkDelegateError
+
+    def fn(x, i, g):
+        return x.index_select(0, i), x.gather(1, g)
+    x, i, g = rand(3, 7), _idx(2, 0), _idx(1, 6, 0).reshape(3, 1)
+    lowered = check_op(fn, (x, i, g), ops=["aten.index_select.default",
+                                          "aten.gather.default"])
+    with pytest.raises(VkDelegateError, match=r"\(aten.gather.default\): an index is out "
+                                              r"of range for dim 1 of size 7 \(valid "
+                                              r"indices: 0\.\.6\)"):
+        lowered(x, i, _idx(1, 9, 0).reshape(3, 1))
+    with pytest.raises(VkDelegateError, match=r"\(aten.index_select.default\).* size 3"):
+        lowered(x, _idx(0, 3), g)
+
+
+@pytest.mark.parametrize("staging, profile", [(True, False), (False, True)])
+def test_out_of_range_staged_and_profiled(staging, profile):
+    """The flag is read right after the fence wait with staged inputs/outputs (the
+    discrete-GPU path) and with the profiling command buffer too."""
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    def fn(x, i):
+        return x[:, i]
+    x, good = rand(3, 7), _idx(6, -7, 2)
+    lowered = check_op(fn, (x, good), ops=["aten.index.Tensor"])
+    (delegate,) = lowered.methods["forward"].delegates
+    with load_delegate(delegate.blob, staging=staging) as graph:
+        if profile and graph.device.timestamp_bits == 0:
+            pytest.skip("no timestamp queries on this device")
+        with pytest.raises(VkDelegateError, match=r"index.Tensor\): an index is out of "
+                                                  r"range for dim 1 of size 7"):
+            graph.execute([x.numpy(), _idx(7, 0, 0).numpy()], profile=profile)
+        (got,) = graph.execute([x.numpy(), good.numpy()], profile=profile)
+        torch.testing.assert_close(torch.from_numpy(got), fn(x, good), rtol=0, atol=0)

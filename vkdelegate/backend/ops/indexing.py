@@ -6,7 +6,10 @@ along one dim: the input viewed as [outer, size, inner], the output as
 ``x[:, idx]`` and for reflection/replication padding (with arange/abs/clamp building
 the indices). Several index tensors (broadcast together) and bool masks (data-dependent
 sizes) stay on the CPU. gather has its own shader. Negative indices count from the end
-as in ATen; indices ATen rejects are clamped on the device (no out-of-bounds reads).
+where ATen allows them (index.Tensor: -size..size-1); index_select, embedding and
+gather take 0..size-1 only, as eager does. An index ATen rejects sets the node's error
+flag (NodeBuilder.error_flag: the run raises VkDelegateError naming the node) and is
+clamped on the device, so no read leaves the buffer.
 """
 from __future__ import annotations
 
@@ -30,16 +33,29 @@ def _defines(out, x, idx, dtype: str) -> dict:
     return d
 
 
-def _rows(b, out, x, index, dim_fn):
-    """Record one index_rows dispatch; dim_fn() -> the indexed dim of ``x``."""
+def _range_message(x, dim: int, allow_negative: bool):
+    """() -> the error message for an index out of range along ``dim`` of ``x``
+    (current sizes, read after the run that flagged it)."""
+    def message():
+        size = x.shape[dim] if x.ndim else 1
+        valid = f"{-size}..{size - 1}" if allow_negative else f"0..{size - 1}"
+        return (f"an index is out of range for dim {dim} of size {size} "
+                f"(valid indices: {valid})")
+    return message
+
+
+def _rows(b, out, x, index, dim: int, allow_negative: bool):
+    """Record one index_rows dispatch picking rows along ``dim`` of ``x``."""
+    flag = b.error_flag(_range_message(x, dim, allow_negative))
+
     def info():
-        d = dim_fn()
-        inner = math.prod(x.shape[d + 1:])
-        size = x.shape[d] if x.ndim else 1  # a 0-d input is one row
-        return record(ivec4(out.numel, max(inner, 1), max(index.numel, 1), size))
+        inner = math.prod(x.shape[dim + 1:])
+        size = x.shape[dim] if x.ndim else 1  # a 0-d input is one row
+        return record(ivec4(out.numel, max(inner, 1), max(index.numel, 1), size),
+                      ivec4(flag.slot, int(allow_negative)))
     params = b.params(info())
     b.on_resize(lambda: params.write(info()))
-    b.dispatch("index_rows", _defines(out, x, index, out.dtype), outputs=[out],
+    b.dispatch("index_rows", _defines(out, x, index, out.dtype), outputs=[out, flag],
                inputs=[x, index], params=[params], global_size=(out.max_numel,))
 
 
@@ -56,7 +72,7 @@ def _index_select_impl(b, node):
     x_id, dim_id, index_id, out_id = node.args
     x, index, out = b.tensor(x_id), b.tensor(index_id), b.tensor(out_id)
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
-    _rows(b, out, x, index, lambda: dim)
+    _rows(b, out, x, index, dim, allow_negative=False)
 
 
 # ---- embedding ------------------------------------------------------------------
@@ -68,7 +84,7 @@ def _embedding_shape(args):
 def _embedding_impl(b, node):
     weight, indices, out = (b.tensor(node.args[0]), b.tensor(node.args[1]),
                             b.tensor(node.args[-1]))
-    _rows(b, out, weight, indices, lambda: 0)
+    _rows(b, out, weight, indices, 0, allow_negative=False)
 
 
 def _embedding_rule(node: NodeSpec):
@@ -99,7 +115,7 @@ def _index_impl(b, node):
         d, index = _single_index(b.value(indices_id))
     except VkDelegateError as exc:
         raise b.error(str(exc)) from None
-    _rows(b, out, x, index, lambda: d)
+    _rows(b, out, x, index, d, allow_negative=True)
 
 
 def _index_rule(node: NodeSpec):
@@ -121,8 +137,9 @@ def _gather_impl(b, node):
     if index.ndim != x.ndim:
         raise b.error(f"gather index of rank {index.ndim} for an input of rank {x.ndim}")
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
-    params = b.params(record(ivec4(max(x.ndim, 1) - 1 - dim)))
-    b.dispatch("gather", _defines(out, x, index, out.dtype), outputs=[out],
+    flag = b.error_flag(_range_message(x, dim, allow_negative=False))
+    params = b.params(record(ivec4(max(x.ndim, 1) - 1 - dim, flag.slot)))
+    b.dispatch("gather", _defines(out, x, index, out.dtype), outputs=[out, flag],
                inputs=[x, index], params=[out.meta, x.meta, params],
                global_size=(out.max_numel,), spec_constants=(out.ndim,))
 
@@ -141,13 +158,17 @@ def _register(name, impl, shape_fn, index_arg, index_dtypes=INDEX_DTYPES, rules=
 
 
 _register("aten.index_select.default", _index_select_impl, _index_select_shape, 2,
-          notes="int32/int64 indices, negative indices")
+          notes="int32/int64 indices; out-of-range ones raise after the run")
 _register("aten.embedding.default", _embedding_impl, _embedding_shape, 1,
-          rules=(_embedding_rule,), notes="forward only (padding_idx has no effect)")
+          rules=(_embedding_rule,),
+          notes="forward only (padding_idx has no effect); out-of-range indices raise "
+                "after the run")
 _register("aten.index.Tensor", _index_impl, _index_shape, 1, rules=(_index_rule,),
-          notes="one index tensor (x[:, idx]); reflection/replication pad")
+          notes="one index tensor (x[:, idx]); reflection/replication pad; out-of-range "
+                "indices raise after the run")
 _register("aten.gather.default", _gather_impl, _gather_shape, 2,
-          index_dtypes=frozenset({"int64"}), rules=(_gather_rule,), notes="any dim")
+          index_dtypes=frozenset({"int64"}), rules=(_gather_rule,),
+          notes="any dim; out-of-range indices raise after the run")
 
 for _profile in STORAGE_PROFILES:
     for _dt in MOVE_DTYPES:

@@ -1,19 +1,22 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
+#define ERROR_FLAGS_BINDING 1
+#include "index_check.h"
 
 // aten.gather: out[c] = in[c with c[dim] replaced by index[c]]; index has the output's
-// sizes (each at most the input's, except along dim). Negative indices count from the
-// end; out-of-range ones (an error in ATen) are clamped so no read leaves the buffer.
+// sizes (each at most the input's, except along dim). Out-of-range indices, negative
+// ones included (an error in ATen), set this node's error flag (index_check.h) and are
+// clamped so that no read leaves the buffer.
 // Defines: OUT_T, IN_T, IDX_T (storage types), OUT_STORE(v), IN_ACC (float or int).
 
 TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
-TENSOR_IN(2, index_data, IDX_T)
-TENSOR_META(3, out_meta)
-TENSOR_META(4, in_meta)
-layout(set = 0, binding = 5) uniform gather_block {
-  ivec4 info;  // x: gathered dim, counted from the innermost (0)
+TENSOR_IN(2, in_data, IN_T)
+TENSOR_IN(3, index_data, IDX_T)
+TENSOR_META(4, out_meta)
+TENSOR_META(5, in_meta)
+layout(set = 0, binding = 6) uniform gather_block {
+  ivec4 info;  // x: gathered dim, counted from the innermost (0); y: error-flag word
 };
 
 // The tensors' rank: the loop runs over real dims only (integer division is slow on
@@ -25,10 +28,8 @@ void main() {
   if (i >= uint(numel_of(out_meta))) {
     return;
   }
-  int idx = int(index_data[i]);
-  const int size = size_at(in_meta, info.x);
-  idx = idx < 0 ? idx + size : idx;
-  idx = clamp(idx, 0, size - 1);
+  const int idx = checked_index(int(index_data[i]), size_at(in_meta, info.x), false,
+                                info.y);
   uint rem = i;
   int src = 0;
   [[unroll]] for (int d = 0; d < NDIM; ++d) {
