@@ -36,7 +36,13 @@ def describe(spec: dict, ranges: dict) -> str:
     return f"{spec['dtype']}[{', '.join(dims)}]"
 
 
-def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
+def _sym_text(sym: str, dim_names: dict) -> str:
+    """``batch (s77)`` for a symbol of a named ``Dim``, else the symbol."""
+    return f"{dim_names[sym]} ({sym})" if sym in dim_names else sym
+
+
+def check_inputs(values: list, specs: list[dict], ranges: dict,
+                 dim_names: "dict | None" = None) -> None:
     """Raise VkDelegateError unless ``values`` fit ``specs``.
 
     values: the flattened user inputs (numpy arrays or torch tensors).
@@ -44,7 +50,9 @@ def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
         {"expr": str}]}, or {"name": str, "const": value} for a Python scalar input
         that export specialized.
     ranges: symbol -> [low, high or None].
+    dim_names: symbol -> the ``torch.export.Dim`` name it came from, for messages.
     """
+    dim_names = dim_names or {}
     if len(values) != len(specs):
         raise VkDelegateError(f"expected {len(specs)} inputs, got {len(values)}")
     bound: dict[str, tuple[int, str]] = {}
@@ -80,9 +88,10 @@ def check_inputs(values: list, specs: list[dict], ranges: dict) -> None:
             lo, hi = ranges.get(sym, (0, None))
             if size < lo or (hi is not None and size > hi):
                 raise VkDelegateError(f"input {name!r} dim {d} is {size}, allowed range "
-                                      f"{_range_text(lo, hi)}{expected}")
+                                      f"{_range_text(lo, hi)} of dynamic size "
+                                      f"{_sym_text(sym, dim_names)}{expected}")
             if sym in bound and bound[sym][0] != size:
                 raise VkDelegateError(f"input {name!r} dim {d} is {size} but "
                                       f"{bound[sym][1]} is {bound[sym][0]}; both are the "
-                                      f"same dynamic size {sym}")
+                                      f"same dynamic size {_sym_text(sym, dim_names)}")
             bound.setdefault(sym, (size, f"input {name!r} dim {d}"))

@@ -99,8 +99,9 @@ class MethodRunner:
     Raises VkDelegateError for a malformed plan.
     """
 
-    def __init__(self, plan: dict, constants: dict, state: dict, delegates: list):
-        self.plan = plan
+    def __init__(self, plan: dict, constants: dict, state: dict, delegates: list,
+                 name: str = "forward"):
+        self.plan, self.name = plan, name
         self.constants = constants
         self._host_state = dict(state)
         self.delegates = delegates
@@ -213,7 +214,8 @@ class MethodRunner:
     def run_flat(self, flat_inputs: list) -> list:
         """Outputs (the full output tuple, leaves) for flattened inputs."""
         plan = self.plan
-        check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}))
+        check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}),
+                     plan.get("dim_names"))
         env = dict(self.constants)
         env.update({k: v for k, v in self._host_state.items() if k not in self._bound})
         env.update({_value_name(spec): v for spec, v in zip(plan["inputs"], flat_inputs)})
@@ -259,6 +261,7 @@ class MethodRunner:
 
         Torch tensors in give torch tensors out; numpy arrays in give numpy arrays out.
         """
+        args, kwargs = self._bind_arguments(args, kwargs)
         flat = pytree_spec.flatten((tuple(args), dict(kwargs)), self.plan["in_spec"],
                                    "arguments")
         want_torch = any(_is_torch_tensor(v) for v in flat) or (
@@ -267,12 +270,60 @@ class MethodRunner:
         leaves = [convert(v) for v in self.call_flat(flat)]
         return pytree_spec.unflatten(leaves, self.plan["out_spec"])
 
+    def _signature(self) -> "tuple[list[str], list[str]] | None":
+        """(positional input names, keyword-only names) from the plan's in_spec, or
+        None when the in_spec is not the (args tuple, kwargs dict) export gives."""
+        spec = self.plan["in_spec"]
+        if spec["t"] != "tuple" or len(spec["c"]) != 2 or spec["c"][1]["t"] != "dict" \
+                or spec["c"][0]["t"] not in ("tuple", "list"):
+            return None
+        names, first = [], 0
+        for i, child in enumerate(spec["c"][0]["c"]):
+            leaf = child["t"] == "leaf" and first < len(self.plan["inputs"])
+            names.append(self.plan["inputs"][first]["name"] if leaf else f"arg{i}")
+            first += pytree_spec.num_leaves(child)
+        return names, list(spec["c"][1]["k"])
+
+    def _bind_arguments(self, args: tuple, kwargs: dict) -> "tuple[list, dict]":
+        """Positional arguments and the exported keyword inputs: a keyword naming a
+        positional input fills its slot; VkDelegateError names the method's inputs
+        for too many, missing, repeated or unknown arguments."""
+        signature = self._signature()
+        if signature is None:
+            return list(args), kwargs
+        names, keywords = signature
+        takes = (f"{self.name} takes {len(names)} input(s) ({', '.join(names)})"
+                 + (f" and keyword input(s) ({', '.join(keywords)})" if keywords else ""))
+        if len(args) > len(names):
+            raise VkDelegateError(f"{takes}; got {len(args)} positional")
+        missing = object()
+        slots = list(args) + [missing] * (len(names) - len(args))
+        rest = {}
+        for key, value in kwargs.items():
+            if key in keywords:
+                rest[key] = value
+            elif key in names[len(args):]:
+                slots[names.index(key)] = value
+            elif key in names:
+                raise VkDelegateError(f"{takes}; got {key!r} both by position and by "
+                                      f"keyword")
+            else:
+                raise VkDelegateError(f"{takes}; got unexpected keyword {key!r}")
+        lacking = [n for n, v in zip(names, slots) if v is missing] + [
+            k for k in keywords if k not in rest]
+        if lacking:
+            raise VkDelegateError(f"{takes}; missing {', '.join(lacking)}")
+        return slots, rest
+
     def call_flat(self, flat: list) -> list:
         """Run on flattened user inputs, apply state and input updates, and return the
         flattened user outputs (arrays or tensors, as produced)."""
         outputs = self.run_flat(flat)
         for name, index in self.plan.get("state_updates", {}).items():
             if name not in self._bound:  # the device already holds the new value
+                if not hasattr(outputs[index], "shape"):
+                    raise VkDelegateError(f"state {name!r}: plan output {index} is "
+                                          f"{type(outputs[index]).__name__}, not a tensor")
                 self._host_state[name] = outputs[index]
         for pos, index in self.plan.get("input_updates", {}).items():
             target, new = flat[int(pos)], outputs[index]

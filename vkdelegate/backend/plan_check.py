@@ -116,6 +116,9 @@ def check_plan(plan, state_names) -> None:
             rng[1] is None or isinstance(rng[1], int) and not isinstance(rng[1], bool))
         if not ok:
             _fail(f"plan.ranges[{sym!r}]", f"must be [low, high or null], got {rng!r}")
+    for sym, name in (_need(plan, "dim_names", dict, "plan", optional=True) or {}).items():
+        if not isinstance(name, str):
+            _fail(f"plan.dim_names[{sym!r}]", f"must be a str, got {type(name).__name__}")
     for key in ("in_spec", "out_spec"):
         if key not in plan:
             _fail(f"plan.{key}", "is missing")

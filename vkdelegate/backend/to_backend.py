@@ -98,6 +98,31 @@ def _ranges(pg: ProgramGraph) -> dict:
     return ranges
 
 
+def _dim_names(pg: ProgramGraph) -> dict:
+    """symbol -> the user's ``Dim`` name (``s77`` -> ``batch``) for the input sizes
+    export kept one for; read from the symbols' shape environment (ShapeEnv's
+    ``var_to_sources`` and ``source_name_to_debug_name``), so any torch without them
+    simply gives no names and error messages use the symbols."""
+    names = {}
+    for name in pg.user_inputs:
+        val = pg.placeholder(name).meta.get("val")
+        for dim in getattr(val, "shape", ()):
+            expr = getattr(getattr(dim, "node", None), "expr", None)
+            if not isinstance(expr, sympy.Symbol) or str(expr) in names:
+                continue
+            try:
+                env = dim.node.shape_env
+                for source in env.var_to_sources.get(expr, []):
+                    label = source.name if isinstance(source.name, str) else source.name()
+                    debug = env.source_name_to_debug_name.get(label)
+                    if isinstance(debug, str) and debug != str(expr):
+                        names[str(expr)] = debug
+                        break
+            except AttributeError:
+                return {}
+    return names
+
+
 def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions
                         ) -> tuple[bytes, dict, list, list]:
     """Record the overrides and force_fp16 in a blob's VkGraph.
@@ -239,6 +264,7 @@ class _GlueEncoder:
         return {
             "inputs": inputs,
             "ranges": _ranges(pg),
+            "dim_names": _dim_names(pg),
             "in_spec": pytree_spec.from_treespec(pg.in_spec),
             "out_spec": pytree_spec.from_treespec(pg.out_spec),
             "nodes": nodes,
