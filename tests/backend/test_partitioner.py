@@ -141,3 +141,25 @@ def test_linear_preserved_whole_when_supported():
     # float64 is not supported: the linear decomposes as usual.
     ep64 = torch.export.export(m.double(), (torch.randn(2, 5, 8).double(),))
     assert part.ops_to_preserve(ep64) == set()
+
+
+@pytest.mark.parametrize("executor", ["reference", "vulkan"])
+@pytest.mark.parametrize("pool", [torch.nn.MaxPool2d(2), torch.nn.AvgPool2d(2)])
+def test_conv_pool_conv_is_one_partition(pool, executor):
+    # max_pool2d becomes max_pool2d_with_indices + getitem: the getitem (supported
+    # with its producer) must not cut the graph into two partitions with the data
+    # going through the host between them, as it did before.
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate import to_backend
+
+    if executor == "vulkan" and vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), pool, torch.nn.Conv2d(4, 5, 3))
+    x = torch.randn(1, 3, 16, 16)
+    program = to_backend(torch.export.export(m, (x,)),
+                         VulkanPartitioner({"executor": executor}))
+    assert program.num_delegates() == 1
+    assert program.report.num_partitions == 1
+    assert all(d.on_vulkan for d in program.report.decisions)
+    torch.testing.assert_close(program(x), m(x), rtol=1e-4, atol=1e-4)

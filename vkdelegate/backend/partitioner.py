@@ -112,6 +112,12 @@ class VulkanPartitioner:
             if node.op != "call_function":
                 continue
             reasons = self.check_node(node)
+            if node.target is operator.getitem and getattr(node.args[0], "name", None) \
+                    in supported:
+                # Supported with its producer (e.g. max_pool2d_with_indices): left
+                # unsupported, it would cut the graph there, since the fx partitioner
+                # merges a node with its users only through supported nodes.
+                reasons = []
             decisions.append(NodeDecision(node.name, _op_label(node.target), reasons))
             if not reasons:
                 supported.add(node.name)
