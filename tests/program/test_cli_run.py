@@ -109,3 +109,68 @@ def test_unwritable_paths_fail_before_running(saved, capsys):
                  "--trace", str(d / "missing" / "t.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not list((d / "out").glob("output_*.npy"))
+
+
+def _profile(tmp_path, capsys, module, inputs, dynamic_shapes=None, run_inputs=None):
+    """Save ``module`` lowered for Vulkan, run it with --profile --trace; return the
+    printed text and the trace events."""
+    if _vulkan_available():
+        pytest.skip(_vulkan_available())
+    ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes)
+    to_backend(ep, VulkanPartitioner({"executor": "vulkan"})).save(tmp_path / "p.vkp")
+    argv = ["run", str(tmp_path / "p.vkp"), "--output-dir", str(tmp_path), "--profile",
+            "--trace", str(tmp_path / "t.json")]
+    for i, x in enumerate(run_inputs or inputs):
+        np.save(tmp_path / f"in{i}.npy", x.numpy())
+        argv += ["--input", f"{ep.graph_signature.user_inputs[i]}={tmp_path / f'in{i}.npy'}"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    return capsys.readouterr().out, events
+
+
+class AddRelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x + 1)
+
+
+def test_profile_shows_this_runs_shapes(tmp_path, capsys):
+    # Exported for n <= 16, run with n = 3: the table shows 3x4, not the bound 16x4.
+    torch.manual_seed(0)
+    n = torch.export.Dim("n", max=16)
+    out, _ = _profile(tmp_path, capsys, AddRelu(), (torch.randn(5, 4),),
+                      dynamic_shapes={"x": {0: n}}, run_inputs=(torch.randn(3, 4),))
+    relu = next(line for line in out.splitlines() if "aten.relu" in line)
+    assert "3x4 3x4" in relu
+    assert "16x4" not in out and "tensor shapes (output last)" in out
+
+
+class Pool(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+
+
+def test_profile_lists_every_output_of_a_multi_output_op(tmp_path, capsys):
+    torch.manual_seed(0)
+    out, _ = _profile(tmp_path, capsys, Pool(), (torch.randn(1, 2, 6, 8),))
+    pool = next(line for line in out.splitlines() if "max_pool2d" in line)
+    # input, then the ValueList output's values and indices
+    assert "1x2x6x8" in pool and pool.count("1x2x3x4") == 2
+
+
+class SortBetween(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(torch.sort(torch.relu(x) * 2)[0])
+
+
+def test_trace_shows_delegates_in_sequence(tmp_path, capsys):
+    # aten.sort runs on the CPU: two delegates, the second's events after the first's.
+    torch.manual_seed(0)
+    out, events = _profile(tmp_path, capsys, SortBetween(), (torch.randn(4, 8),))
+    by_tid = {}
+    for e in events:
+        by_tid.setdefault(e["tid"], []).append(e)
+    assert sorted(by_tid) == [0, 1]
+    first_end = max(e["ts"] + e["dur"] for e in by_tid[0])
+    assert first_end > 0
+    assert min(e["ts"] for e in by_tid[1]) >= first_end

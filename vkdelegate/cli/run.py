@@ -75,35 +75,70 @@ def _leaf_paths(spec: dict, prefix: str = "") -> list[str]:
     return paths
 
 
+def _value_shapes(graph, loaded, vid: int) -> "tuple[list[str], bool]":
+    """Shapes of value ``vid`` as "AxB" strings (a ValueList gives one per tensor) and
+    whether they are this run's sizes (True) or the serialized upper bounds (False)."""
+    from vkdelegate.serialization.vkgraph import ValueList, VkTensor
+
+    value = graph.values[vid]
+    if isinstance(value, ValueList):
+        shapes, actual = [], True
+        for item in value.items:
+            got, ok = _value_shapes(graph, loaded, item)
+            shapes.extend(got)
+            actual = actual and ok
+        return shapes, actual
+    if not isinstance(value, VkTensor):
+        return [], True
+    dims, actual = value.dims, False
+    resolve = getattr(loaded, "resolve", None)
+    if resolve is not None:
+        try:
+            current = resolve(vid)
+        except VkDelegateError:  # a value the executor never built
+            current = None
+        if hasattr(current, "shape"):
+            dims, actual = current.shape, True
+    return ["x".join(map(str, dims)) or "scalar"], actual
+
+
 def print_profile(program, method: str, trace_path: "str | None") -> None:
     """Print the TOP_N slowest dispatches of the last profiled call of ``method`` (op,
-    tensor shapes, GPU time, share of the total); write a Chrome trace to ``trace_path``."""
+    tensor shapes of this run, GPU time, share of the total); write a Chrome trace to
+    ``trace_path``, one thread (tid) per delegate, the delegates one after the other."""
     from tabulate import tabulate
 
     from vkdelegate.serialization.blob import read_blob
-    from vkdelegate.serialization.vkgraph import VkTensor
 
     rows, events = [], []
+    all_actual = True
+    offset_us = 0.0  # delegates run in sequence: each starts after the previous ends
     delegates = program.methods[method].delegates
+    runners = program.runner(method).delegates
     for index, profile in program.last_profiles(method):
         graph = read_blob(delegates[index].blob).graph
+        loaded = runners[index].loaded
         calls = {c.node_id: c for c in graph.chain}
         for d in profile.dispatches:
             call = calls.get(d.node_id)
             shapes = []
             for vid in call.args if call else []:
-                value = graph.values[vid]
-                if isinstance(value, VkTensor):
-                    shapes.append("x".join(map(str, value.dims)) or "scalar")
+                got, actual = _value_shapes(graph, loaded, vid)
+                shapes.extend(got)
+                all_actual = all_actual and actual
             rows.append((index, d.node_id, d.op, " ".join(shapes), d.duration_ns))
+        end_us = offset_us
         for event in profile.chrome_trace()["traceEvents"]:
-            events.append(dict(event, tid=index))
+            events.append(dict(event, tid=index, ts=event["ts"] + offset_us))
+            end_us = max(end_us, event["ts"] + event["dur"] + offset_us)
+        offset_us = end_us
     total = sum(r[4] for r in rows) or 1.0
     top = sorted(rows, key=lambda r: -r[4])[:TOP_N]
+    shapes_header = ("tensor shapes (output last)" if all_actual
+                     else "tensor shapes, upper bounds (output last)")
     print(tabulate([(r[0], r[1], r[2], r[3], f"{r[4] / 1e3:.1f}",
                      f"{100 * r[4] / total:.1f}%") for r in top],
-                   headers=["delegate", "node", "op", "tensor shapes (output last)", "GPU us",
-                            "share"]))
+                   headers=["delegate", "node", "op", shapes_header, "GPU us", "share"]))
     print(f"total GPU time {total / 1e3:.1f} us over {len(rows)} dispatches")
     if trace_path:
         with open(trace_path, "w") as f:
