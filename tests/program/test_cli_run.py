@@ -174,3 +174,32 @@ def test_trace_shows_delegates_in_sequence(tmp_path, capsys):
     first_end = max(e["ts"] + e["dur"] for e in by_tid[0])
     assert first_end > 0
     assert min(e["ts"] for e in by_tid[1]) >= first_end
+
+
+def test_negative_device_is_an_argument_error(saved, capsys):
+    d, _ = saved
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(d / "p.vkp"), "--device", "-1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --device: device index must be >= 0, got -1" in err
+    assert "compile option" not in err
+
+
+@pytest.mark.parametrize("content,text", [
+    (b"not an array at all", "is not a .npy array file (write one with numpy.save)"),
+    (None, "holds Python objects, which are refused (give a numeric array)"),
+])
+def test_input_that_is_not_a_npy_array(saved, capsys, content, text):
+    d, _ = saved
+    bad = d / "bad.bin"
+    if content is None:
+        np.save(bad, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+        bad = d / "bad.bin.npy"
+    else:
+        bad.write_bytes(content)
+    assert main(["run", str(d / "p.vkp"), "--input", f"x={bad}", "--input",
+                 f"y={d / 'y.npy'}", "--output-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vkdelegate run: error: input 'x': {bad} {text}\n"
+    assert "allow_pickle" not in err

@@ -9,6 +9,7 @@ Needs torch only when the program has CPU parts.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -18,6 +19,7 @@ from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 
 TOP_N = 15
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 def _parse_inputs(pairs: list[str]) -> dict[str, str]:
@@ -33,10 +35,38 @@ def _parse_inputs(pairs: list[str]) -> dict[str, str]:
 
 
 def _load_array(name: str, path: str) -> np.ndarray:
+    """The .npy array at ``path``; VkDelegateError for a missing file, another format
+    (numpy would offer to unpickle it) or an array of Python objects."""
     try:
+        with open(path, "rb") as f:
+            is_npy = f.read(len(_NPY_MAGIC)) == _NPY_MAGIC
+        if not is_npy:
+            raise VkDelegateError(f"input {name!r}: {path} is not a .npy array file "
+                                  f"(write one with numpy.save)")
         return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise VkDelegateError(f"input {name!r}: cannot read {path}: {exc}") from exc
+    except ValueError as exc:
+        if isinstance(exc, VkDelegateError):
+            raise
+        # allow_pickle=False: the only pickled content left is an object array.
+        reason = ("holds Python objects, which are refused (give a numeric array)"
+                  if "pickle" in str(exc) else f"is not a readable .npy file: {exc}")
+        raise VkDelegateError(f"input {name!r}: {path} {reason}") from exc
+    except OSError as exc:
+        raise VkDelegateError(f"input {name!r}: cannot read {path}: "
+                              f"{exc.strerror or exc}") from exc
+
+
+def _device_index(text: str) -> int:
+    """argparse type of --device: a Vulkan device index, an int >= 0."""
+    try:
+        index = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device index (an integer >= 0), "
+                                         f"got {text!r}") from None
+    if index < 0:
+        raise argparse.ArgumentTypeError(f"device index must be >= 0, got {index} "
+                                         f"(vkdelegate devices lists the devices)")
+    return index
 
 
 def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
@@ -187,7 +217,8 @@ def register(subparsers) -> None:
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input by name (repeat for each input)")
     p.add_argument("--method", help="method to run (default: forward or the only one)")
-    p.add_argument("--device", type=int, help="Vulkan device index (vkdelegate devices)")
+    p.add_argument("--device", type=_device_index,
+                   help="Vulkan device index (vkdelegate devices)")
     p.add_argument("--output-dir", default=".", help="where output_*.npy go (default .)")
     p.add_argument("--profile", action="store_true",
                    help="print the slowest dispatches by GPU time")
