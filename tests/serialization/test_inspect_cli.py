@@ -115,3 +115,15 @@ def test_value_id_out_of_range_is_one_line(tmp_path, capsys):
     assert main(["inspect", str(path)]) == 2
     assert capsys.readouterr().err == ("vkdelegate inspect: error: output_ids[1] refers to "
                                        "value id 3, but the graph has 1 values (ids 0..0)\n")
+
+
+@pytest.mark.parametrize("content,text", [
+    (b"", "is empty (0 bytes), not a delegate blob or program file"),
+    (b"\0\0\0\0VH", "is 6 bytes, too short for a header (a delegate blob's VH00 header "
+                    "is 30 bytes)"),
+])
+def test_empty_and_short_files(tmp_path, capsys, content, text):
+    path = tmp_path / "f.bin"
+    path.write_bytes(content)
+    assert main(["inspect", str(path)]) == 2
+    assert capsys.readouterr().err == f"vkdelegate inspect: error: {path} {text}\n"

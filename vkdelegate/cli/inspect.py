@@ -22,7 +22,7 @@ from tabulate import tabulate
 from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization.describe import describe_blob
-from vkdelegate.serialization.header import MAGIC
+from vkdelegate.serialization.header import HEADER_LENGTH, MAGIC
 
 
 def register(subparsers) -> None:
@@ -40,8 +40,15 @@ def blobs_in_file(path: str) -> list[tuple[str, bytes, dict | None]]:
             data = f.read()
     except OSError as exc:
         raise VkDelegateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    # Without a whole magic there is nothing to compare it with: say what is wrong.
+    if not data:
+        raise VkDelegateError(f"{path} is empty (0 bytes), not a delegate blob or "
+                              f"program file")
     if data[4:8] == MAGIC:
         return [(path, data, None)]
+    if len(data) < HEADER_LENGTH:
+        raise VkDelegateError(f"{path} is {len(data)} bytes, too short for a header "
+                              f"(a delegate blob's VH00 header is {HEADER_LENGTH} bytes)")
     from vkdelegate.serialization import program_file
 
     if data[:len(program_file.MAGIC)] == program_file.MAGIC:
