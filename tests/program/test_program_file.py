@@ -303,3 +303,13 @@ def test_report_round_trip(tmp_path):
     assert str(loaded.report) == str(program.report)
     assert [d.op for d in loaded.report.cpu_nodes] == ["aten.sort.default",
                                                        "operator.getitem"]
+
+
+@pytest.mark.parametrize("path", [42, None, 3.5])
+def test_path_must_be_a_path(path):
+    # open(42) would read file descriptor 42; a load of a non-path is refused instead.
+    with pytest.raises(VkDelegateError, match=f"must be a str or os.PathLike, got "
+                                              f"{type(path).__name__}"):
+        vkdelegate.load(path)
+    with pytest.raises(VkDelegateError, match="must be a str or os.PathLike"):
+        program_file.read_program(path)

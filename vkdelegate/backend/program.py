@@ -334,6 +334,8 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None
     """Load a program file written by ``LoweredProgram.save``.
 
     device, executor: override the compile options stored in the file.
+    path: str or os.PathLike (anything else, e.g. an int that open() would take as a
+    file descriptor, raises VkDelegateError).
     Raises VkDelegateError for a file that is not a valid program file (corrupt,
     truncated, crafted, a pickle) before running anything.
     """

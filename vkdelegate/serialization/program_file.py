@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import zlib
 
@@ -87,8 +88,12 @@ def read_program(path) -> tuple[dict, list[memoryview]]:
 
     Raises VkDelegateError naming the file and the problem for a file that is not a
     program file (wrong magic, e.g. a pickle or a zip), is truncated, or whose
-    manifest or any segment does not match its checksum.
+    manifest or any segment does not match its checksum, and for a ``path`` that is
+    not a str or os.PathLike (open() would take an int as a file descriptor).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise VkDelegateError(f"program file path must be a str or os.PathLike, got "
+                              f"{type(path).__name__} {path!r}")
     try:
         with open(path, "rb") as f:
             raw = f.read()
