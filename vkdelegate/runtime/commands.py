@@ -52,6 +52,19 @@ def create_descriptor_sets(device, dispatches):
     return pool
 
 
+def _begin(device, what: str, flags: int = 0):
+    """A primary command buffer from the device's pool, begun for recording."""
+    alloc = vk.VkCommandBufferAllocateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        commandBufferCount=1)
+    cmd = vk_call(vk.vkAllocateCommandBuffers, device.device, alloc, what=what)[0]
+    begin = vk.VkCommandBufferBeginInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=flags)
+    vk_call(vk.vkBeginCommandBuffer, cmd, begin, what=what)
+    return cmd
+
+
 def _barrier(cmd, src_stage, src_access, dst_stage, dst_access):
     mb = vk.VkMemoryBarrier(sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                             srcAccessMask=src_access, dstAccessMask=dst_access)
@@ -74,14 +87,7 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
     dispatch (and after the output downloads): a state output written back into its
     state input for the next run, which the final barrier makes visible to it.
     """
-    dev = device.device
-    alloc = vk.VkCommandBufferAllocateInfo(
-        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-        commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-        commandBufferCount=1)
-    cmd = vk_call(vk.vkAllocateCommandBuffers, dev, alloc, what="the graph")[0]
-    begin = vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO)
-    vk_call(vk.vkBeginCommandBuffer, cmd, begin, what="the graph")
+    cmd = _begin(device, what="the graph")
     if timestamps is not None:
         vk.vkCmdResetQueryPool(cmd, timestamps, 0, len(dispatches) + 1)
         vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps, 0)
@@ -137,15 +143,7 @@ def run_once(device, fill, timeout_s: float = 60.0) -> None:
     wait (used at load, e.g. to copy constants from staging memory)."""
     from vkdelegate.runtime.vkcall import wait_fence
     dev = device.device
-    alloc = vk.VkCommandBufferAllocateInfo(
-        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-        commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-        commandBufferCount=1)
-    cmd = vk_call(vk.vkAllocateCommandBuffers, dev, alloc, what="an upload")[0]
-    begin = vk.VkCommandBufferBeginInfo(
-        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-        flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
-    vk_call(vk.vkBeginCommandBuffer, cmd, begin, what="an upload")
+    cmd = _begin(device, what="an upload", flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
     fill(cmd)
     vk_call(vk.vkEndCommandBuffer, cmd, what="an upload")
     fence = vk_call(vk.vkCreateFence, dev,
