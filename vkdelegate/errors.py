@@ -21,3 +21,13 @@ class DeviceLimitError(VkDelegateError):
     the program layer can run that delegate on the CPU instead (see
     ``vkdelegate.backend.program``).
     """
+
+
+class ResourceLimitError(VkDelegateError):
+    """Raised when a program file or blob asks for more than its load limits allow
+    (``vkdelegate.limits.LoadLimits``): device or host memory, one tensor's size, the
+    nesting of its manifest or values, its node or segment count.
+
+    Raised at load, before anything is allocated or compiled; the message names the
+    limit, where it was exceeded and by what value.
+    """
