@@ -23,6 +23,7 @@ from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import LoadLimits, resolve_limits
 
 _SPECIAL_KEYS = ("dtype", "device", "layout", "memory_format")
 
@@ -96,12 +97,14 @@ class MethodRunner:
     by the plan's delegate nodes; a delegate that also has ``bind_state(input, output,
     initial, download) -> bool`` and ``read_state(input)`` keeps the states that
     ``state_bindings.plan_bindings`` finds on the device from its first call on.
-    Raises VkDelegateError for a malformed plan.
+    limits: the resource budget (``vkdelegate.limits.LoadLimits``, None: defaults).
+    Raises VkDelegateError for a malformed plan, ResourceLimitError for one over limits.
     """
 
     def __init__(self, plan: dict, constants: dict, state: dict, delegates: list,
-                 name: str = "forward"):
+                 name: str = "forward", limits: "LoadLimits | None" = None):
         self.plan, self.name = plan, name
+        self.limits = resolve_limits(limits)
         self.constants = constants
         self._host_state = dict(state)
         self.delegates = delegates

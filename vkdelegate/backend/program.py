@@ -21,6 +21,7 @@ from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import PartitionReport
 from vkdelegate.errors import DeviceLimitError, VkDelegateError
+from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import program_file
 
 _log = logging.getLogger("vkdelegate")
@@ -65,8 +66,9 @@ class _LazyDelegate:
     """
 
     def __init__(self, delegate: Delegate, options: CompileOptions, where: str,
-                 dynamic: bool = False):
+                 dynamic: bool = False, limits: "LoadLimits | None" = None):
         self.delegate, self.options, self.loaded = delegate, options, None
+        self.limits = resolve_limits(limits)
         self.where = where
         self.dynamic = dynamic
         self.fallback = None  # the DeviceLimitError message when run on the CPU
@@ -82,7 +84,8 @@ class _LazyDelegate:
         if self.options.executor == "reference":
             from vkdelegate.backend.reference import load_reference
 
-            self.loaded = load_reference(self.delegate.blob, self.delegate.named_data)
+            self.loaded = load_reference(self.delegate.blob, self.delegate.named_data,
+                                         self.limits)
         else:
             from vkdelegate.runtime import load_delegate
 
@@ -90,7 +93,7 @@ class _LazyDelegate:
                 self.loaded = load_delegate(self.delegate.blob,
                                             self.delegate.named_data,
                                             device=self.options.device,
-                                            progress=progress)
+                                            progress=progress, limits=self.limits)
             except DeviceLimitError as exc:
                 hint = f" ({DYNAMIC_HINT})" if self.dynamic else ""
                 message = f"{self.where}: {exc}{hint}"
@@ -98,7 +101,8 @@ class _LazyDelegate:
                     raise DeviceLimitError(message) from exc
                 from vkdelegate.backend.reference import load_reference
 
-                self.loaded = load_reference(self.delegate.blob, self.delegate.named_data)
+                self.loaded = load_reference(self.delegate.blob,
+                                             self.delegate.named_data, self.limits)
                 self.fallback = message
                 _log.warning("%s; running this delegate on the CPU reference executor "
                              "instead", message)
@@ -146,23 +150,27 @@ class LoweredProgram:
     and ``program.<name>(*args)`` run any method. Torch tensors in give torch tensors
     out, numpy arrays in give numpy arrays out, in the structure the module returned.
     Raises VkDelegateError for inputs of the wrong dtype, rank or size.
+    limits: the resource budget (``vkdelegate.limits.LoadLimits``; None: the defaults)
+    the methods' plans and delegates are checked against.
     """
 
-    def __init__(self, methods: dict, options: "CompileOptions | dict | None" = None):
+    def __init__(self, methods: dict, options: "CompileOptions | dict | None" = None,
+                 limits: "LoadLimits | None" = None):
         if not methods:
             raise VkDelegateError("a program needs at least one method")
         self.options = parse_options(options)
+        self.limits = resolve_limits(limits)
         self.methods: dict[str, Method] = methods
         self._runners = {}
         for name, m in methods.items():
             dynamic = any(not isinstance(dim, int) for spec in m.plan.get("inputs", [])
                           for dim in spec.get("shape", ()))
             delegates = [_LazyDelegate(d, self.options, f"method {name!r}, delegate {i}",
-                                       dynamic)
+                                       dynamic, self.limits)
                          for i, d in enumerate(m.delegates)]
             try:
                 self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates,
-                                                   name)
+                                                   name, limits=self.limits)
             except VkDelegateError as exc:
                 raise VkDelegateError(f"method {name!r}: {exc}") from exc
 
@@ -329,11 +337,14 @@ def _torch_or_none():
     return torch
 
 
-def load(path, *, device: "int | None" = None, executor: "str | None" = None
-         ) -> LoweredProgram:
+def load(path, *, device: "int | None" = None, executor: "str | None" = None,
+         limits: "LoadLimits | None" = None) -> LoweredProgram:
     """Load a program file written by ``LoweredProgram.save``.
 
     device, executor: override the compile options stored in the file.
+    limits: the resource budget the file is checked against before anything is
+    allocated (``vkdelegate.limits.LoadLimits``; None: the defaults); a file over it
+    raises ``ResourceLimitError``.
     path: str or os.PathLike (anything else, e.g. an int that open() would take as a
     file descriptor, raises VkDelegateError).
     Raises VkDelegateError for a file that is not a valid program file (corrupt,
@@ -360,7 +371,7 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None
                 delegates=delegates,
                 report=(PartitionReport.from_json(m["report"])
                         if m.get("report") is not None else None))
-        return LoweredProgram(methods, options)
+        return LoweredProgram(methods, options, limits)
     except VkDelegateError:
         raise
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:

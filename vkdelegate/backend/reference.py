@@ -21,6 +21,7 @@ import torch
 
 from vkdelegate.backend import glue_ops
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
 
 _NP_DTYPES = {k: np.dtype(v) for k, v in vk.DTYPE_NAMES.items()}
@@ -34,9 +35,11 @@ class ReferenceGraph:
     DelegateGraph.
     """
 
-    def __init__(self, blob: bytes, named_data: "dict | None" = None):
+    def __init__(self, blob: bytes, named_data: "dict | None" = None,
+                 limits: "LoadLimits | None" = None):
         from vkdelegate.serialization.blob import read_blob
 
+        self.limits = resolve_limits(limits)
         decoded = read_blob(blob)
         named_data = named_data or {}
         self._load(decoded.graph, lambda i: decoded.constant_bytes(i, named_data))
@@ -49,6 +52,7 @@ class ReferenceGraph:
         ``extra_ops`` maps op names outside the allow-list (a test's custom op) to
         their callables; a program file can never supply them."""
         self = cls.__new__(cls)
+        self.limits = resolve_limits(None)
         self._load(graph, constant_bytes, extra_ops or {})
         return self
 
@@ -148,6 +152,8 @@ def resolve(name: str):
     return glue_ops.resolve(name)
 
 
-def load_reference(blob: bytes, named_data: "dict | None" = None) -> ReferenceGraph:
-    """Decode ``blob`` for CPU execution; VkDelegateError for a malformed blob."""
-    return ReferenceGraph(blob, named_data)
+def load_reference(blob: bytes, named_data: "dict | None" = None,
+                   limits: "LoadLimits | None" = None) -> ReferenceGraph:
+    """Decode ``blob`` for CPU execution; VkDelegateError for a malformed blob,
+    ResourceLimitError for one over ``limits`` (None: the defaults)."""
+    return ReferenceGraph(blob, named_data, limits)

@@ -19,11 +19,12 @@ __all__ = ["load_delegate", "DelegateGraph", "Device", "DeviceInfo", "default_de
 
 
 def load_delegate(blob: bytes, named_data: Mapping[str, bytes] | None = None,
-                  device=None, **options) -> DelegateGraph:
+                  device=None, limits=None, **options) -> DelegateGraph:
     """Build a DelegateGraph from delegate blob bytes (VH00 header + VK00 flatbuffer).
 
     named_data: bytes of constants stored outside the blob, keyed by ``named_key``.
     device: a Device, a device index or name substring, or None for the default.
+    limits: the resource budget (``vkdelegate.limits.LoadLimits``; None: defaults).
     options: passed to DelegateGraph (staging, timeout_s, progress).
     Raises VkDelegateError for a malformed blob, a missing constant, an unsupported op
     or a device limit.
@@ -33,4 +34,4 @@ def load_delegate(blob: bytes, named_data: Mapping[str, bytes] | None = None,
     decoded = read_blob(blob)
     return DelegateGraph(decoded.graph,
                          lambda i: decoded.constant_bytes(i, named_data or {}),
-                         device=device, **options)
+                         device=device, limits=limits, **options)

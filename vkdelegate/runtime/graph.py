@@ -28,6 +28,7 @@ import vulkan as vk
 
 from vkdelegate.backend.registry import NodeSpec, TensorSpec, lookup
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import resolve_limits
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
@@ -51,7 +52,8 @@ class DelegateGraph(DeviceState):
     staging buffers in host-cached memory on discrete GPUs (host reads of mapped VRAM
     cross the bus uncached); True or False forces either. timeout_s: fence wait limit per execute.
     progress: show a tqdm bar over the nodes while building (shader compilation and
-    weight packing are the slow steps of a first load).
+    weight packing are the slow steps of a first load). limits: the resource budget
+    (``vkdelegate.limits.LoadLimits``; None: the defaults).
     Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
     Call ``close()`` (or use ``with``) to free device memory.
 
@@ -66,8 +68,9 @@ class DelegateGraph(DeviceState):
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
                  device=None, staging: bool | None = None, timeout_s: float = 30.0,
-                 progress: bool = False):
+                 progress: bool = False, limits=None):
         self.progress = progress
+        self.limits = resolve_limits(limits)
         self.device = device if isinstance(device, Device) else default_device(device)
         self.graph = graph
         self.timeout_s = timeout_s
