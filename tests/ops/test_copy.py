@@ -147,3 +147,32 @@ def test_narrow_dtypes_between_nodes_without_small_storage(wide_device, source, 
     for out, ref in zip(got, expected):
         np.testing.assert_array_equal(out, ref.numpy())
     assert not wide_device.validation_messages
+
+
+def test_fp16_rounding_in_32bit_words_at_the_edges(wide_device):
+    """fp32 -> fp16 stored in a 32-bit word (no 16-bit storage): every rounding case of
+    IEEE round-to-nearest-even against torch's .half(): ties both ways, the largest
+    finite value and the overflow threshold 65520, fp16 subnormals and the underflow
+    threshold 2^-25, signed zeros, infinities, NaN, and random values of every binade."""
+    from tests.runtime.graphs import GraphMaker
+    ulp = 2.0 ** -10
+    edges = [0.0, -0.0, 1.0, 1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2 ** -20,
+             65504.0, 65519.99, 65520.0, -65520.0, 1e6, 2.0 ** -14, 2.0 ** -24,
+             2.0 ** -25, 2.0 ** -25 + 2.0 ** -40, 3 * 2.0 ** -25, 2.0 ** -26, -2.0 ** -24,
+             6.1e-5, float("inf"), float("-inf"), float("nan")]
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(2000, generator=gen) * torch.exp2(
+        torch.randint(-30, 17, (2000,), generator=gen).float())
+    x = torch.cat([torch.tensor(edges), wide])
+    m = GraphMaker()
+    nones = [m.scalar(None)] * 4 + [m.scalar(False), m.scalar(None)]
+    ix = m.input(x.shape, "float32")
+    narrow = m.op(TO_COPY, [ix] + nones, x.shape, "float16")
+    m.output(m.op(TO_COPY, [narrow] + nones, x.shape, "float32"))
+    with m.build(wide_device) as graph:
+        assert graph.resolve(narrow).device_dtype == "float32"
+        got = graph.execute([x.numpy()])[0]
+    expected = x.half().float().numpy()
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+    assert not wide_device.validation_messages

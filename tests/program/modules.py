@@ -98,6 +98,8 @@ class Case:
     cpu_ops: tuple = ()
     tol: float = 1e-4
     calls: int = 1
+    #: (major, minor) of the oldest torch whose export handles the case
+    min_torch: tuple = (0, 0)
 
 
 def _batch(lo=1, hi=32):
@@ -126,7 +128,7 @@ CASES = [
     Case("bool_where", lambda: Fn(lambda x, y: torch.where(x > 0, torch.relu(x + y), y)), lambda: A(r(3, 4), r(3, 4))),
     Case("mixed_sort", lambda: Fn(lambda x: torch.sigmoid(torch.sort(torch.relu(x) + 1.0, dim=-1)[0])), lambda: A(r(3, 9)), cpu_ops=("aten.sort.default",)),
     Case("mixed_cumsum", lambda: Fn(lambda x: torch.relu(torch.cumsum(torch.tanh(x), 1)) - x), lambda: A(r(4, 6)), cpu_ops=("aten.cumsum.default",)),
-    Case("index_with_0d_tensor", lambda: Fn(lambda x, t: x[t] * 2), lambda: A(r(5, 3), torch.tensor(2)), cpu_ops=("aten._local_scalar_dense.default", "aten.select.int")),
+    Case("index_with_0d_tensor", lambda: Fn(lambda x, t: x[t] * 2), lambda: A(r(5, 3), torch.tensor(2)), cpu_ops=("aten._local_scalar_dense.default", "aten.select.int"), min_torch=(2, 13)),
     Case("diamond", lambda: Fn(lambda x: (lambda a: (a + 1.0) + (a - 2.0))(torch.relu(x))), lambda: A(r(5, 5))),
     Case("long_chain", lambda: Fn(long_chain), lambda: A(r(3, 37))),
     Case("linear_stack", lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), lambda: A(r(5, 8))),

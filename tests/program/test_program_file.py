@@ -50,7 +50,10 @@ def _program(executor, module=None, inputs=None):
 
 def _run_python(code: str, *args, block_torch=False):
     prelude = "import sys\nsys.modules['torch'] = None\n" if block_torch else ""
-    env = dict(os.environ, PYTHONPATH=REPO)
+    # Keep a PYTHONPATH the environment already has (where the GPU machine's vulkan
+    # bindings are installed), with this checkout first.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code), *args],
                           capture_output=True, text=True, env=env, timeout=300)
 

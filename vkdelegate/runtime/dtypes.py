@@ -54,7 +54,7 @@ def acc_type(dtype: str) -> str:
 _STORE = {
     ("float32", "float32"): "float(v)",
     ("float16", "float16"): "float16_t(v)",
-    ("float16", "float32"): "unpackHalf2x16(packHalf2x16(vec2(float(v), 0.0))).x",
+    ("float16", "float32"): "round_to_half(float(v))",  # common.h
     ("int32", "int32"): "int(v)",
     ("int8", "int8"): "int8_t(int(v))",
     ("int8", "int32"): "bitfieldExtract(int(v), 0, 8)",

@@ -42,6 +42,29 @@ uint linear_id() {
 // (LOOP_LIMIT, THREAD_MAX in vkdelegate/backend/ops/reduce.py).
 #define LOOP_LIMIT 65535u
 
+// v rounded to the nearest fp16 value (ties to even; fp16's subnormals, overflow to
+// +-inf at 65520), kept in a float: how an fp16 tensor is stored on a device without
+// 16-bit storage. Integer arithmetic on the bits, because NVIDIA's compiler folds
+// unpackHalf2x16(packHalf2x16(v)) into v (seen on driver 580.159.04).
+float round_to_half(float v) {
+  const uint u = floatBitsToUint(v);
+  const uint sign = u & 0x80000000u;
+  const uint a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) {
+    return v;  // inf, NaN
+  }
+  if (a >= 0x477ff000u) {
+    return uintBitsToFloat(sign | 0x7f800000u);  // past 65504 + half an ulp
+  }
+  if (a < 0x38800000u) {  // below 2^-14: fp16 subnormals, multiples of 2^-24
+    const float r = roundEven(uintBitsToFloat(a) * 16777216.0) * (1.0 / 16777216.0);
+    return uintBitsToFloat(sign | floatBitsToUint(r));
+  }
+  // Normal: keep 10 of the 23 significand bits, rounding the other 13 to even.
+  const uint rounded = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
+  return uintBitsToFloat(sign | rounded);
+}
+
 // A quiet NaN: GLSL leaves sqrt/log of negative numbers undefined, ATen gives NaN.
 #define NAN_F uintBitsToFloat(0x7fc00000u)
 

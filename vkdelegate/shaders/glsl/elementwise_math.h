@@ -162,8 +162,10 @@ float div_trunc(float a, float b) {
 void split_float(float x, out float hi, out float lo) {
   precise float c = 4097.0 * x;  // 2^12 + 1: Veltkamp's split of a 24-bit significand
   precise float big = c - x;
-  hi = c - big;
-  lo = x - hi;
+  precise float h = c - big;  // precise too: c - (c - x) must not fold into x
+  precise float l = x - h;
+  hi = h;
+  lo = l;
 }
 
 float fmod_edges(float a, float b) {
