@@ -28,6 +28,8 @@ def pytest_deselected(items):
 
 
 def _partial_reason(config, items) -> "str | None":
+    if hasattr(config, "workerinput"):  # pytest-xdist: each worker runs a share
+        return "tests spread over pytest-xdist workers (run tests/ops without -n)"
     if config.option.keyword:
         return f"tests selected with -k {config.option.keyword!r}"
     if config.option.markexpr:
