@@ -141,6 +141,25 @@ def _product_seed(node: torch.fx.Node) -> Optional[str]:
             f"4.3e9 where their mean may fit float16 again")
 
 
+#: CPU ops whose float32 result is one literal, so a delegate reading it knows its value.
+_LITERALS = {"aten.scalar_tensor.default": 0, "aten.full.default": 1}
+
+
+def cpu_literal(node: torch.fx.Node):
+    """A float32 array standing for the values of glue node ``node`` (a delegate
+    input) when it is ``scalar_tensor(v)`` or ``full(size, v)``, else None (one element
+    when the result has one, else two: the rules look only at the value and whether
+    it is alone)."""
+    pos = _LITERALS.get(str(node.target))
+    val = node.meta.get("val")
+    if pos is None or not isinstance(val, torch.Tensor) or val.dtype != torch.float32 \
+            or len(node.args) <= pos or not isinstance(node.args[pos], (int, float)):
+        return None
+    numel = val.numel()
+    count = 1 if isinstance(numel, int) and numel == 1 else 2
+    return np.full(count, node.args[pos], dtype=np.float32)
+
+
 def fp32_nodes(gm: torch.fx.GraphModule, known: Mapping[str, np.ndarray],
                wide_inputs: "set[str] | None" = None) -> tuple[dict, list]:
     """Nodes of partition ``gm`` that stay float32 under force_fp16.

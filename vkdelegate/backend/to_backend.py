@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import operator
 
-import numpy as np
 import sympy
 import torch
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -152,24 +151,6 @@ def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions,
             casts_out)
 
 
-#: CPU ops whose float32 result is one literal, so a delegate reading it knows its value.
-_LITERALS = {"aten.scalar_tensor.default": 0, "aten.full.default": 1}
-
-
-def _cpu_literal(node: torch.fx.Node):
-    """A float32 array standing for the values of glue node ``node`` when it is
-    ``scalar_tensor(v)`` or ``full(size, v)``, else None (one element when the result
-    has one, else two: fp16_ranges only looks at the value and whether it is alone)."""
-    pos = _LITERALS.get(str(node.target))
-    val = node.meta.get("val")
-    if pos is None or not isinstance(val, torch.Tensor) or val.dtype != torch.float32 \
-            or len(node.args) <= pos or not isinstance(node.args[pos], (int, float)):
-        return None
-    numel = val.numel()
-    count = 1 if isinstance(numel, int) and numel == 1 else 2
-    return np.full(count, node.args[pos], dtype=np.float32)
-
-
 class _GlueEncoder:
     """Encodes the fused parent graph as JSON glue nodes; builds the delegates."""
 
@@ -240,7 +221,7 @@ class _GlueEncoder:
         for ph, outer in zip(placeholders, node.args):
             if not isinstance(outer, torch.fx.Node):
                 continue
-            literal = _cpu_literal(outer)
+            literal = fp16_ranges.cpu_literal(outer)
             if literal is not None:
                 known[ph.name] = literal
             if outer.name in self.wide:
