@@ -7,7 +7,8 @@ we do not). Torch-free, so that a loaded program can carry its options too.
 Keys (all optional):
 
 - ``force_fp16`` (bool, default False): store float32 tensors inside delegates as
-  float16; inputs and outputs keep float32 staging.
+  float16; inputs and outputs keep float32 staging. Nodes that need values float16
+  cannot hold stay float32 inside the delegate (``backend/fp16_ranges.py``).
 - ``require_dynamic_shapes`` (bool, default False): delegate only ops that can be
   resized at run time, so that every delegate accepts any input size in range.
 - ``storage_type_override`` (str | None): "BUFFER", "TEXTURE_3D" or "TEXTURE_2D";

@@ -13,12 +13,15 @@ from vkdelegate.errors import VkDelegateError
 
 @dataclass
 class NodeDecision:
-    """Whether one node runs on Vulkan; ``reasons`` is empty when it does."""
+    """Whether one node runs on Vulkan; ``reasons`` is empty when it does. ``notes``
+    say how a Vulkan node runs where that differs from the options (a node kept in
+    float32 under force_fp16, and why)."""
 
     name: str
     op: str
     reasons: list[str] = field(default_factory=list)
     partition: Optional[int] = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def on_vulkan(self) -> bool:
@@ -37,6 +40,11 @@ class PartitionReport:
         """Nodes left on the CPU, each with at least one reason."""
         return [d for d in self.decisions if not d.on_vulkan]
 
+    @property
+    def noted_nodes(self) -> list[NodeDecision]:
+        """Vulkan nodes with notes (e.g. kept in float32 under force_fp16)."""
+        return [d for d in self.decisions if d.on_vulkan and d.notes]
+
     def summary(self) -> str:
         """One line: how many nodes and partitions go to Vulkan."""
         on = sum(d.on_vulkan for d in self.decisions)
@@ -48,21 +56,32 @@ class PartitionReport:
 
         rows = [(d.name, d.op, "; ".join(d.reasons)) for d in self.cpu_nodes]
         table = tabulate(rows, headers=("node", "op", "reason")) if rows else ""
+        noted = [(d.name, d.op, "; ".join(d.notes)) for d in self.noted_nodes]
+        if noted:
+            table += ("\n\n" if table else "") + tabulate(
+                noted, headers=("node on Vulkan", "op", "note"))
         return self.summary() + ("\n" + table if table else "")
 
     def to_json(self) -> dict:
         """The report as a JSON-ready dict."""
+        # notes only where there are some: a report without them reads as before.
         return {"num_partitions": self.num_partitions,
                 "decisions": [[d.name, d.op, d.reasons, d.partition]
+                              + ([d.notes] if d.notes else [])
                               for d in self.decisions]}
 
     @classmethod
     def from_json(cls, data) -> "PartitionReport":
         """Rebuild a report stored by ``to_json``; VkDelegateError if malformed."""
         try:
-            decisions = [NodeDecision(str(n), str(op), [str(r) for r in reasons],
-                                      None if p is None else int(p))
-                         for n, op, reasons, p in data["decisions"]]
+            decisions = []
+            for entry in data["decisions"]:
+                n, op, reasons, p, *rest = entry
+                if len(rest) > 1:
+                    raise ValueError(f"decision {n!r} has {len(entry)} fields")
+                notes = [str(x) for x in rest[0]] if rest else []
+                decisions.append(NodeDecision(str(n), str(op), [str(r) for r in reasons],
+                                              None if p is None else int(p), notes))
             return cls(decisions, int(data["num_partitions"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise VkDelegateError(f"malformed partition report ({exc})") from None

@@ -9,17 +9,14 @@ a saved and reloaded program runs exactly the same code path.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import operator
-
-import numpy as np
 
 import sympy
 import torch
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from vkdelegate.backend import glue_ops, pytree_spec
+from vkdelegate.backend import fp16_ranges, glue_ops, pytree_spec
 from vkdelegate.backend.node_specs import dtype_name
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -70,6 +67,9 @@ def lower_method(ep, partitioner: VulkanPartitioner) -> Method:
     for decision in report.decisions:
         if decision.partition is not None:
             decision.partition = encoder.delegate_index[f"{_PREFIX}{decision.partition}"]
+            if decision.name in encoder.fp32_reasons:
+                decision.notes = [f"float32 under force_fp16: "
+                                  f"{encoder.fp32_reasons[decision.name]}"]
     constants = {k: v for k, v in pg.constants.items() if k in encoder.used}
     return Method(plan=plan, constants=constants, state=dict(pg.state),
                   delegates=encoder.delegates, report=report)
@@ -123,18 +123,20 @@ def _dim_names(pg: ProgramGraph) -> dict:
     return names
 
 
-def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions
-                        ) -> tuple[bytes, dict, list, list]:
+def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions,
+                        keep_ids: "set | None" = None) -> tuple[bytes, dict, list, list]:
     """Record the overrides and force_fp16 in a blob's VkGraph.
 
     Returns (blob, named_data, input casts, output casts): with force_fp16 every fp32
-    tensor of the delegate becomes fp16, its constants are converted, and the glue
-    casts fp32 inputs to fp16 and outputs back to fp32 at the delegate boundary (a
-    cast per input and output, None where no cast is needed).
+    tensor of the delegate becomes fp16 except those of the nodes in ``keep_ids``
+    (``OperatorCall.node_id``s, see fp16_ranges), its constants are converted, and the
+    glue casts fp16-homed inputs from fp32 and outputs back to fp32 at the delegate
+    boundary (a cast per input and output, None where no cast is needed).
     """
     if not (options.force_fp16 or options.storage_type_override
             or options.memory_layout_override):
         return blob, named_data, [], []
+    from vkdelegate.backend.fp16_cast import apply_force_fp16
     from vkdelegate.serialization.blob import read_blob, write_blob
 
     decoded = read_blob(blob)
@@ -143,25 +145,8 @@ def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions
     graph.memory_layout_override = options.memory_layout
     if not options.force_fp16:
         return write_blob(graph, bytes(decoded.constants_section)), named_data, [], []
-    named_data = dict(named_data)
-    fp32 = {vid for vid, v in enumerate(graph.values)
-            if isinstance(v, VkTensor) and v.datatype == VkDataType.FLOAT32}
-    for vid in fp32:
-        tensor = graph.values[vid]
-        tensor.datatype = VkDataType.FLOAT16
-        if tensor.constant_id >= 0:
-            ref = graph.constants[tensor.constant_id]
-            if not ref.is_named:
-                raise VkDelegateError("force_fp16 needs named constants")
-            data = np.frombuffer(named_data[ref.named_key], np.float32)
-            half = data.astype(np.float16).tobytes()
-            ref.named_key = hashlib.sha256(half).hexdigest()
-            ref.length = len(half)
-            named_data[ref.named_key] = half
-    used = {ref.named_key for ref in graph.constants if ref.is_named}
-    named_data = {k: v for k, v in named_data.items() if k in used}
-    casts_in = ["float16" if vid in fp32 else None for vid in graph.input_ids]
-    casts_out = ["float32" if vid in fp32 else None for vid in graph.output_ids]
+    named_data, casts_in, casts_out = apply_force_fp16(
+        graph, named_data, keep_ids or set(), planned=not options.skip_memory_planning)
     return (write_blob(graph, bytes(decoded.constants_section)), named_data, casts_in,
             casts_out)
 
@@ -174,6 +159,11 @@ class _GlueEncoder:
         self.delegates: list[Delegate] = []
         self.delegate_index: dict[str, int] = {}  # fused submodule name -> index
         self.used: set[str] = set()
+        # force_fp16: node name -> why it stays float32; glue values that may
+        # exceed float16 (a delegate's wide output, a CPU node reading one).
+        self.fp32_reasons: dict[str, str] = {}
+        self.wide: set[str] = set()
+        self.wide_outputs: dict[str, list] = {}   # delegate node -> per output
 
     def arg(self, a, where: str):
         if isinstance(a, torch.fx.Node):
@@ -210,8 +200,10 @@ class _GlueEncoder:
                                        skip_memory_planning=self.options.skip_memory_planning)
         except VkDelegateError as exc:
             raise VkDelegateError(f"serializing partition {node.target} failed: {exc}") from exc
+        keep_ids = self._fp32_node_ids(node, sub, placeholders, constants) \
+            if self.options.force_fp16 else set()
         blob, named_data, casts_in, casts_out = _apply_blob_options(
-            serialized.blob, dict(serialized.named_data), self.options)
+            serialized.blob, dict(serialized.named_data), self.options, keep_ids)
         self.delegate_index[node.target] = len(self.delegates)
         self.delegates.append(Delegate(blob, named_data))
         call = {"op": "delegate", "index": len(self.delegates) - 1, "args": inputs,
@@ -220,7 +212,38 @@ class _GlueEncoder:
             call.update(cast_inputs=casts_in, cast_outputs=casts_out)
         return call
 
+    def _fp32_node_ids(self, node, sub, placeholders, constants) -> set:
+        """force_fp16: node_ids of the partition's nodes that stay float32
+        (fp16_ranges); records their reasons and which outputs may exceed float16."""
+        known = {name: t.detach().cpu().numpy() for name, t in constants.items()
+                 if isinstance(t, torch.Tensor) and t.dtype == torch.float32}
+        wide_inputs = set()
+        for ph, outer in zip(placeholders, node.args):
+            if not isinstance(outer, torch.fx.Node):
+                continue
+            literal = fp16_ranges.cpu_literal(outer)
+            if literal is not None:
+                known[ph.name] = literal
+            if outer.name in self.wide:
+                wide_inputs.add(ph.name)
+        reasons, self.wide_outputs[node.name] = fp16_ranges.fp32_nodes(sub, known,
+                                                                      wide_inputs)
+        self.fp32_reasons.update(reasons)
+        return {i for i, n in enumerate(sub.graph.nodes) if n.name in reasons}
+
+    def _track_wide(self, node: torch.fx.Node) -> None:
+        """force_fp16: whether glue value ``node`` may exceed float16."""
+        if node.target is operator.getitem and node.args[0].name in self.wide_outputs:
+            flags = self.wide_outputs[node.args[0].name]
+            if node.args[1] < len(flags) and flags[node.args[1]]:
+                self.wide.add(node.name)
+        elif node.op == "call_function" and str(node.target) not in fp16_ranges.NARROWING \
+                and any(a.name in self.wide for a in node.all_input_nodes):
+            self.wide.add(node.name)
+
     def node(self, node: torch.fx.Node) -> dict:
+        if self.options.force_fp16:
+            self._track_wide(node)
         if node.op == "call_module":
             return self.delegate(node)
         target = node.target
