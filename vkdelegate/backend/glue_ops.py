@@ -1,29 +1,47 @@
 """What the CPU glue of a program may call, and nothing else.
 
 The glue is data (JSON nodes naming ops), so a program file can never name arbitrary
-Python: an op name resolves only to an ATen operator overload
-(``torch.ops.aten.<op>.<overload>``), one of the few custom ops our passes create
-(``CUSTOM_OPS``), or one of a fixed set of integer operations that size arithmetic in
-dynamic-shape programs needs. Anything else is refused when the
-program is loaded, before it runs. Torch is imported only when an ATen op is resolved.
+Python: an op name resolves only if it is on the allow-list
+(``vkdelegate.backend.allowed_ops``): pure ATen tensor operators, the custom ops our
+passes create, and a fixed set of integer operations that size arithmetic in
+dynamic-shape programs needs. Anything else is refused when the program is loaded,
+before it runs. Torch is imported only when an ATen op is resolved.
 """
 from __future__ import annotations
 
+import numbers
 import operator
-import re
 
+from vkdelegate.backend import allowed_ops
+from vkdelegate.backend.creation_ops import creation_nbytes  # noqa: F401 (public here)
 from vkdelegate.errors import VkDelegateError
 
-#: Size arithmetic torch.export emits for SymInts (ints in, int or bool out).
-BUILTINS = {
-    "operator.add": operator.add, "operator.sub": operator.sub,
-    "operator.mul": operator.mul, "operator.floordiv": operator.floordiv,
-    "operator.mod": operator.mod, "operator.neg": operator.neg,
-    "operator.eq": operator.eq, "operator.ne": operator.ne,
-    "operator.lt": operator.lt, "operator.le": operator.le,
-    "operator.gt": operator.gt, "operator.ge": operator.ge,
-}
+#: Python operators torch.export emits for SymInt arithmetic, by glue name.
+_OPERATORS = {name: getattr(operator, name.split(".")[1]) for name in allowed_ops.OPERATORS}
 
+#: The largest magnitude an integer operator may return: sizes are int64 in torch, and
+#: a chain of ``mul`` nodes must not grow a Python int without bound.
+_INT_LIMIT = 1 << 63
+
+
+def _int_op(name: str, fn):
+    def call(*args):
+        if not all(isinstance(a, numbers.Real) for a in args):
+            kinds = ", ".join(type(a).__name__ for a in args)
+            raise VkDelegateError(f"{name} takes ints, got ({kinds})")
+        result = fn(*args)
+        if isinstance(result, int) and not -_INT_LIMIT <= result < _INT_LIMIT:
+            raise VkDelegateError(f"{name}{args} = {result} is past the int64 range")
+        return result
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+#: Size arithmetic torch.export emits for SymInts (ints in, int or bool out); each
+#: refuses non-numbers (``mul("a", 10**9)`` would make a 1 GB string) and results
+#: past int64.
+BUILTINS = {name: _int_op(name, fn) for name, fn in _OPERATORS.items()}
 
 
 def _sym_size(tensor, dim: int) -> int:
@@ -34,8 +52,6 @@ def _sym_size(tensor, dim: int) -> int:
 #: whose delegates need a run-time size still loads and runs without torch.
 TORCH_FREE = {"aten.sym_size.int": _sym_size}
 
-_ATEN_NAME = re.compile(r"^aten\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
-
 #: Custom ops (ExecuTorch Vulkan's) a graph may hold after our lowering passes; torch
 #: learns them from ``vkdelegate.backend.et_vk_ops``.
 CUSTOM_OPS = frozenset({"et_vk.conv_with_clamp.default"})
@@ -44,53 +60,47 @@ CUSTOM_OPS = frozenset({"et_vk.conv_with_clamp.default"})
 def builtin_name(target) -> "str | None":
     """The glue name of a Python operator target, or None if it is not allowed."""
     name = f"operator.{getattr(target, '__name__', '')}"
-    return name if BUILTINS.get(name) is target else None
+    return name if _OPERATORS.get(name) is target else None
 
 
-def resolve(name: str):
-    """The callable for a glue op name; VkDelegateError for any name not allowed.
+def resolve(name: str, where: "str | None" = None, reference: bool = False):
+    """The callable for an allowed op name.
 
-    Raises VkDelegateError naming the op when it is not an ATen overload known to the
-    installed torch, or when torch is needed but not installed.
+    where: what calls it, for the error ("node 3 of method 'forward'"); reference: the
+    reference executor asks (its delegate-only ops are allowed too, resolved by it).
+    Raises VkDelegateError naming the op (and the refusal class, "file access", ...)
+    for a name not on ``allowed_ops``' list, one the installed torch does not define,
+    or when torch is needed but not installed.
     """
     if not isinstance(name, str):
-        raise VkDelegateError(f"op name must be a string, got {type(name).__name__}")
+        raise VkDelegateError(f"{where or 'a node'}: op name must be a string, got "
+                              f"{type(name).__name__}")
+    if not allowed_ops.is_allowed(name):
+        caller = ("a delegate run by the reference executor" if reference
+                  else "a program's CPU part")
+        raise allowed_ops.refusal(name, where or "a node", caller)
     if name in BUILTINS:
         return BUILTINS[name]
     if name in TORCH_FREE:
         return TORCH_FREE[name]
-    if name in CUSTOM_OPS:
-        return _custom(name)
-    match = _ATEN_NAME.match(name)
-    if not match:
-        raise VkDelegateError(f"op {name!r} is not allowed in a program's CPU part "
-                              f"(only aten.<op>.<overload> and integer operators)")
     try:
         import torch
     except ImportError:
         raise VkDelegateError(f"this program runs {name} on the CPU, which needs torch; "
                               f"install torch or lower the program fully to Vulkan") from None
-    packet = getattr(torch.ops.aten, match.group(1), None)
-    overload = None
+    namespace, op, overload = name.split(".")
+    if name in CUSTOM_OPS:
+        from vkdelegate.backend.et_vk_ops import ensure_defined
+
+        ensure_defined()
+    packet = getattr(getattr(torch.ops, namespace), op, None)
+    found = None
     if isinstance(packet, torch._ops.OpOverloadPacket):
         try:
-            overload = getattr(packet, match.group(2))
+            found = getattr(packet, overload)
         except AttributeError:
-            overload = None
-    if not isinstance(overload, torch._ops.OpOverload):
-        raise VkDelegateError(f"op {name!r} is not an ATen operator of torch "
+            found = None
+    if not isinstance(found, torch._ops.OpOverload):
+        raise VkDelegateError(f"op {name!r} is not an operator of torch "
                               f"{torch.__version__}")
-    return overload
-
-
-def _custom(name: str):
-    try:
-        import torch
-    except ImportError:
-        raise VkDelegateError(f"this program runs {name} on the CPU, which needs torch; "
-                              f"install torch or lower the program fully to Vulkan") from None
-    from vkdelegate.backend.et_vk_ops import ensure_defined
-
-    ensure_defined()
-    namespace, op, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    return found

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from vkdelegate.backend import glue_ops, pytree_spec
+from vkdelegate.backend.glue_checks import CreationBudget, check_arguments, glue_literal
 from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.state_bindings import plan_bindings
@@ -167,6 +168,7 @@ class MethodRunner:
         defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
             self._host_state)
         self._ops = []
+        self.creation = CreationBudget(self.limits)
         for n, node in enumerate(plan["nodes"]):
             if not isinstance(node, dict) or "op" not in node or "out" not in node:
                 raise VkDelegateError(f"node {n} of the CPU glue is malformed")
@@ -182,11 +184,22 @@ class MethodRunner:
             elif node["op"] == "getitem":
                 self._ops.append(None)
             else:
-                self._ops.append(glue_ops.resolve(node["op"]))
+                self._ops.append(self._check_call(n, node))
             self._check_refs(node.get("args", []), defined, n)
             self._check_refs(node.get("kwargs", {}), defined, n)
             defined.add(node["out"])
         self._check_refs(plan["outputs"], defined, "outputs")
+
+    def _check_call(self, n: int, node: dict):
+        """The callable of an op node, after the allow-list and argument checks and
+        the sizing of a creation op (see ``glue_checks``)."""
+        where = f"node {n}"  # LoweredProgram adds "method 'forward': "
+        fn = glue_ops.resolve(node["op"], where)
+        args = [glue_literal(a, where) for a in node.get("args", [])]
+        kwargs = {k: glue_literal(a, where) for k, a in node.get("kwargs", {}).items()}
+        check_arguments(node["op"], fn, args, kwargs, where)
+        self.creation.add(n, node["op"], args, kwargs, f"node {n} ({node['op']})")
+        return fn
 
     def _check_refs(self, arg, defined: set, where) -> None:
         if isinstance(arg, dict):
@@ -222,7 +235,8 @@ class MethodRunner:
         env = dict(self.constants)
         env.update({k: v for k, v in self._host_state.items() if k not in self._bound})
         env.update({_value_name(spec): v for spec, v in zip(plan["inputs"], flat_inputs)})
-        for node, fn in zip(plan["nodes"], self._ops):
+        created = 0  # bytes this call's run-time-sized creation ops made
+        for n, (node, fn) in enumerate(zip(plan["nodes"], self._ops)):
             op = node["op"]
             if op == "delegate":
                 index = node["index"]
@@ -252,6 +266,9 @@ class MethodRunner:
                 args = [self._arg(a, env, torch_side) for a in node.get("args", [])]
                 kwargs = {k: self._arg(a, env, torch_side)
                           for k, a in node.get("kwargs", {}).items()}
+                if n in self.creation.at_run_time:
+                    created += self.creation.check_call(
+                        op, args, kwargs, f"method {self.name!r}, node {n} ({op})", created)
                 try:
                     env[node["out"]] = fn(*args, **kwargs)
                 except Exception as exc:

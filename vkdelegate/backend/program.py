@@ -171,8 +171,8 @@ class LoweredProgram:
             try:
                 self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates,
                                                    name, limits=self.limits)
-            except VkDelegateError as exc:
-                raise VkDelegateError(f"method {name!r}: {exc}") from exc
+            except VkDelegateError as exc:  # keep the subclass (ResourceLimitError)
+                raise type(exc)(f"method {name!r}: {exc}") from exc
 
     @property
     def method_names(self) -> list[str]:

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from vkdelegate.backend import glue_ops
+from vkdelegate.backend.creation_ops import UNKNOWN
+from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
@@ -69,8 +71,51 @@ class ReferenceGraph:
                 arr = np.frombuffer(bytes(data), dtype=_NP_DTYPES[dtype])
                 self.constants[vid] = torch.from_numpy(arr.reshape(value.dims).copy())
         extra_ops = extra_ops or {}
-        self.ops = [extra_ops[call.name] if call.name in extra_ops else resolve(call.name)
-                    for call in self.graph.chain]
+        self.creation = CreationBudget(self.limits)
+        self.ops = []
+        for call in self.graph.chain:
+            if call.name in extra_ops:
+                self.ops.append(extra_ops[call.name])
+                continue
+            where = f"node {call.node_id} of the delegate"
+            op = resolve(call.name, where)
+            self.ops.append(op)
+            self._check_call(call, op, where)
+
+    def _check_call(self, call, op, where: str) -> None:
+        """Load-time argument checks of an allowed op and the sizing of a creation op
+        (``glue_checks``), from the literal values of its arguments."""
+        schema = getattr(op, "_schema", None)
+        if schema is None or not isinstance(call.args, list) or not call.args:
+            return  # size arithmetic; a malformed call fails in execute
+        kwargs = {}
+        for a, vid in zip(schema.arguments, call.args[:-1]):
+            value = self._literal(vid)
+            if "ScalarType" in str(a.real_type) and isinstance(value, int):
+                # The builder stores a dtype as an Int holding its VkDataType.
+                name = vk.DTYPE_NAMES.get(value)
+                value = UNKNOWN if name is None else Named(name)
+            kwargs[a.name] = value
+        check_arguments(call.name, op, [], kwargs, where)
+        self.creation.add(call.node_id, call.name, [], kwargs, f"{where} ({call.name})")
+
+    def _literal(self, vid):
+        """The value ``vid`` holds if it is a literal, else UNKNOWN."""
+        values = self.graph.values
+        value = values[vid] if isinstance(vid, int) and 0 <= vid < len(values) else None
+        if isinstance(value, vk.Null):
+            return None
+        if isinstance(value, vk.Int):
+            return value.int_val
+        if isinstance(value, vk.Double):
+            return value.double_val
+        if isinstance(value, vk.Bool):
+            return value.bool_val
+        if isinstance(value, vk.String):
+            return value.string_val
+        if isinstance(value, (vk.IntList, vk.DoubleList, vk.BoolList)):
+            return list(value.items)
+        return UNKNOWN
 
     def _arg(self, vid: int, env: dict):
         value = self.graph.values[vid]
@@ -102,6 +147,7 @@ class ReferenceGraph:
             value = self.graph.values[vid]
             env[vid] = (int(arr) if isinstance(value, vk.SymInt)
                         else torch.from_numpy(np.array(arr)))
+        created = 0  # bytes this run's run-time-sized creation ops made
         for call, op in zip(self.graph.chain, self.ops):
             *arg_ids, out_id = call.args
             if not hasattr(op, "_schema"):  # size arithmetic on SymInts: positional
@@ -111,16 +157,21 @@ class ReferenceGraph:
             if len(arg_ids) != len(schema):
                 raise VkDelegateError(f"node {call.node_id} ({call.name}) has "
                                       f"{len(arg_ids)} arguments, its schema {len(schema)}")
-            args, kwargs = [], {}
+            args, kwargs, named = [], {}, {}
             for a, vid in zip(schema, arg_ids):
                 value = self._arg(vid, env)
                 if "ScalarType" in str(a.real_type) and isinstance(value, int):
                     # The builder stores a dtype as an Int holding its VkDataType.
                     value = _TORCH_DTYPES[vk.VkDataType(value)]
+                named[a.name] = value
                 if a.kwarg_only:
                     kwargs[a.name] = value
                 else:
                     args.append(value)
+            if call.node_id in self.creation.at_run_time:  # sizes known only now
+                created += self.creation.check_call(call.name, [], named,
+                                                    f"node {call.node_id} of the "
+                                                    f"delegate ({call.name})", created)
             result = op(*args, **kwargs)
             out = self.graph.values[out_id]
             if isinstance(out, vk.ValueList):
@@ -140,16 +191,17 @@ def _prepack(x):
 _DELEGATE_ONLY = {"et_vk.prepack.default": _prepack}
 
 
-def resolve(name: str):
+def resolve(name: str, where: str = "a node of the delegate"):
     """The CPU callable for an ``OperatorCall`` name: an allowed glue op
     (``glue_ops.resolve``), a Python operator on SymInts under the builder's bare
-    name (``mul`` for operator.mul), or a delegate-only ET-VK op. Raises
-    VkDelegateError naming the op for anything else."""
+    name (``mul`` for operator.mul), or a delegate-only ET-VK op
+    (``allowed_ops.REFERENCE_ONLY``). Raises VkDelegateError naming ``where`` and the
+    op for anything else."""
     if name in _DELEGATE_ONLY:
         return _DELEGATE_ONLY[name]
-    if "." not in name and f"operator.{name}" in glue_ops.BUILTINS:
+    if isinstance(name, str) and "." not in name and f"operator.{name}" in glue_ops.BUILTINS:
         return glue_ops.BUILTINS[f"operator.{name}"]
-    return glue_ops.resolve(name)
+    return glue_ops.resolve(name, where, reference=True)
 
 
 def load_reference(blob: bytes, named_data: "dict | None" = None,

@@ -16,7 +16,7 @@ import sympy
 import torch
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from vkdelegate.backend import fp16_ranges, glue_ops, pytree_spec
+from vkdelegate.backend import allowed_ops, fp16_ranges, glue_ops, pytree_spec
 from vkdelegate.backend.node_specs import dtype_name
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -252,6 +252,12 @@ class _GlueEncoder:
                                               node.args[1]], "out": node.name}
         if isinstance(target, torch._ops.OpOverload):
             name = str(target)
+            if not allowed_ops.is_allowed(name):
+                # A file that calls it would not load (a user's custom op, say).
+                refused = allowed_ops.refusal(name, f"node {node.name}, which stays on "
+                                                    f"the CPU,")
+                raise VkDelegateError(f"{refused}; docs/LOWERING.md lists what it may "
+                                      f"call")
         else:
             name = glue_ops.builtin_name(target)
             if name is None:

@@ -1,0 +1,196 @@
+"""The one allow-list of operators a program's CPU part and the reference executor call.
+
+A program file is untrusted data, and its glue nodes and delegate blobs name operators
+by string. A name resolves to a callable only if it is listed here: pure tensor
+operators (their result depends only on their arguments, they write none of them and
+touch no file, storage, pinned memory or device), the size arithmetic that
+dynamic-shape programs need, and our passes' custom ops. Everything else, every other
+ATen overload of the installed torch included, is refused when the program or blob is
+loaded, and ``to_backend`` refuses to write it (``refusal``).
+
+The list is a literal, so that a review reads exactly what a program may call. It is
+what lowering can leave on the CPU: the core ATen opset's pure functional overloads
+(``to_backend`` decomposes to core ATen), every op the Vulkan registry implements (kept
+whole at lowering; the reference executor runs them), the size and assert ops
+torch.export emits, and the creation ops, allowed because the bytes they make are
+checked at load (``vkdelegate.backend.creation_ops``). A name the installed torch does
+not define (torch 2.11 lacks some) is simply unresolvable. Torch-free.
+
+docs/LOWERING.md lists these names (``render_doc``); tests/backend/test_allowed_ops.py
+keeps it current and checks the schemas of the installed torch against the rules.
+"""
+from __future__ import annotations
+
+from vkdelegate.errors import VkDelegateError
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+#: The core ATen opset (torch's ``Tag.core``) without the overloads that write an
+#: argument (``_native_batch_norm_legit.default`` updates running stats, ``atan2.out``)
+#: and ``as_strided`` (addresses storage by raw strides and offset).
+CORE_ATEN = _names("""
+aten._adaptive_avg_pool2d.default aten._adaptive_avg_pool2d_backward.default
+aten._adaptive_avg_pool3d.default aten._cdist_forward.default aten._embedding_bag.default
+aten._fft_c2r.default aten._fft_r2c.default aten._local_scalar_dense.default
+aten._log_softmax.default aten._native_batch_norm_legit.no_stats
+aten._native_batch_norm_legit_no_training.default aten._pdist_forward.default
+aten._softmax.default aten._to_copy.default aten.abs.default aten.acos.default
+aten.acosh.default aten.add.Scalar aten.add.Tensor aten.addmm.default aten.alias.default
+aten.amax.default aten.amin.default aten.any.default aten.any.dim aten.any.dims
+aten.argmax.default aten.argmin.default aten.asin.default aten.asinh.default
+aten.atan.default aten.atan2.default aten.atanh.default aten.avg_pool2d.default
+aten.avg_pool2d_backward.default aten.avg_pool3d.default aten.bitwise_and.Scalar
+aten.bitwise_and.Tensor aten.bitwise_not.default aten.bitwise_or.Scalar
+aten.bitwise_or.Tensor aten.bitwise_xor.Scalar aten.bitwise_xor.Tensor aten.bmm.default
+aten.cat.default aten.ceil.default aten.clamp.Tensor aten.clamp.default aten.clone.default
+aten.col2im.default aten.constant_pad_nd.default aten.convolution.default
+aten.convolution_backward.default aten.copy.default aten.cos.default aten.cosh.default
+aten.cumsum.default aten.diagonal.default aten.div.Scalar aten.div.Scalar_mode
+aten.div.Tensor aten.div.Tensor_mode aten.elu.default aten.embedding.default
+aten.embedding_dense_backward.default aten.eq.Scalar aten.eq.Tensor aten.erf.default
+aten.exp.default aten.expand.default aten.expm1.default aten.fill.Scalar aten.flip.default
+aten.floor.default aten.fmod.Scalar aten.fmod.Tensor aten.gather.default aten.ge.Scalar
+aten.ge.Tensor aten.gelu.default aten.grid_sampler_2d.default aten.gt.Scalar aten.gt.Tensor
+aten.hardtanh.default aten.index.Tensor aten.index_put.default aten.index_select.default
+aten.isinf.default aten.isnan.default aten.le.Scalar aten.le.Tensor aten.leaky_relu.default
+aten.log.default aten.log10.default aten.log1p.default aten.log2.default
+aten.logical_and.default aten.logical_not.default aten.logical_or.default
+aten.logical_xor.default aten.lt.Scalar aten.lt.Tensor aten.masked_scatter.default
+aten.max.dim aten.max_pool2d_with_indices.default
+aten.max_pool2d_with_indices_backward.default aten.max_pool3d_with_indices.default
+aten.maximum.default aten.mean.default aten.mean.dim aten.min.dim aten.minimum.default
+aten.mm.default aten.mul.Scalar aten.mul.Tensor aten.native_dropout.default
+aten.native_group_norm.default aten.native_group_norm_backward.default
+aten.native_layer_norm.default aten.native_layer_norm_backward.default aten.ne.Scalar
+aten.ne.Tensor aten.neg.default aten.nonzero.default aten.permute.default aten.pow.Scalar
+aten.pow.Tensor_Scalar aten.pow.Tensor_Tensor aten.prod.default aten.prod.dim_int
+aten.reciprocal.default aten.reflection_pad1d.default aten.reflection_pad2d.default
+aten.reflection_pad3d.default aten.relu.default aten.remainder.Scalar
+aten.remainder.Tensor aten.repeat.default aten.replication_pad2d.default
+aten.replication_pad3d.default aten.round.default aten.rsqrt.default aten.scatter.src
+aten.scatter.value aten.scatter_add.default aten.scatter_reduce.two aten.select.int
+aten.select_scatter.default aten.sigmoid.default aten.sign.default aten.sin.default
+aten.sinh.default aten.slice.Tensor aten.slice_scatter.default aten.sort.default
+aten.split_with_sizes.default aten.sqrt.default aten.squeeze.dim aten.squeeze.dims
+aten.sub.Scalar aten.sub.Tensor aten.sum.dim_IntList aten.tan.default aten.tanh.default
+aten.topk.default aten.trunc.default aten.unsqueeze.default aten.upsample_bilinear2d.vec
+aten.upsample_nearest2d.vec aten.var.correction aten.var.dim aten.view.default
+aten.where.self
+""")
+
+#: Ops the Vulkan registry implements that are not core ATen: kept whole at lowering
+#: (``VulkanPartitioner.ops_to_preserve``) or the ``*_copy`` forms ExecuTorch blobs use.
+REGISTRY_EXTRA = _names("""
+aten.adaptive_max_pool2d.default aten.exp2.default aten.expand_copy.default
+aten.full_like.default aten.linear.default aten.max.default aten.min.default aten.ones_like.default aten.permute_copy.default
+aten.select_copy.int aten.slice_copy.Tensor aten.split.Tensor
+aten.split_with_sizes_copy.default aten.squeeze_copy.dims aten.t_copy.default
+aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
+""")
+
+#: Sizes and checks torch.export emits for dynamic shapes (they read only metadata).
+SIZES_AND_CHECKS = _names("""
+aten.sym_size.int aten.sym_numel.default aten.sym_stride.int
+aten.sym_storage_offset.default aten._assert_tensor_metadata.default
+aten.sym_constrain_range.default aten.sym_constrain_range_for_size.default
+""")
+
+#: Ops that make a tensor from size arguments: allowed because ``creation_ops`` checks
+#: the bytes each makes against the load limits (at load for literal sizes, before the
+#: call for sizes computed at run time). ``*_like`` ops are bounded by their input.
+CREATION = _names("""
+aten.full.default aten.zeros.default aten.ones.default aten.empty.memory_format
+aten.empty_strided.default aten.arange.default aten.arange.start aten.arange.start_step
+aten.scalar_tensor.default aten.rand.default aten.randn.default aten.randperm.default
+aten.new_full.default aten.new_zeros.default aten.new_ones.default aten.new_empty.default
+aten.new_empty_strided.default aten.empty_like.default aten.rand_like.default
+aten.randn_like.default
+""")
+
+#: Custom ops our passes create (ET-VK's fused conv) or ExecuTorch blobs hold (defined
+#: only where executorch is installed).
+CUSTOM = _names("et_vk.conv_with_clamp.default dim_order_ops._to_dim_order_copy.default")
+
+#: Integer operators on SymInts (``operator.<name>`` in the glue; blobs use the bare
+#: name, ``mul``). Their arguments must be ints (see ``glue_ops.BUILTINS``).
+OPERATORS = _names("""
+operator.add operator.sub operator.mul operator.floordiv operator.mod operator.neg
+operator.eq operator.ne operator.lt operator.le operator.gt operator.ge
+""")
+
+#: Delegate-internal ops only the reference executor runs (a prepack is a copy).
+REFERENCE_ONLY = _names("et_vk.prepack.default")
+
+#: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
+ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM
+                    + OPERATORS)
+
+#: The only str arguments an allowed op takes: enum-like choices, checked at load, so
+#: that no string from a file reaches an operator as anything but one of these values.
+STR_CHOICES = {
+    "aten.div.Scalar_mode": {"rounding_mode": ("trunc", "floor")},
+    "aten.div.Tensor_mode": {"rounding_mode": ("trunc", "floor")},
+    "aten.gelu.default": {"approximate": ("none", "tanh")},
+    "aten.scatter_reduce.two": {"reduce": ("sum", "prod", "mean", "amax", "amin")},
+}
+
+
+def is_allowed(name: str, reference: bool = False) -> bool:
+    """Whether the glue (or, with ``reference``, the reference executor) may call
+    ``name``."""
+    return name in ALLOWED or (reference and name in REFERENCE_ONLY)
+
+
+_FILE = ("file", "save", "load")
+_PINNING = ("pin_memory", "is_pinned")
+_STORAGE = ("storage", "resize", "as_strided", "set_", "_share", "_make_", "data_ptr",
+            "record_stream", "from_blob", "_copy_from", "_unsafe", "_nested_view")
+
+
+def refusal_class(name: str) -> "str | None":
+    """Why a known-bad kind of op is refused (from its name: "file access", ...), or
+    None when the name belongs to no such class."""
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 3:
+        return None
+    namespace, op, overload = parts
+    if namespace != "aten":
+        return "a custom operator"
+    if any(word in op for word in _FILE):
+        return "file access"
+    if any(word in op for word in _PINNING):
+        return "memory pinning"
+    if op == "set" or any(word in op for word in _STORAGE):
+        return "storage or raw memory access"
+    if overload == "out" or overload.endswith("_out") or (
+            op.endswith("_") and not op.endswith("__")) or op.startswith("__i"):
+        return "writes its arguments (in-place or out= overload)"
+    return _schema_class(op, overload)
+
+
+def _schema_class(op: str, overload: str) -> "str | None":
+    """A class read from the installed torch's schema, where torch is importable."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    packet = getattr(torch.ops.aten, op, None) if torch is not None else None
+    overload_fn = getattr(packet, overload, None) if packet is not None else None
+    schema = getattr(overload_fn, "_schema", None)
+    if schema is None:
+        return None
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return "writes its arguments (in-place or out= overload)"
+    if any("str" in str(a.type) for a in schema.arguments):
+        return "takes a str argument"
+    return None
+
+
+def refusal(name, where: str, caller: str = "a program's CPU part") -> VkDelegateError:
+    """The error for ``where`` (e.g. "node 3 of method 'forward'") calling ``name``,
+    which ``caller`` may not call; names the refusal class where one is known."""
+    why = refusal_class(name)
+    detail = "not on the glue allow-list" + (f": {why}" if why else "")
+    return VkDelegateError(f"{where} calls {name}, which {caller} may not call ({detail})")

@@ -1,0 +1,131 @@
+"""Load-time checks of the arguments an allowed op is called with, and of the bytes
+creation ops make; shared by the CPU glue (``MethodRunner``) and the reference
+executor (``ReferenceGraph``).
+
+The allow-list (``allowed_ops``) says which ops may run; these checks say with what:
+a str argument only from the op's fixed choices (``allowed_ops.STR_CHOICES``), never
+``pin_memory=True``, in the glue no device but the CPU, and creation ops within
+``LoadLimits.max_tensor_bytes`` each and ``max_host_bytes`` together. Torch-free.
+"""
+from __future__ import annotations
+
+from vkdelegate.backend import allowed_ops
+from vkdelegate.backend.creation_ops import CREATION_OPS, UNKNOWN, creation_nbytes
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import LoadLimits, check_limit
+
+_NAMED = ("dtype", "layout", "memory_format")
+
+
+class Named:
+    """A dtype/layout/memory_format argument of a glue node, by name (not a str
+    argument of the op)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+def glue_literal(arg, where: str):
+    """A glue node's JSON argument as a plain value: ``UNKNOWN`` for a value
+    reference, a ``Named`` for a dtype/layout/memory_format. VkDelegateError for a
+    device other than the CPU (the glue runs on the CPU and allocates nothing else)."""
+    if isinstance(arg, dict):
+        if "v" in arg:
+            return UNKNOWN
+        if len(arg) == 1:
+            key, name = next(iter(arg.items()))
+            if key == "device":
+                if not (isinstance(name, str) and name.split(":")[0] == "cpu"):
+                    raise VkDelegateError(f"{where} asks for device {name!r}; the CPU "
+                                          f"part of a program runs on the CPU only")
+                return Named(name)
+            if key in _NAMED:
+                return Named(name)
+        return {k: glue_literal(v, where) for k, v in arg.items()}
+    if isinstance(arg, list):
+        return [glue_literal(a, where) for a in arg]
+    return arg
+
+
+def _has_str(value) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_str(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_str(v) for v in value.values())
+    return False
+
+
+def check_arguments(name: str, fn, args: list, kwargs: dict, where: str) -> None:
+    """Refuse a str argument outside the op's choices and ``pin_memory=True``.
+
+    fn: the resolved op (its ``_schema`` maps positions to argument names; builtins
+    have none). args/kwargs: plain values (``UNKNOWN`` for run-time ones).
+    Raises VkDelegateError naming ``where``, the op and the argument.
+    """
+    schema = getattr(fn, "_schema", None)
+    positional = [a.name for a in schema.arguments if not a.kwarg_only] if schema else []
+    choices = allowed_ops.STR_CHOICES.get(name, {})
+    pairs = [(positional[i] if i < len(positional) else None, v)
+             for i, v in enumerate(args)] + list(kwargs.items())
+    for arg, value in pairs:
+        label = f"argument {arg!r}" if arg else "an extra argument"
+        if arg == "pin_memory" and value is True:
+            raise VkDelegateError(f"{where} calls {name} with pin_memory=True, which a "
+                                  f"program may not ask for (memory pinning)")
+        if isinstance(value, str):
+            allowed = choices.get(arg, ())
+            if value not in allowed:
+                expect = (f"one of {', '.join(map(repr, allowed))}" if allowed
+                          else "no string")
+                raise VkDelegateError(f"{where} passes {name} the string {value!r} as "
+                                      f"{label}, which takes {expect}")
+        elif _has_str(value):
+            raise VkDelegateError(f"{where} passes {name} a string inside {label}")
+
+
+class CreationBudget:
+    """Bytes the creation ops of one method (or one delegate blob) make.
+
+    ``static_bytes``: the sum sized at load (from literal sizes). Raises
+    ResourceLimitError (via ``check_limit``) for one tensor over
+    ``limits.max_tensor_bytes`` or a sum over ``limits.max_host_bytes``, naming the node.
+    """
+
+    def __init__(self, limits: LoadLimits):
+        self.limits = limits
+        self.static_bytes = 0
+        self.at_run_time: set = set()  # keys of creation ops sized before each call
+
+    def add(self, key, name: str, args: list, kwargs: dict, where: str) -> None:
+        """At load: size creation op ``name`` (node ``key``, described by ``where``)
+        from its literal arguments, or leave it to ``check_call``."""
+        if name not in CREATION_OPS:
+            return
+        nbytes = creation_nbytes(name, args, kwargs)
+        if nbytes is None:
+            self.at_run_time.add(key)
+            return
+        self._check(nbytes, where, self.static_bytes)
+        self.static_bytes += nbytes
+
+    def check_call(self, name: str, args: list, kwargs: dict, where: str,
+                   spent: int) -> int:
+        """Before a call: the bytes this creation op makes with its run-time
+        arguments (``spent``: bytes the earlier ones of this call made), checked."""
+        nbytes = creation_nbytes(name, args, kwargs)
+        if nbytes is None:
+            raise VkDelegateError(f"{where}: {name} is called with sizes that are not "
+                                  f"integers")
+        self._check(nbytes, where, self.static_bytes + spent)
+        return nbytes
+
+    def _check(self, nbytes: int, where: str, before: int) -> None:
+        check_limit("the tensor it makes, in bytes,", nbytes,
+                    self.limits.max_tensor_bytes, "max_tensor_bytes", where)
+        check_limit("host memory of the creation ops up to it, in bytes,",
+                    before + nbytes, self.limits.max_host_bytes, "max_host_bytes", where)
