@@ -80,7 +80,7 @@ def test_from_file_with_shared_fill_is_refused_and_the_file_kept(tmp_path_factor
     (_node("aten.fill_.Scalar", "X", 0.0), "writes its arguments"),
     (_node("aten.copy_.default", "X", "X"), "writes its arguments"),
     (_node("aten.add.out", "X", "X", out="X"), "writes its arguments"),
-    (_node("aten._assert_scalar.default", True, "message"), "takes a str argument"),
+    (_node("aten._assert_async.msg", "X", "message"), "takes a str argument"),
     (_node("mylib.evil.default", "X"), "a custom operator"),
     (_node("builtins.eval", "1"), None),
 ])
@@ -170,3 +170,30 @@ def test_lowering_refuses_a_custom_op_left_on_the_cpu():
             "calls vkd_allow_test.twice.default, which a program's CPU part may not call "
             "(not on the glue allow-list: a custom operator); docs/LOWERING.md lists")):
         to_backend(ep, VulkanPartitioner({"executor": "reference"}))
+
+
+class CheckedSlice(torch.nn.Module):
+    """torch._check on a data-dependent size: the glue holds aten._assert_scalar."""
+
+    def forward(self, x, n):
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        return x[:k] * 2
+
+
+def test_asserts_of_a_dynamic_program_lower_and_raise_like_eager():
+    x = torch.randn(5, 3)
+    ep = torch.export.export(CheckedSlice(), (x, torch.tensor(2)))
+    program = to_backend(ep, VulkanPartitioner({"executor": "reference"}))
+    assert "aten._assert_scalar.default" in {n.op for n in program.report.cpu_nodes}
+    torch.testing.assert_close(program(x, torch.tensor(3)), x[:3] * 2)
+    with pytest.raises(VkDelegateError, match=r"aten._assert_scalar.default"):
+        program(x, torch.tensor(7))
+
+
+def test_an_assert_message_over_the_bound_is_refused(tmp_path_factory, tmp_path):
+    path = _crafted(tmp_path_factory, tmp_path,
+                    _node("aten._assert_scalar.default", True, "m" * 5000))
+    with pytest.raises(VkDelegateError, match=r"5000-character argument 'assert_msg'"):
+        vkdelegate.load(path)

@@ -96,6 +96,7 @@ SIZES_AND_CHECKS = _names("""
 aten.sym_size.int aten.sym_numel.default aten.sym_stride.int
 aten.sym_storage_offset.default aten._assert_tensor_metadata.default
 aten.sym_constrain_range.default aten.sym_constrain_range_for_size.default
+aten._assert_scalar.default
 """)
 
 #: Ops that make a tensor from size arguments: allowed because ``creation_ops`` checks
@@ -128,6 +129,10 @@ REFERENCE_ONLY = _names("et_vk.prepack.default")
 ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM
                     + OPERATORS)
 
+#: An assert's message: any text up to ``MAX_MESSAGE`` characters (it is only raised).
+MESSAGE = "any message"
+MAX_MESSAGE = 4096
+
 #: The only str arguments an allowed op takes: enum-like choices, checked at load, so
 #: that no string from a file reaches an operator as anything but one of these values.
 STR_CHOICES = {
@@ -135,6 +140,9 @@ STR_CHOICES = {
     "aten.div.Tensor_mode": {"rounding_mode": ("trunc", "floor")},
     "aten.gelu.default": {"approximate": ("none", "tanh")},
     "aten.scatter_reduce.two": {"reduce": ("sum", "prod", "mean", "amax", "amin")},
+    # torch._check(...) in a dynamic-shape program: the text only becomes the message
+    # of the error the assert raises.
+    "aten._assert_scalar.default": {"assert_msg": MESSAGE},
 }
 
 

@@ -79,7 +79,11 @@ def check_arguments(name: str, fn, args: list, kwargs: dict, where: str) -> None
                                   f"program may not ask for (memory pinning)")
         if isinstance(value, str):
             allowed = choices.get(arg, ())
-            if value not in allowed:
+            if allowed == allowed_ops.MESSAGE:
+                if len(value) > allowed_ops.MAX_MESSAGE:
+                    raise VkDelegateError(f"{where} passes {name} a {len(value)}-character "
+                                          f"{label}, over {allowed_ops.MAX_MESSAGE}")
+            elif value not in allowed:
                 expect = (f"one of {', '.join(map(repr, allowed))}" if allowed
                           else "no string")
                 raise VkDelegateError(f"{where} passes {name} the string {value!r} as "
