@@ -197,3 +197,13 @@ def test_an_assert_message_over_the_bound_is_refused(tmp_path_factory, tmp_path)
                     _node("aten._assert_scalar.default", True, "m" * 5000))
     with pytest.raises(VkDelegateError, match=r"5000-character argument 'assert_msg'"):
         vkdelegate.load(path)
+
+
+def test_empty_gives_zeros_not_uninitialised_memory(tmp_path_factory, tmp_path):
+    path = _crafted(tmp_path_factory, tmp_path,
+                    _node("aten.empty.memory_format", [4096], dtype={"dtype": "float32"}))
+    with vkdelegate.load(path) as program:
+        runner = program.runner("forward")
+        runner.plan["outputs"].append({"v": "crafted_0"})
+        out = runner.run_flat([torch.randn(3, 4)])[-1]
+    assert torch.equal(out, torch.zeros(4096))

@@ -103,4 +103,23 @@ def resolve(name: str, where: "str | None" = None, reference: bool = False):
     if not isinstance(found, torch._ops.OpOverload):
         raise VkDelegateError(f"op {name!r} is not an operator of torch "
                               f"{torch.__version__}")
+    if op in _UNINITIALISED:
+        return _ZeroFilled(found)
     return found
+
+
+#: Creation ops whose result is uninitialised memory.
+_UNINITIALISED = frozenset({"empty", "empty_strided", "empty_like", "new_empty",
+                            "new_empty_strided"})
+
+
+class _ZeroFilled:
+    """An ``empty*`` op whose result is zero-filled, so that a crafted program cannot
+    return uninitialised host memory (bytes this process held before) as an output.
+    Keeps the op's ``_schema`` for the argument checks."""
+
+    def __init__(self, op):
+        self.op, self._schema = op, op._schema
+
+    def __call__(self, *args, **kwargs):
+        return self.op(*args, **kwargs).zero_()
