@@ -102,7 +102,7 @@ class Device:
     readonly storage buffers instead of uniform buffers; None (default) does so on
     lavapipe only (``params_in_storage`` attribute; see ``uniform_inlining_driver``).
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
-    ``close()`` when done (graphs built on the device must be closed first).
+    ``close()`` when done: it first closes the graphs still open on the device.
     """
 
     def __init__(self, selector=None, validation: bool = False,
@@ -114,6 +114,9 @@ class Device:
                                   f"installed (Debian package vulkan-validationlayers)")
         self.validation_messages: list[str] = []
         self._messenger = None
+        self._closed = True  # until the device exists
+        self._graphs: set = set()  # GraphResources of the open graphs (graph_resources.py)
+        self._graphs_lock = threading.Lock()
         self.instance = _create_instance(validation)
         if validation:
             self._install_messenger()
@@ -201,10 +204,32 @@ class Device:
     def memory_flags(self, type_index: int) -> int:
         return self.memory_properties.memoryTypes[type_index].propertyFlags
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has destroyed the device (or it was never created)."""
+        return self._closed
+
+    def track(self, resources) -> None:
+        """Keep a graph's GraphResources until it is released (``close()`` releases
+        those still open)."""
+        with self._graphs_lock:
+            self._graphs.add(resources)
+
+    def untrack(self, resources) -> None:
+        """Forget released GraphResources."""
+        with self._graphs_lock:
+            self._graphs.discard(resources)
+
     def close(self) -> None:
-        """Destroy the pipelines, command pool, device and instance (idempotent)."""
+        """Close the graphs still open on the device (each waits for its call in
+        flight), then destroy the pipelines, command pool, device and instance
+        (idempotent)."""
         if self._closed:
             return
+        with self._graphs_lock:
+            open_graphs = list(self._graphs)
+        for resources in open_graphs:
+            resources.release()
         self._closed = True
         vk_call(vk.vkDeviceWaitIdle, self.device, what=f"device {self.info.name}")
         self.pipelines.close()
