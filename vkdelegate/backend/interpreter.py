@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -117,7 +118,9 @@ class MethodRunner:
         self._bind_lock = threading.Lock()
         for d in delegates:
             if hasattr(d, "before_close"):  # closing a delegate must not lose state
-                d.before_close = self.release_state
+                # A weak reference: no runner <-> delegate cycle, so a dropped program
+                # is freed (and its graphs finalized) as soon as it is unreferenced.
+                d.before_close = weakref.WeakMethod(self.release_state)
 
     @property
     def state(self) -> dict:

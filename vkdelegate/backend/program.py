@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +64,9 @@ class _LazyDelegate:
     "vkdelegate" logger naming the method, the delegate and the limit; without torch
     the DeviceLimitError is raised. dynamic: the method has dynamic dims (the message
     then says the tensors are sized for their upper bounds).
+    Thread-safe: a call, ``bind_state``/``read_state`` and ``close`` hold one lock, so
+    ``close`` from another thread waits for a call in flight, and a later call builds
+    the delegate again.
     """
 
     def __init__(self, delegate: Delegate, options: CompileOptions, where: str,
@@ -75,10 +79,16 @@ class _LazyDelegate:
         self.profiling = False
         self.last_profile = None
         self.before_close = None  # set by MethodRunner: fetch state kept on the device
+        # Reentrant: close's before_close reads this delegate's state back.
+        self._lock = threading.RLock()
 
     def build(self, progress: bool = False) -> None:
         """Decode the blob and build it on the executor (once); ``progress`` shows a
         progress bar while the Vulkan executor compiles shaders and packs weights."""
+        with self._lock:
+            self._build(progress)
+
+    def _build(self, progress: bool) -> None:
         if self.loaded is not None:
             return
         if self.options.executor == "reference":
@@ -110,7 +120,11 @@ class _LazyDelegate:
                 raise VkDelegateError(f"{self.where}: {exc}") from exc
 
     def execute(self, inputs: list) -> list:
-        self.build()
+        with self._lock:
+            return self._execute(inputs)
+
+    def _execute(self, inputs: list) -> list:
+        self._build(False)
         if not self.profiling:
             return self.loaded.execute(inputs)
         if self.options.executor != "vulkan" or self.fallback is not None:
@@ -124,23 +138,30 @@ class _LazyDelegate:
                    ) -> bool:
         """Keep a state on the device (``DelegateGraph.bind_state``); False when the
         executor cannot (the reference executor), so the state stays on the host."""
-        self.build()
-        if not hasattr(self.loaded, "bind_state"):
-            return False
-        self.loaded.bind_state(input_index, output_index, initial, download)
-        return True
+        with self._lock:
+            self._build(False)
+            if not hasattr(self.loaded, "bind_state"):
+                return False
+            self.loaded.bind_state(input_index, output_index, initial, download)
+            return True
 
     def read_state(self, input_index: int):
         """Current value of a state kept on the device (a numpy array)."""
-        return self.loaded.read_state(input_index)
+        with self._lock:
+            if self.loaded is None:
+                raise VkDelegateError(f"{self.where}: closed while its state was read")
+            return self.loaded.read_state(input_index)
 
     def close(self) -> None:
-        if self.loaded is not None and self.before_close is not None:
-            self.before_close()
-        if self.loaded is not None and hasattr(self.loaded, "close"):
-            self.loaded.close()
-        self.loaded = None
-        self.fallback = None
+        """Release the built delegate (waits for a call in flight; idempotent)."""
+        with self._lock:
+            before_close = self.before_close() if self.before_close is not None else None
+            if self.loaded is not None and before_close is not None:
+                before_close()
+            if self.loaded is not None and hasattr(self.loaded, "close"):
+                self.loaded.close()
+            self.loaded = None
+            self.fallback = None
 
 
 class LoweredProgram:
@@ -255,7 +276,10 @@ class LoweredProgram:
         return self
 
     def close(self) -> None:
-        """Release every delegate's device resources (rebuilt if called again)."""
+        """Release every delegate's device resources (rebuilt if called again).
+        Thread-safe: each delegate waits for a call in flight in another thread. A
+        program dropped without ``close()`` is released when it is collected (each
+        Vulkan delegate has a finalizer, see DelegateGraph)."""
         for runner in self._runners.values():
             for d in runner.delegates:
                 d.close()

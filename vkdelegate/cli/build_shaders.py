@@ -2,6 +2,8 @@
 
 Fills the SPIR-V cache ($VKDELEGATE_CACHE, default ~/.cache/vkdelegate) so that the
 first load of a model does not wait for glslang. Variants already cached are skipped.
+Each variant is compiled twice: with uniform parameter blocks (GPUs) and with
+PARAMS_IN_STORAGE (lavapipe; see vkdelegate.runtime.device.uniform_inlining_driver).
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ def run(args) -> int:
     if unknown:
         raise VkDelegateError(f"no shader named {', '.join(unknown)}; shaders: "
                               f"{', '.join(sorted({n for n, _ in declared}))}")
-    variants = [(n, d) for n, d in declared if not args.shader or n in args.shader]
+    variants = [(n, flavor) for n, d in declared if not args.shader or n in args.shader
+                for flavor in (d, dict(d, PARAMS_IN_STORAGE="1"))]
     compiler = ShaderCompiler(cache=args.cache)
     jobs = args.jobs or os.cpu_count() or 1
     # glslang runs as a subprocess, so threads compile in parallel.

@@ -155,7 +155,8 @@ class NodeBuilder:
 
         Bindings, numbered from 0: ``outputs`` (Tensors written, storage buffers), then
         ``inputs`` (Tensors read), then ``params`` (ParamBuffers, e.g. ``t.meta``, as
-        uniform buffers). global_size: invocations (x, y, z), sized for the upper-bound
+        uniform buffers, or readonly storage buffers on a device with
+        ``params_in_storage``). global_size: invocations (x, y, z), sized for the upper-bound
         shapes; the grid is rounded up to whole workgroups, so shaders bounds-check.
         A 1-D global size beyond the device's workgroup-count limit is folded into y
         (read it back with ``linear_id()`` from common.h). An ErrorFlag among
@@ -173,7 +174,8 @@ class NodeBuilder:
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
                              f"exceeds this device's compute limits", limit=True)
-        types = (STORAGE,) * (len(outputs) + len(inputs)) + (UNIFORM,) * len(params)
+        param_type = STORAGE if self.device.params_in_storage else UNIFORM
+        types = (STORAGE,) * (len(outputs) + len(inputs)) + (param_type,) * len(params)
         pipeline = self.device.pipelines.get(shader, defines, types,
                                              ls + tuple(spec_constants))
         buffers = [t.buffer for t in outputs] + [t.buffer for t in inputs] + \

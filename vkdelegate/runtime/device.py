@@ -78,6 +78,18 @@ def list_devices() -> list[DeviceInfo]:
         vk.vkDestroyInstance(instance, None)
 
 
+def uniform_inlining_driver(info: DeviceInfo) -> bool:
+    """Whether the driver specializes shaders on uniform-buffer values at dispatch.
+
+    lavapipe (Mesa 22.3.6, Debian 12's mesa-vulkan-drivers) compiles a new shader
+    variant with the current uniform values inlined at every dispatch of a pipeline
+    whose branch or loop conditions read a uniform buffer (when that folds away enough
+    of the shader), and never frees it: about 0.4 MiB of host memory and a millisecond
+    per dispatch (docs/RUNTIME.md, "Driver facts"). It never inlines storage-buffer
+    loads, so on lavapipe the parameter blocks are storage buffers."""
+    return info.name.startswith("llvmpipe")
+
+
 class Device:
     """One logical Vulkan device with a compute queue.
 
@@ -86,12 +98,15 @@ class Device:
     warning and error it reports in ``validation_messages`` (list of str).
     small_storage=False: leave 8/16-bit storage off even where the device has it, so
     that narrow dtypes use the 32-bit fallback (see vkdelegate.runtime.dtypes).
+    params_in_storage: bind parameter blocks (tensor metadata, op parameters) as
+    readonly storage buffers instead of uniform buffers; None (default) does so on
+    lavapipe only (``params_in_storage`` attribute; see ``uniform_inlining_driver``).
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
-    ``close()`` when done (graphs built on the device must be closed first).
+    ``close()`` when done: it first closes the graphs still open on the device.
     """
 
     def __init__(self, selector=None, validation: bool = False,
-                 small_storage: bool = True):
+                 small_storage: bool = True, params_in_storage: bool | None = None):
         if selector is None:
             selector = os.environ.get("VKDELEGATE_DEVICE")
         if validation and not _validation_available():
@@ -99,6 +114,9 @@ class Device:
                                   f"installed (Debian package vulkan-validationlayers)")
         self.validation_messages: list[str] = []
         self._messenger = None
+        self._closed = True  # until the device exists
+        self._graphs: set = set()  # GraphResources of the open graphs (graph_resources.py)
+        self._graphs_lock = threading.Lock()
         self.instance = _create_instance(validation)
         if validation:
             self._install_messenger()
@@ -108,6 +126,8 @@ class Device:
             # Behave like a device without 8/16-bit storage (tests the fallback path).
             self.info.storage_8bit = self.info.storage_16bit = False
         self.physical = physical[self.info.index]
+        self.params_in_storage = (uniform_inlining_driver(self.info)
+                                  if params_in_storage is None else bool(params_in_storage))
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self.queue_family, self.timestamp_bits = self._compute_family()
         self.device = self._create_device()
@@ -184,10 +204,32 @@ class Device:
     def memory_flags(self, type_index: int) -> int:
         return self.memory_properties.memoryTypes[type_index].propertyFlags
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has destroyed the device (or it was never created)."""
+        return self._closed
+
+    def track(self, resources) -> None:
+        """Keep a graph's GraphResources until it is released (``close()`` releases
+        those still open)."""
+        with self._graphs_lock:
+            self._graphs.add(resources)
+
+    def untrack(self, resources) -> None:
+        """Forget released GraphResources."""
+        with self._graphs_lock:
+            self._graphs.discard(resources)
+
     def close(self) -> None:
-        """Destroy the pipelines, command pool, device and instance (idempotent)."""
+        """Close the graphs still open on the device (each waits for its call in
+        flight), then destroy the pipelines, command pool, device and instance
+        (idempotent)."""
         if self._closed:
             return
+        with self._graphs_lock:
+            open_graphs = list(self._graphs)
+        for resources in open_graphs:
+            resources.release()
         self._closed = True
         vk_call(vk.vkDeviceWaitIdle, self.device, what=f"device {self.info.name}")
         self.pipelines.close()

@@ -19,8 +19,8 @@ returns the output sizes.
 """
 from __future__ import annotations
 
-import threading
 import time
+import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -34,6 +34,7 @@ from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
 from vkdelegate.runtime.dtypes import from_device, to_device
+from vkdelegate.runtime.graph_resources import GraphResources, owned
 from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
 from vkdelegate.runtime.tensor import Tensor
@@ -55,7 +56,9 @@ class DelegateGraph(DeviceState):
     weight packing are the slow steps of a first load). limits: the resource budget
     (``vkdelegate.limits.LoadLimits``; None: the defaults).
     Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
-    Call ``close()`` (or use ``with``) to free device memory.
+    Call ``close()`` (or use ``with``) to free device memory; a graph dropped without
+    it is freed when it is collected (a finalizer), and ``Device.close()`` closes the
+    graphs still open on it.
 
     Attributes: ``inputs``/``outputs`` (Tensors), ``dispatches`` (recorded in order),
     ``barriers`` (pipeline barriers between dispatches), ``recordings`` (times the main
@@ -66,6 +69,14 @@ class DelegateGraph(DeviceState):
     index -> output index of the state kept on the device, see ``bind_state``).
     """
 
+    # Owned Vulkan objects and the run lock live in self._res (graph_resources.py).
+    _cmd = owned()
+    _profile_cmd = owned()
+    _query_pool = owned()
+    _fence = owned()
+    _pool = owned()
+    _closed = owned()
+
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
                  device=None, staging: bool | None = None, timeout_s: float = 30.0,
                  progress: bool = False, limits=None):
@@ -75,15 +86,17 @@ class DelegateGraph(DeviceState):
         self.graph = graph
         self.timeout_s = timeout_s
         self.allocator = Allocator(self.device)
+        self._res = GraphResources(self.device, self.allocator)
+        # The finalizer holds the resources, never the graph. Not run at interpreter
+        # exit: the process's memory and the driver go with it.
+        self._finalizer = weakref.finalize(self, self._res.release)
+        self._finalizer.atexit = False
+        self._lock = self._res.lock  # inputs, outputs and fence serve one run at a time
         self.dispatches: list = []
         self.resize_hooks: list = []
         self.error_flags: list[ErrorFlag] = []  # NodeBuilder.error_flag, in chain order
         self._error_view = None  # uint32 host view of the error-flag buffer
         self.recordings = 0
-        self._lock = threading.Lock()  # inputs, outputs and fence serve one run at a time
-        self._closed = True
-        self._pool = self._cmd = self._fence = None
-        self._profile_cmd = self._query_pool = None
         self.last_profile: Profile | None = None
         self.last_timing: dict[str, float] = {}
         self.last_transfer: dict[str, int] = {}
@@ -95,11 +108,11 @@ class DelegateGraph(DeviceState):
             staging = (self.device.info.type == "discrete"
                        or not self._has_mappable_device_memory())
         self.staging = staging
-        self.values = GraphValues(graph, self.device, self.allocator, staging)
+        self.values = self._res.values = GraphValues(graph, self.device, self.allocator,
+                                                     staging)
         try:
             self._load(constant_bytes)
         except BaseException:
-            self._closed = False
             self.close()
             raise
 
@@ -236,7 +249,8 @@ class DelegateGraph(DeviceState):
         a command buffer with timestamps and ``self.last_profile`` holds per-node GPU times.
         Raises VkDelegateError for a wrong count, dtype, rank or size, a timeout, or an
         input error a shader flagged (NodeBuilder.error_flag, e.g. an index out of range).
-        Thread-safe: concurrent calls on one graph run one after the other.
+        Thread-safe: concurrent calls on one graph run one after the other, and
+        ``close()`` waits for a call in flight; a call after it raises VkDelegateError.
         """
         with self._lock:
             return self._execute(inputs, profile)
@@ -361,24 +375,9 @@ class DelegateGraph(DeviceState):
         return self._profile_submits
 
     def close(self) -> None:
-        """Free the command buffers, descriptor sets, fence and memory (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        dev = self.device.device
-        with self.device.queue_lock:
-            vk_call(vk.vkQueueWaitIdle, self.device.queue, what="closing the graph")
-        cmds = [c for c in (self._cmd, self._profile_cmd) if c is not None]
-        if cmds:
-            vk.vkFreeCommandBuffers(dev, self.device.command_pool, len(cmds), cmds)
-        if self._query_pool is not None:
-            vk.vkDestroyQueryPool(dev, self._query_pool, None)
-        if self._fence is not None:
-            vk.vkDestroyFence(dev, self._fence, None)
-        if self._pool is not None:
-            vk.vkDestroyDescriptorPool(dev, self._pool, None)
-        self.values.close_uploads()
-        self.allocator.close()
+        """Free the command buffers, descriptor sets, fence and memory (idempotent,
+        thread-safe: waits for a call in flight in another thread)."""
+        self._finalizer()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else (

@@ -3,7 +3,8 @@
 A ``Pipeline`` owns its shader module, descriptor set layout, pipeline layout and
 VkPipeline. The descriptor layout follows the binding convention of
 ``NodeBuilder.dispatch``: storage buffers for the tensors written, then for the tensors
-read, then uniform buffers for the parameter blocks, numbered from 0 in that order.
+read, then the parameter blocks (uniform buffers; storage buffers on lavapipe, see
+``compile_defines``), numbered from 0 in that order.
 Specialization constants 0, 1, 2 are the workgroup size (``local_size_x_id`` ... in
 common.h); an op's own specialization constants follow from id 3.
 """
@@ -20,6 +21,15 @@ STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 UNIFORM = vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
 
 
+def compile_defines(device, defines: dict) -> dict:
+    """The defines a variant is compiled with on ``device``: the op's, plus
+    PARAMS_IN_STORAGE where the device binds parameter blocks as storage buffers
+    (``Device.params_in_storage``; common.h's PARAM_BLOCK)."""
+    if device.params_in_storage:
+        return dict(defines, PARAMS_IN_STORAGE="1")
+    return defines
+
+
 class Pipeline:
     """One compute pipeline: ``name`` (shader), ``defines`` (sorted (name, value)
     pairs of the variant), ``binding_types`` (each binding's descriptor type)."""
@@ -31,7 +41,7 @@ class Pipeline:
         self.binding_types = binding_types
         dev = device.device
         what = f"shader {shader}"
-        spirv = default_compiler().compile(shader, defines)
+        spirv = default_compiler().compile(shader, compile_defines(device, defines))
         module_info = vk.VkShaderModuleCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
             codeSize=len(spirv), pCode=spirv)

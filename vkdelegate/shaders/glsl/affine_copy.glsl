@@ -21,7 +21,7 @@
 
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
-layout(set = 0, binding = 2) uniform plan_block {
+layout(set = 0, binding = 2) PARAM_BLOCK plan_block {
   ivec4 domain[2];      // domain sizes, innermost first, padded with 1
   ivec4 out_stride[2];
   ivec4 step[2];

@@ -24,7 +24,7 @@ TENSOR_IN(5, var_data, P_T)
 #define PARAM0 6
 #endif
 TENSOR_META(PARAM0, out_meta)
-layout(set = 0, binding = PARAM0 + 1) uniform bn_block { vec4 eps; };
+layout(set = 0, binding = PARAM0 + 1) PARAM_BLOCK bn_block { vec4 eps; };
 
 void main() {
   // Grid: (element within a channel plane, channel, batch): no integer division

@@ -19,7 +19,7 @@
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, a_data, A_T)
 TENSOR_IN(2, b_data, B_T)
-layout(set = 0, binding = 4) uniform scalars_block { vec4 fscalars; ivec4 iscalars; };
+layout(set = 0, binding = 4) PARAM_BLOCK scalars_block { vec4 fscalars; ivec4 iscalars; };
 
 #ifdef ACC_FLOAT
 #define ALPHA fscalars.x

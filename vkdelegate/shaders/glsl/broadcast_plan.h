@@ -11,7 +11,7 @@
 layout(constant_id = 3) const int NDIM = 8;
 
 // The including shader defines PLAN_BINDING (the block's binding) first.
-layout(set = 0, binding = PLAN_BINDING) uniform broadcast_plan_block {
+layout(set = 0, binding = PLAN_BINDING) PARAM_BLOCK broadcast_plan_block {
   ivec4 bp_size[2];    // plan dim sizes, innermost first, padded with 1
   ivec4 bp_stride[6];  // operand k's strides at rows 2k, 2k + 1 (0: broadcast)
   ivec4 bp_info;       // x: output numel

@@ -18,6 +18,17 @@
 // Workgroup size is specialization constants 0..2, chosen per op and shape at load.
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 
+// Parameter blocks (tensor metadata, op parameters) are uniform buffers, or readonly
+// storage buffers with PARAMS_IN_STORAGE (the runtime sets it on lavapipe: Mesa 22.x
+// recompiles, and leaks, a shader at every dispatch whose branch or loop conditions
+// read a uniform buffer; see docs/RUNTIME.md). Every block is made of vec4/ivec4
+// rows, so std140 and std430 lay it out alike.
+#ifdef PARAMS_IN_STORAGE
+#define PARAM_BLOCK readonly buffer
+#else
+#define PARAM_BLOCK uniform
+#endif
+
 #include "tensor_meta.h"
 
 // Storage buffer declarations. Binding order is the runtime's: outputs, inputs, then

@@ -67,7 +67,7 @@ TENSOR_IN(4, in4_data, IN4_T)
 TENSOR_META(PARAM0, out_meta)
 TENSOR_META(PARAM0 + 1, in_meta)
 // Mirrors vkdelegate.backend.ops.convolution._conv_params.
-layout(set = 0, binding = PARAM0 + 2) uniform conv_block {
+layout(set = 0, binding = PARAM0 + 2) PARAM_BLOCK conv_block {
   ivec4 channels;  // IC per group, OC per group
   vec4 clamp;      // output min, output max (CLAMP only)
 } conv;

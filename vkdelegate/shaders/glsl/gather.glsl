@@ -15,7 +15,7 @@ TENSOR_IN(2, in_data, IN_T)
 TENSOR_IN(3, index_data, IDX_T)
 TENSOR_META(4, out_meta)
 TENSOR_META(5, in_meta)
-layout(set = 0, binding = 6) uniform gather_block {
+layout(set = 0, binding = 6) PARAM_BLOCK gather_block {
   ivec4 info;  // x: gathered dim, counted from the innermost (0); y: error-flag word
 };
 

@@ -17,7 +17,7 @@
 TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(2, in_data, IN_T)
 TENSOR_IN(3, index_data, IDX_T)
-layout(set = 0, binding = 4) uniform rows_block {
+layout(set = 0, binding = 4) PARAM_BLOCK rows_block {
   ivec4 info;   // x: out numel, y: inner, z: count, w: size of the indexed dim
   ivec4 check;  // x: error-flag word of this node, y: 1 if negative indices wrap
 };

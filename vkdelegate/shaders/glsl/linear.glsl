@@ -43,7 +43,7 @@ TENSOR_META(PARAM0 + 3, c_meta)
 #define SCALARS_BINDING (PARAM0 + 3)
 #endif
 // alpha, beta
-layout(set = 0, binding = SCALARS_BINDING) uniform scalars_block { vec4 scalars; };
+layout(set = 0, binding = SCALARS_BINDING) PARAM_BLOCK scalars_block { vec4 scalars; };
 
 // acc[j] += a[row j, k] * b[k, the tile's 4 columns], for every row j of the tile.
 #ifdef B_PACKED

@@ -24,7 +24,7 @@ TENSOR_IN(IN_BINDING, in_data, IN_T)
 TENSOR_META(IN_BINDING + 1, out_meta)
 TENSOR_META(IN_BINDING + 2, in_meta)
 // Mirrors vkdelegate.backend.ops.pool._pool_params.
-layout(set = 0, binding = IN_BINDING + 3) uniform pool_block {
+layout(set = 0, binding = IN_BINDING + 3) PARAM_BLOCK pool_block {
   ivec4 kernel_stride;  // kernel h, kernel w, stride h, stride w
   ivec4 pad_dilation;   // padding h, padding w, dilation h, dilation w
   ivec4 avg;            // count_include_pad, divisor_override (0: none)

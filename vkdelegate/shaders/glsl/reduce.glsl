@@ -33,7 +33,7 @@ TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
 TENSOR_META(2, out_meta)
 TENSOR_META(3, in_meta)
-layout(set = 0, binding = 4) uniform reduce_block { ivec4 mask; vec4 fparams; };
+layout(set = 0, binding = 4) PARAM_BLOCK reduce_block { ivec4 mask; vec4 fparams; };
 
 #include "reduced_dims.h"
 

@@ -9,13 +9,23 @@
 
 // Offset in the input of output element o's first reduced element, and how many
 // elements it reduces.
+// It also copies the reduced dims' sizes and strides into rd_size / rd_stride (size 1
+// and stride 0 for kept dims), which reduced_offset reads in the hot loop: registers,
+// not parameter-block loads per element (a storage buffer on lavapipe, see common.h;
+// 2.5x faster there for a long cooperative sum).
+int rd_size[8];
+int rd_stride[8];
+
 int kept_base(uint o, out uint count) {
   uint rem = o;
   int base = 0;
   count = 1u;
   [[unroll]] for (int d = 0; d < 8; ++d) {
     const int size = size_at(in_meta, d);
-    if ((mask.x & (1 << d)) != 0) {
+    const bool reduced = (mask.x & (1 << d)) != 0;
+    rd_size[d] = reduced ? size : 1;
+    rd_stride[d] = reduced ? stride_at(in_meta, d) : 0;
+    if (reduced) {
       count *= uint(size);
     } else {
       base += int(rem % uint(size)) * stride_at(in_meta, d);
@@ -26,14 +36,13 @@ int kept_base(uint o, out uint count) {
 }
 
 // Offset of the r-th reduced element (row-major over the reduced dims) from `base`.
+// Call kept_base first (it fills rd_size / rd_stride).
 int reduced_offset(int base, uint r) {
   int offset = base;
   [[unroll]] for (int d = 0; d < 8; ++d) {
-    if ((mask.x & (1 << d)) != 0) {
-      const int size = size_at(in_meta, d);
-      offset += int(r % uint(size)) * stride_at(in_meta, d);
-      r /= uint(size);
-    }
+    const uint size = uint(rd_size[d]);
+    offset += int(r % size) * rd_stride[d];
+    r /= size;
   }
   return offset;
 }

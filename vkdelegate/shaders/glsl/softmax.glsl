@@ -21,7 +21,7 @@ TENSOR_OUT(0, out_data, OUT_T)
 TENSOR_IN(1, in_data, IN_T)
 TENSOR_META(2, out_meta)
 TENSOR_META(3, in_meta)
-layout(set = 0, binding = 4) uniform softmax_block { ivec4 dim; };
+layout(set = 0, binding = 4) PARAM_BLOCK softmax_block { ivec4 dim; };
 
 #ifdef WG_REDUCE
 #define STEP (16 * WG_REDUCE)

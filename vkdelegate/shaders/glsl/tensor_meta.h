@@ -12,7 +12,7 @@ struct TensorMeta {
 };
 
 #define TENSOR_META(b, name) \
-  layout(set = 0, binding = b) uniform name##_block { TensorMeta name; };
+  layout(set = 0, binding = b) PARAM_BLOCK name##_block { TensorMeta name; };
 
 // d counts from the innermost dim (0) outwards, as in the struct. Loop over dims with
 // `[[unroll]] for (int d = 0; d < 8; ++d)` (padded dims have size 1, stride 0) so that

@@ -16,7 +16,7 @@ TENSOR_IN(1, in_data, IN_T)
 TENSOR_META(2, out_meta)
 TENSOR_META(3, in_meta)
 // Mirrors vkdelegate.backend.ops.upsample._params.
-layout(set = 0, binding = 4) uniform upsample_block {
+layout(set = 0, binding = 4) PARAM_BLOCK upsample_block {
   vec4 inv_scales;  // 1 / scale_h, 1 / scale_w from the export's scale factors, 0: none
   ivec4 flags;      // x: align_corners
 } up;
