@@ -23,7 +23,7 @@ from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.limits import LoadLimits, resolve_limits
+from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 
 _SPECIAL_KEYS = ("dtype", "device", "layout", "memory_format")
 
@@ -163,6 +163,10 @@ class MethodRunner:
 
     def _validate(self) -> None:
         plan = self.plan
+        nodes = plan.get("nodes") if isinstance(plan, dict) else None
+        if isinstance(nodes, list):  # counted before check_plan walks them
+            check_limit("CPU glue node count", len(nodes), self.limits.max_nodes,
+                        "max_nodes")
         check_plan(plan, self._host_state)
         defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
             self._host_state)
