@@ -37,7 +37,9 @@ def to_numpy(value) -> np.ndarray:
     """A delegate input: torch tensors become contiguous numpy arrays; ints 0-d arrays."""
     # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     if _is_torch_tensor(value):
-        return np.require(value.detach().cpu().resolve_conj().numpy(), requirements="C")
+        # resolve_*: numpy() refuses a tensor whose lazy conjugate or negation bit is set.
+        return np.require(value.detach().cpu().resolve_conj().resolve_neg().numpy(),
+                          requirements="C")
     return np.require(value, requirements="C")
 
 
