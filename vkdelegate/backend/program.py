@@ -334,6 +334,11 @@ def _torch_or_none():
     return torch
 
 
+#: What reading a crafted manifest's fields can raise before a check names the field.
+_MALFORMED = (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError,
+              RecursionError)
+
+
 def load(path, *, device: "int | None" = None, executor: "str | None" = None,
          limits: "LoadLimits | None" = None) -> LoweredProgram:
     """Load a program file written by ``LoweredProgram.save``.
@@ -376,10 +381,16 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
                 delegates=delegates,
                 report=(PartitionReport.from_json(m["report"])
                         if m.get("report") is not None else None))
-        return LoweredProgram(methods, options, limits)
     except VkDelegateError:
         raise
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError,
-            OverflowError, RecursionError) as exc:
+    except _MALFORMED as exc:
+        raise VkDelegateError(f"{where}: malformed manifest ({type(exc).__name__}: "
+                              f"{exc})") from exc
+    try:
+        return LoweredProgram(methods, options, limits)
+    except VkDelegateError as exc:  # name the file too; keeps the subclass
+        sep = ", " if str(exc).startswith("method ") else ": "
+        raise type(exc)(f"{where}{sep}{exc}") from exc
+    except _MALFORMED as exc:
         raise VkDelegateError(f"{where}: malformed manifest ({type(exc).__name__}: "
                               f"{exc})") from exc
