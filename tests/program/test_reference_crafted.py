@@ -96,3 +96,11 @@ def test_symint_input_that_is_not_one_number():
     with pytest.raises(VkDelegateError, match=r"input 0 \(value 0, a SymInt\) must be "
                                               r"one integer, got an array of shape \(2,\)"):
         load_reference(blob).execute([np.array([4, 4]), np.array(5)])
+
+
+def test_output_that_is_no_array():
+    values = [vk.VkTensor(F32, [2]), vk.VkTensor(F32, [3]), vk.ValueList([0, 1])]
+    blob = _graph(values, [], [0, 1], [0, 2])
+    with pytest.raises(VkDelegateError, match=r"output 1 \(value 2, a ValueList\) is not "
+                                              r"one array"):
+        load_reference(blob).execute([np.zeros(2, np.float32), np.zeros(3, np.float32)])

@@ -129,7 +129,8 @@ class ReferenceGraph:
                                       f"is one value ({out_id}, a {type(out).__name__})")
             else:
                 env[out_id] = result
-        return [np.asarray(self._arg(i, env)) for i in self.graph.output_ids]
+        return [_output(k, vid, self.graph.values[vid], self._arg(vid, env))
+                for k, vid in enumerate(self.graph.output_ids)]
 
 
 def _constant(vid: int, value: vk.VkTensor, data) -> torch.Tensor:
@@ -166,6 +167,21 @@ def _input(k: int, vid: int, value, arr):
     if arr.dtype.kind not in "biufc":
         raise VkDelegateError(f"{where} must be a numeric array, got dtype {arr.dtype}")
     return torch.from_numpy(np.array(arr))
+
+
+def _output(k: int, vid: int, value, result) -> np.ndarray:
+    """Output ``k`` (value ``vid``) as one numpy array; VkDelegateError naming it when
+    a crafted blob's output is a list of tensors that do not stack, or no number."""
+    where = f"output {k} (value {vid}, a {type(value).__name__})"
+    try:
+        if isinstance(result, torch.Tensor):
+            result = result.resolve_conj().resolve_neg()
+        arr = np.asarray(result)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise VkDelegateError(f"{where} is not one array: {exc}") from None
+    if arr.dtype.kind not in "biufc":
+        raise VkDelegateError(f"{where} is not one array: it has dtype {arr.dtype}")
+    return arr
 
 
 def _dtype_arg(where: str, name: str, value: int):
