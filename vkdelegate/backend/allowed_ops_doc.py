@@ -45,8 +45,13 @@ def render() -> str:
     for title, names in _GROUPS:
         item = f"- {title} ({len(names)}): " + ", ".join(f"`{n}`" for n in sorted(names))
         lines.append(_wrap(item + "."))
+    def listed(values) -> str:
+        if values == allowed_ops.MESSAGE:
+            return f"any text up to {allowed_ops.MAX_MESSAGE} characters"
+        return ", ".join(f"`{v}`" for v in values)
+
     choices = "; ".join(
-        f"`{op}` {arg}: " + ", ".join(f"`{v}`" for v in values)
+        f"`{op}` {arg}: " + listed(values)
         for op, args in sorted(allowed_ops.STR_CHOICES.items())
         for arg, values in args.items())
     lines += ["", _wrap(f"String arguments take only these values: {choices}.", ""), "",

@@ -4,17 +4,42 @@ Static dims must match exactly; a dynamic dim (exported with ``torch.export.Dim`
 must lie in its range, and every use of one symbol must have the same size. A
 mismatch raises VkDelegateError naming the input, the dim and the allowed range,
 before anything runs (a delegate sized for the upper bound must never see more).
-Torch-free: inputs are checked through ``.shape`` and ``.dtype`` only.
+Torch-free: inputs are checked through ``.shape`` and ``.dtype``, and a torch tensor
+(when torch is imported) must be dense and hold data.
 """
 from __future__ import annotations
 
+import sys
+
 from vkdelegate.errors import VkDelegateError
+
+_DENSE_ONLY = "only dense (strided) tensors can be passed"
 
 
 def dtype_of(value) -> str:
     """numpy-style dtype name of a numpy array or torch tensor."""
     name = str(value.dtype)
     return name.replace("torch.", "")
+
+
+def unusable_tensor(value) -> "str | None":
+    """Why a torch tensor cannot be a call's input, or None (for anything else too).
+
+    A meta tensor has no data, and a sparse, nested or mkldnn tensor has no dense
+    buffer to hand to numpy: refused by name here instead of failing as
+    NotImplementedError, TypeError or RuntimeError when it is read. (``.shape`` of a
+    nested tensor raises, so this runs before the shape is looked at.)
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return None
+    if value.is_nested:
+        return f"is a nested tensor; {_DENSE_ONLY}"
+    if value.layout != torch.strided:
+        return f"has layout {value.layout}; {_DENSE_ONLY} (call .to_dense() first)"
+    if value.device.type == "meta":
+        return "is on the meta device, which holds no data"
+    return None
 
 
 def _range_text(lo, hi) -> str:
@@ -65,6 +90,9 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
                                       f"to use another value)")
             continue
         expected = f" (input {name!r} is {describe(spec, ranges)})"
+        problem = unusable_tensor(value)
+        if problem is not None:
+            raise VkDelegateError(f"input {name!r} {problem}")
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
             raise VkDelegateError(f"input {name!r} must be a tensor or numpy array, got "
                                   f"{type(value).__name__}")

@@ -25,7 +25,7 @@ from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.limits import LoadLimits, resolve_limits
+from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 
 _SPECIAL_KEYS = ("dtype", "device", "layout", "memory_format")
 
@@ -39,7 +39,9 @@ def to_numpy(value) -> np.ndarray:
     """A delegate input: torch tensors become contiguous numpy arrays; ints 0-d arrays."""
     # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     if _is_torch_tensor(value):
-        return np.require(value.detach().cpu().resolve_conj().numpy(), requirements="C")
+        # resolve_*: numpy() refuses a tensor whose lazy conjugate or negation bit is set.
+        return np.require(value.detach().cpu().resolve_conj().resolve_neg().numpy(),
+                          requirements="C")
     return np.require(value, requirements="C")
 
 
@@ -167,6 +169,10 @@ class MethodRunner:
 
     def _validate(self) -> None:
         plan = self.plan
+        nodes = plan.get("nodes") if isinstance(plan, dict) else None
+        if isinstance(nodes, list):  # counted before check_plan walks them
+            check_limit("CPU glue node count", len(nodes), self.limits.max_nodes,
+                        "max_nodes")
         check_plan(plan, self._host_state)
         defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
             self._host_state)

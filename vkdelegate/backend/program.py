@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vkdelegate.backend.host_budget import (check_host_bytes, glue_tensor_bytes,
+                                            tensor_ref_bytes)
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import PartitionReport
@@ -31,10 +33,6 @@ _log = logging.getLogger("vkdelegate")
 #: tensors are allocated for the dims' upper bounds, not for the sizes of a call.
 DYNAMIC_HINT = ("sized for the upper bound of dynamic dims; export with a smaller "
                 "Dim max")
-
-#: dtypes a program file may hold; "bfloat16" only with torch installed.
-_FILE_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8",
-                "uint8", "bool", "bfloat16")
 
 
 @dataclass
@@ -116,8 +114,8 @@ class _LazyDelegate:
                 self.fallback = message
                 _log.warning("%s; running this delegate on the CPU reference executor "
                              "instead", message)
-            except VkDelegateError as exc:
-                raise VkDelegateError(f"{self.where}: {exc}") from exc
+            except VkDelegateError as exc:  # keeps the subclass (ResourceLimitError)
+                raise type(exc)(f"{self.where}: {exc}") from exc
 
     def execute(self, inputs: list) -> list:
         with self._lock:
@@ -333,17 +331,16 @@ def _tensor_ref(table: program_file.SegmentTable, value) -> dict:
 
 def _tensor_from(ref, segments, where: str):
     """A tensor (torch if installed, else numpy) from a manifest reference."""
-    try:
-        seg, dtype, shape = segments[ref["segment"]], ref["dtype"], list(ref["shape"])
-    except (KeyError, IndexError, TypeError):
-        raise VkDelegateError(f"{where}: malformed tensor reference {str(ref)[:80]}") from None
-    if dtype not in _FILE_DTYPES or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise VkDelegateError(f"{where}: dtype {dtype!r} / shape {shape} not allowed")
+    nbytes = tensor_ref_bytes(ref, where)
+    seg, dtype, shape = ref["segment"], ref["dtype"], ref["shape"]
+    if not 0 <= seg < len(segments):
+        raise VkDelegateError(f"{where}: tensor reference segment {seg} does not exist "
+                              f"(the file has {len(segments)})")
+    seg = segments[seg]
+    if nbytes != len(seg):
+        raise VkDelegateError(f"{where}: {len(seg)} bytes do not hold {dtype}{shape}")
     torch = _torch_or_none()
     np_dtype = np.int16 if dtype == "bfloat16" else np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    if count * np.dtype(np_dtype).itemsize != len(seg):
-        raise VkDelegateError(f"{where}: {len(seg)} bytes do not hold {dtype}{shape}")
     arr = np.frombuffer(seg, dtype=np_dtype).reshape(shape).copy()
     if torch is None:
         if dtype == "bfloat16":
@@ -361,6 +358,11 @@ def _torch_or_none():
     return torch
 
 
+#: What reading a crafted manifest's fields can raise before a check names the field.
+_MALFORMED = (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError,
+              RecursionError)
+
+
 def load(path, *, device: "int | None" = None, executor: "str | None" = None,
          limits: "LoadLimits | None" = None) -> LoweredProgram:
     """Load a program file written by ``LoweredProgram.save``.
@@ -368,15 +370,21 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
     device, executor: override the compile options stored in the file.
     limits: the resource budget the file is checked against before anything is
     allocated (``vkdelegate.limits.LoadLimits``; None: the defaults); a file over it
-    raises ``ResourceLimitError``.
+    raises ``ResourceLimitError``: its manifest's JSON nesting and segment count, each
+    glue constant and state tensor (max_tensor_bytes) and their sum over the program
+    (max_host_bytes), the glue nodes of each method (max_nodes).
     path: str or os.PathLike (anything else, e.g. an int that open() would take as a
     file descriptor, raises VkDelegateError).
     Raises VkDelegateError for a file that is not a valid program file (corrupt,
     truncated, crafted, a pickle) before running anything.
     """
-    manifest, segments = program_file.read_program(path)
+    limits = resolve_limits(limits)
+    manifest, segments = program_file.read_program(path, limits)
     where = f"program file {path}"
     try:
+        # Counted from the manifest, before any constant or state is copied out.
+        check_host_bytes(glue_tensor_bytes(manifest.get("methods"), limits, where),
+                         limits, where)
         options = dict(manifest.get("options") or {})
         if device is not None:
             options["device"] = device
@@ -390,14 +398,23 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
                          for d in m["delegates"]]
             methods[name] = Method(
                 plan=m["plan"],
-                constants={k: _tensor_from(v, segments, w) for k, v in m["constants"].items()},
-                state={k: _tensor_from(v, segments, w) for k, v in m["state"].items()},
+                constants={k: _tensor_from(v, segments, f"{w}, constant {k!r}")
+                           for k, v in m["constants"].items()},
+                state={k: _tensor_from(v, segments, f"{w}, state {k!r}")
+                       for k, v in m["state"].items()},
                 delegates=delegates,
                 report=(PartitionReport.from_json(m["report"])
                         if m.get("report") is not None else None))
-        return LoweredProgram(methods, options, limits)
     except VkDelegateError:
         raise
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+    except _MALFORMED as exc:
+        raise VkDelegateError(f"{where}: malformed manifest ({type(exc).__name__}: "
+                              f"{exc})") from exc
+    try:
+        return LoweredProgram(methods, options, limits)
+    except VkDelegateError as exc:  # name the file too; keeps the subclass
+        sep = ", " if str(exc).startswith("method ") else ": "
+        raise type(exc)(f"{where}{sep}{exc}") from exc
+    except _MALFORMED as exc:
         raise VkDelegateError(f"{where}: malformed manifest ({type(exc).__name__}: "
                               f"{exc})") from exc

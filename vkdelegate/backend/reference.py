@@ -64,12 +64,7 @@ class ReferenceGraph:
         self.constants: dict[int, torch.Tensor] = {}
         for vid, value in enumerate(self.graph.values):
             if isinstance(value, vk.VkTensor) and value.constant_id >= 0:
-                data = constant_bytes(value.constant_id)
-                dtype = value.staging_datatype
-                if dtype == vk.VkDataType.UNSET:
-                    dtype = value.datatype
-                arr = np.frombuffer(bytes(data), dtype=_NP_DTYPES[dtype])
-                self.constants[vid] = torch.from_numpy(arr.reshape(value.dims).copy())
+                self.constants[vid] = _constant(vid, value, constant_bytes(value.constant_id))
         extra_ops = extra_ops or {}
         self.creation = CreationBudget(self.limits)
         self.ops = []
@@ -143,26 +138,25 @@ class ReferenceGraph:
             raise VkDelegateError(f"delegate takes {len(self.graph.input_ids)} inputs, "
                                   f"got {len(inputs)}")
         env = dict(self.constants)
-        for vid, arr in zip(self.graph.input_ids, inputs):
-            value = self.graph.values[vid]
-            env[vid] = (int(arr) if isinstance(value, vk.SymInt)
-                        else torch.from_numpy(np.array(arr)))
+        for k, (vid, arr) in enumerate(zip(self.graph.input_ids, inputs)):
+            env[vid] = _input(k, vid, self.graph.values[vid], arr)
         created = 0  # bytes this run's run-time-sized creation ops made
         for call, op in zip(self.graph.chain, self.ops):
+            where = f"node {call.node_id} ({call.name})"
             *arg_ids, out_id = call.args
             if not hasattr(op, "_schema"):  # size arithmetic on SymInts: positional
-                env[out_id] = op(*[self._arg(vid, env) for vid in arg_ids])
+                env[out_id] = _call(where, op, [self._arg(vid, env) for vid in arg_ids], {})
                 continue
             schema = op._schema.arguments
             if len(arg_ids) != len(schema):
-                raise VkDelegateError(f"node {call.node_id} ({call.name}) has "
-                                      f"{len(arg_ids)} arguments, its schema {len(schema)}")
+                raise VkDelegateError(f"{where} has {len(arg_ids)} arguments, its schema "
+                                      f"{len(schema)}")
             args, kwargs, named = [], {}, {}
             for a, vid in zip(schema, arg_ids):
                 value = self._arg(vid, env)
                 if "ScalarType" in str(a.real_type) and isinstance(value, int):
                     # The builder stores a dtype as an Int holding its VkDataType.
-                    value = _TORCH_DTYPES[vk.VkDataType(value)]
+                    value = _dtype_arg(where, a.name, value)
                 named[a.name] = value
                 if a.kwarg_only:
                     kwargs[a.name] = value
@@ -172,14 +166,93 @@ class ReferenceGraph:
                 created += self.creation.check_call(call.name, [], named,
                                                     f"node {call.node_id} of the "
                                                     f"delegate ({call.name})", created)
-            result = op(*args, **kwargs)
+            result = _call(where, op, args, kwargs)
             out = self.graph.values[out_id]
+            multi = isinstance(result, (tuple, list))
             if isinstance(out, vk.ValueList):
+                if not multi or len(result) != len(out.items):
+                    count = f"{len(result)} outputs" if multi else "one output"
+                    raise VkDelegateError(f"{where} returned {count}, its output list has "
+                                          f"{len(out.items)}")
                 for i, item in zip(out.items, result):
                     env[i] = item
+            elif multi:
+                raise VkDelegateError(f"{where} returned {len(result)} outputs, its output "
+                                      f"is one value ({out_id}, a {type(out).__name__})")
             else:
                 env[out_id] = result
-        return [np.asarray(self._arg(i, env)) for i in self.graph.output_ids]
+        return [_output(k, vid, self.graph.values[vid], self._arg(vid, env))
+                for k, vid in enumerate(self.graph.output_ids)]
+
+
+def _constant(vid: int, value: vk.VkTensor, data) -> torch.Tensor:
+    """Tensor value ``vid``'s constant from its bytes (in the staging dtype if set);
+    VkDelegateError when the bytes do not hold dtype x dims."""
+    dtype = value.staging_datatype
+    if dtype == vk.VkDataType.UNSET:
+        dtype = value.datatype
+    if dtype not in _NP_DTYPES:
+        raise VkDelegateError(f"value {vid}: constant {value.constant_id} has dtype "
+                              f"{dtype!r}, which the reference executor cannot read")
+    count = 1
+    for d in value.dims:
+        count *= d
+    need = count * _NP_DTYPES[dtype].itemsize
+    if any(d < 0 for d in value.dims) or need != len(data):
+        raise VkDelegateError(f"value {vid}: constant {value.constant_id} holds "
+                              f"{len(data)} bytes, {vk.DTYPE_NAMES[dtype]}{list(value.dims)} "
+                              f"needs {need}")
+    arr = np.frombuffer(bytes(data), dtype=_NP_DTYPES[dtype])
+    return torch.from_numpy(arr.reshape(value.dims).copy())
+
+
+def _input(k: int, vid: int, value, arr):
+    """Input ``k`` (value ``vid``) as the chain reads it: a Python int for a SymInt,
+    else a tensor (a copy); VkDelegateError naming the input for anything else."""
+    where = f"input {k} (value {vid}, a {type(value).__name__})"
+    arr = np.asarray(arr)
+    if isinstance(value, vk.SymInt):
+        if arr.shape != () or arr.dtype.kind not in "iub":
+            raise VkDelegateError(f"{where} must be one integer, got an array of shape "
+                                  f"{arr.shape} and dtype {arr.dtype}")
+        return int(arr)
+    if arr.dtype.kind not in "biufc":
+        raise VkDelegateError(f"{where} must be a numeric array, got dtype {arr.dtype}")
+    return torch.from_numpy(np.array(arr))
+
+
+def _output(k: int, vid: int, value, result) -> np.ndarray:
+    """Output ``k`` (value ``vid``) as one numpy array; VkDelegateError naming it when
+    a crafted blob's output is a list of tensors that do not stack, or no number."""
+    where = f"output {k} (value {vid}, a {type(value).__name__})"
+    try:
+        if isinstance(result, torch.Tensor):
+            result = result.resolve_conj().resolve_neg()
+        arr = np.asarray(result)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise VkDelegateError(f"{where} is not one array: {exc}") from None
+    if arr.dtype.kind not in "biufc":
+        raise VkDelegateError(f"{where} is not one array: it has dtype {arr.dtype}")
+    return arr
+
+
+def _dtype_arg(where: str, name: str, value: int):
+    """The torch dtype a builder-written Int holds (its VkDataType)."""
+    try:
+        return _TORCH_DTYPES[vk.VkDataType(value)]
+    except (ValueError, KeyError):
+        raise VkDelegateError(f"{where} argument {name}: {value} is not a VkDataType the "
+                              f"reference executor knows") from None
+
+
+def _call(where: str, op, args: list, kwargs: dict):
+    """``op(*args, **kwargs)``; any failure (a crafted blob's shapes or argument kinds
+    the op refuses) becomes VkDelegateError naming the node and op, as the CPU glue
+    does."""
+    try:
+        return op(*args, **kwargs)
+    except Exception as exc:
+        raise VkDelegateError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _prepack(x):

@@ -13,6 +13,8 @@ from vkdelegate.serialization.blob import read_blob
 
 _SHORT_DTYPE = {**vk.DTYPE_NAMES, vk.VkDataType.UNSET: "unset"}
 _MAX_ITEMS = 16  # long lists are shortened in readable forms, not in "items"
+_MAX_DEPTH = 8  # nested ValueLists shown in a readable form; deeper ones as [...]
+_MAX_SHOWN = 256  # values one readable form shows at most
 
 
 def _items(items: list) -> str:
@@ -48,15 +50,33 @@ def value_row(vid: int, value: vk.Value) -> dict[str, Any]:
 
 def readable(graph: vk.VkGraph, vid: int) -> str:
     """Value ``vid`` in a short form: ``%4:float32[2,5]`` for a tensor (``c0`` for
-    constant 0), ``1``, ``1.0``, ``True``, ``None``, ``[1, 0]``, ``%s5=64``, ..."""
+    constant 0), ``1``, ``1.0``, ``True``, ``None``, ``[1, 0]``, ``%s5=64``, ...
+
+    Bounded for any graph: ``ValueList`` nesting past ``_MAX_DEPTH`` (a list that
+    contains itself included) shows as ``[...]``, and one form shows at most
+    ``_MAX_SHOWN`` values (lists sharing lists would otherwise grow exponentially).
+    """
+    return _readable(graph, vid, 0, [_MAX_SHOWN])
+
+
+def _readable(graph: vk.VkGraph, vid: int, depth: int, budget: list) -> str:
+    budget[0] -= 1
     value = graph.values[vid]
+    if isinstance(value, vk.ValueList):
+        if depth >= _MAX_DEPTH:
+            return "[...]"
+        shown = []
+        for i in value.items[:_MAX_ITEMS]:
+            if budget[0] <= 0:
+                shown.append("...")
+                break
+            shown.append(_readable(graph, i, depth + 1, budget))
+        more = f", ... ({len(value.items)} items)" if len(value.items) > _MAX_ITEMS else ""
+        return "[" + ", ".join(shown) + more + "]"
     if isinstance(value, vk.VkTensor):
         dims = ",".join(str(d) for d in value.dims)
         const = f" c{value.constant_id}" if value.constant_id >= 0 else ""
         return f"%{vid}:{_SHORT_DTYPE.get(value.datatype, '?')}[{dims}]{const}"
-    if isinstance(value, vk.ValueList):
-        return "[" + ", ".join(readable(graph, i) for i in value.items[:_MAX_ITEMS]) + \
-               (f", ... ({len(value.items)} items)]" if len(value.items) > _MAX_ITEMS else "]")
     if isinstance(value, (vk.IntList, vk.DoubleList, vk.BoolList)):
         return _items(value.items)
     if isinstance(value, vk.SymInt):

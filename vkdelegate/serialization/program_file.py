@@ -29,6 +29,8 @@ import struct
 import zlib
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
+from vkdelegate.serialization.manifest_json import parse_manifest
 
 MAGIC = b"VKDPROG1"
 HEADER = struct.Struct("<8sIIQQQQ16x")
@@ -83,14 +85,70 @@ def write_program(path, manifest: dict, segments: list[bytes]) -> None:
             f.write(b"\0" * (_align(len(data)) - len(data)))
 
 
-def read_program(path) -> tuple[dict, list[memoryview]]:
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _segment_ranges(table, data_size: int, where: str, limits: LoadLimits
+                    ) -> list[tuple[int, int, str]]:
+    """(offset, size, sha256) of each segment-table entry, checked: a list of at most
+    ``limits.max_segments`` entries, int offsets and sizes inside the data section,
+    and no two entries covering overlapping but different byte ranges (the writer
+    stores each content once; overlaps only come from crafting)."""
+    if not isinstance(table, list):
+        raise VkDelegateError(f"{where}: manifest segments must be a list, got "
+                              f"{type(table).__name__}")
+    check_limit("segment count", len(table), limits.max_segments, "max_segments", where)
+    ranges = []
+    for i, entry in enumerate(table):
+        if not isinstance(entry, dict):
+            raise VkDelegateError(f"{where}: segment {i} entry is malformed: must be a "
+                                  f"dict, got {type(entry).__name__}")
+        for key in ("offset", "size"):
+            if not _is_int(entry.get(key)):
+                raise VkDelegateError(f"{where}: segment {i} entry is malformed: {key} "
+                                      f"must be an int, got {entry.get(key)!r}")
+        start, size, digest = entry["offset"], entry["size"], entry.get("sha256")
+        if not isinstance(digest, str):
+            raise VkDelegateError(f"{where}: segment {i} entry is malformed: sha256 "
+                                  f"must be a str, got {type(digest).__name__}")
+        if start < 0 or size < 0 or start + size > data_size:
+            raise VkDelegateError(f"{where}: segment {i} (offset {start}, size {size}) "
+                                  f"lies outside the data section of {data_size} bytes")
+        ranges.append((start, size, digest))
+    # Sorted by start, a range overlaps an earlier one iff it starts before the
+    # furthest end so far; an empty range overlaps nothing.
+    order = sorted((r[0], r[1], i) for i, r in enumerate(ranges) if r[1] > 0)
+    furthest = None  # (end, index) of the range that reaches furthest
+    for start, size, i in order:
+        if furthest is not None and start < furthest[0]:
+            j = furthest[1]
+            if ranges[j][:2] != (start, size):
+                first, second = sorted((i, j))
+                a, b = ranges[first], ranges[second]
+                raise VkDelegateError(
+                    f"{where}: segments {first} (bytes {a[0]}..{a[0] + a[1]}) and "
+                    f"{second} (bytes {b[0]}..{b[0] + b[1]}) overlap")
+        if furthest is None or start + size > furthest[0]:
+            furthest = (start + size, i)
+    return ranges
+
+
+def read_program(path, limits: "LoadLimits | None" = None
+                 ) -> tuple[dict, list[memoryview]]:
     """The manifest and the verified segments of a program file.
 
     Raises VkDelegateError naming the file and the problem for a file that is not a
     program file (wrong magic, e.g. a pickle or a zip), is truncated, or whose
     manifest or any segment does not match its checksum, and for a ``path`` that is
     not a str or os.PathLike (open() would take an int as a file descriptor).
+    limits: the budget (``vkdelegate.limits.LoadLimits``, None: the defaults); a
+    manifest nested deeper than ``max_json_depth`` or with more than
+    ``max_segments`` segments raises ResourceLimitError. Segment offsets and sizes
+    must be ints inside the data section, and two entries may cover the same bytes
+    only exactly.
     """
+    limits = resolve_limits(limits)
     if not isinstance(path, (str, os.PathLike)):
         raise VkDelegateError(f"program file path must be a str or os.PathLike, got "
                               f"{type(path).__name__} {path!r}")
@@ -115,25 +173,16 @@ def read_program(path) -> tuple[dict, list[memoryview]]:
     text = raw[m_off:m_off + m_size]
     if zlib.crc32(text) != crc:
         raise VkDelegateError(f"{where}: manifest checksum mismatch (file corrupted)")
-    try:
-        manifest = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VkDelegateError(f"{where}: manifest is not valid JSON: {exc}") from exc
+    manifest = parse_manifest(bytes(text), where, limits)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise VkDelegateError(f"{where}: manifest is not a {FORMAT_NAME} manifest")
     if manifest.get("version") != FORMAT_VERSION:
         raise VkDelegateError(f"{where}: format version {manifest.get('version')!r} is "
                               f"not supported (this vkdelegate reads {FORMAT_VERSION})")
     data = memoryview(raw)[d_off:d_off + d_size]
+    ranges = _segment_ranges(manifest.get("segments", []), len(data), where, limits)
     segments = []
-    for i, entry in enumerate(manifest.get("segments", [])):
-        try:
-            start, size, digest = int(entry["offset"]), int(entry["size"]), entry["sha256"]
-        except (KeyError, TypeError, ValueError):
-            raise VkDelegateError(f"{where}: segment {i} entry is malformed") from None
-        if start < 0 or size < 0 or start + size > len(data):
-            raise VkDelegateError(f"{where}: segment {i} (offset {start}, size {size}) "
-                                  f"lies outside the data section of {len(data)} bytes")
+    for i, (start, size, digest) in enumerate(ranges):
         seg = data[start:start + size]
         if hashlib.sha256(seg).hexdigest() != digest:
             raise VkDelegateError(f"{where}: segment {i} checksum mismatch (file corrupted)")
@@ -141,10 +190,12 @@ def read_program(path) -> tuple[dict, list[memoryview]]:
     return manifest, segments
 
 
-def list_delegate_blobs(path) -> list[tuple[str, bytes, dict]]:
+def list_delegate_blobs(path, limits: "LoadLimits | None" = None
+                        ) -> list[tuple[str, bytes, dict]]:
     """(label, blob bytes, named data) of every delegate in a program file, in method
-    order; for ``vkdelegate inspect``. Raises VkDelegateError for a bad file."""
-    manifest, segments = read_program(path)
+    order; for ``vkdelegate inspect``. Raises VkDelegateError for a bad file
+    (ResourceLimitError for one over ``limits``, see ``read_program``)."""
+    manifest, segments = read_program(path, limits)
     found = []
     try:
         for name, method in manifest["methods"].items():
