@@ -46,16 +46,24 @@ def test_argument_of_the_wrong_kind():
                                               r"RuntimeError: aten::add\(\) Expected a "
                                               r"value of type 'number' for argument "
                                               r"'alpha'"):
-        load_reference(_add([2, 3], [2, 3], alpha=vk.String("x"))).execute([x, x])
+        load_reference(_add([2, 3], [2, 3], alpha=vk.IntList([1, 2]))).execute([x, x])
+
+
+def test_string_argument_is_refused_at_load():
+    with pytest.raises(VkDelegateError, match=r"node 7 of the delegate passes "
+                                              r"aten.add.Tensor the string 'x' as argument "
+                                              r"'alpha', which takes no string"):
+        load_reference(_add([2, 3], [2, 3], alpha=vk.String("x")))
 
 
 def test_dtype_argument_out_of_range():
-    values = [vk.VkTensor(F32, [2]), vk.Int(999), vk.Bool(False), vk.Bool(False),
-              vk.Null(), vk.VkTensor(F32, [2])]
-    blob = _graph(values, [vk.OperatorCall(3, "aten.to.dtype", [0, 1, 2, 3, 4, 5])],
-                  [0], [5])
-    with pytest.raises(VkDelegateError, match=r"node 3 \(aten.to.dtype\) argument "
-                                              r"dtype: 999 is not a VkDataType"):
+    # _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+    values = [vk.VkTensor(F32, [2]), vk.Int(999), vk.Null(), vk.Bool(False),
+              vk.VkTensor(F32, [2])]
+    blob = _graph(values, [vk.OperatorCall(3, "aten._to_copy.default",
+                                           [0, 1, 2, 2, 2, 3, 2, 4])], [0], [4])
+    with pytest.raises(VkDelegateError, match=r"node 3 \(aten._to_copy.default\) "
+                                              r"argument dtype: 999 is not a VkDataType"):
         load_reference(blob).execute([np.zeros(2, np.float32)])
 
 
