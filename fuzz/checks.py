@@ -84,7 +84,7 @@ class Guard:
 
     def __init__(self, target_name: str, hang_s: float = 5.0, rss_budget: int = 2 * GiB,
                  findings_dir=None, keep_going: bool = False, stats_path=None,
-                 exit_on_hang: bool = False):
+                 exit_on_hang: bool = False, quiet: bool = False):
         self.target_name = target_name
         self.hang_s = hang_s
         self.rss_budget = rss_budget
@@ -92,6 +92,7 @@ class Guard:
         self.keep_going = keep_going
         self.stats_path = Path(stats_path) if stats_path else None
         self.exit_on_hang = exit_on_hang
+        self.quiet = quiet
         self.executions = 0
         self.findings: dict[str, int] = {}  # signature -> times seen
         self.reports: dict[str, str] = {}   # signature -> traceback of the first
@@ -136,8 +137,9 @@ class Guard:
                 name = f"{self.target_name}-{hashlib.sha1(sig.encode()).hexdigest()[:10]}"
                 (self.findings_dir / f"{name}.bin").write_bytes(data)
                 (self.findings_dir / f"{name}.txt").write_text(report)
-            print(f"FINDING [{self.target_name}] {sig}: {str(exc)[:200]}",
-                  file=sys.stderr, flush=True)
+            if not self.quiet:
+                print(f"FINDING [{self.target_name}] {sig}: {str(exc)[:200]}",
+                      file=sys.stderr, flush=True)
         self._write_stats(force=True)
         if not self.keep_going:
             raise exc

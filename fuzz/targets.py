@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import tempfile
 import zlib
@@ -58,7 +59,7 @@ def _array(shape, dtype: str, rng: np.random.Generator):
         shape = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
         return None
-    if any(s < 0 for s in shape) or int(np.prod(shape, dtype=np.float64)) > _MAX_INPUT_ELEMENTS:
+    if any(s < 0 for s in shape) or math.prod(shape) > _MAX_INPUT_ELEMENTS:
         return None
     if rng.integers(2) == 0:
         return np.zeros(shape, np_dtype)
