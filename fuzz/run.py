@@ -20,6 +20,7 @@ stacks and exits.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -47,17 +48,18 @@ def _seeds(workdir: Path, rebuild: bool) -> Path:
     return seeds
 
 
-def _hang_signature(log: str) -> str:
-    """Innermost vkdelegate frame of the thread running the input, from the stacks
-    faulthandler printed when the input ran too long ("" if none was printed)."""
-    for block in log.split("\nThread 0x")[1:]:
+def _stack_signature(log: str) -> str:
+    """Innermost vkdelegate frames of the thread running the input, from the stacks
+    faulthandler printed when the input ran too long or the process died of a signal
+    ("" if none was printed)."""
+    for block in re.split(r"\n(?:Current thread|Thread) 0x", log)[1:]:
         if "checks.py" not in block:
             continue
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
         ours = [f for f in frames if f"{os.sep}vkdelegate{os.sep}" in f[0]]
-        if ours or frames:
-            path, line, func = (ours or frames)[0]
-            return f"{Path(path).name}:{line} in {func}"
+        if ours or frames:  # the two innermost: vk_call alone says too little
+            return " < ".join(f"{Path(path).name}:{line} in {func}"
+                              for path, line, func in (ours or frames)[:2])
     return ""
 
 
@@ -95,7 +97,9 @@ def _run_child(target: str, seeds: Path, tdir: Path, seconds: int, n: int,
 def _kind(log: str, rc: int) -> str:
     for marker, kind in (("libFuzzer: timeout", "hang"), ("out-of-memory", "oom"),
                          ("Uncaught Python exception", "exception"),
-                         ("deadly signal", "native crash"), ("killed the worker", "hang")):
+                         ("deadly signal", "native crash"),
+                         ("Fatal Python error", "native crash"),
+                         ("killed the worker", "hang")):
         if marker in log:
             return kind
     return f"exit status {rc}"
@@ -121,8 +125,15 @@ def fuzz_target(target: str, seeds: Path, workdir: Path, args) -> dict:
         if rc == 0 or args.seeds_only:
             break
         kind = _kind(log, rc)
+        current = tdir / "current-input"
+        if not new and current.exists():  # died before libFuzzer could save it
+            data = current.read_bytes()
+            name = f"crash-{hashlib.sha1(data).hexdigest()}"
+            (tdir / name).write_bytes(data)
+            seen.add(name)
+            new = [name]
         if kind != "exception" or not counts.get("findings"):
-            where = _hang_signature(log) if kind == "hang" else ""
+            where = _stack_signature(log) if kind in ("hang", "native crash") else ""
             sig = f"{kind}{' at ' + where if where else ''}"
             entry = findings.setdefault(sig, {"kind": kind, "times": 0})
             entry["times"] += 1

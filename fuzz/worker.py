@@ -6,7 +6,8 @@ vkdelegate's modules are imported under atheris's coverage instrumentation (torc
 numpy and the Vulkan bindings are not: coverage of our code is what guides the
 search). libFuzzer keeps the inputs that reached new code in ``DIR/corpus`` and saves
 an input that crashed (an escaping exception), hung (``-timeout``) or went over its
-RSS limit as ``DIR/crash-*``, ``timeout-*`` or ``oom-*``. A hard address-space limit
+RSS limit as ``DIR/crash-*``, ``timeout-*`` or ``oom-*``; the input running when the
+process died of a signal is left in ``DIR/current-input``. A hard address-space limit
 (RLIMIT_AS) keeps a runaway allocation from taking the machine down with it.
 """
 from __future__ import annotations
@@ -72,8 +73,18 @@ def main(argv=None) -> None:
     # on a cold cache), which must not count against the per-input hang limit. It
     # also creates the device (driver threads) before the address-space cap is set.
     # libFuzzer runs every seed again, under the checks, before it mutates.
+    # Each input is written to DIR/current-input before it runs: a native crash
+    # (SIGSEGV in the driver) kills the process before libFuzzer can save it, and
+    # fuzz.run then keeps this copy.
+    current = os.open(workdir / "current-input", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+
+    def remember(data: bytes) -> None:
+        os.ftruncate(current, 0)
+        os.pwrite(current, data, 0)
+
     for seed in sorted(seed_dir.iterdir()):
         try:
+            remember(seed.read_bytes())
             target(seed.read_bytes())
         except Exception:  # noqa: BLE001 - reported when libFuzzer runs it
             pass
@@ -95,6 +106,7 @@ def main(argv=None) -> None:
                  str(corpus), str(seed_dir)] + (["-runs=0"] if args.seeds_only else [])
 
     def one_input(data: bytes) -> None:
+        remember(data)
         guard.run(target, data)
 
     def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
