@@ -1,4 +1,5 @@
-# Two commands for users (see README): `make demo` and `make test`.
+# Two commands for users (see README): `make demo` and `make test`; CI also runs
+# `make fuzz` (docs/FUZZING.md: each fuzz target for FUZZ_SECONDS seconds).
 # Both first make sure the system packages and the virtual environment exist; re-running
 # is fast because each step leaves a stamp that is newer than its inputs.
 
@@ -12,13 +13,19 @@ STAMPS := .stamps
 SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
                 vulkan-validationlayers vulkan-tools flatbuffers-compiler
 
-.PHONY: demo test setup system-packages clean bench
+FUZZ_SECONDS ?= 60
+
+.PHONY: demo test fuzz setup system-packages clean bench
 
 demo: setup
 	$(VENV)/bin/vkdelegate demo
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Seeds are rebuilt from the current code each time; a finding fails the target.
+fuzz: setup $(VENV)/.fuzz-installed
+	$(PY) -m fuzz.run --rebuild-seeds --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS)
 
 setup: $(STAMPS)/system $(VENV)/.installed
 
@@ -42,6 +49,10 @@ $(VENV)/.installed: setup.py pyproject.toml requirements.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q -e '.[test,examples]'
+	@touch $@
+
+$(VENV)/.fuzz-installed: $(VENV)/.installed setup.py
+	$(PY) -m pip install -q -e '.[fuzz]'
 	@touch $@
 
 bench: setup

