@@ -23,6 +23,8 @@ from vkdelegate.backend import glue_ops
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
+from vkdelegate.serialization.graph_checks import check_graph
+from vkdelegate.serialization.tensor_budget import check_tensor_budget
 
 _NP_DTYPES = {k: np.dtype(v) for k, v in vk.DTYPE_NAMES.items()}
 _TORCH_DTYPES = {k: getattr(torch, v) for k, v in vk.DTYPE_NAMES.items()}
@@ -40,7 +42,7 @@ class ReferenceGraph:
         from vkdelegate.serialization.blob import read_blob
 
         self.limits = resolve_limits(limits)
-        decoded = read_blob(blob)
+        decoded = read_blob(blob, self.limits)
         named_data = named_data or {}
         self._load(decoded.graph, lambda i: decoded.constant_bytes(i, named_data))
 
@@ -59,6 +61,10 @@ class ReferenceGraph:
     def _load(self, graph: vk.VkGraph, constant_bytes: Callable[[int], bytes],
               extra_ops: "Mapping[str, Callable] | None" = None) -> None:
         self.graph = graph
+        # Untrusted data: structure and the memory its tensors declare are checked
+        # before any constant is materialised.
+        check_graph(graph, self.limits)
+        check_tensor_budget(graph, self.limits)
         self.constants: dict[int, torch.Tensor] = {}
         for vid, value in enumerate(self.graph.values):
             if isinstance(value, vk.VkTensor) and value.constant_id >= 0:
