@@ -173,3 +173,89 @@ def test_non_tensor_where_a_tensor_belongs(vk_device):
     with pytest.raises(VkDelegateError, match=r"node 0 \(aten.relu.default\): output "
                                               r"value 2 is Double, expected a tensor"):
         load_delegate(m.blob())
+
+
+def _conv_blob(x_shape, w_shape, stride, padding, dilation, transposed=False,
+               out_shape=None):
+    from vkdelegate.backend.ops.convolution import conv_shape
+
+    m = GraphMaker()
+    ix = m.input(x_shape)
+    w = m.constant(rand(np.random.default_rng(3), w_shape))
+    n = len(stride)
+    out = out_shape or conv_shape(x_shape, w_shape, stride, padding, dilation, transposed,
+                                  [0] * n, 1)
+    m.output(m.op("aten.convolution.default",
+                  [ix, w, m.scalar(None), m.scalar(stride), m.scalar(padding),
+                   m.scalar(dilation), m.scalar(transposed), m.scalar([0] * n),
+                   m.scalar(1)], out))
+    return m
+
+
+@pytest.mark.parametrize("stride, padding, dilation, match", [
+    # These hung pipeline creation for minutes or grew past 20 GB (an array sized by
+    # the stride's specialization constant); now refused or made harmless at once.
+    ([1 << 28, 1 << 28], [1 << 28, 1 << 28], [1, 1], "a row segment of 1879048195 "
+     "input columns per invocation .* the shader holds at most 4096"),
+    ([1, 1], [0, 0], [65537, 1], r"kernel extent 131075 \(kernel 3, dilation 65537\) is "
+     r"larger than the padded input size 8"),
+    ([1, 1], [1 << 30, 0], [1, 1], "stride 1, padding 1073741824 and dilation 1 over an "
+     "input of 8 exceed the shader's int32 index range"),
+])
+def test_crafted_convolution_geometry_is_refused_quickly(vk_device, stride, padding,
+                                                         dilation, match):
+    m = _conv_blob((1, 1, 8, 8), (1, 1, 3, 3), stride, padding, dilation,
+                   out_shape=(1, 1, 3, 3))
+    with pytest.raises(VkDelegateError, match=r"^node 0 \(aten.convolution.default\): "
+                                              + match):
+        load_delegate(m.blob())
+
+
+def test_unused_huge_stride_runs_like_eager(vk_device):
+    # One output column: ATen never uses the stride, and neither does the shader now.
+    torch = pytest.importorskip("torch")
+    m = _conv_blob((1, 1, 8, 8), (1, 1, 3, 3), [65537, 65537], [0, 0], [1, 1])
+    x = rand(np.random.default_rng(4), (1, 1, 8, 8))
+    w = np.frombuffer(m.constants[0], np.float32).reshape(1, 1, 3, 3)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w.copy()),
+                                      stride=65537).numpy()
+    with load_delegate(m.blob()) as graph:
+        got = graph.execute([x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_crafted_pooling_window_is_refused(vk_device):
+    m = GraphMaker()
+    ix = m.input((1, 2, 6, 6))
+    m.output(m.op("aten.avg_pool2d.default",
+                  [ix, m.scalar([2, 2]), m.scalar([2, 2]), m.scalar([3, 0]), m.scalar(False),
+                   m.scalar(True), m.scalar(None)], (1, 2, 6, 3)))
+    with pytest.raises(VkDelegateError, match=r"node 0 \(aten.avg_pool2d.default\): "
+                                              r"padding 3 is more than half the kernel"):
+        load_delegate(m.blob())
+
+
+def test_values_past_int32_name_the_node_and_field(vk_device):
+    # An integer alpha past int32 for an int32 add goes into a uniform ivec4.
+    m = GraphMaker()
+    ix, iy = m.input((4,), "int32"), m.input((4,), "int32")
+    m.output(m.op("aten.add.Tensor", [ix, iy, m.scalar(1 << 40)], (4,), "int32"))
+    with pytest.raises(VkDelegateError, match=r"^node 0 \(aten.add.Tensor\): uniform "
+                                              r"parameter 0 of ivec4\(1099511627776,\) is "
+                                              r"1099511627776, outside the int32 range"):
+        load_delegate(m.blob())
+    # A float alpha that large is fine for a float add (only the float row is read).
+    m = GraphMaker()
+    ix, iy = m.input((4,)), m.input((4,))
+    m.output(m.op("aten.add.Tensor", [ix, iy, m.scalar(1e12)], (4,)))
+    x, y = np.ones(4, np.float32), np.full(4, 2.0, np.float32)
+    with load_delegate(m.blob()) as graph:
+        np.testing.assert_array_equal(graph.execute([x, y])[0], x + np.float32(1e12) * y)
+
+
+def test_specialization_constant_range_is_checked(vk_device):
+    from vkdelegate.runtime.pipeline import Pipeline
+
+    with pytest.raises(VkDelegateError, match=r"specialization constant 3 of shader "
+                                              r"conv2d is 4294967296, outside the int32"):
+        Pipeline(vk_device, "conv2d", {}, (), (1, 1, 1, 1 << 32))
