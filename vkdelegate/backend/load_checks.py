@@ -109,10 +109,11 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues) -
     where = f"node {call.node_id} ({call.name})"
     out_id = call.args[-1]
     out = values(out_id)
-    outs = out if isinstance(out, list) else [out]
+    is_list = isinstance(graph.values[out_id], g.ValueList)
+    outs = out if is_list else [out]
     for k, t in enumerate(outs):
         if not isinstance(t, TensorSpec):
-            item = graph.values[out_id].items[k] if isinstance(out, list) else out_id
+            item = graph.values[out_id].items[k] if is_list else out_id
             raise VkDelegateError(f"{where}: output value {item} is {_kind(graph, item)}, "
                                   f"expected a tensor")
     args = [values(a) for a in call.args[:-1]]
