@@ -5,12 +5,13 @@ import pytest
 
 from tests.runtime.graphs import GraphMaker, rand
 from vkdelegate.backend.reference import load_reference
-from vkdelegate.errors import ResourceLimitError, VkDelegateError
+from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
 from vkdelegate.limits import DEFAULT_LIMITS, LoadLimits
 from vkdelegate.runtime import load_delegate
 from vkdelegate.serialization import vkgraph as g
 from vkdelegate.serialization.blob import read_blob
 from vkdelegate.serialization.describe import describe_blob
+from vkdelegate.serialization.tensor_budget import TensorBudgetError
 
 MiB = 1 << 20
 
@@ -24,12 +25,13 @@ def _relu_graph(shape=(3, 4)) -> GraphMaker:
 
 def _refused_everywhere(blob: bytes, match: str, limits=None, error=VkDelegateError,
                         decode=True):
-    """load_delegate and the reference executor refuse ``blob`` with ``error``
-    matching ``match``; with ``decode`` the reader and inspect's description too (the
-    memory budget is a loader's check: inspecting a huge blob works)."""
-    loads = [lambda: load_delegate(blob, limits=limits),
-             lambda: load_reference(blob, limits=limits)]
+    """load_delegate refuses ``blob`` with ``error`` matching ``match``; with
+    ``decode`` the reference executor, the reader and inspect's description too (the
+    memory budget of all tensors is the Vulkan loader's check: inspecting a huge blob
+    works, and the reference executor budgets only the constants it materialises)."""
+    loads = [lambda: load_delegate(blob, limits=limits)]
     if decode:
+        loads.append(lambda: load_reference(blob, limits=limits))
         loads.append(lambda: read_blob(blob, limits))
         if limits is None:
             loads.append(lambda: describe_blob(blob))
@@ -88,8 +90,8 @@ def test_tensor_budget_with_tight_limits(vk_device):
                               r"mem_obj_ids counted once\) is 4,194,304, over the load "
                               r"limit max_device_bytes=3,145,728", tight, ResourceLimitError,
                         decode=False)
-    _refused_everywhere(blob, r"value 0: the size in bytes of tensor float32 \[512, 1024\] "
-                              r"is 2,097,152, over the load limit max_tensor_bytes=1,048,576",
+    _refused_everywhere(blob, r"value 0: tensor float32 \[512, 1024\] needs 2097152 bytes; "
+                              r"that is 2,097,152, over the load limit max_tensor_bytes=1,048,576",
                         LoadLimits(max_tensor_bytes=MiB), ResourceLimitError, decode=False)
     # Sharing one mem_obj_id, both count once: the same budget then fits.
     m = _relu_graph((512, 1024))
@@ -98,6 +100,23 @@ def test_tensor_budget_with_tight_limits(vk_device):
     with load_delegate(m.blob(), limits=tight) as graph:
         x = rand(np.random.default_rng(1), (512, 1024))
         np.testing.assert_array_equal(graph.execute([x])[0], np.maximum(x, 0))
+
+
+def test_reference_executor_budgets_its_constants(vk_device):
+    m = GraphMaker()
+    ix = m.input((512, 1024))
+    m.output(m.op("aten.add.Tensor", [ix, m.constant(np.ones((512, 1024), np.float32)),
+                                      m.scalar(1)], (512, 1024)))
+    blob = m.blob()
+    with pytest.raises(TensorBudgetError, match=r"value 1: tensor float32 \[512, 1024\] "
+                                                r"needs 2097152 bytes; that is 2,097,152, over "
+                                                r"the load limit max_tensor_bytes=1,048,576"):
+        load_reference(blob, limits=LoadLimits(max_tensor_bytes=MiB))
+    # Over the budget is also a device limit: the program layer runs such a delegate
+    # on the CPU, sized by the actual inputs.
+    assert issubclass(TensorBudgetError, DeviceLimitError)
+    x = rand(np.random.default_rng(2), (512, 1024))
+    np.testing.assert_array_equal(load_reference(blob).execute([x])[0], x + 1)
 
 
 def test_default_budget_refuses_huge_tensors(vk_device):
@@ -116,16 +135,16 @@ def test_default_budget_refuses_huge_tensors(vk_device):
                         error=ResourceLimitError, decode=False)
     # A dim product near 2**64 (uint32 dims in the flatbuffer) is measured, not overflowed.
     m = _relu_graph((0xFFFFFFFF, 0xFFFFFFFF))
-    _refused_everywhere(m.blob(), "value 0: the size in bytes of tensor float32 "
-                                  r"\[4294967295, 4294967295\] is 73,786,976,260,",
+    _refused_everywhere(m.blob(), "value 0: tensor float32 "
+                                  r"\[4294967295, 4294967295\] needs 73786976260\d+ bytes",
                         error=ResourceLimitError, decode=False)
 
 
 def test_2_to_the_64_dim_in_a_graph_is_refused(vk_device):
     m = _relu_graph()
     m.graph.values[0].dims = [1 << 64]
-    with pytest.raises(ResourceLimitError, match=r"value 0: the size in bytes of tensor "
-                                                 r"float32 \[18446744073709551616\]"):
+    with pytest.raises(ResourceLimitError, match=r"value 0: tensor float32 "
+                                                 r"\[18446744073709551616\] needs"):
         m.build(vk_device)
     m.graph.values[0].dims = [-3]
     with pytest.raises(VkDelegateError, match=r"value 0 \(VkTensor\) has size -3"):

@@ -61,10 +61,12 @@ class ReferenceGraph:
     def _load(self, graph: vk.VkGraph, constant_bytes: Callable[[int], bytes],
               extra_ops: "Mapping[str, Callable] | None" = None) -> None:
         self.graph = graph
-        # Untrusted data: structure and the memory its tensors declare are checked
-        # before any constant is materialised.
+        # Untrusted data: structure and the memory of the constants are checked before
+        # any is materialised. Other tensors are made by torch at their actual sizes
+        # when the graph runs (so a delegate over the device budget because of a huge
+        # dynamic upper bound can fall back to this executor, see backend/program.py).
         check_graph(graph, self.limits)
-        check_tensor_budget(graph, self.limits)
+        check_tensor_budget(graph, self.limits, constants_only=True)
         self.constants: dict[int, torch.Tensor] = {}
         for vid, value in enumerate(self.graph.values):
             if isinstance(value, vk.VkTensor) and value.constant_id >= 0:
@@ -72,7 +74,14 @@ class ReferenceGraph:
                 dtype = value.staging_datatype
                 if dtype == vk.VkDataType.UNSET:
                     dtype = value.datatype
-                arr = np.frombuffer(bytes(data), dtype=_NP_DTYPES[dtype])
+                np_dtype = _NP_DTYPES.get(dtype)
+                numel = int(np.prod(value.dims, dtype=object))
+                if np_dtype is None or len(data) != numel * np_dtype.itemsize:
+                    raise VkDelegateError(
+                        f"tensor {vid}: constant {value.constant_id} has {len(data)} "
+                        f"bytes, {getattr(np_dtype, 'name', dtype)} {list(value.dims)} "
+                        f"needs {numel * getattr(np_dtype, 'itemsize', 0)}")
+                arr = np.frombuffer(bytes(data), dtype=np_dtype)
                 self.constants[vid] = torch.from_numpy(arr.reshape(value.dims).copy())
         extra_ops = extra_ops or {}
         self.ops = [extra_ops[call.name] if call.name in extra_ops else resolve(call.name)
@@ -99,7 +108,22 @@ class ReferenceGraph:
         return list(value.items)  # IntList, DoubleList, BoolList
 
     def execute(self, inputs: list) -> list:
-        """Run the chain on ``inputs`` (numpy arrays, in input_ids order)."""
+        """Run the chain on ``inputs`` (numpy arrays, in input_ids order). Raises
+        VkDelegateError, naming the node, for whatever torch or numpy refuses in a
+        malformed graph (a wrong argument kind, a dim out of range, a bad dtype)."""
+        self._node = None
+        try:
+            return self._run(inputs)
+        except VkDelegateError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+                NotImplementedError, OverflowError) as exc:
+            call = self._node
+            where = f"node {call.node_id} ({call.name})" if call else "graph inputs"
+            raise VkDelegateError(f"reference executor, {where}: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+    def _run(self, inputs: list) -> list:
         if len(inputs) != len(self.graph.input_ids):
             raise VkDelegateError(f"delegate takes {len(self.graph.input_ids)} inputs, "
                                   f"got {len(inputs)}")
@@ -109,6 +133,7 @@ class ReferenceGraph:
             env[vid] = (int(arr) if isinstance(value, vk.SymInt)
                         else torch.from_numpy(np.array(arr)))
         for call, op in zip(self.graph.chain, self.ops):
+            self._node = call
             *arg_ids, out_id = call.args
             if not hasattr(op, "_schema"):  # size arithmetic on SymInts: positional
                 env[out_id] = op(*[self._arg(vid, env) for vid in arg_ids])
@@ -134,6 +159,7 @@ class ReferenceGraph:
                     env[i] = item
             else:
                 env[out_id] = result
+        self._node = None
         return [np.asarray(self._arg(i, env)) for i in self.graph.output_ids]
 
 
