@@ -5,6 +5,7 @@ import numpy as np
 
 from vkdelegate.runtime import DelegateGraph
 from vkdelegate.serialization import vkgraph as g
+from vkdelegate.serialization.blob import write_blob
 
 _DT = {name: dt for dt, name in g.DTYPE_NAMES.items()}
 
@@ -55,6 +56,14 @@ class GraphMaker:
 
     def output(self, vid: int) -> None:
         self.graph.output_ids.append(vid)
+
+    def blob(self) -> bytes:
+        """The graph as a delegate blob, its constants laid out 16-byte aligned."""
+        section = b""
+        for i, data in enumerate(self.constants):
+            self.graph.constants[i] = g.VkBytes(len(section), len(data))
+            section += data + bytes(-len(data) % 16)
+        return write_blob(self.graph, section)
 
     def build(self, device, **options) -> DelegateGraph:
         return DelegateGraph(self.graph, lambda i: self.constants[i], device=device,

@@ -25,6 +25,8 @@ from vkdelegate.backend.glue_checks import CreationBudget, Named, check_argument
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
+from vkdelegate.serialization.graph_checks import check_graph
+from vkdelegate.serialization.tensor_budget import check_tensor_budget
 
 _NP_DTYPES = {k: np.dtype(v) for k, v in vk.DTYPE_NAMES.items()}
 _TORCH_DTYPES = {k: getattr(torch, v) for k, v in vk.DTYPE_NAMES.items()}
@@ -42,7 +44,7 @@ class ReferenceGraph:
         from vkdelegate.serialization.blob import read_blob
 
         self.limits = resolve_limits(limits)
-        decoded = read_blob(blob)
+        decoded = read_blob(blob, self.limits)
         named_data = named_data or {}
         self._load(decoded.graph, lambda i: decoded.constant_bytes(i, named_data))
 
@@ -61,6 +63,12 @@ class ReferenceGraph:
     def _load(self, graph: vk.VkGraph, constant_bytes: Callable[[int], bytes],
               extra_ops: "Mapping[str, Callable] | None" = None) -> None:
         self.graph = graph
+        # Untrusted data: structure and the memory of the constants are checked before
+        # any is materialised. Other tensors are made by torch at their actual sizes
+        # when the graph runs (so a delegate over the device budget because of a huge
+        # dynamic upper bound can fall back to this executor, see backend/program.py).
+        check_graph(graph, self.limits)
+        check_tensor_budget(graph, self.limits, constants_only=True)
         self.constants: dict[int, torch.Tensor] = {}
         for vid, value in enumerate(self.graph.values):
             if isinstance(value, vk.VkTensor) and value.constant_id >= 0:
@@ -133,7 +141,22 @@ class ReferenceGraph:
         return list(value.items)  # IntList, DoubleList, BoolList
 
     def execute(self, inputs: list) -> list:
-        """Run the chain on ``inputs`` (numpy arrays, in input_ids order)."""
+        """Run the chain on ``inputs`` (numpy arrays, in input_ids order). Raises
+        VkDelegateError, naming the node, for whatever torch or numpy refuses in a
+        malformed graph (a wrong argument kind, a dim out of range, a bad dtype)."""
+        self._node = None
+        try:
+            return self._run(inputs)
+        except VkDelegateError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+                NotImplementedError, OverflowError) as exc:
+            call = self._node
+            where = f"node {call.node_id} ({call.name})" if call else "graph inputs"
+            raise VkDelegateError(f"reference executor, {where}: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+    def _run(self, inputs: list) -> list:
         if len(inputs) != len(self.graph.input_ids):
             raise VkDelegateError(f"delegate takes {len(self.graph.input_ids)} inputs, "
                                   f"got {len(inputs)}")
@@ -143,6 +166,7 @@ class ReferenceGraph:
         created = 0  # bytes this run's run-time-sized creation ops made
         for call, op in zip(self.graph.chain, self.ops):
             where = f"node {call.node_id} ({call.name})"
+            self._node = call
             *arg_ids, out_id = call.args
             if not hasattr(op, "_schema"):  # size arithmetic on SymInts: positional
                 env[out_id] = _call(where, op, [self._arg(vid, env) for vid in arg_ids], {})
@@ -181,6 +205,7 @@ class ReferenceGraph:
                                       f"is one value ({out_id}, a {type(out).__name__})")
             else:
                 env[out_id] = result
+        self._node = None
         return [_output(k, vid, self.graph.values[vid], self._arg(vid, env))
                 for k, vid in enumerate(self.graph.output_ids)]
 

@@ -82,6 +82,9 @@ class OpSpec:
         dispatches (signature defined in ``vkdelegate.runtime.graph``).
     shape_fn: output sizes from input sizes and scalar args, for dynamic shapes
         (signature defined in ``vkdelegate.runtime.graph``); None if not resizable.
+    load_shape_fn: for an op that is not resizable (``shape_fn`` None), its output
+        sizes from the declared arguments, for the load-time check of a blob's declared
+        sizes (``vkdelegate.backend.load_checks``); an op with neither is refused at load.
     rules: extra argument checks, each returning None or a reason string.
     max_rank: largest tensor rank accepted.
     notes: one line for the coverage table (docs/OPS.md).
@@ -95,6 +98,7 @@ class OpSpec:
     max_rank: int = 6
     arg_dtypes: dict = field(default_factory=dict)
     notes: str = ""
+    load_shape_fn: Optional[Callable[..., Any]] = None
 
     @property
     def resizable(self) -> bool:

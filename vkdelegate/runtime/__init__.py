@@ -26,12 +26,15 @@ def load_delegate(blob: bytes, named_data: Mapping[str, bytes] | None = None,
     device: a Device, a device index or name substring, or None for the default.
     limits: the resource budget (``vkdelegate.limits.LoadLimits``; None: defaults).
     options: passed to DelegateGraph (staging, timeout_s, progress).
-    Raises VkDelegateError for a malformed blob, a missing constant, an unsupported op
-    or a device limit.
+    Raises VkDelegateError for a malformed blob, a missing constant, an unsupported op,
+    a node whose declared output sizes are not the op's, or a device limit;
+    ResourceLimitError for a blob over ``limits`` (see DelegateGraph).
     """
+    from vkdelegate.limits import resolve_limits
     from vkdelegate.serialization.blob import read_blob
 
-    decoded = read_blob(blob)
+    limits = resolve_limits(limits)
+    decoded = read_blob(blob, limits)
     return DelegateGraph(decoded.graph,
                          lambda i: decoded.constant_bytes(i, named_data or {}),
                          device=device, limits=limits, **options)

@@ -26,14 +26,14 @@ from typing import Callable, Sequence
 import numpy as np
 import vulkan as vk
 
-from vkdelegate.backend.registry import NodeSpec, TensorSpec, lookup
+from vkdelegate.backend.load_checks import check_nodes
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import resolve_limits
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
-from vkdelegate.runtime.dtypes import from_device, to_device
+from vkdelegate.runtime.dtypes import device_dtype, from_device, to_device
 from vkdelegate.runtime.graph_resources import GraphResources, owned
 from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
@@ -41,6 +41,8 @@ from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.runtime.values import GraphValues
 from vkdelegate.runtime.vkcall import vk_call, wait_fence
 from vkdelegate.serialization import vkgraph as g
+from vkdelegate.serialization.graph_checks import check_graph
+from vkdelegate.serialization.tensor_budget import check_tensor_budget
 
 
 class DelegateGraph(DeviceState):
@@ -55,7 +57,10 @@ class DelegateGraph(DeviceState):
     progress: show a tqdm bar over the nodes while building (shader compilation and
     weight packing are the slow steps of a first load). limits: the resource budget
     (``vkdelegate.limits.LoadLimits``; None: the defaults).
-    Raises VkDelegateError on malformed graphs, unsupported ops, device limits.
+    Raises VkDelegateError on malformed graphs, unsupported ops, declared output sizes
+    that differ from the op's (``vkdelegate.backend.load_checks``), device limits;
+    ResourceLimitError for a graph over ``limits``. All of these are checked before
+    any memory is allocated or any shader compiled.
     Call ``close()`` (or use ``with``) to free device memory; a graph dropped without
     it is freed when it is collected (a finalizer), and ``Device.close()`` closes the
     graphs still open on it.
@@ -84,6 +89,13 @@ class DelegateGraph(DeviceState):
         self.limits = resolve_limits(limits)
         self.device = device if isinstance(device, Device) else default_device(device)
         self.graph = graph
+        # Untrusted data: structure, budget and every node's arguments and sizes are
+        # checked before the first allocation or pipeline.
+        check_graph(graph, self.limits)
+        info = self.device.info
+        check_tensor_budget(graph, self.limits,
+                            lambda name: np.dtype(device_dtype(name, info)).itemsize)
+        self._specs = check_nodes(graph)
         self.timeout_s = timeout_s
         self.allocator = Allocator(self.device)
         self._res = GraphResources(self.device, self.allocator)
@@ -126,7 +138,7 @@ class DelegateGraph(DeviceState):
             for t in {id(t): t for t in self.inputs + self.outputs}.values():
                 t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
                                                   f"staging of {t.name}", cached=True)
-        self._specs = self._build_nodes()
+        self._build_nodes()
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
         self.values.flush_uploads(self.timeout_s)
         self._cmd, self.barriers = self._record()
@@ -186,45 +198,29 @@ class DelegateGraph(DeviceState):
 
     def _build_nodes(self):
         builder = NodeBuilder(self)
-        specs = []
         chain = self.graph.chain
         if self.progress:
             from tqdm import tqdm
 
             chain = tqdm(chain, desc="building: shaders and weights", unit="node",
                          leave=False, disable=None)  # None: off without a TTY
-        for call in chain:
-            spec = lookup(call.name)
+        for call, spec in zip(chain, self._specs):
             builder.node = call
+            where = f"node {call.node_id} ({call.name})"
             try:
-                self._check_node(call, spec)
                 spec.impl(builder, call)
-            except VkDelegateError:
-                raise
-            except (IndexError, KeyError, TypeError, ValueError) as exc:
+            except VkDelegateError as exc:
+                if str(exc).startswith(where):
+                    raise
+                # Raised below the NodeBuilder (a uniform or specialization constant
+                # out of range): name the node, keep the error's class.
+                raise type(exc)(f"{where}: {exc}") from exc
+            except (AttributeError, IndexError, KeyError, TypeError, ValueError,
+                    OverflowError) as exc:
                 # An impl unpacking the wrong number of args, or an arg of the wrong
                 # kind: a malformed node, reported as such rather than as a traceback.
-                raise VkDelegateError(f"node {call.node_id} ({call.name}): malformed "
-                                      f"arguments {call.args}: {exc}") from exc
-            specs.append(spec)
-        return specs
-
-    def _check_node(self, call, spec):
-        """Apply the op's registry rules at load too: a blob from elsewhere (or a
-        registry that drifted) must fail here with reasons, not in a shader."""
-        def as_spec(v):
-            if isinstance(v, Tensor):
-                return TensorSpec(v.dtype, v.max_shape)
-            if isinstance(v, list):
-                return [as_spec(x) for x in v]
-            return v
-        out = as_spec(self.resolve(call.args[-1]))
-        node = NodeSpec(call.name, tuple(as_spec(self.resolve(a)) for a in call.args[:-1]),
-                        tuple(out if isinstance(out, list) else [out]))
-        reasons = spec.check(node)
-        if reasons:
-            raise VkDelegateError(f"node {call.node_id} ({call.name}): "
-                                  f"{'; '.join(reasons)}")
+                raise VkDelegateError(f"{where}: malformed arguments {call.args}: "
+                                      f"{exc}") from exc
 
     def _staged(self, tensors):
         return list({id(t): t for t in tensors if t.staging is not None}.values())

@@ -15,6 +15,11 @@ std140 packing a plain concatenation.
 
 A ``ParamBuffer`` is a host-visible, coherent uniform buffer; ``write`` changes its bytes
 in place, and the next submit sees them (no re-recording).
+
+Every integer packed for a shader (uniform rows here, specialization constants in
+``pipeline.py``) goes through ``int32_value``: a blob's integers are untrusted, and one
+past int32 raises VkDelegateError naming the field instead of numpy's OverflowError or
+a silent wrap (the node building it adds the node to the message).
 """
 from __future__ import annotations
 
@@ -22,11 +27,27 @@ import math
 
 import numpy as np
 
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import DeviceLimitError, VkDelegateError
 
 MAX_META_DIMS = 8
 META_INTS = 20
 META_BYTES = META_INTS * 4
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def int32_value(value, what: str) -> int:
+    """``value`` (an int, a bool or an integral float) as an int in the int32 range of
+    shader integers; VkDelegateError naming ``what`` (the field) otherwise."""
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value) or value != int(value):
+            raise VkDelegateError(f"{what} is {value}, not an integer a shader can hold")
+        value = int(value)
+    elif not isinstance(value, (int, np.integer)):
+        raise VkDelegateError(f"{what} is {value!r}, not an integer")
+    if not INT32_MIN <= int(value) <= INT32_MAX:
+        raise VkDelegateError(f"{what} is {int(value)}, outside the int32 range "
+                              f"[{INT32_MIN}, {INT32_MAX}] of shader integers")
+    return int(value)
 
 
 def meta_record(shape) -> np.ndarray:
@@ -35,6 +56,12 @@ def meta_record(shape) -> np.ndarray:
     if len(shape) > MAX_META_DIMS:
         raise VkDelegateError(f"rank {len(shape)} tensor: the runtime supports rank <= "
                               f"{MAX_META_DIMS}")
+    numel = math.prod(shape)
+    if numel > INT32_MAX or any(s > INT32_MAX for s in shape):
+        # Shaders index with int32: a valid tensor this large does not fit the runtime
+        # (raised before Allocator checks on devices with buffers over 2 GiB).
+        raise DeviceLimitError(f"tensor of sizes {list(shape)} has {numel} elements, more "
+                               f"than the shaders' int32 indexing reaches ({INT32_MAX})")
     rec = np.zeros(META_INTS, dtype=np.int32)
     rec[0:8] = 1
     stride = 1
@@ -42,15 +69,19 @@ def meta_record(shape) -> np.ndarray:
         rec[d] = size
         rec[8 + d] = stride
         stride *= size
-    rec[16] = math.prod(shape)
+    rec[16] = numel
     rec[17] = len(shape)
     return rec
 
 
 def ivec4(*values) -> np.ndarray:
-    """One std140 ivec4 row (missing components are 0)."""
+    """One std140 ivec4 row (missing components are 0). VkDelegateError for more than
+    four values or one outside int32 (see ``int32_value``)."""
+    if len(values) > 4:
+        raise VkDelegateError(f"ivec4 row of {len(values)} values")
     row = np.zeros(4, dtype=np.int32)
-    row[:len(values)] = values
+    row[:len(values)] = [int32_value(v, f"uniform parameter {i} of ivec4"
+                                        f"{tuple(values)}") for i, v in enumerate(values)]
     return row
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import vulkan as vk
 
+from vkdelegate.runtime.params import int32_value
 from vkdelegate.runtime.vkcall import vk_call
 from vkdelegate.shaders.compiler import default_compiler
 from vkdelegate.shaders.variants import variant_key
@@ -41,6 +42,9 @@ class Pipeline:
         self.binding_types = binding_types
         dev = device.device
         what = f"shader {shader}"
+        # Checked before any Vulkan object exists, so that a refusal leaks nothing.
+        spec_values = [int32_value(v, f"specialization constant {i} of {what}")
+                       for i, v in enumerate(spec_constants)]
         spirv = default_compiler().compile(shader, compile_defines(device, defines))
         module_info = vk.VkShaderModuleCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
@@ -60,7 +64,7 @@ class Pipeline:
         self.layout = vk_call(vk.vkCreatePipelineLayout, dev, pl_info, None, what=what)
         # Keep the specialization data, map entries and entry-point name in locals until
         # vkCreateComputePipelines returns: cffi frees what nothing references.
-        spec_data = np.asarray(spec_constants, dtype=np.int32).tobytes()
+        spec_data = np.asarray(spec_values, dtype=np.int32).tobytes()
         spec_buffer = vk.ffi.new("char[]", spec_data)
         entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4)
                    for i in range(len(spec_constants))]

@@ -14,6 +14,7 @@ and raises only VkDelegateError.
 from __future__ import annotations
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import LoadLimits
 from vkdelegate.serialization.flatbuffer_reader import graph_from_flatbuffer
 from vkdelegate.serialization.flatbuffer_writer import graph_to_flatbuffer
 from vkdelegate.serialization.header import HEADER_LENGTH, BlobHeader
@@ -56,13 +57,16 @@ def write_blob(graph: VkGraph, constants: bytes = b"") -> bytes:
     return bytes(out)
 
 
-def read_blob(data: bytes | bytearray | memoryview) -> DelegateBlob:
+def read_blob(data: bytes | bytearray | memoryview,
+              limits: LoadLimits | None = None) -> DelegateBlob:
     """Parses and verifies a delegate blob.
 
     Returns a DelegateBlob whose ``constants_section`` is a zero-copy memoryview into
     ``data``. Raises VkDelegateError (never anything else) for a malformed header, a
-    flatbuffer that fails verification, an id out of range, or an inline constant
-    outside the constants section; the message names the offset or id.
+    flatbuffer that fails verification, an id out of range, a ValueList that contains
+    itself, or an inline constant outside the constants section; the message names the
+    offset or id. ResourceLimitError (a VkDelegateError) for more nodes or values or
+    deeper ValueList nesting than ``limits`` allow (None: the defaults).
     """
     try:
         view = memoryview(data).cast("B")
@@ -71,7 +75,7 @@ def read_blob(data: bytes | bytearray | memoryview) -> DelegateBlob:
                               f"{type(data).__name__}") from exc
     header = BlobHeader.from_bytes(view)
     fb = view[header.flatbuffer_offset:header.flatbuffer_offset + header.flatbuffer_size]
-    graph = graph_from_flatbuffer(fb, header.flatbuffer_offset)
+    graph = graph_from_flatbuffer(fb, header.flatbuffer_offset, limits)
     section = view[header.constants_offset:header.constants_offset + header.constants_size]
     _check_constants(graph, len(section))
     return DelegateBlob(graph=graph, constants_section=section, header=header)

@@ -3,15 +3,19 @@
 Every offset, vector and string is bounds-checked (:mod:`flatbuffer_view`), union tags
 and enum values must be ones the schema declares, and the ids the graph uses (op args,
 input/output ids, ValueList items, constant ids) must index existing values or
-constants (:func:`vkdelegate.serialization.graph_checks.check_graph`). Anything else
-raises :class:`VkDelegateError` naming the problem and the byte offset or id.
+constants, no ValueList may contain itself, and the node and value counts and the
+ValueList nesting must fit the load limits
+(:func:`vkdelegate.serialization.graph_checks.check_graph`; the counts are checked
+before the nodes and values are decoded). Anything else raises
+:class:`VkDelegateError` naming the problem and the byte offset or id.
 """
 from __future__ import annotations
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.flatbuffer_view import FlatbufferView, TableView
-from vkdelegate.serialization.graph_checks import check_graph
+from vkdelegate.limits import LoadLimits, resolve_limits
+from vkdelegate.serialization.graph_checks import check_counts, check_graph
 from vkdelegate.serialization.schema_slots import FILE_IDENTIFIER, slot
 
 _LIST_FORMATS = {"IntList": "q", "DoubleList": "d", "BoolList": "?", "ValueList": "i"}
@@ -79,17 +83,24 @@ def _read_bytes(t: TableView) -> vk.VkBytes:
                       named_key=t.string(slot("VkBytes", "named_key"), "named_key"))
 
 
-def graph_from_flatbuffer(buf: bytes | memoryview, base: int = 0) -> vk.VkGraph:
+def graph_from_flatbuffer(buf: bytes | memoryview, base: int = 0,
+                          limits: LoadLimits | None = None) -> vk.VkGraph:
     """Parses and verifies a VK00 flatbuffer; returns the VkGraph.
 
     ``base`` is the flatbuffer's offset in its file, added to byte offsets in errors.
+    ``limits``: the load limits (None: the defaults) on node and value counts and
+    ValueList nesting.
 
     Raises VkDelegateError for a wrong file identifier, an offset/vector/string outside
-    the buffer, an unknown union tag or enum value, or an id out of range.
+    the buffer, an unknown union tag or enum value, an id out of range or a ValueList
+    that contains itself; ResourceLimitError for a graph over ``limits``.
     """
+    limits = resolve_limits(limits)
     fb = FlatbufferView(buf, "VkGraph flatbuffer", base)
     g = fb.root(FILE_IDENTIFIER, "VkGraph")
     s = lambda f: slot("VkGraph", f)  # noqa: E731
+    # Before decoding: a small flatbuffer can repeat one table offset millions of times.
+    check_counts(g.length(s("chain"), "chain"), g.length(s("values"), "values"), limits)
     chain = []
     for i, t in enumerate(g.tables(s("chain"), "chain")):
         chain.append(vk.OperatorCall(
@@ -112,5 +123,5 @@ def graph_from_flatbuffer(buf: bytes | memoryview, base: int = 0) -> vk.VkGraph:
             g.scalar(s("memory_layout_override"), "B", 255, "memory_layout_override"),
             "memory_layout_override"),
     )
-    check_graph(graph)
+    check_graph(graph, limits)
     return graph

@@ -125,6 +125,11 @@ class TableView:
         self.fb.need(target + 4, count * _SIZES[fmt], f"vector {what} of {count} items")
         return list(struct.unpack_from(f"<{count}{fmt}", self.fb.buf, target + 4))
 
+    def length(self, slot: int, name: str) -> int:
+        """The item count of a vector field (0 when absent), without reading items."""
+        target = self._target(slot, name)
+        return 0 if target == 0 else self.fb.scalar("I", target, f"{self.what}.{name} length")
+
     def tables(self, slot: int, name: str) -> list["TableView"]:
         """A vector of tables; ``[]`` when the field is absent."""
         target = self._target(slot, name)

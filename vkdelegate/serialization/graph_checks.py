@@ -1,12 +1,15 @@
-"""Structural checks of a VkGraph: every id it uses refers to something that exists.
+"""Structural checks of a VkGraph: every id it uses refers to something that exists,
+no ValueList contains itself, and the counts and nesting fit the load limits.
 
-Run by the reader on every graph it decodes (so the runtime can index without
-checking) and by the writer's callers in tests. Checks ids only; whether an op's
-arguments have the right kinds is the op's own business at load time.
+Run by the reader on every graph it decodes (so the runtime can index and recurse
+without checking), by DelegateGraph and the reference executor on graphs handed to
+them directly, and by the writer's callers in tests. Checks ids and structure only;
+whether an op's arguments have the right kinds is the op's own business at load time.
 """
 from __future__ import annotations
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
 
 
@@ -16,14 +19,64 @@ def _in_range(vid: int, n_values: int, what: str) -> None:
                               f"{n_values} values (ids 0..{n_values - 1})")
 
 
-def check_graph(graph: vk.VkGraph) -> None:
-    """Raises VkDelegateError naming the first id that is out of range.
+def check_counts(n_nodes: int, n_values: int, limits: LoadLimits) -> None:
+    """ResourceLimitError when a graph has more operator calls than
+    ``limits.max_nodes`` or more values than ``limits.max_values`` (checked by the
+    reader before it decodes them)."""
+    check_limit("the operator call count of the graph", n_nodes, limits.max_nodes,
+                "max_nodes", "delegate blob")
+    check_limit("the value count of the graph", n_values, limits.max_values, "max_values",
+                "delegate blob")
+
+
+def check_value_nesting(graph: vk.VkGraph, limits: LoadLimits) -> None:
+    """VkDelegateError for a ValueList that contains itself (directly or through other
+    ValueLists), ResourceLimitError for ValueLists nested deeper than
+    ``limits.max_value_depth`` (a ValueList of tensors has depth 1). Iterative, so a
+    hostile graph cannot exhaust the Python stack here; the runtime's recursive
+    resolution of ValueLists is safe after this check. Item ids must be in range."""
+    values = graph.values
+    depth: dict[int, int] = {}  # finished ValueLists -> their nesting depth
+    on_path: set[int] = set()
+    for root, value in enumerate(values):
+        if not isinstance(value, vk.ValueList) or root in depth:
+            continue
+        stack = [(root, 0)]  # (value id, index of its next item to visit)
+        on_path.add(root)
+        while stack:
+            vid, i = stack[-1]
+            items = values[vid].items
+            if i < len(items):
+                stack[-1] = (vid, i + 1)
+                item = items[i]
+                if not isinstance(values[item], vk.ValueList) or item in depth:
+                    continue
+                if item in on_path:
+                    raise VkDelegateError(
+                        f"value {vid} (ValueList) item {i} is value {item}, which "
+                        f"contains value {vid}: a ValueList may not contain itself")
+                on_path.add(item)
+                stack.append((item, 0))
+                continue
+            stack.pop()
+            on_path.discard(vid)
+            depth[vid] = 1 + max((depth.get(j, 0) for j in items), default=0)
+            check_limit(f"the nesting depth of ValueList value {vid}", depth[vid],
+                        limits.max_value_depth, "max_value_depth", "delegate blob")
+
+
+def check_graph(graph: vk.VkGraph, limits: LoadLimits | None = None) -> None:
+    """Raises VkDelegateError naming the first id that is out of range or the first
+    ValueList that contains itself; ResourceLimitError (a VkDelegateError) when the
+    node or value count or the ValueList nesting exceeds ``limits`` (None: defaults).
 
     Checked: every op has a name and at least one arg (its output); input_ids,
     output_ids, every op's args, every ValueList item (value ids into
     ``graph.values``) and every tensor's ``constant_id`` (index into
-    ``graph.constants`` when >= 0).
+    ``graph.constants`` when >= 0); then ``check_value_nesting``.
     """
+    limits = resolve_limits(limits)
+    check_counts(len(graph.chain), len(graph.values), limits)
     n = len(graph.values)
     for i, vid in enumerate(graph.input_ids):
         _in_range(vid, n, f"input_ids[{i}]")
@@ -46,3 +99,4 @@ def check_graph(graph: vk.VkGraph) -> None:
             raise VkDelegateError(
                 f"value {vid} (VkTensor) has constant_id {value.constant_id}, but the "
                 f"graph has {n_const} constants")
+    check_value_nesting(graph, limits)

@@ -239,7 +239,9 @@ def _make_impl(op: Binary):
         alpha = op.alpha * (1 if extra[0] is None else extra[0]) if op.alpha else 0
         if acc_type(compute) == "int" and alpha != int(alpha):
             raise bld.error(f"alpha {alpha} is not an integer for dtype {compute}")
-        params = bld.params(record(vec4(alpha), ivec4(int(alpha))))
+        # The int row is read only by integer variants (a float alpha may exceed int32).
+        params = bld.params(record(vec4(alpha), ivec4(int(alpha) if acc_type(compute) ==
+                                                      "int" else 0)))
         plan_dispatch(bld, SHADER, _defines(expr, out, a, b, compute), out, [a, b],
                       extra_params=(params,))
     return impl

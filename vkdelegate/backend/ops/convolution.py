@@ -109,7 +109,83 @@ def _groups(node: NodeSpec):
     return None
 
 
-RULES = (_spatial_rank, _static_channels, _same_dtype, _groups)
+#: Floats of the direct path's per-invocation row segment (conv2d.glsl ``seg[SEG]``, an
+#: array sized by specialization constants): a crafted stride of 65,537 made it 460,000
+#: floats, which hung pipeline creation for minutes and grew past 20 GB.
+MAX_SEGMENT = 4096
+#: Statements of the tap loops the LONG_LOOPS form unrolls, KH x (SEG + KW x PX):
+#: pipeline creation on llvmpipe takes about 1 s at this size and grows with it.
+MAX_UNROLLED = 4096
+INT32_MAX = (1 << 31) - 1
+
+
+def shader_geometry(x_shape, w_shape, out_shape, stride, padding, dilation,
+                    transposed: bool):
+    """(kernel, stride, padding, dilation) as conv2d.glsl gets them: 2-D lists (a 1-D
+    convolution is a 2-D one of height 1), with the stride of a non-transposed dim
+    whose output has one position set to 1 (it is never used, and a huge one would
+    only size the row segment)."""
+    n = len(x_shape) - 2
+    stride, padding = _expand(stride, n), _expand(padding, n)
+    dilation, kernel = _expand(dilation, n), list(w_shape[2:])
+    if not transposed:
+        stride = [1 if o <= 1 else st for st, o in zip(stride, out_shape[2:])]
+    if n == 1:
+        return [1] + kernel, [1] + stride, [0] + padding, [1] + dilation
+    return kernel, stride, padding, dilation
+
+
+def _segment(kernel, stride, dilation, px: int) -> int:
+    """Input columns the PX outputs of one invocation touch (the seg array)."""
+    return (px - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
+
+
+def _shader_bounds(node: NodeSpec):
+    """ATen's window checks, int32 index arithmetic, and the sizes the shader's
+    private array and unrolled loops may have (see MAX_SEGMENT, MAX_UNROLLED)."""
+    x, w, out = node.args[0], node.args[1], node.outputs[0]
+    transposed = bool(node.args[6])
+    kernel, stride, pad, dil = shader_geometry(x.shape, w.shape, out.shape, node.args[3],
+                                               node.args[4], node.args[5], transposed)
+    if any(k < 1 for k in kernel):
+        return f"kernel sizes {list(w.shape[2:])} must be >= 1"
+    extents = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+    sizes = [1] * (4 - x.rank) + list(x.shape[2:])
+    for i in range(2):
+        span = max(sizes[i] + 2 * pad[i], (sizes[i] - 1) * stride[i]) + extents[i]
+        if max(stride[i], pad[i], dil[i], span) > INT32_MAX:
+            return (f"stride {stride[i]}, padding {pad[i]} and dilation {dil[i]} over an "
+                    f"input of {sizes[i]} exceed the shader's int32 index range")
+        if not transposed and extents[i] > sizes[i] + 2 * pad[i]:
+            return (f"kernel extent {extents[i]} (kernel {kernel[i]}, dilation {dil[i]}) "
+                    f"is larger than the padded input size {sizes[i] + 2 * pad[i]}")
+    px = 8  # the larger of the shader's two output widths (PX)
+    icg = x.shape[1] // max(int(node.args[8]), 1)
+    long_loops = _plain_loop_iterations(False, transposed, icg, kernel, stride, dil, px) \
+        + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    seg = 0 if transposed else _segment(kernel, stride, dil, px)
+    if seg > MAX_SEGMENT:
+        return (f"a row segment of {seg} input columns per invocation (stride "
+                f"{stride[1]}, kernel {kernel[1]}, dilation {dil[1]}): the shader holds "
+                f"at most {MAX_SEGMENT}")
+    unrolled = kernel[0] * (seg + kernel[1] * px)
+    if long_loops and unrolled > MAX_UNROLLED:
+        return (f"kernel {kernel[0]} x {kernel[1]} with {icg} input channels per group "
+                f"needs {unrolled} unrolled tap statements, more than {MAX_UNROLLED}")
+    return None
+
+
+def _checked(rule):
+    """Run ``rule`` only on nodes the earlier rules accept (it reads their fields)."""
+    def run(node: NodeSpec):
+        if _spatial_rank(node) or _groups(node) or not isinstance(node.args[6], int) \
+                or not node.outputs:
+            return None
+        return rule(node)
+    return run
+
+
+RULES = (_spatial_rank, _static_channels, _same_dtype, _groups, _checked(_shader_bounds))
 
 
 # ---- runtime ------------------------------------------------------------------------
@@ -184,11 +260,10 @@ def _build(b, node, clamp_ids=None):
                       f"weight {list(w.max_shape)}")
     if len({x.dtype, w.dtype, out.dtype}) != 1:
         raise b.error(f"mixed dtypes {x.dtype}, {w.dtype}, {out.dtype}")
-    stride, pad = _expand(b.int_list(stride_id), n), _expand(b.int_list(pad_id), n)
-    dil = _expand(b.int_list(dil_id), n)
-    kernel = list(w.max_shape[2:])
-    if n == 1:  # a 1-D convolution is a 2-D one of height 1
-        stride, pad, dil, kernel = [1] + stride, [0] + pad, [1] + dil, [1] + kernel
+    # A 1-D convolution is a 2-D one of height 1; unused strides are 1 (see there).
+    kernel, stride, pad, dil = shader_geometry(
+        x.max_shape, w.max_shape, out.max_shape, b.int_list(stride_id),
+        b.int_list(pad_id), b.int_list(dil_id), transposed)
     ic, oc = x.max_shape[1], out.max_shape[1]
     icg, ocg = ic // groups, oc // groups
     tile = 4 if ocg % 4 == 0 else 1

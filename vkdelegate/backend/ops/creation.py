@@ -126,6 +126,7 @@ for _name, _value, _shape in (
                     notes="ExecuTorch name (torch.export emits full / full_like)"))
 register(OpSpec(name="aten.arange.start_step", dtypes=ARANGE_DTYPES, impl=_arange_impl,
                 shape_fn=None, rules=(_arange_rule,), max_rank=1,
+                load_shape_fn=lambda args: (arange_numel(*args[:3]),),
                 notes="every torch.arange form; float or integer"))
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:

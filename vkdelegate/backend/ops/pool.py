@@ -94,6 +94,34 @@ def _window_rule(node: NodeSpec):
     return None
 
 
+def _window_values(with_dilation: bool):
+    """ATen's pooling checks (sizes >= 1, padding at most half the kernel size)
+    and the shader's int32 window arithmetic: a crafted blob's window values must not
+    reach the uniforms unchecked."""
+    def rule(node: NodeSpec):
+        if _rank(node) or _window_rule(node):
+            return None  # reported by those rules
+        dil = node.args[4] if with_dilation else [1]
+        if not isinstance(dil, list) or len(dil) > 2 or \
+                not all(isinstance(v, int) for v in dil):
+            return f"dilation {dil!r} is not a list of at most 2 ints"
+        if not node.args[1]:
+            return "empty kernel_size"
+        k, s, p, d = _window([None] + list(node.args[1:5]), with_dilation)
+        size = node.args[0].shape[-2:]
+        for i in range(2):
+            if min(k[i], s[i], d[i]) < 1 or p[i] < 0:
+                return "kernel_size, stride and dilation must be >= 1 and padding >= 0"
+            extent = (k[i] - 1) * d[i] + 1
+            if p[i] > k[i] // 2:
+                return f"padding {p[i]} is more than half the kernel size {k[i]}"
+            if size[i] + 2 * p[i] + extent + s[i] > (1 << 31) - 1:
+                return (f"kernel {k[i]}, stride {s[i]}, padding {p[i]} and dilation "
+                        f"{d[i]} exceed the shader's int32 index range")
+        return None
+    return rule
+
+
 def _divisor_rule(node: NodeSpec):
     v = node.args[6]
     if v is not None and (not isinstance(v, int) or v == 0):
@@ -181,10 +209,12 @@ def _adaptive_max_impl(b, node):
 
 _WITH_INDICES = dict(dtypes=FLOATS | {"int64"}, arg_dtypes={0: FLOATS})
 register(OpSpec(name=MAX_POOL, impl=_max_impl, shape_fn=_max_shape,
-                rules=(_rank, _window_rule), max_rank=4, **_WITH_INDICES,
+                rules=(_rank, _window_rule, _window_values(True)), max_rank=4,
+                **_WITH_INDICES,
                 notes="dilation, ceil_mode, NaN propagation, int64 indices"))
 register(OpSpec(name=AVG_POOL, dtypes=FLOATS, impl=_avg_impl, shape_fn=_avg_shape,
-                rules=(_rank, _window_rule, _divisor_rule), max_rank=4,
+                rules=(_rank, _window_rule, _window_values(False), _divisor_rule),
+                max_rank=4,
                 notes="ceil_mode, count_include_pad, divisor_override"))
 register(OpSpec(name=ADAPTIVE_AVG, dtypes=FLOATS, impl=_adaptive_avg_impl,
                 shape_fn=_adaptive_shape, rules=(_rank, _output_size_rule), max_rank=4,

@@ -1,0 +1,137 @@
+"""Load-time checks of a blob's nodes against their registry declarations.
+
+A delegate blob is untrusted: before anything is allocated or compiled, every
+``OperatorCall`` of its VkGraph is looked up in the registry, its arguments are checked
+by the op's rules (as the partitioner did when the blob was made) and its declared
+output sizes are compared with what the op's shape function gives for the declared
+input sizes. Dims are upper bounds for dynamic sizes; shape functions are monotone in
+their inputs, so at the upper-bound inputs they give exactly the declared upper-bound
+outputs. A blob whose output sizes disagree would run and return wrong numbers (or
+write past a buffer), so it is refused here. Torch-free and Vulkan-free.
+"""
+from __future__ import annotations
+
+from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, lookup
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization import vkgraph as g
+
+_SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
+            g.String: "string_val", g.SymInt: "value"}
+#: Attributes only tensors have: reading one from anything else means a non-tensor
+#: value sits where the op expects a tensor.
+_TENSOR_ATTRIBUTES = {"shape", "dtype", "rank", "dynamic", "is_dynamic", "ndim"}
+
+
+class DeclaredValues:
+    """Values of a VkGraph as rules and shape functions see them: a tensor as a
+    TensorSpec of its dtype name and declared dims, scalars and lists as Python values,
+    a ValueList as a list (the graph's ValueLists must be acyclic: ``check_graph``)."""
+
+    def __init__(self, graph: g.VkGraph):
+        self.graph = graph
+        self._cache: dict[int, object] = {}
+
+    def __call__(self, vid: int):
+        if vid in self._cache:
+            return self._cache[vid]
+        v = self.graph.values[vid]
+        if isinstance(v, g.VkTensor):
+            dtype = g.DTYPE_NAMES.get(v.datatype)
+            if dtype is None:
+                raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
+                                      f"{int(v.datatype)})")
+            out = TensorSpec(dtype, tuple(v.dims))
+        elif isinstance(v, g.Null):
+            out = None
+        elif type(v) in _SCALARS:
+            out = getattr(v, _SCALARS[type(v)])
+        elif isinstance(v, g.ValueList):
+            out = [self(i) for i in v.items]
+        else:
+            out = list(v.items)
+        self._cache[vid] = out
+        return out
+
+
+def _kind(graph: g.VkGraph, vid: int) -> str:
+    return type(graph.values[vid]).__name__
+
+
+def _malformed(graph, call, args, exc) -> VkDelegateError:
+    """The error for a rule or shape function that failed on the node's arguments:
+    names the argument and value id when a non-tensor sat where a tensor belongs."""
+    where = f"node {call.node_id} ({call.name})"
+    obj = getattr(exc, "obj", None)
+    if isinstance(exc, AttributeError) and getattr(exc, "name", None) in _TENSOR_ATTRIBUTES:
+        for i, (vid, a) in enumerate(zip(call.args, args)):
+            if a is obj and not isinstance(a, TensorSpec):
+                return VkDelegateError(f"{where}: argument {i} (value {vid}) is "
+                                       f"{_kind(graph, vid)}, where the op expects a tensor")
+    return VkDelegateError(f"{where}: malformed arguments {call.args}: {exc}")
+
+
+def _dims(t) -> str:
+    return f"[{', '.join(str(d) for d in t)}]"
+
+
+def _check_sizes(call, spec: OpSpec, args, outs) -> None:
+    where = f"node {call.node_id} ({call.name})"
+    fn = spec.shape_fn or spec.load_shape_fn
+    if fn is None:
+        raise VkDelegateError(f"{where}: the op has no shape function, so its declared "
+                              f"output sizes cannot be checked")
+    try:
+        sizes = fn(args)
+    except VkDelegateError as exc:
+        raise VkDelegateError(f"{where}: {exc}") from None
+    sizes = sizes if isinstance(sizes, list) else [sizes]
+    if len(sizes) != len(outs):
+        raise VkDelegateError(f"{where}: declares {len(outs)} outputs, the op gives "
+                              f"{len(sizes)}")
+    out_ids = call.args[-1:]
+    for k, (t, size) in enumerate(zip(outs, sizes)):
+        size = tuple(size)
+        if size != tuple(t.shape):
+            inputs = ", ".join(_dims(a.shape) for a in args if isinstance(a, TensorSpec))
+            which = f"output value {out_ids[0]}" + (f" item {k}" if len(outs) > 1 else "")
+            raise VkDelegateError(f"{where}: declares {which} as {_dims(t.shape)}, the "
+                                  f"op gives {_dims(size)} for inputs {inputs or '(none)'}")
+
+
+def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues) -> OpSpec:
+    """Check one node (see the module docstring); return its OpSpec.
+
+    Raises VkDelegateError naming the node: unknown op, an output that is not a
+    tensor, a non-tensor where a tensor is expected (with its value id), the op's
+    rules' reasons, or declared output sizes that differ from the shape function's.
+    """
+    spec = lookup(call.name)
+    where = f"node {call.node_id} ({call.name})"
+    out_id = call.args[-1]
+    out = values(out_id)
+    is_list = isinstance(graph.values[out_id], g.ValueList)
+    outs = out if is_list else [out]
+    for k, t in enumerate(outs):
+        if not isinstance(t, TensorSpec):
+            item = graph.values[out_id].items[k] if is_list else out_id
+            raise VkDelegateError(f"{where}: output value {item} is {_kind(graph, item)}, "
+                                  f"expected a tensor")
+    args = [values(a) for a in call.args[:-1]]
+    try:
+        reasons = spec.check(NodeSpec(call.name, tuple(args), tuple(outs)))
+        if not reasons:
+            _check_sizes(call, spec, args, outs)
+    except VkDelegateError:
+        raise
+    except (AttributeError, TypeError, IndexError, KeyError, ValueError,
+            ZeroDivisionError, OverflowError) as exc:
+        raise _malformed(graph, call, args, exc) from exc
+    if reasons:
+        raise VkDelegateError(f"{where}: {'; '.join(reasons)}")
+    return spec
+
+
+def check_nodes(graph: g.VkGraph) -> list[OpSpec]:
+    """``check_node`` for every node of the chain, in order; their OpSpecs."""
+    values = DeclaredValues(graph)
+    return [check_node(graph, call, values) for call in graph.chain]
