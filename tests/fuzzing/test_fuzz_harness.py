@@ -126,3 +126,18 @@ def test_atheris_worker_runs_the_seeds(seeds, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["inspect"]["findings"] == {}
     assert summary["inspect"]["executions"] >= len(list((seeds / "inspect").iterdir()))
+
+
+FINDINGS = REPO / "fuzz" / "findings"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_saved_finding_is_fixed(seeds, target):
+    """Each input a fuzz run found (fuzz/findings/) now gives a program or a
+    VkDelegateError on every target that reads its kind of file."""
+    kind = "program-" if target in ("program", "inspect") else "blob-"
+    files = sorted(p for p in FINDINGS.iterdir() if p.name.startswith(kind))
+    if target == "inspect":
+        files += sorted(p for p in FINDINGS.iterdir() if p.name.startswith("blob-"))
+    assert files
+    assert replay(target, files, seeds) == {}

@@ -36,12 +36,19 @@ def _is_torch_tensor(value) -> bool:
 
 
 def to_numpy(value) -> np.ndarray:
-    """A delegate input: torch tensors become contiguous numpy arrays; ints 0-d arrays."""
+    """A delegate input: torch tensors become contiguous numpy arrays; ints 0-d arrays.
+
+    Raises VkDelegateError for a tensor of a dtype numpy has no form of (bfloat16)."""
     # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     if _is_torch_tensor(value):
         # resolve_*: numpy() refuses a tensor whose lazy conjugate or negation bit is set.
-        return np.require(value.detach().cpu().resolve_conj().resolve_neg().numpy(),
-                          requirements="C")
+        value = value.detach().cpu().resolve_conj().resolve_neg()
+        try:
+            array = value.numpy()
+        except TypeError as exc:  # "Got unsupported ScalarType BFloat16"
+            raise VkDelegateError(f"a {str(value.dtype).removeprefix('torch.')} tensor "
+                                  f"cannot be passed to a Vulkan delegate ({exc})") from None
+        return np.require(array, requirements="C")
     return np.require(value, requirements="C")
 
 
