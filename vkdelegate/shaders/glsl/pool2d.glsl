@@ -62,20 +62,25 @@ void output_at(int ow, int oh, int plane, int OW, int OH, int IW, int IH) {
     } \
   }
   const int he = min(h1, IH), we = min(w1, IW);
-  for (int h = hs; h < he; h += dH) {
-    int w = ws;
+  // Loops count taps with a unit step (tap h = hs + th * dH): Mesa 22.3's lavapipe
+  // runs a loop whose step is read from a storage buffer (PARAMS_IN_STORAGE) once.
+  const int taps_h = hs < he ? (he - hs + dH - 1) / dH : 0;
+  const int taps_w = ws < we ? (we - ws + dW - 1) / dW : 0;
+  for (int th = 0; th < taps_h; ++th) {
+    const int h = hs + th * dH;
+    int tw = 0;
 #ifdef LONG_WINDOW
     // 16 taps per loop iteration, then the rest: llvmpipe ends an invocation's loops
     // after LOOP_LIMIT iterations in all (common.h; ops/pool.py picks this variant for
     // windows that need it and checks at load). Only then: it costs small windows 3x.
-    for (; w + 15 * dW < we; w += 16 * dW) {
+    for (; tw + 15 < taps_w; tw += 16) {
       [[unroll]] for (int j = 0; j < 16; ++j) {
-        MAX_TAP(h, w + j * dW)
+        MAX_TAP(h, ws + (tw + j) * dW)
       }
     }
 #endif
-    for (; w < we; w += dW) {
-      MAX_TAP(h, w)
+    for (; tw < taps_w; ++tw) {
+      MAX_TAP(h, ws + tw * dW)
     }
   }
   out_data[i] = OUT_STORE(best);
