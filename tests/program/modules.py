@@ -101,6 +101,11 @@ class Case:
     #: (major, minor) of the oldest torch whose export handles the case
     min_torch: tuple = (0, 0)
 
+    def exportable(self) -> bool:
+        """Whether the installed torch's export handles this case (``min_torch``)."""
+        version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        return version >= self.min_torch
+
 
 def _batch(lo=1, hi=32):
     return Dim("batch", min=lo, max=hi)
