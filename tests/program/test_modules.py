@@ -1,5 +1,6 @@
 """The module suite (modules.py) lowered and compared with eager within 1e-4."""
 import pytest
+import torch
 
 from .helpers import lower_and_compare
 from .modules import CASES
