@@ -18,6 +18,7 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from vkdelegate.backend.registry import load_all
+    from vkdelegate.shaders.bindings import binding_defines
     from vkdelegate.shaders.compiler import ShaderCompiler
     from vkdelegate.shaders.variants import all_variants
 
@@ -29,8 +30,10 @@ def run(args) -> int:
     if unknown:
         raise VkDelegateError(f"no shader named {', '.join(unknown)}; shaders: "
                               f"{', '.join(sorted({n for n, _ in declared}))}")
+    # The defines runtime.pipeline.compile_defines gives, so the cache keys match.
     variants = [(n, flavor) for n, d in declared if not args.shader or n in args.shader
-                for flavor in (d, dict(d, PARAMS_IN_STORAGE="1"))]
+                for full in (binding_defines(n, d),)
+                for flavor in (full, dict(full, PARAMS_IN_STORAGE="1"))]
     compiler = ShaderCompiler(cache=args.cache)
     jobs = args.jobs or os.cpu_count() or 1
     # glslang runs as a subprocess, so threads compile in parallel.

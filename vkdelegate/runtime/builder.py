@@ -18,6 +18,7 @@ from vkdelegate.errors import DeviceLimitError, VkDelegateError
 from vkdelegate.runtime.params import ParamBuffer
 from vkdelegate.runtime.pipeline import STORAGE, UNIFORM
 from vkdelegate.runtime.tensor import Tensor
+from vkdelegate.shaders.bindings import bindings_of
 from vkdelegate.serialization import vkgraph as g
 
 
@@ -156,8 +157,11 @@ class NodeBuilder:
         Bindings, numbered from 0: ``outputs`` (Tensors written, storage buffers), then
         ``inputs`` (Tensors read), then ``params`` (ParamBuffers, e.g. ``t.meta``, as
         uniform buffers, or readonly storage buffers on a device with
-        ``params_in_storage``). global_size: invocations (x, y, z), sized for the upper-bound
-        shapes; the grid is rounded up to whole workgroups, so shaders bounds-check.
+        ``params_in_storage``), in the order of the variant's declared bindings
+        (``shaders.bindings.shader_bindings``; VkDelegateError naming them when the
+        counts differ or a parameter buffer is smaller than its block).
+        global_size: invocations (x, y, z), sized for the upper-bound shapes; the grid
+        is rounded up to whole workgroups, so shaders bounds-check.
         A 1-D global size beyond the device's workgroup-count limit is folded into y
         (read it back with ``linear_id()`` from common.h). An ErrorFlag among
         ``outputs`` binds the error-flag buffer there. local_size: workgroup size,
@@ -174,6 +178,7 @@ class NodeBuilder:
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
                              f"exceeds this device's compute limits", limit=True)
+        self._check_bindings(shader, defines, outputs, inputs, params)
         param_type = STORAGE if self.device.params_in_storage else UNIFORM
         types = (STORAGE,) * (len(outputs) + len(inputs)) + (param_type,) * len(params)
         pipeline = self.device.pipelines.get(shader, defines, types,
@@ -188,3 +193,18 @@ class NodeBuilder:
             # Error-flag words are only set (atomicOr, order-free) and read by the host
             # after the final barrier: they need no barrier between dispatches.
             writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)}))
+
+    def _check_bindings(self, shader: str, defines: dict, outputs, inputs, params) -> None:
+        """The buffers of a dispatch against the variant's declared bindings."""
+        declared = bindings_of(shader, defines)
+        got = (len(outputs), len(inputs), len(params))
+        want = (len(declared.outputs), len(declared.inputs), len(declared.params))
+        if got != want:
+            raise self.error(f"dispatch of {shader} binds {got[0]} outputs, {got[1]} "
+                             f"inputs, {got[2]} parameter blocks; the variant declares "
+                             f"{declared.names()}")
+        for block, param in zip(declared.params, params):
+            if param.buffer.size < block.size:
+                raise self.error(f"dispatch of {shader}: {param.what} has "
+                                 f"{param.buffer.size} bytes, block {block.name} needs "
+                                 f"{block.size}")

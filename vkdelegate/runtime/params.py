@@ -1,6 +1,8 @@
-"""Uniform parameter buffers: the tensor metadata record and op-owned blocks.
+"""Uniform parameter buffers: the tensor metadata record, the buffers themselves.
 
-``TensorMeta`` mirrors the GLSL block in ``vkdelegate/shaders/glsl/tensor_meta.h``::
+``meta_record`` writes the GLSL struct of ``vkdelegate/shaders/glsl/tensor_meta.h``
+(declared in Python as ``param_block.STRUCTS["TensorMeta"]``; tests/runtime/
+test_shader_bindings.py checks the compiled offsets against it)::
 
     struct TensorMeta {
       ivec4 sizes[2];    // sizes, innermost dim first, padded with 1
@@ -9,14 +11,13 @@
     };
 
 Under std140 an ivec4 (and an array of them) is 16-byte aligned with a 16-byte stride,
-so the block is five tight 16-byte rows: 80 bytes, 20 int32. Op-owned blocks follow the
-same rule (made only of vec4/ivec4 rows, built with ``vec4``/``ivec4``), which makes
-std140 packing a plain concatenation.
+so the block is five tight 16-byte rows: 80 bytes, 20 int32. Op-owned blocks are
+declared and packed with ``param_block.ParamBlock``.
 
 A ``ParamBuffer`` is a host-visible, coherent uniform buffer; ``write`` changes its bytes
 in place, and the next submit sees them (no re-recording).
 
-Every integer packed for a shader (uniform rows here, specialization constants in
+Every integer packed for a shader (``ParamBlock.pack``, specialization constants in
 ``pipeline.py``) goes through ``int32_value``: a blob's integers are untrusted, and one
 past int32 raises VkDelegateError naming the field instead of numpy's OverflowError or
 a silent wrap (the node building it adds the node to the message).
@@ -72,29 +73,6 @@ def meta_record(shape) -> np.ndarray:
     rec[16] = numel
     rec[17] = len(shape)
     return rec
-
-
-def ivec4(*values) -> np.ndarray:
-    """One std140 ivec4 row (missing components are 0). VkDelegateError for more than
-    four values or one outside int32 (see ``int32_value``)."""
-    if len(values) > 4:
-        raise VkDelegateError(f"ivec4 row of {len(values)} values")
-    row = np.zeros(4, dtype=np.int32)
-    row[:len(values)] = [int32_value(v, f"uniform parameter {i} of ivec4"
-                                        f"{tuple(values)}") for i, v in enumerate(values)]
-    return row
-
-
-def vec4(*values) -> np.ndarray:
-    """One std140 vec4 row (missing components are 0)."""
-    row = np.zeros(4, dtype=np.float32)
-    row[:len(values)] = values
-    return row
-
-
-def record(*rows) -> bytes:
-    """Concatenate vec4/ivec4 rows into a std140 block's bytes."""
-    return b"".join(np.asarray(r).tobytes() for r in rows)
 
 
 class ParamBuffer:

@@ -1,10 +1,11 @@
 """Compute pipelines, cached per device by (shader variant, bindings, specialization).
 
 A ``Pipeline`` owns its shader module, descriptor set layout, pipeline layout and
-VkPipeline. The descriptor layout follows the binding convention of
-``NodeBuilder.dispatch``: storage buffers for the tensors written, then for the tensors
-read, then the parameter blocks (uniform buffers; storage buffers on lavapipe, see
-``compile_defines``), numbered from 0 in that order.
+VkPipeline. The descriptor layout follows the variant's declared bindings
+(vkdelegate.shaders.bindings, checked by ``NodeBuilder.dispatch``): storage buffers for
+the tensors written, then for the tensors read, then the parameter blocks (uniform
+buffers; storage buffers on lavapipe, see ``compile_defines``), numbered from 0 in that
+order.
 Specialization constants 0, 1, 2 are the workgroup size (``local_size_x_id`` ... in
 common.h); an op's own specialization constants follow from id 3.
 """
@@ -15,6 +16,7 @@ import vulkan as vk
 
 from vkdelegate.runtime.params import int32_value
 from vkdelegate.runtime.vkcall import vk_call
+from vkdelegate.shaders.bindings import binding_defines
 from vkdelegate.shaders.compiler import default_compiler
 from vkdelegate.shaders.variants import variant_key
 
@@ -22,13 +24,15 @@ STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 UNIFORM = vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
 
 
-def compile_defines(device, defines: dict) -> dict:
-    """The defines a variant is compiled with on ``device``: the op's, plus
+def compile_defines(device, shader: str, defines: dict) -> dict:
+    """The defines variant (``shader``, ``defines``) is compiled with on ``device``: the
+    op's, its BINDING_<name> indices (shaders.bindings.binding_defines), plus
     PARAMS_IN_STORAGE where the device binds parameter blocks as storage buffers
     (``Device.params_in_storage``; common.h's PARAM_BLOCK)."""
+    full = binding_defines(shader, defines)
     if device.params_in_storage:
-        return dict(defines, PARAMS_IN_STORAGE="1")
-    return defines
+        full["PARAMS_IN_STORAGE"] = "1"
+    return full
 
 
 class Pipeline:
@@ -45,7 +49,7 @@ class Pipeline:
         # Checked before any Vulkan object exists, so that a refusal leaks nothing.
         spec_values = [int32_value(v, f"specialization constant {i} of {what}")
                        for i, v in enumerate(spec_constants)]
-        spirv = default_compiler().compile(shader, compile_defines(device, defines))
+        spirv = default_compiler().compile(shader, compile_defines(device, shader, defines))
         module_info = vk.VkShaderModuleCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
             codeSize=len(spirv), pCode=spirv)

@@ -22,12 +22,14 @@ import numpy as np
 from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.params import record, vec4
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "batch_norm"
 NAME = "aten._native_batch_norm_legit_no_training.default"
 DTYPES = frozenset({"float32", "float16"})
+BN_PARAMS = ParamBlock("bn_block", [("eps", "vec4")])  # x: eps
 
 
 def _shape(args):
@@ -59,6 +61,14 @@ def _defines(out, x, p, prepacked: bool, plane_loop: bool = False) -> dict:
     if plane_loop:
         d["PLANE_LOOP"] = "1"
     return d
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    stats = ("scale_data", "shift_data") if "PREPACKED" in d else \
+        ("w_data", "b_data", "mean_data", "var_data")
+    return Bindings(outputs=("out_data",), inputs=("in_data", *stats),
+                    params=(tensor_meta_block("out_meta"), BN_PARAMS))
 
 
 def _impl(b, node):
@@ -96,7 +106,8 @@ def _impl(b, node):
     limit = b.device.info.max_workgroup_count[0] * local[0]
     grid = (min(plane, limit), mx[1], mx[0])
     b.dispatch(SHADER, _defines(out, x, inputs[1], prepacked, plane > limit),
-               outputs=[out], inputs=inputs, params=[out.meta, b.params(record(vec4(eps)))],
+               outputs=[out], inputs=inputs,
+               params=[out.meta, b.params(BN_PARAMS.pack(eps=[eps]))],
                global_size=grid, local_size=local)
 
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vkdelegate.backend.ops.broadcast_plan import plan_dispatch
+from vkdelegate.backend.ops.broadcast_plan import PLAN_PARAMS, plan_dispatch
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "binary_op"
@@ -42,6 +43,8 @@ ARITH = FLOATS | {"int32", "int8", "uint8", "bool"}
 NUMERIC = FLOATS | {"int32"}
 WITH_BOOL = NUMERIC | {"bool"}
 INT_BOOL = frozenset({"int32", "bool"})
+# x: alpha, as a float (float variants) and as an int (integer variants).
+SCALAR_PARAMS = ParamBlock("scalars_block", [("fscalars", "vec4"), ("iscalars", "ivec4")])
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,12 @@ def _defines(expr: str, out, a, b, compute: str) -> dict:
     return d
 
 
+@shader_bindings(SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("a_data", "b_data"),
+                    params=(PLAN_PARAMS, SCALAR_PARAMS))
+
+
 def _make_impl(op: Binary):
     def impl(bld, node):
         a_id, b_id, *extra_ids, out_id = node.args
@@ -240,8 +249,8 @@ def _make_impl(op: Binary):
         if acc_type(compute) == "int" and alpha != int(alpha):
             raise bld.error(f"alpha {alpha} is not an integer for dtype {compute}")
         # The int row is read only by integer variants (a float alpha may exceed int32).
-        params = bld.params(record(vec4(alpha), ivec4(int(alpha) if acc_type(compute) ==
-                                                      "int" else 0)))
+        params = bld.params(SCALAR_PARAMS.pack(
+            fscalars=[alpha], iscalars=[int(alpha) if acc_type(compute) == "int" else 0]))
         plan_dispatch(bld, SHADER, _defines(expr, out, a, b, compute), out, [a, b],
                       extra_params=(params,))
     return impl

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.runtime.param_block import ParamBlock
 
 MAX_PLAN_DIMS = 8
 MAX_OPERANDS = 3
@@ -96,6 +96,12 @@ def broadcast_plan(out_shape, operand_shapes) -> BroadcastPlan:
     return BroadcastPlan(tuple(sizes), tuple(tuple(s) for s in strides), numel)
 
 
+PLAN_PARAMS = ParamBlock("broadcast_plan_block", [
+    ("bp_size", f"ivec4[{MAX_PLAN_DIMS // 4}]"),  # plan dim sizes, innermost first
+    ("bp_stride", f"ivec4[{MAX_OPERANDS * MAX_PLAN_DIMS // 4}]"),  # per operand
+    ("bp_info", "ivec4")])  # x: output numel
+
+
 def plan_record(plan: BroadcastPlan, ndim: int) -> bytes:
     """The std140 bytes of ``broadcast_plan_block`` (broadcast_plan.h) for a shader
     specialized to ``ndim`` plan dims: ``plan`` padded with outer dims of size 1.
@@ -108,17 +114,11 @@ def plan_record(plan: BroadcastPlan, ndim: int) -> bytes:
         raise VkDelegateError(f"broadcast plan of {ndim} dims and {len(plan.strides)} "
                               f"operands exceeds {MAX_PLAN_DIMS} dims / {MAX_OPERANDS}")
     pad = MAX_PLAN_DIMS - plan.ndim
-
-    def rows(values, fill):
-        values = list(values) + [fill] * pad
-        return [ivec4(*values[:4]), ivec4(*values[4:])]
-
-    out = rows(plan.sizes, 1)
-    strides = list(plan.strides) + [()] * (MAX_OPERANDS - len(plan.strides))
-    for s in strides:
-        out += rows(s, 0) if s else rows([], 0)
-    out.append(ivec4(plan.numel))
-    return record(*out)
+    strides = []
+    for s in plan.strides:  # operand k's strides at rows 2k, 2k + 1 (0: broadcast)
+        strides += list(s) + [0] * pad
+    return PLAN_PARAMS.pack(bp_size=list(plan.sizes) + [1] * pad, bp_stride=strides,
+                            bp_info=[plan.numel])
 
 
 def plan_dispatch(b, shader: str, defines: dict, out, operands: list,

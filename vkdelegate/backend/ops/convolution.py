@@ -22,7 +22,8 @@ import numpy as np
 from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "conv2d"
@@ -237,6 +238,21 @@ def pack_weight(weight: np.ndarray, groups: int, transposed: bool, tile: int) ->
     return np.ascontiguousarray(w)
 
 
+CONV_PARAMS = ParamBlock("conv_block", [
+    ("channels", "ivec4"),  # input channels per group, output channels per group
+    ("clamp", "vec4")])     # output min, output max (CLAMP only)
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    # The pointwise form reads the input a second time as in4_data, 4 elements a load.
+    return Bindings(outputs=("out_data",),
+                    inputs=("in_data", "w_data", "b_data") +
+                    (("in4_data",) if "POINTWISE" in d else ()),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            CONV_PARAMS))
+
+
 def _plain_loop_iterations(pointwise: bool, transposed: bool, icg: int, kernel, stride,
                            dilation, px: int) -> int:
     """Worst-case loop iterations per invocation of conv2d.glsl without LONG_LOOPS,
@@ -295,7 +311,7 @@ def _build(b, node, clamp_ids=None):
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
         lo = lo if lo_v is None else float(lo_v)
         hi = hi if hi_v is None else float(hi_v)
-    params = b.params(record(ivec4(icg, ocg), vec4(lo, hi)))
+    params = b.params(CONV_PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
     px = 4 if tile == 4 and not pointwise else 8  # outputs per invocation (PX)

@@ -26,7 +26,8 @@ from typing import Callable
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "affine_copy"
@@ -116,21 +117,27 @@ def merged(plan: CopyPlan, groups) -> CopyPlan:
     return CopyPlan(dims, plan.out_offset, plan.in_offset)
 
 
+_PLAN_ROWS = (("size", 1), ("out_stride", 0), ("step", 0), ("start", 0),
+              ("in_stride", 0), ("bound", 1), ("mode", AFFINE))
+#: Per domain dim (innermost first) its CopyDim fields (``domain`` holds the sizes);
+#: info x: domain numel, y: out offset, z: in offset, w: int fill; ffill x: float fill.
+PLAN_PARAMS = ParamBlock("plan_block", [
+    ("domain" if attr == "size" else attr, f"ivec4[{MAX_DOMAIN // 4}]")
+    for attr, _ in _PLAN_ROWS] + [("info", "ivec4"), ("ffill", "vec4")])
+
+
 def plan_record(plan: CopyPlan, fill=0) -> bytes:
     """The std140 bytes of ``plan_block`` in affine_copy.glsl."""
     dims = list(reversed(plan.dims))  # the shader counts from the innermost dim
     if len(dims) > MAX_DOMAIN:
         raise VkDelegateError(f"copy of rank {len(dims)} > {MAX_DOMAIN}")
     pad = MAX_DOMAIN - len(dims)
-    rows = []
-    for attr, default in (("size", 1), ("out_stride", 0), ("step", 0), ("start", 0),
-                          ("in_stride", 0), ("bound", 1), ("mode", AFFINE)):
-        vals = [getattr(d, attr) for d in dims] + [default] * pad
-        rows += [ivec4(*vals[:4]), ivec4(*vals[4:])]
+    rows = {("domain" if attr == "size" else attr):
+            [getattr(d, attr) for d in dims] + [default] * pad
+            for attr, default in _PLAN_ROWS}
     int_fill = int(fill) if not isinstance(fill, float) or math.isfinite(fill) else 0
-    rows.append(ivec4(plan.numel, plan.out_offset, plan.in_offset, int_fill))
-    rows.append(vec4(float(fill)))
-    return record(*rows)
+    return PLAN_PARAMS.pack(**rows, info=[plan.numel, plan.out_offset, plan.in_offset,
+                                          int_fill], ffill=[float(fill)])
 
 
 def out_kind(dtype: str) -> str:
@@ -146,6 +153,11 @@ def copy_defines(out_ddt: str, in_ddt: str, out_dtype: str, in_dtype: str) -> di
     d.update(IN_ACC=acc_type(in_dtype))
     d[out_kind(out_dtype)] = "1"
     return d
+
+
+@shader_bindings(SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("in_data",), params=(PLAN_PARAMS,))
 
 
 def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:

@@ -17,12 +17,16 @@ from vkdelegate.backend.ops.copy import scalar_reason
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "arange_fill"
 DTYPES = frozenset({"float32", "float16", "int32", "int64", "int8", "uint8", "bool"})
 ARANGE_DTYPES = frozenset({"float32", "float16", "int32", "int64"})
+RANGE_PARAMS = ParamBlock("range_block", [
+    ("iinfo", "ivec4"),   # x: numel, y: int start, z: int step
+    ("finfo", "vec4")])   # x: float start, y: float step
 
 
 def _defines(out_ddt: str, dtype: str) -> dict:
@@ -43,11 +47,17 @@ def _typed(value, dtype: str):
     return int(np.array(int(value)).astype(dtype if dtype != "int64" else "int32"))
 
 
+@shader_bindings(SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data",), params=(RANGE_PARAMS,))
+
+
 def _dispatch(b, out, start, step):
     def data():
-        return record(ivec4(out.numel, int(start) if acc_type(out.dtype) == "int" else 0,
-                            int(step) if acc_type(out.dtype) == "int" else 0),
-                      vec4(float(start), float(step)))
+        ints = acc_type(out.dtype) == "int"
+        return RANGE_PARAMS.pack(
+            iinfo=[out.numel, int(start) if ints else 0, int(step) if ints else 0],
+            finfo=[float(start), float(step)])
     params = b.params(data())
     b.on_resize(lambda: params.write(data()))
     b.dispatch(SHADER, _defines(out.device_dtype, out.dtype), outputs=[out], inputs=[],

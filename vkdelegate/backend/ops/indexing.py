@@ -20,7 +20,8 @@ from vkdelegate.backend.ops.movement import wrap_dim
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 INDEX_DTYPES = frozenset({"int64", "int32"})
@@ -44,6 +45,26 @@ def _range_message(x, dim: int, allow_negative: bool):
     return message
 
 
+ROWS_PARAMS = ParamBlock("rows_block", [
+    ("info", "ivec4"),    # x: out numel, y: inner, z: count, w: size of the indexed dim
+    ("check", "ivec4")])  # x: error-flag word of this node, y: 1 if negative indices wrap
+GATHER_PARAMS = ParamBlock("gather_block", [
+    ("info", "ivec4")])   # x: gathered dim, counted from the innermost (0); y: flag word
+
+
+@shader_bindings("index_rows")
+def _rows_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "error_flags"), inputs=("in_data", "index_data"),
+                    params=(ROWS_PARAMS,))
+
+
+@shader_bindings("gather")
+def _gather_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "error_flags"), inputs=("in_data", "index_data"),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            GATHER_PARAMS))
+
+
 def _rows(b, out, x, index, dim: int, allow_negative: bool):
     """Record one index_rows dispatch picking rows along ``dim`` of ``x``."""
     flag = b.error_flag(_range_message(x, dim, allow_negative))
@@ -51,8 +72,9 @@ def _rows(b, out, x, index, dim: int, allow_negative: bool):
     def info():
         inner = math.prod(x.shape[dim + 1:])
         size = x.shape[dim] if x.ndim else 1  # a 0-d input is one row
-        return record(ivec4(out.numel, max(inner, 1), max(index.numel, 1), size),
-                      ivec4(flag.slot, int(allow_negative)))
+        return ROWS_PARAMS.pack(
+            info=[out.numel, max(inner, 1), max(index.numel, 1), size],
+            check=[flag.slot, int(allow_negative)])
     params = b.params(info())
     b.on_resize(lambda: params.write(info()))
     b.dispatch("index_rows", _defines(out, x, index, out.dtype), outputs=[out, flag],
@@ -138,7 +160,7 @@ def _gather_impl(b, node):
         raise b.error(f"gather index of rank {index.ndim} for an input of rank {x.ndim}")
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
     flag = b.error_flag(_range_message(x, dim, allow_negative=False))
-    params = b.params(record(ivec4(max(x.ndim, 1) - 1 - dim, flag.slot)))
+    params = b.params(GATHER_PARAMS.pack(info=[max(x.ndim, 1) - 1 - dim, flag.slot]))
     b.dispatch("gather", _defines(out, x, index, out.dtype), outputs=[out, flag],
                inputs=[x, index], params=[out.meta, x.meta, params],
                global_size=(out.max_numel,), spec_constants=(out.ndim,))

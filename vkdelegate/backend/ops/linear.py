@@ -26,11 +26,13 @@ from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.ops.convolution import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.params import record, vec4
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "linear"
 DTYPES = frozenset({"float32", "float16"})
+SCALAR_PARAMS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
 
 
 def _defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False) -> dict:
@@ -55,6 +57,15 @@ def _defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False) ->
     return d
 
 
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    bias = "HAS_BIAS" in d
+    metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
+    return Bindings(outputs=("out_data",),
+                    inputs=("a_data", "b_data") + (("c_data",) if bias else ()),
+                    params=tuple(map(tensor_meta_block, metas)) + (SCALAR_PARAMS,))
+
+
 def pack_weight(weight: np.ndarray) -> np.ndarray:
     """[N, K] weight -> fp32 [ceil(N/4), K, 4], zero-padded: the shader's vec4 rows."""
     n, k = weight.shape
@@ -67,7 +78,7 @@ def _matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float =
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
-    params.append(b.params(record(vec4(alpha, beta))))
+    params.append(b.params(SCALAR_PARAMS.pack(scalars=[alpha, beta])))
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     shape = (1, 1) + tuple(out.max_shape)

@@ -16,6 +16,8 @@ import numpy as np
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
+from vkdelegate.runtime.param_block import tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "matmul"
@@ -71,6 +73,13 @@ def _defines(out, a, b, dtype: str, transposed: bool) -> dict:
     if transposed:
         d["B_TRANSPOSED"] = "1"
     return d
+
+
+@shader_bindings(SHADER)
+@shader_bindings(TILED_SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("a_data", "b_data"),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("a_meta")))
 
 
 def _impl(b, node):

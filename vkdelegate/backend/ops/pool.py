@@ -20,7 +20,8 @@ from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.ops.plane_grid import plane_grid
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "pool2d"
@@ -154,12 +155,28 @@ def _defines(out, x, kind: str, plane_loop: bool = False,
     return d
 
 
+POOL_PARAMS = ParamBlock("pool_block", [
+    ("kernel_stride", "ivec4"),  # kernel h, kernel w, stride h, stride w
+    ("pad_dilation", "ivec4"),   # padding h, padding w, dilation h, dilation w
+    ("avg", "ivec4")])           # count_include_pad, divisor_override (0: none)
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    # Max pools also write the argmax indices.
+    return Bindings(outputs=("out_data",) + (("idx_data",) if "MAX_POOL" in d else ()),
+                    inputs=("in_data",),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            POOL_PARAMS))
+
+
 def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
               count_include_pad=True, divisor=0):
     if x.dtype != out.dtype or x.ndim not in (3, 4):
         raise b.error(f"input {x.dtype} {list(x.max_shape)}, output {out.dtype}")
-    params = b.params(record(ivec4(k[0], k[1], s[0], s[1]), ivec4(p[0], p[1], d[0], d[1]),
-                             ivec4(int(bool(count_include_pad)), divisor or 0)))
+    params = b.params(POOL_PARAMS.pack(kernel_stride=[k[0], k[1], s[0], s[1]],
+                                       pad_dilation=[p[0], p[1], d[0], d[1]],
+                                       avg=[int(bool(count_include_pad)), divisor or 0]))
     outputs = [out] + ([idx] if idx is not None else [])
     grid, local, plane_loop = plane_grid(b, out)
     # Loop iterations per output (pool2d.glsl): rows x columns for a plain window,

@@ -29,12 +29,14 @@ from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "reduce_sum"
 WG_REDUCE = 64  # invocations per output in the cooperative form (a power of two)
 DTYPES = frozenset({"float32", "float16"})
+SUM_PARAMS = ParamBlock("reduce_block", [("mask", "ivec4")])  # x: reduced-dims bitmask
 
 
 def reduced_dims(dims, ndim: int) -> list[int]:
@@ -122,6 +124,17 @@ def declare_rows(shader: str, defines: dict) -> None:
     declare(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)))
 
 
+def row_bindings(block: ParamBlock) -> Bindings:
+    """The bindings of a row shader (reduce_sum, reduce, softmax): output, input, their
+    metadata, then the op's ``block``."""
+    return Bindings(outputs=("out_data",), inputs=("in_data",),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            block))
+
+
+shader_bindings(SHADER)(lambda _defines: row_bindings(SUM_PARAMS))
+
+
 def _impl(b, node):
     x_id, dim_id, keepdim_id, _dtype_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
@@ -131,7 +144,7 @@ def _impl(b, node):
     mask = 0
     for d in dims:
         mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
-    params = [out.meta, x.meta, b.params(record(ivec4(mask)))]
+    params = [out.meta, x.meta, b.params(SUM_PARAMS.pack(mask=[mask]))]
     defines = _defines(out, x, out.dtype)
     reduced = math.prod(x.max_shape[d] for d in dims)
     dispatch_rows(b, SHADER, defines, out, x, params, out.max_numel, reduced, 1,
@@ -149,6 +162,10 @@ for _profile in STORAGE_PROFILES:
 
 # ---- reduce.glsl: every other reduction ------------------------------------------------
 GENERIC_SHADER = "reduce"
+REDUCE_PARAMS = ParamBlock("reduce_block", [
+    ("mask", "ivec4"),      # x: reduced-dims bitmask
+    ("fparams", "vec4")])   # x: var/std correction
+shader_bindings(GENERIC_SHADER)(lambda _defines: row_bindings(REDUCE_PARAMS))
 FLOATS = frozenset({"float32", "float16"})
 ORDERED = FLOATS | {"int32"}
 TRUTHY = ORDERED | {"bool"}
@@ -280,8 +297,8 @@ def _make_impl(r: Reduction):
         for d in dims:
             mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
         dispatch_generic(b, r.kind, out, x, math.prod(x.max_shape[d] for d in dims),
-                         [out.meta, x.meta, b.params(record(ivec4(mask),
-                                                            vec4(correction)))])
+                         [out.meta, x.meta, b.params(REDUCE_PARAMS.pack(
+                             mask=[mask], fparams=[correction]))])
     return impl
 
 
@@ -335,7 +352,7 @@ def _make_dim_pair_impl(kind: str):
             raise b.error("expected a (values, indices) output list")
         dims = reduced_dims([b.scalar(dim_id)], x.ndim)
         mask = sum(1 << (x.ndim - 1 - d) for d in dims)
-        params = b.params(record(ivec4(mask), vec4(0.0)))
+        params = b.params(REDUCE_PARAMS.pack(mask=[mask], fparams=[0.0]))
         # Two passes over the same input (the values, then the indices) keep one shader
         # per output; both pick the first NaN, so values and indices agree.
         reduced = math.prod(x.max_shape[d] for d in dims)

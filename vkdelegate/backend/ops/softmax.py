@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.ops.reduce import declare_rows, dispatch_rows
+from vkdelegate.backend.ops.reduce import declare_rows, dispatch_rows, row_bindings
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record
+from vkdelegate.runtime.param_block import ParamBlock
+from vkdelegate.shaders.bindings import shader_bindings
 
 SHADER = "softmax"
 DTYPES = frozenset({"float32", "float16"})
+SOFTMAX_PARAMS = ParamBlock("softmax_block", [("dim", "ivec4")])  # x: dim, innermost 0
+shader_bindings(SHADER)(lambda _defines: row_bindings(SOFTMAX_PARAMS))
 
 
 def normalize_dim(dim: int, ndim: int) -> int:
@@ -56,7 +59,7 @@ def _make_impl(log: bool):
         meta_dim = x.ndim - 1 - dim if x.ndim else 0  # metadata counts from the innermost
         rows = math.prod(s for d, s in enumerate(x.max_shape) if d != dim)
         n = x.max_shape[dim] if x.ndim else 1
-        params = [out.meta, x.meta, b.params(record(ivec4(meta_dim)))]
+        params = [out.meta, x.meta, b.params(SOFTMAX_PARAMS.pack(dim=[meta_dim]))]
         defines = _defines(out, x, log)
         # Three passes over a row (max, sum, write) count against llvmpipe's limit.
         dispatch_rows(b, SHADER, defines, out, x, params, rows, n, 3,

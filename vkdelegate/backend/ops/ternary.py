@@ -14,10 +14,11 @@ import itertools
 import numpy as np
 
 from vkdelegate.backend.ops.binary import broadcast_shape, load_define, promote
-from vkdelegate.backend.ops.broadcast_plan import plan_dispatch
+from vkdelegate.backend.ops.broadcast_plan import PLAN_PARAMS, plan_dispatch
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "ternary_op"
@@ -56,6 +57,12 @@ def _defines(expr: str, out, c, a, b, compute: str, c_type: str) -> dict:
     if acc_type(compute) == "float":
         d["ACC_FLOAT"] = "1"
     return d
+
+
+@shader_bindings(SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("c_data", "a_data", "b_data"),
+                    params=(PLAN_PARAMS,))
 
 
 def _dispatch(b, expr, out, c, x, y, c_type):

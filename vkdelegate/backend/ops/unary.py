@@ -19,11 +19,14 @@ from typing import Callable, Optional
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "unary_op"
 FLOATS = frozenset({"float32", "float16"})
+# The op's scalar parameters P0..P3: as floats (float variants) and as ints.
+PARAMS = ParamBlock("params_block", [("fparams", "vec4"), ("iparams", "ivec4")])
 NUMERIC = FLOATS | {"int32", "int8"}
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
@@ -114,6 +117,13 @@ def _defines(expr: str, out, x, x_dtype: str, has_params: bool) -> dict:
     return d
 
 
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("in_data",),
+                    params=(tensor_meta_block("out_meta"),) +
+                    ((PARAMS,) if "HAS_PARAMS" in d else ()))
+
+
 def _make_impl(op: Unary):
     def impl(b, node):
         x_id, *scalar_ids, out_id = node.args
@@ -136,7 +146,7 @@ def _make_impl(op: Unary):
             # The int row is read only by integer variants, whose parameters are ints.
             ints = [max(INT32_MIN, min(INT32_MAX, int(v))) if math.isfinite(v) else 0
                     for v in values]
-            param_buffers.append(b.params(record(vec4(*values), ivec4(*ints))))
+            param_buffers.append(b.params(PARAMS.pack(fparams=values, iparams=ints)))
         b.dispatch(SHADER, _defines(expr, out, x, x.dtype, op.params is not None),
                    outputs=[out], inputs=[x], params=param_buffers,
                    global_size=(out.max_numel,), local_size=(64, 1, 1))

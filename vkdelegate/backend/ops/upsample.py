@@ -18,11 +18,22 @@ from __future__ import annotations
 from vkdelegate.backend.ops.plane_grid import plane_grid
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.params import ivec4, record, vec4
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "upsample2d"
 DTYPES = frozenset({"float32", "float16"})
+UPSAMPLE_PARAMS = ParamBlock("upsample_block", [
+    ("inv_scales", "vec4"),  # 1 / scale_h, 1 / scale_w from the export's scales, 0: none
+    ("flags", "ivec4")])     # x: align_corners
+
+
+@shader_bindings(SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("in_data",),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            UPSAMPLE_PARAMS))
 
 #: op name -> (mode, position of output_size, of align_corners (None: nearest),
 #: of the scale arguments, whether scales are one list (vec) or two scalars)
@@ -91,7 +102,7 @@ def _make_impl(mode: str, size_pos: int, align_pos, scale_pos: int, is_vec: bool
             scales = [None, None]
         inv = [1.0 / float(s) if s and s > 0 else 0.0 for s in scales]
         align = bool(args[align_pos]) if align_pos is not None else False
-        params = b.params(record(vec4(*inv), ivec4(int(align))))
+        params = b.params(UPSAMPLE_PARAMS.pack(inv_scales=inv, flags=[int(align)]))
         grid, local, plane_loop = plane_grid(b, out)
         b.dispatch(SHADER, _defines(out, x, mode, plane_loop), outputs=[out], inputs=[x],
                    params=[out.meta, x.meta, params], global_size=grid, local_size=local)

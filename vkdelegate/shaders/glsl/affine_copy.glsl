@@ -19,9 +19,9 @@
 // Defines: OUT_T, IN_T (storage types), OUT_STORE(v) (see runtime/dtypes.py), IN_ACC
 // (float or int), and one of OUT_FLOAT, OUT_INT, OUT_BOOL.
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
-layout(set = 0, binding = 2) PARAM_BLOCK plan_block {
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+PARAMS(plan_block) {
   ivec4 domain[2];      // domain sizes, innermost first, padded with 1
   ivec4 out_stride[2];
   ivec4 step[2];

@@ -8,8 +8,8 @@
 // the values to the output dtype, so int8/uint8/bool fills need no wrapping here).
 // Defines: OUT_T, OUT_STORE(v) (storage), ACC_FLOAT for float outputs.
 
-TENSOR_OUT(0, out_data, OUT_T)
-layout(set = 0, binding = 1) PARAM_BLOCK range_block {
+TENSOR_OUT(out_data, OUT_T)
+PARAMS(range_block) {
   ivec4 iinfo;  // x: numel, y: int start, z: int step
   vec4 finfo;   // x: float start, y: float step
 };

@@ -10,21 +10,19 @@
 // constant statistics) and out = x * scale[c] + shift[c]; otherwise bindings 2..5 are
 // weight, bias, running mean, running var as stored. Sizes come from the metadata.
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
 #ifdef PREPACKED
-TENSOR_IN(2, scale_data, P_T)
-TENSOR_IN(3, shift_data, P_T)
-#define PARAM0 4
+TENSOR_IN(scale_data, P_T)
+TENSOR_IN(shift_data, P_T)
 #else
-TENSOR_IN(2, w_data, P_T)
-TENSOR_IN(3, b_data, P_T)
-TENSOR_IN(4, mean_data, P_T)
-TENSOR_IN(5, var_data, P_T)
-#define PARAM0 6
+TENSOR_IN(w_data, P_T)
+TENSOR_IN(b_data, P_T)
+TENSOR_IN(mean_data, P_T)
+TENSOR_IN(var_data, P_T)
 #endif
-TENSOR_META(PARAM0, out_meta)
-layout(set = 0, binding = PARAM0 + 1) PARAM_BLOCK bn_block { vec4 eps; };
+TENSOR_META(out_meta)
+PARAMS(bn_block) { vec4 eps; };
 
 void main() {
   // Grid: (element within a channel plane, channel, batch): no integer division

@@ -2,7 +2,6 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
 #include "elementwise_math.h"
-#define PLAN_BINDING 3
 #include "broadcast_plan.h"
 
 // Elementwise binary op with full broadcasting: out = OP_EXPR(a, b).
@@ -16,10 +15,10 @@
 // invocation per output element; the grid is sized for the upper bound, the current
 // numel comes from the plan.
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, a_data, A_T)
-TENSOR_IN(2, b_data, B_T)
-layout(set = 0, binding = 4) PARAM_BLOCK scalars_block { vec4 fscalars; ivec4 iscalars; };
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(a_data, A_T)
+TENSOR_IN(b_data, B_T)
+PARAMS(scalars_block) { vec4 fscalars; ivec4 iscalars; };
 
 #ifdef ACC_FLOAT
 #define ALPHA fscalars.x

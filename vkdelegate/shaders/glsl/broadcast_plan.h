@@ -1,7 +1,7 @@
 // Broadcast plan of an elementwise op: output index -> operand offsets.
-// Mirrored by vkdelegate/backend/ops/broadcast_plan.py, which folds the shapes into
-// NDIM plan dims (output dims of size 1 dropped, dims no operand separates merged) and
-// rewrites the block after every resize; no per-element metadata walk.
+// Declared by PLAN_PARAMS in vkdelegate/backend/ops/broadcast_plan.py, which folds the
+// shapes into NDIM plan dims (output dims of size 1 dropped, dims no operand separates
+// merged) and rewrites the block after every resize; no per-element metadata walk.
 #ifndef VKDELEGATE_BROADCAST_PLAN_H
 #define VKDELEGATE_BROADCAST_PLAN_H
 
@@ -10,8 +10,7 @@
 // so operands of one shape (NDIM 1) cost no division at all.
 layout(constant_id = 3) const int NDIM = 8;
 
-// The including shader defines PLAN_BINDING (the block's binding) first.
-layout(set = 0, binding = PLAN_BINDING) PARAM_BLOCK broadcast_plan_block {
+PARAMS(broadcast_plan_block) {
   ivec4 bp_size[2];    // plan dim sizes, innermost first, padded with 1
   ivec4 bp_stride[6];  // operand k's strides at rows 2k, 2k + 1 (0: broadcast)
   ivec4 bp_info;       // x: output numel

@@ -31,12 +31,16 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 
 #include "tensor_meta.h"
 
-// Storage buffer declarations. Binding order is the runtime's: outputs, inputs, then
-// uniform parameter buffers (vkdelegate.runtime.graph.NodeBuilder.dispatch).
-#define TENSOR_OUT(b, name, T) \
-  layout(set = 0, binding = b) writeonly buffer name##_buffer { T name[]; };
-#define TENSOR_IN(b, name, T) \
-  layout(set = 0, binding = b) readonly buffer name##_buffer { T name[]; };
+// Bindings are named, never numbered: the op declares each variant's binding list in
+// Python (vkdelegate/shaders/bindings.py) and the compiler gets BINDING_<name> = index
+// defines from it. A name the Python side does not declare fails to compile.
+#define TENSOR_OUT(name, T) \
+  layout(set = 0, binding = BINDING_##name) writeonly buffer name##_buffer { T name[]; };
+#define TENSOR_IN(name, T) \
+  layout(set = 0, binding = BINDING_##name) readonly buffer name##_buffer { T name[]; };
+// An op-owned parameter block, followed by its members in braces; the members mirror
+// the op's ParamBlock declaration (a test compares the compiled offsets with it).
+#define PARAMS(name) layout(set = 0, binding = BINDING_##name) PARAM_BLOCK name
 
 // Linear invocation index over a grid of workgroups laid out in x then y: a 1-D range
 // longer than maxComputeWorkGroupCount[0] * local size is split into rows.

@@ -49,25 +49,21 @@ layout(constant_id = 11) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or
 #define TAP_FOR for
 #endif
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
 #if defined(W_PACKED) && OC_TILE == 4
-TENSOR_IN(2, w_data, vec4)  // prepacked fp32: the 4 channels' weights of a tap at once
+TENSOR_IN(w_data, vec4)  // prepacked fp32: the 4 channels' weights of a tap at once
 #else
-TENSOR_IN(2, w_data, W_T)
+TENSOR_IN(w_data, W_T)
 #endif
-TENSOR_IN(3, b_data, B_T)
+TENSOR_IN(b_data, B_T)
 #ifdef POINTWISE
 // The input again, 4 elements per load (used when a channel plane is a multiple of 4).
-TENSOR_IN(4, in4_data, IN4_T)
-#define PARAM0 5
-#else
-#define PARAM0 4
+TENSOR_IN(in4_data, IN4_T)
 #endif
-TENSOR_META(PARAM0, out_meta)
-TENSOR_META(PARAM0 + 1, in_meta)
-// Mirrors vkdelegate.backend.ops.convolution._conv_params.
-layout(set = 0, binding = PARAM0 + 2) PARAM_BLOCK conv_block {
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(conv_block) {
   ivec4 channels;  // IC per group, OC per group
   vec4 clamp;      // output min, output max (CLAMP only)
 } conv;

@@ -1,7 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
-#define ERROR_FLAGS_BINDING 1
 #include "index_check.h"
 
 // aten.gather: out[c] = in[c with c[dim] replaced by index[c]]; index has the output's
@@ -10,12 +9,12 @@
 // clamped so that no read leaves the buffer.
 // Defines: OUT_T, IN_T, IDX_T (storage types), OUT_STORE(v), IN_ACC (float or int).
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(2, in_data, IN_T)
-TENSOR_IN(3, index_data, IDX_T)
-TENSOR_META(4, out_meta)
-TENSOR_META(5, in_meta)
-layout(set = 0, binding = 6) PARAM_BLOCK gather_block {
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_IN(index_data, IDX_T)
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(gather_block) {
   ivec4 info;  // x: gathered dim, counted from the innermost (0); y: error-flag word
 };
 

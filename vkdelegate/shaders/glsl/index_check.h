@@ -3,9 +3,9 @@
 // the graph's error-flag buffer (NodeBuilder.error_flag) and the runtime raises after
 // the fence wait. The index is still clamped so that no read leaves the buffer.
 
-// The graph's error-flag words, one per checked node, at the storage-buffer binding
-// the including shader defines as ERROR_FLAGS_BINDING before the #include.
-layout(set = 0, binding = ERROR_FLAGS_BINDING) buffer error_flag_buffer {
+// The graph's error-flag words, one per checked node: the storage-buffer binding the
+// op declares as error_flags (an output).
+layout(set = 0, binding = BINDING_error_flags) buffer error_flag_buffer {
   uint error_flags[];
 };
 

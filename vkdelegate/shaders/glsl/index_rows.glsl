@@ -1,7 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
-#define ERROR_FLAGS_BINDING 1
 #include "index_check.h"
 
 // Rows picked by an index tensor along one dim: index_select, embedding and
@@ -14,10 +13,10 @@
 // clamped so that no read leaves the buffer.
 // Defines: OUT_T, IN_T, IDX_T (storage types), OUT_STORE(v), IN_ACC (float or int).
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(2, in_data, IN_T)
-TENSOR_IN(3, index_data, IDX_T)
-layout(set = 0, binding = 4) PARAM_BLOCK rows_block {
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_IN(index_data, IDX_T)
+PARAMS(rows_block) {
   ivec4 info;   // x: out numel, y: inner, z: count, w: size of the indexed dim
   ivec4 check;  // x: error-flag word of this node, y: 1 if negative indices wrap
 };

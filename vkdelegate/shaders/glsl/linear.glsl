@@ -20,30 +20,24 @@
 // Sizes come from the metadata (read with constant indices only: a run-time index
 // into the metadata block makes llvmpipe copy it to scratch memory).
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, a_data, A_T)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(a_data, A_T)
 #ifdef B_PACKED
-TENSOR_IN(2, b_data, vec4)
+TENSOR_IN(b_data, vec4)
 #else
-TENSOR_IN(2, b_data, B_T)
+TENSOR_IN(b_data, B_T)
 #endif
 #ifdef HAS_BIAS
-TENSOR_IN(3, c_data, C_T)
-#define PARAM0 4
-#else
-#define PARAM0 3
+TENSOR_IN(c_data, C_T)
 #endif
-TENSOR_META(PARAM0, out_meta)
-TENSOR_META(PARAM0 + 1, a_meta)
-TENSOR_META(PARAM0 + 2, b_meta)
+TENSOR_META(out_meta)
+TENSOR_META(a_meta)
+TENSOR_META(b_meta)
 #ifdef HAS_BIAS
-TENSOR_META(PARAM0 + 3, c_meta)
-#define SCALARS_BINDING (PARAM0 + 4)
-#else
-#define SCALARS_BINDING (PARAM0 + 3)
+TENSOR_META(c_meta)
 #endif
 // alpha, beta
-layout(set = 0, binding = SCALARS_BINDING) PARAM_BLOCK scalars_block { vec4 scalars; };
+PARAMS(scalars_block) { vec4 scalars; };
 
 // acc[j] += a[row j, k] * b[k, the tile's 4 columns], for every row j of the tile.
 #ifdef B_PACKED

@@ -7,11 +7,11 @@
 // [N, K] (a constant weight), so that the inner loop reads both operands contiguously.
 // M, K, N come from the metadata (innermost dim first: size_at(m, 0) is the last dim).
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, a_data, A_T)
-TENSOR_IN(2, b_data, B_T)
-TENSOR_META(3, out_meta)
-TENSOR_META(4, a_meta)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(a_data, A_T)
+TENSOR_IN(b_data, B_T)
+TENSOR_META(out_meta)
+TENSOR_META(a_meta)
 
 void main() {
   const uint i = linear_id();

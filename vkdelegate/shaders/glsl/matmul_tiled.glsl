@@ -14,11 +14,11 @@
 // Grid: x over N / REG, y over M / REG, sized for the upper bounds; every invocation
 // takes part in the barriers and only in-range outputs are stored.
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, a_data, A_T)
-TENSOR_IN(2, b_data, B_T)
-TENSOR_META(3, out_meta)
-TENSOR_META(4, a_meta)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(a_data, A_T)
+TENSOR_IN(b_data, B_T)
+TENSOR_META(out_meta)
+TENSOR_META(a_meta)
 
 #define BLOCK (TILE * REG)
 

@@ -13,18 +13,14 @@
 // PLANE_LOOP: see plane_grid.h.
 // Sizes come from the metadata, so resized inputs need no rebuild.
 
-TENSOR_OUT(0, out_data, OUT_T)
+TENSOR_OUT(out_data, OUT_T)
 #ifdef MAX_POOL
-TENSOR_OUT(1, idx_data, IDX_T)
-#define IN_BINDING 2
-#else
-#define IN_BINDING 1
+TENSOR_OUT(idx_data, IDX_T)
 #endif
-TENSOR_IN(IN_BINDING, in_data, IN_T)
-TENSOR_META(IN_BINDING + 1, out_meta)
-TENSOR_META(IN_BINDING + 2, in_meta)
-// Mirrors vkdelegate.backend.ops.pool._pool_params.
-layout(set = 0, binding = IN_BINDING + 3) PARAM_BLOCK pool_block {
+TENSOR_IN(in_data, IN_T)
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(pool_block) {
   ivec4 kernel_stride;  // kernel h, kernel w, stride h, stride w
   ivec4 pad_dilation;   // padding h, padding w, dilation h, dilation w
   ivec4 avg;            // count_include_pad, divisor_override (0: none)

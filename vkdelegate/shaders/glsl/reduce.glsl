@@ -29,11 +29,11 @@
 #define KIND_ARGMIN 7
 #define KIND_ANY 8
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
-TENSOR_META(2, out_meta)
-TENSOR_META(3, in_meta)
-layout(set = 0, binding = 4) PARAM_BLOCK reduce_block { ivec4 mask; vec4 fparams; };
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(reduce_block) { ivec4 mask; vec4 fparams; };
 
 #include "reduced_dims.h"
 

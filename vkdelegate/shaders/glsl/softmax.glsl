@@ -17,11 +17,11 @@
 // contiguous with the same sizes, so an element has the same offset in both. A NaN
 // in a row makes the row NaN, a row of -inf is NaN (ATen's results).
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
-TENSOR_META(2, out_meta)
-TENSOR_META(3, in_meta)
-layout(set = 0, binding = 4) PARAM_BLOCK softmax_block { ivec4 dim; };
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(softmax_block) { ivec4 dim; };
 
 #ifdef WG_REDUCE
 #define STEP (16 * WG_REDUCE)

@@ -1,5 +1,6 @@
-// Tensor metadata uniform block. Mirrored by vkdelegate.runtime.params.TensorMeta
-// (std140; every member is an ivec4, so the layout is 16-byte rows, 80 bytes).
+// Tensor metadata uniform block, written by vkdelegate.runtime.params.meta_record and
+// declared in Python by param_block.STRUCTS["TensorMeta"] (std140; every member is an
+// ivec4, so the layout is 16-byte rows, 80 bytes).
 // One buffer per tensor, bound by every node that reads or writes the tensor; a resize
 // rewrites it once and no command buffer is re-recorded.
 #ifndef VKDELEGATE_TENSOR_META_H
@@ -11,8 +12,8 @@ struct TensorMeta {
   ivec4 info;        // x: numel, y: ndim
 };
 
-#define TENSOR_META(b, name) \
-  layout(set = 0, binding = b) PARAM_BLOCK name##_block { TensorMeta name; };
+#define TENSOR_META(name) \
+  layout(set = 0, binding = BINDING_##name) PARAM_BLOCK name##_block { TensorMeta name; };
 
 // d counts from the innermost dim (0) outwards, as in the struct. Loop over dims with
 // `[[unroll]] for (int d = 0; d < 8; ++d)` (padded dims have size 1, stride 0) so that

@@ -2,7 +2,6 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
 #include "elementwise_math.h"
-#define PLAN_BINDING 4
 #include "broadcast_plan.h"
 
 // Elementwise op of three broadcast operands: out = OP_EXPR(c, a, b) (where.self:
@@ -13,10 +12,10 @@
 // any axis against the output (size-1 or missing dims repeat), through the host's
 // broadcast plan (broadcast_plan.h).
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, c_data, C_T)
-TENSOR_IN(2, a_data, A_T)
-TENSOR_IN(3, b_data, B_T)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(c_data, C_T)
+TENSOR_IN(a_data, A_T)
+TENSOR_IN(b_data, B_T)
 
 void main() {
   const uint i = linear_id();

@@ -9,11 +9,11 @@
 // vkdelegate/backend/ops/unary.py), HAS_PARAMS when the op has scalar parameters.
 // In and out have the same sizes.
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
-TENSOR_META(2, out_meta)
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_META(out_meta)
 #ifdef HAS_PARAMS
-layout(set = 0, binding = 3) PARAM_BLOCK params_block { vec4 fparams; ivec4 iparams; };
+PARAMS(params_block) { vec4 fparams; ivec4 iparams; };
 #ifdef ACC_FLOAT
 #define P0 fparams.x
 #define P1 fparams.y

@@ -11,12 +11,11 @@
 // Sizes come from the metadata; a scale factor given at export (> 0) replaces
 // input/output as ATen's compute_scales_value does.
 
-TENSOR_OUT(0, out_data, OUT_T)
-TENSOR_IN(1, in_data, IN_T)
-TENSOR_META(2, out_meta)
-TENSOR_META(3, in_meta)
-// Mirrors vkdelegate.backend.ops.upsample._params.
-layout(set = 0, binding = 4) PARAM_BLOCK upsample_block {
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(upsample_block) {
   vec4 inv_scales;  // 1 / scale_h, 1 / scale_w from the export's scale factors, 0: none
   ivec4 flags;      // x: align_corners
 } up;

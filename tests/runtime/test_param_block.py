@@ -1,0 +1,96 @@
+"""ParamBlock: std140 offsets and packing, refusals naming the block and member, and
+the binding declarations dispatches are checked against."""
+import numpy as np
+import pytest
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.runtime.params import META_BYTES, meta_record
+from vkdelegate.shaders.bindings import Bindings, binding_defines, bindings_of
+
+
+def test_offsets_follow_std140():
+    block = ParamBlock("b", [("n", "int"), ("x", "float"), ("row", "ivec4"),
+                             ("rows", "vec4[3]"), ("last", "int")])
+    # Scalars pack at 4-byte steps, a vec4 starts on 16, arrays have a 16-byte stride.
+    assert block.offsets == {"n": 0, "x": 4, "row": 16, "rows": 32, "last": 80}
+    assert block.size == 96
+    assert block.glsl() == ("  int n;\n  float x;\n  ivec4 row;\n  vec4 rows[3];\n"
+                            "  int last;")
+
+
+def test_pack_places_every_member():
+    block = ParamBlock("pool_block", [("k", "ivec4"), ("scale", "vec4"), ("n", "int"),
+                                      ("plan", "ivec4[2]")])
+    raw = block.pack(k=[3, 3, 2], scale=[0.5], n=-7, plan=range(1, 7))
+    ints, floats = np.frombuffer(raw, np.int32), np.frombuffer(raw, np.float32)
+    assert len(raw) == block.size == 80  # plan starts on 48
+    assert ints[0:4].tolist() == [3, 3, 2, 0]
+    assert floats[4:8].tolist() == [0.5, 0.0, 0.0, 0.0]
+    assert ints[8] == -7
+    assert ints[12:20].tolist() == [1, 2, 3, 4, 5, 6, 0, 0]
+
+
+def test_tensor_meta_block_matches_meta_record():
+    block = tensor_meta_block("out_meta")
+    assert block.size == META_BYTES
+    rec = meta_record((2, 3, 4))
+    packed = block.pack(out_meta=dict(sizes=rec[0:8], strides=rec[8:16], info=rec[16:20]))
+    assert packed == rec.tobytes()
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(k=[1 << 31]), r"pool_block\.k\[0\] is 2147483648, outside the int32 range"),
+    (dict(k=[1.5]), r"pool_block\.k\[0\] is 1.5, not an integer"),
+    (dict(k=[1, 2, 3, 4, 5]), r"pool_block: member k \(ivec4\) given 5 values"),
+    (dict(), r"pool_block: members \['k'\] not given"),
+    (dict(k=[1], kk=[2]), r"pool_block: unknown members \['kk'\]"),
+])
+def test_pack_refusals_name_the_member(values, message):
+    with pytest.raises(VkDelegateError, match=message):
+        ParamBlock("pool_block", [("k", "ivec4")]).pack(**values)
+
+
+@pytest.mark.parametrize("type_, message", [
+    ("int[4]", r"b: member type 'int\[4\]' \(only arrays of ivec4/vec4"),
+    ("mat4", r"b: unknown member type 'mat4'"),
+])
+def test_types_without_a_common_std140_std430_layout_are_refused(type_, message):
+    with pytest.raises(VkDelegateError, match=message):
+        ParamBlock("b", [("m", type_)])
+
+
+def test_binding_defines_number_outputs_inputs_then_params():
+    from vkdelegate.backend.registry import load_all
+    load_all()
+    pool = bindings_of("pool2d", {"MAX_POOL": "1", "IDX_T": "int"})
+    assert pool.names() == ["out_data", "idx_data", "in_data", "out_meta", "in_meta",
+                            "pool_block"]
+    defines = binding_defines("pool2d", {"AVG_POOL": "1"})
+    assert {k: v for k, v in defines.items() if k.startswith("BINDING_")} == {
+        "BINDING_out_data": "0", "BINDING_in_data": "1", "BINDING_out_meta": "2",
+        "BINDING_in_meta": "3", "BINDING_pool_block": "4"}
+    with pytest.raises(VkDelegateError, match="shader nope has no declared bindings"):
+        bindings_of("nope", {})
+    with pytest.raises(VkDelegateError, match=r"binding names repeat: \['x', 'x'\]"):
+        Bindings(outputs=("x",), inputs=("x",)).defines()
+
+
+def test_dispatch_refuses_buffers_other_than_the_declared_bindings():
+    from types import SimpleNamespace
+
+    from vkdelegate.backend.registry import load_all
+    from vkdelegate.runtime.builder import NodeBuilder
+    load_all()
+    b = NodeBuilder(SimpleNamespace(device=None))
+    buf = SimpleNamespace(buffer=SimpleNamespace(size=80), what="params of node 3")
+    with pytest.raises(VkDelegateError, match=r"dispatch of pool2d binds 1 outputs, 1 "
+                                              r"inputs, 2 parameter blocks; the variant "
+                                              r"declares \['out_data', 'in_data', "
+                                              r"'out_meta', 'in_meta', 'pool_block'\]"):
+        b._check_bindings("pool2d", {"AVG_POOL": "1"}, [buf], [buf], [buf, buf])
+    small = SimpleNamespace(buffer=SimpleNamespace(size=32), what="params of node 3")
+    with pytest.raises(VkDelegateError, match=r"params of node 3 has 32 bytes, block "
+                                              r"pool_block needs 48"):
+        b._check_bindings("pool2d", {"AVG_POOL": "1"}, [buf], [buf], [buf, buf, small])
+    b._check_bindings("pool2d", {"AVG_POOL": "1"}, [buf], [buf], [buf, buf, buf])
