@@ -255,12 +255,12 @@ def test_crafted_pooling_window_is_refused(vk_device):
 
 
 def test_values_past_int32_name_the_node_and_field(vk_device):
-    # An integer alpha past int32 for an int32 add goes into a uniform ivec4.
+    # An integer alpha past int32 for an int32 add goes into a parameter block's ivec4.
     m = GraphMaker()
     ix, iy = m.input((4,), "int32"), m.input((4,), "int32")
     m.output(m.op("aten.add.Tensor", [ix, iy, m.scalar(1 << 40)], (4,), "int32"))
-    with pytest.raises(VkDelegateError, match=r"^node 0 \(aten.add.Tensor\): uniform "
-                                              r"parameter 0 of ivec4\(1099511627776,\) is "
+    with pytest.raises(VkDelegateError, match=r"^node 0 \(aten.add.Tensor\): parameter "
+                                              r"scalars_block.iscalars\[0\] is "
                                               r"1099511627776, outside the int32 range"):
         load_delegate(m.blob())
     # A float alpha that large is fine for a float add (only the float row is read).

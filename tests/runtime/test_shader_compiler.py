@@ -7,6 +7,8 @@ from vkdelegate.shaders.compiler import GLSL_DIR, ShaderCompiler
 from vkdelegate.shaders.variants import all_variants
 
 SPIRV_MAGIC = b"\x03\x02\x23\x07"
+# The binding indices unary_op.glsl gets from its Python declaration (ops/unary.py).
+UNARY_BINDINGS = {"BINDING_out_data": "0", "BINDING_in_data": "1", "BINDING_out_meta": "2"}
 
 
 def test_compile_error_names_file_and_line(tmp_path):
@@ -25,8 +27,8 @@ def test_unknown_shader(tmp_path):
 
 def test_cache_hit_and_key(tmp_path):
     compiler = ShaderCompiler(cache=tmp_path)
-    defines = {"OUT_T": "float", "OUT_STORE(v)": "float(v)", "IN_T": "float",
-               "ACC_T": "float", "OP_EXPR": "x"}
+    defines = dict(UNARY_BINDINGS, OUT_T="float", IN_T="float", ACC_T="float", OP_EXPR="x",
+                   **{"OUT_STORE(v)": "float(v)"})
     first = compiler.compile("unary_op", defines)
     assert first[:4] == SPIRV_MAGIC[::-1] or first[:4] == SPIRV_MAGIC
     assert compiler.compiled == 1
@@ -51,8 +53,8 @@ def test_every_registered_op_has_declared_variants():
 
 
 def test_prebuilt_cache_works_without_glslang(tmp_path):
-    defines = {"OUT_T": "float", "OUT_STORE(v)": "float(v)", "IN_T": "float",
-               "ACC_T": "float", "OP_EXPR": "-x"}
+    defines = dict(UNARY_BINDINGS, OUT_T="float", IN_T="float", ACC_T="float", OP_EXPR="-x",
+                   **{"OUT_STORE(v)": "float(v)"})
     spirv = ShaderCompiler(cache=tmp_path).compile("unary_op", defines)
     offline = ShaderCompiler(cache=tmp_path)
     offline.tool = None  # a machine without glslang-tools, with the copied cache
