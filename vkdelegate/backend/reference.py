@@ -106,19 +106,8 @@ class ReferenceGraph:
         """The value ``vid`` holds if it is a literal, else UNKNOWN."""
         values = self.graph.values
         value = values[vid] if isinstance(vid, int) and 0 <= vid < len(values) else None
-        if isinstance(value, vk.Null):
-            return None
-        if isinstance(value, vk.Int):
-            return value.int_val
-        if isinstance(value, vk.Double):
-            return value.double_val
-        if isinstance(value, vk.Bool):
-            return value.bool_val
-        if isinstance(value, vk.String):
-            return value.string_val
-        if isinstance(value, (vk.IntList, vk.DoubleList, vk.BoolList)):
-            return list(value.items)
-        return UNKNOWN
+        literal = _literal_of(value)
+        return UNKNOWN if literal is _NOT_LITERAL else literal
 
     def _arg(self, vid: int, env: dict):
         value = self.graph.values[vid]
@@ -126,19 +115,9 @@ class ReferenceGraph:
             if vid not in env:
                 raise VkDelegateError(f"value {vid} is read before it is computed")
             return env[vid]
-        if isinstance(value, vk.Null):
-            return None
-        if isinstance(value, vk.Int):
-            return value.int_val
-        if isinstance(value, vk.Double):
-            return value.double_val
-        if isinstance(value, vk.Bool):
-            return value.bool_val
-        if isinstance(value, vk.String):
-            return value.string_val
         if isinstance(value, vk.ValueList):
             return [self._arg(i, env) for i in value.items]
-        return list(value.items)  # IntList, DoubleList, BoolList
+        return _literal_of(value)
 
     def execute(self, inputs: list) -> list:
         """Run the chain on ``inputs`` (numpy arrays, in input_ids order). Raises
@@ -208,6 +187,22 @@ class ReferenceGraph:
         self._node = None
         return [_output(k, vid, self.graph.values[vid], self._arg(vid, env))
                 for k, vid in enumerate(self.graph.output_ids)]
+
+
+_NOT_LITERAL = object()
+_SCALAR_FIELD = {vk.Int: "int_val", vk.Double: "double_val", vk.Bool: "bool_val",
+                 vk.String: "string_val"}
+
+
+def _literal_of(value):
+    """The Python value of a scalar or list value (Null -> None), else _NOT_LITERAL."""
+    if isinstance(value, vk.Null):
+        return None
+    if type(value) in _SCALAR_FIELD:
+        return getattr(value, _SCALAR_FIELD[type(value)])
+    if isinstance(value, (vk.IntList, vk.DoubleList, vk.BoolList)):
+        return list(value.items)
+    return _NOT_LITERAL
 
 
 def _constant(vid: int, value: vk.VkTensor, data) -> torch.Tensor:
