@@ -23,7 +23,7 @@ from vkdelegate.backend.host_budget import (check_host_bytes, glue_tensor_bytes,
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import PartitionReport
-from vkdelegate.errors import DeviceLimitError, VkDelegateError
+from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import program_file
 
@@ -115,7 +115,9 @@ class _LazyDelegate:
                 _log.warning("%s; running this delegate on the CPU reference executor "
                              "instead", message)
             except VkDelegateError as exc:  # keeps the subclass (ResourceLimitError)
-                raise type(exc)(f"{self.where}: {exc}") from exc
+                hint = (f" ({DYNAMIC_HINT})" if self.dynamic
+                        and isinstance(exc, ResourceLimitError) else "")
+                raise type(exc)(f"{self.where}: {exc}{hint}") from exc
 
     def execute(self, inputs: list) -> list:
         with self._lock:
