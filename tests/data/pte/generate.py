@@ -10,7 +10,11 @@ VulkanPartitioner (``to_edge_transform_and_lower(...).to_executorch()``), writes
 one execution plan, the delegates it expects), and writes ``NAME.npz``: for each call
 ``c``, its inputs ``c{c}_in{i}`` and the eager outputs ``c{c}_out{j}``.
 tests/program/test_pte.py runs this in a subprocess and compares our outputs with
-those. Nothing is committed: the files are made at test time.
+those at test time. The .pte files in this folder are the fuzz seeds of the ``pte``
+target (docs/FUZZING.md), made by this script::
+
+    .venv-et/bin/python tests/data/pte/generate.py tests/data/pte mlp cpu_kernel \
+        multi_output dynamic_batch && rm tests/data/pte/*.npz
 """
 from __future__ import annotations
 
