@@ -42,8 +42,11 @@ def _schema_of(name: str, op: str, overload: str, where: str):
     if not any(a.startswith(f"aten.{op}.") for a in allowed_ops.ALLOWED):
         raise allowed_ops.refusal(f"aten.{op}.{overload}", where,
                                   "an ExecuTorch program's CPU part")
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        raise VkDelegateError(f"{where} runs {name} on the CPU, which needs torch; "
+                              f"install torch") from None
     packet = getattr(torch.ops.aten, op, None)
     found = getattr(packet, overload, None) if isinstance(
         packet, torch._ops.OpOverloadPacket) else None

@@ -125,7 +125,11 @@ class _MethodBuilder:
                                           f"holds value {k}, a {self.p.values[k].kind}")
             return [self.arg(k, None) for k in v.value]
         if v.kind == "OptionalTensorList":
-            return [None if k == -1 else self.arg(k, None) for k in v.value]
+            for k in v.value:
+                if k != -1 and self.p.values[k].kind != "Tensor":
+                    raise VkDelegateError(f"{self.where}: value {index} ({v.kind}) "
+                                          f"holds value {k}, a {self.p.values[k].kind}")
+            return [None if k == -1 else {"v": f"v{k}"} for k in v.value]
         return v.value  # Bool, Double, String, DoubleList, BoolList
 
     def delegate(self, k: int, ins: pte_reader.PteInstruction, delegates: list) -> None:
