@@ -15,7 +15,7 @@ SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
 
 FUZZ_SECONDS ?= 60
 
-.PHONY: demo test fuzz setup system-packages clean bench
+.PHONY: demo test fuzz setup system-packages clean bench et-venv
 
 demo: setup
 	$(VENV)/bin/vkdelegate demo
@@ -55,8 +55,13 @@ $(VENV)/.fuzz-installed: $(VENV)/.installed setup.py
 	$(PY) -m pip install -q -e '.[fuzz]'
 	@touch $@
 
+# ExecuTorch 1.5.1 in a virtual environment of its own (.venv-et) for the .pte interop
+# tests; tools/et-venv.sh says why it is separate. Built only when missing.
+et-venv:
+	bash tools/et-venv.sh
+
 bench: setup
 	$(PY) benchmarks/runtime_overhead.py
 
 clean:
-	rm -rf $(VENV) $(STAMPS) build *.egg-info
+	rm -rf $(VENV) .venv-et $(STAMPS) build *.egg-info

@@ -8,7 +8,8 @@ writes::
 
     out/program/<name>.vkp     LoweredProgram.save files (seeds of "program")
     out/blob/<name>.bin        their delegate blobs and tests/data/et_vk/*.bin
-    out/inspect/<file>         both of the above (seeds of "inspect")
+    out/pte/<name>.pte         ExecuTorch programs of tests/data/pte/ (seeds of "pte")
+    out/inspect/<file>         all of the above (seeds of "inspect")
     out/named_data.json        {named key: hex bytes} of every blob's named constants
     out/fuzz.dict              libFuzzer dictionary: magics, manifest keys, edge values
 
@@ -24,6 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ET_VK_DIR = REPO / "tests" / "data" / "et_vk"
+#: ExecuTorch 1.5.1 programs (made by tests/data/pte/generate.py in .venv-et).
+PTE_DIR = REPO / "tests" / "data" / "pte"
 
 #: (seed name, module-suite case names (one per method), partitioner options).
 PROGRAMS = [
@@ -82,7 +85,7 @@ def build_corpus(out, programs=None) -> Path:
     programs: a subset of PROGRAMS (default all of them), e.g. for a quick test.
     """
     out = Path(out)
-    for sub in ("program", "blob", "inspect"):
+    for sub in ("program", "blob", "inspect", "pte"):
         shutil.rmtree(out / sub, ignore_errors=True)
         (out / sub).mkdir(parents=True)
     named: dict[str, str] = {}
@@ -103,6 +106,9 @@ def build_corpus(out, programs=None) -> Path:
         named_file = et.with_suffix(".named.json")
         if named_file.exists():
             named.update(json.loads(named_file.read_text()))
+    for pte in sorted(PTE_DIR.glob("*.pte")):
+        shutil.copy(pte, out / "pte" / pte.name)
+        shutil.copy(pte, out / "inspect" / pte.name)
     (out / "named_data.json").write_text(json.dumps(named))
     (out / "fuzz.dict").write_text("".join(_dict_line(w) for w in _DICT_WORDS))
     return out

@@ -165,6 +165,14 @@ class ProgramTarget:
             program.close()
 
 
+class PteTarget(ProgramTarget):
+    """``vkdelegate.load`` of an ExecuTorch program (.pte) + one call of every method."""
+
+    def __init__(self, workdir: str | None = None):
+        super().__init__(workdir)
+        self.path = self.path[:-len(".vkp")] + ".pte"
+
+
 class InspectTarget:
     """``vkdelegate inspect FILE`` and ``--json``, in-process, output captured."""
 
@@ -195,7 +203,7 @@ class InspectTarget:
 
 
 def make_target(name: str, seeds: str, workdir: str | None = None):
-    """The target ``name`` ("blob", "program" or "inspect") set up with the seed
+    """The target ``name`` ("blob", "program", "inspect" or "pte") set up with the seed
     folder ``seeds`` (built by fuzz.corpus) and scratch folder ``workdir``."""
     from fuzz.corpus import load_named_data
 
@@ -205,7 +213,9 @@ def make_target(name: str, seeds: str, workdir: str | None = None):
         return ProgramTarget(workdir)
     if name == "inspect":
         return InspectTarget(workdir)
+    if name == "pte":
+        return PteTarget(workdir)
     raise ValueError(f"unknown fuzz target {name!r}; known: {', '.join(TARGETS)}")
 
 
-TARGETS = ("blob", "program", "inspect")
+TARGETS = ("blob", "program", "inspect", "pte")

@@ -48,6 +48,15 @@ class LoadLimits:
     max_values: int = 1_000_000
     max_segments: int = 100_000
 
+    def __post_init__(self):
+        from vkdelegate.errors import VkDelegateError
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise VkDelegateError(f"LoadLimits.{f.name} must be an int >= 0, got "
+                                      f"{value!r}")
+
     def replace(self, **changes) -> "LoadLimits":
         """A copy with some limits changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)

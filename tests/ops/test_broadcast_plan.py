@@ -1,11 +1,11 @@
-"""The broadcast plan of binary_op/ternary_op (vkdelegate/backend/ops/broadcast_plan.py)
+"""The broadcast plan of binary_op/ternary_op (vkdelegate/kernels/broadcast.py)
 against numpy's broadcasting: offsets, merged rank, padding, errors. Torch-free."""
 import itertools
 
 import numpy as np
 import pytest
 
-from vkdelegate.backend.ops.broadcast_plan import MAX_PLAN_DIMS, broadcast_plan, \
+from vkdelegate.kernels.broadcast import MAX_PLAN_DIMS, broadcast_plan, \
     plan_record
 from vkdelegate.errors import VkDelegateError
 

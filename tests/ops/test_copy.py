@@ -12,7 +12,7 @@ from torch.export import Dim
 
 from tests.ops.harness import check_op
 from tests.ops.movement_data import TORCH_DTYPES, rand
-from vkdelegate.backend.ops.copy import MOVE_DTYPES
+from vkdelegate.kernels.affine_copy import MOVE_DTYPES
 
 CONVERT_DTYPES = ["float32", "float16", "float64", "int32", "int64", "int8", "uint8",
                   "bool"]

@@ -207,11 +207,11 @@ def test_global_average_pool_of_a_large_plane():
 
 @pytest.fixture
 def force_cooperative(monkeypatch):
-    # lavapipe keeps one invocation per output up to reduce.THREAD_MAX: force the
+    # lavapipe keeps one invocation per output up to rows.THREAD_MAX: force the
     # cooperative (one workgroup per output) form, the GPU path and the long one
-    # (sum, reduce.glsl and softmax all choose it in reduce.dispatch_rows).
-    from vkdelegate.backend.ops import reduce
-    monkeypatch.setattr(reduce, "cooperative", lambda info, reduced: True)
+    # (sum, reduce.glsl and softmax all choose it in kernels/rows.py dispatch_rows).
+    from vkdelegate.kernels import rows
+    monkeypatch.setattr(rows, "cooperative", lambda info, reduced: True)
 
 
 def test_cooperative_form_semantics(force_cooperative):
@@ -275,7 +275,7 @@ def test_loop_limit_check_unit():
     # past LOOP_LIMIT - SLACK iterations.
     from types import SimpleNamespace
 
-    from vkdelegate.backend.ops import loop_limit
+    from vkdelegate.kernels import loop_limit
     from vkdelegate.errors import DeviceLimitError, VkDelegateError
 
     def error(msg, limit=False):

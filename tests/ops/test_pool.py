@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from tests.ops.harness import check_op
 from vkdelegate import VulkanPartitioner, to_backend
-from vkdelegate.backend.ops.loop_limit import is_llvmpipe
+from vkdelegate.kernels.loop_limit import is_llvmpipe
 from vkdelegate.errors import DeviceLimitError
 from vkdelegate.runtime import default_device
 

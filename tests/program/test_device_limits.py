@@ -11,7 +11,7 @@ from torch.export import Dim
 
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import program as program_module
-from vkdelegate.errors import DeviceLimitError
+from vkdelegate.errors import DeviceLimitError, ResourceLimitError
 from tests.vulkan_skip import vulkan_unavailable
 
 pytestmark = pytest.mark.skipif(bool(vulkan_unavailable()),
@@ -66,10 +66,24 @@ def test_over_storage_buffer_range_runs_on_cpu_with_a_warning(big_input, caplog)
     assert len([r for r in caplog.records if r.name == "vkdelegate"]) == 1
 
 
+def _over_the_device(limit_of=None) -> int:
+    """A Dim max that sizes an n x 4 float32 tensor just past this device's
+    maxStorageBufferRange (so the delegate falls back to the CPU) while staying within
+    the default load limits; skips where the two cross."""
+    from vkdelegate.limits import DEFAULT_LIMITS
+    from vkdelegate.runtime.device import default_device
+
+    n = default_device().info.max_storage_buffer_range // 16 + 1
+    if n * 16 * 3 > DEFAULT_LIMITS.max_device_bytes or n * 16 > DEFAULT_LIMITS.max_tensor_bytes:
+        pytest.skip("this device's maxStorageBufferRange is past the default load limits")
+    return n
+
+
 def test_dynamic_upper_bound_is_named(caplog):
-    # Dim max 10**9 sizes the delegate's tensors for 10**9 x 4 float32 = 16 GB.
-    program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=10**9)},))
-    assert _limit_of(program) is not None  # 16 GB is over every device's limits
+    # The Dim max sizes the delegate's tensors past the device's storage-buffer range.
+    n = _over_the_device()
+    program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=n)},))
+    assert _limit_of(program) is not None
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
     with caplog.at_level(logging.WARNING, logger="vkdelegate"):
         torch.testing.assert_close(program(x), ReluTimesTwo()(x))
@@ -79,9 +93,23 @@ def test_dynamic_upper_bound_is_named(caplog):
 
 
 def test_without_torch_the_error_is_raised(monkeypatch):
-    program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=10**9)},))
+    n = _over_the_device()
+    program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=n)},))
     monkeypatch.setattr(program_module, "_torch_or_none", lambda: None)
     with pytest.raises(DeviceLimitError, match=r"method 'forward', delegate 0: .*needs "
                                                r"\d+ bytes.*sized for the upper bound "
                                                r"of dynamic dims"):
         program.build()
+
+
+def test_over_the_load_limits_runs_nowhere(caplog):
+    # Dim max 10**9 sizes the tensors at 16 GB, over max_tensor_bytes: the load limits
+    # bound what a program may allocate, so there is no CPU fallback either.
+    program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=10**9)},))
+    with pytest.raises(ResourceLimitError, match=r"method 'forward', delegate 0: value 0: "
+                                                 r"tensor float32 \[1000000000, 4\] in bytes "
+                                                 r"is 16,000,000,000, over the load limit "
+                                                 r"max_tensor_bytes=.*sized for the upper "
+                                                 r"bound of dynamic dims"):
+        program(torch.randn(8, 4))
+    assert not [r for r in caplog.records if r.name == "vkdelegate"]

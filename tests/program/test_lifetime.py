@@ -1,15 +1,14 @@
 """LoweredProgram lifetime: an unclosed program frees its Vulkan objects when dropped,
 and close() from another thread waits for a call in flight."""
 import threading
-import time
 
 import pytest
 import torch
 from torch import nn
 
+from tests.slow_fence import slow_fence_wait
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
-from vkdelegate.runtime import graph as graph_module
 
 _WHY = vulkan_unavailable()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
@@ -41,14 +40,7 @@ def test_dropped_program_releases_its_graphs():
 def test_close_from_another_thread_waits_for_the_call(monkeypatch):
     module, program, x = _program()
     program.build()
-    in_wait, real_wait = threading.Event(), graph_module.wait_fence
-
-    def slow_wait(*args):
-        in_wait.set()
-        time.sleep(0.3)
-        return real_wait(*args)
-
-    monkeypatch.setattr(graph_module, "wait_fence", slow_wait)
+    in_wait = slow_fence_wait(monkeypatch)
     result = {}
 
     def call():
@@ -66,7 +58,7 @@ def test_close_from_another_thread_waits_for_the_call(monkeypatch):
     assert "error" not in result, result.get("error")
     torch.testing.assert_close(result["out"], module(x), rtol=1e-5, atol=1e-5)
     assert res.released
-    monkeypatch.setattr(graph_module, "wait_fence", real_wait)
+    monkeypatch.undo()
     # A program is rebuilt by its next call after close().
     torch.testing.assert_close(program(x), module(x), rtol=1e-5, atol=1e-5)
     program.close()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vkdelegate
-from vkdelegate import VkDelegateError
+from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
 from vkdelegate.errors import ResourceLimitError
 from vkdelegate.limits import LoadLimits
 
@@ -147,3 +147,29 @@ def test_glue_node_count_is_limited(tmp_path):
     _refused(tmp_path, m, rf"method 'forward': CPU glue node count is {n}, over the load "
                           rf"limit max_nodes={n - 1}",
              error=ResourceLimitError, limits=LoadLimits(max_nodes=n - 1))
+
+
+@pytest.mark.parametrize("value", ["1", None, -1, 1.5, True])
+def test_a_limit_that_is_not_a_count_is_refused(value):
+    with pytest.raises(VkDelegateError, match=r"LoadLimits.max_device_bytes must be an "
+                                              r"int >= 0, got"):
+        LoadLimits(max_device_bytes=value)
+
+
+class Repeat(torch.nn.Module):
+    def forward(self, x):
+        return x.repeat(600, 1).sum(0)
+
+
+def test_over_the_load_limits_there_is_no_cpu_fallback(tmp_path):
+    """A delegate whose tensors are over the load limits is refused: the reference
+    executor (the device-limit fallback) is not a way around them."""
+    x = torch.randn(2, 512)
+    path = tmp_path / "repeat.vkdp"
+    to_backend(torch.export.export(Repeat(), (x,)), VulkanPartitioner()).save(path)
+    tight = LoadLimits(max_tensor_bytes=1 << 20)
+    for executor in ("vulkan", "reference"):
+        with pytest.raises(ResourceLimitError, match=r"value \d+: tensor float32 "
+                                                     r"\[1200, 512\] in bytes is 2,457,600"):
+            vkdelegate.load(path, executor=executor, limits=tight)(x)
+    torch.testing.assert_close(vkdelegate.load(path)(x), Repeat()(x))

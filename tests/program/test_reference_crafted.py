@@ -33,11 +33,12 @@ def test_a_well_formed_add_matches_eager():
     np.testing.assert_allclose(out, torch.add(torch.from_numpy(x), torch.from_numpy(y)))
 
 
-def test_op_failure_names_the_node_and_op():
-    x, y = np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32)
-    with pytest.raises(VkDelegateError, match=r"node 7 \(aten.add.Tensor\) failed: "
-                                              r"RuntimeError: The size of tensor a"):
-        load_reference(_add([2, 3], [4, 5])).execute([x, y])
+def test_sizes_the_op_refuses_are_refused_at_load():
+    # The load checks run the op's shape function on the declared sizes, as the Vulkan
+    # runtime does, so torch never sees them.
+    with pytest.raises(VkDelegateError, match=r"node 7 \(aten.add.Tensor\): sizes "
+                                              r"\[2, 3\] and \[4, 5\] do not broadcast"):
+        load_reference(_add([2, 3], [4, 5]))
 
 
 def test_argument_of_the_wrong_kind():
@@ -74,26 +75,25 @@ def test_multi_output_list_of_the_wrong_length(items):
               vk.VkTensor(F32, [5]), vk.ValueList([3, 4, 5][:items])]
     blob = _graph(values, [vk.OperatorCall(2, "aten.sort.default", [0, 1, 2, 6])],
                   [0], [3])
-    with pytest.raises(VkDelegateError, match=rf"node 2 \(aten.sort.default\) returned "
-                                              rf"2 outputs, its output list has {items}"):
-        load_reference(blob).execute([np.zeros(5, np.float32)])
+    # sort is no Vulkan op: a blob holding it is refused at load (no lowering writes it).
+    with pytest.raises(VkDelegateError, match=r"aten.sort.default is not supported"):
+        load_reference(blob)
 
 
 def test_multi_output_op_with_one_output_value():
     values = [vk.VkTensor(F32, [5]), vk.Int(0), vk.Bool(False), vk.VkTensor(F32, [5])]
     blob = _graph(values, [vk.OperatorCall(2, "aten.sort.default", [0, 1, 2, 3])], [0], [3])
-    with pytest.raises(VkDelegateError, match=r"node 2 \(aten.sort.default\) returned "
-                                              r"2 outputs, its output is one value"):
-        load_reference(blob).execute([np.zeros(5, np.float32)])
+    with pytest.raises(VkDelegateError, match=r"aten.sort.default is not supported"):
+        load_reference(blob)
 
 
 def test_constant_of_the_wrong_size():
-    values = [vk.VkTensor(F32, [2, 3]), vk.VkTensor(F32, [4, 4], constant_id=0),
+    values = [vk.VkTensor(F32, [2, 3]), vk.VkTensor(F32, [2, 3], constant_id=0),
               vk.Int(1), vk.VkTensor(F32, [2, 3])]
     blob = _graph(values, [vk.OperatorCall(0, "aten.add.Tensor", [0, 1, 2, 3])], [0], [3],
-                  constants=[vk.VkBytes(0, 24)])
-    with pytest.raises(VkDelegateError, match=r"value 1: constant 0 holds 24 bytes, "
-                                              r"float32\[4, 4\] needs 64"):
+                  constants=[vk.VkBytes(0, 8)])
+    with pytest.raises(VkDelegateError, match=r"value 1: constant 0 holds 8 bytes, "
+                                              r"float32\[2, 3\] needs 24"):
         load_reference(blob)
 
 

@@ -11,7 +11,6 @@ from vkdelegate.runtime import load_delegate
 from vkdelegate.serialization import vkgraph as g
 from vkdelegate.serialization.blob import read_blob
 from vkdelegate.serialization.describe import describe_blob
-from vkdelegate.serialization.tensor_budget import TensorBudgetError
 
 MiB = 1 << 20
 
@@ -90,8 +89,8 @@ def test_tensor_budget_with_tight_limits(vk_device):
                               r"mem_obj_ids counted once\) is 4,194,304, over the load "
                               r"limit max_device_bytes=3,145,728", tight, ResourceLimitError,
                         decode=False)
-    _refused_everywhere(blob, r"value 0: tensor float32 \[512, 1024\] needs 2097152 bytes; "
-                              r"that is 2,097,152, over the load limit max_tensor_bytes=1,048,576",
+    _refused_everywhere(blob, r"value 0: tensor float32 \[512, 1024\] in bytes is "
+                              r"2,097,152, over the load limit max_tensor_bytes=1,048,576",
                         LoadLimits(max_tensor_bytes=MiB), ResourceLimitError, decode=False)
     # Sharing one mem_obj_id, both count once: the same budget then fits.
     m = _relu_graph((512, 1024))
@@ -102,21 +101,23 @@ def test_tensor_budget_with_tight_limits(vk_device):
         np.testing.assert_array_equal(graph.execute([x])[0], np.maximum(x, 0))
 
 
-def test_reference_executor_budgets_its_constants(vk_device):
+def test_reference_executor_budgets_every_tensor(vk_device):
     m = GraphMaker()
     ix = m.input((512, 1024))
     m.output(m.op("aten.add.Tensor", [ix, m.constant(np.ones((512, 1024), np.float32)),
                                       m.scalar(1)], (512, 1024)))
     blob = m.blob()
-    with pytest.raises(TensorBudgetError, match=r"value 1: tensor float32 \[512, 1024\] "
-                                                r"needs 2097152 bytes; that is 2,097,152, over "
-                                                r"the load limit max_tensor_bytes=1,048,576"):
+    with pytest.raises(ResourceLimitError, match=r"value 0: tensor float32 \[512, 1024\] "
+                                                 r"in bytes is 2,097,152, over the load "
+                                                 r"limit max_tensor_bytes=1,048,576"):
         load_reference(blob, limits=LoadLimits(max_tensor_bytes=MiB))
-    # Over the budget is also a device limit: the program layer runs such a delegate
-    # on the CPU, sized by the actual inputs.
-    assert issubclass(TensorBudgetError, DeviceLimitError)
+    # A blob over its load limits runs nowhere: not a device limit, so no CPU fallback.
+    assert not issubclass(ResourceLimitError, DeviceLimitError)
     x = rand(np.random.default_rng(2), (512, 1024))
     np.testing.assert_array_equal(load_reference(blob).execute([x])[0], x + 1)
+    with pytest.raises(VkDelegateError, match=r"input 0 .* has sizes \[513, 1024\], over "
+                                              r"its declared upper bounds \[512, 1024\]"):
+        load_reference(blob).execute([rand(np.random.default_rng(2), (513, 1024)), ])
 
 
 def test_default_budget_refuses_huge_tensors(vk_device):
@@ -136,7 +137,7 @@ def test_default_budget_refuses_huge_tensors(vk_device):
     # A dim product near 2**64 (uint32 dims in the flatbuffer) is measured, not overflowed.
     m = _relu_graph((0xFFFFFFFF, 0xFFFFFFFF))
     _refused_everywhere(m.blob(), "value 0: tensor float32 "
-                                  r"\[4294967295, 4294967295\] needs 73786976260\d+ bytes",
+                                  r"\[4294967295, 4294967295\] in bytes is 73,786,976,260,\d+",
                         error=ResourceLimitError, decode=False)
 
 
@@ -144,7 +145,7 @@ def test_2_to_the_64_dim_in_a_graph_is_refused(vk_device):
     m = _relu_graph()
     m.graph.values[0].dims = [1 << 64]
     with pytest.raises(ResourceLimitError, match=r"value 0: tensor float32 "
-                                                 r"\[18446744073709551616\] needs"):
+                                                 r"\[18446744073709551616\] in bytes is"):
         m.build(vk_device)
     m.graph.values[0].dims = [-3]
     with pytest.raises(VkDelegateError, match=r"value 0 \(VkTensor\) has size -3"):

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from tests.runtime.graphs import GraphMaker, rand
+from tests.slow_fence import slow_fence_wait
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.runtime import Device, graph as graph_module
+from vkdelegate.runtime import Device
 
 
 def _relu_graph(device, shape=(8, 33)):
@@ -51,14 +52,7 @@ def test_close_is_idempotent_and_calls_after_it_raise(vk_device):
 def test_close_waits_for_a_call_in_flight(vk_device, monkeypatch):
     # The call in flight is held inside its fence wait until close() has been
     # called from the main thread: close must wait for it, not destroy its fence.
-    in_wait, real_wait = threading.Event(), graph_module.wait_fence
-
-    def slow_wait(*args):
-        in_wait.set()
-        time.sleep(0.3)
-        return real_wait(*args)
-
-    monkeypatch.setattr(graph_module, "wait_fence", slow_wait)
+    in_wait = slow_fence_wait(monkeypatch)
     graph = _relu_graph(vk_device)
     x = rand(np.random.default_rng(2), (8, 33))
     result = {}

@@ -105,9 +105,9 @@ def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight, rows_max,
     # lavapipe is a CPU device and normally gets the simple shader: force the tiled
     # one (the GPU path) and check it on shapes that are not multiples of the tile,
     # with one and with 4 x 4 outputs per invocation.
-    from vkdelegate.backend.ops import matmul
-    monkeypatch.setattr(matmul, "use_tiled", lambda info, m, n, k=0: True)
-    monkeypatch.setattr(matmul, "register_block", lambda m, n: int(reg))
+    from vkdelegate.kernels import gemm
+    monkeypatch.setattr(gemm, "use_tiled", lambda info, m, n, k=0: True)
+    monkeypatch.setattr(gemm, "register_block", lambda m, n: int(reg))
     rng = np.random.default_rng(9)
     w = rand(rng, (37, cols))
     m = GraphMaker()
@@ -127,9 +127,9 @@ def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight, rows_max,
 @pytest.fixture
 def force_cooperative_sum(monkeypatch):
     # lavapipe is a CPU device and keeps one invocation per output for sums up to
-    # reduce.THREAD_MAX: force the cooperative form (the GPU path) to test it here.
-    from vkdelegate.backend.ops import reduce
-    monkeypatch.setattr(reduce, "cooperative", lambda info, reduced: True)
+    # rows.THREAD_MAX: force the cooperative form (the GPU path) to test it here.
+    from vkdelegate.kernels import rows
+    monkeypatch.setattr(rows, "cooperative", lambda info, reduced: True)
 
 
 @pytest.mark.parametrize("shape,dims,keepdim", [
@@ -163,7 +163,7 @@ def test_sum_cooperative_resize(vk_device, force_cooperative_sum):
 def test_sum_longer_than_llvmpipe_loop_limit(vk_device):
     # llvmpipe ends a shader loop after 65535 iterations; a sum this long must still
     # see every element (the op switches to the cooperative form past THREAD_MAX).
-    from vkdelegate.backend.ops.reduce import THREAD_MAX
+    from vkdelegate.kernels.rows import THREAD_MAX
     n = THREAD_MAX + 4099
     got, want = _sum(vk_device, np.ones((1, n), np.float32), [1], False)
     assert got.tolist() == [float(n)]

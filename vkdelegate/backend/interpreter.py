@@ -83,7 +83,10 @@ def _special(key: str, name: str):
     return value
 
 
-_CASTS = ("float16", "float32")
+#: float16/float32: force_fp16's casts; int32/int64: an ExecuTorch blob declares its
+#: int64 inputs and outputs int32, and ExecuTorch's runtime converts at the boundary
+#: (``vkdelegate.backend.pte_program`` writes these).
+_CASTS = ("float16", "float32", "int32", "int64")
 
 
 def _value_name(input_spec: dict) -> str:

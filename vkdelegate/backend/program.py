@@ -12,6 +12,7 @@ numpy only.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from vkdelegate.backend.host_budget import (check_host_bytes, glue_tensor_bytes,
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import PartitionReport
-from vkdelegate.errors import DeviceLimitError, VkDelegateError
+from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import program_file
 
@@ -115,7 +116,9 @@ class _LazyDelegate:
                 _log.warning("%s; running this delegate on the CPU reference executor "
                              "instead", message)
             except VkDelegateError as exc:  # keeps the subclass (ResourceLimitError)
-                raise type(exc)(f"{self.where}: {exc}") from exc
+                hint = (f" ({DYNAMIC_HINT})" if self.dynamic
+                        and isinstance(exc, ResourceLimitError) else "")
+                raise type(exc)(f"{self.where}: {exc}{hint}") from exc
 
     def execute(self, inputs: list) -> list:
         with self._lock:
@@ -350,6 +353,23 @@ def _tensor_from(ref, segments, where: str):
     return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
 
+def _pte_bytes(path) -> "bytes | None":
+    """The bytes of ``path`` when it is an ExecuTorch program, else None (also for
+    a path ``read_program`` must refuse, so that it says why)."""
+    from vkdelegate.serialization.pte_reader import is_pte
+
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    try:
+        with open(path, "rb") as f:
+            if not is_pte(f.read(8)):
+                return None
+            f.seek(0)
+            return f.read()
+    except OSError:
+        return None
+
+
 def _torch_or_none():
     try:
         import torch
@@ -365,7 +385,10 @@ _MALFORMED = (KeyError, IndexError, TypeError, AttributeError, ValueError, Overf
 
 def load(path, *, device: "int | None" = None, executor: "str | None" = None,
          limits: "LoadLimits | None" = None) -> LoweredProgram:
-    """Load a program file written by ``LoweredProgram.save``.
+    """Load a program file written by ``LoweredProgram.save``, or an ExecuTorch
+    program (.pte, recognised by its ``ET12`` identifier; see
+    ``vkdelegate.backend.pte_program``: its VulkanBackend delegates run on Vulkan,
+    its other instructions on torch under the glue allow-list).
 
     device, executor: override the compile options stored in the file.
     limits: the resource budget the file is checked against before anything is
@@ -379,6 +402,13 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
     truncated, crafted, a pickle) before running anything.
     """
     limits = resolve_limits(limits)
+    raw = _pte_bytes(path)
+    if raw is not None:
+        from vkdelegate.backend.pte_program import load_pte
+
+        options = {k: v for k, v in (("device", device), ("executor", executor))
+                   if v is not None}
+        return load_pte(raw, f"program file {path}", options, limits)
     manifest, segments = program_file.read_program(path, limits)
     where = f"program file {path}"
     try:

@@ -22,6 +22,7 @@ import torch
 from vkdelegate.backend import glue_ops
 from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
+from vkdelegate.backend.load_checks import DeclaredValues, check_node
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
@@ -63,17 +64,27 @@ class ReferenceGraph:
     def _load(self, graph: vk.VkGraph, constant_bytes: Callable[[int], bytes],
               extra_ops: "Mapping[str, Callable] | None" = None) -> None:
         self.graph = graph
-        # Untrusted data: structure and the memory of the constants are checked before
-        # any is materialised. Other tensors are made by torch at their actual sizes
-        # when the graph runs (so a delegate over the device budget because of a huge
-        # dynamic upper bound can fall back to this executor, see backend/program.py).
+        # Untrusted data, checked before anything is materialised: the structure, every
+        # node's declared output sizes against its op's shape function (so that the
+        # declared dims bound what torch will make; not for a test's extra_ops), and
+        # the memory of every tensor at those dims against the load limits. Inputs are
+        # checked against their declared dims at each run.
         check_graph(graph, self.limits)
-        check_tensor_budget(graph, self.limits, constants_only=True)
+        self._resolve_ops(extra_ops or {})
+        if not extra_ops:
+            values = DeclaredValues(graph)
+            for call in graph.chain:
+                if not _is_size_arithmetic(call.name):  # SymInts in, one int out
+                    check_node(graph, call, values)
+        check_tensor_budget(graph, self.limits)
         self.constants: dict[int, torch.Tensor] = {}
         for vid, value in enumerate(self.graph.values):
             if isinstance(value, vk.VkTensor) and value.constant_id >= 0:
                 self.constants[vid] = _constant(vid, value, constant_bytes(value.constant_id))
-        extra_ops = extra_ops or {}
+
+    def _resolve_ops(self, extra_ops: Mapping) -> None:
+        """Each call's callable (the allow-list, naming the node) and its load-time
+        argument checks."""
         self.creation = CreationBudget(self.limits)
         self.ops = []
         for call in self.graph.chain:
@@ -106,19 +117,8 @@ class ReferenceGraph:
         """The value ``vid`` holds if it is a literal, else UNKNOWN."""
         values = self.graph.values
         value = values[vid] if isinstance(vid, int) and 0 <= vid < len(values) else None
-        if isinstance(value, vk.Null):
-            return None
-        if isinstance(value, vk.Int):
-            return value.int_val
-        if isinstance(value, vk.Double):
-            return value.double_val
-        if isinstance(value, vk.Bool):
-            return value.bool_val
-        if isinstance(value, vk.String):
-            return value.string_val
-        if isinstance(value, (vk.IntList, vk.DoubleList, vk.BoolList)):
-            return list(value.items)
-        return UNKNOWN
+        literal = _literal_of(value)
+        return UNKNOWN if literal is _NOT_LITERAL else literal
 
     def _arg(self, vid: int, env: dict):
         value = self.graph.values[vid]
@@ -126,19 +126,9 @@ class ReferenceGraph:
             if vid not in env:
                 raise VkDelegateError(f"value {vid} is read before it is computed")
             return env[vid]
-        if isinstance(value, vk.Null):
-            return None
-        if isinstance(value, vk.Int):
-            return value.int_val
-        if isinstance(value, vk.Double):
-            return value.double_val
-        if isinstance(value, vk.Bool):
-            return value.bool_val
-        if isinstance(value, vk.String):
-            return value.string_val
         if isinstance(value, vk.ValueList):
             return [self._arg(i, env) for i in value.items]
-        return list(value.items)  # IntList, DoubleList, BoolList
+        return _literal_of(value)
 
     def execute(self, inputs: list) -> list:
         """Run the chain on ``inputs`` (numpy arrays, in input_ids order). Raises
@@ -210,6 +200,22 @@ class ReferenceGraph:
                 for k, vid in enumerate(self.graph.output_ids)]
 
 
+_NOT_LITERAL = object()
+_SCALAR_FIELD = {vk.Int: "int_val", vk.Double: "double_val", vk.Bool: "bool_val",
+                 vk.String: "string_val"}
+
+
+def _literal_of(value):
+    """The Python value of a scalar or list value (Null -> None), else _NOT_LITERAL."""
+    if isinstance(value, vk.Null):
+        return None
+    if type(value) in _SCALAR_FIELD:
+        return getattr(value, _SCALAR_FIELD[type(value)])
+    if isinstance(value, (vk.IntList, vk.DoubleList, vk.BoolList)):
+        return list(value.items)
+    return _NOT_LITERAL
+
+
 def _constant(vid: int, value: vk.VkTensor, data) -> torch.Tensor:
     """Tensor value ``vid``'s constant from its bytes (in the staging dtype if set);
     VkDelegateError when the bytes do not hold dtype x dims."""
@@ -243,6 +249,10 @@ def _input(k: int, vid: int, value, arr):
         return int(arr)
     if arr.dtype.kind not in "biufc":
         raise VkDelegateError(f"{where} must be a numeric array, got dtype {arr.dtype}")
+    if isinstance(value, vk.VkTensor) and (
+            arr.ndim != len(value.dims) or any(a > d for a, d in zip(arr.shape, value.dims))):
+        raise VkDelegateError(f"{where} has sizes {list(arr.shape)}, over its declared "
+                              f"upper bounds {list(value.dims)}")
     return torch.from_numpy(np.array(arr))
 
 
@@ -297,9 +307,14 @@ def resolve(name: str, where: str = "a node of the delegate"):
     op for anything else."""
     if name in _DELEGATE_ONLY:
         return _DELEGATE_ONLY[name]
-    if isinstance(name, str) and "." not in name and f"operator.{name}" in glue_ops.BUILTINS:
+    if _is_size_arithmetic(name):
         return glue_ops.BUILTINS[f"operator.{name}"]
     return glue_ops.resolve(name, where, reference=True)
+
+
+def _is_size_arithmetic(name) -> bool:
+    """A Python operator on SymInts under the builder's bare name (``mul``)."""
+    return isinstance(name, str) and "." not in name and f"operator.{name}" in glue_ops.BUILTINS
 
 
 def load_reference(blob: bytes, named_data: "dict | None" = None,

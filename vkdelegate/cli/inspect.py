@@ -11,6 +11,7 @@ each delegate blob the file holds. The hook for the program layer is a function
 ``program_file.list_delegate_blobs(path) -> list[(label, blob bytes, named_data
 dict)]``; while that does not exist, every segment that starts like a blob is shown,
 labelled by its segment index, with named constants left unresolved.
+ExecuTorch programs (.pte): each VulkanBackend delegate, with the program's named data.
 """
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ def blobs_in_file(path: str) -> list[tuple[str, bytes, dict | None]]:
     if len(data) < HEADER_LENGTH:
         raise VkDelegateError(f"{path} is {len(data)} bytes, too short for a header "
                               f"(a delegate blob's VH00 header is {HEADER_LENGTH} bytes)")
-    from vkdelegate.serialization import program_file
+    from vkdelegate.serialization import program_file, pte_reader
+
+    if pte_reader.is_pte(data[:8]):
+        return _pte_blobs(path, pte_reader.read_pte(data, path))
 
     if data[:len(program_file.MAGIC)] == program_file.MAGIC:
         lister = getattr(program_file, "list_delegate_blobs", None)
@@ -61,6 +65,21 @@ def blobs_in_file(path: str) -> list[tuple[str, bytes, dict | None]]:
                 for i, seg in enumerate(segments) if bytes(seg[4:8]) == MAGIC]
     raise VkDelegateError(f"{path}: not a delegate blob (bytes 4..8 are {data[4:8]!r}, "
                           f"expected {MAGIC!r})")
+
+
+def _pte_blobs(path: str, program) -> list[tuple[str, bytes, dict]]:
+    """The VulkanBackend blobs of an ExecuTorch program, with its named data; a
+    delegate of another backend is a VkDelegateError naming it."""
+    found = []
+    for plan in program.plans:
+        for k, d in enumerate(plan.delegates):
+            if d.backend != "VulkanBackend":
+                raise VkDelegateError(f"{path}: method {plan.name!r} delegate {k} is for "
+                                      f"backend {d.backend!r}; vkdelegate reads "
+                                      f"VulkanBackend delegates only")
+            found.append((f"{path} method {plan.name!r} delegate {k}", d.data,
+                          program.named_data))
+    return found
 
 
 def _placement(row: dict) -> str:

@@ -140,3 +140,14 @@ class TableView:
         self.fb.need(target + 4, count * 4, f"vector {what} of {count} items")
         return [self.fb.table(self.fb.uoffset(target + 4 + 4 * i, f"{what}[{i}]"),
                               f"{what}[{i}]") for i in range(count)]
+
+    def byte_vector(self, slot: int, name: str) -> memoryview:
+        """A ``[ubyte]`` vector as a memoryview of the buffer (no copy); empty when
+        the field is absent."""
+        target = self._target(slot, name)
+        if target == 0:
+            return self.fb.buf[0:0]
+        what = f"{self.what}.{name}"
+        count = self.fb.scalar("I", target, f"{what} length")
+        self.fb.need(target + 4, count, f"vector {what} of {count} bytes")
+        return self.fb.buf[target + 4:target + 4 + count]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
+from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, check_limit
 from vkdelegate.serialization import vkgraph as vk
 
@@ -19,14 +19,6 @@ ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "int32": 4, "float16": 2, "float32
             "float64": 8, "int64": 8}
 #: What a tensor without a known dtype is counted at (the allocator refuses it later).
 _WIDEST = max(ITEMSIZE.values())
-
-
-class TensorBudgetError(ResourceLimitError, DeviceLimitError):
-    """Tensors over the load limits' memory budget. A ResourceLimitError (what the
-    limits promise), and a DeviceLimitError too: like a tensor over the device's own
-    limits, the delegate cannot be built here, so the program layer runs it on the CPU
-    instead, sized by the actual inputs rather than the declared upper bounds (a
-    dynamic dim with a huge max, say)."""
 
 
 def _shape_text(dims) -> str:
@@ -56,38 +48,30 @@ def tensor_nbytes(vid: int, tensor: vk.VkTensor,
 
 
 def check_tensor_budget(graph: vk.VkGraph, limits: LoadLimits,
-                        itemsize: Callable[[str], int] | None = None,
-                        constants_only: bool = False) -> int:
+                        itemsize: Callable[[str], int] | None = None) -> int:
     """Check every tensor of ``graph`` against ``limits.max_tensor_bytes`` and all of
     them together against ``limits.max_device_bytes``; return the total in bytes.
-    constants_only: count only constant tensors (the reference executor materialises
-    those at load; it computes the others at run time at their actual sizes).
 
     Tensors sharing a ``mem_obj_id`` (constants never share) count once, at their
-    largest member, as the runtime allocates them. Raises TensorBudgetError (a
-    ResourceLimitError and a DeviceLimitError) naming the value id (or the blob, for
-    the total) and VkDelegateError for a bad dim.
+    largest member, as the runtime allocates them. Raises ResourceLimitError naming the
+    value id (or the blob, for the total) and VkDelegateError for a bad dim. A blob over
+    its load limits is refused on every executor (no CPU fallback: the limits bound
+    what a file may make this process allocate); a tensor within them but over the
+    device's own limits is the allocator's DeviceLimitError.
     """
-    try:
-        return _check(graph, limits, itemsize, constants_only)
-    except TensorBudgetError:
-        raise
-    except ResourceLimitError as exc:
-        raise TensorBudgetError(str(exc)) from None
+    return _check(graph, limits, itemsize)
 
 
-def _check(graph, limits, itemsize, constants_only) -> int:
+def _check(graph, limits, itemsize) -> int:
     shared: dict[int, int] = {}
     total = 0
     for vid, value in enumerate(graph.values):
-        if not isinstance(value, vk.VkTensor) or (constants_only and value.constant_id < 0):
+        if not isinstance(value, vk.VkTensor):
             continue
         nbytes = tensor_nbytes(vid, value, itemsize)
         dtype = vk.DTYPE_NAMES.get(value.datatype, f"datatype {int(value.datatype)}")
-        # "needs N bytes" as the allocator's device-limit messages say it.
-        check_limit(f"tensor {dtype} {_shape_text(list(value.dims))} needs {nbytes} "
-                    f"bytes; that", nbytes, limits.max_tensor_bytes, "max_tensor_bytes",
-                    f"value {vid}")
+        check_limit(f"tensor {dtype} {_shape_text(list(value.dims))} in bytes", nbytes,
+                    limits.max_tensor_bytes, "max_tensor_bytes", f"value {vid}")
         if value.mem_obj_id >= 0 and value.constant_id < 0:
             shared[value.mem_obj_id] = max(shared.get(value.mem_obj_id, 0), nbytes)
         else:

@@ -19,7 +19,8 @@ import math
 
 import numpy as np
 
-from vkdelegate.backend.ops.convolution import workgroup_for
+from vkdelegate.kernels.rules import same_dtype, static_channels
+from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -40,18 +41,11 @@ def _channels(node: NodeSpec):
     x = node.args[0]
     if x.rank < 2:
         return f"input of rank {x.rank}: batch norm needs (N, C, ...)"
-    if x.dynamic and x.dynamic[1]:
-        return "dynamic channel count"
     for i, name in ((1, "weight"), (2, "bias"), (3, "running_mean"), (4, "running_var")):
         t = node.args[i]
         if t is not None and tuple(t.shape) != (x.shape[1],):
             return f"{name} of sizes {list(t.shape)} for {x.shape[1]} channels"
     return None
-
-
-def _same_dtype(node: NodeSpec):
-    dtypes = {t.dtype for t in node.tensors()}
-    return None if len(dtypes) == 1 else f"mixed dtypes {sorted(dtypes)}"
 
 
 def _defines(out, x, p, prepacked: bool, plane_loop: bool = False) -> dict:
@@ -112,7 +106,7 @@ def _impl(b, node):
 
 
 register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape,
-                rules=(_channels, _same_dtype), max_rank=6,
+                rules=(_channels, static_channels, same_dtype), max_rank=6,
                 notes="inference statistics over dim 1; saved statistics are empty"))
 for _profile in STORAGE_PROFILES:
     for _dt in DTYPES:

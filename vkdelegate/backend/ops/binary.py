@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vkdelegate.backend.ops.broadcast_plan import PLAN_PARAMS, plan_dispatch
+from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
+from vkdelegate.kernels.elementwise import category, load_define, promote
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
-from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
@@ -119,36 +119,9 @@ for _cmp, _glsl in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt"
             scalar_pos=(1,) if _overload == "Scalar" else ())
 
 
-def broadcast_shape(a, b) -> tuple:
-    """numpy/ATen broadcast of two size tuples (VkDelegateError if incompatible)."""
-    n = max(len(a), len(b))
-    a = (1,) * (n - len(a)) + tuple(a)
-    b = (1,) * (n - len(b)) + tuple(b)
-    out = []
-    for x, y in zip(a, b):
-        if x != y and 1 not in (x, y):
-            raise VkDelegateError(f"sizes {list(a)} and {list(b)} do not broadcast")
-        out.append(y if x == 1 else x)
-    return tuple(out)
-
-
 def _shape(args):
     shapes = [tuple(v.shape) if hasattr(v, "shape") else () for v in args[:2]]
     return broadcast_shape(*shapes)
-
-
-def _category(dtype: str) -> int:
-    return 0 if dtype == "bool" else (2 if acc_type(dtype) == "float" else 1)
-
-
-def promote(dtypes: list) -> "str | None":
-    """ATen's result dtype of tensor operands where it is one of them: the dtype of the
-    highest category (bool < integer < float), if only one operand dtype is in it
-    (float32 * bool -> float32, int32 + bool -> int32; float16 + float32 -> None)."""
-    top = max(dtypes, key=_category)
-    if len({d for d in dtypes if _category(d) == _category(top)}) > 1:
-        return None
-    return top
 
 
 def plan(op: Binary, a, b, out_dtype: str, mode=None) -> "tuple[str, str] | str":
@@ -204,13 +177,6 @@ def _rule(op: Binary):
     return check
 
 
-def load_define(storage: str, compute: str) -> str:
-    """A_LOAD/B_LOAD: storage -> ACC_T (integer storage reaches float through int)."""
-    if acc_type(compute) == "float" and storage not in ("float", "float16_t"):
-        return "float(int(v))"
-    return "ACC_T(v)"
-
-
 def _defines(expr: str, out, a, b, compute: str) -> dict:
     d = storage_defines(OUT=out, A=a, B=b)
     d.update(ACC_T=acc_type(compute), OP_EXPR=expr, **{
@@ -262,7 +228,7 @@ def _declare(op: Binary) -> None:
     for profile in STORAGE_PROFILES:
         pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
         for t in op.dtypes:
-            lower = [d for d in op.dtypes if _category(d) < _category(t)]
+            lower = [d for d in op.dtypes if category(d) < category(t)]
             operands = [(t, t)] + [(t, s) for s in (1, 0.5) if 1 in op.scalar_pos] + \
                        [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
                        [p for d in lower for p in ((t, d), (d, t))]

@@ -6,9 +6,10 @@ skips 1-D empty tensors of any other shape is kept.
 """
 from __future__ import annotations
 
-from vkdelegate.backend.ops.copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy, around,
-                                         contiguous_strides, merged, same_dtype)
-from vkdelegate.backend.ops.movement import wrap_dim
+from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
+                                            around, contiguous_strides, merged)
+from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.rules import same_dtype
 from vkdelegate.backend.registry import OpSpec, register
 from vkdelegate.errors import VkDelegateError
 

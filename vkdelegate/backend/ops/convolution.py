@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.backend.ops import loop_limit
+from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.rules import same_dtype, static_channels
+from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -84,18 +86,10 @@ def _spatial_rank(node: NodeSpec):
     return None
 
 
-def _static_channels(node: NodeSpec):
-    x = node.args[0]
-    if len(x.dynamic) > 1 and x.dynamic[1]:
-        return "dynamic channel count"
+def _static_weight(node: NodeSpec):
     if node.args[1].is_dynamic:
         return "dynamic weight sizes"
     return None
-
-
-def _same_dtype(node: NodeSpec):
-    dtypes = {t.dtype for t in node.tensors()}
-    return None if len(dtypes) == 1 else f"mixed dtypes {sorted(dtypes)}"
 
 
 def _groups(node: NodeSpec):
@@ -162,8 +156,8 @@ def _shader_bounds(node: NodeSpec):
                     f"is larger than the padded input size {sizes[i] + 2 * pad[i]}")
     px = 8  # the larger of the shader's two output widths (PX)
     icg = x.shape[1] // max(int(node.args[8]), 1)
-    long_loops = _plain_loop_iterations(False, transposed, icg, kernel, stride, dil, px) \
-        + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    long_loops = loop_limit.over_budget(
+        _plain_loop_iterations(False, transposed, icg, kernel, stride, dil, px))
     seg = 0 if transposed else _segment(kernel, stride, dil, px)
     if seg > MAX_SEGMENT:
         return (f"a row segment of {seg} input columns per invocation (stride "
@@ -186,7 +180,7 @@ def _checked(rule):
     return run
 
 
-RULES = (_spatial_rank, _static_channels, _same_dtype, _groups, _checked(_shader_bounds))
+RULES = (_spatial_rank, static_channels, _static_weight, same_dtype, _groups, _checked(_shader_bounds))
 
 
 # ---- runtime ------------------------------------------------------------------------
@@ -206,22 +200,6 @@ def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool
     if clamp:
         d["CLAMP"] = "1"
     return d
-
-
-def workgroup_for(grid, invocations: int = 64) -> tuple:
-    """A workgroup of ``invocations`` (a power of two) shaped to a 3-D ``grid``: x
-    first, so that few invocations fall outside small grids. Shared by the CNN op
-    families (batch norm, pooling, upsampling, linear) for their 3-D grids."""
-    sizes = []
-    left = invocations
-    for extent in grid[:2]:
-        size = 1
-        while size < extent and size < left:
-            size *= 2
-        sizes.append(size)
-        left //= size
-    sizes.append(left)
-    return tuple(sizes)
 
 
 def pack_weight(weight: np.ndarray, groups: int, transposed: bool, tile: int) -> np.ndarray:
@@ -298,9 +276,8 @@ def _build(b, node, clamp_ids=None):
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     # The shader's only data-sized loop runs over input channels (4 per iteration in
     # the pointwise form; the tap loops are unrolled): llvmpipe's loop limit.
-    long_loops = _plain_loop_iterations(pointwise, transposed, icg, kernel, stride, dil,
-                                        4 if tile == 4 and not pointwise else 8) \
-        + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    long_loops = loop_limit.over_budget(_plain_loop_iterations(
+        pointwise, transposed, icg, kernel, stride, dil, 4 if tile == 4 and not pointwise else 8))
     if long_loops:
         # The LONG_LOOPS form: only the channel loop counts (4 per iteration in the
         # pointwise form; the tap loops are unrolled).

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from vkdelegate.backend.ops.copy import scalar_reason
+from vkdelegate.kernels.rules import scalar_reason
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.ops.copy import MOVE_DTYPES
-from vkdelegate.backend.ops.movement import wrap_dim
+from vkdelegate.kernels.affine_copy import MOVE_DTYPES
+from vkdelegate.kernels.dims import wrap_dim
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines

@@ -13,19 +13,18 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vkdelegate.backend.ops.copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
-                                         affine_copy, around, contiguous_strides,
-                                         flat_impl, merged, runs, same_dtype)
+from vkdelegate.kernels.affine_copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
+                                            affine_copy, around, contiguous_strides,
+                                            flat_impl, merged, runs)
+from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.rules import same_dtype, same_shape
 from vkdelegate.backend.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
 
-def wrap_dim(dim: int, ndim: int) -> int:
-    """ATen's dim wrapping (a 0-d tensor accepts dims -1 and 0)."""
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise VkDelegateError(f"dim {dim} out of range for rank {ndim}")
-    return dim % n
+def _flat_impl(b, node):
+    # A function of this module, so that docs/OPS.md lists the op in this family.
+    flat_impl(b, node)
 
 
 def view_shape(in_shape, sizes) -> tuple:
@@ -274,19 +273,15 @@ def _flip_impl(b, node):
     affine_copy(b, out, x, plan)
 
 
-def _same_shape(args):
-    return tuple(args[0].shape)
-
-
 def _op(name, impl, shape_fn, *rules, notes=""):
     register(OpSpec(name=name, dtypes=MOVE_DTYPES, impl=impl, shape_fn=shape_fn,
                     rules=(same_dtype,) + rules, notes=notes))
 
 
-_op("aten.view.default", flat_impl, _view_shape,
+_op("aten.view.default", _flat_impl, _view_shape,
     notes="copy; reshape, flatten, unflatten")
-_op("aten.squeeze.dims", flat_impl, _squeeze_shape, _squeeze_rule, notes="copy")
-_op("aten.unsqueeze.default", flat_impl, _unsqueeze_shape, notes="copy")
+_op("aten.squeeze.dims", _flat_impl, _squeeze_shape, _squeeze_rule, notes="copy")
+_op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="copy")
 _op("aten.permute.default", _permute_impl, _permute_shape,
     notes="copy; transpose, t, movedim")
 _op("aten.expand.default", _expand_impl, _expand_shape,
@@ -296,7 +291,7 @@ _op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
     notes="any step > 0, bounds clamped as ATen; narrow")
 _op("aten.select.int", _select_impl, _select_shape,
     notes="negative index (also on a resized dim)")
-_op("aten.flip.default", _flip_impl, _same_shape, notes="any set of dims")
+_op("aten.flip.default", _flip_impl, same_shape, notes="any set of dims")
 
 # ExecuTorch's edge dialect names the view ops' copying variants (view_copy, ...); ET-VK
 # blobs carry those names, with the same schemas. They share the declarations above.

@@ -16,8 +16,8 @@ int32 on the device). Resizable in every dim.
 """
 from __future__ import annotations
 
-from vkdelegate.backend.ops import loop_limit
-from vkdelegate.backend.ops.plane_grid import plane_grid
+from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.plane_grid import plane_grid
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -189,7 +189,7 @@ def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
     else:
         rows, cols = k
     passes = 2 if plane_loop else 1
-    long_window = rows * (cols + 2) * passes + loop_limit.SLACK > loop_limit.LOOP_LIMIT
+    long_window = loop_limit.over_budget(rows * (cols + 2) * passes)
     if long_window:
         loop_limit.check(b, rows * (cols // 16 + 17) * passes,
                          f"a pooling window of {rows} x {cols}")

@@ -12,7 +12,7 @@ NaN; amax/amin propagate NaN; var divides by max(0, N - correction) like ATen (N
 inf when that is 0). Reducing an empty dim with max/min/argmax/argmin raises in ATen:
 such nodes stay on the CPU.
 
-Both shaders have two forms (``cooperative`` picks): one invocation per output, or one
+Both shaders have two forms (kernels/rows.py's ``cooperative`` picks): one invocation per output, or one
 workgroup of WG_REDUCE invocations per output with a tree in shared memory (GPUs from
 a few hundred elements per output; on llvmpipe only past THREAD_MAX, since its
 barriers are dear and its loop budget, ``loop_limit``, caps what one invocation can
@@ -24,17 +24,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vkdelegate.backend.ops import loop_limit
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.rows import declare_rows, dispatch_rows, row_bindings
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
-from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
-from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.runtime.param_block import ParamBlock
+from vkdelegate.shaders.bindings import shader_bindings
 
 SHADER = "reduce_sum"
-WG_REDUCE = 64  # invocations per output in the cooperative form (a power of two)
 DTYPES = frozenset({"float32", "float16"})
 SUM_PARAMS = ParamBlock("reduce_block", [("mask", "ivec4")])  # x: reduced-dims bitmask
 
@@ -43,11 +42,7 @@ def reduced_dims(dims, ndim: int) -> list[int]:
     """Normalized, sorted dims to reduce (all dims for None/empty)."""
     if not dims:
         return list(range(ndim))
-    out = set()
-    for d in dims:
-        if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise VkDelegateError(f"reduction dim {d} out of range for rank {ndim}")
-        out.add(d % max(ndim, 1))
+    out = {wrap_dim(d, ndim, "reduction dim") for d in dims}
     if ndim == 0:
         return []
     return sorted(out)
@@ -75,61 +70,6 @@ def _defines(out, x, dtype: str) -> dict:
     d = storage_defines(OUT=out, IN=x)
     d["ACC_T"] = acc_type(dtype)
     return d
-
-
-#: Longest pass (elements per output times passes over them) each form can walk on
-#: llvmpipe, within its loop budget (loop_limit.py: every loop of an invocation counts,
-#: and SLACK covers sum's remainder, the trees and each pass's partial block); both
-#: forms load UNROLL (16) elements per loop iteration.
-THREAD_MAX = (loop_limit.LOOP_LIMIT - loop_limit.SLACK) * loop_limit.UNROLL
-COOPERATIVE_MAX = THREAD_MAX * WG_REDUCE
-
-
-def cooperative(info, reduced: int) -> bool:
-    """The cooperative form (one workgroup per output) on GPUs once an output sums at
-    least 4 elements per invocation: loads coalesce and the tree is more accurate.
-    On CPU drivers workgroup barriers are dear (llvmpipe: 6x slower at 1024 x 1024),
-    so they use it only for sums longer than the per-invocation form can do there.
-    ``reduced``: elements per output times the passes the shader makes over them
-    (var: 2, softmax: 3), which is what llvmpipe's loop limit counts."""
-    if reduced > THREAD_MAX:
-        return True
-    return info.type != "cpu" and reduced >= 4 * WG_REDUCE
-
-
-def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: int,
-                  passes: int, what: str, local_size=(64, 1, 1)) -> None:
-    """One dispatch of a shader with both forms (reduce_sum.glsl, reduce.glsl,
-    softmax.glsl): ``rows`` outputs (upper bound) of ``n`` elements each, walked
-    ``passes`` times; the cooperative form (``cooperative``) is one workgroup of
-    WG_REDUCE per row, the other one invocation per row in workgroups of
-    ``local_size``. Raises DeviceLimitError (b.error) on llvmpipe when even the
-    cooperative form would pass its shader loop limit; the message starts with
-    ``what`` (e.g. "a sum of 7 elements per output")."""
-    if n * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
-        raise b.error(f"{what} exceeds llvmpipe's shader loop limit "
-                      f"({COOPERATIVE_MAX // passes})", limit=True)
-    if cooperative(b.device.info, n * passes):
-        b.dispatch(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
-                   inputs=[x], params=params, global_size=(rows * WG_REDUCE,),
-                   local_size=(WG_REDUCE, 1, 1))
-        return
-    b.dispatch(shader, defines, outputs=[out], inputs=[x], params=params,
-               global_size=(rows,), local_size=local_size)
-
-
-def declare_rows(shader: str, defines: dict) -> None:
-    """Declare both variants ``dispatch_rows`` may pick for ``defines``."""
-    declare(shader, defines)
-    declare(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)))
-
-
-def row_bindings(block: ParamBlock) -> Bindings:
-    """The bindings of a row shader (reduce_sum, reduce, softmax): output, input, their
-    metadata, then the op's ``block``."""
-    return Bindings(outputs=("out_data",), inputs=("in_data",),
-                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
-                            block))
 
 
 shader_bindings(SHADER)(lambda _defines: row_bindings(SUM_PARAMS))

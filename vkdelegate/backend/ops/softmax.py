@@ -2,17 +2,19 @@
 
 Schema: _softmax(self, dim: int, half_to_float: bool). One invocation per row, or one
 workgroup per row for long rows (softmax.glsl; the same rule as sum's cooperative
-form, ``reduce.dispatch_rows``), max-shifted, fp32 accumulation for fp16 data. ``half_to_float=True``
-(an fp16 input with an fp32 result) stays on the CPU; torch.export on the CPU does not
-produce it.
+form, kernels/rows.py's ``dispatch_rows``), max-shifted, fp32 accumulation for fp16
+data. ``half_to_float=True`` (an fp16 input with an fp32 result) stays on the CPU;
+torch.export on the CPU does not produce it.
 """
 from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.ops.reduce import declare_rows, dispatch_rows, row_bindings
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.rows import declare_rows, dispatch_rows, row_bindings
+from vkdelegate.kernels.rules import same_shape
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import shader_bindings
@@ -23,20 +25,12 @@ SOFTMAX_PARAMS = ParamBlock("softmax_block", [("dim", "ivec4")])  # x: dim, inne
 shader_bindings(SHADER)(lambda _defines: row_bindings(SOFTMAX_PARAMS))
 
 
-def normalize_dim(dim: int, ndim: int) -> int:
-    """``dim`` in [0, max(ndim, 1)) (a 0-d tensor accepts 0 and -1, like ATen)."""
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise VkDelegateError(f"softmax dim {dim} out of range for rank {ndim}")
-    return dim % n
-
-
 def _rule(node: NodeSpec):
     x, dim, half_to_float = node.args[:3]
     if half_to_float:
         return "half_to_float=True (fp32 result of fp16 input) is not supported"
     try:
-        normalize_dim(dim, x.rank)
+        wrap_dim(dim, x.rank, "softmax dim")
     except VkDelegateError as exc:
         return str(exc)
     return None
@@ -55,7 +49,7 @@ def _make_impl(log: bool):
         x, out = b.tensor(x_id), b.tensor(out_id)
         if b.scalar(half_id) or out.dtype != x.dtype:
             raise b.error("half_to_float=True is not supported")
-        dim = normalize_dim(b.scalar(dim_id), x.ndim)
+        dim = wrap_dim(b.scalar(dim_id), x.ndim, "softmax dim")
         meta_dim = x.ndim - 1 - dim if x.ndim else 0  # metadata counts from the innermost
         rows = math.prod(s for d, s in enumerate(x.max_shape) if d != dim)
         n = x.max_shape[dim] if x.ndim else 1
@@ -67,12 +61,8 @@ def _make_impl(log: bool):
     return impl
 
 
-def _shape(args):
-    return tuple(args[0].shape)
-
-
 for _name, _log in (("aten._softmax.default", False), ("aten._log_softmax.default", True)):
-    register(OpSpec(name=_name, dtypes=DTYPES, impl=_make_impl(_log), shape_fn=_shape,
+    register(OpSpec(name=_name, dtypes=DTYPES, impl=_make_impl(_log), shape_fn=same_shape,
                     rules=(_rule,), notes="any dim, max-shifted, fp32 accumulation"))
     for _profile in STORAGE_PROFILES:
         for _dt in DTYPES:

@@ -4,7 +4,7 @@ One shader (ternary_op.glsl). where.self(condition, self, other): a bool conditi
 chooses between self and other; clamp.Tensor(self, min?, max?): self clamped to
 tensor bounds (an absent bound is the dtype's extreme), NaN in self or a bound gives
 NaN, min > max gives max (ATen). Operands broadcast on any axis. Operand dtypes follow
-binary.py's ``promote`` (float32 with int32 -> float32; two dtypes of one category stay
+kernels/elementwise.py's ``promote`` (float32 with int32 -> float32; two dtypes of one category stay
 on the CPU).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import itertools
 
 import numpy as np
 
-from vkdelegate.backend.ops.binary import broadcast_shape, load_define, promote
-from vkdelegate.backend.ops.broadcast_plan import PLAN_PARAMS, plan_dispatch
+from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
+from vkdelegate.kernels.elementwise import load_define, promote
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.kernels.rules import same_shape
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -153,10 +154,6 @@ def _make_impl(op: Unary):
     return impl
 
 
-def _shape(args):
-    return tuple(args[0].shape)
-
-
 def _make_rules(op: Unary) -> tuple:
     def output_dtype(node: NodeSpec):
         x, out = node.args[0], node.outputs[0]
@@ -190,10 +187,10 @@ def _declare(op: Unary) -> None:
 for _name, _op in UNARY_OPS.items():
     if _op.out_bool:
         _spec = OpSpec(name=_name, dtypes=frozenset({"bool"}), impl=_make_impl(_op),
-                       shape_fn=_shape, rules=_make_rules(_op),
+                       shape_fn=same_shape, rules=_make_rules(_op),
                        arg_dtypes={0: _op.dtypes}, notes=_op.notes)
     else:
         _spec = OpSpec(name=_name, dtypes=_op.dtypes, impl=_make_impl(_op),
-                       shape_fn=_shape, rules=_make_rules(_op), notes=_op.notes)
+                       shape_fn=same_shape, rules=_make_rules(_op), notes=_op.notes)
     register(_spec)
     _declare(_op)

@@ -4,7 +4,7 @@
 
 // Affine copy: the one shader behind view, permute, expand, slice, select, flip,
 // repeat, cat, split, constant_pad_nd, clone and _to_copy (see
-// vkdelegate/backend/ops/copy.py, which builds the plan this shader reads).
+// vkdelegate/kernels/affine_copy.py, which builds the plan this shader reads).
 //
 // One invocation per element of a "domain" (up to 8 dims, innermost first). For
 // domain coordinates c_d:

@@ -1,5 +1,5 @@
 // Broadcast plan of an elementwise op: output index -> operand offsets.
-// Declared by PLAN_PARAMS in vkdelegate/backend/ops/broadcast_plan.py, which folds the
+// Declared by PLAN_PARAMS in vkdelegate/kernels/broadcast.py, which folds the
 // shapes into NDIM plan dims (output dims of size 1 dropped, dims no operand separates
 // merged) and rewrites the block after every resize; no per-element metadata walk.
 #ifndef VKDELEGATE_BROADCAST_PLAN_H

@@ -54,7 +54,7 @@ uint linear_id() {
 // iteration of every loop decrements, so sequential passes and nested loops add up).
 // Work that may run longer does several elements per iteration with an [[unroll]]ed
 // inner loop or spreads over a workgroup, and the op checks the worst case at load
-// (LOOP_LIMIT, THREAD_MAX in vkdelegate/backend/ops/reduce.py).
+// (LOOP_LIMIT in vkdelegate/kernels/loop_limit.py, THREAD_MAX in kernels/rows.py).
 #define LOOP_LIMIT 65535u
 
 // v rounded to the nearest fp16 value (ties to even; fp16's subnormals, overflow to

@@ -1,6 +1,6 @@
 // main() of the shaders that write one output element per invocation over the last
 // two dims of a (C, H, W) or (N, C, H, W) tensor (pool2d.glsl, upsample2d.glsl).
-// Mirrored by vkdelegate/backend/ops/plane_grid.py, which sizes the grid.
+// Mirrored by vkdelegate/kernels/plane_grid.py, which sizes the grid.
 // Grid: (output column, output row, plane): no integer division per element.
 // The including shader declares the metadata blocks `out_meta` and `in_meta` and
 // defines, before including this header last,

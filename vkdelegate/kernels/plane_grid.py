@@ -1,13 +1,13 @@
 """The (column, row, plane) grid of shaders with one invocation per output element
 over the last two dims (pool2d.glsl, upsample2d.glsl through plane_grid.h).
 
-Torch-free. Used by ops/pool.py and ops/upsample.py.
+Torch-free. Used by the pooling and upsampling op families.
 """
 from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.ops.convolution import workgroup_for
+from vkdelegate.kernels.workgroup import workgroup_for
 
 
 def plane_grid(b, out) -> tuple[tuple, tuple, bool]:

@@ -1,4 +1,4 @@
-"""Index plans for elementwise ops whose operands broadcast (binary_op, ternary_op).
+"""Broadcast shapes and index plans for elementwise ops whose operands broadcast (binary_op, ternary_op).
 
 An output element's flat index ``i`` maps to one offset per operand. Instead of
 walking all 8 metadata dims with a ``%`` and a ``/`` each (llvmpipe scalarizes integer
@@ -25,6 +25,19 @@ from vkdelegate.runtime.param_block import ParamBlock
 
 MAX_PLAN_DIMS = 8
 MAX_OPERANDS = 3
+
+
+def broadcast_shape(a, b) -> tuple:
+    """numpy/ATen broadcast of two size tuples (VkDelegateError if incompatible)."""
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise VkDelegateError(f"sizes {list(a)} and {list(b)} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,19 @@
+"""A fence wait held open for a while, so that a test can act while a call is in flight."""
+import threading
+import time
+
+from vkdelegate.runtime import graph as graph_module
+
+
+def slow_fence_wait(monkeypatch, seconds: float = 0.3) -> threading.Event:
+    """Patch DelegateGraph's fence wait to sleep ``seconds`` first; the returned event
+    is set when a call has entered its wait. ``monkeypatch.undo()`` restores it."""
+    in_wait, real_wait = threading.Event(), graph_module.wait_fence
+
+    def slow_wait(*args):
+        in_wait.set()
+        time.sleep(seconds)
+        return real_wait(*args)
+
+    monkeypatch.setattr(graph_module, "wait_fence", slow_wait)
+    return in_wait
