@@ -172,4 +172,5 @@ def test_over_the_load_limits_there_is_no_cpu_fallback(tmp_path):
         with pytest.raises(ResourceLimitError, match=r"value \d+: tensor float32 "
                                                      r"\[1200, 512\] in bytes is 2,457,600"):
             vkdelegate.load(path, executor=executor, limits=tight)(x)
-    torch.testing.assert_close(vkdelegate.load(path)(x), Repeat()(x))
+    # A sum of 1,200 values: the device adds them in another order (1e-4 of |sum|).
+    torch.testing.assert_close(vkdelegate.load(path)(x), Repeat()(x), rtol=1e-4, atol=1e-3)
