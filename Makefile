@@ -20,7 +20,8 @@ FUZZ_SECONDS ?= 60
 demo: setup
 	$(VENV)/bin/vkdelegate demo
 
-test: setup
+# The fuzz extra too: tests/fuzzing runs the harness on its seeds (it skips without it).
+test: setup $(VENV)/.fuzz-installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Seeds are rebuilt from the current code each time; a finding fails the target.
