@@ -73,3 +73,17 @@ def write_raw(path, text: "str | bytes | dict", data: "bytes | None" = None) -> 
         f.write(header + text + b"\0" * (d_off - program_file.HEADER_SIZE - len(text))
                 + data)
     return str(path)
+
+
+def json_paths(value, prefix=(), max_depth: "int | None" = None):
+    """Every path (a tuple of keys and indices) inside a JSON value, ``prefix`` first;
+    below ``max_depth`` keys nothing deeper is listed."""
+    yield prefix
+    if max_depth is not None and len(prefix) > max_depth:
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from json_paths(v, prefix + (k,), max_depth)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from json_paths(v, prefix + (i,), max_depth)

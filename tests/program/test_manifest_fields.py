@@ -11,6 +11,8 @@ import vkdelegate
 from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
 from vkdelegate.serialization import program_file
 
+from . import crafted
+
 
 class Mixed(torch.nn.Module):
     """CPU glue (sort: getitem, kwargs), a delegate, a state and an input update."""
@@ -42,15 +44,9 @@ def _saved(tmp_dir: str):
     return json.dumps(manifest), [bytes(s) for s in segments]
 
 
-def _paths(value, prefix=()):
+def _paths(value):
     """Every (path) inside the plan part of a manifest."""
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, prefix + (i,))
+    return crafted.json_paths(value)
 
 
 _REPLACEMENTS = [None, "s", 7, -1, 2.5, [], [None], {}, {"v": 3}, True]

@@ -59,16 +59,9 @@ _VALUES = st.one_of(_JSON, st.builds(_nest, st.one_of(st.integers(1, 70),
                                                       st.integers(900, 5000)), _LEAVES))
 
 
-def _paths(value, prefix=()):
-    yield prefix
-    if len(prefix) > 24:  # inside a nest a mutation made: nothing new deeper down
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, prefix + (i,))
+def _paths(value):
+    # Past depth 24 is inside a nest a mutation made: nothing new deeper down.
+    return crafted.json_paths(value, max_depth=24)
 
 
 def _draw_value(data):
