@@ -164,6 +164,30 @@ def test_pointwise_conv_70001_channels(hw):
     check_op(conv, (torch.randn(1, 70001, hw, hw),), ops=CONV, rtol=1e-4, atol=1e-5)
 
 
+def test_pointwise_conv_form_is_gemm_select():
+    # The pointwise conv's GEMM takes its form from kernels/gemm.py's select, like every
+    # other product: LONG_LOOPS from the first channel count whose plain loops (9 per
+    # channel, PX = 8) could pass the budget, OC_TILE 4 when the output channels allow.
+    from types import SimpleNamespace
+    from vkdelegate.kernels import gemm, loop_limit
+    info = SimpleNamespace(type="cpu", name="llvmpipe")
+    last_plain = (loop_limit.LOOP_LIMIT - loop_limit.SLACK - 16) // 9
+    plain = gemm.select(info, 64, 8, last_plain, plain=False, pointwise_conv=True)
+    long = gemm.select(info, 64, 6, last_plain + 1, plain=False, pointwise_conv=True)
+    assert (plain.shader, plain.tile, plain.long_k) == ("conv2d", 4, False)
+    assert (long.shader, long.tile, long.long_k) == ("conv2d", 1, True)
+    assert long.iterations(70001) == 70001 // 4 + 3
+
+
+@pytest.mark.parametrize("channels", [7274, 7275], ids=["last_plain", "first_long"])
+def test_pointwise_conv_either_side_of_the_switch(channels):
+    # Both forms give eager's numbers at the switch point: an estimate below the real
+    # count would leave the plain form short of channels on llvmpipe.
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(channels, 4, 1)
+    check_op(conv, (torch.randn(1, channels, 3, 3),), ops=CONV, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("make,shape", [
     (lambda: torch.nn.Conv2d(9001, 4, 7, padding=3), (1, 9001, 4, 5)),  # K = 441049
     (lambda: torch.nn.Conv2d(9001, 3, 7, stride=2), (1, 9001, 9, 9)),   # OC_TILE 1

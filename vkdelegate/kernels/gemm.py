@@ -1,7 +1,8 @@
 """The GEMM entry point: every matrix product of the op families is chosen and
-recorded here (aten.mm, aten.bmm, aten.addmm, aten.linear).
+recorded here (aten.mm, aten.bmm, aten.addmm, aten.linear), and the form of the
+pointwise (1x1) convolution's GEMM is chosen here too.
 
-Three shaders:
+Three shaders, plus one path of a fourth:
 
 - matmul.glsl: one invocation per output (CPU drivers, tiny outputs); loops K times.
 - matmul_tiled.glsl: TILE x TILE workgroups staging blocks of both operands in shared
@@ -9,6 +10,10 @@ Three shaders:
 - linear.glsl: a batched product with broadcasting batch dims, an optional bias and
   alpha/beta, 4 x 4 (or 1 x 4) output tiles per invocation and an unrolled LONG_K
   form for K past llvmpipe's loop budget.
+- conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
+  output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
+  budget): chosen here, declared and recorded by backend/ops/convolution.py, which
+  owns the rest of that shader.
 
 ``select`` is the one place that decides which shader and form a product gets;
 ``mm`` and ``matmul`` record it. fp32 and fp16 data, accumulated in fp32. Torch-free;
@@ -31,6 +36,8 @@ from vkdelegate.shaders.variants import declare
 SIMPLE_SHADER = "matmul"
 TILED_SHADER = "matmul_tiled"
 LINEAR_SHADER = "linear"
+CONV_SHADER = "conv2d"
+CONV_PX = 8  # pixels per invocation of conv2d.glsl's POINTWISE path (its PX)
 TILE = 16
 REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
 DTYPES = frozenset({"float32", "float16"})
@@ -39,9 +46,11 @@ LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, be
 
 @dataclass(frozen=True)
 class GemmForm:
-    """The kernel a product runs: ``shader`` (one of the three above), ``tile`` (the
-    tiled shader's REG, linear.glsl's M_TILE rows per invocation; 1 for the simple
-    shader) and ``long_k`` (linear.glsl's LONG_K form, 16 K steps per iteration)."""
+    """The kernel a product runs: ``shader`` (one of the four above), ``tile`` (the
+    tiled shader's REG, linear.glsl's M_TILE rows per invocation, conv2d.glsl's
+    OC_TILE output channels per invocation; 1 for the simple shader) and ``long_k``
+    (linear.glsl's LONG_K form, 16 K steps per iteration; conv2d.glsl's LONG_LOOPS
+    form, 4 input channels per iteration)."""
 
     shader: str
     tile: int = 1
@@ -51,6 +60,10 @@ class GemmForm:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
         if self.shader == TILED_SHADER:
             return -(-k // TILE)
+        if self.shader == CONV_SHADER:
+            # Plain: per channel one load and PX accumulations, then bias and stores;
+            # LONG_LOOPS: only the 4-channel loop and its remainder count.
+            return k // 4 + 3 if self.long_k else k * (1 + CONV_PX) + 2 * CONV_PX
         return loop_limit.unrolled_iterations(k) if self.long_k else k
 
 
@@ -72,12 +85,20 @@ def register_block(m: int, n: int) -> int:
     return REG if m * n >= 512 * 512 else 1
 
 
-def select(info, m: int, n: int, k: int, *, plain: bool) -> GemmForm:
+def select(info, m: int, n: int, k: int, *, plain: bool,
+           pointwise_conv: bool = False) -> GemmForm:
     """The form of an [m, k] x [k, n] product (upper-bound sizes) on the device
     ``info`` (a DeviceInfo). plain: two matrices, no batch, bias or scaling (aten.mm),
     which the matmul shaders run; every other product runs linear.glsl, whose rows per
     invocation share each load of the second operand (a single row, a classifier's
-    batch of one, would waste 3 of 4)."""
+    batch of one, would waste 3 of 4). pointwise_conv: a 1x1 convolution with a
+    prepacked constant weight (m pixels, k input channels, n output channels; plain is
+    ignored), which runs conv2d.glsl's POINTWISE path with 4 output channels per
+    invocation when n allows it and LONG_LOOPS past the loop budget."""
+    if pointwise_conv:
+        tile = 4 if n % 4 == 0 else 1
+        plain_form = GemmForm(CONV_SHADER, tile)
+        return GemmForm(CONV_SHADER, tile, loop_limit.over_budget(plain_form.iterations(k)))
     if plain:
         if use_tiled(info, m, n, k):
             return GemmForm(TILED_SHADER, register_block(m, n))
@@ -85,9 +106,13 @@ def select(info, m: int, n: int, k: int, *, plain: bool) -> GemmForm:
     return GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
 
 
-def _checked_form(b, m: int, n: int, k: int, *, plain: bool) -> GemmForm:
-    form = select(b.device.info, m, n, k, plain=plain)
-    loop_limit.check(b, form.iterations(k), f"K = {k}")
+def checked_select(b, m: int, n: int, k: int, *, plain: bool,
+                   pointwise_conv: bool = False, what: str | None = None) -> GemmForm:
+    """``select`` on the node builder ``b``'s device, then the loop-budget check of the
+    form chosen. Raises DeviceLimitError (b.error) naming ``what`` (default "K = k")
+    when even that form loops past llvmpipe's budget."""
+    form = select(b.device.info, m, n, k, plain=plain, pointwise_conv=pointwise_conv)
+    loop_limit.check(b, form.iterations(k), what or f"K = {k}")
     return form
 
 
@@ -114,7 +139,7 @@ def mm(b, out, a, w, transposed: bool) -> None:
     tiled shader can loop on llvmpipe."""
     defines = mm_defines(out, a, w, out.dtype, transposed)
     m, n = out.max_shape
-    form = _checked_form(b, m, n, a.max_shape[1], plain=True)
+    form = checked_select(b, m, n, a.max_shape[1], plain=True)
     if form.shader == TILED_SHADER:
         b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(form.tile)),
                    outputs=[out], inputs=[a, w], params=[out.meta, a.meta],
@@ -180,7 +205,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     shape = (1, 1) + tuple(out.max_shape)
     k = a.max_shape[-1] if a.ndim else 1
-    form = _checked_form(b, shape[-2], shape[-1], k, plain=False)
+    form = checked_select(b, shape[-2], shape[-1], k, plain=False)
     grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
                                              form.long_k),

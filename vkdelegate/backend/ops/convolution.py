@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import gemm, loop_limit
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.backend.registry import NodeSpec, OpSpec, register
@@ -157,7 +157,7 @@ def _shader_bounds(node: NodeSpec):
     px = 8  # the larger of the shader's two output widths (PX)
     icg = x.shape[1] // max(int(node.args[8]), 1)
     long_loops = loop_limit.over_budget(
-        _plain_loop_iterations(False, transposed, icg, kernel, stride, dil, px))
+        _plain_loop_iterations(transposed, icg, kernel, stride, dil, px))
     seg = 0 if transposed else _segment(kernel, stride, dil, px)
     if seg > MAX_SEGMENT:
         return (f"a row segment of {seg} input columns per invocation (stride "
@@ -231,12 +231,12 @@ def _bindings(d) -> Bindings:
                             CONV_PARAMS))
 
 
-def _plain_loop_iterations(pointwise: bool, transposed: bool, icg: int, kernel, stride,
-                           dilation, px: int) -> int:
-    """Worst-case loop iterations per invocation of conv2d.glsl without LONG_LOOPS,
-    counting every loop as if the compiler unrolled none (llvmpipe's budget)."""
-    if pointwise:
-        return icg * (1 + px) + 2 * px
+def _plain_loop_iterations(transposed: bool, icg: int, kernel, stride, dilation,
+                           px: int) -> int:
+    """Worst-case loop iterations per invocation of conv2d.glsl's direct and transposed
+    paths without LONG_LOOPS, counting every loop as if the compiler unrolled none
+    (llvmpipe's budget). The pointwise path's count is kernels/gemm.py's
+    (GemmForm.iterations), where its form is chosen."""
     taps = kernel[1] * (1 + px)
     if not transposed:
         taps += (px - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1  # row segment
@@ -260,29 +260,35 @@ def _build(b, node, clamp_ids=None):
         b.int_list(pad_id), b.int_list(dil_id), transposed)
     ic, oc = x.max_shape[1], out.max_shape[1]
     icg, ocg = ic // groups, oc // groups
-    tile = 4 if ocg % 4 == 0 else 1
     weight = b.constant_array(w)
     packed = weight is not None
+    pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
+                 and pad == [0, 0] and groups == 1)
+    mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
+    if pointwise:
+        # A GEMM over pixels: kernels/gemm.py picks its tile and loop form, as for
+        # every other matrix product, and checks the loop budget.
+        mx = out.max_shape
+        pixels = mx[2] * mx[3] if n == 2 else mx[2]
+        form = gemm.checked_select(b, pixels, oc, ic, plain=False, pointwise_conv=True,
+                                   what=f"{icg} input channels per group")
+        tile, long_loops = form.tile, form.long_k
+    else:
+        # A weight computed at run time is read as stored, one channel a time.
+        tile = 4 if packed and ocg % 4 == 0 else 1
+        # The shader's only data-sized loop runs over input channels (the tap loops
+        # are unrolled in LONG_LOOPS): llvmpipe's loop limit.
+        long_loops = loop_limit.over_budget(_plain_loop_iterations(
+            transposed, icg, kernel, stride, dil, 4 if tile == 4 else 8))
+        if long_loops:
+            # The LONG_LOOPS form: only the channel loop counts.
+            loop_limit.check(b, icg, f"{icg} input channels per group")
     if packed:
         w = b.prepacked(pack_weight(weight, groups, transposed, tile), "float32")
-    else:
-        tile = 1  # a weight computed at run time is read as stored, one channel a time
     bias = b.value(bias_id)
     if bias is None or b.constant_array(bias) is not None:
         values = np.zeros(oc, np.float32) if bias is None else b.constant_array(bias)
         bias = b.prepacked(values.astype(np.float32).reshape(oc), "float32")
-    pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
-                 and pad == [0, 0] and groups == 1)
-    mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
-    # The shader's only data-sized loop runs over input channels (4 per iteration in
-    # the pointwise form; the tap loops are unrolled): llvmpipe's loop limit.
-    long_loops = loop_limit.over_budget(_plain_loop_iterations(
-        pointwise, transposed, icg, kernel, stride, dil, 4 if tile == 4 and not pointwise else 8))
-    if long_loops:
-        # The LONG_LOOPS form: only the channel loop counts (4 per iteration in the
-        # pointwise form; the tap loops are unrolled).
-        loop_limit.check(b, ic // 4 + 3 if pointwise else icg,
-                         f"{icg} input channels per group")
     lo, hi = -INF, INF
     if clamp_ids is not None:
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
@@ -291,7 +297,7 @@ def _build(b, node, clamp_ids=None):
     params = b.params(CONV_PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
-    px = 4 if tile == 4 and not pointwise else 8  # outputs per invocation (PX)
+    px = gemm.CONV_PX if pointwise else (4 if tile == 4 else 8)  # outputs per invocation
     if pointwise:
         grid = (-(-(oh * ow) // px), oc // tile, mx[0])
     else:
