@@ -76,6 +76,9 @@ class DelegateGraph(DeviceState):
     index -> output index of the state kept on the device, see ``bind_state``).
     """
 
+    #: The state methods of DeviceState are available (backend/executor.py's Executor).
+    keeps_state = True
+
     # Owned Vulkan objects and the run lock live in self._res (graph_resources.py).
     _cmd = owned()
     _profile_cmd = owned()
