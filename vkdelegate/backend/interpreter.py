@@ -107,9 +107,8 @@ class MethodRunner:
 
     plan: the method's JSON-ready dict. constants: name -> array/tensor for glue
     constants. state: name -> array/tensor of mutable buffers (updated after each call).
-    delegates: objects with ``execute(list[np.ndarray]) -> list[np.ndarray]``, indexed
-    by the plan's delegate nodes; a delegate that also has ``bind_state(input, output,
-    initial, download) -> bool`` and ``read_state(input)`` keeps the states that
+    delegates: ``executor.MethodDelegate`` objects, indexed by the plan's delegate
+    nodes; one whose ``bind_state`` returns True keeps the states that
     ``state_bindings.plan_bindings`` finds on the device from its first call on.
     limits: the resource budget (``vkdelegate.limits.LoadLimits``, None: defaults).
     Raises VkDelegateError for a malformed plan, ResourceLimitError for one over limits.
@@ -128,11 +127,10 @@ class MethodRunner:
         self._bound_inputs: dict = {}  # delegate index -> argument positions bound
         self._tried: set = set()     # delegates whose bindings were attempted
         self._bind_lock = threading.Lock()
-        for d in delegates:
-            if hasattr(d, "before_close"):  # closing a delegate must not lose state
-                # A weak reference: no runner <-> delegate cycle, so a dropped program
-                # is freed (and its graphs finalized) as soon as it is unreferenced.
-                d.before_close = weakref.WeakMethod(self.release_state)
+        for d in delegates:  # closing a delegate must not lose state
+            # A weak reference: no runner <-> delegate cycle, so a dropped program
+            # is freed (and its graphs finalized) as soon as it is unreferenced.
+            d.before_close = weakref.WeakMethod(self.release_state)
 
     @property
     def state(self) -> dict:
@@ -159,8 +157,6 @@ class MethodRunner:
         """Offer delegate ``index`` its states (once per build of the delegate)."""
         self._tried.add(index)
         delegate = self.delegates[index]
-        if not hasattr(delegate, "bind_state"):
-            return
         casts_in = node.get("cast_inputs") or []
         casts_out = node.get("cast_outputs") or []
         for b in self._bindings.get(index, []):

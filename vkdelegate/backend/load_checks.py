@@ -11,6 +11,8 @@ write past a buffer), so it is refused here. Torch-free and Vulkan-free.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, lookup
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization import vkgraph as g
@@ -98,8 +100,10 @@ def _check_sizes(call, spec: OpSpec, args, outs) -> None:
                                   f"op gives {_dims(size)} for inputs {inputs or '(none)'}")
 
 
-def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues) -> OpSpec:
-    """Check one node (see the module docstring); return its OpSpec.
+def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
+               lookup: Callable[[str], OpSpec] = lookup) -> OpSpec:
+    """Check one node (see the module docstring); return its OpSpec (found by
+    ``lookup``, the registry's by default).
 
     Raises VkDelegateError naming the node: unknown op, an output that is not a
     tensor, a non-tensor where a tensor is expected (with its value id), the op's
@@ -131,7 +135,8 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues) -
     return spec
 
 
-def check_nodes(graph: g.VkGraph) -> list[OpSpec]:
+def check_nodes(graph: g.VkGraph,
+                lookup: Callable[[str], OpSpec] = lookup) -> list[OpSpec]:
     """``check_node`` for every node of the chain, in order; their OpSpecs."""
     values = DeclaredValues(graph)
-    return [check_node(graph, call, values) for call in graph.chain]
+    return [check_node(graph, call, values, lookup) for call in graph.chain]

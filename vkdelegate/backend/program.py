@@ -56,7 +56,8 @@ class Method:
 
 
 class _LazyDelegate:
-    """Builds the delegate on the chosen executor at its first call.
+    """Builds the delegate on the chosen executor (an ``executor.Executor``) at its
+    first call; a ``MethodDelegate`` for the MethodRunner.
 
     A delegate that is valid but over a limit of the device (DeviceLimitError) runs
     on the CPU reference executor when torch is installed, with one warning on the
@@ -141,7 +142,7 @@ class _LazyDelegate:
         executor cannot (the reference executor), so the state stays on the host."""
         with self._lock:
             self._build(False)
-            if not hasattr(self.loaded, "bind_state"):
+            if not self.loaded.keeps_state:
                 return False
             self.loaded.bind_state(input_index, output_index, initial, download)
             return True
@@ -159,7 +160,7 @@ class _LazyDelegate:
             before_close = self.before_close() if self.before_close is not None else None
             if self.loaded is not None and before_close is not None:
                 before_close()
-            if self.loaded is not None and hasattr(self.loaded, "close"):
+            if self.loaded is not None:
                 self.loaded.close()
             self.loaded = None
             self.fallback = None

@@ -37,8 +37,10 @@ class ReferenceGraph:
     """A decoded delegate that executes with torch on the CPU.
 
     ``execute(inputs: list[np.ndarray]) -> list[np.ndarray]``, like the Vulkan runtime's
-    DelegateGraph.
+    DelegateGraph (an ``executor.Executor`` that keeps no state on a device).
     """
+
+    keeps_state = False
 
     def __init__(self, blob: bytes, named_data: "dict | None" = None,
                  limits: "LoadLimits | None" = None):
@@ -129,6 +131,9 @@ class ReferenceGraph:
         if isinstance(value, vk.ValueList):
             return [self._arg(i, env) for i in value.items]
         return _literal_of(value)
+
+    def close(self) -> None:
+        """Nothing to free: the graph holds host memory only (Executor interface)."""
 
     def execute(self, inputs: list) -> list:
         """Run the chain on ``inputs`` (numpy arrays, in input_ids order). Raises

@@ -26,7 +26,6 @@ from typing import Callable, Sequence
 import numpy as np
 import vulkan as vk
 
-from vkdelegate.backend.load_checks import check_nodes
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import resolve_limits
 from vkdelegate.runtime import commands
@@ -35,6 +34,7 @@ from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
 from vkdelegate.runtime.dtypes import device_dtype, from_device, to_device
 from vkdelegate.runtime.graph_resources import GraphResources, owned
+from vkdelegate.runtime.op_table import OpTable, resolve_ops
 from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
 from vkdelegate.runtime.tensor import Tensor
@@ -56,9 +56,11 @@ class DelegateGraph(DeviceState):
     cross the bus uncached); True or False forces either. timeout_s: fence wait limit per execute.
     progress: show a tqdm bar over the nodes while building (shader compilation and
     weight packing are the slow steps of a first load). limits: the resource budget
-    (``vkdelegate.limits.LoadLimits``; None: the defaults).
+    (``vkdelegate.limits.LoadLimits``; None: the defaults). ops: the OpTable the nodes
+    are looked up and checked in (runtime/op_table.py; None: every registered op, with
+    ``vkdelegate.backend.load_checks``).
     Raises VkDelegateError on malformed graphs, unsupported ops, declared output sizes
-    that differ from the op's (``vkdelegate.backend.load_checks``), device limits;
+    that differ from the op's (the table's ``check_nodes``), device limits;
     ResourceLimitError for a graph over ``limits``. All of these are checked before
     any memory is allocated or any shader compiled.
     Call ``close()`` (or use ``with``) to free device memory; a graph dropped without
@@ -74,6 +76,9 @@ class DelegateGraph(DeviceState):
     index -> output index of the state kept on the device, see ``bind_state``).
     """
 
+    #: The state methods of DeviceState are available (backend/executor.py's Executor).
+    keeps_state = True
+
     # Owned Vulkan objects and the run lock live in self._res (graph_resources.py).
     _cmd = owned()
     _profile_cmd = owned()
@@ -84,7 +89,7 @@ class DelegateGraph(DeviceState):
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
                  device=None, staging: bool | None = None, timeout_s: float = 30.0,
-                 progress: bool = False, limits=None):
+                 progress: bool = False, limits=None, ops: OpTable | None = None):
         self.progress = progress
         self.limits = resolve_limits(limits)
         self.device = device if isinstance(device, Device) else default_device(device)
@@ -95,7 +100,7 @@ class DelegateGraph(DeviceState):
         info = self.device.info
         check_tensor_budget(graph, self.limits,
                             lambda name: np.dtype(device_dtype(name, info)).itemsize)
-        self._specs = check_nodes(graph)
+        self._specs = resolve_ops(ops).ops_for(graph)
         self.timeout_s = timeout_s
         self.allocator = Allocator(self.device)
         self._res = GraphResources(self.device, self.allocator)

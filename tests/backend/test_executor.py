@@ -1,0 +1,26 @@
+"""Both executors state the Executor interface (backend/executor.py) instead of being
+probed with hasattr: the Vulkan DelegateGraph keeps state on the device, the
+reference executor does not, and both run and close the same graph alike."""
+import numpy as np
+
+from vkdelegate.backend.executor import Executor, StateExecutor
+from vkdelegate.backend.reference import ReferenceGraph
+from vkdelegate.runtime import DelegateGraph
+from vkdelegate.serialization import vkgraph as g
+
+
+def _relu_graph():
+    vals = [g.VkTensor(g.VkDataType.FLOAT32, [4]), g.VkTensor(g.VkDataType.FLOAT32, [4])]
+    return g.VkGraph(chain=[g.OperatorCall(0, "aten.relu.default", [0, 1])],
+                     values=vals, input_ids=[0], output_ids=[1])
+
+
+def test_both_executors_state_the_interface():
+    x = np.array([-1.5, 2, -3, 4], np.float32)
+    ref = ReferenceGraph.from_graph(_relu_graph(), lambda i: b"")
+    assert isinstance(ref, Executor) and ref.keeps_state is False
+    assert ref.execute([x])[0].tolist() == np.maximum(x, 0).tolist()
+    ref.close()
+    with DelegateGraph(_relu_graph(), lambda i: b"") as dg:
+        assert isinstance(dg, StateExecutor) and dg.keeps_state is True
+        assert dg.execute([x])[0].tolist() == np.maximum(x, 0).tolist()
