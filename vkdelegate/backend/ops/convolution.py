@@ -28,7 +28,7 @@ from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
-SHADER = "conv2d"
+SHADER = gemm.CONV_SHADER  # the pointwise form is chosen by gemm.select
 DTYPES = frozenset({"float32", "float16"})
 CONV = "aten.convolution.default"
 CONV_CLAMP = "et_vk.conv_with_clamp.default"
