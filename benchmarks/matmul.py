@@ -1,7 +1,7 @@
 """GPU time of aten.mm.default: simple shader, tiled, tiled with register blocking.
 
 For each size M x K x N, builds a one-node graph per variant (forcing the choices that
-``vkdelegate.backend.ops.matmul.use_tiled`` and ``register_block`` make per device and
+``vkdelegate.ops.families.matmul.use_tiled`` and ``register_block`` make per device and
 shape), checks the result against numpy, and prints the median GPU time from timestamp
 queries and the GFLOP/s.
 
@@ -15,7 +15,7 @@ import statistics
 import numpy as np
 from tabulate import tabulate
 
-from vkdelegate.backend.ops import matmul
+from vkdelegate.ops.families import matmul
 from vkdelegate.runtime import DelegateGraph, default_device
 from vkdelegate.serialization import vkgraph as g
 

@@ -7,7 +7,7 @@ import torch
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import allowed_ops, allowed_ops_doc, reference
 from vkdelegate.backend.creation_ops import CREATION_OPS, UNKNOWN, creation_nbytes
-from vkdelegate.backend.registry import load_all
+from vkdelegate.ops.registry import load_all
 from vkdelegate.errors import VkDelegateError
 
 from tests.program.helpers import export

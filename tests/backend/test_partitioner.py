@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from vkdelegate.backend import registry
+from vkdelegate.ops import registry
 from vkdelegate.backend.partitioner import VulkanPartitioner
-from vkdelegate.backend.registry import FLOAT_DTYPES, OpSpec
+from vkdelegate.ops.registry import FLOAT_DTYPES, OpSpec
 
 
 def _impl(*args):  # runtime implementation; never called by the partitioner

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from vkdelegate.backend import registry
+from vkdelegate.ops import registry
 from vkdelegate.backend.passes import fold_batch_norm, remove_noop_copies, run_passes
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.program_graph import from_exported_program
-from vkdelegate.backend.registry import FLOAT_DTYPES, OpSpec
+from vkdelegate.ops.registry import FLOAT_DTYPES, OpSpec
 
 aten = torch.ops.aten
 

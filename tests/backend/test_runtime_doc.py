@@ -10,4 +10,4 @@ def test_add_an_op_recipe_quotes_softmax_verbatim():
     doc = (ROOT / "docs" / "RUNTIME.md").read_text()
     section = doc[doc.index("## How to add an op"):]
     quoted = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert quoted == (ROOT / "vkdelegate" / "backend" / "ops" / "softmax.py").read_text()
+    assert quoted == (ROOT / "vkdelegate" / "ops" / "families" / "softmax.py").read_text()

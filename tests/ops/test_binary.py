@@ -192,7 +192,7 @@ def test_resize():
 
 def test_plan_refusals():
     # Partition-time reasons for what the device cannot do exactly (torch-free rules).
-    from vkdelegate.backend.ops.binary import BINARY_OPS, plan
+    from vkdelegate.ops.families.binary import BINARY_OPS, plan
     add, eq = BINARY_OPS["aten.add.Tensor"], BINARY_OPS["aten.eq.Scalar"]
     assert plan(add, "int32", 2 ** 40, "int32") == \
         "scalar operand [1099511627776] outside the int32 range of the device"

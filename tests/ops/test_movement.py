@@ -304,7 +304,7 @@ def test_executorch_t_copy(vk_device, dtype):
 def test_slice_bounds_match_python_slicing(size, start, end, step):
     """ATen clamps slice bounds like Python slicing (for positive steps): the plan's
     first index and length must match range(size)[start:end:step]."""
-    from vkdelegate.backend.ops.movement import slice_bounds
+    from vkdelegate.ops.families.movement import slice_bounds
     picked = range(size)[start:end:step]
     first, length = slice_bounds(size, start, end, step)
     assert length == len(picked)
@@ -317,7 +317,7 @@ def test_slice_bounds_match_python_slicing(size, start, end, step):
 def test_expand_and_repeat_sizes_match_torch(shape, data):
     """expand (with -1 and new leading dims) and repeat sizes equal torch's; what torch
     refuses raises VkDelegateError."""
-    from vkdelegate.backend.ops.movement import expand_shape, repeat_shape
+    from vkdelegate.ops.families.movement import expand_shape, repeat_shape
     from vkdelegate.errors import VkDelegateError
     x = torch.empty(shape, device="meta")
     lead = data.draw(st.integers(0, 2))

@@ -1,12 +1,12 @@
 """docs/OPS.md is generated from the registry and must be current."""
-from vkdelegate.backend import ops_table
-from vkdelegate.backend.registry import OpSpec
+from vkdelegate.ops import coverage as ops_table
+from vkdelegate.ops.registry import OpSpec
 
 
 def test_committed_table_is_current():
     committed = ops_table.DEFAULT_PATH.read_text()
     assert committed == ops_table.render(), (
-        "docs/OPS.md is out of date: run python -m vkdelegate.backend.ops_table")
+        "docs/OPS.md is out of date: run python -m vkdelegate.ops.coverage")
 
 
 def test_table_lists_each_op_with_its_claims():
@@ -18,7 +18,7 @@ def test_table_lists_each_op_with_its_claims():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == ["`aten.fake.default`", "float32, int64; arg 0: bool", "no", "4",
                      "a note"]
-    assert "## other" in text  # a spec registered outside vkdelegate.backend.ops
+    assert "## other" in text  # a spec registered outside vkdelegate.ops.families
 
 
 def test_check_mode_detects_a_stale_file(tmp_path):

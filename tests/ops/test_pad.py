@@ -76,7 +76,7 @@ def test_resize():
 def test_pad_shape_matches_torch(shape, data):
     """Output sizes for any pad list (negative values crop) equal torch's, and sizes
     torch refuses (negative results) raise VkDelegateError."""
-    from vkdelegate.backend.ops.pad import pad_shape
+    from vkdelegate.ops.families.pad import pad_shape
     from vkdelegate.errors import VkDelegateError
     pad = data.draw(st.lists(st.integers(-4, 4), min_size=0, max_size=2 * len(shape))
                     .filter(lambda p: len(p) % 2 == 0))

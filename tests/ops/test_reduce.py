@@ -5,7 +5,7 @@ import torch
 from torch.export import Dim
 
 from tests.ops.harness import check_op
-from vkdelegate.backend.registry import NodeSpec, TensorSpec, lookup
+from vkdelegate.ops.registry import NodeSpec, TensorSpec, lookup
 
 # fp16 inputs, fp32 accumulation, one rounding to fp16 at the end: eager (which also
 # accumulates in fp32 on the CPU) may differ by an fp16 ulp (~1e-3 relative) of the

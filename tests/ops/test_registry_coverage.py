@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.ops import coverage
-from vkdelegate.backend.registry import load_all
+from vkdelegate.ops.registry import load_all
 from vkdelegate.shaders.variants import all_variants, variant_key
 
 

@@ -223,7 +223,7 @@ def test_report_partitions_are_delegate_indexes():
 
 def test_fused_conv_clamp_on_the_cpu(executor):
     # The fused op a pass creates must also run in the CPU glue (here: blocklisted).
-    from vkdelegate.backend import registry
+    from vkdelegate.ops import registry
     from vkdelegate.backend.passes.fuse_conv_clamp import FUSED
 
     if FUSED not in registry.load_all():

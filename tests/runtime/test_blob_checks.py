@@ -197,7 +197,7 @@ def test_non_tensor_where_a_tensor_belongs(vk_device):
 
 def _conv_blob(x_shape, w_shape, stride, padding, dilation, transposed=False,
                out_shape=None):
-    from vkdelegate.backend.ops.convolution import conv_shape
+    from vkdelegate.ops.families.convolution import conv_shape
 
     m = GraphMaker()
     ix = m.input(x_shape)

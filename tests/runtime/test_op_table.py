@@ -84,7 +84,7 @@ def test_injected_checks_refuse_before_anything_is_built():
 
 
 def test_default_table_is_the_registry():
-    from vkdelegate.backend.registry import lookup
-    from vkdelegate.backend.runtime_ops import default_op_table
+    from vkdelegate.ops.registry import lookup
+    from vkdelegate.ops.default_table import default_op_table
 
     assert default_op_table().lookup is lookup

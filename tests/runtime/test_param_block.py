@@ -61,7 +61,7 @@ def test_types_without_a_common_std140_std430_layout_are_refused(type_, message)
 
 
 def test_binding_defines_number_outputs_inputs_then_params():
-    from vkdelegate.backend.registry import load_all
+    from vkdelegate.ops.registry import load_all
     load_all()
     pool = bindings_of("pool2d", {"MAX_POOL": "1", "IDX_T": "int"})
     assert pool.names() == ["out_data", "idx_data", "in_data", "out_meta", "in_meta",
@@ -79,7 +79,7 @@ def test_binding_defines_number_outputs_inputs_then_params():
 def test_dispatch_refuses_buffers_other_than_the_declared_bindings():
     from types import SimpleNamespace
 
-    from vkdelegate.backend.registry import load_all
+    from vkdelegate.ops.registry import load_all
     from vkdelegate.runtime.builder import NodeBuilder
     load_all()
     b = NodeBuilder(SimpleNamespace(device=None))

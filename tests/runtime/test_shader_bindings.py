@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.runtime.spirv_reflect import Module
-from vkdelegate.backend.registry import load_all
+from vkdelegate.ops.registry import load_all
 from vkdelegate.runtime.param_block import STRUCTS, ParamBlock
 from vkdelegate.shaders.bindings import binding_defines, bindings_of
 from vkdelegate.shaders.compiler import default_compiler

@@ -1,7 +1,7 @@
 """ShaderCompiler: errors name file and line; the disk cache hits and is keyed right."""
 import pytest
 
-from vkdelegate.backend.registry import load_all
+from vkdelegate.ops.registry import load_all
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.shaders.compiler import GLSL_DIR, ShaderCompiler
 from vkdelegate.shaders.variants import all_variants

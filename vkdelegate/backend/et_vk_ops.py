@@ -5,7 +5,7 @@
 may be None). A lowering pass that fuses conv + relu/hardtanh/clamp creates it; the
 CPU kernel here (convolution, then clamp) is what eager execution and the CPU glue
 run, and the fake kernel gives export its output shape. The Vulkan implementation is
-registered in ``vkdelegate.backend.ops.convolution``.
+registered in ``vkdelegate.ops.families.convolution``.
 
 Importing this module defines the ops once per process (``ensure_defined`` is
 idempotent, so an ExecuTorch install that already defines them is left alone).

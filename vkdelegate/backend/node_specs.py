@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from vkdelegate.backend.registry import NodeSpec, TensorSpec
+from vkdelegate.ops.registry import NodeSpec, TensorSpec
 from vkdelegate.errors import VkDelegateError
 
 #: torch dtype -> the numpy dtype names used across vkdelegate. Dtypes missing here

@@ -16,7 +16,7 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from vkdelegate.backend import registry
+from vkdelegate.ops import registry
 from vkdelegate.backend.node_specs import node_spec
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import NodeDecision, PartitionReport

@@ -22,7 +22,7 @@ import torch
 from vkdelegate.backend import glue_ops
 from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
-from vkdelegate.backend.load_checks import DeclaredValues, check_node
+from vkdelegate.ops.load_checks import DeclaredValues, check_node
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk

@@ -17,7 +17,7 @@ from vkdelegate.errors import VkDelegateError
 def run(args) -> int:
     from tqdm import tqdm
 
-    from vkdelegate.backend.registry import load_all
+    from vkdelegate.ops.registry import load_all
     from vkdelegate.shaders.bindings import binding_defines
     from vkdelegate.shaders.compiler import ShaderCompiler
     from vkdelegate.shaders.variants import all_variants

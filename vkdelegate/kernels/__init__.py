@@ -1,6 +1,6 @@
-"""Kernels shared by several op families (vkdelegate/backend/ops/).
+"""Kernels shared by several op families (vkdelegate/ops/families/).
 
-An op family (one module under backend/ops/) registers its ops and records their
+An op family (one module under ops/families/) registers its ops and records their
 dispatches; the pieces more than one family needs live here, public and documented,
 so that families import kernels and never each other (tests/backend/test_layering.py
 checks it):

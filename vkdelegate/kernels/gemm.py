@@ -12,12 +12,12 @@ Three shaders, plus one path of a fourth:
   form for K past llvmpipe's loop budget.
 - conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
   output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
-  budget): chosen here, declared and recorded by backend/ops/convolution.py, which
+  budget): chosen here, declared and recorded by ops/families/convolution.py, which
   owns the rest of that shader.
 
 ``select`` is the one place that decides which shader and form a product gets;
 ``mm`` and ``matmul`` record it. fp32 and fp16 data, accumulated in fp32. Torch-free;
-registers no op (the op families in backend/ops/matmul.py and linear.py do).
+registers no op (the op families in ops/families/matmul.py and linear.py do).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Partition-time support rules and shape functions shared by several op families.
 
-A rule takes a NodeSpec (backend/registry.py) and returns None when the node can run
+A rule takes a NodeSpec (ops/registry.py) and returns None when the node can run
 here, or the reason it cannot (a string the partitioner reports); families list them
 in their OpSpec ``rules``. A shape function (OpSpec ``shape_fn``) takes the node's
 arguments (TensorSpecs and Python values, output excluded) and returns the output

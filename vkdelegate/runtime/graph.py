@@ -10,7 +10,7 @@ metadata uniform buffers are rewritten) and never a re-recording: ``recordings``
 how often the main command buffer was recorded (always 1).
 
 How to add an op: docs/RUNTIME.md, section "How to add an op". In short, an op is an
-``OpSpec(name, dtypes, impl, shape_fn)`` registered in vkdelegate/backend/ops/<family>.py;
+``OpSpec(name, dtypes, impl, shape_fn)`` registered in vkdelegate/ops/families/<family>.py;
 ``impl(b: NodeBuilder, node: OperatorCall) -> None`` declares dispatches with
 ``b.dispatch(shader, defines, outputs, inputs, params, global_size, local_size)``;
 ``shape_fn(args) -> tuple | list[tuple]`` gets the node's arguments without the output
@@ -58,7 +58,7 @@ class DelegateGraph(DeviceState):
     weight packing are the slow steps of a first load). limits: the resource budget
     (``vkdelegate.limits.LoadLimits``; None: the defaults). ops: the OpTable the nodes
     are looked up and checked in (runtime/op_table.py; None: every registered op, with
-    ``vkdelegate.backend.load_checks``).
+    ``vkdelegate.ops.load_checks``).
     Raises VkDelegateError on malformed graphs, unsupported ops, declared output sizes
     that differ from the op's (the table's ``check_nodes``), device limits;
     ResourceLimitError for a graph over ``limits``. All of these are checked before

@@ -1,8 +1,8 @@
 """``OpTable``: what the runtime needs to know of operators, handed in by the caller.
 
-The runtime does not import the operator registry (vkdelegate/backend/registry.py) or
+The runtime does not import the operator registry (vkdelegate/ops/registry.py) or
 the op families: a ``DelegateGraph`` gets its ops through an ``OpTable``, and the
-default table is built outside runtime/ (``vkdelegate.backend.runtime_ops``), imported
+default table is built outside runtime/ (``vkdelegate.ops.default_table``), imported
 only when no table is passed. So ``import vkdelegate.runtime`` and a graph built
 through an injected table import neither torch nor any vkdelegate.backend module.
 """
@@ -15,7 +15,7 @@ from vkdelegate.serialization import vkgraph as g
 
 
 class RuntimeOp(Protocol):
-    """One op as the runtime uses it (``vkdelegate.backend.registry.OpSpec`` is one).
+    """One op as the runtime uses it (``vkdelegate.ops.registry.OpSpec`` is one).
 
     impl: ``impl(b: NodeBuilder, node: OperatorCall) -> None`` declares the node's
     dispatches at load. shape_fn: ``shape_fn(args) -> tuple | list[tuple]``, the output
@@ -32,7 +32,7 @@ class OpTable:
     """lookup: op name -> RuntimeOp; raises VkDelegateError naming an unknown op.
     check_nodes: ``check_nodes(graph, lookup) -> list[RuntimeOp]``, one per node of
     ``graph.chain`` in order: the load-time checks of an untrusted graph's nodes (the
-    default is ``vkdelegate.backend.load_checks.check_nodes``: rules and declared output
+    default is ``vkdelegate.ops.load_checks.check_nodes``: rules and declared output
     sizes); raises VkDelegateError naming the first bad node. Called before anything
     is allocated or compiled."""
 
@@ -49,6 +49,6 @@ def resolve_ops(ops: OpTable | None) -> OpTable:
     checks) when None. The one place the runtime reaches outside itself, lazily."""
     if ops is not None:
         return ops
-    from vkdelegate.backend.runtime_ops import default_op_table
+    from vkdelegate.ops.default_table import default_op_table
 
     return default_op_table()

@@ -24,5 +24,5 @@ def declare(shader: str, defines: Mapping[str, str]) -> None:
 
 
 def all_variants() -> list[tuple[str, dict]]:
-    """Every declared variant (after ``vkdelegate.backend.registry.load_all()``)."""
+    """Every declared variant (after ``vkdelegate.ops.registry.load_all()``)."""
     return [_VARIANTS[k] for k in sorted(_VARIANTS)]

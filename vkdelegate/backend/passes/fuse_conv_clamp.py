@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from vkdelegate.backend import registry
+from vkdelegate.ops import registry
 
 aten = torch.ops.aten
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
 from vkdelegate.kernels.elementwise import category, load_define, promote
-from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
 from vkdelegate.runtime.param_block import ParamBlock

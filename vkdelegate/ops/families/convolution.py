@@ -22,7 +22,7 @@ import numpy as np
 from vkdelegate.kernels import gemm, loop_limit
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.kernels.workgroup import workgroup_for
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings

@@ -10,7 +10,7 @@ from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affi
                                             around, contiguous_strides, merged)
 from vkdelegate.kernels.dims import wrap_dim
 from vkdelegate.kernels.rules import same_dtype
-from vkdelegate.backend.registry import OpSpec, register
+from vkdelegate.ops.registry import OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
 

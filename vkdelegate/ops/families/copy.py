@@ -6,7 +6,7 @@ integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``.
 """
 from __future__ import annotations
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels.affine_copy import MOVE_DTYPES, declare_copy, flat_impl
 from vkdelegate.kernels.rules import same_dtype, same_shape
 

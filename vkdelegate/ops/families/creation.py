@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from vkdelegate.kernels.rules import scalar_reason
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock

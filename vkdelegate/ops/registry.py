@@ -6,7 +6,7 @@ Both sides read the same declaration (docs/DESIGN.md section 2):
   that records the op's dispatches.
 
 This module imports neither torch nor Vulkan. Op families register themselves from
-``vkdelegate.backend.ops``; ``load_all()`` imports them.
+``vkdelegate.ops.families``; ``load_all()`` imports them.
 
 A rule is a small function ``rule(node: NodeSpec) -> str | None``: ``None`` means
 supported, a string is the reason the node stays on the CPU. All rules of an op run
@@ -84,7 +84,7 @@ class OpSpec:
         (signature defined in ``vkdelegate.runtime.graph``); None if not resizable.
     load_shape_fn: for an op that is not resizable (``shape_fn`` None), its output
         sizes from the declared arguments, for the load-time check of a blob's declared
-        sizes (``vkdelegate.backend.load_checks``); an op with neither is refused at load.
+        sizes (``vkdelegate.ops.load_checks``); an op with neither is refused at load.
     rules: extra argument checks, each returning None or a reason string.
     max_rank: largest tensor rank accepted.
     notes: one line for the coverage table (docs/OPS.md).
@@ -153,6 +153,6 @@ def lookup(name: str) -> OpSpec:
 
 def load_all() -> dict[str, OpSpec]:
     """Import every op family so that the registry is complete."""
-    import vkdelegate.backend.ops  # noqa: F401  (registers on import)
+    import vkdelegate.ops.families  # noqa: F401  (registers on import)
 
     return REGISTRY

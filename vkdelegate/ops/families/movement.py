@@ -18,7 +18,7 @@ from vkdelegate.kernels.affine_copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPl
                                             flat_impl, merged, runs)
 from vkdelegate.kernels.dims import wrap_dim
 from vkdelegate.kernels.rules import same_dtype, same_shape
-from vkdelegate.backend.registry import REGISTRY, NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
 

@@ -18,7 +18,7 @@ data-movement family.
 """
 from __future__ import annotations
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import gemm
 from vkdelegate.kernels.rules import same_dtype
 

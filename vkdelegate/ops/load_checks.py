@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, lookup
+from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, lookup
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization import vkgraph as g
 

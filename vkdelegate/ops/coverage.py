@@ -1,9 +1,9 @@
 """The operator coverage table (docs/OPS.md), generated from the registry.
 
-    python -m vkdelegate.backend.ops_table            # rewrite docs/OPS.md
-    python -m vkdelegate.backend.ops_table --check    # exit 1 if it is out of date
+    python -m vkdelegate.ops.coverage            # rewrite docs/OPS.md
+    python -m vkdelegate.ops.coverage --check    # exit 1 if it is out of date
 
-One section per op family (the module under ``vkdelegate.backend.ops`` that registers
+One section per op family (the module under ``vkdelegate.ops.families`` that registers
 the op), one row per ATen overload: accepted dtypes (per-argument overrides after
 them), whether the op runs on resized inputs (dynamic shapes), the largest rank and
 the OpSpec's notes. Torch-free. tests/ops/test_ops_table.py fails when the committed
@@ -18,14 +18,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from vkdelegate.backend.registry import OpSpec, load_all
+from vkdelegate.ops.registry import OpSpec, load_all
 
 #: docs/OPS.md in a source checkout.
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "docs" / "OPS.md"
 
 HEADER = """# Supported operators
 
-Generated from the operator registry by `python -m vkdelegate.backend.ops_table`; do
+Generated from the operator registry by `python -m vkdelegate.ops.coverage`; do
 not edit by hand (a test checks that this file is current).
 
 Every op below runs on Vulkan when its node's dtypes, rank and arguments pass the op's
@@ -52,9 +52,9 @@ regenerate this file.
 
 
 def family(spec: OpSpec) -> str:
-    """The op family: the registering module's name under vkdelegate.backend.ops."""
+    """The op family: the registering module's name under vkdelegate.ops.families."""
     module = getattr(spec.impl, "__module__", "") or ""
-    return module.rsplit(".", 1)[-1] if module.startswith("vkdelegate.backend.ops.") \
+    return module.rsplit(".", 1)[-1] if module.startswith("vkdelegate.ops.families.") \
         else "other"
 
 
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     if args.check:
         current = args.path.read_text() if args.path.exists() else None
         if current != text:
-            print(f"{args.path} is out of date: run python -m vkdelegate.backend.ops_table",
+            print(f"{args.path} is out of date: run python -m vkdelegate.ops.coverage",
                   file=sys.stderr)
             return 1
         return 0

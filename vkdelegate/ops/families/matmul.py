@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import gemm
 from vkdelegate.kernels.rules import same_dtype
 

@@ -16,7 +16,7 @@ Resizable: output sizes follow the input when they come from scale factors.
 from __future__ import annotations
 
 from vkdelegate.kernels.plane_grid import plane_grid
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings

@@ -12,7 +12,7 @@ from __future__ import annotations
 from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, PAD, CopyDim, CopyPlan,
                                             affine_copy, contiguous_strides, merged, runs)
 from vkdelegate.kernels.rules import same_dtype, scalar_reason
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import acc_type
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from vkdelegate.backend.registry import NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels.rules import same_shape
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vkdelegate.backend.load_checks import check_nodes
-from vkdelegate.backend.registry import lookup
+from vkdelegate.ops.load_checks import check_nodes
+from vkdelegate.ops.registry import lookup
 from vkdelegate.runtime.op_table import OpTable
 
 

@@ -17,7 +17,7 @@ import math
 
 from vkdelegate.kernels.affine_copy import MOVE_DTYPES
 from vkdelegate.kernels.dims import wrap_dim
-from vkdelegate.backend.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
