@@ -123,6 +123,27 @@ def test_remove_noop_copies_keeps_returned_clone():
     assert not remove_noop_copies(pg)           # nothing left to remove
 
 
+def test_static_dtype_asserts_are_removed_and_others_kept():
+    class M(torch.nn.Module):
+        def forward(self, x, mask):
+            keep = mask.to(torch.bool)            # export: _assert_tensor_metadata + copy
+            return x.masked_fill(~keep, 0.0) * 2
+
+    x, mask = torch.randn(2, 5), torch.tensor([[1, 0, 1, 1, 0], [0, 0, 1, 0, 1]])
+    pg = from_exported_program(torch.export.export(M(), (x, mask)))
+    asserts = [n for n in pg.gm.graph.nodes if n.target == aten._assert_tensor_metadata.default]
+    assert asserts, "export no longer emits _assert_tensor_metadata for .to(dtype)"
+    # An assert on a dtype the value does not have must stay (it would raise).
+    with pg.gm.graph.inserting_after(asserts[0]):
+        wrong = pg.gm.graph.call_function(aten._assert_tensor_metadata.default,
+                                          (asserts[0].args[0], None, None, torch.float16))
+    assert remove_noop_copies(pg)
+    left = [n for n in pg.gm.graph.nodes if n.target == aten._assert_tensor_metadata.default]
+    assert left == [wrong]
+    pg.gm.graph.erase_node(wrong)
+    torch.testing.assert_close(_run(pg, x, mask)[0], M()(x, mask))
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_fold_batch_norm_into_decomposed_linear(bias, monkeypatch):
     # Without aten.linear in the registry the layer stays addmm/mm(x, permute(w)).

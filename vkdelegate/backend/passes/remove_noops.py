@@ -1,8 +1,14 @@
-"""Remove clones and copies that do not change a value.
+"""Remove clones and copies that do not change a value, and dtype-only metadata asserts.
 
 ``clone``, ``alias`` and a ``_to_copy`` to the same dtype and device only cost a copy
 on whichever device runs them. A node whose result is returned from the program is
 kept: eager would return a distinct tensor, and the caller may mutate it.
+
+``aten._assert_tensor_metadata(t, size=None, stride=None, dtype=D)`` is what export
+leaves of a ``.to(D)`` (HF models write ``mask.to(torch.bool)``). A tensor's dtype is
+fixed by the exported graph, so when the node's value already has dtype D the assert
+holds on every call; it is removed, and with it a CPU island between two partitions.
+Asserts on sizes or strides, or on a device or layout the value does not have, are kept.
 """
 from __future__ import annotations
 
@@ -33,10 +39,32 @@ def _is_noop(node: torch.fx.Node) -> bool:
     return False
 
 
+def _is_static_dtype_assert(node: torch.fx.Node) -> bool:
+    """An ``_assert_tensor_metadata`` that only checks a dtype the value has statically."""
+    if node.op != "call_function" or node.target != aten._assert_tensor_metadata.default:
+        return False
+    names = ("a", "size", "stride", "dtype")
+    bound = dict(zip(names, node.args)) | dict(node.kwargs)
+    src = bound.get("a")
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    extra = set(bound) - set(names) - {"device", "layout"}
+    if val is None or extra or bound.get("device", val.device) != val.device \
+            or bound.get("layout", val.layout) != val.layout:
+        return False
+    return (bound.get("size") is None
+            and bound.get("stride") is None and bound.get("dtype") == val.dtype
+            and not node.users)
+
+
 def remove_noop_copies(pg) -> bool:
-    """Replace no-op clone/alias/_to_copy nodes by their input; True if any removed."""
+    """Replace no-op clone/alias/_to_copy nodes by their input and drop dtype asserts
+    that hold statically; True if any removed."""
     changed = False
     for node in list(pg.gm.graph.nodes):
+        if _is_static_dtype_assert(node):
+            pg.gm.graph.erase_node(node)
+            changed = True
+            continue
         if not _is_noop(node):
             continue
         if any(user.op == "output" for user in node.users):
