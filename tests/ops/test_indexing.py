@@ -1,4 +1,4 @@
-"""index_select, embedding, index.Tensor (one index tensor) and gather against eager:
+"""index_select, embedding, index.Tensor (1-4 index tensors) and gather against eager:
 negative indices, int32 and int64 indices, every data dtype, resizes."""
 import pytest
 import torch
@@ -47,17 +47,64 @@ def test_index_tensor(fn, index):
     check_op(fn, (rand(5, 7, 3), index), ops=["aten.index.Tensor"])
 
 
-def test_index_with_two_index_tensors_stays_on_cpu():
-    from vkdelegate import VulkanPartitioner
+@pytest.mark.parametrize("fn, indices", [
+    (lambda x, i, j: x[i, j], (_idx(0, 4, -1), _idx(2, -7, 6))),           # same shapes
+    (lambda x, i, j: x[i[:, None], j], (_idx(1, 3), _idx(0, 6, 2))),       # outer product
+    (lambda x, i, j: x[:, i, j], (_idx(0, 1, 2, 0).reshape(2, 2), _idx(1))),
+    (lambda x, i, j, k: x[i, j, k], (_idx(4, 0), _idx(0, 6), _idx(-1, 1))),
+], ids=["same_shape", "broadcast_outer", "leading_slice", "three"])
+def test_index_tensor_with_several_index_tensors(fn, indices):
+    check_op(fn, (rand(5, 7, 3), *indices), ops=["aten.index.Tensor"])
+
+
+def test_index_tensor_padding_mask_pattern_with_resize():
+    """HF's sdpa padding mask: mask[batch_idx[:, None, None, None], kv_idx[None, None,
+    None, :]], with dynamic batch and length; int32 indices; bool data."""
+    def fn(mask):
+        n, length = mask.shape
+        b = torch.arange(n)[:, None, None, None]
+        kv = torch.arange(length)[None, None, None, :]
+        return mask.bool()[b, kv]
+    n, length = Dim("n", min=1, max=6), Dim("length", min=2, max=40)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    check_op(fn, (mask,), ops=["aten.index.Tensor"], dynamic_shapes=({0: n, 1: length},),
+             resize_inputs=[(torch.randint(0, 2, (6, 33)),), (torch.ones(1, 2, dtype=torch.int64),)])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_index_tensor_several_indices_every_dtype(dtype):
+    check_op(lambda x, i, j: x[i[:, None], j],
+             (rand(5, 7, dtype=dtype), _idx(4, 0, dtype=torch.int32),
+              _idx(6, 0, 1, dtype=torch.int32)),
+             ops=["aten.index.Tensor"], rtol=0, atol=0)
+
+
+def test_index_tensor_several_indices_out_of_range_raises():
+    from vkdelegate import VulkanPartitioner, to_backend
+    from vkdelegate.errors import VkDelegateError
 
     class TwoIndices(torch.nn.Module):
         def forward(self, x, i, j):
             return x[i, j]
-    ep = torch.export.export(TwoIndices(), (rand(5, 7), _idx(0, 1), _idx(2, 3)))
+    x, i, j = rand(5, 7), _idx(0, 1), _idx(2, 3)
+    program = to_backend(torch.export.export(TwoIndices(), (x, i, j)), VulkanPartitioner())
+    assert not program.methods["forward"].report.cpu_nodes
+    torch.testing.assert_close(program(x, i, j), x[i, j])
+    with pytest.raises(VkDelegateError, match="out of range for dims 0..1"):
+        program(x, i, _idx(2, 7))
+
+
+def test_index_tensor_on_separated_dims_stays_on_cpu():
+    from vkdelegate import VulkanPartitioner
+
+    class Separated(torch.nn.Module):
+        def forward(self, x, i, j):
+            return x[i, :, j]
+    ep = torch.export.export(Separated(), (rand(5, 7, 3), _idx(0, 1), _idx(2, 0)))
     report = VulkanPartitioner().report(ep.run_decompositions())
     reasons = [d.reasons for d in report.cpu_nodes if d.op == "aten.index.Tensor"]
-    assert reasons == [["index.Tensor with 2 index tensors (only one index tensor is "
-                        "supported)"]]
+    assert reasons == [["index.Tensor with index tensors on dims [0, 2], which are not "
+                        "consecutive"]]
 
 
 @pytest.mark.parametrize("shape, dim, index_shape", [

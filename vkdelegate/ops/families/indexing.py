@@ -4,8 +4,10 @@ index_select, embedding and index.Tensor with ONE index tensor all pick whole ro
 along one dim: the input viewed as [outer, size, inner], the output as
 [outer, count, inner] (index_rows.glsl). index.Tensor is what torch.export emits for
 ``x[:, idx]`` and for reflection/replication padding (with arange/abs/clamp building
-the indices). Several index tensors (broadcast together) and bool masks (data-dependent
-sizes) stay on the CPU. gather has its own shader. Negative indices count from the end
+the indices). index.Tensor with 2..4 index tensors on consecutive dims, broadcast
+together (``x[rows[:, None], cols]``; HF's padding masks: ``mask[batch_idx, kv_idx]``),
+runs index_broadcast.glsl. Index tensors on separated dims (ATen moves their result
+dims to the front) and bool masks (data-dependent sizes) stay on the CPU. gather has its own shader. Negative indices count from the end
 where ATen allows them (index.Tensor: -size..size-1); index_select, embedding and
 gather take 0..size-1 only, as eager does. An index ATen rejects sets the node's error
 flag (NodeBuilder.error_flag: the run raises VkDelegateError naming the node) and is
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 
 from vkdelegate.kernels.affine_copy import MOVE_DTYPES
+from vkdelegate.kernels.broadcast import broadcast_shape
 from vkdelegate.kernels.dims import wrap_dim
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.errors import VkDelegateError
@@ -116,35 +119,108 @@ def _embedding_rule(node: NodeSpec):
 
 
 # ---- index.Tensor -----------------------------------------------------------------
-def _single_index(indices) -> tuple[int, object]:
-    """(dim, index) of the one non-None entry of an index.Tensor indices list."""
-    found = [(d, t) for d, t in enumerate(indices) if t is not None]
-    if len(found) != 1:
-        raise VkDelegateError(f"index.Tensor with {len(found)} index tensors")
-    return found[0]
+#: index.Tensor's index tensors at most, and the rank of their broadcast shape at most.
+MAX_INDEX_TENSORS = 4
+BROADCAST_PARAMS = ParamBlock("index_broadcast_block", [
+    ("info", "ivec4"),      # x: out numel, y: inner, z: K, w: error-flag word
+    ("bshape", "ivec4"),    # broadcast index shape B, outermost first, leading 1s
+    ("sizes", "ivec4"),     # sizes of the indexed dims of x
+    ("strides0", "ivec4"), ("strides1", "ivec4"), ("strides2", "ivec4"),
+    ("strides3", "ivec4")])
+
+
+@shader_bindings("index_broadcast")
+def _broadcast_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "error_flags"),
+                    inputs=("in_data", "index0", "index1", "index2", "index3"),
+                    params=(BROADCAST_PARAMS,))
+
+
+def _index_tensors(indices) -> tuple[int, list]:
+    """(d, tensors): the first indexed dim and the index tensors of an index.Tensor
+    indices list (None entries are whole dims). VkDelegateError unless the tensors sit
+    on consecutive dims (ATen moves the result dims of separated index tensors to the
+    front, which this op does not do) and there are 1..MAX_INDEX_TENSORS of them."""
+    dims = [d for d, t in enumerate(indices) if t is not None]
+    if not dims or len(dims) > MAX_INDEX_TENSORS:
+        raise VkDelegateError(f"index.Tensor with {len(dims)} index tensors (1 to "
+                              f"{MAX_INDEX_TENSORS} are supported)")
+    if dims != list(range(dims[0], dims[0] + len(dims))):
+        raise VkDelegateError(f"index.Tensor with index tensors on dims {dims}, which are "
+                              "not consecutive")
+    return dims[0], [indices[d] for d in dims]
+
+
+def _index_broadcast_shape(tensors) -> tuple:
+    """The broadcast shape of the index tensors' shapes (VkDelegateError if none)."""
+    shape = ()
+    for t in tensors:
+        shape = broadcast_shape(shape, tuple(t.shape))
+    return shape
 
 
 def _index_shape(args):
     x, indices = args
-    d, index = _single_index(indices)
-    return tuple(x.shape[:d]) + tuple(index.shape) + tuple(x.shape[d + 1:])
+    d, tensors = _index_tensors(indices)
+    return tuple(x.shape[:d]) + _index_broadcast_shape(tensors) + tuple(x.shape[d + len(tensors):])
+
+
+def _index_broadcast_pack(out, x, tensors, d: int, flag) -> bytes:
+    """The index_broadcast parameter block for the current sizes."""
+    k = len(tensors)
+    bshape = _index_broadcast_shape(tensors)
+    pad = (1,) * (4 - len(bshape)) + bshape
+    strides = []
+    for t in tensors:
+        shape = (1,) * (4 - t.ndim) + tuple(t.shape)
+        step, row = 1, [0] * 4
+        for dim in range(3, -1, -1):
+            row[dim] = step if shape[dim] != 1 else 0
+            step *= shape[dim]
+        strides.append(row)
+    strides += [[0] * 4] * (MAX_INDEX_TENSORS - k)
+    sizes = list(x.shape[d:d + k]) + [1] * (MAX_INDEX_TENSORS - k)
+    inner = math.prod(x.shape[d + k:])
+    return BROADCAST_PARAMS.pack(info=[out.numel, max(inner, 1), k, flag.slot],
+                                 bshape=list(pad), sizes=sizes, strides0=strides[0],
+                                 strides1=strides[1], strides2=strides[2],
+                                 strides3=strides[3])
 
 
 def _index_impl(b, node):
     x_id, indices_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
     try:
-        d, index = _single_index(b.value(indices_id))
+        d, tensors = _index_tensors(b.value(indices_id))
     except VkDelegateError as exc:
         raise b.error(str(exc)) from None
-    _rows(b, out, x, index, d, allow_negative=True)
+    if len(tensors) == 1:
+        _rows(b, out, x, tensors[0], d, allow_negative=True)
+        return
+    if len({t.dtype for t in tensors}) != 1:
+        raise b.error("index.Tensor with index tensors of different dtypes")
+    flag = b.error_flag(lambda: (f"an index is out of range for dims {d}..{d + len(tensors) - 1}"
+                                 f" of sizes {list(x.shape[d:d + len(tensors)])}"))
+    params = b.params(_index_broadcast_pack(out, x, tensors, d, flag))
+    b.on_resize(lambda: params.write(_index_broadcast_pack(out, x, tensors, d, flag)))
+    bound = tensors + [tensors[0]] * (MAX_INDEX_TENSORS - len(tensors))
+    b.dispatch("index_broadcast", _defines(out, x, tensors[0], out.dtype),
+               outputs=[out, flag], inputs=[x, *bound], params=[params],
+               global_size=(out.max_numel,))
 
 
 def _index_rule(node: NodeSpec):
-    tensors = [t for t in node.args[1] if isinstance(t, TensorSpec)]
-    if len(tensors) != 1 or len([t for t in node.args[1] if t is not None]) != 1:
-        return (f"index.Tensor with {len(tensors)} index tensors (only one index tensor "
-                f"is supported)")
+    indices = node.args[1]
+    if any(t is not None and not isinstance(t, TensorSpec) for t in indices):
+        return "index.Tensor with an index that is not a tensor"
+    try:
+        _, tensors = _index_tensors(indices)
+        if len(_index_broadcast_shape(tensors)) > 4:
+            return "index.Tensor whose index tensors broadcast to more than 4 dims"
+    except VkDelegateError as exc:
+        return str(exc)
+    if len({t.dtype for t in tensors}) != 1:
+        return "index.Tensor with index tensors of different dtypes"
     return None
 
 
@@ -186,8 +262,8 @@ _register("aten.embedding.default", _embedding_impl, _embedding_shape, 1,
           notes="forward only (padding_idx has no effect); out-of-range indices raise "
                 "after the run")
 _register("aten.index.Tensor", _index_impl, _index_shape, 1, rules=(_index_rule,),
-          notes="one index tensor (x[:, idx]); reflection/replication pad; out-of-range "
-                "indices raise after the run")
+          notes="1-4 index tensors on consecutive dims, broadcast together (x[:, idx], "
+                "x[i[:, None], j]); out-of-range indices raise after the run")
 _register("aten.gather.default", _gather_impl, _gather_shape, 2,
           index_dtypes=frozenset({"int64"}), rules=(_gather_rule,),
           notes="any dim; out-of-range indices raise after the run")
@@ -196,5 +272,5 @@ for _profile in STORAGE_PROFILES:
     for _dt in MOVE_DTYPES:
         for _it in INDEX_DTYPES:
             _ddt, _dit = device_dtype(_dt, _profile), device_dtype(_it, _profile)
-            for _shader in ("index_rows", "gather"):
+            for _shader in ("index_rows", "gather", "index_broadcast"):
                 declare(_shader, _defines((_dt, _ddt), (_dt, _ddt), (_it, _dit), _dt))

@@ -3,7 +3,7 @@
 #include "common.h"
 
 // out[i] = start + i * step: arange, and full / full_like with step 0
-// (vkdelegate/backend/ops/creation.py). Float outputs compute in fp32 from the
+// (vkdelegate/ops/families/creation.py). Float outputs compute in fp32 from the
 // float row, integer outputs in int32 from the int row (the host has already converted
 // the values to the output dtype, so int8/uint8/bool fills need no wrapping here).
 // Defines: OUT_T, OUT_STORE(v) (storage), ACC_FLOAT for float outputs.

@@ -9,7 +9,7 @@
 // (float or int: the computation type), ACC_FLOAT (set for float math), A_LOAD(v) and
 // B_LOAD(v) (storage value -> ACC_T; integer storage reaches float math through int,
 // as 8-bit storage only converts to 32-bit ints), OP_EXPR (expression in a, b and
-// ALPHA, e.g. "a + ALPHA * b"; one entry per op in vkdelegate/backend/ops/binary.py).
+// ALPHA, e.g. "a + ALPHA * b"; one entry per op in vkdelegate/ops/families/binary.py).
 // Inputs broadcast on any axis: a dim of size 1 (or missing) repeats; the host's
 // broadcast plan (broadcast_plan.h) maps the output index to input offsets. One
 // invocation per output element; the grid is sized for the upper bound, the current

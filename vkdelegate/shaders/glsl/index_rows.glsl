@@ -4,7 +4,7 @@
 #include "index_check.h"
 
 // Rows picked by an index tensor along one dim: index_select, embedding and
-// index.Tensor with one index tensor (vkdelegate/backend/ops/indexing.py).
+// index.Tensor with one index tensor (vkdelegate/ops/families/indexing.py).
 // The input is viewed as [outer, size, inner] around the indexed dim, the output as
 // [outer, count, inner] with count = numel of the index tensor:
 //   out[o, j, k] = in[o, index[j], k]

@@ -6,7 +6,7 @@
 // Elementwise unary op: out = OP_EXPR(x). Defines: OUT_T, IN_T (storage types),
 // OUT_STORE(v), ACC_T (float or int; ACC_FLOAT set for float), OP_EXPR (an expression
 // in x of type ACC_T and the scalar parameters P0..P3, one line per op in
-// vkdelegate/backend/ops/unary.py), HAS_PARAMS when the op has scalar parameters.
+// vkdelegate/ops/families/unary.py), HAS_PARAMS when the op has scalar parameters.
 // In and out have the same sizes.
 
 TENSOR_OUT(out_data, OUT_T)
