@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from vkdelegate.errors import VkDelegateError
 
 #: Tokens per sentence at most (sentence_bert_config.json's max_seq_length).
@@ -67,25 +69,27 @@ def tokenize(tokenizer, sentences: list[str]) -> tuple:
     return enc["input_ids"], enc["attention_mask"]
 
 
-def load_model(path: str | Path | None = None):
-    """The sentence encoder as a ``torch.nn.Module`` in eval mode:
-    ``(input_ids, attention_mask)`` int64 (N, L) -> float32 (N, 384) unit vectors."""
-    import torch
+class SentenceEncoder(torch.nn.Module):
+    """BERT -> masked mean over tokens -> L2 normalisation, as sentence-transformers
+    computes for this model. ``bert``: a ``transformers.BertModel``. forward:
+    ``(input_ids, attention_mask)`` int64 (N, L) -> float32 (N, hidden) unit vectors."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                           token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
+def load_model(path: str | Path | None = None) -> SentenceEncoder:
+    """The sentence encoder with the checkpoint's weights, in eval mode (attention
+    through ``F.scaled_dot_product_attention``, transformers' "sdpa")."""
     from transformers import AutoModel
-
-    class SentenceEncoder(torch.nn.Module):
-        """BERT -> masked mean over tokens -> L2 normalisation (sentence-transformers)."""
-
-        def __init__(self, bert):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids, attention_mask):
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
     bert = AutoModel.from_pretrained(str(model_dir(path)), attn_implementation="sdpa")
     return SentenceEncoder(bert).eval()
@@ -94,8 +98,6 @@ def load_model(path: str | Path | None = None):
 def export(model, tokenizer, dynamic: bool = True):
     """``torch.export`` of ``model`` on a two-sentence example, with a dynamic batch
     (1..MAX_BATCH) and sequence length (2..MAX_TOKENS) when ``dynamic``."""
-    import torch
-
     ids, mask = tokenize(tokenizer, ["an example sentence", "and a second, longer one"])
     shapes = None
     if dynamic:
