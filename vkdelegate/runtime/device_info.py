@@ -30,6 +30,12 @@ _TYPE_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4
 API_VERSION_1_2 = vk.VK_MAKE_VERSION(1, 2, 0)
 
 
+def _feature(name: str) -> property:
+    """A read-only flag: whether the capability table has Vulkan feature ``name``."""
+    return property(lambda self: name in self.capabilities.features,
+                    doc=f"Whether the device has {name} (Capabilities.features).")
+
+
 @dataclass
 class DeviceInfo:
     """What matters for compute about one physical device (see ``vkdelegate devices``).
@@ -57,33 +63,16 @@ class DeviceInfo:
     timestamp_period_ns: float = 0.0
     extensions: frozenset = frozenset()
 
-    @property
-    def storage_16bit(self) -> bool:
-        return "storageBuffer16BitAccess" in self.capabilities.features
-
-    @property
-    def storage_8bit(self) -> bool:
-        return "storageBuffer8BitAccess" in self.capabilities.features
-
-    @property
-    def float16_arith(self) -> bool:
-        return "shaderFloat16" in self.capabilities.features
-
-    @property
-    def int8_arith(self) -> bool:
-        return "shaderInt8" in self.capabilities.features
-
-    @property
-    def cooperative_matrix(self) -> bool:
-        return "cooperativeMatrix" in self.capabilities.features
-
-    @property
-    def subgroup_size(self) -> int:
-        return self.capabilities.subgroup_size
-
-    @property
-    def max_storage_buffer_range(self) -> int:
-        return self.capabilities.max_storage_buffer_range
+    storage_16bit = _feature("storageBuffer16BitAccess")
+    storage_8bit = _feature("storageBuffer8BitAccess")
+    float16_arith = _feature("shaderFloat16")
+    int8_arith = _feature("shaderInt8")
+    cooperative_matrix = _feature("cooperativeMatrix")
+    subgroup_size = property(lambda self: self.capabilities.subgroup_size,
+                             doc="Capabilities.subgroup_size (invocations).")
+    max_storage_buffer_range = property(
+        lambda self: self.capabilities.max_storage_buffer_range,
+        doc="Capabilities.max_storage_buffer_range (bytes).")
 
 
 def text(x) -> str:
