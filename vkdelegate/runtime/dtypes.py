@@ -1,5 +1,8 @@
 """Tensor dtypes on the device and their conversion at the staging boundary.
 
+The facts (device dtype, GLSL types, stores, features) are rows of the dtype table,
+vkdelegate/dtypes.py; this module reads them for a device or a StorageProfile.
+
 A tensor's *graph dtype* is the one serialized in the VkGraph (numpy name); its *device
 dtype* is how it is stored in its storage buffer:
 
