@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vkdelegate import dtypes
-from vkdelegate.backend import host_budget, node_specs, pte_kernels
+from vkdelegate.backend import creation_ops, host_budget, node_specs, pte_kernels
 from vkdelegate.ops import registry
 from vkdelegate.runtime import dtypes as rdt
 from vkdelegate.serialization import fx_values, memory_planning
@@ -41,6 +41,7 @@ def test_consumers_read_the_table():
     assert registry.ALL_DTYPES == dtypes.GRAPH_DTYPES
     assert registry.FLOAT_DTYPES == {"float32", "float16"}
     assert host_budget.FILE_DTYPES == dtypes.ITEMSIZE
+    assert {n: creation_ops._ITEMSIZE[n] for n in dtypes.TABLE} == dtypes.ITEMSIZE
     assert {vk.VkDataType(w): b for w, b in memory_planning._ITEM_BYTES.items()} == {
         vk.VkDataType[n.upper()]: np.dtype(n).itemsize for n in dtypes.GRAPH_DTYPES}
     assert pte_kernels._DTYPES == dtypes.SCALAR_TYPE_NAMES
