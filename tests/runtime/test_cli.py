@@ -11,10 +11,15 @@ def test_devices_table_and_json(vk_device, capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert vk_device.info.name in out and "max SSBO" in out
+    assert re.search(rf"SPIR-V target +{vk_device.capabilities.target_env}\n", out)
     assert main(["devices", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     mine = next(d for d in listed if d["name"] == vk_device.info.name)
     assert mine["storage_16bit"] == vk_device.info.storage_16bit
+    caps = vk_device.capabilities
+    assert mine["capabilities"]["target_env"] == caps.target_env
+    assert mine["capabilities"]["features"]["storageBuffer8BitAccess"] == \
+        ("storageBuffer8BitAccess" in caps.features)
     assert sum(d["default"] for d in listed) == 1
 
 

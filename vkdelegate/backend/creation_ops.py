@@ -12,13 +12,16 @@ import math
 import numbers
 import sys
 
-#: Bytes per element by dtype name (torch's names and aliases).
+from vkdelegate import dtypes
+
+#: Bytes per element by dtype name: the dtype table's, then torch's other dtypes and
+#: aliases (which no Vulkan op takes, but glue may create).
 _ITEMSIZE = {
-    "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "int16": 2, "short": 2, "uint16": 2, "float16": 2, "half": 2, "bfloat16": 2,
-    "int32": 4, "int": 4, "uint32": 4, "float32": 4, "float": 4, "complex32": 4,
-    "chalf": 4, "int64": 8, "long": 8, "uint64": 8, "float64": 8, "double": 8,
-    "complex64": 8, "cfloat": 8, "complex128": 16, "cdouble": 16,
+    **dtypes.ITEMSIZE,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "short": 2, "uint16": 2, "half": 2,
+    "int": 4, "uint32": 4, "float": 4, "complex32": 4, "chalf": 4, "long": 8,
+    "uint64": 8, "double": 8, "complex64": 8, "cfloat": 8, "complex128": 16,
+    "cdouble": 16,
 }
 _WIDEST = 16  # an unknown dtype is sized as complex128
 

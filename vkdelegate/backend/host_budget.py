@@ -12,12 +12,12 @@ with ``check_host_bytes``. Torch-free.
 """
 from __future__ import annotations
 
+from vkdelegate import dtypes
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, check_limit
 
 #: dtypes a program file may hold -> bytes per element ("bfloat16" only with torch).
-FILE_DTYPES = {"float32": 4, "float16": 2, "float64": 8, "int64": 8, "int32": 4,
-               "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "bfloat16": 2}
+FILE_DTYPES = dtypes.ITEMSIZE
 
 # numpy and torch take sizes as int64; a larger one (even next to a 0) cannot exist.
 _MAX_DIM = 2**63 - 1

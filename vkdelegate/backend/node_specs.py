@@ -10,16 +10,13 @@ import math
 
 import torch
 
+from vkdelegate import dtypes
 from vkdelegate.ops.registry import NodeSpec, TensorSpec
 from vkdelegate.errors import VkDelegateError
 
-#: torch dtype -> the numpy dtype names used across vkdelegate. Dtypes missing here
-#: (bfloat16, complex, ...) keep torch's name, which no op accepts.
-TORCH_TO_NAME = {
-    torch.float32: "float32", torch.float16: "float16", torch.float64: "float64",
-    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
-    torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
-}
+#: torch dtype -> the numpy dtype names used across vkdelegate (vkdelegate.dtypes).
+#: Dtypes missing there (complex, ...) keep torch's name, which no op accepts.
+TORCH_TO_NAME = {getattr(torch, name): name for name in dtypes.TABLE}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from vkdelegate import dtypes
 from vkdelegate.backend import allowed_ops, glue_ops
 from vkdelegate.errors import VkDelegateError
 
@@ -26,8 +27,7 @@ _PRIM_OPERATORS = {f"executorch_prim::{op}.Scalar": f"operator.{op}"
                    for op in ("add", "sub", "mul", "floordiv", "mod")}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*::([a-z_][a-z0-9_]*)(?:\.([A-Za-z][A-Za-z0-9_]*))?$")
 #: torch names of ExecuTorch ScalarType codes (an Int argument of type ScalarType).
-_DTYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16",
-           6: "float32", 7: "float64", 11: "bool", 15: "bfloat16"}
+_DTYPES = dtypes.SCALAR_TYPE_NAMES
 _MEMORY_FORMATS = {0: "contiguous_format", 1: "preserve_format", 2: "channels_last",
                    3: "channels_last_3d"}
 

@@ -3,7 +3,10 @@
 Fills the SPIR-V cache ($VKDELEGATE_CACHE, default ~/.cache/vkdelegate) so that the
 first load of a model does not wait for glslang. Variants already cached are skipped.
 Each variant is compiled twice: with uniform parameter blocks (GPUs) and with
-PARAMS_IN_STORAGE (lavapipe; see vkdelegate.runtime.device.uniform_inlining_driver).
+PARAMS_IN_STORAGE (lavapipe; see vkdelegate.runtime.device.uniform_inlining_driver),
+for the SPIR-V target of the device the runtime would use (its capability table,
+vkdelegate/capabilities.py; variants requiring features it lacks are skipped), or of
+``--target-env``; vulkan1.1 and every variant where no Vulkan device is found.
 """
 from __future__ import annotations
 
@@ -12,6 +15,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.shaders.compiler import TARGET_ENVS
+
+
+def _default_capabilities():
+    """The capability table of the device the runtime would pick, else PORTABLE."""
+    from vkdelegate.capabilities import PORTABLE
+
+    try:
+        from vkdelegate.runtime.device import list_devices
+        from vkdelegate.runtime.device_info import select
+        return select(list_devices(), os.environ.get("VKDELEGATE_DEVICE")).capabilities
+    except (OSError, VkDelegateError):  # no loader, no device
+        return PORTABLE
 
 
 def run(args) -> int:
@@ -25,7 +41,9 @@ def run(args) -> int:
     if args.jobs < 0:
         raise VkDelegateError(f"--jobs must be 0 (CPU count) or more, got {args.jobs}")
     load_all()
-    declared = all_variants()
+    caps = _default_capabilities()
+    target = args.target_env or caps.target_env
+    declared = all_variants(caps)
     unknown = sorted(set(args.shader) - {n for n, _ in declared})
     if unknown:
         raise VkDelegateError(f"no shader named {', '.join(unknown)}; shaders: "
@@ -38,12 +56,13 @@ def run(args) -> int:
     jobs = args.jobs or os.cpu_count() or 1
     # glslang runs as a subprocess, so threads compile in parallel.
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(compiler.compile, name, defines) for name, defines in variants]
+        futures = [pool.submit(compiler.compile, name, defines, target)
+                   for name, defines in variants]
         for fut in tqdm(futures, desc="compiling shaders", unit="variant",
                         disable=True if args.quiet else None):  # None: off without a TTY
             fut.result()
     print(f"{len(variants)} shader variants ready ({compiler.compiled} compiled, "
-          f"{len(variants) - compiler.compiled} cached) in {compiler.cache}")
+          f"{len(variants) - compiler.compiled} cached) in {compiler.cache} for {target}")
     return 0
 
 
@@ -56,5 +75,7 @@ def register(subparsers) -> None:
                    help="parallel glslang processes (default: CPU count)")
     p.add_argument("--shader", action="append", default=[], metavar="NAME",
                    help="only variants of this shader (repeatable)")
+    p.add_argument("--target-env", choices=TARGET_ENVS, default=None,
+                   help="SPIR-V target (default: the device's, see vkdelegate devices)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -3,7 +3,9 @@
 For each device: index (usable as ``VKDELEGATE_DEVICE``), name, type, driver, API
 version, 8/16-bit storage and arithmetic, subgroup size and operations, cooperative
 matrix support and the main compute limits. The device the runtime would pick by
-default is marked with ``*``.
+default is marked with ``*``. Then each device's capability table
+(vkdelegate/capabilities.py): effective API version, SPIR-V target, every Vulkan
+feature the runtime may enable, subgroup size range, cooperative-matrix shapes.
 """
 from __future__ import annotations
 
@@ -31,8 +33,7 @@ def run(args) -> int:
     infos = list_devices()
     chosen = select(infos, None).index if infos else -1
     if args.json:
-        print(json.dumps([dict(asdict(d), extensions=sorted(d.extensions),
-                               default=d.index == chosen) for d in infos], indent=2))
+        print(json.dumps([_as_json(d, chosen) for d in infos], indent=2))
         return 0
     rows = []
     for d in infos:
@@ -52,7 +53,36 @@ def run(args) -> int:
     if not infos:
         print("no Vulkan devices found")
         return 1
+    for d in infos:
+        print(f"\ncapabilities of {d.index}: {d.name}")
+        print(tabulate(_capability_rows(d.capabilities), headers=["capability", "value"]))
     return 0
+
+
+def _capability_rows(caps) -> list:
+    """(name, value) rows of a capability table: versions, features, sizes."""
+    table = caps.as_dict()
+    rows = [["api version (effective)", table["api_version"]],
+            ["SPIR-V target", table["target_env"]]]
+    rows += [[name, _yes(on)] for name, on in table["features"].items()]
+    lo, hi = table["subgroup_size_range"]
+    rows += [["subgroupSize", f"{caps.subgroup_size} (range {lo}..{hi})"],
+             ["maxStorageBufferRange", f"{caps.max_storage_buffer_range} bytes"]]
+    rows += [["cooperative matrix", f"{s.m}x{s.n}x{s.k} {s.a}*{s.b}+{s.c}->{s.result}"]
+             for s in caps.cooperative_matrix_shapes]
+    return rows
+
+
+def _as_json(d, chosen: int) -> dict:
+    """One device as JSON: DeviceInfo's fields, its flags and the capability table."""
+    out = {k: v for k, v in asdict(d).items() if k != "capabilities"}
+    out.update(extensions=sorted(d.extensions), default=d.index == chosen,
+               capabilities=d.capabilities.as_dict(),
+               **{k: getattr(d, k) for k in ("storage_8bit", "storage_16bit",
+                                             "float16_arith", "int8_arith",
+                                             "subgroup_size", "cooperative_matrix",
+                                             "max_storage_buffer_range")})
+    return out
 
 
 def register(subparsers) -> None:

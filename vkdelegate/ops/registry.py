@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from vkdelegate import dtypes
 from vkdelegate.errors import VkDelegateError
 
 #: dtype names used across vkdelegate (numpy's names).
-ALL_DTYPES = frozenset(
-    {"float32", "float16", "int32", "int8", "uint8", "bool", "int64", "float64"})
-FLOAT_DTYPES = frozenset({"float32", "float16"})
+ALL_DTYPES = dtypes.GRAPH_DTYPES
+#: floating dtypes shaders store natively (float64 is stored as float32).
+FLOAT_DTYPES = dtypes.SHADER_FLOAT_DTYPES
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 ``Device`` is the owner of everything device-wide: the instance (with the Khronos
 validation layer and a debug-utils messenger when asked for), the logical device with
-the 8/16-bit storage features enabled where the device has them, one compute queue, a
+every feature of the capability table (vkdelegate/capabilities.py) that the device has
+enabled, and none that it lacks (runtime/device_features.py), one compute queue, a
 command pool and the pipeline cache. ``default_device()`` returns one shared Device per
 selector, because creating an instance and a device costs far more than a graph.
 
@@ -13,14 +14,16 @@ then integrated, then virtual, then CPU device (lavapipe) is used.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
 import vulkan as vk
 
+from vkdelegate.capabilities import MAX_API, Capabilities
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.runtime.device_info import (API_VERSION_1_2, DeviceInfo, describe, select,
-                                            text)
+from vkdelegate.runtime import device_features
+from vkdelegate.runtime.device_info import DeviceInfo, describe, select, text
 from vkdelegate.runtime.vkcall import vk_call
 
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
@@ -49,7 +52,9 @@ def _create_instance(validation: bool):
     app = vk.VkApplicationInfo(
         sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO, pApplicationName="vkdelegate",
         applicationVersion=1, pEngineName="vkdelegate", engineVersion=1,
-        apiVersion=API_VERSION_1_2)
+        # The highest version vkdelegate uses: a device's effective version is the
+        # smaller of this and its own (Capabilities.api_version).
+        apiVersion=vk.VK_MAKE_VERSION(*MAX_API, 0))
     layers = [VALIDATION_LAYER] if validation else []
     extensions = [vk.VK_EXT_DEBUG_UTILS_EXTENSION_NAME] if validation else []
     # Synchronization validation checks every read/write hazard between commands, so
@@ -72,7 +77,7 @@ def list_devices() -> list[DeviceInfo]:
     """Every physical device the Vulkan loader reports, in enumeration order."""
     instance = _create_instance(validation=False)
     try:
-        return [describe(i, pd) for i, pd in
+        return [describe(i, pd, instance) for i, pd in
                 enumerate(vk_call(vk.vkEnumeratePhysicalDevices, instance))]
     finally:
         vk.vkDestroyInstance(instance, None)
@@ -121,10 +126,13 @@ class Device:
         if validation:
             self._install_messenger()
         physical = vk_call(vk.vkEnumeratePhysicalDevices, self.instance)
-        self.info = select([describe(i, pd) for i, pd in enumerate(physical)], selector)
+        self.info = select([describe(i, pd, self.instance) for i, pd in
+                            enumerate(physical)], selector)
         if not small_storage:
             # Behave like a device without 8/16-bit storage (tests the fallback path).
-            self.info.storage_8bit = self.info.storage_16bit = False
+            self.info = dataclasses.replace(self.info, capabilities=(
+                self.info.capabilities.without("storageBuffer16BitAccess",
+                                               "storageBuffer8BitAccess")))
         self.physical = physical[self.info.index]
         self.params_in_storage = (uniform_inlining_driver(self.info)
                                   if params_in_storage is None else bool(params_in_storage))
@@ -170,21 +178,25 @@ class Device:
         queue_info = vk.VkDeviceQueueCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
             queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
-        chain = None
-        if self.info.storage_8bit or self.info.storage_16bit:
-            # Enable exactly what the device has; shaders for dtypes it lacks use the
-            # 32-bit fallback storage (see vkdelegate.runtime.dtypes).
-            f11 = vk.VkPhysicalDeviceVulkan11Features(
-                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
-                storageBuffer16BitAccess=self.info.storage_16bit)
-            chain = vk.VkPhysicalDeviceVulkan12Features(
-                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
-                pNext=f11, storageBuffer8BitAccess=self.info.storage_8bit)
+        # Exactly the table's features the device has (dtypes without their storage
+        # feature use the 32-bit fallback, vkdelegate.runtime.dtypes).
+        chain, core, keep, extensions = device_features.enable_chain(
+            self.capabilities, self.info.extensions)
         create = vk.VkDeviceCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain,
-            queueCreateInfoCount=1, pQueueCreateInfos=[queue_info])
-        return vk_call(vk.vkCreateDevice, self.physical, create, None,
-                       what=f"device {self.info.name}")
+            queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+            enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions,
+            pEnabledFeatures=core)
+        device = vk_call(vk.vkCreateDevice, self.physical, create, None,
+                         what=f"device {self.info.name}")
+        del keep  # the feature structures lived until vkCreateDevice returned
+        return device
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The device-capability table of this device, as enabled (with
+        ``small_storage=False``, without the 8/16-bit storage features)."""
+        return self.info.capabilities
 
     def find_memory_type(self, type_bits: int, required: int, preferred: int = 0) -> int:
         """Index of a memory type allowed by ``type_bits`` with all ``required`` flags,

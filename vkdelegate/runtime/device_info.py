@@ -1,7 +1,8 @@
 """What a physical device offers for compute, and the rule that picks one.
 
-``describe`` queries properties, features (8/16-bit storage and arithmetic), subgroup
-properties, driver and extensions into a ``DeviceInfo``; ``select`` applies the device
+``describe`` queries properties, limits, driver and extensions into a ``DeviceInfo``,
+whose ``capabilities`` is the device-capability table (vkdelegate/capabilities.py,
+filled by runtime/device_features.py: features, subgroup sizes, cooperative matrices); ``select`` applies the device
 choice rule (an index, a name substring, or the preference discrete > integrated >
 virtual > CPU). Used by ``Device`` and by ``vkdelegate devices``.
 """
@@ -11,7 +12,9 @@ from dataclasses import dataclass, field
 
 import vulkan as vk
 
+from vkdelegate.capabilities import Capabilities
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime import device_features
 from vkdelegate.runtime.vkcall import vk_call
 
 _TYPE_NAMES = {
@@ -23,9 +26,14 @@ _TYPE_NAMES = {
 }
 # Preference order when nothing is selected explicitly.
 _TYPE_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
-_COOPMAT_EXTENSIONS = ("VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix")
-# The binding defines only VK_API_VERSION_1_0; 1.2 is needed for the feature structs.
+# The binding defines only VK_API_VERSION_1_0; 1.2 is needed for the properties structs.
 API_VERSION_1_2 = vk.VK_MAKE_VERSION(1, 2, 0)
+
+
+def _feature(name: str) -> property:
+    """A read-only flag: whether the capability table has Vulkan feature ``name``."""
+    return property(lambda self: name in self.capabilities.features,
+                    doc=f"Whether the device has {name} (Capabilities.features).")
 
 
 @dataclass
@@ -33,6 +41,8 @@ class DeviceInfo:
     """What matters for compute about one physical device (see ``vkdelegate devices``).
 
     Sizes are in bytes; ``timestamp_period_ns`` is nanoseconds per timestamp tick.
+    ``api_version`` is the device's own; ``capabilities.api_version`` the one used.
+    The feature flags (``storage_16bit`` ...) read ``capabilities``.
     """
 
     index: int
@@ -40,17 +50,11 @@ class DeviceInfo:
     type: str
     driver: str
     api_version: str
-    storage_8bit: bool = False
-    storage_16bit: bool = False
-    float16_arith: bool = False
-    int8_arith: bool = False
-    subgroup_size: int = 0
+    capabilities: Capabilities = Capabilities()
     subgroup_ops: list[str] = field(default_factory=list)
-    cooperative_matrix: bool = False
     max_workgroup_count: tuple = ()
     max_workgroup_size: tuple = ()
     max_workgroup_invocations: int = 0
-    max_storage_buffer_range: int = 0
     max_uniform_buffer_range: int = 0
     max_allocation_count: int = 0
     max_allocation_size: int = 0
@@ -58,6 +62,17 @@ class DeviceInfo:
     min_storage_offset_alignment: int = 0
     timestamp_period_ns: float = 0.0
     extensions: frozenset = frozenset()
+
+    storage_16bit = _feature("storageBuffer16BitAccess")
+    storage_8bit = _feature("storageBuffer8BitAccess")
+    float16_arith = _feature("shaderFloat16")
+    int8_arith = _feature("shaderInt8")
+    cooperative_matrix = _feature("cooperativeMatrix")
+    subgroup_size = property(lambda self: self.capabilities.subgroup_size,
+                             doc="Capabilities.subgroup_size (invocations).")
+    max_storage_buffer_range = property(
+        lambda self: self.capabilities.max_storage_buffer_range,
+        doc="Capabilities.max_storage_buffer_range (bytes).")
 
 
 def text(x) -> str:
@@ -69,8 +84,9 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
-def describe(index: int, pd) -> DeviceInfo:
-    """DeviceInfo of physical device ``pd`` (enumeration index ``index``)."""
+def describe(index: int, pd, instance) -> DeviceInfo:
+    """DeviceInfo of physical device ``pd`` of ``instance`` (enumeration index
+    ``index``)."""
     props = vk.vkGetPhysicalDeviceProperties(pd)
     limits = props.limits
     exts = frozenset(text(e.extensionName)
@@ -82,11 +98,10 @@ def describe(index: int, pd) -> DeviceInfo:
         type=_TYPE_NAMES.get(props.deviceType, "other"),
         driver="",
         api_version=_version(props.apiVersion),
-        cooperative_matrix=any(e in exts for e in _COOPMAT_EXTENSIONS),
+        capabilities=device_features.query(instance, pd, exts),
         max_workgroup_count=tuple(limits.maxComputeWorkGroupCount),
         max_workgroup_size=tuple(limits.maxComputeWorkGroupSize),
         max_workgroup_invocations=limits.maxComputeWorkGroupInvocations,
-        max_storage_buffer_range=limits.maxStorageBufferRange,
         max_uniform_buffer_range=limits.maxUniformBufferRange,
         max_allocation_count=limits.maxMemoryAllocationCount,
         max_push_constants=limits.maxPushConstantsSize,
@@ -96,17 +111,6 @@ def describe(index: int, pd) -> DeviceInfo:
     )
     if props.apiVersion >= API_VERSION_1_2:
         # Chained queries need Vulkan 1.2 structures; older devices report no extras.
-        f11 = vk.VkPhysicalDeviceVulkan11Features(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES)
-        f12 = vk.VkPhysicalDeviceVulkan12Features(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, pNext=f11)
-        feats = vk.VkPhysicalDeviceFeatures2(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=f12)
-        vk.vkGetPhysicalDeviceFeatures2(pd, feats)
-        info.storage_16bit = bool(f11.storageBuffer16BitAccess)
-        info.storage_8bit = bool(f12.storageBuffer8BitAccess)
-        info.float16_arith = bool(f12.shaderFloat16)
-        info.int8_arith = bool(f12.shaderInt8)
         sub = vk.VkPhysicalDeviceSubgroupProperties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
         maint3 = vk.VkPhysicalDeviceMaintenance3Properties(
@@ -118,7 +122,6 @@ def describe(index: int, pd) -> DeviceInfo:
         vk.vkGetPhysicalDeviceProperties2(pd, props2)
         info.driver = (f"{text(drv.driverName)} "
                        f"{text(drv.driverInfo)}").strip()
-        info.subgroup_size = sub.subgroupSize
         info.max_allocation_size = maint3.maxMemoryAllocationSize
         info.subgroup_ops = [n for bit, n in (
             (vk.VK_SUBGROUP_FEATURE_BASIC_BIT, "basic"),

@@ -1,5 +1,8 @@
 """Tensor dtypes on the device and their conversion at the staging boundary.
 
+The facts (device dtype, GLSL types, stores, features) are rows of the dtype table,
+vkdelegate/dtypes.py; this module reads them for a device or a StorageProfile.
+
 A tensor's *graph dtype* is the one serialized in the VkGraph (numpy name); its *device
 dtype* is how it is stored in its storage buffer:
 
@@ -19,53 +22,33 @@ from __future__ import annotations
 
 import numpy as np
 
+from vkdelegate import dtypes as table
 from vkdelegate.errors import VkDelegateError
 
-GLSL_TYPES = {"float32": "float", "float16": "float16_t", "int32": "int",
-              "int8": "int8_t", "uint8": "uint8_t", "bool": "uint8_t"}
-FLOATING = frozenset({"float32", "float16", "float64"})
+#: GLSL storage type of each device dtype (vkdelegate.dtypes).
+GLSL_TYPES = table.GLSL_TYPES
+FLOATING = frozenset(n for n, d in table.TABLE.items() if d.is_float)
+# DeviceInfo / StorageProfile attribute holding each storage feature of the table.
+_FEATURE_ATTR = {"storageBuffer16BitAccess": "storage_16bit",
+                 "storageBuffer8BitAccess": "storage_8bit"}
 
 
 def device_dtype(dtype: str, info) -> str:
-    """The storage dtype on device ``info`` (a DeviceInfo) of graph dtype ``dtype``."""
-    if dtype == "float64":
-        return "float32"
-    if dtype == "int64":
-        return "int32"
-    if dtype == "float16" and not info.storage_16bit:
-        return "float32"
-    if dtype in ("int8", "uint8", "bool") and not info.storage_8bit:
-        return "int32"
-    if dtype not in GLSL_TYPES:
+    """The storage dtype on device ``info`` (a DeviceInfo or StorageProfile) of graph
+    dtype ``dtype``, by the table's ``device``/``storage_feature``/``fallback``.
+    VkDelegateError for a dtype that cannot be stored on a Vulkan device."""
+    row = table.TABLE.get(dtype)
+    if row is None or row.device is None:
         raise VkDelegateError(f"dtype {dtype} cannot be stored on a Vulkan device")
-    return dtype
+    if row.storage_feature and not getattr(info, _FEATURE_ATTR[row.storage_feature]):
+        return row.fallback
+    return row.device
 
 
 def acc_type(dtype: str) -> str:
-    """GLSL arithmetic type for values of graph dtype ``dtype``."""
-    return "float" if dtype in FLOATING else "int"
-
-
-# How a value of ACC_T is stored into each device dtype, as a GLSL expression in v.
-# Native types convert with a constructor (int -> int8_t truncates, i.e. wraps like
-# ATen). Where a narrow dtype is held in a wider fallback type the store rounds or
-# wraps explicitly, so that the stored value is exactly what the narrow type would hold
-# and the next node reads the same value as on a device with 8/16-bit storage.
-_STORE = {
-    ("float32", "float32"): "float(v)",
-    ("float16", "float16"): "float16_t(v)",
-    ("float16", "float32"): "round_to_half(float(v))",  # common.h
-    ("int32", "int32"): "int(v)",
-    ("int8", "int8"): "int8_t(int(v))",
-    ("int8", "int32"): "bitfieldExtract(int(v), 0, 8)",
-    ("uint8", "uint8"): "uint8_t(int(v))",
-    ("uint8", "int32"): "(int(v) & 0xFF)",
-    ("bool", "bool"): "uint8_t(int(v) != 0 ? 1 : 0)",
-    ("bool", "int32"): "(int(v) != 0 ? 1 : 0)",
-    # 64-bit graph dtypes live in their 32-bit device dtype (see device_dtype).
-    ("int64", "int32"): "int(v)",
-    ("float64", "float32"): "float(v)",
-}
+    """GLSL arithmetic type for values of graph dtype ``dtype`` (the table's acc)."""
+    row = table.TABLE.get(dtype)
+    return row.acc if row is not None and row.acc else "int"
 
 
 def storage_defines(**tensors) -> dict[str, str]:
@@ -86,13 +69,11 @@ def storage_defines(**tensors) -> dict[str, str]:
             dtype = dev = t
         else:
             dtype, dev = t
-        glsl = GLSL_TYPES[dev]
-        defines[f"{name}_T"] = glsl
-        defines[f"{name}_STORE(v)"] = _STORE[(dtype, dev)]
-        if glsl == "float16_t":
-            defines["STORAGE_16BIT"] = "1"
-        elif glsl in ("int8_t", "uint8_t"):
-            defines["STORAGE_8BIT"] = "1"
+        defines[f"{name}_T"] = GLSL_TYPES[dev]
+        defines[f"{name}_STORE(v)"] = table.TABLE[dtype].store[dev]
+        flag = table.TABLE[dev].storage_define
+        if flag:
+            defines[flag] = "1"
     return defines
 
 

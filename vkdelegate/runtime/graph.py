@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 import vulkan as vk
 
+from vkdelegate.dtypes import ITEMSIZE
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import resolve_limits
 from vkdelegate.runtime import commands
@@ -99,7 +100,7 @@ class DelegateGraph(DeviceState):
         check_graph(graph, self.limits)
         info = self.device.info
         check_tensor_budget(graph, self.limits,
-                            lambda name: np.dtype(device_dtype(name, info)).itemsize)
+                            lambda name: ITEMSIZE[device_dtype(name, info)])
         self._specs = resolve_ops(ops).ops_for(graph)
         self.timeout_s = timeout_s
         self.allocator = Allocator(self.device)

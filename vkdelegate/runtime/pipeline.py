@@ -18,7 +18,7 @@ from vkdelegate.runtime.params import int32_value
 from vkdelegate.runtime.vkcall import vk_call
 from vkdelegate.shaders.bindings import binding_defines
 from vkdelegate.shaders.compiler import default_compiler
-from vkdelegate.shaders.variants import variant_key
+from vkdelegate.shaders.variants import check, variant_key
 
 STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 UNIFORM = vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
@@ -49,7 +49,9 @@ class Pipeline:
         # Checked before any Vulkan object exists, so that a refusal leaks nothing.
         spec_values = [int32_value(v, f"specialization constant {i} of {what}")
                        for i, v in enumerate(spec_constants)]
-        spirv = default_compiler().compile(shader, compile_defines(device, shader, defines))
+        check(shader, defines, device.capabilities)
+        spirv = default_compiler().compile(shader, compile_defines(device, shader, defines),
+                                           device.capabilities.target_env)
         module_info = vk.VkShaderModuleCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
             codeSize=len(spirv), pCode=spirv)

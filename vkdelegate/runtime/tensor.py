@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from vkdelegate.dtypes import ITEMSIZE
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.params import ParamBuffer, meta_record
 
@@ -59,7 +60,7 @@ class Tensor:
     @staticmethod
     def nbytes_for(device_dtype: str, shape) -> int:
         """Bytes of a contiguous tensor of ``shape`` stored as ``device_dtype``."""
-        return math.prod(shape) * np.dtype(device_dtype).itemsize
+        return math.prod(shape) * ITEMSIZE[device_dtype]
 
     def set_shape(self, shape) -> bool:
         """Set the current sizes; return True if they changed.
@@ -83,7 +84,7 @@ class Tensor:
         buf = self.staging or self.buffer
         if buf.host is None:
             raise VkDelegateError(f"{self.name} has no host-visible memory")
-        n = self.max_numel * np.dtype(self.device_dtype).itemsize
+        n = self.max_numel * ITEMSIZE[self.device_dtype]
         return buf.host[:n].view(self.device_dtype)
 
     def __repr__(self) -> str:

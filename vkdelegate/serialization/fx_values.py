@@ -7,19 +7,11 @@ from __future__ import annotations
 import torch
 
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.serialization.vkgraph import VkDataType
+from vkdelegate.serialization.vkgraph import DTYPE_NAMES, VkDataType
 
 #: torch dtype -> VkDataType; other dtypes (bfloat16, int16, complex...) are rejected.
-TORCH_TO_VK = {
-    torch.bool: VkDataType.BOOL,
-    torch.uint8: VkDataType.UINT8,
-    torch.int8: VkDataType.INT8,
-    torch.int32: VkDataType.INT32,
-    torch.float16: VkDataType.FLOAT16,
-    torch.float32: VkDataType.FLOAT32,
-    torch.float64: VkDataType.FLOAT64,
-    torch.int64: VkDataType.INT64,
-}
+TORCH_TO_VK = {getattr(torch, name): VkDataType[name.upper()]
+               for _, name in sorted(DTYPE_NAMES.items())}
 
 
 def vk_dtype(dtype: torch.dtype, where: str) -> VkDataType:

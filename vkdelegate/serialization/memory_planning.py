@@ -11,11 +11,10 @@ writes them between runs.
 """
 from __future__ import annotations
 
+from vkdelegate import dtypes
 from vkdelegate.serialization import vkgraph as vk
 
-_ITEM_BYTES = {vk.VkDataType.BOOL: 1, vk.VkDataType.UINT8: 1, vk.VkDataType.INT8: 1,
-               vk.VkDataType.INT32: 4, vk.VkDataType.FLOAT16: 2, vk.VkDataType.FLOAT32: 4,
-               vk.VkDataType.FLOAT64: 8, vk.VkDataType.INT64: 8}
+_ITEM_BYTES = {w: dtypes.ITEMSIZE[n] for w, n in vk.DTYPE_NAMES.items()}
 
 
 def _nbytes(t: vk.VkTensor) -> int:

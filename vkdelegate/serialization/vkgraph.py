@@ -17,22 +17,17 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Union
 
+from vkdelegate import dtypes
 from vkdelegate.errors import VkDelegateError
 
 #: ``VkBytes.offset`` marking a constant stored outside the blob, keyed by ``named_key``.
 NAMED_OFFSET = (1 << 64) - 1
 
 
-class VkDataType(enum.IntEnum):
-    BOOL = 0
-    UINT8 = 1
-    INT8 = 2
-    INT32 = 3
-    FLOAT16 = 4
-    FLOAT32 = 5
-    FLOAT64 = 6
-    INT64 = 7
-    UNSET = 127
+#: The schema's VkDataType (BOOL = 0, ... INT64 = 7, UNSET = 127), from the dtype table.
+VkDataType = enum.IntEnum("VkDataType", [
+    *sorted(((n.upper(), w) for w, n in dtypes.WIRE_NAMES.items()), key=lambda e: e[1]),
+    ("UNSET", dtypes.WIRE_UNSET)], module=__name__)
 
 
 class VkStorageType(enum.IntEnum):
@@ -56,16 +51,7 @@ class VkMemoryLayout(enum.IntEnum):
 
 
 #: numpy dtype name for each VkDataType (the dtype names used across vkdelegate).
-DTYPE_NAMES = {
-    VkDataType.BOOL: "bool",
-    VkDataType.UINT8: "uint8",
-    VkDataType.INT8: "int8",
-    VkDataType.INT32: "int32",
-    VkDataType.FLOAT16: "float16",
-    VkDataType.FLOAT32: "float32",
-    VkDataType.FLOAT64: "float64",
-    VkDataType.INT64: "int64",
-}
+DTYPE_NAMES = {VkDataType(w): n for w, n in sorted(dtypes.WIRE_NAMES.items())}
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """GLSL -> SPIR-V with glslangValidator, cached on disk.
 
-A shader variant is (source file name, defines). Its SPIR-V is cached under
-``$VKDELEGATE_CACHE`` (default ``~/.cache/vkdelegate``) in ``spirv/<sha256>.spv``, where
-the hash covers the shader source, every include file in the glsl folder, the defines
-and the compiler's version string: editing any of them, or upgrading glslang, compiles
-again. Cache files are written to a temporary name and renamed, so concurrent processes
+A shader variant is (source file name, defines), compiled for a SPIR-V target
+environment (glslang's ``--target-env``: the device's ``Capabilities.target_env``,
+vkdelegate/capabilities.py; vulkan1.1 where no device is given). Its SPIR-V is cached
+under ``$VKDELEGATE_CACHE`` (default ``~/.cache/vkdelegate``) in ``spirv/<sha256>.spv``,
+where the hash covers the shader source, every include file in the glsl folder, the
+defines, the target environment and the compiler's version string: editing any of
+them, or upgrading glslang, compiles again. Cache files are written to a temporary name and renamed, so concurrent processes
 never read a half-written file. SPIR-V is a build product and is never committed.
 """
 from __future__ import annotations
@@ -19,9 +21,12 @@ import threading
 from pathlib import Path
 from typing import Mapping
 
+from vkdelegate.capabilities import PORTABLE
 from vkdelegate.errors import VkDelegateError
 
 GLSL_DIR = Path(__file__).resolve().parent / "glsl"
+#: The target environments glslang is given (Capabilities.target_env picks one).
+TARGET_ENVS = ("vulkan1.1", "vulkan1.2", "vulkan1.3")
 _ERROR_LINE = re.compile(r"^ERROR: (?P<file>[^:]+):(?P<line>\d+): (?P<msg>.*)$")
 
 
@@ -86,21 +91,29 @@ class ShaderCompiler:
             raise VkDelegateError(f"no shader source {path.name} in {self.glsl_dir}")
         return path
 
-    def key(self, name: str, defines: Mapping[str, str]) -> str:
-        """sha256 over source, includes, defines and compiler version."""
+    def key(self, name: str, defines: Mapping[str, str],
+            target_env: str = PORTABLE.target_env) -> str:
+        """sha256 over source, includes, defines, target environment and compiler
+        version."""
         h = hashlib.sha256()
         h.update(self.source_path(name).read_bytes())
         for inc in sorted(self.glsl_dir.glob("*.h")):
             h.update(inc.name.encode() + b"\0" + inc.read_bytes())
         for k, v in sorted(defines.items()):
             h.update(f"-D{k}={v}\0".encode())
+        h.update(f"--target-env={target_env}\0".encode())
         h.update(self.version.encode())
         return h.hexdigest()
 
-    def compile(self, name: str, defines: Mapping[str, str] | None = None) -> bytes:
-        """SPIR-V words (as bytes) of variant (``name``, ``defines``)."""
+    def compile(self, name: str, defines: Mapping[str, str] | None = None,
+                target_env: str = PORTABLE.target_env) -> bytes:
+        """SPIR-V words (as bytes) of variant (``name``, ``defines``) for glslang's
+        ``target_env`` (one of TARGET_ENVS; VkDelegateError for another)."""
+        if target_env not in TARGET_ENVS:
+            raise VkDelegateError(f"SPIR-V target environment {target_env!r} is not one "
+                                  f"of {', '.join(TARGET_ENVS)}")
         defines = {k: str(v) for k, v in (defines or {}).items()}
-        cached = self.cache / f"{self.key(name, defines)}.spv"
+        cached = self.cache / f"{self.key(name, defines, target_env)}.spv"
         if cached.is_file():
             return cached.read_bytes()
         if not self.tool:
@@ -113,7 +126,7 @@ class ShaderCompiler:
         fd, tmp = tempfile.mkstemp(dir=self.cache, suffix=".spv.tmp")
         os.close(fd)
         try:
-            cmd = [self.tool, "-V", "--target-env", "vulkan1.1", "-S", "comp",
+            cmd = [self.tool, "-V", "--target-env", target_env, "-S", "comp",
                    f"-I{self.glsl_dir}", *[f"-D{k}={v}" for k, v in sorted(defines.items())],
                    "-o", tmp, str(src)]
             out = subprocess.run(cmd, capture_output=True, text=True)

@@ -4,12 +4,21 @@ Op families declare their variants when they register (``declare``), so that
 ``vkdelegate build-shaders`` can compile all of them ahead of time and a test can check
 that every registered (op, dtype) has one. The runtime compiles on demand whatever a
 node asks for; a declared list is a promise, not a restriction.
+
+A variant may declare the Vulkan features it needs (``requires=("shaderFloat16",)``,
+names of vkdelegate/capabilities.py): ``choose`` picks the first candidate the device's
+capability table satisfies, and ``check`` (run before any pipeline is created) refuses
+a variant whose features the device lacks, with an error naming them.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
+
+from vkdelegate.capabilities import ALL_FEATURES
+from vkdelegate.errors import VkDelegateError
 
 _VARIANTS: dict[tuple, tuple[str, dict]] = {}
+_REQUIRES: dict[tuple, tuple[str, ...]] = {}  # variant key -> Vulkan feature names
 
 
 def variant_key(shader: str, defines: Mapping[str, str]) -> tuple:
@@ -17,12 +26,54 @@ def variant_key(shader: str, defines: Mapping[str, str]) -> tuple:
     return (shader, tuple(sorted((k, str(v)) for k, v in defines.items())))
 
 
-def declare(shader: str, defines: Mapping[str, str]) -> None:
-    """Record that some op may compile ``shader`` with ``defines``."""
+def declare(shader: str, defines: Mapping[str, str], requires: Sequence[str] = ()) -> None:
+    """Record that some op may compile ``shader`` with ``defines``, on devices that
+    have every Vulkan feature in ``requires`` (VkDelegateError for a name that is not
+    in vkdelegate.capabilities.ALL_FEATURES)."""
+    unknown = sorted(set(requires) - ALL_FEATURES)
+    if unknown:
+        raise VkDelegateError(f"shader {shader}: requires unknown Vulkan feature(s) "
+                              f"{', '.join(unknown)}; known: {', '.join(sorted(ALL_FEATURES))}")
     key = variant_key(shader, defines)
     _VARIANTS.setdefault(key, (shader, {k: str(v) for k, v in defines.items()}))
+    if requires:
+        _REQUIRES[key] = tuple(sorted(set(_REQUIRES.get(key, ())) | set(requires)))
 
 
-def all_variants() -> list[tuple[str, dict]]:
-    """Every declared variant (after ``vkdelegate.ops.registry.load_all()``)."""
-    return [_VARIANTS[k] for k in sorted(_VARIANTS)]
+def requirements(shader: str, defines: Mapping[str, str]) -> tuple[str, ...]:
+    """The Vulkan features variant (``shader``, ``defines``) was declared to need."""
+    return _REQUIRES.get(variant_key(shader, defines), ())
+
+
+def _describe(defines: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(defines.items())) or "no defines"
+
+
+def check(shader: str, defines: Mapping[str, str], capabilities) -> None:
+    """VkDelegateError naming the shader, the variant and the missing features when
+    ``capabilities`` (a vkdelegate.capabilities.Capabilities) lacks one it requires."""
+    missing = capabilities.missing(requirements(shader, defines))
+    if missing:
+        raise VkDelegateError(f"shader {shader} ({_describe(defines)}) needs Vulkan "
+                              f"feature(s) {', '.join(missing)}, which the device lacks")
+
+
+def choose(shader: str, candidates: Sequence[Mapping[str, str]], capabilities) -> dict:
+    """The first of ``candidates`` (defines of ``shader``, preferred first) whose
+    required features ``capabilities`` has. VkDelegateError listing each candidate
+    and what it misses when none fits."""
+    why = []
+    for defines in candidates:
+        missing = capabilities.missing(requirements(shader, defines))
+        if not missing:
+            return dict(defines)
+        why.append(f"{_describe(defines)} needs {', '.join(missing)}")
+    raise VkDelegateError(f"no variant of shader {shader} fits the device: "
+                          f"{'; '.join(why) or 'no candidates'}")
+
+
+def all_variants(capabilities=None) -> list[tuple[str, dict]]:
+    """Every declared variant (after ``vkdelegate.ops.registry.load_all()``); with
+    ``capabilities``, only those whose required features it has."""
+    return [_VARIANTS[k] for k in sorted(_VARIANTS)
+            if capabilities is None or not capabilities.missing(_REQUIRES.get(k, ()))]

@@ -1,0 +1,135 @@
+"""The Vulkan side of the capability table (vkdelegate/capabilities.py).
+
+``query`` fills a ``Capabilities`` from one physical device (features through
+vkGetPhysicalDeviceFeatures2 with the Vulkan 1.1/1.2/1.3 and cooperative-matrix
+structures chained, subgroup size and its range, maxStorageBufferRange, the
+cooperative-matrix shapes); ``enable_chain`` builds the pNext chain and extension list
+that device creation passes, from the same table and the same structure names, so that
+what is queried and what is enabled cannot drift apart. Structures of a version above
+the effective API version, or of an absent extension, are neither queried nor chained
+(the Vulkan spec forbids both).
+"""
+from __future__ import annotations
+
+import vulkan as vk
+
+from vkdelegate.capabilities import (ALL_FEATURES, COOPERATIVE_MATRIX_EXTENSION,
+                                     FEATURES, MAX_API, Capabilities,
+                                     CooperativeMatrixShape)
+
+# Structure name -> (sType, the API version it needs, or the extension).
+_STRUCTS = {
+    "VkPhysicalDeviceVulkan11Features":
+        (vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, (1, 2)),
+    "VkPhysicalDeviceVulkan12Features":
+        (vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, (1, 2)),
+    "VkPhysicalDeviceVulkan13Features":
+        (vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES, (1, 3)),
+    "VkPhysicalDeviceCooperativeMatrixFeaturesKHR":
+        (vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+         COOPERATIVE_MATRIX_EXTENSION),
+}
+_COMPONENT_TYPES = {v: k[len("VK_COMPONENT_TYPE_"):] for k, v in vars(vk).items()
+                    if k.startswith("VK_COMPONENT_TYPE_") and k.endswith("_KHR")}
+
+
+def api_version(encoded: int) -> tuple:
+    """(major, minor) of a VK_MAKE_API_VERSION value, capped at MAX_API."""
+    return min(((encoded >> 22) & 0x7F, (encoded >> 12) & 0x3FF), MAX_API)
+
+
+def _usable(struct: str, api: tuple, extensions) -> bool:
+    need = _STRUCTS[struct][1]
+    return need in extensions if isinstance(need, str) else api >= need
+
+
+def _chain(api: tuple, extensions, values=None):
+    """The feature structures usable on the device, chained, with ``values`` (feature
+    name -> bool) set; returns (head, {struct name: struct}) keeping them alive."""
+    structs, head = {}, None
+    for name, (stype, _) in _STRUCTS.items():
+        if not _usable(name, api, extensions):
+            continue
+        fields = {f: bool(values and values.get(f)) for f in FEATURES[name]}
+        head = structs[name] = getattr(vk, name)(sType=stype, pNext=head, **fields)
+    return head, structs
+
+
+def query(instance, pd, extensions: frozenset) -> Capabilities:
+    """The capability table of physical device ``pd`` of ``instance`` (``extensions``:
+    its extension names). A device below Vulkan 1.2 reports only core features and
+    limits."""
+    props = vk.vkGetPhysicalDeviceProperties(pd)
+    api = api_version(props.apiVersion)
+    core = vk.vkGetPhysicalDeviceFeatures(pd)
+    present = {f for f in FEATURES["VkPhysicalDeviceFeatures"] if getattr(core, f)}
+    sub = (0, 0, 0)
+    shapes = ()
+    if api >= (1, 2):
+        head, structs = _chain(api, extensions)
+        vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=head))
+        present |= {f for name, s in structs.items() for f in FEATURES[name]
+                    if getattr(s, f)}
+        sub = _subgroup_sizes(pd, api)
+        if "cooperativeMatrix" in present:
+            shapes = _cooperative_matrix_shapes(instance, pd)
+    return Capabilities(api_version=api, features=frozenset(present),
+                        subgroup_size=sub[0], min_subgroup_size=sub[1],
+                        max_subgroup_size=sub[2],
+                        max_storage_buffer_range=props.limits.maxStorageBufferRange,
+                        cooperative_matrix_shapes=shapes)
+
+
+def _subgroup_sizes(pd, api: tuple) -> tuple:
+    """(subgroupSize, minSubgroupSize, maxSubgroupSize); the range only on 1.3."""
+    v13 = vk.VkPhysicalDeviceVulkan13Properties(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_PROPERTIES) \
+        if api >= (1, 3) else None
+    v11 = vk.VkPhysicalDeviceVulkan11Properties(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES, pNext=v13)
+    vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=v11))
+    if v13 is None:
+        return v11.subgroupSize, v11.subgroupSize, v11.subgroupSize
+    return v11.subgroupSize, v13.minSubgroupSize, v13.maxSubgroupSize
+
+
+def _cooperative_matrix_shapes(instance, pd) -> tuple:
+    """vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR's list, as shapes (the raw
+    entry point: each output structure needs its sType set before the second call)."""
+    name = b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+    ptr = vk.lib.vkGetInstanceProcAddr(instance, name)
+    if ptr == vk.ffi.NULL:
+        return ()
+    fn = vk.ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", ptr)
+    count = vk.ffi.new("uint32_t*")
+    if fn(pd, count, vk.ffi.NULL) != vk.VK_SUCCESS or not count[0]:
+        return ()
+    props = vk.ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(pd, count, props) not in (vk.VK_SUCCESS, vk.VK_INCOMPLETE):
+        return ()
+    t = _COMPONENT_TYPES.get
+    return tuple(CooperativeMatrixShape(p.MSize, p.NSize, p.KSize, t(p.AType, "?"),
+                                        t(p.BType, "?"), t(p.CType, "?"),
+                                        t(p.ResultType, "?"))
+                 for p in (props[i] for i in range(count[0])))
+
+
+def enable_chain(caps: Capabilities, extensions: frozenset):
+    """What VkDeviceCreateInfo passes to enable every feature of the table that
+    ``caps`` has, each in the structure that holds it (none that it lacks): returns
+    (pNext head or None, pEnabledFeatures or None, structures to keep alive, extension
+    names: the cooperative-matrix extension where that feature is on)."""
+    values = {f: f in caps.features for f in ALL_FEATURES}
+    core = vk.VkPhysicalDeviceFeatures(**{f: values[f]
+                                          for f in FEATURES["VkPhysicalDeviceFeatures"]})
+    head, structs = _chain(caps.api_version, extensions, values)
+    exts = [COOPERATIVE_MATRIX_EXTENSION] if values["cooperativeMatrix"] else []
+    if head is None:  # below Vulkan 1.2: core features only
+        return None, core, [core], exts
+    feats = vk.VkPhysicalDeviceFeatures2(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=head, features=core)
+    return feats, None, [feats, core, *structs.values()], exts
