@@ -169,3 +169,18 @@ def test_rms_norm_module_fp16_and_resize():
     check_op(rms, (torch.randn(5, 32),), ops=[RMS], dynamic_shapes={"x": {0: n}},
              resize_inputs=[(torch.randn(20, 32),), (torch.randn(1, 32),)], **FP32_TOL)
     check_op(rms.half(), (torch.randn(3, 7, 32).half(),), ops=[RMS], **FP16_TOL)
+
+
+def test_fp16_modules_and_ops():
+    # fp16 forms of the ops the other tests run in fp32: nn.LayerNorm (aten.layer_norm)
+    # and native_group_norm with its statistics.
+    torch.manual_seed(0)
+    ln = nn.LayerNorm([5, 6]).half()
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    check_op(ln, (torch.randn(3, 5, 6).half(),), ops=["aten.layer_norm.default"],
+             **FP16_TOL)
+    w, b = _affine((6,), True, True, torch.float16)
+    check_op(lambda x: aten.native_group_norm.default(x, w, b, 2, 6, 20, 3, 1e-5),
+             (torch.randn(2, 6, 4, 5).half(),), ops=[GN], **FP16_TOL)
