@@ -42,3 +42,6 @@ def ensure_defined() -> None:
 
 
 ensure_defined()
+
+# et_vk.rms_norm (the norm family's fused op) is declared in its own module.
+from vkdelegate.backend import et_vk_rms_norm  # noqa: E402,F401

@@ -12,3 +12,23 @@ def wrap_dim(dim: int, ndim: int, what: str = "dim") -> int:
     if not -n <= dim < n:
         raise VkDelegateError(f"{what} {dim} out of range for rank {ndim}")
     return dim % n
+
+
+def reduced_dims(dims, ndim: int) -> list[int]:
+    """ATen's reduction dims: ``dims`` (a list, or None/empty for every dim) wrapped
+    (``wrap_dim``) and sorted, duplicates merged; [] for a 0-d tensor."""
+    if not dims:
+        return list(range(ndim))
+    out = {wrap_dim(d, ndim, "reduction dim") for d in dims}
+    if ndim == 0:
+        return []
+    return sorted(out)
+
+
+def sum_shape(shape, dims, keepdim: bool) -> tuple:
+    """Output sizes of a reduction of ``shape`` over ``dims`` (as ``reduced_dims``
+    reads them): reduced dims become 1 with ``keepdim``, else disappear."""
+    red = set(reduced_dims(dims, len(shape)))
+    if keepdim:
+        return tuple(1 if d in red else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in red)

@@ -37,23 +37,28 @@ def cooperative(info, reduced: int) -> bool:
 
 
 def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: int,
-                  passes: int, what: str, local_size=(64, 1, 1)) -> None:
+                  passes: int, what: str, local_size=(64, 1, 1), outputs=None,
+                  inputs=None) -> None:
     """One dispatch of a shader with both forms (reduce_sum.glsl, reduce.glsl,
     softmax.glsl): ``rows`` outputs (upper bound) of ``n`` elements each, walked
     ``passes`` times; the cooperative form (``cooperative``) is one workgroup of
     WG_REDUCE per row, the other one invocation per row in workgroups of
     ``local_size``. Raises DeviceLimitError (b.error) on llvmpipe when even the
     cooperative form would pass its shader loop limit; the message starts with
-    ``what`` (e.g. "a sum of 7 elements per output")."""
+    ``what`` (e.g. "a sum of 7 elements per output"). ``outputs``/``inputs``: the
+    buffers in binding order when the shader has more than ``out`` and ``x`` (norm.glsl:
+    mean and rstd, weight and bias)."""
+    outputs = [out] if outputs is None else outputs
+    inputs = [x] if inputs is None else inputs
     if n * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
         raise b.error(f"{what} exceeds llvmpipe's shader loop limit "
                       f"({COOPERATIVE_MAX // passes})", limit=True)
     if cooperative(b.device.info, n * passes):
-        b.dispatch(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=[out],
-                   inputs=[x], params=params, global_size=(rows * WG_REDUCE,),
+        b.dispatch(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=outputs,
+                   inputs=inputs, params=params, global_size=(rows * WG_REDUCE,),
                    local_size=(WG_REDUCE, 1, 1))
         return
-    b.dispatch(shader, defines, outputs=[out], inputs=[x], params=params,
+    b.dispatch(shader, defines, outputs=outputs, inputs=inputs, params=params,
                global_size=(rows,), local_size=local_size)
 
 

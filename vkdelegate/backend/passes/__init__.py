@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
+from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
@@ -19,10 +20,11 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 3. batch-norm folding: it needs the conv/linear with constant weights;
 # 4. conv+clamp fusion after the fold, so that conv -> bn -> relu, now conv -> relu,
 #    fuses too.
-# 5. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
+# 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
+# 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
-          symbolic_view_sizes)
+          fuse_rms_norm, symbolic_view_sizes)
 
 
 def run_passes(pg) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.dims import reduced_dims, sum_shape, wrap_dim
 from vkdelegate.kernels.rows import declare_rows, dispatch_rows, row_bindings
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
@@ -36,23 +36,6 @@ from vkdelegate.shaders.bindings import shader_bindings
 SHADER = "reduce_sum"
 DTYPES = frozenset({"float32", "float16"})
 SUM_PARAMS = ParamBlock("reduce_block", [("mask", "ivec4")])  # x: reduced-dims bitmask
-
-
-def reduced_dims(dims, ndim: int) -> list[int]:
-    """Normalized, sorted dims to reduce (all dims for None/empty)."""
-    if not dims:
-        return list(range(ndim))
-    out = {wrap_dim(d, ndim, "reduction dim") for d in dims}
-    if ndim == 0:
-        return []
-    return sorted(out)
-
-
-def sum_shape(shape, dims, keepdim: bool) -> tuple:
-    red = set(reduced_dims(dims, len(shape)))
-    if keepdim:
-        return tuple(1 if d in red else s for d, s in enumerate(shape))
-    return tuple(s for d, s in enumerate(shape) if d not in red)
 
 
 def _shape(args):
