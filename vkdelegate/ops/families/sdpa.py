@@ -18,6 +18,7 @@ and NaN for et_vk.sdpa (its reference softmax of all -inf).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from vkdelegate.kernels import loop_limit
@@ -35,6 +36,10 @@ MASK_DTYPES = frozenset({"bool"}) | FLOAT_DTYPES
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]
+#: Head-dim buckets up to which q and the accumulator stay in registers (the head-dim
+#: loops unrolled): on CPU drivers (llvmpipe's LLVM took 15 s to compile D 64, minutes
+#: for 256) and on GPUs (past 128 the registers spill anyway).
+UNROLLED_D = {"cpu": 32, "gpu": 128}
 BLOCK_M = 32  # query rows per workgroup (one per invocation)
 #: Shared memory per workgroup: a K and a V tile of BLOCK_N x D_MAX fp32 each, within
 #: the 16 KiB every Vulkan device offers (maxComputeSharedMemorySize's minimum).
@@ -49,6 +54,22 @@ def block_n(d_max: int) -> int:
     """Keys per tile for head-dim bucket ``d_max``: 2 x BLOCK_N x d_max floats of
     shared memory, at most 32 keys (a tile's scores are a register array)."""
     return min(32, SHARED_FLOATS // (2 * d_max))
+
+
+def d_step(d_max: int, cpu: bool) -> int:
+    """vec4s of a head dim per iteration of the shader's head-dim loops: all of them
+    (unrolled, in registers) up to UNROLLED_D, else 4 (see sdpa.glsl). cpu: the device
+    is a CPU driver (DeviceInfo.type "cpu")."""
+    return d_max // 4 if d_max <= UNROLLED_D["cpu" if cpu else "gpu"] else 4
+
+
+def iterations(s_max: int, d_max: int) -> int:
+    """Loop iterations one invocation runs for ``s_max`` keys on llvmpipe: per
+    tile the tile loop and two loops over its keys, each key's loops over the head
+    dims when those are not unrolled (two per loop over the keys)."""
+    bn, d4, step = block_n(d_max), d_max // 4, d_step(d_max, cpu=True)
+    per_key = 1 if step == d4 else 1 + d4 // step
+    return -(-s_max // bn) * (2 * bn * per_key + 1)
 
 
 def d_bucket(e: int, ev: int) -> int:
@@ -136,16 +157,18 @@ def _shape(args) -> tuple:
     return tuple(q.shape[:-1]) + (v.shape[-1],)
 
 
-def _defines(out, q, k, v, mask, causal: bool, d_max: int, et_vk: bool) -> dict:
+def _defines(out, q, k, v, mask, causal: bool, d_max: int, et_vk: bool, cpu: bool,
+             skip: "bool | None" = None) -> dict:
     tensors = dict(OUT=out, Q=q, K=k, V=v)
     if mask is not None:
         tensors["MASK"] = mask
     d = storage_defines(**tensors)
-    d.update(D_MAX=str(d_max), BLOCK_M=str(BLOCK_M), BLOCK_N=str(block_n(d_max)),
+    d.update(D_MAX=str(d_max), D_STEP=str(d_step(d_max, cpu)), BLOCK_M=str(BLOCK_M),
+             BLOCK_N=str(block_n(d_max)),
              FULLY_MASKED="NAN_F" if et_vk else "0.0")
     if causal:
         d["CAUSAL"] = "1"
-        if SKIP_MASKED_TILES:
+        if SKIP_MASKED_TILES if skip is None else skip:
             d["SKIP_MASKED_TILES"] = "1"
     if mask is not None:
         d["MASK_BOOL" if _dtype(mask) == "bool" else "MASK_FLOAT"] = "1"
@@ -183,14 +206,13 @@ def _make_impl(op: str):
         scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
         d_max = d_bucket(e, ev)
         s_max, l_max = k.max_shape[-2], q.max_shape[-2]
-        # llvmpipe counts the tile loop and its two loops over the tile's keys.
-        bn = block_n(d_max)
-        loop_limit.check(b, -(-s_max // bn) * (2 * bn + 1), f"{s_max} keys")
+        loop_limit.check(b, iterations(s_max, d_max), f"{s_max} keys of head dim {d_max}")
         heads = q.max_shape[-3] if q.ndim == 4 else q.max_shape[0]
         batch = q.max_shape[0] if q.ndim == 4 else 1
         params = [out.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
         params.append(b.params(SDPA_PARAMS.pack(scale=[scale, 0.0, 0.0, 0.0])))
-        b.dispatch(SHADER, _defines(out, q, k, v, mask, causal, d_max, et_vk),
+        cpu = b.device.info.type == "cpu"
+        b.dispatch(SHADER, _defines(out, q, k, v, mask, causal, d_max, et_vk, cpu),
                    outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
                    params=params,
                    global_size=(-(-l_max // BLOCK_M) * BLOCK_M, heads, batch),
@@ -209,16 +231,18 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
 
 
 def _declare_all() -> None:
-    for profile in STORAGE_PROFILES:
-        for dt in DTYPES:
-            t = (dt, device_dtype(dt, profile))
-            for d_max in D_BUCKETS:
-                for mdt in (None, "bool", dt):
-                    m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-                    declare(SHADER, _defines(t, t, t, t, m, False, d_max, False))
-                    if mdt != "bool":
-                        declare(SHADER, _defines(t, t, t, t, m, False, d_max, True))
-                declare(SHADER, _defines(t, t, t, t, None, True, d_max, False))
+    """Every variant an impl may dispatch, for both dtypes, storage profiles and device
+    kinds (CPU drivers unroll less)."""
+    for profile, dt, cpu in itertools.product(STORAGE_PROFILES, DTYPES, (True, False)):
+        t = (dt, device_dtype(dt, profile))
+        for d_max in D_BUCKETS:
+            for mdt in (None, "bool", dt):
+                m = None if mdt is None else (mdt, device_dtype(mdt, profile))
+                declare(SHADER, _defines(t, t, t, t, m, False, d_max, False, cpu))
+                if mdt != "bool":
+                    declare(SHADER, _defines(t, t, t, t, m, False, d_max, True, cpu))
+            for skip in (True, False):  # the early exit is a compile option
+                declare(SHADER, _defines(t, t, t, t, None, True, d_max, False, cpu, skip))
 
 
 _declare_all()

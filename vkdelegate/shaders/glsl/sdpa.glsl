@@ -52,6 +52,15 @@ TENSOR_META(mask_meta)
 PARAMS(sdpa_block) { vec4 scale; };  // x: the score scale
 
 #define D4 (D_MAX / 4)
+// The loops over the head dims: fully unrolled up to D_MAX 64 (q and the accumulator in
+// registers); past that D_STEP vec4s per iteration of a loop that is not unrolled, so
+// the arrays stay in memory (on llvmpipe, LLVM took minutes to allocate 2 x 64 vec4
+// registers per invocation) and llvmpipe counts D4 / D_STEP iterations per use.
+#if D_STEP < D4
+#define D_LOOP [[dont_unroll]]
+#else
+#define D_LOOP [[unroll]]
+#endif
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
 shared vec4 k_tile[BLOCK_N * D4];
@@ -102,7 +111,8 @@ void main() {
   vec4 acc[D4];
   const int q_base = bq * stride_at(q_meta, 3) + h * stride_at(q_meta, 2)
       + min(i, L - 1) * stride_at(q_meta, 1);
-  [[unroll]] for (int c = 0; c < D4; ++c) {
+  D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+    const int c = c0 + u4;
     q[c] = LOAD4(q_data, q_base, c, E) * scale.x;
     acc[c] = vec4(0.0);
   }
@@ -136,7 +146,8 @@ void main() {
         float sc = NEG_INF;
         if (j < S) {
           float d = 0.0;
-          [[unroll]] for (int c = 0; c < D4; ++c) {
+          D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+    const int c = c0 + u4;
             d += dot(q[c], k_tile[jj * D4 + c]);
           }
           sc = d;
@@ -162,13 +173,15 @@ void main() {
         // m == -inf: acc and l are 0, any finite factor keeps them so.
         const float alpha = (m_new == m) ? 1.0 : (m == NEG_INF ? 0.0 : exp(m - m_new));
         l *= alpha;
-        [[unroll]] for (int c = 0; c < D4; ++c) {
+        D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+    const int c = c0 + u4;
           acc[c] *= alpha;
         }
         [[dont_unroll]] for (int jj = 0; jj < BLOCK_N; ++jj) {
           const float p = (s[jj] == NEG_INF) ? 0.0 : exp(s[jj] - m_new);
           l += p;
-          [[unroll]] for (int c = 0; c < D4; ++c) {
+          D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+    const int c = c0 + u4;
             acc[c] += p * v_tile[jj * D4 + c];
           }
         }
@@ -183,7 +196,8 @@ void main() {
   }
   const int o_base = bq * stride_at(out_meta, 3) + h * stride_at(out_meta, 2)
       + i * stride_at(out_meta, 1);
-  [[unroll]] for (int c = 0; c < D4; ++c) {
+  D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+    const int c = c0 + u4;
     [[unroll]] for (int u = 0; u < 4; ++u) {
       const int e = 4 * c + u;
       if (e < Ev) {
