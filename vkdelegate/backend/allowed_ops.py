@@ -87,7 +87,7 @@ REGISTRY_EXTRA = _names("""
 aten.adaptive_max_pool2d.default aten.exp2.default aten.expand_copy.default
 aten.full_like.default aten.group_norm.default aten.layer_norm.default aten.linalg_vector_norm.default
 aten.linear.default aten.max.default aten.min.default aten.ones_like.default aten.permute_copy.default
-aten.rms_norm.default
+aten.rms_norm.default aten.scaled_dot_product_attention.default
 aten.select_copy.int aten.slice_copy.Tensor aten.split.Tensor
 aten.split_with_sizes_copy.default aten.squeeze_copy.dims aten.t_copy.default
 aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
@@ -115,7 +115,7 @@ aten.randn_like.default
 
 #: Custom ops our passes create (ET-VK's fused conv) or ExecuTorch blobs hold (defined
 #: only where executorch is installed).
-CUSTOM = _names("et_vk.conv_with_clamp.default et_vk.rms_norm.default "
+CUSTOM = _names("et_vk.conv_with_clamp.default et_vk.rms_norm.default et_vk.sdpa.default "
                 "dim_order_ops._to_dim_order_copy.default")
 
 #: Integer operators on SymInts (``operator.<name>`` in the glue; blobs use the bare

@@ -7,6 +7,12 @@ CPU kernel here (convolution, then clamp) is what eager execution and the CPU gl
 run, and the fake kernel gives export its output shape. The Vulkan implementation is
 registered in ``vkdelegate.ops.families.convolution``.
 
+``et_vk.sdpa.default`` is ExecuTorch's fused attention (backends/vulkan/
+custom_ops_lib.py, ExecuTorch 1.4 and 1.5): q [B, H, L, E], k and v [B, H, S, *], an
+optional additive mask and scale; its reference below is ExecuTorch's (matmul, scale,
+add, softmax, matmul: a fully masked row is NaN). The Vulkan implementation is in
+``vkdelegate.ops.families.sdpa``.
+
 Importing this module defines the ops once per process (``ensure_defined`` is
 idempotent, so an ExecuTorch install that already defines them is left alone).
 """
@@ -19,6 +25,9 @@ CONV_WITH_CLAMP_SCHEMA = (
     "SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, "
     "SymInt groups, Scalar? output_min=None, Scalar? output_max=None) -> Tensor")
 
+SDPA_SCHEMA = ("sdpa(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, "
+               "float? scale=None) -> Tensor")
+
 _lib = None
 
 
@@ -29,16 +38,32 @@ def _conv_with_clamp(x, weight, bias, stride, padding, dilation, transposed,
     return torch.clamp(out, output_min, output_max)
 
 
+def _sdpa(q, k, v, attn_mask=None, scale=None):
+    if scale is None:
+        scale = 1.0 / (q.size(-1) ** 0.5)
+    attn = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if attn_mask is not None:
+        attn = attn + attn_mask
+    return torch.matmul(torch.softmax(attn, dim=-1), v)
+
+
 def ensure_defined() -> None:
-    """Define ``torch.ops.et_vk.conv_with_clamp`` unless it exists already."""
+    """Define ``torch.ops.et_vk.conv_with_clamp`` and ``torch.ops.et_vk.sdpa`` unless
+    they exist already (each op separately)."""
     global _lib
-    if _lib is not None or hasattr(torch.ops.et_vk, "conv_with_clamp"):
+    if _lib is not None:
+        return
+    missing = [(name, schema, fn) for name, schema, fn in (
+        ("conv_with_clamp", CONV_WITH_CLAMP_SCHEMA, _conv_with_clamp),
+        ("sdpa", SDPA_SCHEMA, _sdpa)) if not hasattr(torch.ops.et_vk, name)]
+    if not missing:
         return
     _lib = torch.library.Library("et_vk", "FRAGMENT")
-    _lib.define(CONV_WITH_CLAMP_SCHEMA)
-    # CompositeExplicitAutograd serves CPU and Meta (fake tensors) alike: it only
-    # calls ATen ops that have both.
-    _lib.impl("conv_with_clamp", _conv_with_clamp, "CompositeExplicitAutograd")
+    for name, schema, fn in missing:
+        _lib.define(schema)
+        # CompositeExplicitAutograd serves CPU and Meta (fake tensors) alike: it only
+        # calls ATen ops that have both.
+        _lib.impl(name, fn, "CompositeExplicitAutograd")
 
 
 ensure_defined()

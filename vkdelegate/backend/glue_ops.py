@@ -54,7 +54,8 @@ TORCH_FREE = {"aten.sym_size.int": _sym_size}
 
 #: Custom ops (ExecuTorch Vulkan's) a graph may hold after our lowering passes; torch
 #: learns them from ``vkdelegate.backend.et_vk_ops``.
-CUSTOM_OPS = frozenset({"et_vk.conv_with_clamp.default", "et_vk.rms_norm.default"})
+CUSTOM_OPS = frozenset({"et_vk.conv_with_clamp.default", "et_vk.rms_norm.default",
+                        "et_vk.sdpa.default"})
 
 
 def builtin_name(target) -> "str | None":

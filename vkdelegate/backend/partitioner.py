@@ -150,13 +150,31 @@ class VulkanPartitioner:
             verdicts[op] = not self.check_node(node)
         return {op for op, ok in verdicts.items() if ok}
 
+    def calls_to_preserve(self, ep) -> dict:
+        """Ops the default decomposition would split of which only some nodes in ``ep``
+        could run on Vulkan whole (an SDPA without dropout next to one with): op -> the
+        ``program_graph.call_key``s of those nodes, which stay whole."""
+        from vkdelegate.backend.program_graph import call_key
+
+        table = torch.export.default_decompositions()
+        keep, split = {}, set()
+        for node in ep.graph_module.graph.nodes:
+            if node.op != "call_function" or node.target not in table:
+                continue
+            if self.check_node(node):
+                split.add(node.target)
+            else:
+                keep.setdefault(node.target, set()).add(
+                    call_key(node.target, node.args, node.kwargs))
+        return {op: keys for op, keys in keep.items() if op in split}
+
     def prepare(self, ep):
         """The ProgramGraph to_backend partitions: ``ep`` decomposed to core ATen,
         with the lowering passes applied (a copy; ``ep`` is not modified)."""
         from vkdelegate.backend.passes import run_passes
         from vkdelegate.backend.program_graph import from_exported_program
 
-        pg = from_exported_program(ep, self.ops_to_preserve(ep))
+        pg = from_exported_program(ep, self.ops_to_preserve(ep), self.calls_to_preserve(ep))
         run_passes(pg)
         pg.gm.graph.eliminate_dead_code()
         return pg

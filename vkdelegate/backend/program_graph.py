@@ -79,17 +79,57 @@ class ProgramGraph:
                 del self.constants[node.name]
 
 
-def from_exported_program(ep, preserve=()) -> ProgramGraph:
+def call_key(op, args, kwargs) -> str:
+    """The arguments of a call of ``op`` in schema order, defaults filled, tensors (or
+    fx nodes, by their value) as dtype and sizes: equal for a node of an exported
+    program and the call ``run_decompositions`` makes for it."""
+    def one(a):
+        if isinstance(a, torch.fx.Node):
+            a = a.meta.get("val")
+        if isinstance(a, torch.Tensor):
+            return ("tensor", str(a.dtype), tuple(str(s) for s in a.shape))
+        if isinstance(a, (list, tuple)):
+            return tuple(one(x) for x in a)
+        return repr(a)
+
+    values = []
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name in kwargs:
+            values.append(kwargs[arg.name])
+        elif i < len(args) and not arg.kwarg_only:
+            values.append(args[i])
+        else:
+            values.append(arg.default_value if arg.has_default_value() else None)
+    return repr(tuple(one(v) for v in values))
+
+
+def _keep_calls(op, decompose, keys):
+    """A decomposition of ``op`` that leaves the calls whose ``call_key`` is in
+    ``keys`` whole (returning NotImplemented keeps the node) and decomposes the rest."""
+    def decomposition(*args, **kwargs):
+        if call_key(op, args, kwargs) in keys:
+            return NotImplemented
+        return decompose(*args, **kwargs)
+    return decomposition
+
+
+def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
     """Decompose ``ep`` to core ATen and read its graph signature.
 
     preserve: OpOverloads to keep whole instead of decomposing (ops a delegate runs
         better as one node, such as a 3-D ``aten.linear``).
+    preserve_calls: OpOverload -> set of ``call_key``s: the nodes of that op to keep
+        whole, the op's other nodes being decomposed (an SDPA the delegate runs next to
+        one with dropout that it does not).
     Raises VkDelegateError for programs we cannot run (higher-order control flow,
     gradients, tokens).
     """
     table = torch.export.default_decompositions()
     for op in preserve:
         table.pop(op, None)
+    for op, keys in (preserve_calls or {}).items():
+        if op in table:
+            table[op] = _keep_calls(op, table[op], keys)
     try:
         with warnings.catch_warnings():
             # torch 2.13's own deep copy of the program's TreeSpec trips its own
