@@ -170,3 +170,24 @@ def test_cumsum_refusals():
     with pytest.raises(AssertionError, match="integer result"):
         check_op(lambda a: torch.cumsum(a, 0, dtype=torch.int32), (torch.randn(4),),
                  ops=["aten.cumsum.default"])
+
+
+def test_float16_with_float32_gives_float32():
+    # A decomposed fp16 attention adds fp32 scores and an fp16 mask (ATen: float32).
+    torch.manual_seed(0)
+    x, h = torch.randn(3, 1, 5), torch.randn(7, 1).half()
+    m = torch.rand(3, 1, 5) > 0.5
+    check_op(lambda a, b, c: (a + b, b * a, b - a, a / b, torch.maximum(b, a), a < b,
+                              torch.where(c, a, b), torch.where(c, b, a),
+                              torch.clamp(a, min=b)),
+             (x, h, m), ops=["aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor",
+                             "aten.div.Tensor", "aten.maximum.default", "aten.lt.Tensor",
+                             "aten.where.self", "aten.clamp.Tensor"])
+
+
+def test_float16_tensor_with_0d_float32_stays_on_cpu():
+    # ATen: a dimensioned float16 tensor wins over a 0-d float32 one (float16 result),
+    # which the device's promotion does not model: the node stays on the CPU.
+    with pytest.raises(AssertionError, match="expected float32"):
+        check_op(torch.add, (torch.randn(4).half(), torch.tensor(1.5)),
+                 ops=["aten.add.Tensor"])

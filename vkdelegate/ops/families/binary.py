@@ -15,7 +15,8 @@ float32):
 Python-scalar operands (``x + 1`` exports as add.Tensor(x, 1); eq.Scalar, pow.Scalar
 ...) become 0-d constant tensors in the dtype ATen casts them to (the tensor's dtype, or
 float32 for a float scalar with an integer tensor). Tensor operands of different
-dtypes must differ in category (float16 + float32, int8 + int32 stay on the CPU).
+dtypes must differ in category, except float16 with float32, which gives float32
+(int8 + int32 and int64 + int32 stay on the CPU).
 Integer semantics are exact: wrapping arithmetic, C-style "trunc" and Python-style
 "floor" division, integer pow with ATen's results for negative exponents. Integer
 division by zero, which raises in ATen, gives 0. add and mul accept bool (masks:
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
-from vkdelegate.kernels.elementwise import category, load_define, promote
+from vkdelegate.kernels.elementwise import load_define, promote
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
@@ -242,7 +243,7 @@ def _declare(op: Binary) -> None:
     for profile in STORAGE_PROFILES:
         pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
         for t in op.dtypes:
-            lower = [d for d in op.dtypes if category(d) < category(t)]
+            lower = [d for d in op.dtypes if d != t and promote([t, d]) == t]
             operands = [(t, t)] + [(t, s) for s in (1, 0.5) if 1 in op.scalar_pos] + \
                        [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
                        [p for d in lower for p in ((t, d), (d, t))]
