@@ -134,3 +134,20 @@ def test_bf16_program_saves_and_loads(tmp_path):
     loaded = load(path)
     torch.testing.assert_close(loaded(x), program(x), rtol=0, atol=0)
     assert any(BF16_NOTE in d.notes for d in loaded.methods["forward"].report.decisions)
+
+
+class CausalAttention(nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_bf16_causal_attention(executor):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8).to(BF16) for _ in range(3))
+    module = CausalAttention()
+    program = _lower(module, (q, k, v), executor)
+    report = _report(program)
+    assert [d.reasons for d in report.cpu_nodes] == [[BOUNDARY_REASON]] * 4  # 3 in, 1 out
+    torch.testing.assert_close(program(q, k, v), _fp32_reference(module, (q, k, v)),
+                               **RTOL_ULP)
+    torch.testing.assert_close(program(q, k, v), module(q, k, v), **BF16_CHAIN)
