@@ -191,3 +191,12 @@ def test_float16_tensor_with_0d_float32_stays_on_cpu():
     with pytest.raises(AssertionError, match="expected float32"):
         check_op(torch.add, (torch.randn(4).half(), torch.tensor(1.5)),
                  ops=["aten.add.Tensor"])
+
+
+def test_where_int64():
+    # Position ids masked to a padding index; int64 with a bool or float branch.
+    torch.manual_seed(0)
+    pos, m = _data(I64, (2, 7), 0, 50), torch.rand(2, 7) > 0.5
+    check_op(lambda p, c: (torch.where(c, p, 1), torch.where(c, p, c),
+                           torch.where(c, p, torch.ones(7) * 0.5)),
+             (pos, m), ops=["aten.where.self"])
