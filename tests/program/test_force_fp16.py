@@ -120,8 +120,8 @@ def test_mask_value_report_names_node_and_value(executor):
     program = _lower(MaskedFill(-1e5), (q, k, v, masked), executor)
     report = program.methods["forward"].report
     notes = _notes(program)
-    # masked_fill exports as where(mask, scalar_tensor(-1e5), scores); scalar_tensor
-    # runs on the CPU and its value is known at lowering.
+    # masked_fill exports as where(mask, scalar_tensor(-1e5), scores); scalar_tensor's
+    # value is known at lowering.
     assert notes["where"] == ("float32 under force_fp16: reads scalar_tensor: "
                               "scalar_tensor holds -100000.0, which rounds to -inf in "
                               "float16")

@@ -146,8 +146,9 @@ _LITERALS = {"aten.scalar_tensor.default": 0, "aten.full.default": 1}
 
 
 def cpu_literal(node: torch.fx.Node):
-    """A float32 array standing for the values of glue node ``node`` (a delegate
-    input) when it is ``scalar_tensor(v)`` or ``full(size, v)``, else None (one element
+    """A float32 array standing for the values of ``node`` (a glue node feeding a
+    delegate, or a delegated node) when it is ``scalar_tensor(v)`` or ``full(size,
+    v)``, else None (one element
     when the result has one, else two: the rules look only at the value and whether
     it is alone)."""
     pos = _LITERALS.get(str(node.target))
@@ -204,6 +205,10 @@ def fp32_nodes(gm: torch.fx.GraphModule, known: Mapping[str, np.ndarray],
             origin = wide[src.name]
             reason = f"reads {src.name}, which may exceed float16 (float32 from {origin})"
         keep[node.name] = reason
+        literal = cpu_literal(node)  # a delegated scalar_tensor/full: name its value
+        problem = array_problem(literal) if literal is not None else None
+        if problem:
+            bad_input[node.name] = f"{node.name} holds {problem[0]!r}, which {problem[1]}"
         val = node.meta.get("val")
         vals = val if isinstance(val, (list, tuple)) else [val]
         if str(node.target) not in NARROWING and any(_is_float(v) for v in vals):

@@ -18,6 +18,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from vkdelegate.ops import registry
 from vkdelegate.backend.node_specs import node_spec
+from vkdelegate.backend.passes import bfloat16
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import NodeDecision, PartitionReport
 from vkdelegate.errors import VkDelegateError
@@ -79,6 +80,8 @@ class VulkanPartitioner:
             return ["getitem goes with its producer"]
         if not isinstance(node.target, torch._ops.OpOverload):
             return [f"{name} is not an ATen operator"]
+        if node.meta.get(bfloat16.BOUNDARY_KEY):
+            return [bfloat16.BOUNDARY_REASON]
         if self.allowlist is not None and name not in self.allowlist:
             return ["not in operator_allowlist"]
         if name in self.blocklist:
@@ -118,7 +121,9 @@ class VulkanPartitioner:
                 # unsupported, it would cut the graph there, since the fx partitioner
                 # merges a node with its users only through supported nodes.
                 reasons = []
-            decisions.append(NodeDecision(node.name, _op_label(node.target), reasons))
+            notes = [node.meta[bfloat16.NOTE_KEY]] if bfloat16.NOTE_KEY in node.meta else []
+            decisions.append(NodeDecision(node.name, _op_label(node.target), reasons,
+                                          notes=notes))
             if not reasons:
                 supported.add(node.name)
         partitioner = CapabilityBasedPartitioner(

@@ -15,9 +15,16 @@ def category(dtype: str) -> int:
 def promote(dtypes: list) -> "str | None":
     """ATen's result dtype of tensor operands where it is one of them: the dtype of the
     highest category (bool < integer < float), if only one operand dtype is in it
-    (float32 * bool -> float32, int32 + bool -> int32; float16 + float32 -> None)."""
+    (float32 * bool -> float32, int32 + bool -> int32; int8 + int32 -> None), and
+    float32 for float16 with float32 (the fp32 scores plus fp16 mask of a decomposed
+    fp16 attention). ATen lets a dimensioned tensor win over a 0-d one of its category
+    (float16[n] + float32[] is float16); callers check the node's output dtype against
+    this result, so such a node stays on the CPU rather than computing wrongly."""
     top = max(dtypes, key=category)
-    if len({d for d in dtypes if category(d) == category(top)}) > 1:
+    tops = {d for d in dtypes if category(d) == category(top)}
+    if tops == {"float16", "float32"}:
+        return "float32"
+    if len(tops) > 1:
         return None
     return top
 

@@ -5,6 +5,7 @@ it changed the graph. ``PASSES`` lists them once, in the order they must run.
 """
 from __future__ import annotations
 
+from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
@@ -13,6 +14,8 @@ from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 
 # Order matters:
+# 0. bfloat16 -> float32 first: every other pass and the op families see float32 (its
+#    no-op _to_copy nodes to bf16 are then removed by 1.);
 # 1. no-op clones/copies go first, so that they do not hide the patterns below
 #    (a clone between a linear and its batch norm would block the fold);
 # 2. addmm/permute -> linear before batch-norm folding, so that a BatchNorm1d after a
@@ -23,8 +26,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
-PASSES = (remove_noop_copies, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
-          fuse_rms_norm, symbolic_view_sizes)
+PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
+          fuse_conv_clamp, fuse_rms_norm, symbolic_view_sizes)
 
 
 def run_passes(pg) -> list[str]:

@@ -15,11 +15,18 @@ float32):
 Python-scalar operands (``x + 1`` exports as add.Tensor(x, 1); eq.Scalar, pow.Scalar
 ...) become 0-d constant tensors in the dtype ATen casts them to (the tensor's dtype, or
 float32 for a float scalar with an integer tensor). Tensor operands of different
-dtypes must differ in category (float16 + float32, int8 + int32 stay on the CPU).
+dtypes must differ in category, except float16 with float32, which gives float32
+(int8 + int32 and int64 + int32 stay on the CPU).
 Integer semantics are exact: wrapping arithmetic, C-style "trunc" and Python-style
 "floor" division, integer pow with ATen's results for negative exponents. Integer
 division by zero, which raises in ATen, gives 0. add and mul accept bool (masks:
-``x * (x > 0)``; bool + bool is logical or, as in ATen).
+``x * (x > 0)``; bool + bool is logical or, as in ATen). The ``.Scalar`` overloads
+(mul.Scalar: the scale of every decomposed scaled_dot_product_attention; div, add,
+sub) are the ``.Tensor`` ops with a Python-scalar other. int64 tensors (arange
+positions, causal masks, position ids) are held in int32 on the device
+(runtime/dtypes.py): add, sub, mul, division, min/max and comparisons accept them, exact
+while values stay in the int32 range (an int64 input outside it raises at the
+boundary; a result past it wraps, where ATen's wraps at 2**63).
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
-from vkdelegate.kernels.elementwise import category, load_define, promote
+from vkdelegate.kernels.elementwise import load_define, promote
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
@@ -39,9 +46,10 @@ from vkdelegate.shaders.variants import declare
 
 SHADER = "binary_op"
 FLOATS = frozenset({"float32", "float16"})
-ARITH = FLOATS | {"int32", "int8", "uint8", "bool"}
+ARITH = FLOATS | {"int32", "int64", "int8", "uint8", "bool"}
 NUMERIC = FLOATS | {"int32"}
-WITH_BOOL = NUMERIC | {"bool"}
+WIDE = NUMERIC | {"int64"}  # ops exact on int64 values within the int32 range
+WITH_BOOL = WIDE | {"bool"}
 INT_BOOL = frozenset({"int32", "bool"})
 # x: alpha, as a float (float variants) and as an int (integer variants).
 SCALAR_PARAMS = ParamBlock("scalars_block", [("fscalars", "vec4"), ("iscalars", "ivec4")])
@@ -77,10 +85,18 @@ BINARY_OPS = {
                               notes="broadcasting on any axis, alpha, scalar other"),
     "aten.mul.Tensor": Binary("a * b", ARITH, fp32_scalar=True, notes="broadcasting on any axis, scalar "
                                                     "other, bool masks"),
-    "aten.div.Tensor": Binary("a / b", NUMERIC, kind="truediv", fp32_scalar=True,
+    "aten.div.Tensor": Binary("a / b", WIDE, kind="truediv", fp32_scalar=True,
                               notes="true division, int32 operands give float32"),
+    "aten.add.Scalar": Binary("a + ALPHA * b", ARITH, alpha=1,
+                              notes="Python-scalar other, alpha"),
+    "aten.sub.Scalar": Binary("a + ALPHA * b", ARITH - {"bool"}, alpha=-1,
+                              notes="Python-scalar other, alpha"),
+    "aten.mul.Scalar": Binary("a * b", ARITH, fp32_scalar=True,
+                              notes="Python-scalar other (attention's scale)"),
+    "aten.div.Scalar": Binary("a / b", WIDE, kind="truediv", fp32_scalar=True,
+                              notes="Python-scalar other; integer self gives float32"),
     "aten.div.Tensor_mode": Binary({None: "a / b", "trunc": "div_trunc(a, b)",
-                                    "floor": "div_floor(a, b)"}, NUMERIC,
+                                    "floor": "div_floor(a, b)"}, WIDE,
                                    fp32_scalar=True,
                                    notes="rounding_mode None/'trunc'/'floor'; integer "
                                          "division by zero gives 0 (ATen raises)"),
@@ -92,9 +108,9 @@ BINARY_OPS = {
     "aten.remainder.Scalar": Binary("remainder_edges(a, b)", NUMERIC, notes=_MOD),
     "aten.fmod.Tensor": Binary("fmod_edges(a, b)", NUMERIC, notes=_MOD),
     "aten.fmod.Scalar": Binary("fmod_edges(a, b)", NUMERIC, notes=_MOD),
-    "aten.minimum.default": Binary("min_nan(a, b)", NUMERIC, scalar_pos=(),
+    "aten.minimum.default": Binary("min_nan(a, b)", WIDE, scalar_pos=(),
                                    notes="broadcasting, propagates NaN"),
-    "aten.maximum.default": Binary("max_nan(a, b)", NUMERIC, scalar_pos=(),
+    "aten.maximum.default": Binary("max_nan(a, b)", WIDE, scalar_pos=(),
                                    notes="broadcasting, propagates NaN"),
     "aten.logical_and.default": Binary("(a != ACC_T(0)) && (b != ACC_T(0))", WITH_BOOL,
                                        kind="logical", scalar_pos=(), notes=_LOGICAL),
@@ -228,7 +244,7 @@ def _declare(op: Binary) -> None:
     for profile in STORAGE_PROFILES:
         pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
         for t in op.dtypes:
-            lower = [d for d in op.dtypes if category(d) < category(t)]
+            lower = [d for d in op.dtypes if d != t and promote([t, d]) == t]
             operands = [(t, t)] + [(t, s) for s in (1, 0.5) if 1 in op.scalar_pos] + \
                        [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
                        [p for d in lower for p in ((t, d), (d, t))]

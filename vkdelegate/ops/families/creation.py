@@ -1,7 +1,9 @@
-"""Tensor creation: full, full_like, arange.start_step.
+"""Tensor creation: full, full_like, scalar_tensor, arange.start_step.
 
 torch.zeros/ones/full export as ``aten.full.default``; zeros_like/ones_like/full_like
-as ``aten.full_like.default``; every torch.arange form as ``aten.arange.start_step``.
+as ``aten.full_like.default``; every torch.arange form as ``aten.arange.start_step``;
+``aten.scalar_tensor.default`` (a 0-d tensor: the fill operands of decomposed
+masked_fill and of attention masks' ``where``) is full of size ().
 The fill value is converted to the output dtype on the host exactly as torch converts
 a Python scalar (numpy cast: truncation for ints, x != 0 for bool); arange computes
 ``start + i * step`` on the device (fp32 for float outputs, int32 for integer ones).
@@ -92,6 +94,17 @@ def _fill_rule(node: NodeSpec):
     return f"fill {reason}" if reason else None
 
 
+def _scalar_tensor_impl(b, node):
+    # scalar_tensor(s, *, dtype, layout, device, pin_memory)
+    out = b.tensor(node.args[-1])
+    _dispatch(b, out, _typed(b.scalar(node.args[0]), out.dtype), 0)
+
+
+def _scalar_tensor_rule(node: NodeSpec):
+    reason = scalar_reason(node.args[0], node.outputs[0].dtype)
+    return f"value {reason}" if reason else None
+
+
 def _arange_rule(node: NodeSpec):
     start, end, step = node.args[:3]
     if not all(isinstance(v, (int, float)) for v in (start, end, step)):
@@ -116,6 +129,9 @@ register(OpSpec(name="aten.full.default", dtypes=DTYPES, impl=_full_impl,
 register(OpSpec(name="aten.full_like.default", dtypes=DTYPES, impl=_full_impl,
                 shape_fn=lambda args: tuple(args[0].shape), rules=(_fill_rule,),
                 notes="zeros_like, ones_like, full_like; any dtype argument"))
+register(OpSpec(name="aten.scalar_tensor.default", dtypes=DTYPES, impl=_scalar_tensor_impl,
+                shape_fn=lambda args: (), rules=(_scalar_tensor_rule,),
+                notes="0-d tensor of a Python scalar (masked_fill, attention masks)"))
 # ExecuTorch keeps zeros/ones(_like) as ops of their own (torch.export makes them full):
 # schemas as full's without the fill value.
 

@@ -22,7 +22,8 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare
 
 SHADER = "ternary_op"
-VALUES = frozenset({"float32", "float16", "int32", "bool"})
+# int64 (position ids, masks) is held in int32 on the device: where only selects.
+VALUES = frozenset({"float32", "float16", "int32", "int64", "bool"})
 NUMERIC = frozenset({"float32", "float16", "int32"})
 WHERE_EXPR = "c != 0 ? a : b"
 CLAMP_EXPR = "KEEP_NAN(a, min_nan(max_nan(a, b), c))"

@@ -93,6 +93,8 @@ UNARY_OPS = {
     "aten.rsqrt.default": Unary("x < 0.0 ? NAN_F : recip_edges(sqrt(x))", FLOATS),
     "aten.reciprocal.default": Unary("recip_edges(x)", FLOATS),
     "aten.erf.default": Unary("erf_approx(x)", FLOATS),
+    "aten.erfinv.default": Unary("erfinv_approx(x)", FLOATS,
+                                 notes="+-1 give +-inf, |x| > 1 NaN"),
     "aten.sin.default": Unary("sin(x)", FLOATS),
     "aten.cos.default": Unary("cos(x)", FLOATS),
     "aten.round.default": Unary("roundEven(x)", FLOATS, notes="half to even, as torch"),
