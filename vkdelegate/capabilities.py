@@ -21,17 +21,19 @@ from vkdelegate.errors import VkDelegateError
 FEATURES = {
     "VkPhysicalDeviceFeatures": ("shaderFloat64", "shaderInt64", "shaderInt16"),
     "VkPhysicalDeviceVulkan11Features": ("storageBuffer16BitAccess",),
+    # Not vulkanMemoryModel: enabled without vulkanMemoryModelDeviceScope it makes the
+    # Device-scope atomics of today's shaders invalid (VUID-RuntimeSpirv-
+    # vulkanMemoryModel-06265); a variant that needs the model adds both together.
     "VkPhysicalDeviceVulkan12Features": ("storageBuffer8BitAccess", "shaderFloat16",
-                                         "shaderInt8", "vulkanMemoryModel"),
+                                         "shaderInt8"),
     "VkPhysicalDeviceVulkan13Features": ("subgroupSizeControl", "computeFullSubgroups",
                                          "shaderIntegerDotProduct", "maintenance4"),
     "VkPhysicalDeviceCooperativeMatrixFeaturesKHR": ("cooperativeMatrix",),
 }
 #: Device creation enables each of these the device has (and never one it lacks):
 #: the ones a shader variant may use (64/16-bit integers and doubles, narrow storage
-#: and arithmetic, subgroup size control, integer dot product, cooperative matrices
-#: with their memory model, and maintenance4, which the LocalSizeId execution mode of
-#: SPIR-V 1.6 needs).
+#: and arithmetic, subgroup size control, integer dot product, cooperative matrices,
+#: and maintenance4, which the LocalSizeId execution mode of SPIR-V 1.6 needs).
 ALL_FEATURES = frozenset(n for names in FEATURES.values() for n in names)
 #: The extension that brings ``cooperativeMatrix`` (enabled with it).
 COOPERATIVE_MATRIX_EXTENSION = "VK_KHR_cooperative_matrix"
