@@ -3,7 +3,8 @@
 #include "common.h"
 
 // Fused scaled dot-product attention, flash-attention style (ops/families/sdpa.py):
-//   out[b, h, i, :] = sum_j softmax_j(scale * q[b, h, i, :] . k[b', h', j, :] + mask) v[b', h', j, :]
+//   out[b, h, i] = sum_j softmax_j(scale q[b, h, i] . k[b', h', j] + mask[.., i, j]) v[b', h', j]
+// (q is multiplied by the scale as it is loaded)
 // q [B, Hq, L, E], k [Bk, Hk, S, E], v [Bk, Hk, S, Ev], out [B, Hq, L, Ev] (metadata
 // dims 3..0; a rank-3 tensor has B = 1). K/V heads and batch are shared by Hq / Hk
 // (B / Bk) consecutive query heads (batches): grouped-query attention, and broadcasting
@@ -103,7 +104,8 @@ void main() {
   const int k_row = stride_at(k_meta, 1);
   const int v_row = stride_at(v_meta, 1);
 #ifdef HAS_MASK
-  const int m_base = bq * mask_stride(3) + h * mask_stride(2) + min(i, L - 1) * mask_stride(1);
+  const int m_base = bq * mask_stride(3) + h * mask_stride(2)
+      + min(i, L - 1) * mask_stride(1);
   const int m_col = mask_stride(0);
 #endif
 
@@ -111,7 +113,8 @@ void main() {
   vec4 acc[D4];
   const int q_base = bq * stride_at(q_meta, 3) + h * stride_at(q_meta, 2)
       + min(i, L - 1) * stride_at(q_meta, 1);
-  D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+  D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP)
+  [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
     const int c = c0 + u4;
     q[c] = LOAD4(q_data, q_base, c, E) * scale.x;
     acc[c] = vec4(0.0);
@@ -146,7 +149,8 @@ void main() {
         float sc = NEG_INF;
         if (j < S) {
           float d = 0.0;
-          D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+          D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP)
+  [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
     const int c = c0 + u4;
             d += dot(q[c], k_tile[jj * D4 + c]);
           }
@@ -173,14 +177,16 @@ void main() {
         // m == -inf: acc and l are 0, any finite factor keeps them so.
         const float alpha = (m_new == m) ? 1.0 : (m == NEG_INF ? 0.0 : exp(m - m_new));
         l *= alpha;
-        D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+        D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP)
+  [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
     const int c = c0 + u4;
           acc[c] *= alpha;
         }
         [[dont_unroll]] for (int jj = 0; jj < BLOCK_N; ++jj) {
           const float p = (s[jj] == NEG_INF) ? 0.0 : exp(s[jj] - m_new);
           l += p;
-          D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+          D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP)
+  [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
     const int c = c0 + u4;
             acc[c] += p * v_tile[jj * D4 + c];
           }
@@ -196,7 +202,8 @@ void main() {
   }
   const int o_base = bq * stride_at(out_meta, 3) + h * stride_at(out_meta, 2)
       + i * stride_at(out_meta, 1);
-  D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP) [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
+  D_LOOP for (int c0 = 0; c0 < D4; c0 += D_STEP)
+  [[unroll]] for (int u4 = 0; u4 < D_STEP; ++u4) {
     const int c = c0 + u4;
     [[unroll]] for (int u = 0; u < 4; ++u) {
       const int e = 4 * c + u;
