@@ -31,7 +31,7 @@ from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SIMPLE_SHADER = "matmul"
 TILED_SHADER = "matmul_tiled"
@@ -213,22 +213,21 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
                params=params, global_size=grid, local_size=workgroup_for(grid))
 
 
-def _declare_all() -> None:
-    """Every variant ``select`` may pick, for both dtypes and storage profiles."""
-    for profile in STORAGE_PROFILES:
-        for dt in DTYPES:
-            ddt = (dt, device_dtype(dt, profile))
-            for transposed in (False, True):
-                defines = mm_defines(ddt, ddt, ddt, dt, transposed)
-                declare(SIMPLE_SHADER, defines)
-                for reg in (1, REG):
-                    declare(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(reg)))
-            for layout in ("kn", "nk", "packed"):
-                for bias in (None, ddt):
-                    for m_tile in (1, 4):
-                        for long_k in (False, True):
-                            declare(LINEAR_SHADER, linear_defines(ddt, ddt, ddt, bias,
-                                                                  layout, m_tile, long_k))
+# Every variant ``select`` may pick, for both dtypes and storage profiles.
+def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    defines = mm_defines(ddt, ddt, ddt, dtype, transposed)
+    return defines if reg is None else dict(defines, TILE=str(TILE), REG=str(reg))
 
 
-_declare_all()
+def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
+                    long_k: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k)
+
+
+_GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
+declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
+declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
+declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
+             bias=(False, True), m_tile=(1, 4), long_k=(False, True))

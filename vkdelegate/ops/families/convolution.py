@@ -26,7 +26,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = gemm.CONV_SHADER  # the pointwise form is chosen by gemm.select
 DTYPES = frozenset({"float32", "float16"})
@@ -329,24 +329,18 @@ register(OpSpec(name=CONV_CLAMP, dtypes=DTYPES, impl=_impl_clamp, shape_fn=_shap
                 notes="convolution with a fused clamp/ReLU/ReLU6 epilogue (ET-VK)"))
 
 
-def _declare_all():
-    for profile in STORAGE_PROFILES:
-        for dt in DTYPES:
-            ddt = (dt, device_dtype(dt, profile))
-            f32 = ("float32", "float32")
-            for clamp in (False, True):
-                # A bias computed at run time keeps the input dtype; else fp32.
-                for bias_dt in {ddt, f32}:
-                    for long_loops in (False, True):
-                        for tile in (1, 4):
-                            for mode in ("direct", "transposed", "pointwise"):
-                                declare(SHADER, _defines(
-                                    ddt, ddt, f32, bias_dt, tile=tile, packed=True,
-                                    mode=mode, clamp=clamp, long_loops=long_loops))
-                        for mode in ("direct", "transposed"):
-                            declare(SHADER, _defines(
-                                ddt, ddt, ddt, bias_dt, tile=1, packed=False, mode=mode,
-                                clamp=clamp, long_loops=long_loops))
+def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, tile: int,
+             clamp: bool, long_loops: bool):
+    """A constant weight is prepacked fp32 (any tile and path); a weight computed at run
+    time is read as stored, by the one-channel direct or transposed path only. A bias
+    computed at run time keeps the input dtype; a constant one is fp32."""
+    if not packed and (tile != 1 or mode == "pointwise"):
+        return None
+    ddt, f32 = (dtype, device_dtype(dtype, profile)), ("float32", "float32")
+    return _defines(ddt, ddt, f32 if packed else ddt, ddt if run_time_bias else f32,
+                    tile=tile, packed=packed, mode=mode, clamp=clamp, long_loops=long_loops)
 
 
-_declare_all()
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, packed=(True, False),
+             run_time_bias=(False, True), mode=("direct", "transposed", "pointwise"),
+             tile=(1, 4), clamp=(False, True), long_loops=(False, True))

@@ -22,7 +22,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "pool2d"
 FLOATS = frozenset({"float32", "float16"})
@@ -239,10 +239,11 @@ register(OpSpec(name=ADAPTIVE_AVG, dtypes=FLOATS, impl=_adaptive_avg_impl,
 register(OpSpec(name=ADAPTIVE_MAX, impl=_adaptive_max_impl, shape_fn=_adaptive_max_shape,
                 rules=(_rank, _output_size_rule), max_rank=4, **_WITH_INDICES,
                 notes="ATen's floor/ceil windows, int64 indices"))
-for _profile in STORAGE_PROFILES:
-    for _dt in FLOATS:
-        _ddt = (_dt, device_dtype(_dt, _profile))
-        for _kind in ("max", "avg", "adaptive_avg", "adaptive_max"):
-            for _loop in (False, True):
-                for _long in (False, True):
-                    declare(SHADER, _defines(_ddt, _ddt, _kind, _loop, _long))
+def _variant(profile, dtype: str, kind: str, loop: bool, long: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return _defines(ddt, ddt, kind, loop, long)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=FLOATS,
+             kind=("max", "avg", "adaptive_avg", "adaptive_max"), loop=(False, True),
+             long=(False, True))
