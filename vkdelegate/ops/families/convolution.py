@@ -31,7 +31,7 @@ from vkdelegate.shaders.variants import declare_grid
 SHADER = gemm.CONV_SHADER  # the pointwise form is chosen by gemm.select
 DTYPES = frozenset({"float32", "float16"})
 CONV = "aten.convolution.default"
-CONV_CLAMP = "et_vk.conv_with_clamp.default"
+CONV_CLAMP = "et_vk.conv_with_clamp.default"  # schema, CPU kernel: backend/custom_ops.py
 INF = float("inf")  # an absent clamp bound: clamping to +-inf keeps +-inf results
 
 
