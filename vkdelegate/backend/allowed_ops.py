@@ -16,8 +16,8 @@ torch.export emits, and the creation ops, allowed because the bytes they make ar
 checked at load (``vkdelegate.backend.creation_ops``). A name the installed torch does
 not define (torch 2.11 lacks some) is simply unresolvable. Torch-free.
 
-docs/LOWERING.md lists these names (``render_doc``); tests/backend/test_allowed_ops.py
-keeps it current and checks the schemas of the installed torch against the rules.
+docs/LOWERING.md lists these names (``allowed_ops_doc.render``);
+tests/backend/test_allowed_ops.py keeps it current and checks the schemas of the installed torch against the rules.
 """
 from __future__ import annotations
 

@@ -19,9 +19,6 @@ from typing import Any, Callable, Optional
 
 from vkdelegate.errors import VkDelegateError
 
-#: dtype names used across vkdelegate (numpy's names).
-ALL_DTYPES = frozenset(
-    {"float32", "float16", "int32", "int8", "uint8", "bool", "int64", "float64"})
 FLOAT_DTYPES = frozenset({"float32", "float16"})
 
 

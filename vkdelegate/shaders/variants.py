@@ -25,6 +25,13 @@ def declare(shader: str, defines: Mapping[str, str]) -> None:
     _VARIANTS.setdefault(key, (shader, {k: str(v) for k, v in defines.items()}))
 
 
+def flag_defines(**flags: bool) -> dict[str, str]:
+    """Defines for on/off shader flags: each name whose value is true, as ``"1"`` (the
+    GLSL tests them with ``#ifdef``); ``flag_defines(CLAMP=True, LONG_K=False)`` gives
+    ``{"CLAMP": "1"}``."""
+    return {name: "1" for name, on in flags.items() if on}
+
+
 def all_variants() -> list[tuple[str, dict]]:
     """Every declared variant (after ``vkdelegate.ops.registry.load_all()``)."""
     return [_VARIANTS[k] for k in sorted(_VARIANTS)]

@@ -25,7 +25,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare_grid
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "batch_norm"
 NAME = "aten._native_batch_norm_legit_no_training.default"
@@ -49,12 +49,8 @@ def _channels(node: NodeSpec):
 
 
 def _defines(out, x, p, prepacked: bool, plane_loop: bool = False) -> dict:
-    d = storage_defines(OUT=out, IN=x, P=p)
-    if prepacked:
-        d["PREPACKED"] = "1"
-    if plane_loop:
-        d["PLANE_LOOP"] = "1"
-    return d
+    return dict(storage_defines(OUT=out, IN=x, P=p),
+                **flag_defines(PREPACKED=prepacked, PLANE_LOOP=plane_loop))
 
 
 @shader_bindings(SHADER)

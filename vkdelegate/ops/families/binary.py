@@ -233,7 +233,8 @@ def _variants(op: Binary, profile, t: str) -> list[dict]:
                [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
                [p for d in lower for p in ((t, d), (d, t))]
     found = []
-    for (a, b), out_dtype, mode in itertools.product(operands, {"bool", t, "float32"}, modes):
+    for (a, b), out_dtype, mode in itertools.product(operands, {"bool", t, "float32"},
+                                                     modes):
         result = plan(op, a, b, out_dtype, mode)
         if isinstance(result, str):
             continue

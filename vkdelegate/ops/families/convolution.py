@@ -26,7 +26,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare_grid
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = gemm.CONV_SHADER  # the pointwise form is chosen by gemm.select
 DTYPES = frozenset({"float32", "float16"})
@@ -186,19 +186,11 @@ RULES = (_spatial_rank, static_channels, _static_weight, same_dtype, _groups, _c
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
              long_loops: bool = False) -> dict:
-    d = storage_defines(OUT=out, IN=x, W=w, B=bias)
-    d["OC_TILE"] = str(tile)
-    if long_loops:
-        d["LONG_LOOPS"] = "1"
-    if packed:
-        d["W_PACKED"] = "1"
-    if mode == "transposed":
-        d["TRANSPOSED"] = "1"
-    elif mode == "pointwise":
-        d["POINTWISE"] = "1"
+    d = dict(storage_defines(OUT=out, IN=x, W=w, B=bias), OC_TILE=str(tile),
+             **flag_defines(LONG_LOOPS=long_loops, W_PACKED=packed, CLAMP=clamp,
+                            TRANSPOSED=mode == "transposed", POINTWISE=mode == "pointwise"))
+    if mode == "pointwise":
         d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
-    if clamp:
-        d["CLAMP"] = "1"
     return d
 
 

@@ -22,7 +22,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare_grid
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "pool2d"
 FLOATS = frozenset({"float32", "float16"})
@@ -140,18 +140,12 @@ def _output_size_rule(node: NodeSpec):
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, kind: str, plane_loop: bool = False,
              long_window: bool = False) -> dict:
-    d = storage_defines(OUT=out, IN=x)
-    if plane_loop:
-        d["PLANE_LOOP"] = "1"
-    if long_window:
-        d["LONG_WINDOW"] = "1"
-    if kind in ("max", "adaptive_max"):
-        d["MAX_POOL"] = "1"
+    is_max = kind in ("max", "adaptive_max")
+    d = dict(storage_defines(OUT=out, IN=x),
+             **flag_defines(PLANE_LOOP=plane_loop, LONG_WINDOW=long_window, MAX_POOL=is_max,
+                            AVG_POOL=not is_max, ADAPTIVE=kind.startswith("adaptive")))
+    if is_max:
         d["IDX_T"] = "int"  # int64 indices are int32 on the device
-    else:
-        d["AVG_POOL"] = "1"
-    if kind.startswith("adaptive"):
-        d["ADAPTIVE"] = "1"
     return d
 
 

@@ -23,7 +23,7 @@ from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare_grid
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "unary_op"
 FLOATS = frozenset({"float32", "float16"})
@@ -110,13 +110,9 @@ UNARY_OPS = {
 
 
 def _defines(expr: str, out, x, x_dtype: str, has_params: bool) -> dict:
-    d = storage_defines(OUT=out, IN=x)
-    d.update(ACC_T=acc_type(x_dtype), OP_EXPR=expr)
-    if acc_type(x_dtype) == "float":
-        d["ACC_FLOAT"] = "1"
-    if has_params:
-        d["HAS_PARAMS"] = "1"
-    return d
+    return dict(storage_defines(OUT=out, IN=x), ACC_T=acc_type(x_dtype), OP_EXPR=expr,
+                **flag_defines(ACC_FLOAT=acc_type(x_dtype) == "float",
+                               HAS_PARAMS=has_params))
 
 
 @shader_bindings(SHADER)
