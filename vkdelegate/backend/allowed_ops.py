@@ -17,7 +17,8 @@ checked at load (``vkdelegate.backend.creation_ops``). A name the installed torc
 not define (torch 2.11 lacks some) is simply unresolvable. Torch-free.
 
 docs/LOWERING.md lists these names (``allowed_ops_doc.render``);
-tests/backend/test_allowed_ops.py keeps it current and checks the schemas of the installed torch against the rules.
+tests/backend/test_allowed_ops.py keeps it current and checks the schemas of the
+installed torch against the rules.
 """
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ def _sym_size(tensor, dim: int) -> int:
 #: whose delegates need a run-time size still loads and runs without torch.
 TORCH_FREE = {"aten.sym_size.int": _sym_size}
 
+
 def builtin_name(target) -> "str | None":
     """The glue name of a Python operator target, or None if it is not allowed."""
     name = f"operator.{getattr(target, '__name__', '')}"
