@@ -17,3 +17,15 @@ def vulkan_unavailable() -> str | None:
     except Exception as exc:  # no loader, no driver, runtime not importable
         return f"Vulkan runtime unavailable: {type(exc).__name__}: {exc}"
     return None
+
+
+def _requires_vulkan():
+    import pytest
+
+    reason = vulkan_unavailable()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+#: Marks a test that runs Vulkan work without the ``vk_device`` fixture (a subprocess,
+#: the CLI, a program's default device): skipped with the reason where there is none.
+requires_vulkan = _requires_vulkan()

@@ -15,12 +15,18 @@ def _relu_graph():
                      values=vals, input_ids=[0], output_ids=[1])
 
 
-def test_both_executors_state_the_interface():
-    x = np.array([-1.5, 2, -3, 4], np.float32)
+X = np.array([-1.5, 2, -3, 4], np.float32)
+
+
+def test_the_reference_executor_states_the_interface():
     ref = ReferenceGraph.from_graph(_relu_graph(), lambda i: b"")
     assert isinstance(ref, Executor) and ref.keeps_state is False
-    assert ref.execute([x])[0].tolist() == np.maximum(x, 0).tolist()
+    assert ref.execute([X])[0].tolist() == np.maximum(X, 0).tolist()
     ref.close()
-    with DelegateGraph(_relu_graph(), lambda i: b"") as dg:
+
+
+def test_the_vulkan_executor_states_the_interface(vk_device):
+    x = X
+    with DelegateGraph(_relu_graph(), lambda i: b"", device=vk_device) as dg:
         assert isinstance(dg, StateExecutor) and dg.keeps_state is True
         assert dg.execute([x])[0].tolist() == np.maximum(x, 0).tolist()

@@ -8,8 +8,10 @@ import pytest
 pytest.importorskip("efficientnet_lite_pytorch", reason="needs the examples extra")
 
 from vkdelegate.cli import main  # noqa: E402
+from tests.vulkan_skip import requires_vulkan
 
 
+@requires_vulkan
 def test_demo_classifies_a_user_image_file(tmp_path):
     import skimage.data
     import skimage.io

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vkdelegate
+from tests.vulkan_skip import requires_vulkan
 
 model_zoo = pytest.importorskip(
     "vkdelegate.examples.efficientnet_lite", reason="needs the examples extra")
@@ -18,6 +19,7 @@ def model_and_input():
     return model, x
 
 
+@requires_vulkan
 def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, tmp_path):
     model, x = model_and_input
     ep = torch.export.export(model, (x,))

@@ -10,14 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vkdelegate.backend.et_vk_ops  # noqa: F401  (defines torch.ops.et_vk.*)
+from vkdelegate.backend import custom_ops
 from tests.ops.harness import check_op
 from tests.runtime.graphs import GraphMaker, rand
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.runtime import Device
 
 CONV = "aten.convolution.default"
-CLAMP = "et_vk.conv_with_clamp.default"
+CLAMP = custom_ops.CONV_WITH_CLAMP.name
+custom_ops.ensure_defined()  # torch.ops.et_vk.conv_with_clamp for the eager references
 
 
 def _conv(weight, bias, **kw):

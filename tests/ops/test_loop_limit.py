@@ -203,15 +203,14 @@ def test_direct_conv_k_past_loop_limit(make, shape):
     check_op(make(), (torch.randn(shape),), ops=CONV, rtol=1e-4, atol=1e-4)
 
 
-def test_conv_too_many_channels_per_group_is_refused(monkeypatch):
+def test_conv_too_many_channels_per_group_is_refused(monkeypatch, vk_device):
     # 70001 input channels per group in the direct form: more loop iterations than
     # llvmpipe runs; a clear error at load instead of wrong numbers. (With torch the
     # program layer runs such a delegate on the CPU instead; the error is what it
     # raises without torch.)
     from vkdelegate.backend import program
     from vkdelegate.errors import DeviceLimitError
-    from vkdelegate.runtime import default_device
-    if not default_device().info.name.startswith("llvmpipe"):
+    if not vk_device.info.name.startswith("llvmpipe"):
         pytest.skip("the loop limit is llvmpipe's")
     monkeypatch.setattr(program, "_torch_or_none", lambda: None)
     torch.manual_seed(0)

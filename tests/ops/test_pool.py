@@ -7,7 +7,6 @@ from tests.ops.harness import check_op
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.kernels.loop_limit import is_llvmpipe
 from vkdelegate.errors import DeviceLimitError
-from vkdelegate.runtime import default_device
 
 MAX, AVG = "aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default"
 AAVG, AMAX = "aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default"
@@ -154,12 +153,12 @@ def test_windows_longer_than_llvmpipes_loop_budget():
     check_op(lambda x: F.avg_pool2d(x, 300), (x,), ops=[AVG])
 
 
-def test_window_beyond_the_loop_budget_fails_at_load(monkeypatch):
+def test_window_beyond_the_loop_budget_fails_at_load(monkeypatch, vk_device):
     # A DeviceLimitError at load; with torch the program layer runs such a delegate
     # on the CPU instead, so torch is hidden from it here.
     from vkdelegate.backend import program as program_layer
 
-    if not is_llvmpipe(default_device().info):
+    if not is_llvmpipe(vk_device.info):
         pytest.skip("only llvmpipe limits shader loops")
     monkeypatch.setattr(program_layer, "_torch_or_none", lambda: None)
     x = torch.randn(1, 1, 2000, 2000)

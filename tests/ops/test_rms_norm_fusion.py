@@ -8,7 +8,7 @@ from torch import nn
 
 from tests.ops.harness import assert_matches_eager, check_op
 from vkdelegate import VulkanPartitioner, to_backend
-from vkdelegate.backend import et_vk_rms_norm
+from vkdelegate.backend import custom_ops
 
 FUSED = "et_vk.rms_norm.default"
 
@@ -99,7 +99,7 @@ def test_cpu_kernel_matches_executorch_semantics():
     expected = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
                 * w.float()).half()
     got = torch.ops.et_vk.rms_norm.default(x, w, 1e-6)
-    assert et_vk_rms_norm.NAME == FUSED
+    assert custom_ops.RMS_NORM.name == FUSED
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 

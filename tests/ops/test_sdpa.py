@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 from tests.ops.harness import check_op
-from vkdelegate.backend.et_vk_ops import ensure_defined
+from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.to_backend import to_backend
 

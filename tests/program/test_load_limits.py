@@ -13,6 +13,7 @@ from vkdelegate.errors import ResourceLimitError
 from vkdelegate.limits import LoadLimits
 
 from . import crafted
+from tests.vulkan_skip import requires_vulkan
 
 
 def _load(tmp_path, text, data=None, limits=None):
@@ -161,6 +162,7 @@ class Repeat(torch.nn.Module):
         return x.repeat(600, 1).sum(0)
 
 
+@requires_vulkan
 def test_over_the_load_limits_there_is_no_cpu_fallback(tmp_path):
     """A delegate whose tensors are over the load limits is refused: the reference
     executor (the device-limit fallback) is not a way around them."""

@@ -12,6 +12,7 @@ from tests.runtime.graphs import GraphMaker, rand
 from tests.slow_fence import slow_fence_wait
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import Device
+from tests.vulkan_skip import requires_vulkan
 
 
 def _relu_graph(device, shape=(8, 33)):
@@ -107,6 +108,7 @@ def test_close_against_many_threads_calling(vk_device):
     assert len(errors) == 4 and all("closed" in e for e in errors), errors
 
 
+@requires_vulkan
 def test_device_close_closes_open_graphs_and_later_finalizers_do_nothing():
     device = _own_device()
     try:

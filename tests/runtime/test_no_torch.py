@@ -3,7 +3,10 @@ import subprocess
 import sys
 import textwrap
 
+from tests.vulkan_skip import requires_vulkan
 
+
+@requires_vulkan
 def test_runtime_runs_without_torch():
     code = textwrap.dedent("""
         import sys

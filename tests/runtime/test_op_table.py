@@ -10,6 +10,7 @@ import pytest
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import DelegateGraph, OpTable
 from vkdelegate.serialization import vkgraph as g
+from tests.vulkan_skip import requires_vulkan
 
 # A relu written against the runtime alone (unary_op.glsl, bindings declared here
 # because the backend that normally declares them is never imported).
@@ -34,6 +35,7 @@ _RELU = """
 """
 
 
+@requires_vulkan
 def test_injected_table_imports_no_torch_and_no_backend():
     code = textwrap.dedent("""
         import sys
@@ -69,6 +71,7 @@ def test_injected_table_imports_no_torch_and_no_backend():
     assert result.stdout.strip().endswith("ok")
 
 
+@requires_vulkan
 def test_injected_checks_refuse_before_anything_is_built():
     def check_nodes(graph, lookup):
         raise VkDelegateError("node 0 (test.relu): refused by the table")

@@ -16,11 +16,13 @@ torch.export emits, and the creation ops, allowed because the bytes they make ar
 checked at load (``vkdelegate.backend.creation_ops``). A name the installed torch does
 not define (torch 2.11 lacks some) is simply unresolvable. Torch-free.
 
-docs/LOWERING.md lists these names (``render_doc``); tests/backend/test_allowed_ops.py
-keeps it current and checks the schemas of the installed torch against the rules.
+docs/LOWERING.md lists these names (``allowed_ops_doc.render``);
+tests/backend/test_allowed_ops.py keeps it current and checks the schemas of the
+installed torch against the rules.
 """
 from __future__ import annotations
 
+from vkdelegate.backend import custom_ops
 from vkdelegate.errors import VkDelegateError
 
 
@@ -113,10 +115,9 @@ aten.new_empty_strided.default aten.empty_like.default aten.rand_like.default
 aten.randn_like.default
 """)
 
-#: Custom ops our passes create (ET-VK's fused conv) or ExecuTorch blobs hold (defined
-#: only where executorch is installed).
-CUSTOM = _names("et_vk.conv_with_clamp.default et_vk.rms_norm.default et_vk.sdpa.default "
-                "dim_order_ops._to_dim_order_copy.default")
+#: Custom ops the CPU glue may call: those ``custom_ops`` declares with ``glue=True``
+#: (ET-VK's fused conv, RMS norm and SDPA, ExecuTorch's dim-order copy).
+CUSTOM = custom_ops.names(glue=True)
 
 #: Integer operators on SymInts (``operator.<name>`` in the glue; blobs use the bare
 #: name, ``mul``). Their arguments must be ints (see ``glue_ops.BUILTINS``).
@@ -125,8 +126,8 @@ operator.add operator.sub operator.mul operator.floordiv operator.mod operator.n
 operator.eq operator.ne operator.lt operator.le operator.gt operator.ge
 """)
 
-#: Delegate-internal ops only the reference executor runs (a prepack is a copy).
-REFERENCE_ONLY = _names("et_vk.prepack.default")
+#: Delegate-internal ops only the reference executor runs (``custom_ops``, glue=False).
+REFERENCE_ONLY = custom_ops.names(glue=False)
 
 #: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
 ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numbers
 import operator
 
-from vkdelegate.backend import allowed_ops
+from vkdelegate.backend import allowed_ops, custom_ops
 from vkdelegate.backend.creation_ops import creation_nbytes  # noqa: F401 (public here)
 from vkdelegate.errors import VkDelegateError
 
@@ -52,11 +52,6 @@ def _sym_size(tensor, dim: int) -> int:
 #: whose delegates need a run-time size still loads and runs without torch.
 TORCH_FREE = {"aten.sym_size.int": _sym_size}
 
-#: Custom ops (ExecuTorch Vulkan's) a graph may hold after our lowering passes; torch
-#: learns them from ``vkdelegate.backend.et_vk_ops``.
-CUSTOM_OPS = frozenset({"et_vk.conv_with_clamp.default", "et_vk.rms_norm.default",
-                        "et_vk.sdpa.default"})
-
 
 def builtin_name(target) -> "str | None":
     """The glue name of a Python operator target, or None if it is not allowed."""
@@ -90,10 +85,8 @@ def resolve(name: str, where: "str | None" = None, reference: bool = False):
         raise VkDelegateError(f"this program runs {name} on the CPU, which needs torch; "
                               f"install torch or lower the program fully to Vulkan") from None
     namespace, op, overload = name.split(".")
-    if name in CUSTOM_OPS:
-        from vkdelegate.backend.et_vk_ops import ensure_defined
-
-        ensure_defined()
+    if name in custom_ops.CUSTOM_OPS:
+        custom_ops.ensure_defined()
     packet = getattr(getattr(torch.ops, namespace), op, None)
     found = None
     if isinstance(packet, torch._ops.OpOverloadPacket):

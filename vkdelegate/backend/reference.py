@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from vkdelegate.backend import glue_ops
+from vkdelegate.backend import allowed_ops, custom_ops, glue_ops
 from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
 from vkdelegate.ops.load_checks import DeclaredValues, check_node
@@ -295,23 +295,14 @@ def _call(where: str, op, args: list, kwargs: dict):
         raise VkDelegateError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _prepack(x):
-    return x.clone()
-
-
-#: Delegate-internal ET-VK ops with no ATen or glue equivalent: ``prepack`` copies a
-#: constant into its GPU layout, on the CPU a copy.
-_DELEGATE_ONLY = {"et_vk.prepack.default": _prepack}
-
-
 def resolve(name: str, where: str = "a node of the delegate"):
     """The CPU callable for an ``OperatorCall`` name: an allowed glue op
     (``glue_ops.resolve``), a Python operator on SymInts under the builder's bare
     name (``mul`` for operator.mul), or a delegate-only ET-VK op
-    (``allowed_ops.REFERENCE_ONLY``). Raises VkDelegateError naming ``where`` and the
-    op for anything else."""
-    if name in _DELEGATE_ONLY:
-        return _DELEGATE_ONLY[name]
+    (``custom_ops`` declared with glue=False: its ``cpu`` kernel). Raises
+    VkDelegateError naming ``where`` and the op for anything else."""
+    if name in allowed_ops.REFERENCE_ONLY:
+        return custom_ops.CUSTOM_OPS[name].cpu
     if _is_size_arithmetic(name):
         return glue_ops.BUILTINS[f"operator.{name}"]
     return glue_ops.resolve(name, where, reference=True)

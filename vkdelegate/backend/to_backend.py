@@ -23,7 +23,6 @@ from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.program import Delegate, LoweredProgram, Method
 from vkdelegate.backend.program_graph import ProgramGraph
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.serialization.vkgraph import VkDataType, VkTensor
 
 _PREFIX = "vulkan_delegate_"
 

@@ -27,7 +27,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "affine_copy"
 AFFINE, MODULO, PAD = 0, 1, 2
@@ -182,7 +182,6 @@ def flat_impl(b, node):
 
 def declare_copy(dtype_pairs) -> None:
     """Declare the affine_copy variants for (out dtype, in dtype) graph-dtype pairs."""
-    for profile in STORAGE_PROFILES:
-        for out_dt, in_dt in dtype_pairs:
-            declare(SHADER, copy_defines(device_dtype(out_dt, profile),
-                                         device_dtype(in_dt, profile), out_dt, in_dt))
+    declare_grid(SHADER, lambda profile, pair: copy_defines(
+        device_dtype(pair[0], profile), device_dtype(pair[1], profile), *pair),
+        profile=STORAGE_PROFILES, pair=tuple(dtype_pairs))

@@ -31,7 +31,7 @@ from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SIMPLE_SHADER = "matmul"
 TILED_SHADER = "matmul_tiled"
@@ -119,11 +119,8 @@ def checked_select(b, m: int, n: int, k: int, *, plain: bool,
 # ---- aten.mm: matmul.glsl / matmul_tiled.glsl ---------------------------------------
 def mm_defines(out, a, b, dtype: str, transposed: bool) -> dict:
     """Defines of both matmul shaders; ``transposed``: b is a prepacked [N, K]."""
-    d = storage_defines(OUT=out, A=a, B=b)
-    d["ACC_T"] = acc_type(dtype)
-    if transposed:
-        d["B_TRANSPOSED"] = "1"
-    return d
+    return dict(storage_defines(OUT=out, A=a, B=b), ACC_T=acc_type(dtype),
+                **flag_defines(B_TRANSPOSED=transposed))
 
 
 @shader_bindings(SIMPLE_SHADER)
@@ -159,15 +156,10 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
     if bias is not None:
         tensors["C"] = bias
     d = storage_defines(**tensors)
-    d["M_TILE"] = str(m_tile)
-    if long_k:
-        d["LONG_K"] = "1"
-    if bias is not None:
-        d["HAS_BIAS"] = "1"
-    if layout == "nk":
-        d["B_NK"] = "1"
-    elif layout == "packed":
-        d["B_PACKED"] = "1"
+    d.update(M_TILE=str(m_tile), **flag_defines(LONG_K=long_k, HAS_BIAS=bias is not None,
+                                                B_NK=layout == "nk",
+                                                B_PACKED=layout == "packed"))
+    if layout == "packed":
         # The packed buffer is always fp32 vec4: one variant whatever b's dtype.
         d.pop("B_T")
         d.pop("B_STORE(v)", None)
@@ -213,22 +205,21 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
                params=params, global_size=grid, local_size=workgroup_for(grid))
 
 
-def _declare_all() -> None:
-    """Every variant ``select`` may pick, for both dtypes and storage profiles."""
-    for profile in STORAGE_PROFILES:
-        for dt in DTYPES:
-            ddt = (dt, device_dtype(dt, profile))
-            for transposed in (False, True):
-                defines = mm_defines(ddt, ddt, ddt, dt, transposed)
-                declare(SIMPLE_SHADER, defines)
-                for reg in (1, REG):
-                    declare(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(reg)))
-            for layout in ("kn", "nk", "packed"):
-                for bias in (None, ddt):
-                    for m_tile in (1, 4):
-                        for long_k in (False, True):
-                            declare(LINEAR_SHADER, linear_defines(ddt, ddt, ddt, bias,
-                                                                  layout, m_tile, long_k))
+# Every variant ``select`` may pick, for both dtypes and storage profiles.
+def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    defines = mm_defines(ddt, ddt, ddt, dtype, transposed)
+    return defines if reg is None else dict(defines, TILE=str(TILE), REG=str(reg))
 
 
-_declare_all()
+def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
+                    long_k: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k)
+
+
+_GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
+declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
+declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
+declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
+             bias=(False, True), m_tile=(1, 4), long_k=(False, True))

@@ -4,7 +4,7 @@ A shader with both forms (reduce_sum.glsl, reduce.glsl, softmax.glsl) runs eithe
 invocation per output or, with ``WG_REDUCE`` defined, one workgroup of WG_REDUCE
 invocations per output with a tree in shared memory. ``cooperative`` picks the form
 from the device and the row length; ``dispatch_rows`` records the dispatch and
-``declare_rows`` declares both variants; ``row_bindings`` is the bindings all three
+``row_forms`` gives both variants to declare; ``row_bindings`` is the bindings all three
 shaders share. Torch-free; registers no op.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from vkdelegate.kernels import loop_limit
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings
-from vkdelegate.shaders.variants import declare
 
 WG_REDUCE = 64  # invocations per output in the cooperative form (a power of two)
 
@@ -62,10 +61,9 @@ def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: i
                global_size=(rows,), local_size=local_size)
 
 
-def declare_rows(shader: str, defines: dict) -> None:
-    """Declare both variants ``dispatch_rows`` may pick for ``defines``."""
-    declare(shader, defines)
-    declare(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)))
+def row_forms(defines: dict) -> list[dict]:
+    """Both variants ``dispatch_rows`` may pick for ``defines`` (for ``declare_grid``)."""
+    return [defines, dict(defines, WG_REDUCE=str(WG_REDUCE))]
 
 
 def row_bindings(block: ParamBlock) -> Bindings:

@@ -9,6 +9,7 @@ sizes. Rules only one family needs stay in its module. Torch-free.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 
 def same_dtype(node):
@@ -33,6 +34,17 @@ def same_shape(args) -> tuple:
     """Shape function: the output has the first argument's sizes (elementwise unary
     ops, copies, softmax, flip)."""
     return tuple(args[0].shape)
+
+
+def shape_from_list(fn: Callable) -> Callable:
+    """Shape function ``args -> fn(args[0].shape, args[1])``: the output sizes from the
+    input's sizes and its list argument (view's sizes, squeeze's dims, expand's sizes,
+    repeat's repeats, constant_pad_nd's pad). ``fn`` raises VkDelegateError where ATen
+    would."""
+    def shape_fn(args) -> tuple:
+        return fn(args[0].shape, args[1])
+    shape_fn.__qualname__ = shape_fn.__name__ = f"{fn.__name__}_of_args"
+    return shape_fn
 
 
 def scalar_reason(value, dtype: str):  # a helper of rules, not a rule itself

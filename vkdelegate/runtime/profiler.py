@@ -56,13 +56,6 @@ class Profile:
         """Sum of the dispatches' GPU times, in ns."""
         return sum(d.duration_ns for d in self.dispatches)
 
-    def per_node(self) -> dict[int, float]:
-        """GPU nanoseconds per node id (summed over the node's dispatches)."""
-        out: dict[int, float] = {}
-        for d in self.dispatches:
-            out[d.node_id] = out.get(d.node_id, 0.0) + d.duration_ns
-        return out
-
     def table(self) -> str:
         """A text table: node, op, shader, time in microseconds, share of the total."""
         from tabulate import tabulate

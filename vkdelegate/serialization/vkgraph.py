@@ -14,7 +14,7 @@ Conventions (ExecuTorch Vulkan backend, see docs/DESIGN.md section 3):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Mapping, Union
 
 from vkdelegate import dtypes
@@ -77,44 +77,22 @@ class Null:
     pass
 
 
-@dataclass(frozen=True)
-class Int:
-    int_val: int
+def _one_field_table(name: str, field_name: str, type_, frozen: bool) -> type:
+    """The dataclass of a one-field schema table (``Int { int_val: long; }``)."""
+    cls = make_dataclass(name, [(field_name, type_)], frozen=frozen)
+    cls.__module__ = __name__
+    return cls
 
 
-@dataclass(frozen=True)
-class Bool:
-    bool_val: bool
-
-
-@dataclass(frozen=True)
-class Double:
-    double_val: float
-
-
-@dataclass(frozen=True)
-class String:
-    string_val: str
-
-
-@dataclass
-class IntList:
-    items: list[int]
-
-
-@dataclass
-class DoubleList:
-    items: list[float]
-
-
-@dataclass
-class BoolList:
-    items: list[bool]
-
-
-@dataclass
-class ValueList:
-    items: list[int]
+# The scalar values (frozen: a value is never edited in place) and the lists.
+Int = _one_field_table("Int", "int_val", int, frozen=True)
+Bool = _one_field_table("Bool", "bool_val", bool, frozen=True)
+Double = _one_field_table("Double", "double_val", float, frozen=True)
+String = _one_field_table("String", "string_val", str, frozen=True)
+IntList = _one_field_table("IntList", "items", list[int], frozen=False)
+DoubleList = _one_field_table("DoubleList", "items", list[float], frozen=False)
+BoolList = _one_field_table("BoolList", "items", list[bool], frozen=False)
+ValueList = _one_field_table("ValueList", "items", list[int], frozen=False)
 
 
 @dataclass

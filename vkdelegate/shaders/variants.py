@@ -1,6 +1,7 @@
 """Declared shader variants: every (shader, defines) an op family can ask for.
 
-Op families declare their variants when they register (``declare``), so that
+Op families declare their variants when they register (``declare``, or
+``declare_grid`` for the product of their variant axes), so that
 ``vkdelegate build-shaders`` can compile all of them ahead of time and a test can check
 that every registered (op, dtype) has one. The runtime compiles on demand whatever a
 node asks for; a declared list is a promise, not a restriction.
@@ -12,7 +13,8 @@ a variant whose features the device lacks, with an error naming them.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import itertools
+from typing import Callable, Iterable, Mapping, Sequence
 
 from vkdelegate.capabilities import ALL_FEATURES
 from vkdelegate.errors import VkDelegateError
@@ -77,3 +79,33 @@ def all_variants(capabilities=None) -> list[tuple[str, dict]]:
     ``capabilities``, only those whose required features it has."""
     return [_VARIANTS[k] for k in sorted(_VARIANTS)
             if capabilities is None or not capabilities.missing(_REQUIRES.get(k, ()))]
+
+
+def flag_defines(**flags: bool) -> dict[str, str]:
+    """Defines for on/off shader flags: each name whose value is true, as ``"1"`` (the
+    GLSL tests them with ``#ifdef``); ``flag_defines(CLAMP=True, LONG_K=False)`` gives
+    ``{"CLAMP": "1"}``."""
+    return {name: "1" for name, on in flags.items() if on}
+
+
+def declare_grid(shaders, defines_fn: Callable[..., object], *,
+                 requires: Sequence[str] = (), **axes: Iterable) -> None:
+    """Declare the variants of an op's whole variant grid.
+
+    ``axes`` maps each axis name to its values (``profile=STORAGE_PROFILES,
+    dtype=DTYPES, clamp=(False, True)``); for every point of their product (in the
+    order given) ``defines_fn(**point)`` gives that point's defines: one mapping, an
+    iterable of mappings (several forms of one point, as ``kernels.rows.row_forms``
+    gives), or None (a point the op never asks for, such as dtypes that do not
+    promote). Each is declared for ``shaders`` (one name or a tuple of names), with
+    ``requires`` as for ``declare``.
+    """
+    names = (shaders,) if isinstance(shaders, str) else tuple(shaders)
+    keys = list(axes)
+    for values in itertools.product(*(tuple(axes[k]) for k in keys)):
+        found = defines_fn(**dict(zip(keys, values)))
+        if found is None:
+            continue
+        for defines in ([found] if isinstance(found, Mapping) else found):
+            for shader in names:
+                declare(shader, defines, requires)

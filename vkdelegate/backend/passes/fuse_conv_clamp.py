@@ -3,18 +3,19 @@
 ``relu(conv(x))``, ``hardtanh(conv(x), lo, hi)`` (ReLU6) and ``clamp(conv(x), lo, hi)``
 become one op that clamps while writing its output: the intermediate tensor is never
 written to device memory and read back. Runs only when the registry has the fused op
-(``vkdelegate.backend.et_vk_ops`` defines it for torch), and only when nothing else
+(``vkdelegate.backend.custom_ops`` declares it), and only when nothing else
 reads the convolution's output.
 """
 from __future__ import annotations
 
 import torch
 
+from vkdelegate.backend.custom_ops import CONV_WITH_CLAMP
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
 
-FUSED = "et_vk.conv_with_clamp.default"
+FUSED = CONV_WITH_CLAMP.name
 
 
 def _bounds(node: torch.fx.Node):
@@ -38,10 +39,7 @@ def fuse_conv_clamp(pg) -> bool:
     """Replace each conv -> relu/hardtanh/clamp pair by the fused op; True if any."""
     if FUSED not in registry.load_all():
         return False
-    from vkdelegate.backend.et_vk_ops import ensure_defined
-
-    ensure_defined()
-    fused_op = torch.ops.et_vk.conv_with_clamp.default
+    fused_op = CONV_WITH_CLAMP.overload()
     changed = False
     graph = pg.gm.graph
     for clamp in list(graph.nodes):

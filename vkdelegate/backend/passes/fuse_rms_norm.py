@@ -21,10 +21,11 @@ from __future__ import annotations
 import torch
 
 from vkdelegate.ops import registry
+from vkdelegate.backend.custom_ops import RMS_NORM
 
 aten = torch.ops.aten
 
-FUSED = "et_vk.rms_norm.default"
+FUSED = RMS_NORM.name
 _ASSERT = aten._assert_tensor_metadata.default
 
 
@@ -107,10 +108,7 @@ def fuse_rms_norm(pg) -> bool:
     """Replace each decomposed RMS norm by ``et_vk.rms_norm``; True if any."""
     if FUSED not in registry.load_all():
         return False
-    from vkdelegate.backend.et_vk_rms_norm import ensure_defined
-
-    ensure_defined()
-    fused_op = torch.ops.et_vk.rms_norm.default
+    fused_op = RMS_NORM.overload()
     graph = pg.gm.graph
     changed = False
     for out in list(graph.nodes):

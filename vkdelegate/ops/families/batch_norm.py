@@ -25,7 +25,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "batch_norm"
 NAME = "aten._native_batch_norm_legit_no_training.default"
@@ -49,12 +49,8 @@ def _channels(node: NodeSpec):
 
 
 def _defines(out, x, p, prepacked: bool, plane_loop: bool = False) -> dict:
-    d = storage_defines(OUT=out, IN=x, P=p)
-    if prepacked:
-        d["PREPACKED"] = "1"
-    if plane_loop:
-        d["PLANE_LOOP"] = "1"
-    return d
+    return dict(storage_defines(OUT=out, IN=x, P=p),
+                **flag_defines(PREPACKED=prepacked, PLANE_LOOP=plane_loop))
 
 
 @shader_bindings(SHADER)
@@ -108,9 +104,11 @@ def _impl(b, node):
 register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape,
                 rules=(_channels, static_channels, same_dtype), max_rank=6,
                 notes="inference statistics over dim 1; saved statistics are empty"))
-for _profile in STORAGE_PROFILES:
-    for _dt in DTYPES:
-        _ddt = (_dt, device_dtype(_dt, _profile))
-        for _loop in (False, True):
-            declare(SHADER, _defines(_ddt, _ddt, ("float32", "float32"), True, _loop))
-            declare(SHADER, _defines(_ddt, _ddt, _ddt, False, _loop))
+def _variant(profile, dtype: str, prepacked: bool, loop: bool) -> dict:
+    """Constant statistics prepack fp32 scale/shift; run-time ones keep the dtype."""
+    ddt = (dtype, device_dtype(dtype, profile))
+    return _defines(ddt, ddt, ("float32", "float32") if prepacked else ddt, prepacked, loop)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES,
+             prepacked=(True, False), loop=(False, True))

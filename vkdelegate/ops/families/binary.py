@@ -30,6 +30,7 @@ boundary; a result past it wraps, where ATen's wraps at 2**63).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, 
     storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "binary_op"
 FLOATS = frozenset({"float32", "float16"})
@@ -238,28 +239,30 @@ def _make_impl(op: Binary):
     return impl
 
 
-def _declare(op: Binary) -> None:
-    """Every variant the op can ask for: operand dtypes x scalar placement x result."""
+def _variants(op: Binary, profile, t: str) -> list[dict]:
+    """The variants of ``op`` whose widest operand dtype is ``t``, on storage
+    ``profile``: operand dtypes x scalar placement x result dtype x mode."""
     modes = list(op.expr) if isinstance(op.expr, dict) else [None]
-    for profile in STORAGE_PROFILES:
-        pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
-        for t in op.dtypes:
-            lower = [d for d in op.dtypes if d != t and promote([t, d]) == t]
-            operands = [(t, t)] + [(t, s) for s in (1, 0.5) if 1 in op.scalar_pos] + \
-                       [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
-                       [p for d in lower for p in ((t, d), (d, t))]
-            for (a, b), out_dtype, mode in itertools.product(
-                    operands, {"bool", t, "float32"}, modes):
-                result = plan(op, a, b, out_dtype, mode)
-                if isinstance(result, str):
-                    continue
-                compute, sdt = result
-                a_pair, b_pair = (pair(v if isinstance(v, str) else sdt) for v in (a, b))
-                expr = op.expr[mode] if isinstance(op.expr, dict) else op.expr
-                declare(SHADER, _defines(expr, pair(out_dtype), a_pair, b_pair, compute))
+    pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
+    lower = [d for d in op.dtypes if d != t and promote([t, d]) == t]
+    operands = [(t, t)] + [(t, s) for s in (1, 0.5) if 1 in op.scalar_pos] + \
+               [(s, t) for s in (1, 0.5) if 0 in op.scalar_pos] + \
+               [p for d in lower for p in ((t, d), (d, t))]
+    found = []
+    for (a, b), out_dtype, mode in itertools.product(operands, {"bool", t, "float32"},
+                                                     modes):
+        result = plan(op, a, b, out_dtype, mode)
+        if isinstance(result, str):
+            continue
+        compute, sdt = result
+        a_pair, b_pair = (pair(v if isinstance(v, str) else sdt) for v in (a, b))
+        expr = op.expr[mode] if isinstance(op.expr, dict) else op.expr
+        found.append(_defines(expr, pair(out_dtype), a_pair, b_pair, compute))
+    return found
 
 
 for _name, _op in BINARY_OPS.items():
     register(OpSpec(name=_name, dtypes=_op.dtypes, impl=_make_impl(_op), shape_fn=_shape,
                     rules=(_rule(_op),), notes=_op.notes))
-    _declare(_op)
+    declare_grid(SHADER, functools.partial(_variants, _op), profile=STORAGE_PROFILES,
+                 t=_op.dtypes)

@@ -26,12 +26,12 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = gemm.CONV_SHADER  # the pointwise form is chosen by gemm.select
 DTYPES = frozenset({"float32", "float16"})
 CONV = "aten.convolution.default"
-CONV_CLAMP = "et_vk.conv_with_clamp.default"
+CONV_CLAMP = "et_vk.conv_with_clamp.default"  # schema, CPU kernel: backend/custom_ops.py
 INF = float("inf")  # an absent clamp bound: clamping to +-inf keeps +-inf results
 
 
@@ -186,19 +186,11 @@ RULES = (_spatial_rank, static_channels, _static_weight, same_dtype, _groups, _c
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
              long_loops: bool = False) -> dict:
-    d = storage_defines(OUT=out, IN=x, W=w, B=bias)
-    d["OC_TILE"] = str(tile)
-    if long_loops:
-        d["LONG_LOOPS"] = "1"
-    if packed:
-        d["W_PACKED"] = "1"
-    if mode == "transposed":
-        d["TRANSPOSED"] = "1"
-    elif mode == "pointwise":
-        d["POINTWISE"] = "1"
+    d = dict(storage_defines(OUT=out, IN=x, W=w, B=bias), OC_TILE=str(tile),
+             **flag_defines(LONG_LOOPS=long_loops, W_PACKED=packed, CLAMP=clamp,
+                            TRANSPOSED=mode == "transposed", POINTWISE=mode == "pointwise"))
+    if mode == "pointwise":
         d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
-    if clamp:
-        d["CLAMP"] = "1"
     return d
 
 
@@ -329,24 +321,18 @@ register(OpSpec(name=CONV_CLAMP, dtypes=DTYPES, impl=_impl_clamp, shape_fn=_shap
                 notes="convolution with a fused clamp/ReLU/ReLU6 epilogue (ET-VK)"))
 
 
-def _declare_all():
-    for profile in STORAGE_PROFILES:
-        for dt in DTYPES:
-            ddt = (dt, device_dtype(dt, profile))
-            f32 = ("float32", "float32")
-            for clamp in (False, True):
-                # A bias computed at run time keeps the input dtype; else fp32.
-                for bias_dt in {ddt, f32}:
-                    for long_loops in (False, True):
-                        for tile in (1, 4):
-                            for mode in ("direct", "transposed", "pointwise"):
-                                declare(SHADER, _defines(
-                                    ddt, ddt, f32, bias_dt, tile=tile, packed=True,
-                                    mode=mode, clamp=clamp, long_loops=long_loops))
-                        for mode in ("direct", "transposed"):
-                            declare(SHADER, _defines(
-                                ddt, ddt, ddt, bias_dt, tile=1, packed=False, mode=mode,
-                                clamp=clamp, long_loops=long_loops))
+def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, tile: int,
+             clamp: bool, long_loops: bool):
+    """A constant weight is prepacked fp32 (any tile and path); a weight computed at run
+    time is read as stored, by the one-channel direct or transposed path only. A bias
+    computed at run time keeps the input dtype; a constant one is fp32."""
+    if not packed and (tile != 1 or mode == "pointwise"):
+        return None
+    ddt, f32 = (dtype, device_dtype(dtype, profile)), ("float32", "float32")
+    return _defines(ddt, ddt, f32 if packed else ddt, ddt if run_time_bias else f32,
+                    tile=tile, packed=packed, mode=mode, clamp=clamp, long_loops=long_loops)
 
 
-_declare_all()
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, packed=(True, False),
+             run_time_bias=(False, True), mode=("direct", "transposed", "pointwise"),
+             tile=(1, 4), clamp=(False, True), long_loops=(False, True))

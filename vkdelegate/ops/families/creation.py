@@ -21,7 +21,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "arange_fill"
 DTYPES = frozenset({"float32", "float16", "int32", "int64", "int8", "uint8", "bool"})
@@ -154,6 +154,5 @@ register(OpSpec(name="aten.arange.start_step", dtypes=ARANGE_DTYPES, impl=_arang
                 shape_fn=None, rules=(_arange_rule,), max_rank=1,
                 load_shape_fn=lambda args: (arange_numel(*args[:3]),),
                 notes="every torch.arange form; float or integer"))
-for _profile in STORAGE_PROFILES:
-    for _dt in DTYPES:
-        declare(SHADER, _defines(device_dtype(_dt, _profile), _dt))
+declare_grid(SHADER, lambda profile, dtype: _defines(device_dtype(dtype, profile), dtype),
+             profile=STORAGE_PROFILES, dtype=DTYPES)

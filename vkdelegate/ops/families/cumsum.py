@@ -24,7 +24,7 @@ from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, 
     storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "cumsum"
 IN_DTYPES = frozenset({"float32", "float16", "int32", "int64", "int8", "uint8", "bool"})
@@ -77,9 +77,10 @@ def _impl(b, node):
 register(OpSpec(name="aten.cumsum.default", dtypes=IN_DTYPES | OUT_DTYPES, impl=_impl,
                 shape_fn=same_shape, rules=(_rule,), arg_dtypes={0: IN_DTYPES},
                 notes="any dim; fp32 sums for float, int64 result of integer/bool input"))
-for _profile in STORAGE_PROFILES:
-    for _in in IN_DTYPES:
-        for _out in OUT_DTYPES:
-            if _out_reason(_in, _out) is None:
-                declare(SHADER, _defines((_out, device_dtype(_out, _profile)),
-                                         (_in, device_dtype(_in, _profile))))
+def _variant(profile, x: str, out: str) -> "dict | None":
+    if _out_reason(x, out) is not None:
+        return None
+    return _defines((out, device_dtype(out, profile)), (x, device_dtype(x, profile)))
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, x=IN_DTYPES, out=OUT_DTYPES)

@@ -25,7 +25,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 INDEX_DTYPES = frozenset({"int64", "int32"})
 
@@ -268,9 +268,10 @@ _register("aten.gather.default", _gather_impl, _gather_shape, 2,
           index_dtypes=frozenset({"int64"}), rules=(_gather_rule,),
           notes="any dim; out-of-range indices raise after the run")
 
-for _profile in STORAGE_PROFILES:
-    for _dt in MOVE_DTYPES:
-        for _it in INDEX_DTYPES:
-            _ddt, _dit = device_dtype(_dt, _profile), device_dtype(_it, _profile)
-            for _shader in ("index_rows", "gather", "index_broadcast"):
-                declare(_shader, _defines((_dt, _ddt), (_dt, _ddt), (_it, _dit), _dt))
+def _variant(profile, dtype: str, index: str) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return _defines(ddt, ddt, (index, device_dtype(index, profile)), dtype)
+
+
+declare_grid(("index_rows", "gather", "index_broadcast"), _variant, profile=STORAGE_PROFILES,
+             dtype=MOVE_DTYPES, index=INDEX_DTYPES)

@@ -17,7 +17,7 @@ from vkdelegate.kernels.affine_copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPl
                                             affine_copy, around, contiguous_strides,
                                             flat_impl, merged, runs)
 from vkdelegate.kernels.dims import wrap_dim
-from vkdelegate.kernels.rules import same_dtype, same_shape
+from vkdelegate.kernels.rules import same_dtype, same_shape, shape_from_list
 from vkdelegate.ops.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 
@@ -44,17 +44,9 @@ def view_shape(in_shape, sizes) -> tuple:
 
 
 # ---- view, squeeze, unsqueeze: contiguous data does not move --------------------------
-def _view_shape(args):
-    return view_shape(args[0].shape, args[1])
-
-
 def squeeze_shape(shape, dims) -> tuple:
     keep = set(range(len(shape))) - {wrap_dim(d, len(shape)) for d in dims}
     return tuple(s for i, s in enumerate(shape) if i in keep or s != 1)
-
-
-def _squeeze_shape(args):
-    return squeeze_shape(args[0].shape, args[1])
 
 
 def _unsqueeze_shape(args):
@@ -131,10 +123,6 @@ def expand_shape(in_shape, sizes) -> tuple:
     return tuple(out)
 
 
-def _expand_shape(args):
-    return expand_shape(args[0].shape, args[1])
-
-
 def _expand_impl(b, node):
     x_id, _sizes_id, _implicit_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
@@ -158,10 +146,6 @@ def repeat_shape(in_shape, repeats) -> tuple:
         raise VkDelegateError(f"repeat: {len(repeats)} repeats for rank {len(in_shape)}")
     padded = (1,) * lead + tuple(in_shape)
     return tuple(p * r for p, r in zip(padded, repeats))
-
-
-def _repeat_shape(args):
-    return repeat_shape(args[0].shape, args[1])
 
 
 def _repeat_impl(b, node):
@@ -278,15 +262,17 @@ def _op(name, impl, shape_fn, *rules, notes=""):
                     rules=(same_dtype,) + rules, notes=notes))
 
 
-_op("aten.view.default", _flat_impl, _view_shape,
+_op("aten.view.default", _flat_impl, shape_from_list(view_shape),
     notes="copy; reshape, flatten, unflatten")
-_op("aten.squeeze.dims", _flat_impl, _squeeze_shape, _squeeze_rule, notes="copy")
+_op("aten.squeeze.dims", _flat_impl, shape_from_list(squeeze_shape), _squeeze_rule,
+    notes="copy")
 _op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="copy")
 _op("aten.permute.default", _permute_impl, _permute_shape,
     notes="copy; transpose, t, movedim")
-_op("aten.expand.default", _expand_impl, _expand_shape,
+_op("aten.expand.default", _expand_impl, shape_from_list(expand_shape),
     notes="broadcast copy")
-_op("aten.repeat.default", _repeat_impl, _repeat_shape, notes="tiled copy")
+_op("aten.repeat.default", _repeat_impl, shape_from_list(repeat_shape),
+    notes="tiled copy")
 _op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
     notes="any step > 0, bounds clamped as ATen; narrow")
 _op("aten.select.int", _select_impl, _select_shape,

@@ -25,12 +25,13 @@ import math
 
 import numpy as np
 
-from vkdelegate.kernels.rows import declare_rows, dispatch_rows
+from vkdelegate.kernels.rows import dispatch_rows, row_forms
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "norm"
 DTYPES = frozenset({"float32", "float16"})
@@ -270,10 +271,14 @@ for _name in _CHANNEL_ARGS:
                     rules=(_channel_rule(_name), static_channels, same_dtype),
                     notes=_NOTES[_name]))
 
-for _profile in STORAGE_PROFILES:
-    for _dt in DTYPES:
-        _pair = (_dt, device_dtype(_dt, _profile))
-        for _affine in (False, True):
-            declare_rows(SHADER, _defines(_pair, ROWS, True, _affine))
-            for _layout in (ROWS, GROUPS, CHANNELS):
-                declare_rows(SHADER, _defines(_pair, _layout, False, _affine))
+def _variants(profile, dtype: str, affine: bool) -> list[dict]:
+    """Both row forms of every layout at one point of the grid (the ROWS layout with and
+    without its mean/rstd outputs)."""
+    pair = (dtype, device_dtype(dtype, profile))
+    forms = [_defines(pair, ROWS, True, affine)]
+    forms += [_defines(pair, layout, False, affine) for layout in (ROWS, GROUPS, CHANNELS)]
+    return [v for d in forms for v in row_forms(d)]
+
+
+declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES,
+             affine=(False, True))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, PAD, CopyDim, CopyPlan,
                                             affine_copy, contiguous_strides, merged, runs)
-from vkdelegate.kernels.rules import same_dtype, scalar_reason
+from vkdelegate.kernels.rules import same_dtype, scalar_reason, shape_from_list
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.dtypes import acc_type
@@ -38,10 +38,6 @@ def pad_shape(shape, pad) -> tuple:
                                   f"the sizes {list(shape)} hold")
         out.append(s + lo + hi)
     return tuple(out)
-
-
-def _shape(args):
-    return pad_shape(args[0].shape, args[1])
 
 
 def _impl(b, node):
@@ -75,5 +71,5 @@ def _value_rule(node: NodeSpec):
 
 
 register(OpSpec(name="aten.constant_pad_nd.default", dtypes=MOVE_DTYPES, impl=_impl,
-                shape_fn=_shape, rules=(same_dtype, _value_rule),
+                shape_fn=shape_from_list(pad_shape), rules=(same_dtype, _value_rule),
                 notes="any dims, asymmetric and negative pads, fill value"))

@@ -22,7 +22,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "pool2d"
 FLOATS = frozenset({"float32", "float16"})
@@ -140,18 +140,12 @@ def _output_size_rule(node: NodeSpec):
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, kind: str, plane_loop: bool = False,
              long_window: bool = False) -> dict:
-    d = storage_defines(OUT=out, IN=x)
-    if plane_loop:
-        d["PLANE_LOOP"] = "1"
-    if long_window:
-        d["LONG_WINDOW"] = "1"
-    if kind in ("max", "adaptive_max"):
-        d["MAX_POOL"] = "1"
+    is_max = kind in ("max", "adaptive_max")
+    d = dict(storage_defines(OUT=out, IN=x),
+             **flag_defines(PLANE_LOOP=plane_loop, LONG_WINDOW=long_window, MAX_POOL=is_max,
+                            AVG_POOL=not is_max, ADAPTIVE=kind.startswith("adaptive")))
+    if is_max:
         d["IDX_T"] = "int"  # int64 indices are int32 on the device
-    else:
-        d["AVG_POOL"] = "1"
-    if kind.startswith("adaptive"):
-        d["ADAPTIVE"] = "1"
     return d
 
 
@@ -239,10 +233,11 @@ register(OpSpec(name=ADAPTIVE_AVG, dtypes=FLOATS, impl=_adaptive_avg_impl,
 register(OpSpec(name=ADAPTIVE_MAX, impl=_adaptive_max_impl, shape_fn=_adaptive_max_shape,
                 rules=(_rank, _output_size_rule), max_rank=4, **_WITH_INDICES,
                 notes="ATen's floor/ceil windows, int64 indices"))
-for _profile in STORAGE_PROFILES:
-    for _dt in FLOATS:
-        _ddt = (_dt, device_dtype(_dt, _profile))
-        for _kind in ("max", "avg", "adaptive_avg", "adaptive_max"):
-            for _loop in (False, True):
-                for _long in (False, True):
-                    declare(SHADER, _defines(_ddt, _ddt, _kind, _loop, _long))
+def _variant(profile, dtype: str, kind: str, loop: bool, long: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return _defines(ddt, ddt, kind, loop, long)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=FLOATS,
+             kind=("max", "avg", "adaptive_avg", "adaptive_max"), loop=(False, True),
+             long=(False, True))

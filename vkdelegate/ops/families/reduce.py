@@ -21,17 +21,19 @@ cooperative form can walk on llvmpipe raises VkDelegateError at load.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.dims import reduced_dims, sum_shape, wrap_dim
-from vkdelegate.kernels.rows import declare_rows, dispatch_rows, row_bindings
+from vkdelegate.kernels.rows import dispatch_rows, row_bindings, row_forms
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import shader_bindings
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "reduce_sum"
 DTYPES = frozenset({"float32", "float16"})
@@ -77,10 +79,12 @@ def _impl(b, node):
 
 register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn=_shape,
                 rules=(_dtype_arg,), notes="any set of dims, keepdim, fp32 accumulation"))
-for _profile in STORAGE_PROFILES:
-    for _dt in DTYPES:
-        _ddt = (_dt, device_dtype(_dt, _profile))
-        declare_rows(SHADER, _defines(_ddt, _ddt, _dt))
+def _sum_variants(profile, dtype: str) -> list[dict]:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return row_forms(_defines(ddt, ddt, dtype))
+
+
+declare_grid(SHADER, _sum_variants, profile=STORAGE_PROFILES, dtype=DTYPES)
 
 
 # ---- reduce.glsl: every other reduction ------------------------------------------------
@@ -225,9 +229,15 @@ def _make_impl(r: Reduction):
     return impl
 
 
-def _declare_generic(kind: str, out, x, x_dtype: str) -> None:
-    defines = _generic_defines(kind, out, x, x_dtype)
-    declare_rows(GENERIC_SHADER, defines)
+def _generic_variants(profile, dtype: str, kind: str, out_dtype: str) -> list[dict]:
+    """The variants ``dispatch_generic`` may ask for: reduction ``kind`` of a ``dtype``
+    input into an ``out_dtype`` output, on storage ``profile``."""
+    return row_forms(_generic_defines(kind, (out_dtype, device_dtype(out_dtype, profile)),
+                                      (dtype, device_dtype(dtype, profile)), dtype))
+
+
+def _reduction_variants(r: Reduction, profile, dtype: str) -> list[dict]:
+    return _generic_variants(profile, dtype, r.kind, r.out_dtype(dtype))
 
 
 for _name, _r in REDUCTIONS.items():
@@ -240,11 +250,8 @@ for _name, _r in REDUCTIONS.items():
                        shape_fn=_make_shape(_r), rules=_make_rules(_r),
                        notes=_r.notes or "any set of dims, keepdim, fp32 accumulation")
     register(_spec)
-    for _profile in STORAGE_PROFILES:
-        for _dt in _r.dtypes:
-            _x = (_dt, device_dtype(_dt, _profile))
-            _out = (_r.out_dtype(_dt), device_dtype(_r.out_dtype(_dt), _profile))
-            _declare_generic(_r.kind, _out, _x, _dt)
+    declare_grid(GENERIC_SHADER, functools.partial(_reduction_variants, _r),
+                 profile=STORAGE_PROFILES, dtype=_r.dtypes)
 
 
 # ---- max.dim / min.dim: (values, indices) as a ValueList output ------------------------
@@ -289,9 +296,13 @@ for _name, _kind in (("aten.max.dim", "max"), ("aten.min.dim", "min")):
                     shape_fn=_dim_pair_shape, rules=(_dim_pair_rule,),
                     arg_dtypes={0: ORDERED},
                     notes="(values, int64 indices); first occurrence, NaN wins"))
-    for _profile in STORAGE_PROFILES:
-        for _dt in ORDERED:
-            _x = (_dt, device_dtype(_dt, _profile))
-            _declare_generic(_kind, _x, _x, _dt)
-            _declare_generic("arg" + _kind, ("int64", device_dtype("int64", _profile)),
-                             _x, _dt)
+
+
+def _dim_pair_variants(profile, dtype: str, kind: str) -> list[dict]:
+    """The values pass (``kind``) and the indices pass (``arg`` + kind)."""
+    return (_generic_variants(profile, dtype, kind, dtype)
+            + _generic_variants(profile, dtype, "arg" + kind, "int64"))
+
+
+declare_grid(GENERIC_SHADER, _dim_pair_variants, profile=STORAGE_PROFILES, dtype=ORDERED,
+             kind=("max", "min"))

@@ -18,7 +18,6 @@ and NaN for et_vk.sdpa (its reference softmax of all -inf).
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 from vkdelegate.kernels import loop_limit
@@ -26,7 +25,7 @@ from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "sdpa"
 ATEN = "aten.scaled_dot_product_attention.default"
@@ -230,19 +229,21 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
                       "where fully masked"))
 
 
-def _declare_all() -> None:
-    """Every variant an impl may dispatch, for both dtypes, storage profiles and device
-    kinds (CPU drivers unroll less)."""
-    for profile, dt, cpu in itertools.product(STORAGE_PROFILES, DTYPES, (True, False)):
-        t = (dt, device_dtype(dt, profile))
-        for d_max in D_BUCKETS:
-            for mdt in (None, "bool", dt):
-                m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-                declare(SHADER, _defines(t, t, t, t, m, False, d_max, False, cpu))
-                if mdt != "bool":
-                    declare(SHADER, _defines(t, t, t, t, m, False, d_max, True, cpu))
-            for skip in (True, False):  # the early exit is a compile option
-                declare(SHADER, _defines(t, t, t, t, None, True, d_max, False, cpu, skip))
+def _variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
+    """Every variant an impl may dispatch at one grid point: each mask kind (none, bool,
+    additive) non-causal, the additive ones also as ET's NaN-row form, and causal with
+    and without the early exit (a compile option). ``cpu``: CPU drivers unroll less."""
+    t = (dtype, device_dtype(dtype, profile))
+    found = []
+    for mdt in (None, "bool", dtype):
+        m = None if mdt is None else (mdt, device_dtype(mdt, profile))
+        found.append(_defines(t, t, t, t, m, False, d_max, False, cpu))
+        if mdt != "bool":
+            found.append(_defines(t, t, t, t, m, False, d_max, True, cpu))
+    found += [_defines(t, t, t, t, None, True, d_max, False, cpu, skip)
+              for skip in (True, False)]
+    return found
 
 
-_declare_all()
+declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES, cpu=(True, False),
+             d_max=D_BUCKETS)

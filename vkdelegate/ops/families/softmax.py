@@ -13,11 +13,12 @@ import math
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.dims import wrap_dim
-from vkdelegate.kernels.rows import declare_rows, dispatch_rows, row_bindings
+from vkdelegate.kernels.rows import dispatch_rows, row_bindings, row_forms
 from vkdelegate.kernels.rules import same_shape
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import shader_bindings
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "softmax"
 DTYPES = frozenset({"float32", "float16"})
@@ -61,10 +62,13 @@ def _make_impl(log: bool):
     return impl
 
 
+def _variants(profile, dtype: str, log: bool) -> list[dict]:
+    """The variants ``impl`` may ask for on storage ``profile`` for ``dtype``."""
+    pair = (dtype, device_dtype(dtype, profile))
+    return row_forms(_defines(pair, pair, log))
+
+
 for _name, _log in (("aten._softmax.default", False), ("aten._log_softmax.default", True)):
     register(OpSpec(name=_name, dtypes=DTYPES, impl=_make_impl(_log), shape_fn=same_shape,
                     rules=(_rule,), notes="any dim, max-shifted, fp32 accumulation"))
-    for _profile in STORAGE_PROFILES:
-        for _dt in DTYPES:
-            _pair = (_dt, device_dtype(_dt, _profile))
-            declare_rows(SHADER, _defines(_pair, _pair, _log))
+declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES, log=(False, True))

@@ -9,7 +9,6 @@ on the CPU).
 """
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 
@@ -19,7 +18,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "ternary_op"
 # int64 (position ids, masks) is held in int32 on the device: where only selects.
@@ -106,15 +105,22 @@ register(OpSpec(name="aten.clamp.Tensor", dtypes=NUMERIC, impl=_clamp_impl,
                 shape_fn=_shape, rules=(_dtype_rule((0, 1, 2)),),
                 notes="tensor bounds (either may be None), broadcasting, NaN propagates"))
 
-for _profile in STORAGE_PROFILES:
-    _pair = lambda dt: (dt, device_dtype(dt, _profile))  # noqa: E731
-    for _t, _u in itertools.product(VALUES, VALUES):
-        _out = promote([_t, _u])
-        if _out is not None:
-            declare(SHADER, _defines(WHERE_EXPR, _pair(_out), _pair("bool"), _pair(_t),
-                                     _pair(_u), _out, "int"))
-    for _t, _u, _v in itertools.product(NUMERIC, NUMERIC, NUMERIC):
-        _out = promote([_t, _u, _v])
-        if _out is not None:
-            declare(SHADER, _defines(CLAMP_EXPR, _pair(_out), _pair(_v), _pair(_t),
-                                     _pair(_u), _out, acc_type(_out)))
+def _where_variant(profile, t: str, u: str):
+    """where(cond, t, u): None where t and u do not promote."""
+    out = promote([t, u])
+    pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
+    return None if out is None else _defines(WHERE_EXPR, pair(out), pair("bool"), pair(t),
+                                             pair(u), out, "int")
+
+
+def _clamp_variant(profile, t: str, u: str, v: str):
+    """clamp(v, t, u) with tensor bounds t and u: None where the three do not promote."""
+    out = promote([t, u, v])
+    pair = lambda dt: (dt, device_dtype(dt, profile))  # noqa: E731
+    return None if out is None else _defines(CLAMP_EXPR, pair(out), pair(v), pair(t),
+                                             pair(u), out, acc_type(out))
+
+
+declare_grid(SHADER, _where_variant, profile=STORAGE_PROFILES, t=VALUES, u=VALUES)
+declare_grid(SHADER, _clamp_variant, profile=STORAGE_PROFILES, t=NUMERIC, u=NUMERIC,
+             v=NUMERIC)

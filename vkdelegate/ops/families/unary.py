@@ -12,6 +12,7 @@ expressions at load time; every choice is a declared variant.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -22,7 +23,7 @@ from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "unary_op"
 FLOATS = frozenset({"float32", "float16"})
@@ -111,13 +112,9 @@ UNARY_OPS = {
 
 
 def _defines(expr: str, out, x, x_dtype: str, has_params: bool) -> dict:
-    d = storage_defines(OUT=out, IN=x)
-    d.update(ACC_T=acc_type(x_dtype), OP_EXPR=expr)
-    if acc_type(x_dtype) == "float":
-        d["ACC_FLOAT"] = "1"
-    if has_params:
-        d["HAS_PARAMS"] = "1"
-    return d
+    return dict(storage_defines(OUT=out, IN=x), ACC_T=acc_type(x_dtype), OP_EXPR=expr,
+                **flag_defines(ACC_FLOAT=acc_type(x_dtype) == "float",
+                               HAS_PARAMS=has_params))
 
 
 @shader_bindings(SHADER)
@@ -176,14 +173,14 @@ def _make_rules(op: Unary) -> tuple:
     return rules
 
 
-def _declare(op: Unary) -> None:
+def _variants(op: Unary, profile, dtype: str) -> list[dict]:
+    """The variants of ``op`` for a ``dtype`` input on storage ``profile``: one per
+    expression (an op with a dict of expressions has one per mode, or one per dtype)."""
     exprs = op.expr.values() if isinstance(op.expr, dict) else [op.expr]
-    for profile in STORAGE_PROFILES:
-        for dt in op.dtypes:
-            x = (dt, device_dtype(dt, profile))
-            out = ("bool", device_dtype("bool", profile)) if op.out_bool else x
-            for expr in ([op.expr[dt]] if op.by_dtype else exprs):
-                declare(SHADER, _defines(expr, out, x, dt, op.params is not None))
+    x = (dtype, device_dtype(dtype, profile))
+    out = ("bool", device_dtype("bool", profile)) if op.out_bool else x
+    return [_defines(expr, out, x, dtype, op.params is not None)
+            for expr in ([op.expr[dtype]] if op.by_dtype else exprs)]
 
 
 for _name, _op in UNARY_OPS.items():
@@ -195,4 +192,5 @@ for _name, _op in UNARY_OPS.items():
         _spec = OpSpec(name=_name, dtypes=_op.dtypes, impl=_make_impl(_op),
                        shape_fn=same_shape, rules=_make_rules(_op), notes=_op.notes)
     register(_spec)
-    _declare(_op)
+    declare_grid(SHADER, functools.partial(_variants, _op), profile=STORAGE_PROFILES,
+                 dtype=_op.dtypes)

@@ -20,7 +20,7 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare
+from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "upsample2d"
 DTYPES = frozenset({"float32", "float16"})
@@ -116,9 +116,10 @@ for _name, (_mode, _size, _align, _scale, _vec) in OPS.items():
                     rules=(_make_rule(_size, _scale, _vec),), max_rank=4,
                     notes=f"{_mode}" + (", align_corners both ways" if _align else "")
                     + ", output size or scale factors"))
-for _profile in STORAGE_PROFILES:
-    for _dt in DTYPES:
-        _ddt = (_dt, device_dtype(_dt, _profile))
-        for _mode in ("nearest", "bilinear"):
-            for _loop in (False, True):
-                declare(SHADER, _defines(_ddt, _ddt, _mode, _loop))
+def _variant(profile, dtype: str, mode: str, loop: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return _defines(ddt, ddt, mode, loop)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES,
+             mode=("nearest", "bilinear"), loop=(False, True))

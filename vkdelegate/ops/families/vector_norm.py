@@ -14,7 +14,8 @@ import math
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.dims import reduced_dims, sum_shape
-from vkdelegate.kernels.rows import declare_rows, dispatch_rows, row_bindings
+from vkdelegate.kernels.rows import dispatch_rows, row_bindings, row_forms
+from vkdelegate.shaders.variants import declare_grid
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
@@ -97,8 +98,10 @@ def _impl(b, node):
 register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape, rules=(_rule,),
                 notes="ord 2, 1, +-inf, 0, p > 0; any set of dims, keepdim; fp32 "
                       "accumulation"))
-for _profile in STORAGE_PROFILES:
-    for _dt in DTYPES:
-        _pair = (_dt, device_dtype(_dt, _profile))
-        for _kind in range(1, POWER + 1):
-            declare_rows(SHADER, _defines(_pair, _pair, _kind))
+def _variants(profile, dtype: str, kind: int) -> list[dict]:
+    pair = (dtype, device_dtype(dtype, profile))
+    return row_forms(_defines(pair, pair, kind))
+
+
+declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES,
+             kind=range(1, POWER + 1))

@@ -1,0 +1,175 @@
+"""Custom (non-ATen) ops, each declared once: its name, torch schema, CPU kernel and
+who may run it on the CPU.
+
+Every other place reads this table: ``ensure_defined`` registers the torch library ops
+(so that graphs, export and eager execution can hold them), ``allowed_ops.CUSTOM`` and
+``allowed_ops.REFERENCE_ONLY`` are its names, ``glue_ops.resolve`` defines the op before
+looking it up, the reference executor calls a delegate-only op's ``cpu`` kernel, and
+lowering passes (``passes/fuse_conv_clamp``) take the op from here. The Vulkan kernel is
+registered by its op family under the same name (``vkdelegate.ops.families``); adding a
+custom op is one ``declare_custom_op`` call here plus that family.
+
+Conventions: names are ``namespace.op.overload`` (as the registry and the VkGraph's
+``OperatorCall`` spell them); schemas are torch.library schemas without the namespace
+(ExecuTorch's Vulkan backend's, for ``et_vk``). This module imports torch only when an
+op is defined or run, so that the torch-free CPU glue can read the names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from vkdelegate.errors import VkDelegateError
+
+
+@dataclass(frozen=True)
+class CustomOp:
+    """One custom op.
+
+    name: ``namespace.op.overload``. schema: torch.library schema (``op(Tensor x) ->
+    Tensor``), or None for an op another library defines (ExecuTorch's
+    ``dim_order_ops``), which torch then knows only where that library is installed.
+    cpu: the CPU kernel (torch tensors in, torch tensor out), registered as
+    CompositeExplicitAutograd, so it must only call ATen ops that have CPU and Meta
+    kernels. glue: the CPU glue may call it (True) or only the reference executor may
+    (False: a delegate-internal op such as a prepack).
+    """
+
+    name: str
+    schema: Optional[str]
+    cpu: Optional[Callable]
+    glue: bool = True
+
+    @property
+    def namespace(self) -> str:
+        return self.name.split(".")[0]
+
+    @property
+    def op(self) -> str:
+        return self.name.split(".")[1]
+
+    def overload(self):
+        """The ``torch._ops.OpOverload`` (defining the op first)."""
+        import torch
+
+        ensure_defined()
+        return getattr(getattr(getattr(torch.ops, self.namespace), self.op),
+                       self.name.split(".")[2])
+
+
+#: Every custom op by name, in declaration order.
+CUSTOM_OPS: dict[str, CustomOp] = {}
+
+
+def declare_custom_op(name: str, schema: Optional[str], cpu: Optional[Callable],
+                      glue: bool = True) -> CustomOp:
+    """Declare a custom op (see ``CustomOp``); VkDelegateError for a malformed name,
+    a name declared twice or a schema whose op name differs from ``name``'s."""
+    parts = name.split(".")
+    if len(parts) != 3 or not all(p.isidentifier() for p in parts):
+        raise VkDelegateError(f"custom op {name!r}: expected 'namespace.op.overload'")
+    if name in CUSTOM_OPS:
+        raise VkDelegateError(f"custom op {name!r} is declared twice")
+    if schema is not None and schema.split("(")[0].split(".")[0] != parts[1]:
+        raise VkDelegateError(f"custom op {name!r}: schema {schema[:40]!r}... names "
+                              f"another op")
+    CUSTOM_OPS[name] = op = CustomOp(name, schema, cpu, glue)
+    return op
+
+
+def names(glue: bool) -> tuple:
+    """Names of the custom ops the CPU glue may call (glue=True) or only the reference
+    executor may (glue=False)."""
+    return tuple(n for n, op in CUSTOM_OPS.items() if op.glue == glue)
+
+
+_libraries: dict = {}  # namespace -> torch.library.Library we created
+
+
+def ensure_defined() -> None:
+    """Define each declared op with a schema in torch unless torch knows it already
+    (an ExecuTorch install defines the ``et_vk`` ops itself); idempotent."""
+    import torch
+
+    for op in CUSTOM_OPS.values():
+        if op.schema is None or hasattr(getattr(torch.ops, op.namespace), op.op):
+            continue
+        lib = _libraries.get(op.namespace)
+        if lib is None:
+            lib = _libraries[op.namespace] = torch.library.Library(op.namespace, "FRAGMENT")
+        lib.define(op.schema)
+        # CompositeExplicitAutograd serves CPU and Meta (fake tensors) alike.
+        lib.impl(op.op, op.cpu, "CompositeExplicitAutograd")
+
+
+# --- the declarations ------------------------------------------------------------
+
+
+def _conv_with_clamp(x, weight, bias, stride, padding, dilation, transposed,
+                     output_padding, groups, output_min=None, output_max=None):
+    import torch
+
+    out = torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                             transposed, output_padding, groups)
+    return torch.clamp(out, output_min, output_max)
+
+
+#: ExecuTorch's fused convolution + clamp: ``aten.convolution``'s arguments, then
+#: ``output_min`` and ``output_max`` (either may be None). ``passes/fuse_conv_clamp``
+#: creates it from conv + relu/hardtanh/clamp.
+CONV_WITH_CLAMP = declare_custom_op(
+    "et_vk.conv_with_clamp.default",
+    "conv_with_clamp(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, "
+    "SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, "
+    "SymInt groups, Scalar? output_min=None, Scalar? output_max=None) -> Tensor",
+    _conv_with_clamp)
+
+
+def _rms_norm(x, weight, eps):
+    import torch
+
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(variance + eps) * weight.float()).to(x.dtype)
+
+
+#: ExecuTorch 1.5.1's fused RMS norm (backends/vulkan/custom_ops_lib.py): normalizes the
+#: last dim, ``x.float() * rsqrt(mean(x.float() ** 2, -1, keepdim) + eps) *
+#: weight.float()`` converted back to x's dtype. ``passes/fuse_rms_norm`` creates it
+#: from HF Llama's decomposed RMSNorm; Vulkan: ``ops/families/norm.py``.
+RMS_NORM = declare_custom_op(
+    "et_vk.rms_norm.default", "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    _rms_norm)
+
+
+def _sdpa(q, k, v, attn_mask=None, scale=None):
+    import torch
+
+    if scale is None:
+        scale = 1.0 / (q.size(-1) ** 0.5)
+    attn = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if attn_mask is not None:
+        attn = attn + attn_mask
+    return torch.matmul(torch.softmax(attn, dim=-1), v)
+
+
+#: ExecuTorch's fused attention (backends/vulkan/custom_ops_lib.py, 1.4 and 1.5):
+#: q [B, H, L, E], k and v [B, H, S, *], an optional additive mask and scale; the CPU
+#: kernel is ExecuTorch's reference (matmul, scale, add, softmax, matmul: a fully
+#: masked row is NaN). Vulkan: ``ops/families/sdpa.py``.
+SDPA = declare_custom_op(
+    "et_vk.sdpa.default",
+    "sdpa(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None) "
+    "-> Tensor", _sdpa)
+
+
+def _prepack(x):
+    return x.clone()
+
+
+#: ET-VK copies a constant into the GPU layout its consumer reads; on the CPU a copy.
+#: Delegate-internal: only blobs hold it, so only the reference executor runs it.
+PREPACK = declare_custom_op("et_vk.prepack.default", None, _prepack, glue=False)
+
+#: ExecuTorch's dim-order copy, which ExecuTorch programs' CPU parts hold (torch knows
+#: it only where executorch is installed; ``pte_kernels`` maps it for the .pte reader).
+DIM_ORDER_COPY = declare_custom_op("dim_order_ops._to_dim_order_copy.default", None, None)
