@@ -23,6 +23,7 @@ from vkdelegate.backend import glue_ops
 from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
 from vkdelegate.ops.load_checks import DeclaredValues, check_node
+from vkdelegate.ops.registry import load_all
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
@@ -75,8 +76,11 @@ class ReferenceGraph:
         self._resolve_ops(extra_ops or {})
         if not extra_ops:
             values = DeclaredValues(graph)
+            registered = load_all()
             for call in graph.chain:
-                if not _is_size_arithmetic(call.name):  # SymInts in, one int out
+                # Size arithmetic the registry lacks (mod, neg...): SymInts in, one
+                # int out, checked by the operator itself.
+                if not _is_size_arithmetic(call.name) or call.name in registered:
                     check_node(graph, call, values)
         check_tensor_budget(graph, self.limits)
         self.constants: dict[int, torch.Tensor] = {}
@@ -300,8 +304,10 @@ def _prepack(x):
 
 
 #: Delegate-internal ET-VK ops with no ATen or glue equivalent: ``prepack`` copies a
-#: constant into its GPU layout, on the CPU a copy.
-_DELEGATE_ONLY = {"et_vk.prepack.default": _prepack}
+#: constant into its GPU layout, on the CPU a copy; ``sym_size.int`` is ExecuTorch's
+#: (and our builder's) name of aten.sym_size.int in a blob.
+_DELEGATE_ONLY = {"et_vk.prepack.default": _prepack,
+                  "sym_size.int": glue_ops.TORCH_FREE["aten.sym_size.int"]}
 
 
 def resolve(name: str, where: str = "a node of the delegate"):
