@@ -149,3 +149,58 @@ def test_resize_outside_the_exported_bounds_is_refused():
         program(rand(1, 3, 5))
     x = rand(3, 4, 5)
     torch.testing.assert_close(program(x), x.reshape(4, 3, 5))
+
+
+def _unflatten_graph():
+    dims = {0: Dim("a", min=1, max=9), 1: Dim("b", min=1, max=9)}
+    ep = torch.export.export(_Unflatten(), (rand(7, 3, 5),), dynamic_shapes=(dims,))
+    program = vkdelegate.to_backend(ep, vkdelegate.VulkanPartitioner({"executor": "reference"}))
+    delegate = program.methods["forward"].delegates[0]
+    return read_blob(delegate.blob), delegate.named_data
+
+
+def test_symint_numbers_in_the_blob_are_not_trusted():
+    """ExecuTorch writes SymInt(0) for every SymInt: the load checks and the runtime
+    compute the numbers from the nodes producing them."""
+    from vkdelegate.backend.reference import ReferenceGraph
+    blob, named = _unflatten_graph()
+    graph = blob.graph
+    graph.values = [vk.SymInt(0) if isinstance(v, vk.SymInt) else v for v in graph.values]
+    ref = ReferenceGraph.from_graph(graph, lambda i: blob.constant_bytes(i, named))
+    x = rand(4, 6, 5)
+    assert (ref.execute([x.numpy()])[0] == x.reshape(6, 4, 5).numpy()).all()
+    from tests.vulkan_skip import vulkan_unavailable
+    if not vulkan_unavailable():
+        from vkdelegate.runtime.graph import DelegateGraph
+        with DelegateGraph(graph, lambda i: blob.constant_bytes(i, named)) as dg:
+            for shape in [(4, 6, 5), (9, 9, 5), (1, 2, 5)]:
+                x = rand(*shape, seed=1)
+                out = dg.execute([x.numpy()])[0]
+                assert (out == x.reshape(shape[1], shape[0], 5).numpy()).all()
+
+
+def test_symint_read_before_it_is_produced_is_refused():
+    from vkdelegate.serialization.graph_checks import check_graph
+    blob, _ = _unflatten_graph()
+    graph = blob.graph
+    first = next(i for i, op in enumerate(graph.chain) if op.name == "sym_size.int")
+    view = next(i for i, op in enumerate(graph.chain) if op.name == VIEW)
+    graph.chain.insert(first, graph.chain.pop(view))  # the view before its sizes
+    with pytest.raises(vkdelegate.VkDelegateError,
+                       match=r"reads SymInt value \d+, which no earlier node produces"):
+        check_graph(graph)
+
+
+def test_symint_where_an_op_reads_a_static_value_is_refused_at_load():
+    from vkdelegate.ops.load_checks import check_nodes
+    blob, _ = _unflatten_graph()
+    graph = blob.graph
+    sym = next(op.args[-1] for op in graph.chain if op.name == "sym_size.int")
+    x = graph.chain[-1].args[-1]
+    dim = len(graph.values)
+    graph.values += [vk.Bool(False), vk.VkTensor(vk.VkDataType.FLOAT32, [9, 9, 5])]
+    graph.chain.append(vk.OperatorCall(99, "aten._softmax.default", [x, sym, dim, dim + 1]))
+    with pytest.raises(vkdelegate.VkDelegateError,
+                       match=r"node 99 \(aten._softmax.default\): argument 1 is a symbolic "
+                             r"size, which this op reads only at load"):
+        check_nodes(graph)
