@@ -2,7 +2,8 @@
 
 ``build_corpus(out)`` lowers a few small modules of the module suite
 (``tests/program/modules.py``) covering the shapes of real programs: a conv net, an
-MLP, a reduce/softmax model, a dynamic-shape one, one with mutable state, one with CPU
+MLP, a reduce/softmax model, a dynamic-shape one, one with SymInt values (two
+symbolic view sizes, a symbolic arange), one with mutable state, one with CPU
 glue between delegates, a multi-method one, and one on the reference executor. It
 writes::
 
@@ -35,6 +36,7 @@ PROGRAMS = [
     ("mlp", ["linear_stack"], {}),
     ("reduce_softmax", ["softmax_mean"], {}),
     ("dynamic_batch", ["dynamic_linear"], {}),
+    ("symbolic_sizes", ["dynamic_symbolic_sizes"], {}),
     ("mutable_state", ["mutable_buffer"], {}),
     ("glue_sort", ["mixed_sort"], {}),
     ("multi_method", ["add_relu", "broadcast_add"], {}),

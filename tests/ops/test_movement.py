@@ -206,36 +206,6 @@ def test_view_with_a_product_of_symbolic_sizes():
              dynamic_shapes=(dims,), resize_inputs=[(rand(2, 5, 5, seed=1),)])
 
 
-def test_view_with_two_symbolic_sizes_stays_on_cpu():
-    """Two symbolic sizes cannot both become -1: the SymInts would be partition
-    inputs, so the view stays on the CPU with a reason."""
-    from vkdelegate import VulkanPartitioner
-    dims = {0: Dim("a", min=1, max=9), 1: Dim("b", min=1, max=9)}
-    ep = torch.export.export(_Unflatten(), (rand(7, 3, 5),), dynamic_shapes=(dims,))
-    report = VulkanPartitioner().report(ep.run_decompositions())
-    views = [d for d in report.cpu_nodes if d.op == VIEW]
-    assert len(views) == 1
-    assert views[0].reasons == ["takes symbolic sizes (sym_size_int_4, sym_size_int_3) "
-                                "as arguments; delegates take tensors only"]
-
-
-def test_slice_with_a_symbolic_end_stays_on_cpu_and_runs():
-    """x[:y.shape[0]] passes a SymInt to slice: the node stays on the CPU (a partition
-    input must be a tensor) and the program still matches eager after a resize."""
-    dims = ({0: Dim("a", min=2, max=9)}, {0: Dim("b", min=1, max=9)})
-    program = check_op(lambda x, y: x[:y.shape[0]].flip(0), (rand(7, 3), rand(4)),
-                       ops=["aten.flip.default"], dynamic_shapes=dims,
-                       resize_inputs=[(rand(5, 3, seed=1), rand(2, seed=2))])
-    cpu = [d for m in program.methods.values() for d in m.report.cpu_nodes
-           if d.op == "aten.slice.Tensor"]
-    assert len(cpu) == 1 and "takes symbolic sizes" in cpu[0].reasons[0]
-
-
-class _Unflatten(torch.nn.Module):
-    def forward(self, x):
-        return x.reshape(x.shape[1], x.shape[0], 5)
-
-
 #: ExecuTorch's names for the copying view ops (found in ET-VK blobs), run as a chain
 #: (op name, arguments after the input tensor) in a hand-built VkGraph.
 ET_CHAIN = [

@@ -161,4 +161,7 @@ CASES = [
          dynamic=lambda: ({0: _batch(2, 8)},), resized=lambda: A(r(7, 3))),
     Case("dynamic_linear", lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), lambda: A(r(3, 4)),
          dynamic=lambda: ({0: _batch()},), resized=lambda: A(r(31, 4))),
+    # Two symbolic view sizes and a symbolic arange end: SymInt values in the delegate.
+    Case("dynamic_symbolic_sizes", lambda: Fn(lambda x: (x.reshape(x.shape[1], x.shape[0], 5) * 2.0, torch.arange(x.shape[0], dtype=torch.float32) + 1.0)), lambda: A(r(4, 3, 5)),
+         dynamic=lambda: ({0: _batch(1, 9), 1: Dim("rows", min=1, max=9)},), resized=lambda: A(r(9, 2, 5))),
 ]

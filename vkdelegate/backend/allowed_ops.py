@@ -87,9 +87,10 @@ aten.where.self
 #: (``VulkanPartitioner.ops_to_preserve``) or the ``*_copy`` forms ExecuTorch blobs use.
 REGISTRY_EXTRA = _names("""
 aten.adaptive_max_pool2d.default aten.erfinv.default aten.exp2.default aten.expand_copy.default
-aten.full_like.default aten.group_norm.default aten.layer_norm.default aten.linalg_vector_norm.default
-aten.linear.default aten.max.default aten.min.default aten.ones_like.default aten.permute_copy.default
-aten.rms_norm.default aten.scaled_dot_product_attention.default
+aten._unsafe_view.default aten.full_like.default aten.group_norm.default aten.layer_norm.default
+aten.linalg_vector_norm.default aten.linear.default aten.max.default aten.min.default
+aten.ones_like.default aten.permute_copy.default aten.rms_norm.default
+aten.scaled_dot_product_attention.default
 aten.select_copy.int aten.slice_copy.Tensor aten.split.Tensor
 aten.split_with_sizes_copy.default aten.squeeze_copy.dims aten.t_copy.default
 aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
@@ -126,8 +127,10 @@ operator.add operator.sub operator.mul operator.floordiv operator.mod operator.n
 operator.eq operator.ne operator.lt operator.le operator.gt operator.ge
 """)
 
-#: Delegate-internal ops only the reference executor runs (``custom_ops``, glue=False).
-REFERENCE_ONLY = custom_ops.names(glue=False)
+#: Delegate-internal ops only the reference executor runs: the custom ops declared
+#: with glue=False (a prepack), and ``sym_size.int``, the blob name (ExecuTorch's) of
+#: aten.sym_size.int.
+REFERENCE_ONLY = custom_ops.names(glue=False) + _names("sym_size.int")
 
 #: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
 ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM
@@ -153,7 +156,9 @@ STR_CHOICES = {
 def is_allowed(name: str, reference: bool = False) -> bool:
     """Whether the glue (or, with ``reference``, the reference executor) may call
     ``name``."""
-    return name in ALLOWED or (reference and name in REFERENCE_ONLY)
+    # In a blob, the integer operators go by their bare names ("mul"), as in ET-VK.
+    return name in ALLOWED or (reference and (name in REFERENCE_ONLY or (
+        isinstance(name, str) and f"operator.{name}" in OPERATORS)))
 
 
 _FILE = ("file", "save", "load")

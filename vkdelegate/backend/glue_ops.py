@@ -99,7 +99,37 @@ def resolve(name: str, where: "str | None" = None, reference: bool = False):
                               f"{torch.__version__}")
     if op in _UNINITIALISED:
         return _ZeroFilled(found)
+    if name in _VIEWS:
+        return _Reshaping(found)
     return found
+
+
+#: View ops whose CPU result must not depend on the input's strides (see _Reshaping).
+_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default",
+                    "aten.view_copy.default"})
+
+
+class _Reshaping:
+    """A view op run with reshape semantics: the same elements in the same order,
+    without ATen's refusal of a view "not compatible with input tensor's size and
+    stride". A lowered program treats every tensor as contiguous (its delegates'
+    are; the lowering drops clones that only make a tensor contiguous, such as the
+    one nn.MultiheadAttention puts between a permute and a view), so a CPU view may
+    receive a permuted tensor whose eager counterpart was a contiguous copy. Keeps
+    the op's ``_schema`` for the argument checks."""
+
+    def __init__(self, op):
+        self.op, self._schema = op, op._schema
+
+    def __call__(self, x, size):
+        import torch
+
+        try:
+            return self.op(x, size)
+        except RuntimeError:
+            if not isinstance(x, torch.Tensor) or x.is_contiguous():
+                raise
+            return self.op(x.contiguous(), size)
 
 
 #: Creation ops whose result is uninitialised memory.

@@ -104,19 +104,21 @@ def _symbolic_args(values) -> list[str]:
     return found
 
 
-def node_spec(node: torch.fx.Node) -> NodeSpec:
-    """The NodeSpec of a call_function node whose target is an ATen OpOverload.
-
-    Raises VkDelegateError for a node with a symbolic-size (SymInt) argument: it would
-    be an input of its partition, and delegates take tensors only.
+def node_spec(node: torch.fx.Node, name: "str | None" = None) -> NodeSpec:
+    """The NodeSpec of a call_function node: an ATen OpOverload (arguments in schema
+    order) or a Python operator on SymInts (``operator.mul``; positional arguments).
+    name: the op's registry name (default ``str(node.target)``). A SymInt argument is
+    described by its upper bound and its position recorded in ``NodeSpec.symbolic``;
+    whether its producer runs in the same partition is the partitioner's business.
     """
-    values = schema_args(node)
-    symbolic = _symbolic_args(values)
-    if symbolic:
-        raise VkDelegateError(f"takes symbolic sizes ({', '.join(symbolic)}) as arguments; "
-                              f"delegates take tensors only")
+    if isinstance(node.target, torch._ops.OpOverload):
+        values = schema_args(node)
+    else:
+        values = list(node.args)
+    symbolic = frozenset(i for i, v in enumerate(values) if _symbolic_args([v]))
     args = tuple(_describe(a) for a in values)
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
     outputs = tuple(tensor_spec(v) for v in vals if isinstance(v, torch.Tensor))
-    return NodeSpec(op=str(node.target), args=args, outputs=outputs)
+    return NodeSpec(op=name or str(node.target), args=args, outputs=outputs,
+                    symbolic=symbolic)

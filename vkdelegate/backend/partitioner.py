@@ -13,15 +13,18 @@ import operator
 from typing import Iterable, Optional
 
 import torch
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
-from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.infra.partitioner import Partition
 
 from vkdelegate.ops import registry
+from vkdelegate.backend.glue_ops import builtin_name
 from vkdelegate.backend.node_specs import node_spec
 from vkdelegate.backend.passes import bfloat16
+from vkdelegate.backend.symint_partitions import (partitions_keeping_symints,
+                                                  monotone_reason, is_symint)
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import NodeDecision, PartitionReport
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.serialization.builder import op_name
 
 logger = logging.getLogger("vkdelegate")
 
@@ -40,17 +43,6 @@ def _op_names(ops: Optional[Iterable]) -> Optional[frozenset]:
     if ops is None:
         return None
     return frozenset(o if isinstance(o, str) else str(o) for o in ops)
-
-
-class _Support(OperatorSupportBase):
-    """Adapter for CapabilityBasedPartitioner: reads the decisions made beforehand."""
-
-    def __init__(self, supported: set):
-        super().__init__()
-        self.supported = supported
-
-    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        return node.name in self.supported
 
 
 class VulkanPartitioner:
@@ -78,21 +70,23 @@ class VulkanPartitioner:
         if node.target is operator.getitem:
             # CapabilityBasedPartitioner puts it with the node it reads from.
             return ["getitem goes with its producer"]
-        if not isinstance(node.target, torch._ops.OpOverload):
+        symint_op = is_symint(node) and builtin_name(node.target) is not None
+        if not isinstance(node.target, torch._ops.OpOverload) and not symint_op:
             return [f"{name} is not an ATen operator"]
         if node.meta.get(bfloat16.BOUNDARY_KEY):
             return [bfloat16.BOUNDARY_REASON]
-        if self.allowlist is not None and name not in self.allowlist:
+        label = _op_label(node.target)
+        if self.allowlist is not None and not {name, label} & self.allowlist:
             return ["not in operator_allowlist"]
-        if name in self.blocklist:
+        if {name, label} & self.blocklist:
             return ["in operator_blocklist"]
         # load_all outside any try: a broken op family is a bug to surface, not a
         # reason to keep every node on the CPU.
-        spec = registry.load_all().get(name)
+        spec = registry.load_all().get(op_name(node.target))
         if spec is None:
             return [f"no Vulkan implementation of {name}"]
         try:
-            described = node_spec(node)
+            described = node_spec(node, op_name(node.target))
         except VkDelegateError as exc:
             return [str(exc)]
         except Exception as exc:  # a node we cannot describe stays on the CPU
@@ -102,6 +96,8 @@ class VulkanPartitioner:
             reasons.append("op cannot be resized and require_dynamic_shapes is set")
         try:
             reasons.extend(spec.check(described))
+            if spec.returns == "symint" and not reasons:
+                reasons.extend(monotone_reason(node, spec, described))
         except Exception as exc:  # a buggy rule must not break lowering
             reasons.append(f"support check failed ({type(exc).__name__}: {exc})")
         return reasons
@@ -126,12 +122,11 @@ class VulkanPartitioner:
                                           notes=notes))
             if not reasons:
                 supported.add(node.name)
-        partitioner = CapabilityBasedPartitioner(
-            graph_module, _Support(supported), allows_single_node_partition=True)
-        partitions = [p for p in partitioner.propose_partitions() if p.nodes]
-        where = {n.name: i for i, p in enumerate(partitions) for n in p.nodes}
+        partitions, where, crossing = partitions_keeping_symints(graph_module, supported)
         nodes = {n.name: n for n in graph_module.graph.nodes}
         for d in decisions:
+            if d.name in crossing:
+                d.reasons = [crossing[d.name]]
             d.partition = where.get(d.name)
             if d.partition is not None:
                 d.reasons = []

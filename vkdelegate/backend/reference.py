@@ -23,6 +23,7 @@ from vkdelegate.backend import allowed_ops, custom_ops, glue_ops
 from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
 from vkdelegate.ops.load_checks import DeclaredValues, check_node
+from vkdelegate.ops.registry import load_all
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
@@ -75,8 +76,11 @@ class ReferenceGraph:
         self._resolve_ops(extra_ops or {})
         if not extra_ops:
             values = DeclaredValues(graph)
+            registered = load_all()
             for call in graph.chain:
-                if not _is_size_arithmetic(call.name):  # SymInts in, one int out
+                # Size arithmetic the registry lacks (mod, neg...): SymInts in, one
+                # int out, checked by the operator itself.
+                if not _is_size_arithmetic(call.name) or call.name in registered:
                     check_node(graph, call, values)
         check_tensor_budget(graph, self.limits)
         self.constants: dict[int, torch.Tensor] = {}
@@ -298,9 +302,11 @@ def _call(where: str, op, args: list, kwargs: dict):
 def resolve(name: str, where: str = "a node of the delegate"):
     """The CPU callable for an ``OperatorCall`` name: an allowed glue op
     (``glue_ops.resolve``), a Python operator on SymInts under the builder's bare
-    name (``mul`` for operator.mul), or a delegate-only ET-VK op
+    name (``mul`` for operator.mul), ``sym_size.int``, or a delegate-only ET-VK op
     (``custom_ops`` declared with glue=False: its ``cpu`` kernel). Raises
     VkDelegateError naming ``where`` and the op for anything else."""
+    if name == "sym_size.int":  # ExecuTorch's (and our builder's) blob name
+        return glue_ops.TORCH_FREE["aten.sym_size.int"]
     if name in allowed_ops.REFERENCE_ONLY:
         return custom_ops.CUSTOM_OPS[name].cpu
     if _is_size_arithmetic(name):

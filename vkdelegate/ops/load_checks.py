@@ -32,11 +32,26 @@ class DeclaredValues:
     def __init__(self, graph: g.VkGraph):
         self.graph = graph
         self._cache: dict[int, object] = {}
+        # SymInt value id -> the number its node gives at the declared sizes (the
+        # serialized number is ExecuTorch's placeholder 0, or our upper bound).
+        self.symints: dict[int, int] = {}
+
+    def is_symbolic(self, vid: int) -> bool:
+        """Whether value ``vid`` is a SymInt or a ValueList holding one (at any depth;
+        the graph's ValueLists are acyclic: ``check_graph``)."""
+        v = self.graph.values[vid]
+        if isinstance(v, g.SymInt):
+            return True
+        return isinstance(v, g.ValueList) and any(self.is_symbolic(i) for i in v.items)
 
     def __call__(self, vid: int):
+        if vid in self.symints:
+            return self.symints[vid]
         if vid in self._cache:
             return self._cache[vid]
         v = self.graph.values[vid]
+        if isinstance(v, g.ValueList) and self.is_symbolic(vid):
+            return [self(i) for i in v.items]  # not cached: its SymInts are set later
         if isinstance(v, g.VkTensor):
             dtype = g.DTYPE_NAMES.get(v.datatype)
             if dtype is None:
@@ -111,6 +126,8 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
     """
     spec = lookup(call.name)
     where = f"node {call.node_id} ({call.name})"
+    if spec.returns == "symint":
+        return _check_symint_node(graph, call, spec, values)
     out_id = call.args[-1]
     out = values(out_id)
     is_list = isinstance(graph.values[out_id], g.ValueList)
@@ -122,13 +139,40 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
                                   f"expected a tensor")
     args = [values(a) for a in call.args[:-1]]
     try:
-        reasons = spec.check(NodeSpec(call.name, tuple(args), tuple(outs)))
+        reasons = spec.check(NodeSpec(call.name, tuple(args), tuple(outs),
+                                      _symbolic(values, call)))
         if not reasons:
             _check_sizes(call, spec, args, outs)
     except VkDelegateError:
         raise
     except (AttributeError, TypeError, IndexError, KeyError, ValueError,
             ZeroDivisionError, OverflowError) as exc:
+        raise _malformed(graph, call, args, exc) from exc
+    if reasons:
+        raise VkDelegateError(f"{where}: {'; '.join(reasons)}")
+    return spec
+
+
+def _symbolic(values: DeclaredValues, call: g.OperatorCall) -> frozenset:
+    return frozenset(i for i, a in enumerate(call.args[:-1]) if values.is_symbolic(a))
+
+
+def _check_symint_node(graph, call, spec: OpSpec, values: DeclaredValues) -> OpSpec:
+    """A node returning a SymInt: its output is a SymInt value, its rules accept the
+    arguments, and its number at the declared sizes is what later nodes see."""
+    where = f"node {call.node_id} ({call.name})"
+    out_id = call.args[-1]
+    if not isinstance(graph.values[out_id], g.SymInt):
+        raise VkDelegateError(f"{where}: output value {out_id} is {_kind(graph, out_id)}, "
+                              f"expected a SymInt")
+    args = [values(a) for a in call.args[:-1]]
+    try:
+        reasons = spec.check(NodeSpec(call.name, tuple(args), (), _symbolic(values, call)))
+        if not reasons:
+            values.symints[out_id] = spec.shape_fn(args)
+    except VkDelegateError as exc:
+        raise VkDelegateError(f"{where}: {exc}") from None
+    except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
         raise _malformed(graph, call, args, exc) from exc
     if reasons:
         raise VkDelegateError(f"{where}: {'; '.join(reasons)}")

@@ -53,12 +53,16 @@ class NodeSpec:
 
     op: the ATen overload name ("aten.add.Tensor"). args: the schema's arguments in
     order, defaults filled; tensors as TensorSpec, scalars and lists as Python values
-    (lists may hold TensorSpec). outputs: one TensorSpec per tensor output.
+    (lists may hold TensorSpec); a SymInt (a size known only at run time) as the int
+    it holds at the upper-bound sizes. outputs: one TensorSpec per tensor output (none
+    for an op that returns a SymInt). symbolic: positions of the arguments that are,
+    or are lists holding, SymInts.
     """
 
     op: str
     args: tuple
     outputs: tuple[TensorSpec, ...]
+    symbolic: frozenset = frozenset()
 
     def tensors(self) -> list[TensorSpec]:
         """Every tensor argument and output, lists flattened."""
@@ -89,6 +93,13 @@ class OpSpec:
     rules: extra argument checks, each returning None or a reason string.
     max_rank: largest tensor rank accepted.
     notes: one line for the coverage table (docs/OPS.md).
+    symbolic_args: argument positions that may be SymInts (or lists holding SymInts):
+        the impl reads them again after every resize (``NodeBuilder.value`` gives the
+        current value); a SymInt anywhere else is refused, since the op would keep
+        the value it had at load.
+    returns: "tensor", or "symint" for an op whose output is a SymInt value
+        (``sym_size.int`` and size arithmetic, ops/families/symint.py): its
+        ``shape_fn`` gives the output's value instead of sizes.
     """
 
     name: str
@@ -100,6 +111,8 @@ class OpSpec:
     arg_dtypes: dict = field(default_factory=dict)
     notes: str = ""
     load_shape_fn: Optional[Callable[..., Any]] = None
+    symbolic_args: frozenset = frozenset()
+    returns: str = "tensor"
 
     @property
     def resizable(self) -> bool:
@@ -124,6 +137,9 @@ class OpSpec:
                 break
         if any(t.is_dynamic for t in node.tensors()) and not self.resizable:
             reasons.append("dynamic shapes not supported by this op")
+        for i in sorted(node.symbolic - self.symbolic_args):
+            reasons.append(f"argument {i} is a symbolic size, which this op reads only "
+                           f"at load")
         for rule in self.rules:
             reason = rule(node)
             if reason:

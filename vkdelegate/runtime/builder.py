@@ -67,7 +67,10 @@ class NodeBuilder:
 
     # ---- arguments -------------------------------------------------------------------
     def value(self, vid: int):
-        """Value ``vid`` as Python: Tensor, int, float, bool, None, str or list."""
+        """Value ``vid`` as Python: Tensor, int, float, bool, None, str or list. A
+        SymInt (or a list holding SymInts) gives its current number(s): an op whose
+        spec lists the argument in ``symbolic_args`` reads it again in its resize
+        hooks or plan functions."""
         return self._graph.resolve(vid)
 
     def tensor(self, vid: int) -> Tensor:
@@ -83,6 +86,11 @@ class NodeBuilder:
         if isinstance(v, (Tensor, list)):
             raise self.error(f"value {vid} is not a scalar")
         return v
+
+    def set_symint(self, vid: int, value: int) -> None:
+        """Set the current number of SymInt value ``vid`` (an op returning a SymInt,
+        ops/families/symint.py); the nodes after it read it through ``value``."""
+        self._graph.values.set_symint(vid, value)
 
     def int_list(self, vid: int) -> list[int]:
         """IntList value ``vid`` (Null gives an empty list)."""

@@ -197,7 +197,7 @@ class DelegateGraph(DeviceState):
         return self.values.resolve(vid)
 
     def _io_tensor(self, vid: int, kind: str) -> Tensor:
-        t = self.resolve(vid)
+        t = self.resolve(vid) if isinstance(self.graph.values[vid], g.VkTensor) else None
         if not isinstance(t, Tensor):
             raise VkDelegateError(f"graph {kind} {vid} is not a tensor")
         return t
@@ -341,6 +341,12 @@ class DelegateGraph(DeviceState):
             out = self.resolve(call.args[-1])
             args = [self.resolve(a) for a in call.args[:-1]]
             where = f"node {call.node_id} ({call.name})"
+            if spec.returns == "symint":  # a SymInt's new number, on the host
+                try:
+                    self.values.set_symint(call.args[-1], spec.shape_fn(args))
+                except VkDelegateError as exc:
+                    raise VkDelegateError(f"{where}: {exc}") from None
+                continue
             if spec.shape_fn is None:
                 tensors = [t for a in args for t in (a if isinstance(a, list) else [a])
                            if isinstance(t, Tensor)]

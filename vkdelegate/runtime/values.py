@@ -23,7 +23,7 @@ from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.serialization import vkgraph as g
 
 _SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
-            g.String: "string_val", g.SymInt: "value"}
+            g.String: "string_val"}
 
 
 class GraphValues:
@@ -40,6 +40,10 @@ class GraphValues:
         self.staging = staging
         self.constant_arrays: dict[int, np.ndarray] = {}
         self._values: dict[int, object] = {}
+        # SymInt value id -> its current number (set by the node producing it, at load
+        # and after every resize); ValueLists holding SymInts are never cached.
+        self.symints: dict[int, int] = {}
+        self._live: set[int] = set()
         self._pending_uploads: list = []
         # Staging memory for constant uploads lives only until the copies ran.
         self._upload_allocator = None
@@ -140,22 +144,41 @@ class GraphValues:
             self._upload_allocator.close()
             self._upload_allocator = None
 
+    def set_symint(self, vid: int, value: int) -> None:
+        """Set SymInt value ``vid``'s current number (VkDelegateError if ``vid`` is not
+        a SymInt value)."""
+        if not isinstance(self.graph.values[vid], g.SymInt):
+            raise VkDelegateError(f"value {vid} is "
+                                  f"{type(self.graph.values[vid]).__name__}, not a SymInt")
+        self.symints[vid] = int(value)
+
     def resolve(self, vid: int):
-        """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value)."""
+        """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value); a SymInt
+        as its current number, a ValueList holding SymInts with their current numbers."""
         if vid in self._values:
             return self._values[vid]
         if not isinstance(vid, int) or not 0 <= vid < len(self.graph.values):
             raise VkDelegateError(f"value id {vid} out of range "
                                   f"({len(self.graph.values)} values)")
         v = self.graph.values[vid]
+        if isinstance(v, g.SymInt):
+            if vid not in self.symints:
+                raise VkDelegateError(f"SymInt value {vid} is read before a node sets it")
+            return self.symints[vid]
+        if isinstance(v, g.ValueList):
+            out = [self.resolve(i) for i in v.items]
+            if any(i in self._live or isinstance(self.graph.values[i], g.SymInt)
+                   for i in v.items):
+                self._live.add(vid)
+                return out
+            self._values[vid] = out
+            return out
         if isinstance(v, g.Null):
             out = None
         elif type(v) in _SCALARS:
             out = getattr(v, _SCALARS[type(v)])
         elif isinstance(v, (g.IntList, g.DoubleList, g.BoolList)):
             out = list(v.items)
-        elif isinstance(v, g.ValueList):
-            out = [self.resolve(i) for i in v.items]
         else:
             raise VkDelegateError(f"value {vid} has unsupported type {type(v).__name__}")
         self._values[vid] = out

@@ -21,7 +21,9 @@ Argument encoding (docs/DESIGN.md section 3), chosen so the runtime never sees P
 Python / fx argument      value
 ========================  ==================================================
 fx node, tensor           VkTensor (dims = upper bounds of dynamic sizes)
-fx node, SymInt           SymInt (value = upper bound of its range)
+fx node, SymInt           SymInt (value = upper bound of its range; the
+                          runtime sets the number from the node producing it,
+                          ExecuTorch writes 0 here)
 bool                      Bool (tested before int: ``True == 1`` in Python)
 int / float / str         Int / Double / String
 torch.dtype               Int holding the VkDataType value (so _to_copy, full,
@@ -78,11 +80,18 @@ class SerializedPartition:
     named_data: dict[str, bytes] = field(default_factory=dict)
 
 
+#: ATen overloads ExecuTorch's Vulkan backend names by their ``__name__`` (its
+#: SymIntOps.cpp registers ``sym_size.int``, not ``aten.sym_size.int``).
+_ET_BARE_NAMES = {"aten.sym_size.int"}
+
+
 def op_name(target: Any) -> str:
     """OperatorCall.name of an fx call_function target: ``aten.add.Tensor`` for an ATen
-    overload, ``__name__`` for other callables (``mul`` for operator.mul)."""
+    overload (``sym_size.int`` for aten.sym_size.int, as ExecuTorch writes it),
+    ``__name__`` for other callables (``mul`` for operator.mul)."""
     if isinstance(target, torch._ops.OpOverload):
-        return str(target)  # "aten.add.Tensor"
+        name = str(target)  # "aten.add.Tensor"
+        return target.__name__ if name in _ET_BARE_NAMES else name
     return getattr(target, "__name__", str(target))
 
 

@@ -73,7 +73,8 @@ def check_graph(graph: vk.VkGraph, limits: LoadLimits | None = None) -> None:
     Checked: every op has a name and at least one arg (its output); input_ids,
     output_ids, every op's args, every ValueList item (value ids into
     ``graph.values``) and every tensor's ``constant_id`` (index into
-    ``graph.constants`` when >= 0); then ``check_value_nesting``.
+    ``graph.constants`` when >= 0); then ``check_value_nesting`` and
+    ``check_symint_order``.
     """
     limits = resolve_limits(limits)
     check_counts(len(graph.chain), len(graph.values), limits)
@@ -100,3 +101,42 @@ def check_graph(graph: vk.VkGraph, limits: LoadLimits | None = None) -> None:
                 f"value {vid} (VkTensor) has constant_id {value.constant_id}, but the "
                 f"graph has {n_const} constants")
     check_value_nesting(graph, limits)
+    check_symint_order(graph)
+
+
+def _symints_in(values, vid: int) -> list[int]:
+    """SymInt ids among ``vid`` and, for a ValueList, its items at any depth
+    (iterative; the lists are acyclic after ``check_value_nesting``)."""
+    found, stack, seen = [], [vid], set()
+    while stack:
+        v = stack.pop()
+        value = values[v]
+        if isinstance(value, vk.SymInt):
+            found.append(v)
+        elif isinstance(value, vk.ValueList) and v not in seen:
+            seen.add(v)
+            stack.extend(value.items)
+    return found
+
+
+def check_symint_order(graph: vk.VkGraph) -> None:
+    """VkDelegateError unless every SymInt a node reads (directly or in a ValueList,
+    e.g. a view's sizes) is a graph input or the output of an earlier node, and no
+    SymInt is the output of two nodes: a SymInt's number is set by the node producing
+    it (ExecuTorch's convention), so a size read before that would be stale."""
+    values = graph.values
+    defined = {v for v in graph.input_ids if isinstance(values[v], vk.SymInt)}
+    for k, op in enumerate(graph.chain):
+        where = f"node {op.node_id} ({op.name}, chain[{k}])"
+        for j, vid in enumerate(op.args[:-1]):
+            for sym in _symints_in(values, vid):
+                if sym not in defined:
+                    raise VkDelegateError(f"{where} arg {j} reads SymInt value {sym}, "
+                                          f"which no earlier node produces and is not a "
+                                          f"graph input")
+        out = op.args[-1]
+        if isinstance(values[out], vk.SymInt):
+            if out in defined:
+                raise VkDelegateError(f"{where} produces SymInt value {out}, which a graph "
+                                      f"input or an earlier node already provides")
+            defined.add(out)

@@ -10,6 +10,7 @@ from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.linear import addmm_to_linear
+from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 
@@ -26,8 +27,11 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
+# 7. local SymInts last: every consumer of a symbolic size that is left gets its own
+#    sym_size/arithmetic nodes, so that they can join its partition
+#    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
-          fuse_conv_clamp, fuse_rms_norm, symbolic_view_sizes)
+          fuse_conv_clamp, fuse_rms_norm, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

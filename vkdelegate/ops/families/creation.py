@@ -7,7 +7,8 @@ masked_fill and of attention masks' ``where``) is full of size ().
 The fill value is converted to the output dtype on the host exactly as torch converts
 a Python scalar (numpy cast: truncation for ints, x != 0 for bool); arange computes
 ``start + i * step`` on the device (fp32 for float outputs, int32 for integer ones).
-full and arange need static sizes: their size arguments would otherwise be SymInts.
+Sizes, fill values and arange bounds may be SymInts (ops/families/symint.py): the
+output sizes follow them at every resize and the parameter block is rewritten.
 """
 from __future__ import annotations
 
@@ -54,8 +55,11 @@ def _bindings(_defines) -> Bindings:
     return Bindings(outputs=("out_data",), params=(RANGE_PARAMS,))
 
 
-def _dispatch(b, out, start, step):
+def _dispatch(b, out, start_fn, step_fn):
+    """start_fn(), step_fn(): the current start and step (read again at every resize,
+    since they may come from SymInts)."""
     def data():
+        start, step = start_fn(), step_fn()
         ints = acc_type(out.dtype) == "int"
         return RANGE_PARAMS.pack(
             iinfo=[out.numel, int(start) if ints else 0, int(step) if ints else 0],
@@ -70,7 +74,7 @@ def _full_impl(b, node):
     # full(size, fill_value, *, dtype, layout, device, pin_memory) and
     # full_like(self, fill_value, *, dtype, layout, device, pin_memory, memory_format)
     out = b.tensor(node.args[-1])
-    _dispatch(b, out, _typed(b.scalar(node.args[1]), out.dtype), 0)
+    _dispatch(b, out, lambda: _typed(b.scalar(node.args[1]), out.dtype), lambda: 0)
 
 
 def arange_numel(start, end, step) -> int:
@@ -81,12 +85,21 @@ def arange_numel(start, end, step) -> int:
 
 
 def _arange_impl(b, node):
-    start, end, step = (b.scalar(v) for v in node.args[:3])
+    start_id, _end_id, step_id = node.args[:3]
     out = b.tensor(node.args[-1])
+    start, step = b.scalar(start_id), b.scalar(step_id)
     if acc_type(out.dtype) == "int" and any(isinstance(v, float) and v != int(v)
                                             for v in (start, step)):
         raise b.error(f"integer arange with fractional start {start} or step {step}")
-    _dispatch(b, out, start, step)
+    _dispatch(b, out, lambda: b.scalar(start_id), lambda: b.scalar(step_id))
+
+
+def _arange_shape(args):
+    start, end, step = args[:3]
+    for v in (start, end, step):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise VkDelegateError(f"arange bound {v!r} is not a number")
+    return (arange_numel(start, end, step),)
 
 
 def _fill_rule(node: NodeSpec):
@@ -125,7 +138,7 @@ def _arange_rule(node: NodeSpec):
 
 register(OpSpec(name="aten.full.default", dtypes=DTYPES, impl=_full_impl,
                 shape_fn=lambda args: tuple(args[0]), rules=(_fill_rule,),
-                notes="zeros, ones, full"))
+                symbolic_args=frozenset({0, 1}), notes="zeros, ones, full; symbolic sizes"))
 register(OpSpec(name="aten.full_like.default", dtypes=DTYPES, impl=_full_impl,
                 shape_fn=lambda args: tuple(args[0].shape), rules=(_fill_rule,),
                 notes="zeros_like, ones_like, full_like; any dtype argument"))
@@ -139,7 +152,7 @@ register(OpSpec(name="aten.scalar_tensor.default", dtypes=DTYPES, impl=_scalar_t
 def _constant_impl(value):
     def impl(b, node):
         out = b.tensor(node.args[-1])
-        _dispatch(b, out, _typed(value, out.dtype), 0)
+        _dispatch(b, out, lambda: _typed(value, out.dtype), lambda: 0)
     return impl
 
 
@@ -149,10 +162,11 @@ for _name, _value, _shape in (
         ("aten.zeros_like.default", 0, lambda args: tuple(args[0].shape)),
         ("aten.ones_like.default", 1, lambda args: tuple(args[0].shape))):
     register(OpSpec(name=_name, dtypes=DTYPES, impl=_constant_impl(_value), shape_fn=_shape,
+                    symbolic_args=frozenset({0}) if "like" not in _name else frozenset(),
                     notes="ExecuTorch name (torch.export emits full / full_like)"))
 register(OpSpec(name="aten.arange.start_step", dtypes=ARANGE_DTYPES, impl=_arange_impl,
-                shape_fn=None, rules=(_arange_rule,), max_rank=1,
-                load_shape_fn=lambda args: (arange_numel(*args[:3]),),
-                notes="every torch.arange form; float or integer"))
+                shape_fn=_arange_shape, rules=(_arange_rule,), max_rank=1,
+                symbolic_args=frozenset({0, 1, 2}),
+                notes="every torch.arange form; float or integer; symbolic bounds"))
 declare_grid(SHADER, lambda profile, dtype: _defines(device_dtype(dtype, profile), dtype),
              profile=STORAGE_PROFILES, dtype=DTYPES)

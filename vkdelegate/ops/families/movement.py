@@ -5,7 +5,9 @@ flatten, transpose, t, narrow, unbind, x[...] indexing with ints and slices).
 Each op turns its arguments and the current input sizes into a ``CopyPlan``
 (see copy.py); sizes follow ATen exactly: negative dims wrap, slice bounds clamp to
 ``[0, size]`` (an empty result when end <= start), view infers one ``-1``. A size
-argument that is symbolic (a SymInt) keeps its node on the CPU (node_specs.py); the
+argument may be symbolic (a SymInt value, ops/families/symint.py) where an op declares
+it in ``symbolic_args`` (view/_unsafe_view/expand sizes, slice bounds, select index):
+shape functions and copy plans read its current number at every resize. The
 symbolic_view_sizes pass turns a view's single symbolic size into ``-1`` first.
 """
 from __future__ import annotations
@@ -190,10 +192,11 @@ def _slice_impl(b, node):
     x_id, dim_id, start_id, end_id, step_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
-    start_arg, end_arg, step = b.scalar(start_id), b.scalar(end_id), b.scalar(step_id)
+    step = b.scalar(step_id)
 
     def plan():
-        start, _ = slice_bounds(x.shape[dim], start_arg, end_arg, step)
+        # start and end may be SymInts: read their current numbers at every resize.
+        start, _ = slice_bounds(x.shape[dim], b.scalar(start_id), b.scalar(end_id), step)
         in_strides = contiguous_strides(x.shape)
         out_strides = contiguous_strides(out.shape)
         dims = [CopyDim(s, out_strides[i], in_strides[i]) for i, s in enumerate(out.shape)]
@@ -223,9 +226,9 @@ def _select_impl(b, node):
     x_id, dim_id, index_id, out_id = node.args
     x, out = b.tensor(x_id), b.tensor(out_id)
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
-    index = b.scalar(index_id)
 
     def plan():
+        index = b.scalar(index_id)  # may be a SymInt: its current number
         size = x.shape[dim]
         if not -size <= index < size:
             raise VkDelegateError(f"select: index {index} out of range for dim {dim} "
@@ -257,26 +260,29 @@ def _flip_impl(b, node):
     affine_copy(b, out, x, plan)
 
 
-def _op(name, impl, shape_fn, *rules, notes=""):
+def _op(name, impl, shape_fn, *rules, notes="", symbolic=()):
     register(OpSpec(name=name, dtypes=MOVE_DTYPES, impl=impl, shape_fn=shape_fn,
-                    rules=(same_dtype,) + rules, notes=notes))
+                    rules=(same_dtype,) + rules, notes=notes,
+                    symbolic_args=frozenset(symbolic)))
 
 
-_op("aten.view.default", _flat_impl, shape_from_list(view_shape),
-    notes="copy; reshape, flatten, unflatten")
+_op("aten.view.default", _flat_impl, shape_from_list(view_shape), symbolic=(1,),
+    notes="copy; reshape, flatten, unflatten; symbolic sizes")
+_op("aten._unsafe_view.default", _flat_impl, shape_from_list(view_shape), symbolic=(1,),
+    notes="copy (reshape of a copy); symbolic sizes")
 _op("aten.squeeze.dims", _flat_impl, shape_from_list(squeeze_shape), _squeeze_rule,
     notes="copy")
 _op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="copy")
 _op("aten.permute.default", _permute_impl, _permute_shape,
     notes="copy; transpose, t, movedim")
-_op("aten.expand.default", _expand_impl, shape_from_list(expand_shape),
-    notes="broadcast copy")
+_op("aten.expand.default", _expand_impl, shape_from_list(expand_shape), symbolic=(1,),
+    notes="broadcast copy; symbolic sizes")
 _op("aten.repeat.default", _repeat_impl, shape_from_list(repeat_shape),
     notes="tiled copy")
-_op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule,
-    notes="any step > 0, bounds clamped as ATen; narrow")
-_op("aten.select.int", _select_impl, _select_shape,
-    notes="negative index (also on a resized dim)")
+_op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule, symbolic=(2, 3),
+    notes="any step > 0, bounds clamped as ATen (symbolic too); narrow")
+_op("aten.select.int", _select_impl, _select_shape, symbolic=(2,),
+    notes="negative index (also on a resized dim), symbolic index")
 _op("aten.flip.default", _flip_impl, same_shape, notes="any set of dims")
 
 # ExecuTorch's edge dialect names the view ops' copying variants (view_copy, ...); ET-VK
