@@ -373,15 +373,20 @@ def main(out: Path, names: list[str]) -> None:
         data = lower(name)
         check_with_executorch(name, data)
         (out / f"{name}.pte").write_bytes(data)
-        arrays = {}
-        with torch.no_grad():
-            for c, inputs in enumerate(MODELS[name][1]):
-                for i, x in enumerate(inputs):
-                    arrays[f"c{c}_in{i}"] = x.numpy()
-                for j, y in enumerate(_leaves(build(name)(*inputs))):
-                    arrays[f"c{c}_out{j}"] = y
-        np.savez(out / f"{name}.npz", **arrays)
+        write_calls(out, name)
         print(name, len(data), "bytes")
+
+
+def write_calls(out: Path, name: str) -> None:
+    """``out/NAME.npz``: each call's inputs and the eager outputs (module docstring)."""
+    arrays = {}
+    with torch.no_grad():
+        for c, inputs in enumerate(MODELS[name][1]):
+            for i, x in enumerate(inputs):
+                arrays[f"c{c}_in{i}"] = x.numpy()
+            for j, y in enumerate(_leaves(build(name)(*inputs))):
+                arrays[f"c{c}_out{j}"] = y
+    np.savez(out / f"{name}.npz", **arrays)
 
 
 if __name__ == "__main__":
