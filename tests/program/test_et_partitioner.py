@@ -2,6 +2,7 @@
 ``to_edge_transform_and_lower`` (run in .venv-et by tests/data/pte/et_partitioner_lower.py,
 which also reads every file back with ExecuTorch's deserialize_pte_binary and ET-VK's
 blob deserializer); the .pte files then load and run here like eager."""
+import ast
 import os
 import subprocess
 import sys
@@ -33,7 +34,10 @@ def lowered_dir(tmp_path_factory):
 
 
 def test_script_names_match():
-    assert f"NAMES = {NAMES!r}" in SCRIPT.read_text()
+    tree = ast.parse(SCRIPT.read_text())
+    found = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             and getattr(n.targets[0], "id", None) == "NAMES"]
+    assert found == [NAMES]
 
 
 def test_importing_without_executorch_is_a_clear_import_error():
