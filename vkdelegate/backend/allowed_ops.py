@@ -85,7 +85,8 @@ aten.where.self
 #: (``VulkanPartitioner.ops_to_preserve``) or the ``*_copy`` forms ExecuTorch blobs use.
 REGISTRY_EXTRA = _names("""
 aten.adaptive_max_pool2d.default aten.exp2.default aten.expand_copy.default
-aten.full_like.default aten.linear.default aten.max.default aten.min.default aten.ones_like.default aten.permute_copy.default
+aten.full_like.default aten.hardswish.default aten.linear.default aten.max.default aten.min.default
+aten.ones_like.default aten.permute_copy.default
 aten.select_copy.int aten.slice_copy.Tensor aten.split.Tensor
 aten.split_with_sizes_copy.default aten.squeeze_copy.dims aten.t_copy.default
 aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
