@@ -15,7 +15,7 @@ SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
 
 FUZZ_SECONDS ?= 60
 
-.PHONY: demo test fuzz setup system-packages clean bench et-venv
+.PHONY: demo test fuzz setup system-packages clean bench et-venv et-efficientnet
 
 demo: setup
 	$(VENV)/bin/vkdelegate demo
@@ -60,6 +60,17 @@ $(VENV)/.fuzz-installed: $(VENV)/.installed setup.py
 # tests; tools/et-venv.sh says why it is separate. Built only when missing.
 et-venv:
 	bash tools/et-venv.sh
+
+# EfficientNet-Lite0 lowered by ExecuTorch's own VulkanPartitioner, run by `vkdelegate run`
+# on the cat photo; prints the top-5 classes (docs/LOWERING.md, "ExecuTorch").
+ET_OUT := build/et-efficientnet
+et-efficientnet: setup et-venv
+	mkdir -p $(ET_OUT)
+	$(PY) tests/data/pte/efficientnet_lite.py $(ET_OUT)/efficientnet_lite0.pte $(ET_OUT)/cat.npy
+	$(VENV)/bin/vkdelegate run $(ET_OUT)/efficientnet_lite0.pte --input arg0=$(ET_OUT)/cat.npy \
+		--output-dir $(ET_OUT)
+	$(PY) -c "import numpy as np; from vkdelegate.examples import efficientnet_lite as z; \
+		[print(z.labels()[i], round(p, 4)) for i, p in z.top_k(np.load('$(ET_OUT)/output_0.npy'))]"
 
 bench: setup
 	$(PY) benchmarks/runtime_overhead.py

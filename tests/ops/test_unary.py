@@ -34,6 +34,7 @@ CASES = [
     ("aten.hardtanh.default", F.relu6, [torch.float32, torch.float16], (-3, 9)),
     ("aten.hardtanh.default", lambda x: F.hardtanh(x, -2.5, 1.5),
      [torch.float32], (-4, 4)),
+    ("aten.hardswish.default", F.hardswish, [torch.float32, torch.float16], (-5, 5)),
     ("aten.clamp.default", lambda x: x.clamp(-1, 2), [torch.float32, torch.float16,
                                                       torch.int32], (-4, 4)),
     ("aten.clamp.default", lambda x: x.clamp(min=0.5), [torch.float32], (-4, 4)),
@@ -89,6 +90,7 @@ EDGES = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 1e-3
 EDGE_OPS = [
     ("aten.relu.default", torch.relu),
     ("aten.hardtanh.default", F.relu6),
+    ("aten.hardswish.default", F.hardswish),
     ("aten.clamp.default", lambda x: x.clamp(-1.0, 1.0)),
     ("aten.hardtanh.default", lambda x: F.hardtanh(x, -1.0, NAN)),
     ("aten.sigmoid.default", torch.sigmoid),
@@ -149,10 +151,11 @@ def test_clamp_with_float_bound_on_int_stays_on_cpu():
         check_op(lambda t: t.clamp(min=0.5), (x,), ops=["aten.clamp.default"])
 
 
-def test_hardswish_and_silu_decompositions_run_on_vulkan():
+def test_hardswish_whole_and_hardsigmoid_silu_decompositions_run_on_vulkan():
+    # hardswish is a registry op (kept whole, as ET-VK does); the others decompose.
     torch.manual_seed(0)
     x = torch.randn(5, 11) * 4
-    check_op(F.hardswish, (x,), ops=["aten.clamp.default", "aten.add.Tensor"])
+    check_op(F.hardswish, (x,), ops=["aten.hardswish.default"])
     check_op(F.hardsigmoid, (x,), ops=["aten.clamp.default"])
     check_op(F.silu, (x,), ops=["aten.sigmoid.default"])
 

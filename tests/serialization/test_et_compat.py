@@ -1,17 +1,25 @@
 """Our reader and ``vkdelegate inspect`` agree with ExecuTorch's own Vulkan deserializer.
 
 Fixture blobs in tests/data/et_vk were written by ExecuTorch 1.5.1's VulkanPartitioner
-and come with what ET's deserializer reported (generate.py). When ``executorch`` is
-importable the same comparison also runs live on freshly lowered models.
+and come with what ET's deserializer reported (generate.py). The same comparison also
+runs live: generate.py runs in ExecuTorch's own environment (.venv-et, see
+tests/program/pte_fixtures.py: skipped without it, a failure under CI) and writes fresh
+blobs, reports and ET-VK's registry op names, which must all be in our registry or in
+vkdelegate/ops/et_vk_registry.py's NOT_RUN list (docs/OPS.md).
 """
 import importlib.util
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.program.pte_fixtures import need_et_python
 from vkdelegate.backend.reference import ReferenceGraph
+from vkdelegate.ops.et_vk_registry import NOT_RUN
+from vkdelegate.ops.registry import load_all
 from vkdelegate.cli import main
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.blob import read_blob, write_blob
@@ -88,12 +96,33 @@ def _load_generator():
     return module
 
 
+@pytest.fixture(scope="module")
+def live_dir(tmp_path_factory) -> Path:
+    """Fresh blobs and reports from generate.py run in ExecuTorch's environment."""
+    python = need_et_python()
+    out = tmp_path_factory.mktemp("et_vk_live")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([python, str(DATA / "generate.py"), str(out)],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
 @pytest.mark.parametrize("name", FIXTURES)
-def test_live_et_lowering_matches(name):
-    pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner",
-                        reason="executorch (1.5.1) is not installed; the fixture tests "
-                               "above cover the comparison")
-    gen = _load_generator()
-    for blob in gen.lower(gen.build_model(name), gen.MODELS[name][1]):
-        expected = gen.et_report(blob)
-        assert our_report(blob) == expected
+def test_live_et_lowering_matches(live_dir, name):
+    expected = json.loads((live_dir / f"{name}.json").read_text())
+    expected.pop("generator")
+    assert our_report((live_dir / f"{name}.bin").read_bytes()) == expected
+
+
+def test_et_registry_is_run_or_listed(live_dir):
+    """Every op ET-VK's partitioner may delegate is in our registry or in NOT_RUN (with
+    its reason), and NOT_RUN names only ops of ET's registry."""
+    et_ops = set(json.loads((live_dir / "et_ops.json").read_text()))
+    assert len(et_ops) > 100
+    ours = set(load_all())
+    ephemeral = {"aten._assert_scalar.default",
+                 "aten.sym_constrain_range_for_size.default"}
+    unaccounted = sorted(et_ops - ours - set(NOT_RUN) - ephemeral)
+    assert not unaccounted, f"add to vkdelegate/ops/et_vk_registry.py: {unaccounted}"
+    assert not set(NOT_RUN) - et_ops, sorted(set(NOT_RUN) - et_ops)

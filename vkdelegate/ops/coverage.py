@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from vkdelegate.ops.et_vk_registry import not_run
 from vkdelegate.ops.registry import OpSpec, load_all
 
 #: docs/OPS.md in a source checkout.
@@ -36,8 +37,8 @@ unless an argument position (`arg i`, in ATen schema order) lists its own.
 re-lowering. Notes state the ATen semantics kept and the known limits.
 
 Lowering first decomposes the program to core ATen, so many PyTorch functions arrive as
-the ops below: `relu6` and `hardtanh` as `hardtanh`, `hardswish`/`hardsigmoid` as
-add/clamp/mul/div, `silu` as sigmoid and mul, `softplus`/`mish` through log1p and
+the ops below: `relu6` and `hardtanh` as `hardtanh`, `hardsigmoid` as
+add/clamp/div (`hardswish` stays whole), `silu` as sigmoid and mul, `softplus`/`mish` through log1p and
 where, `std` as `var` and `sqrt`, `all` as `logical_not` around `any`, `x ** 2` as
 `pow.Tensor_Scalar`, `x > 0` as `gt.Scalar`, `torch.where(c, x, 0.0)` as
 `scalar_tensor` (on the CPU) and `where.self`.
@@ -78,6 +79,15 @@ def render(registry: "dict[str, OpSpec] | None" = None) -> str:
         parts.append(f"## {fam}\n")
         parts.append(tabulate(rows, headers=("op", "dtypes", "dynamic", "max rank",
                                              "notes"), tablefmt="github") + "\n")
+    missing = not_run(registry)
+    parts.append("## ExecuTorch Vulkan ops not run here\n")
+    parts.append(f"{len(missing)} ops of ExecuTorch 1.5.1's Vulkan op registry "
+                 "(`backends/vulkan/op_registry.py`) have no entry above, so a blob "
+                 "that uses them fails to load with an error naming the op. From "
+                 "`vkdelegate/ops/et_vk_registry.py`.\n")
+    parts.append(tabulate([(f"`{op}`", why) for op, why in missing],
+                          headers=("ExecuTorch op", "why not yet"),
+                          tablefmt="github") + "\n")
     return "\n".join(parts)
 
 

@@ -11,6 +11,7 @@ write past a buffer), so it is refused here. Torch-free and Vulkan-free.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, lookup
@@ -115,6 +116,20 @@ def _check_sizes(call, spec: OpSpec, args, outs) -> None:
                                   f"op gives {_dims(size)} for inputs {inputs or '(none)'}")
 
 
+def _has_int32(args, outs) -> bool:
+    return any(isinstance(t, TensorSpec) and t.dtype == "int32"
+               for t in [*outs, *args, *(x for a in args if isinstance(a, list) for x in a)])
+
+
+def _widen(values: list) -> list:
+    """``values`` with every int32 TensorSpec (also inside lists) read as int64."""
+    def one(v):
+        if isinstance(v, TensorSpec) and v.dtype == "int32":
+            return dataclasses.replace(v, dtype="int64")
+        return [one(x) for x in v] if isinstance(v, list) else v
+    return [one(v) for v in values]
+
+
 def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
                lookup: Callable[[str], OpSpec] = lookup) -> OpSpec:
     """Check one node (see the module docstring); return its OpSpec (found by
@@ -139,8 +154,15 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
                                   f"expected a tensor")
     args = [values(a) for a in call.args[:-1]]
     try:
-        reasons = spec.check(NodeSpec(call.name, tuple(args), tuple(outs),
-                                      _symbolic(values, call)))
+        symbolic = _symbolic(values, call)
+        reasons = spec.check(NodeSpec(call.name, tuple(args), tuple(outs), symbolic))
+        if reasons and _has_int32(args, outs):
+            # ExecuTorch's VulkanBackend (preprocess's downcast_64_bit) declares the
+            # graph's int64 tensors int32; the device holds int64 as int32 anyway.
+            wide_args, wide_outs = _widen(args), _widen(outs)
+            if not spec.check(NodeSpec(call.name, tuple(wide_args), tuple(wide_outs),
+                                       symbolic)):
+                reasons, args, outs = [], wide_args, wide_outs
         if not reasons:
             _check_sizes(call, spec, args, outs)
     except VkDelegateError:

@@ -3,7 +3,11 @@
 Run with a Python that has ``executorch==1.5.1`` (and its torch) installed, e.g. a
 separate virtual environment, from the repository root::
 
-    /tmp/et-venv/bin/python tests/data/et_vk/generate.py
+    .venv-et/bin/python tests/data/et_vk/generate.py [OUT_DIR]
+
+(OUT_DIR, default this folder: tests/serialization/test_et_compat.py writes fresh
+ones to a temporary folder and also gets ``et_ops.json``, the op names of ET-VK's
+registry, there.)
 
 For each model in MODELS it lowers the model with ET's VulkanPartitioner, writes the
 (first) delegate blob as ``<name>.bin``, what ET's own deserializer
@@ -110,21 +114,42 @@ def et_report(blob: bytes) -> dict:
     }
 
 
+def et_registry_ops() -> list[str]:
+    """The op names (as blobs spell them) of ET-VK's registry, ``vulkan_supported_ops``:
+    edge ops by their ATen overload name, "ns::op" strings as "ns.op.default", torch
+    OpOverloads by name; Python operators (ephemeral SymInt ops) are left out."""
+    from executorch.backends.vulkan import op_registry
+
+    names = set()
+    for key in op_registry.vulkan_supported_ops:
+        if isinstance(key, str):
+            names.add(key.replace("::", ".") + ".default")
+        elif isinstance(key, torch._ops.OpOverload):
+            names.add(str(key))
+        elif isinstance(getattr(key, "_op", None), torch._ops.OpOverload):  # edge op
+            names.add(str(key._op))
+    return sorted(names)
+
+
 def main() -> int:
     from importlib.metadata import version
 
+    here = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    here.mkdir(parents=True, exist_ok=True)
+    if here != HERE:
+        (here / "et_ops.json").write_text(json.dumps(et_registry_ops(), indent=0))
     for name, (_, inputs) in MODELS.items():
         lowered = lower_with_named_data(build_model(name), inputs)
         if not lowered:
             print(f"{name}: VulkanPartitioner produced no delegate blob", file=sys.stderr)
             return 1
         blobs = [blob for blob, _ in lowered]
-        (HERE / f"{name}.bin").write_bytes(blobs[0])
+        (here / f"{name}.bin").write_bytes(blobs[0])
         named = {key: data.hex() for key, data in sorted(lowered[0][1].items())}
-        (HERE / f"{name}.named.json").write_text(json.dumps(named, indent=1) + "\n")
+        (here / f"{name}.named.json").write_text(json.dumps(named, indent=1) + "\n")
         report = {"generator": f"executorch {version('executorch')}",
                   **et_report(blobs[0])}
-        (HERE / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        (here / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
         print(f"{name}: {len(blobs)} blob(s), {len(blobs[0])} bytes, "
               f"{report['value_count']} values, ops {report['op_names']}")
     return 0

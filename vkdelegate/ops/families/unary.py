@@ -65,6 +65,9 @@ UNARY_OPS = {
     "aten.hardtanh.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))", FLOATS,
                                    params=lambda s, f: (s[0], s[1]),
                                    notes="relu6 exports as hardtanh(x, 0, 6)"),
+    "aten.hardswish.default": Unary(
+        "KEEP_NAN(x, x == -INF_F ? NAN_F : x * min(max(x + 3.0, 0.0), 6.0) / 6.0)", FLOATS,
+        notes="x * relu6(x + 3) / 6 as ATen (NaN at -inf); ET-VK keeps it whole"),
     "aten.clamp.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))",
                                 FLOATS | {"int32"},
                                 params=lambda s, f: _bounds(s[0], s[1], f),
