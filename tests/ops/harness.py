@@ -111,7 +111,7 @@ def _clone(inputs):
 
 def check_op(fn_or_module, inputs: tuple, *, ops: Sequence[str], rtol: float = 1e-4,
              atol: float = 1e-4, dynamic_shapes=None, resize_inputs=None, kwargs=None,
-             options: "dict | None" = None):
+             options: "dict | None" = None, blocklist=None):
     """Export, lower and run ``fn_or_module`` on Vulkan; compare with eager.
 
     fn_or_module: an ``nn.Module`` or a plain function of tensors.
@@ -129,6 +129,8 @@ def check_op(fn_or_module, inputs: tuple, *, ops: Sequence[str], rtol: float = 1
         like ``dim=1`` or ``rounding_mode="floor"``); for a module they are passed to
         torch.export and to every call.
     options: compile options for VulkanPartitioner (executor is always "vulkan").
+    blocklist: ops VulkanPartitioner must leave to the CPU (``operator_blocklist``), e.g.
+        the fused SDPA, to test its decomposed form.
     Returns the LoweredProgram (its delegates closed; calling it again rebuilds them).
     Skips the test when no Vulkan device is available.
     """
@@ -146,7 +148,8 @@ def check_op(fn_or_module, inputs: tuple, *, ops: Sequence[str], rtol: float = 1
     inputs = tuple(inputs)
     ep = torch.export.export(copy.deepcopy(module), _clone(inputs), _clone(call_kwargs),
                              dynamic_shapes=dynamic)
-    program = to_backend(ep, VulkanPartitioner(dict(options or {}, executor="vulkan")))
+    program = to_backend(ep, VulkanPartitioner(dict(options or {}, executor="vulkan"),
+                                               operator_blocklist=blocklist))
     _assert_delegated(program, list(ops))
 
     runs = [("", inputs)]

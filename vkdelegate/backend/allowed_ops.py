@@ -127,10 +127,11 @@ operator.add operator.sub operator.mul operator.floordiv operator.mod operator.n
 operator.eq operator.ne operator.lt operator.le operator.gt operator.ge
 """)
 
-#: Delegate-internal ops only the reference executor runs: the custom ops declared
-#: with glue=False (a prepack), and ``sym_size.int``, the blob name (ExecuTorch's) of
-#: aten.sym_size.int.
-REFERENCE_ONLY = custom_ops.names(glue=False) + _names("sym_size.int")
+#: Delegate-internal ops only the reference executor runs (``custom_ops``, glue=False).
+REFERENCE_ONLY = custom_ops.names(glue=False)
+#: ``sym_size.int``: the blob name (ExecuTorch's, and our builder's) of aten.sym_size.int,
+#: which the reference executor resolves to the glue's torch-free sym_size.
+BLOB_SIZE_OPS = _names("sym_size.int")
 
 #: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
 ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM
@@ -157,7 +158,7 @@ def is_allowed(name: str, reference: bool = False) -> bool:
     """Whether the glue (or, with ``reference``, the reference executor) may call
     ``name``."""
     # In a blob, the integer operators go by their bare names ("mul"), as in ET-VK.
-    return name in ALLOWED or (reference and (name in REFERENCE_ONLY or (
+    return name in ALLOWED or (reference and (name in REFERENCE_ONLY + BLOB_SIZE_OPS or (
         isinstance(name, str) and f"operator.{name}" in OPERATORS)))
 
 

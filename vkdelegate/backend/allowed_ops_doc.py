@@ -30,7 +30,7 @@ _GROUPS = (
     ("Custom ops", allowed_ops.CUSTOM),
     ("Integer operators (int arguments only, results within int64)",
      allowed_ops.OPERATORS),
-    ("Reference executor only", allowed_ops.REFERENCE_ONLY),
+    ("Reference executor only", allowed_ops.REFERENCE_ONLY + allowed_ops.BLOB_SIZE_OPS),
 )
 
 

@@ -21,6 +21,14 @@ import threading
 import vulkan as vk
 
 from vkdelegate.capabilities import MAX_API, Capabilities
+
+#: Table features that device creation enables whenever the device has them; the
+#: others stay off until a shader variant needs them (see ``Device.__init__``).
+ENABLED_WHEN_PRESENT = frozenset({"shaderFloat64", "shaderInt64", "shaderInt16",
+                                  "storageBuffer16BitAccess", "storageBuffer8BitAccess",
+                                  "shaderFloat16", "shaderInt8", "subgroupSizeControl",
+                                  "computeFullSubgroups", "shaderIntegerDotProduct",
+                                  "maintenance4"})
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import device_features
 from vkdelegate.runtime.device_info import DeviceInfo, describe, select, text
@@ -133,6 +141,14 @@ class Device:
             self.info = dataclasses.replace(self.info, capabilities=(
                 self.info.capabilities.without("storageBuffer16BitAccess",
                                                "storageBuffer8BitAccess")))
+        if "cooperativeMatrix" not in ENABLED_WHEN_PRESENT:
+            # Reported (``vkdelegate devices`` lists it) but not enabled until a shader
+            # variant uses it: no variant does yet, and enabling it puts
+            # VkPhysicalDeviceCooperativeMatrixFeaturesKHR in the pNext chain, which
+            # validation layers older than header 1.3.255 reject (Debian 12's on the
+            # H200 machine: VUID-VkDeviceCreateInfo-pNext-pNext).
+            self.info = dataclasses.replace(self.info, capabilities=(
+                self.info.capabilities.without("cooperativeMatrix")))
         self.physical = physical[self.info.index]
         self.params_in_storage = (uniform_inlining_driver(self.info)
                                   if params_in_storage is None else bool(params_in_storage))

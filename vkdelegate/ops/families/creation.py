@@ -110,7 +110,7 @@ def _fill_rule(node: NodeSpec):
 def _scalar_tensor_impl(b, node):
     # scalar_tensor(s, *, dtype, layout, device, pin_memory)
     out = b.tensor(node.args[-1])
-    _dispatch(b, out, _typed(b.scalar(node.args[0]), out.dtype), 0)
+    _dispatch(b, out, lambda: _typed(b.scalar(node.args[0]), out.dtype), lambda: 0)
 
 
 def _scalar_tensor_rule(node: NodeSpec):
