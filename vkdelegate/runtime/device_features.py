@@ -126,8 +126,12 @@ def enable_chain(caps: Capabilities, extensions: frozenset):
     values = {f: f in caps.features for f in ALL_FEATURES}
     core = vk.VkPhysicalDeviceFeatures(**{f: values[f]
                                           for f in FEATURES["VkPhysicalDeviceFeatures"]})
-    head, structs = _chain(caps.api_version, extensions, values)
     exts = [COOPERATIVE_MATRIX_EXTENSION] if values["cooperativeMatrix"] else []
+    # An extension's feature structure goes in the chain only with that extension
+    # enabled (else a validation layer may not know the structure at all).
+    if not exts:
+        extensions = frozenset(extensions) - {COOPERATIVE_MATRIX_EXTENSION}
+    head, structs = _chain(caps.api_version, extensions, values)
     if head is None:  # below Vulkan 1.2: core features only
         return None, core, [core], exts
     feats = vk.VkPhysicalDeviceFeatures2(
