@@ -27,8 +27,7 @@ MODELS = ("cnn_block", "mlp", "reduce_softmax", "elementwise", "multi_output",
           "unary_mix", "activations", "matmul_bmm", "movement", "log_softmax_div",
           "to_copy")
 #: Models whose blobs use ops of a family not merged yet (xfail strict until it is).
-PENDING = {"layer_norm": "needs the norms family", "group_norm": "needs the norms family",
-           "transformer_block": "needs the norms family"}
+PENDING: dict = {}
 
 
 def et_python() -> "str | None":
