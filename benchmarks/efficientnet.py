@@ -50,6 +50,17 @@ def stats(times: list[float]) -> dict:
             "runs": len(times)}
 
 
+def report(title: str, first_column: str, rows: list, results: dict, path: str) -> None:
+    """Print the latency table (``rows``: first column, backend, median, spread, ratio)
+    under ``title`` and write ``results`` as JSON to ``path``."""
+    print(f"\n{title}, torch {torch.__version__} ({torch.get_num_threads()} CPU threads)")
+    print(tabulate(rows, headers=(first_column, "backend", "median ms", "p10-p90 ms",
+                                  "vs vkdelegate")))
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -100,13 +111,8 @@ def main() -> None:
             print(f"\nslowest dispatches, batch {batch}, {device.info.name}:")
             print_profile(program, program.default_method(), None)
         program.close()
-    print(f"\nEfficientNet-Lite0, Vulkan device: {device.info.name}, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} CPU threads)")
-    print(tabulate(rows, headers=("batch", "backend", "median ms", "p10-p90 ms",
-                                  "vs vkdelegate")))
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.json}")
+    report(f"EfficientNet-Lite0, Vulkan device: {device.info.name}", "batch", rows, results,
+           args.json)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,15 @@ and the largest difference to eager, and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
 from pathlib import Path
 
 import torch
-from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from efficientnet import stats, timed  # noqa: E402
+from efficientnet import report, stats, timed  # noqa: E402
 
 import vkdelegate  # noqa: E402
 from vkdelegate.runtime.device import default_device  # noqa: E402
@@ -137,13 +135,7 @@ def main() -> None:
                          f"{s['p10_ms']:.2f}-{s['p90_ms']:.2f}",
                          f"{s['median_ms'] / base:.2f}x"))
         print(f"{name}: {summary}; max |ours - eager| = {diff:.2e}")
-    print(f"\nVulkan device: {device.info.name}, torch {torch.__version__} "
-          f"({torch.get_num_threads()} CPU threads)")
-    print(tabulate(rows, headers=("model", "backend", "median ms", "p10-p90 ms",
-                                  "vs vkdelegate")))
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.json}")
+    report(f"Vulkan device: {device.info.name}", "model", rows, results, args.json)
 
 
 if __name__ == "__main__":
