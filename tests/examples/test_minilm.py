@@ -111,7 +111,9 @@ def test_embed_cli_bad_inputs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "add.vkdp" in err[0], err
     assert main(["embed", str(prog), "text", "--tokenizer", str(tmp_path)]) == 2
-    assert "not a MiniLM checkpoint folder" in capsys.readouterr().err
+    assert "tokenizer.json missing" in capsys.readouterr().err
+    assert main(["embed", str(prog), "text", "--out", str(tmp_path / "no" / "x.npy")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_demo_minilm_ranks_like_eager(tmp_path):

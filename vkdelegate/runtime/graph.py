@@ -46,6 +46,11 @@ from vkdelegate.serialization.graph_checks import check_graph
 from vkdelegate.serialization.tensor_budget import check_tensor_budget
 
 
+#: Default fence wait per execute (seconds) on a GPU, and on a CPU (software) device.
+GPU_TIMEOUT_S = 30.0
+CPU_DEVICE_TIMEOUT_S = 300.0
+
+
 class DelegateGraph(DeviceState):
     """An executable partition.
 
@@ -54,7 +59,8 @@ class DelegateGraph(DeviceState):
     None (default device). staging: None picks per device: zero-copy (tensor memory
     mapped) on integrated and CPU devices whose device-local memory is host-visible,
     staging buffers in host-cached memory on discrete GPUs (host reads of mapped VRAM
-    cross the bus uncached); True or False forces either. timeout_s: fence wait limit per execute.
+    cross the bus uncached); True or False forces either. timeout_s: fence wait limit per
+    execute, in seconds (None: GPU_TIMEOUT_S, or CPU_DEVICE_TIMEOUT_S on a CPU device).
     progress: show a tqdm bar over the nodes while building (shader compilation and
     weight packing are the slow steps of a first load). limits: the resource budget
     (``vkdelegate.limits.LoadLimits``; None: the defaults). ops: the OpTable the nodes
@@ -89,7 +95,7 @@ class DelegateGraph(DeviceState):
     _closed = owned()
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
-                 device=None, staging: bool | None = None, timeout_s: float = 30.0,
+                 device=None, staging: bool | None = None, timeout_s: float | None = None,
                  progress: bool = False, limits=None, ops: OpTable | None = None):
         self.progress = progress
         self.limits = resolve_limits(limits)
@@ -102,7 +108,10 @@ class DelegateGraph(DeviceState):
         check_tensor_budget(graph, self.limits,
                             lambda name: ITEMSIZE[device_dtype(name, info)])
         self._specs = resolve_ops(ops).ops_for(graph)
-        self.timeout_s = timeout_s
+        # A software driver (lavapipe) runs a real model's batch in tens of seconds on a
+        # loaded 2-core machine; a GPU that has not finished in 30 s is stuck.
+        self.timeout_s = timeout_s if timeout_s is not None else (
+            CPU_DEVICE_TIMEOUT_S if info.type == "cpu" else GPU_TIMEOUT_S)
         self.allocator = Allocator(self.device)
         self._res = GraphResources(self.device, self.allocator)
         # The finalizer holds the resources, never the graph. Not run at interpreter
