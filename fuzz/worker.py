@@ -21,8 +21,10 @@ import resource
 import sys
 from pathlib import Path
 
-# Modules that run the CLI or import the examples' model packages at import time.
-_SKIP = ("vkdelegate.__main__", "vkdelegate.examples", "vkdelegate.cli.demo")
+# Modules that run the CLI or import the examples' model packages at import time, and
+# the ExecuTorch partitioner (importable only where executorch is installed).
+_SKIP = ("vkdelegate.__main__", "vkdelegate.examples", "vkdelegate.cli.demo",
+         "vkdelegate.backend.et_partitioner")
 
 
 def _import_all_vkdelegate() -> None:
