@@ -302,3 +302,12 @@ def test_expand_and_repeat_sizes_match_torch(shape, data):
                 ours(tuple(shape), arg)
             continue
         assert ours(tuple(shape), arg) == expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int64", "int8", "uint8",
+                                   "bool"])
+def test_unsafe_view_every_dtype(dtype):
+    # aten._unsafe_view (a view of a fresh result, as matmul decompositions emit it).
+    check_op(lambda x: torch.ops.aten._unsafe_view.default(x * 1 if dtype != "bool" else x,
+                                                            [3, 4]),
+             (rand(2, 6, dtype=dtype),), ops=["aten._unsafe_view.default"], rtol=0, atol=0)

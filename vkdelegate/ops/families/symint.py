@@ -94,6 +94,6 @@ register(OpSpec(name="sym_size.int", dtypes=ALL_DTYPES, impl=_impl_for(sym_size)
                 notes="host side: a size of a tensor as a SymInt (ExecuTorch name)"))
 for _name in _ARITHMETIC:
     _fn = _arithmetic_fn(_name)
-    register(OpSpec(name=_name, dtypes=ALL_DTYPES, impl=_impl_for(_fn), shape_fn=_fn,
+    register(OpSpec(name=_name, dtypes=frozenset(), impl=_impl_for(_fn), shape_fn=_fn,
                     rules=(_ints_rule,), returns="symint", symbolic_args=frozenset({0, 1}),
                     notes=f"host side: operator.{_name} on SymInts (ExecuTorch name)"))
