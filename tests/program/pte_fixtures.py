@@ -23,7 +23,7 @@ MODELS = ("cnn_block", "mlp", "reduce_softmax", "elementwise", "multi_output",
           "embedding", "index_select", "dynamic_batch", "cpu_kernel", "hardswish",
           "max_pool_indices", "transposed_conv", "depthwise_separable", "upsample_pad",
           "pool_variants", "layer_norm", "group_norm", "attention", "transformer_block",
-          "dynamic_seq", "gather", "argmax", "concat_split", "reductions", "comparisons",
+          "dynamic_seq", "dynamic_linear", "gather", "argmax", "concat_split", "reductions", "comparisons",
           "unary_mix", "activations", "matmul_bmm", "movement", "log_softmax_div",
           "to_copy")
 #: Models whose blobs use ops of a family not merged yet (xfail strict until it is).

@@ -205,8 +205,7 @@ class TransformerBlock(nn.Module):
 
 class DynamicSeq(nn.Module):
     """A dynamic sequence dim through elementwise ops with a constant, softmax and a
-    reduction. (A Linear on [1, seq, 8] makes ET-VK emit sym_size.int and a view_copy
-    of SymInt sizes, which need the symbolic-shapes work.)"""
+    reduction."""
 
     def __init__(self):
         super().__init__()
@@ -215,6 +214,19 @@ class DynamicSeq(nn.Module):
     def forward(self, x):
         y = torch.softmax(x * self.scale, dim=-1) + torch.tanh(x)
         return y, y.sum(dim=-1)
+
+
+class DynamicLinear(nn.Module):
+    """A Linear and a view over a dynamic sequence dim: ET-VK's blob carries
+    sym_size.int and a view_copy whose sizes are SymInt values updated per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 12)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y.view(y.shape[0], y.shape[1], 3, 4).sum(dim=-1)
 
 
 class Gather(nn.Module):
@@ -315,6 +327,9 @@ MODELS = {
     "dynamic_seq": (DynamicSeq, [(_rand(23, 1, 6, 8),), (_rand(24, 1, 2, 8),),
                                  (_rand(25, 1, 11, 8),)],
                     {"x": {1: Dim("seq", min=2, max=32)}}),
+    "dynamic_linear": (DynamicLinear, [(_rand(42, 1, 6, 8),), (_rand(43, 1, 2, 8),),
+                                       (_rand(44, 1, 13, 8),)],
+                       {"x": {1: Dim("seq", min=2, max=32)}}),
     "gather": (Gather, [(_rand(26, 3, 5), _idx(27, 5, 3, 4))], None),
     "argmax": (ArgmaxModel, [(_rand(28, 4, 7),)], None),
     "concat_split": (ConcatSplit, [(_rand(29, 2, 4, 3), _rand(30, 2, 4, 3))], None),
