@@ -101,6 +101,17 @@ def test_executorch_prepack(vk_device, dtype):
     run_et_node(vk_device, "et_vk.prepack.default", [x], x.clone())
 
 
+@pytest.mark.parametrize("dtype", sorted(MOVE_DTYPES))
+def test_executorch_alias_and_clone_dim_order(vk_device, dtype):
+    """ET-VK's alias_copy(self) and _clone_dim_order(self, non_blocking, dim_order) are
+    copies (a dim_order changes strides, never values)."""
+    from tests.ops.et_graphs import run_et_node
+    x = _source(dtype, dtype)
+    run_et_node(vk_device, "aten.alias_copy.default", [x], x.clone())
+    run_et_node(vk_device, "dim_order_ops._clone_dim_order.default",
+                [x, False, list(range(x.dim()))[::-1]], x.clone())
+
+
 @pytest.fixture(scope="module")
 def wide_device(vk_device):
     """The test device with 8/16-bit storage turned off: narrow dtypes in 32-bit words."""

@@ -57,6 +57,7 @@ CASES = [
     ("aten.exp.default", torch.exp, [torch.float32, torch.float16], (-10, 10)),
     ("aten.log.default", torch.log, [torch.float32, torch.float16], (0.01, 100)),
     ("aten.sqrt.default", torch.sqrt, [torch.float32, torch.float16], (0, 100)),
+    ("aten.log10.default", torch.log10, [torch.float32, torch.float16], (0.01, 1000)),
     ("aten.rsqrt.default", torch.rsqrt, [torch.float32, torch.float16], (0.01, 100)),
     ("aten.reciprocal.default", torch.reciprocal, [torch.float32, torch.float16], (0.1, 9)),
     ("aten.erf.default", torch.erf, [torch.float32, torch.float16], (-3, 3)),
@@ -97,6 +98,7 @@ EDGE_OPS = [
     ("aten.tanh.default", torch.tanh),
     ("aten.exp.default", torch.exp),
     ("aten.log.default", torch.log),
+    ("aten.log10.default", torch.log10),
     ("aten.sqrt.default", torch.sqrt),
     ("aten.rsqrt.default", torch.rsqrt),
     ("aten.reciprocal.default", torch.reciprocal),
@@ -186,3 +188,16 @@ def test_more_elementwise():
     check_op(lambda t: (torch.log2(t), torch.exp2(t), torch.trunc(t), torch.isnan(t)),
              (x.half(),), ops=["aten.log2.default", "aten.exp2.default",
                                "aten.trunc.default", "aten.isnan.default"], **FP16_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("lambd", [0.5, 1.25])
+def test_hardshrink_under_its_executorch_name(vk_device, dtype, lambd):
+    """torch.export decomposes hardshrink (abs, le, where: those run on Vulkan); ET-VK's
+    blobs keep it whole, so it is run from a one-node blob (with the edge values)."""
+    from tests.ops.et_graphs import run_et_node
+
+    torch.manual_seed(0)
+    x = torch.cat([EDGES, _data(torch.float32, shape=(50,), low=-3, high=3),
+                   torch.tensor([lambd, -lambd])]).to(dtype)
+    run_et_node(vk_device, "aten.hardshrink.default", [x, lambd], F.hardshrink(x, lambd))

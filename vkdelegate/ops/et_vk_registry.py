@@ -19,18 +19,13 @@ _LLM = "LLM custom op: the fused SDPA / KV-cache work has not landed"
 #: ET-VK op name -> why vkdelegate does not run it (yet).
 NOT_RUN = {
     "aten._weight_int8pack_mm.default": _Q,
-    "aten.alias_copy.default": "not registered yet (a copy; ET emits it rarely)",
     "aten.copy.default": "ET delegates only the no-op copy (same dtype and shape); "
                          "not registered yet",
     "aten.grid_sampler_2d.default": "no grid-sample kernel yet",
-    "aten.hardshrink.default": "not in the unary family yet",
-    "aten.log10.default": "not in the unary family yet",
     "aten.max_pool2d.default": "torch.export gives max_pool2d_with_indices, which runs "
                                "(ET's fused form without indices is not registered)",
     "aten.pixel_shuffle.default": "no pixel-shuffle kernel yet",
     "aten.unfold_copy.default": "no unfold kernel yet",
-    "dim_order_ops._clone_dim_order.default": "dim-order clone not registered yet "
-                                              "(aten.clone runs)",
     "et_vk.apply_rotary_emb.default": _LLM,
     "et_vk.apply_rotary_emb_hf.default": _LLM,
     "et_vk.apply_rotary_emb_interleaved.default": _LLM,

@@ -1,4 +1,5 @@
-"""clone, _to_copy (and ExecuTorch's names for it) and et_vk.prepack: flat copies
+"""clone, _to_copy (and ExecuTorch's names for them: alias_copy, _clone_dim_order,
+_to_dim_order_copy) and et_vk.prepack: flat copies
 through the affine copy every data-movement op is built on (kernels/affine_copy.py).
 
 Values convert from the input dtype to the output dtype as torch converts them: float to
@@ -47,6 +48,15 @@ register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=_flat_
 register(OpSpec(name="dim_order_ops._to_dim_order_copy.default", dtypes=CONVERT_DTYPES,
                 impl=_flat_impl, shape_fn=same_shape,
                 notes="ExecuTorch name of _to_copy (dim_order: values unchanged)"))
+# ExecuTorch's names for a plain copy: alias_copy(self) (a functionalised alias) and the
+# dim-order-aware clone(self, non_blocking, dim_order): contiguous buffers, so a
+# dim_order never changes values.
+register(OpSpec(name="aten.alias_copy.default", dtypes=MOVE_DTYPES, impl=_flat_impl,
+                shape_fn=same_shape, rules=(same_dtype,),
+                notes="ExecuTorch's functional alias (a copy)"))
+register(OpSpec(name="dim_order_ops._clone_dim_order.default", dtypes=MOVE_DTYPES,
+                impl=_flat_impl, shape_fn=same_shape, rules=(same_dtype,),
+                notes="ExecuTorch name of clone (dim_order: values unchanged)"))
 # ET-VK copies each constant into the tensor its consumer reads with et_vk.prepack
 # (args: constant, out); on our buffers that is a plain copy.
 register(OpSpec(name="et_vk.prepack.default", dtypes=MOVE_DTYPES, impl=_flat_impl,

@@ -89,6 +89,11 @@ UNARY_OPS = {
     "aten.exp.default": Unary("exp(x)", FLOATS),
     "aten.log.default": Unary("log_edges(x)", FLOATS),
     "aten.log2.default": Unary("x < 0.0 ? NAN_F : (x == 0.0 ? -INF_F : log2(x))", FLOATS),
+    "aten.log10.default": Unary(
+        "x < 0.0 ? NAN_F : (x == 0.0 ? -INF_F : log2(x) * 0.30102999566398120)", FLOATS),
+    "aten.hardshrink.default": Unary("(x >= -P0 && x <= P0) ? 0.0 : x", FLOATS,
+                                     params=lambda s, f: (s[0],),
+                                     notes="0 where |x| <= lambd, x elsewhere (NaN kept)"),
     "aten.log1p.default": Unary("log1p_accurate(x)", FLOATS,
                                 notes="accurate near 0 (softplus, mish)"),
     "aten.expm1.default": Unary("expm1_accurate(x)", FLOATS, notes="accurate near 0"),
