@@ -92,8 +92,17 @@ def load_model(path: str | Path | None = None) -> SentenceEncoder:
     """The sentence encoder with the checkpoint's weights, in eval mode (attention
     through ``F.scaled_dot_product_attention``, transformers' "sdpa")."""
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
-    bert = AutoModel.from_pretrained(str(model_dir(path)), attn_implementation="sdpa")
+    # transformers draws a "Loading weights" progress bar per load: noise in a demo
+    # that loads one 90 MB checkpoint in well under a second.
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        bert = AutoModel.from_pretrained(str(model_dir(path)), attn_implementation="sdpa")
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
     return SentenceEncoder(bert).eval()
 
 
