@@ -300,6 +300,21 @@ def test_list_delegate_blobs_for_inspect(tmp_path):
     assert main(["inspect", str(path)]) == 0
 
 
+def test_inspect_shows_dynamic_dims_as_ranges(tmp_path, capsys):
+    """Blob dims are upper bounds; inspect's method lines give each input's range."""
+    from torch.export import Dim
+    from vkdelegate.cli import main
+
+    ep = torch.export.export(torch.nn.Linear(8, 4), (torch.randn(3, 8),),
+                             dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
+    to_backend(ep, VulkanPartitioner({"executor": "reference"})).save(tmp_path / "d.vkp")
+    assert main(["inspect", str(tmp_path / "d.vkp")]) == 0
+    assert "forward(input: float32[1..64, 8])" in capsys.readouterr().out
+    assert main(["inspect", "--json", str(tmp_path / "d.vkp")]) == 0
+    assert json.loads(capsys.readouterr().out)["methods"] == [
+        "forward(input: float32[1..64, 8])"]
+
+
 def test_report_round_trip(tmp_path):
     _, program, _ = _program("reference")
     program.save(tmp_path / "p.vkp")

@@ -134,16 +134,49 @@ def _json_safe(x):
     return x
 
 
+def method_signatures(path: str) -> list[str]:
+    """One line per method of a program file: its name and its inputs' types, dynamic
+    dims as their ranges (``forward(input: float32[1..64, 8])``); [] for a bare blob
+    or a .pte. Raises VkDelegateError for a malformed manifest."""
+    from vkdelegate.backend.input_checks import describe
+    from vkdelegate.serialization import program_file
+
+    with open(path, "rb") as f:
+        if f.read(len(program_file.MAGIC)) != program_file.MAGIC:
+            return []
+    manifest, _ = program_file.read_program(path)
+    lines = []
+    try:
+        for name, method in manifest["methods"].items():
+            plan = method["plan"]
+            ranges = plan.get("ranges", {})
+            args = [f"{spec.get('name', i)}: {describe(spec, ranges)}"
+                    for i, spec in enumerate(plan["inputs"])]
+            lines.append(f"{name}({', '.join(args)})")
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise VkDelegateError(f"program file {path}: malformed method plan "
+                              f"({type(exc).__name__}: {exc})") from exc
+    return lines
+
+
 def run(args) -> int:
     described = [(label, describe_blob(data, named)) for label, data, named in
                  blobs_in_file(args.file)]
     if args.json:
         doc = described[0][1] if len(described) == 1 and described[0][0] == args.file \
             else {"blobs": [{"label": label, **d} for label, d in described]}
+        methods = method_signatures(args.file)
+        if methods:
+            doc = {"methods": methods, **doc}
         json.dump(_json_safe({"file": args.file, **doc}), sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     elif not described:
         print(f"{args.file}: no delegate blobs")
     else:
+        methods = method_signatures(args.file)
+        if methods:
+            # Blob dims below are the upper bounds the tensors are allocated for.
+            print("== methods (dynamic dims as low..high)\n" +
+                  "\n".join(f"  {m}" for m in methods) + "\n")
         print("\n\n".join(_text(label, d) for label, d in described))
     return 0
