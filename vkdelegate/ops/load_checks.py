@@ -94,7 +94,7 @@ def _dims(t) -> str:
 
 def _check_sizes(call, spec: OpSpec, args, outs) -> None:
     where = f"node {call.node_id} ({call.name})"
-    fn = spec.shape_fn or spec.load_shape_fn
+    fn = spec.shape_fn
     if fn is None:
         raise VkDelegateError(f"{where}: the op has no shape function, so its declared "
                               f"output sizes cannot be checked")

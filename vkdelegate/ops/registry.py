@@ -86,10 +86,8 @@ class OpSpec:
     impl: runtime implementation, called once at load time to record the node's
         dispatches (signature defined in ``vkdelegate.runtime.graph``).
     shape_fn: output sizes from input sizes and scalar args, for dynamic shapes
-        (signature defined in ``vkdelegate.runtime.graph``); None if not resizable.
-    load_shape_fn: for an op that is not resizable (``shape_fn`` None), its output
-        sizes from the declared arguments, for the load-time check of a blob's declared
-        sizes (``vkdelegate.ops.load_checks``); an op with neither is refused at load.
+        (signature defined in ``vkdelegate.runtime.graph``); also checks a blob's declared
+        sizes at load (``vkdelegate.ops.load_checks``), so an op without one is refused.
     rules: extra argument checks, each returning None or a reason string.
     max_rank: largest tensor rank accepted.
     notes: one line for the coverage table (docs/OPS.md).
@@ -110,7 +108,6 @@ class OpSpec:
     max_rank: int = 6
     arg_dtypes: dict = field(default_factory=dict)
     notes: str = ""
-    load_shape_fn: Optional[Callable[..., Any]] = None
     symbolic_args: frozenset = frozenset()
     returns: str = "tensor"
 
