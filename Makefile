@@ -15,7 +15,7 @@ SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
 
 FUZZ_SECONDS ?= 60
 
-.PHONY: demo test fuzz setup system-packages clean bench et-venv et-efficientnet
+.PHONY: demo test fuzz setup system-packages clean bench et-venv et-efficientnet peers-venv bench-peers
 
 demo: setup
 	$(VENV)/bin/vkdelegate demo
@@ -75,5 +75,13 @@ et-efficientnet: setup et-venv
 bench: setup
 	$(PY) benchmarks/runtime_overhead.py
 
+# ncnn-Vulkan and IREE-Vulkan in a virtual environment of their own (.venv-peers), and
+# the side-by-side benchmark against them on the default Vulkan device (docs/PERF.md).
+peers-venv:
+	bash tools/peers-venv.sh
+
+bench-peers: setup peers-venv
+	$(PY) benchmarks/lavapipe_peers.py
+
 clean:
-	rm -rf $(VENV) .venv-et $(STAMPS) build *.egg-info
+	rm -rf $(VENV) .venv-et .venv-peers $(STAMPS) build *.egg-info
