@@ -125,6 +125,39 @@ CONV_WITH_CLAMP = declare_custom_op(
     _conv_with_clamp)
 
 
+def _padded_conv_with_clamp(x, weight, bias, stride, padding, dilation, transposed,
+                            output_padding, groups, output_min, output_max, padding_end):
+    import torch
+
+    if transposed or x.dim() != 4:
+        raise VkDelegateError("padded_conv_with_clamp: 2-D, non-transposed convolutions "
+                              f"only (input of rank {x.dim()}, transposed={transposed})")
+    top, left = padding
+    bottom, right = padding_end
+    x = torch.nn.functional.pad(x, (left, right, top, bottom))
+    out = torch.ops.aten.convolution.default(x, weight, bias, stride, [0, 0], dilation,
+                                             False, [0, 0], groups)
+    if output_min is None and output_max is None:
+        return out
+    return torch.clamp(out, output_min, output_max)
+
+
+#: A 2-D convolution of a zero-padded input with separate begin and end padding (the
+#: asymmetric "SAME" padding of TensorFlow-style models, whose ``constant_pad_nd``
+#: aten.convolution cannot express), and conv_with_clamp's optional clamp. Arguments:
+#: conv_with_clamp's (``padding`` = [top, left], the padding before each spatial dim),
+#: then ``padding_end`` = [bottom, right]. ``passes/fold_conv_padding`` creates it from
+#: constant_pad_nd(value 0) -> convolution; our own op (ExecuTorch has none), only in
+#: our lowering's blobs.
+PADDED_CONV_WITH_CLAMP = declare_custom_op(
+    "vkdelegate.padded_conv_with_clamp.default",
+    "padded_conv_with_clamp(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, "
+    "SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, "
+    "SymInt groups, Scalar? output_min, Scalar? output_max, SymInt[] padding_end) "
+    "-> Tensor",
+    _padded_conv_with_clamp)
+
+
 def _rms_norm(x, weight, eps):
     import torch
 
@@ -173,3 +206,4 @@ PREPACK = declare_custom_op("et_vk.prepack.default", None, _prepack, glue=False)
 #: ExecuTorch's dim-order copy, which ExecuTorch programs' CPU parts hold (torch knows
 #: it only where executorch is installed; ``pte_kernels`` maps it for the .pte reader).
 DIM_ORDER_COPY = declare_custom_op("dim_order_ops._to_dim_order_copy.default", None, None)
+CLONE_DIM_ORDER = declare_custom_op("dim_order_ops._clone_dim_order.default", None, None)

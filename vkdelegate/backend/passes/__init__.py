@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
+from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.linear import addmm_to_linear
@@ -24,6 +25,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 3. batch-norm folding: it needs the conv/linear with constant weights;
 # 4. conv+clamp fusion after the fold, so that conv -> bn -> relu, now conv -> relu,
 #    fuses too.
+# 4b. zero-pad folding after the clamp fusion: it folds a pad into a plain convolution
+#    and into a conv_with_clamp alike.
 # 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
@@ -31,7 +34,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
-          fuse_conv_clamp, fuse_rms_norm, symbolic_view_sizes, local_symints)
+          fuse_conv_clamp, fold_conv_padding, fuse_rms_norm, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

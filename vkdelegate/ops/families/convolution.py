@@ -32,6 +32,8 @@ SHADER = gemm.CONV_SHADER  # the pointwise form is chosen by gemm.select
 DTYPES = frozenset({"float32", "float16"})
 CONV = "aten.convolution.default"
 CONV_CLAMP = "et_vk.conv_with_clamp.default"  # schema, CPU kernel: backend/custom_ops.py
+# conv_with_clamp's arguments + padding_end (begin and end padding differ): ours.
+PADDED_CONV = "vkdelegate.padded_conv_with_clamp.default"
 INF = float("inf")  # an absent clamp bound: clamping to +-inf keeps +-inf results
 
 
@@ -66,6 +68,16 @@ def _shape(args):
     x, w, _bias, stride, padding, dilation, transposed, output_padding, groups = args[:9]
     return conv_shape(x.shape, w.shape, stride, padding, dilation, bool(transposed),
                       output_padding, groups)
+
+
+def _padded_shape(args):
+    """padded_conv_with_clamp: the input padded by ``padding`` (before) and
+    ``padding_end`` (after) each spatial dim, then an unpadded convolution."""
+    x, w, _bias, stride, begin, dilation = args[:6]
+    groups, end = args[8], args[11]
+    spatial = [x.shape[2 + i] + begin[i] + end[i] for i in range(2)]
+    return conv_shape(tuple(x.shape[:2]) + tuple(spatial), w.shape, stride, [0, 0],
+                      dilation, False, [0, 0], groups)
 
 
 # ---- partition-time rules -------------------------------------------------------------
@@ -183,6 +195,30 @@ def _checked(rule):
 RULES = (_spatial_rank, static_channels, _static_weight, same_dtype, _groups, _checked(_shader_bounds))
 
 
+def _padded_rule(node: NodeSpec):
+    """padded_conv_with_clamp: 2-D, not transposed, two non-negative begin and end
+    pads; the padded input must hold the kernel's extent (ATen's check on the padded
+    tensor)."""
+    x, w = node.args[0], node.args[1]
+    begin, end = node.args[4], node.args[11] if len(node.args) > 11 else None
+    if x.rank != 4 or node.args[6]:
+        return "only 2-D, non-transposed convolutions"
+    for name, pads in (("padding", begin), ("padding_end", end)):
+        if not (isinstance(pads, (list, tuple)) and len(pads) == 2 and
+                all(isinstance(p, int) and 0 <= p <= INT32_MAX // 4 for p in pads)):
+            return f"{name} {pads!r}: two non-negative ints expected"
+    dil = _expand(node.args[5], 2)
+    for i in range(2):
+        extent = (w.shape[2 + i] - 1) * dil[i] + 1
+        if extent > x.shape[2 + i] + begin[i] + end[i]:
+            return (f"kernel extent {extent} is larger than the padded input size "
+                    f"{x.shape[2 + i] + begin[i] + end[i]}")
+    return None
+
+
+PADDED_RULES = (_padded_rule,) + RULES
+
+
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
              long_loops: bool = False) -> dict:
@@ -235,7 +271,7 @@ def _plain_loop_iterations(transposed: bool, icg: int, kernel, stride, dilation,
     return icg * kernel[0] * (1 + taps) + px
 
 
-def _build(b, node, clamp_ids=None):
+def _build(b, node, clamp_ids=None, end_padded=False):
     (x_id, w_id, bias_id, stride_id, pad_id, dil_id, tr_id, opad_id, groups_id,
      out_id) = list(node.args[:9]) + [node.args[-1]]
     x, w, out = b.tensor(x_id), b.tensor(w_id), b.tensor(out_id)
@@ -254,8 +290,9 @@ def _build(b, node, clamp_ids=None):
     icg, ocg = ic // groups, oc // groups
     weight = b.constant_array(w)
     packed = weight is not None
+    # The pointwise path reads input pixel i for output pixel i: no padding at all.
     pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
-                 and pad == [0, 0] and groups == 1)
+                 and pad == [0, 0] and groups == 1 and not end_padded)
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     if pointwise:
         # A GEMM over pixels: kernels/gemm.py picks its tile and loop form, as for
@@ -313,12 +350,25 @@ def _impl_clamp(b, node):
     _build(b, node, clamp_ids=node.args[9:11])
 
 
+def _impl_padded(b, node):
+    # The shader reads zeros outside the input: begin padding is its PH/PW offset, the
+    # end padding only makes the output (sized by the shape function) larger.
+    end = b.int_list(node.args[11])
+    if len(end) != 2 or min(end) < 0:
+        raise b.error(f"padding_end {end}: two non-negative ints expected")
+    _build(b, node, clamp_ids=node.args[9:11], end_padded=any(end))
+
+
 register(OpSpec(name=CONV, dtypes=DTYPES, impl=_impl, shape_fn=_shape, rules=RULES,
                 max_rank=4, notes="1-D/2-D, stride, padding, dilation, groups, "
                 "transposed; pointwise and depthwise paths"))
 register(OpSpec(name=CONV_CLAMP, dtypes=DTYPES, impl=_impl_clamp, shape_fn=_shape,
                 rules=RULES, max_rank=4,
                 notes="convolution with a fused clamp/ReLU/ReLU6 epilogue (ET-VK)"))
+register(OpSpec(name=PADDED_CONV, dtypes=DTYPES, impl=_impl_padded, shape_fn=_padded_shape,
+                rules=PADDED_RULES, max_rank=4,
+                notes="2-D convolution of a zero-padded input, begin/end padding apart "
+                      "(TF SAME), optional clamp; folded from constant_pad_nd"))
 
 
 def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, tile: int,
