@@ -2,11 +2,22 @@
 recorded here (aten.mm, aten.bmm, aten.addmm, aten.linear), and the form of the
 pointwise (1x1) convolution's GEMM is chosen here too.
 
-Three shaders, plus one path of a fourth:
+Per the device type's row of the tile table (kernels/gemm_tiles.py): on GPUs two
+shaders,
+
+- gemm.glsl, the GEMM core: 16 x 16 workgroups computing 16 TM x 16 TN blocks
+  through vec4 shared-memory tiles with register prefetch, batch broadcast, bias,
+  alpha/beta and b as [K, N] or [N, K] (the tile table picks TM, TN, BK).
+- gemv.glsl, the GEMV path for one-row products (LLM decode): the K reduction split
+  across a workgroup's invocations, vec4 loads of a constant B.
+
+On CPU drivers (llvmpipe) the core for aten.mm, else three shaders, plus one path
+of a fourth:
 
 - matmul.glsl: one invocation per output (CPU drivers, tiny outputs); loops K times.
 - matmul_tiled.glsl: TILE x TILE workgroups staging blocks of both operands in shared
-  memory, REG x REG outputs per invocation (GPUs); loops K / TILE times.
+  memory, REG x REG outputs per invocation; loops K / TILE times (one-row products
+  whose K is past the simple shader's loop budget).
 - linear.glsl: a batched product with broadcasting batch dims, an optional bias and
   alpha/beta, 4 x 4 (or 1 x 4) output tiles per invocation and an unrolled LONG_K
   form for K past llvmpipe's loop budget.
@@ -27,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, tiles_for
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -37,6 +49,9 @@ SIMPLE_SHADER = "matmul"
 TILED_SHADER = "matmul_tiled"
 LINEAR_SHADER = "linear"
 CONV_SHADER = "conv2d"
+CORE_SHADER = "gemm"
+GEMV_SHADER = "gemv"
+GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
 CONV_PX = 8  # pixels per invocation of conv2d.glsl's POINTWISE path (its PX)
 TILE = 16
 REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
@@ -55,9 +70,14 @@ class GemmForm:
     shader: str
     tile: int = 1
     long_k: bool = False
+    block: tuple = ()  # the GEMM core's (TM, TN, BK)
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
+        if self.shader == CORE_SHADER:
+            return -(-k // self.block[2])
+        if self.shader == GEMV_SHADER:
+            return -(-k // min(GEMV_THREADS.values()))
         if self.shader == TILED_SHADER:
             return -(-k // TILE)
         if self.shader == CONV_SHADER:
@@ -86,9 +106,13 @@ def register_block(m: int, n: int) -> int:
 
 
 def select(info, m: int, n: int, k: int, *, plain: bool,
-           pointwise_conv: bool = False) -> GemmForm:
-    """The form of an [m, k] x [k, n] product (upper-bound sizes) on the device
-    ``info`` (a DeviceInfo). plain: two matrices, no batch, bias or scaling (aten.mm),
+           pointwise_conv: bool = False, batch: int = 1) -> GemmForm:
+    """The form of a ``batch`` of [m, k] x [k, n] products (upper-bound sizes) on the
+    device ``info`` (a DeviceInfo). Where the tile table (kernels/gemm_tiles.py) has a
+    row for the device type: the GEMV path for one row (m == 1), else the GEMM core
+    with the row's block for that output, both per the row's ``plain_only`` and
+    ``gemv``. Otherwise:
+    plain: two matrices, no batch, bias or scaling (aten.mm),
     which the matmul shaders run; every other product runs linear.glsl, whose rows per
     invocation share each load of the second operand (a single row, a classifier's
     batch of one, would waste 3 of 4). pointwise_conv: a 1x1 convolution with a
@@ -99,6 +123,12 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
         tile = 4 if n % 4 == 0 else 1
         plain_form = GemmForm(CONV_SHADER, tile)
         return GemmForm(CONV_SHADER, tile, loop_limit.over_budget(plain_form.iterations(k)))
+    tiles = tiles_for(info.type)
+    if tiles is not None and (plain or not tiles.plain_only):
+        if m == 1 and tiles.gemv:
+            return GemmForm(GEMV_SHADER, tiles.gemv_rows)
+        if m != 1:
+            return GemmForm(CORE_SHADER, block=tiles.core_block(batch, m, n))
     if plain:
         if use_tiled(info, m, n, k):
             return GemmForm(TILED_SHADER, register_block(m, n))
@@ -107,11 +137,13 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
 
 
 def checked_select(b, m: int, n: int, k: int, *, plain: bool,
-                   pointwise_conv: bool = False, what: str | None = None) -> GemmForm:
+                   pointwise_conv: bool = False, what: str | None = None,
+                   batch: int = 1) -> GemmForm:
     """``select`` on the node builder ``b``'s device, then the loop-budget check of the
     form chosen. Raises DeviceLimitError (b.error) naming ``what`` (default "K = k")
     when even that form loops past llvmpipe's budget."""
-    form = select(b.device.info, m, n, k, plain=plain, pointwise_conv=pointwise_conv)
+    form = select(b.device.info, m, n, k, plain=plain, pointwise_conv=pointwise_conv,
+                  batch=batch)
     loop_limit.check(b, form.iterations(k), what or f"K = {k}")
     return form
 
@@ -137,6 +169,9 @@ def mm(b, out, a, w, transposed: bool) -> None:
     defines = mm_defines(out, a, w, out.dtype, transposed)
     m, n = out.max_shape
     form = checked_select(b, m, n, a.max_shape[1], plain=True)
+    if form.shader in (CORE_SHADER, GEMV_SHADER):
+        record_core(b, form, out, a, w, None, "nk" if transposed else "kn")
+        return
     if form.shader == TILED_SHADER:
         b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(form.tile)),
                    outputs=[out], inputs=[a, w], params=[out.meta, a.meta],
@@ -167,6 +202,8 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
 
 
 @shader_bindings(LINEAR_SHADER)
+@shader_bindings(CORE_SHADER)
+@shader_bindings(GEMV_SHADER)
 def _linear_bindings(d) -> Bindings:
     bias = "HAS_BIAS" in d
     metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
@@ -191,18 +228,75 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     llvmpipe's loop budget allows even in the LONG_K form."""
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
+    shape = (1, 1) + tuple(out.max_shape)
+    k = a.max_shape[-1] if a.ndim else 1
+    form = checked_select(b, shape[-2], shape[-1], k, plain=False,
+                          batch=math.prod(shape[:-2]))
+    if form.shader in (CORE_SHADER, GEMV_SHADER):
+        # The core reads a constant [N, K] weight in place: no packing.
+        record_core(b, form, out, a, mat, bias, "kn" if layout == "kn" else "nk",
+                    alpha, beta)
+        return
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
-    shape = (1, 1) + tuple(out.max_shape)
-    k = a.max_shape[-1] if a.ndim else 1
-    form = checked_select(b, shape[-2], shape[-1], k, plain=False)
     grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
                                              form.long_k),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid))
+
+
+# ---- GPUs: the GEMM core (gemm.glsl) and the GEMV path (gemv.glsl) ----------------
+def core_defines(form: GemmForm, out, a, b, bias, nk: bool, vec4: bool = False) -> dict:
+    """Defines of gemm.glsl (form.block) or gemv.glsl (form.tile rows; ``vec4``: vec4
+    loads, see gemv.glsl) for out, a, b, bias (None, or the bias Tensor), b [N, K]
+    when ``nk``."""
+    tensors = dict(OUT=out, A=a, B=b)
+    if bias is not None:
+        tensors["C"] = bias
+    d = storage_defines(**tensors)
+    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None))
+    if form.shader == CORE_SHADER:
+        tm, tn, bk = form.block
+        d.update(TM=str(tm), TN=str(tn), BK=str(bk))
+        return d
+    if nk:
+        d["ROWS"] = str(form.tile)
+    if vec4:
+        d.update(VEC4="1", **{f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4"
+                              for n in ("A", "B")})
+    return d
+
+
+def record_core(b, form: GemmForm, out, a, mat, bias, layout: str, alpha: float = 1.0,
+                beta: float = 1.0) -> None:
+    """Record out = alpha * (a @ mat) + beta * bias with ``form`` (the GEMM core or the
+    GEMV path, from ``select``): a [..., M, K], mat [..., K, N] (layout "kn") or
+    [..., N, K] ("nk", read in place), bias None or broadcasting to out."""
+    nk = layout == "nk"
+    shape = (1, 1) + tuple(out.max_shape)
+    m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])
+    k = a.max_shape[-1] if a.ndim else 1
+    params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
+    params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
+    inputs = [a, mat] + ([bias] if bias is not None else [])
+    if form.shader == CORE_SHADER:
+        tm, tn, _ = form.block
+        grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
+        vec4 = False
+    else:
+        # vec4 loads need the innermost dim of the (constant, so fixed-size) b and
+        # every batch offset to be multiples of 4.
+        vec4 = mat.constant and (k if nk else n) % 4 == 0
+        if nk:
+            grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
+        else:
+            grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
+    b.dispatch(form.shader, core_defines(form, out, a, mat, bias, nk, vec4),
+               outputs=[out], inputs=inputs, params=params, global_size=grid,
+               local_size=local)
 
 
 # Every variant ``select`` may pick, for both dtypes and storage profiles.
@@ -223,3 +317,21 @@ declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
 declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
              bias=(False, True), m_tile=(1, 4), long_k=(False, True))
+
+
+def _core_variant(profile, dtype: str, nk: bool, bias: bool, block: tuple) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return core_defines(GemmForm(CORE_SHADER, block=block), ddt, ddt, ddt,
+                        ddt if bias else None, nk)
+
+
+def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec4: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return core_defines(GemmForm(GEMV_SHADER, GPU_TILES.gemv_rows), ddt, ddt, ddt,
+                        ddt if bias else None, nk, vec4)
+
+
+declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
+             block=(GPU_TILES.large, GPU_TILES.small))
+declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
+             vec4=(False, True))

@@ -1,0 +1,161 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+
+// The GEMM core (GPUs): out[..., M, N] = alpha * a[..., M, K] @ B + beta * bias, B per
+// gemm.h (b [..., K, N], or b [..., N, K] with B_NK), batch dims broadcasting.
+// A 16 x 16 workgroup computes a BM x BN block of one batch's output (BM = 16 * TM,
+// BN = 16 * TN); each invocation owns TM x TN outputs: rows 4 * (ty + 16 i) + 0..3
+// and columns 4 * (tx + 16 j) + 0..3, so that its operands are whole vec4s of the
+// shared tiles. Per step of BK along K the workgroup stages a BK x BM slice of a and a
+// BK x BN slice of B in shared memory as vec4s (k-major, padded by one vec4 per row
+// against bank conflicts); the next step's global loads are issued into registers
+// before the current step's multiply-adds (register prefetch), and each shared vec4
+// read feeds 4 * TN (or 4 * TM) multiply-adds. fp32 accumulation for fp16 data.
+// Edge tiles load zeros outside [M, K] / [K, N] and store only their valid part.
+// Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS), TM, TN (multiples of 4),
+// BK (BK * 16 * TM and BK * 16 * TN multiples of 4096: whole vec4 loads per
+// invocation), B_NK, HAS_BIAS. local_size (16, 16, 1).
+// Grid: x over N / TN, y over M / TM, z the batch index over out's dims before the
+// last two; every invocation of a workgroup reaches every barrier.
+
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(a_data, A_T)
+TENSOR_IN(b_data, B_T)
+#ifdef HAS_BIAS
+TENSOR_IN(c_data, C_T)
+#endif
+TENSOR_META(out_meta)
+TENSOR_META(a_meta)
+TENSOR_META(b_meta)
+#ifdef HAS_BIAS
+TENSOR_META(c_meta)
+#endif
+#include "gemm.h"
+
+#define BM (16 * TM)
+#define BN (16 * TN)
+#define A_LOADS (BK * BM / 4 / 256)  // vec4s of the a slice each invocation loads
+#define B_LOADS (BK * BN / 4 / 256)
+
+shared vec4 a_tile[BK][BM / 4 + 1];
+shared vec4 b_tile[BK][BN / 4 + 1];
+
+void main() {
+  if (numel_of(out_meta) == 0) {
+    return;  // uniform across the dispatch: no barrier is skipped by part of a group
+  }
+  const int N = size_at(out_meta, 0);
+  const int M = size_at(out_meta, 1);
+  const int K = size_at(a_meta, 0);
+  int a_off, b_off, c_off;
+  if (!batch_offsets(int(gl_WorkGroupID.z), a_off, b_off, c_off)) {
+    return;  // a whole workgroup past the batch count
+  }
+  const int tx = int(gl_LocalInvocationID.x);
+  const int ty = int(gl_LocalInvocationID.y);
+  const int tid = ty * 16 + tx;
+  const int row0 = int(gl_WorkGroupID.y) * BM;
+  const int col0 = int(gl_WorkGroupID.x) * BN;
+
+  vec4 acc[TM][TN / 4];
+  [[unroll]] for (int i = 0; i < TM; ++i) {
+    [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+      acc[i][j] = vec4(0.0);
+    }
+  }
+  vec4 a_next[A_LOADS];
+  vec4 b_next[B_LOADS];
+
+// Slot s of the a slice: k = s % BK (consecutive invocations read consecutive k of a
+// row), rows 4 * (s / BK) + 0..3.
+#define LOAD_A(k0) \
+  [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    const int k = (k0) + s % BK; \
+    const int r = row0 + 4 * (s / BK); \
+    [[unroll]] for (int e = 0; e < 4; ++e) { \
+      a_next[l][e] = (r + e < M && k < K) ? float(a_data[a_off + (r + e) * K + k]) : 0.0; \
+    } \
+  }
+#ifdef B_NK
+// b [N, K]: as for a, with columns for rows.
+#define LOAD_B(k0) \
+  [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    const int k = (k0) + s % BK; \
+    const int c = col0 + 4 * (s / BK); \
+    [[unroll]] for (int e = 0; e < 4; ++e) { \
+      b_next[l][e] = (c + e < N && k < K) ? float(b_data[b_off + (c + e) * K + k]) : 0.0; \
+    } \
+  }
+#define B_SLOT(s) b_tile[(s) % BK][(s) / BK]
+#else
+// b [K, N]: slot s holds columns 4 * (s % (BN / 4)) + 0..3 of row k = s / (BN / 4)
+// (consecutive invocations read consecutive columns).
+#define LOAD_B(k0) \
+  [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    const int k = (k0) + s / (BN / 4); \
+    const int c = col0 + 4 * (s % (BN / 4)); \
+    [[unroll]] for (int e = 0; e < 4; ++e) { \
+      b_next[l][e] = (c + e < N && k < K) ? float(b_data[b_off + k * N + c + e]) : 0.0; \
+    } \
+  }
+#define B_SLOT(s) b_tile[(s) / (BN / 4)][(s) % (BN / 4)]
+#endif
+
+  LOAD_A(0)
+  LOAD_B(0)
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) {
+      const int s = tid + l * 256;
+      a_tile[s % BK][s / BK] = a_next[l];
+    }
+    [[unroll]] for (int l = 0; l < B_LOADS; ++l) {
+      const int s = tid + l * 256;
+      B_SLOT(s) = b_next[l];
+    }
+    barrier();
+    if (k0 + BK < K) {  // uniform: the next slice's loads overlap this one's math
+      LOAD_A(k0 + BK)
+      LOAD_B(k0 + BK)
+    }
+    [[unroll]] for (int k = 0; k < BK; ++k) {
+      vec4 av[TM / 4];
+      vec4 bv[TN / 4];
+      [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+        av[i] = a_tile[k][ty + 16 * i];
+      }
+      [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+        bv[j] = b_tile[k][tx + 16 * j];
+      }
+      [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+        [[unroll]] for (int e = 0; e < 4; ++e) {
+          [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+            acc[4 * i + e][j] += av[i][e] * bv[j];
+          }
+        }
+      }
+    }
+    barrier();
+  }
+
+  const int out_off = int(gl_WorkGroupID.z) * M * N;
+  [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+    [[unroll]] for (int e = 0; e < 4; ++e) {
+      const int m = row0 + 4 * (ty + 16 * i) + e;
+      if (m < M) {
+        [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+          [[unroll]] for (int f = 0; f < 4; ++f) {
+            const int n = col0 + 4 * (tx + 16 * j) + f;
+            if (n < N) {
+              out_data[out_off + m * N + n] = OUT_STORE(epilogue(acc[4 * i + e][j][f],
+                                                                 c_off, m, n));
+            }
+          }
+        }
+      }
+    }
+  }
+}
