@@ -66,6 +66,21 @@ def test_mm_edge_tiles(forms, tiles, block, dtype):
     assert seen and all(s == ("gemm", block, 1) for s in seen)
 
 
+@pytest.mark.parametrize("vec_load", [True, False], ids=["vec_load", "scalar_load"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_aligned_sizes(forms, vec_load, dtype):
+    # K and N multiples of 4: VEC_LOAD's vec4 loads (a, b [K, N] and b [N, K]), edge
+    # tiles in M (130) and N (68 of a 128 block); and the scalar form on the same sizes.
+    seen = forms(gemm_tiles.GemmTiles(large_min_groups=0, vec_load=vec_load))
+    torch.manual_seed(0)
+    tol = F16 if dtype == torch.float16 else {}
+    check_op(torch.mm, (torch.randn(130, 64).to(dtype), torch.randn(64, 68).to(dtype)),
+             ops=[MM], **tol)
+    check_op(torch.nn.Linear(52, 68).to(dtype), (torch.randn(2, 65, 52).to(dtype),),
+             ops=[LINEAR], **tol)
+    assert seen and all(s == ("gemm", (8, 8, 16), 1) for s in seen)
+
+
 def test_bmm_broadcast_and_resize(forms):
     seen = forms()
     torch.manual_seed(0)
@@ -99,12 +114,14 @@ def test_linear_rank3_bias(forms, dtype):
     assert seen and all(s[0] == "gemm" for s in seen)
 
 
-@pytest.mark.parametrize("k", [64, 300, 37], ids=["vec4", "vec4_long", "scalar"])
+@pytest.mark.parametrize("k", [64, 300, 2056, 37],
+                         ids=["vec8", "vec4", "vec8_two_passes", "scalar"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_linear(forms, k, dtype):
     # One row: the GEMV path over the [N, K] weight, N = 9 not a multiple of its
-    # 4 rows per workgroup; K = 300 (vec4) or 37 (scalar) ends inside a pass of the
-    # 128 invocations, so some of them add nothing.
+    # 4 rows per workgroup; K = 300 (vec4), 2056 (fp16: 8 per load, the second pass
+    # of the 2 per iteration and a tail) or 37 (scalar) ends inside a pass of the 128
+    # invocations, so some of them add nothing.
     seen = forms()
     torch.manual_seed(0)
     tol = F16 if dtype == torch.float16 else {}

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkdelegate.kernels import loop_limit
-from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, tiles_for
+from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE, tiles_for
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -71,6 +71,7 @@ class GemmForm:
     tile: int = 1
     long_k: bool = False
     block: tuple = ()  # the GEMM core's (TM, TN, BK)
+    vec_load: bool = False  # the core's VEC_LOAD (vec4 global loads where aligned)
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
@@ -128,7 +129,8 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
         if m == 1 and tiles.gemv:
             return GemmForm(GEMV_SHADER, tiles.gemv_rows)
         if m != 1:
-            return GemmForm(CORE_SHADER, block=tiles.core_block(batch, m, n))
+            return GemmForm(CORE_SHADER, block=tiles.core_block(batch, m, n),
+                            vec_load=tiles.vec_load)
     if plain:
         if use_tiled(info, m, n, k):
             return GemmForm(TILED_SHADER, register_block(m, n))
@@ -249,10 +251,10 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
 
 
 # ---- GPUs: the GEMM core (gemm.glsl) and the GEMV path (gemv.glsl) ----------------
-def core_defines(form: GemmForm, out, a, b, bias, nk: bool, vec4: bool = False) -> dict:
-    """Defines of gemm.glsl (form.block) or gemv.glsl (form.tile rows; ``vec4``: vec4
-    loads, see gemv.glsl) for out, a, b, bias (None, or the bias Tensor), b [N, K]
-    when ``nk``."""
+def core_defines(form: GemmForm, out, a, b, bias, nk: bool, vec: int = 1) -> dict:
+    """Defines of gemm.glsl (form.block, form.vec_load) or gemv.glsl (form.tile rows;
+    ``vec``: elements per load, 1, 4 or 8, see gemv.glsl) for out, a, b, bias (None,
+    or the bias Tensor), b [N, K] when ``nk``."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -261,13 +263,20 @@ def core_defines(form: GemmForm, out, a, b, bias, nk: bool, vec4: bool = False) 
     if form.shader == CORE_SHADER:
         tm, tn, bk = form.block
         d.update(TM=str(tm), TN=str(tn), BK=str(bk))
+        if form.vec_load:
+            d.update(VEC_LOAD="1", **_vector_types(d))
         return d
     if nk:
         d["ROWS"] = str(form.tile)
-    if vec4:
-        d.update(VEC4="1", **{f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4"
-                              for n in ("A", "B")})
+    if vec == 4:
+        d.update(VEC4="1", **_vector_types(d))
+    elif vec == 8:
+        d["VEC8"] = "1"
     return d
+
+
+def _vector_types(d: dict) -> dict:
+    return {f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4" for n in "AB"}
 
 
 def record_core(b, form: GemmForm, out, a, mat, bias, layout: str, alpha: float = 1.0,
@@ -285,16 +294,18 @@ def record_core(b, form: GemmForm, out, a, mat, bias, layout: str, alpha: float 
     if form.shader == CORE_SHADER:
         tm, tn, _ = form.block
         grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
-        vec4 = False
+        vec = 1
     else:
-        # vec4 loads need the innermost dim of the (constant, so fixed-size) b and
-        # every batch offset to be multiples of 4.
-        vec4 = mat.constant and (k if nk else n) % 4 == 0
+        # Vector loads need the innermost dim of the (constant, so fixed-size) b and
+        # every batch offset to be multiples of 4 (8: fp16 stored as 16 bits, [N, K]).
+        vec = 4 if mat.constant and (k if nk else n) % 4 == 0 else 1
+        if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
+            vec = 8
         if nk:
             grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
-    b.dispatch(form.shader, core_defines(form, out, a, mat, bias, nk, vec4),
+    b.dispatch(form.shader, core_defines(form, out, a, mat, bias, nk, vec),
                outputs=[out], inputs=inputs, params=params, global_size=grid,
                local_size=local)
 
@@ -313,25 +324,30 @@ def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
 
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
+_ROWS = [GPU_TILES] + [t for t in TABLE.values() if t is not None]  # tile-table rows
 declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
 declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
              bias=(False, True), m_tile=(1, 4), long_k=(False, True))
 
 
-def _core_variant(profile, dtype: str, nk: bool, bias: bool, block: tuple) -> dict:
+def _core_variant(profile, dtype: str, nk: bool, bias: bool, block: tuple,
+                  vec_load: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
-    return core_defines(GemmForm(CORE_SHADER, block=block), ddt, ddt, ddt,
-                        ddt if bias else None, nk)
+    return core_defines(GemmForm(CORE_SHADER, block=block, vec_load=vec_load), ddt, ddt,
+                        ddt, ddt if bias else None, nk)
 
 
-def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec4: bool) -> dict:
+def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
+    if vec == 8 and not (nk and ddt[1] == "float16"):
+        return None
     return core_defines(GemmForm(GEMV_SHADER, GPU_TILES.gemv_rows), ddt, ddt, ddt,
-                        ddt if bias else None, nk, vec4)
+                        ddt if bias else None, nk, vec)
 
 
+_BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS})
 declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
-             block=(GPU_TILES.large, GPU_TILES.small))
+             block=_BLOCKS, vec_load=sorted({t.vec_load for t in _ROWS}))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
-             vec4=(False, True))
+             vec=(1, 4, 8))

@@ -23,7 +23,8 @@ class GemmTiles:
     ``gemv_rows``: outputs per workgroup of the GEMV path for [N, K] weights.
     ``plain_only``: only aten.mm products (two matrices, no batch, bias or scaling)
     take the core; ``gemv``: one-row products take the GEMV path (else, one row
-    keeps the simple shaders)."""
+    keeps the simple shaders); ``vec_load``: the core's vec4 global loads (gemm.glsl
+    VEC_LOAD)."""
 
     large: tuple = (8, 8, 16)
     small: tuple = (4, 4, 16)
@@ -31,6 +32,7 @@ class GemmTiles:
     gemv_rows: int = 4
     plain_only: bool = False
     gemv: bool = True
+    vec_load: bool = True
 
     def core_block(self, batch: int, m: int, n: int) -> tuple:
         """(TM, TN, BK) for a [batch, m, n] output."""

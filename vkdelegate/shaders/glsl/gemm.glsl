@@ -15,7 +15,9 @@
 // Edge tiles load zeros outside [M, K] / [K, N] and store only their valid part.
 // Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS), TM, TN (multiples of 4),
 // BK (BK * 16 * TM and BK * 16 * TN multiples of 4096: whole vec4 loads per
-// invocation), B_NK, HAS_BIAS. local_size (16, 16, 1).
+// invocation), B_NK, HAS_BIAS, VEC_LOAD (global loads of 4 consecutive elements as
+// one vec4 where K, N and the batch offsets allow it; A_VT, B_VT). local_size
+// (16, 16, 1).
 // Grid: x over N / TN, y over M / TM, z the batch index over out's dims before the
 // last two; every invocation of a workgroup reaches every barrier.
 
@@ -32,6 +34,11 @@ TENSOR_META(b_meta)
 TENSOR_META(c_meta)
 #endif
 #include "gemm.h"
+#ifdef VEC_LOAD
+// The same a and b buffers as vec4s (A_VT, B_VT: vec4 or f16vec4).
+layout(set = 0, binding = BINDING_a_data) readonly buffer a_vec_buffer { A_VT a_vec[]; };
+layout(set = 0, binding = BINDING_b_data) readonly buffer b_vec_buffer { B_VT b_vec[]; };
+#endif
 
 #define BM (16 * TM)
 #define BN (16 * TN)
@@ -68,54 +75,105 @@ void main() {
   vec4 b_next[B_LOADS];
 
 // Slot s of the a slice: k = s % BK (consecutive invocations read consecutive k of a
-// row), rows 4 * (s / BK) + 0..3.
-#define LOAD_A(k0) \
-  [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
+// row), rows 4 * (s / BK) + 0..3; b [N, K] (B_NK) likewise with columns for rows.
+#define LOAD_ROWS(next, LOADS, data, off, first, LIMIT, k0) \
+  [[unroll]] for (int l = 0; l < LOADS; ++l) { \
     const int s = tid + l * 256; \
     const int k = (k0) + s % BK; \
-    const int r = row0 + 4 * (s / BK); \
+    const int r = (first) + 4 * (s / BK); \
     [[unroll]] for (int e = 0; e < 4; ++e) { \
-      a_next[l][e] = (r + e < M && k < K) ? float(a_data[a_off + (r + e) * K + k]) : 0.0; \
+      next[l][e] = (r + e < LIMIT && k < K) ? float(data[off + (r + e) * K + k]) : 0.0; \
     } \
   }
+#define STORE_ROWS(next, LOADS, tile) \
+  [[unroll]] for (int l = 0; l < LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    tile[s % BK][s / BK] = next[l]; \
+  }
+#ifdef VEC_LOAD
+// With K a multiple of 4 (checked at run time, uniform), one vec4 load of 4
+// consecutive k per slot instead: slot s is row s / (BK / 4), k = 4 * (s % (BK / 4)),
+// stored as 4 components of the k-major tile.
+#define LOAD_ROWS_VEC(next, LOADS, data, off, first, LIMIT, k0) \
+  [[unroll]] for (int l = 0; l < LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    const int k = (k0) + 4 * (s % (BK / 4)); \
+    const int r = (first) + s / (BK / 4); \
+    next[l] = (r < LIMIT && k < K) ? vec4(data[(off + r * K + k) >> 2]) : vec4(0.0); \
+  }
+#define STORE_ROWS_VEC(next, LOADS, tile) \
+  [[unroll]] for (int l = 0; l < LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    const int k = 4 * (s % (BK / 4)); \
+    const int r = s / (BK / 4); \
+    [[unroll]] for (int e = 0; e < 4; ++e) { \
+      tile[k + e][r >> 2][r & 3] = next[l][e]; \
+    } \
+  }
+#define LOAD_A(k0) if (vec) { LOAD_ROWS_VEC(a_next, A_LOADS, a_vec, a_off, row0, M, k0) } \
+                   else { LOAD_ROWS(a_next, A_LOADS, a_data, a_off, row0, M, k0) }
+#define STORE_A if (vec) { STORE_ROWS_VEC(a_next, A_LOADS, a_tile) } \
+                else { STORE_ROWS(a_next, A_LOADS, a_tile) }
+#else
+#define LOAD_A(k0) LOAD_ROWS(a_next, A_LOADS, a_data, a_off, row0, M, k0)
+#define STORE_A STORE_ROWS(a_next, A_LOADS, a_tile)
+#endif
+
 #ifdef B_NK
-// b [N, K]: as for a, with columns for rows.
-#define LOAD_B(k0) \
-  [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
-    const int s = tid + l * 256; \
-    const int k = (k0) + s % BK; \
-    const int c = col0 + 4 * (s / BK); \
-    [[unroll]] for (int e = 0; e < 4; ++e) { \
-      b_next[l][e] = (c + e < N && k < K) ? float(b_data[b_off + (c + e) * K + k]) : 0.0; \
-    } \
-  }
-#define B_SLOT(s) b_tile[(s) % BK][(s) / BK]
+#if defined(VEC_LOAD)
+#define LOAD_B(k0) if (vec) { LOAD_ROWS_VEC(b_next, B_LOADS, b_vec, b_off, col0, N, k0) } \
+                   else { LOAD_ROWS(b_next, B_LOADS, b_data, b_off, col0, N, k0) }
+#define STORE_B if (vec) { STORE_ROWS_VEC(b_next, B_LOADS, b_tile) } \
+                else { STORE_ROWS(b_next, B_LOADS, b_tile) }
+#else
+#define LOAD_B(k0) LOAD_ROWS(b_next, B_LOADS, b_data, b_off, col0, N, k0)
+#define STORE_B STORE_ROWS(b_next, B_LOADS, b_tile)
+#endif
 #else
 // b [K, N]: slot s holds columns 4 * (s % (BN / 4)) + 0..3 of row k = s / (BN / 4)
-// (consecutive invocations read consecutive columns).
+// (consecutive invocations read consecutive columns; with VEC_LOAD and N a multiple
+// of 4, as one vec4 load).
+#ifdef VEC_LOAD
+#define LOAD_B_VEC(c, k) b_next[l] = (c < N && k < K) ? vec4(b_vec[(b_off + k * N + c) >> 2]) \
+                                                      : vec4(0.0);
+#else
+#define LOAD_B_VEC(c, k)
+#endif
 #define LOAD_B(k0) \
   [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
     const int s = tid + l * 256; \
     const int k = (k0) + s / (BN / 4); \
     const int c = col0 + 4 * (s % (BN / 4)); \
-    [[unroll]] for (int e = 0; e < 4; ++e) { \
-      b_next[l][e] = (c + e < N && k < K) ? float(b_data[b_off + k * N + c + e]) : 0.0; \
+    if (vec) { \
+      LOAD_B_VEC(c, k) \
+    } else { \
+      [[unroll]] for (int e = 0; e < 4; ++e) { \
+        b_next[l][e] = (c + e < N && k < K) ? float(b_data[b_off + k * N + c + e]) : 0.0; \
+      } \
     } \
   }
-#define B_SLOT(s) b_tile[(s) / (BN / 4)][(s) % (BN / 4)]
+#define STORE_B \
+  [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    b_tile[s / (BN / 4)][s % (BN / 4)] = b_next[l]; \
+  }
 #endif
 
+#ifdef VEC_LOAD
+  // vec4 loads need every row start (and the batch offsets) at a multiple of 4.
+#ifdef B_NK
+  const bool vec = (K & 3) == 0 && (a_off & 3) == 0 && (b_off & 3) == 0;
+#else
+  const bool vec = (K & 3) == 0 && (N & 3) == 0 && (a_off & 3) == 0 && (b_off & 3) == 0;
+#endif
+#else
+  const bool vec = false;
+#endif
   LOAD_A(0)
   LOAD_B(0)
   for (int k0 = 0; k0 < K; k0 += BK) {
-    [[unroll]] for (int l = 0; l < A_LOADS; ++l) {
-      const int s = tid + l * 256;
-      a_tile[s % BK][s / BK] = a_next[l];
-    }
-    [[unroll]] for (int l = 0; l < B_LOADS; ++l) {
-      const int s = tid + l * 256;
-      B_SLOT(s) = b_next[l];
-    }
+    STORE_A
+    STORE_B
     barrier();
     if (k0 + BK < K) {  // uniform: the next slice's loads overlap this one's math
       LOAD_A(k0 + BK)

@@ -15,16 +15,22 @@
 //     per k); then a tree sum over y.
 // VEC4: the innermost dim of b (K with B_NK, else N) and the batch offsets are
 // multiples of 4 (the op checks at load), so b_data (and with B_NK a_data) is read as
-// vec4s (B_VT, A_VT: vec4 or f16vec4). fp32 accumulation. Grid: x over the output blocks,
+// vec4s (B_VT, A_VT: vec4 or f16vec4). VEC8 (B_NK, fp16 data stored as 16 bits, K a
+// multiple of 8): uvec4 loads of 8 fp16 values, unpacked with unpackHalf2x16.
+// fp32 accumulation. Grid: x over the output blocks,
 // z the batch index (as gemm.glsl); out's M must be 1.
 
 TENSOR_OUT(out_data, OUT_T)
-#if defined(VEC4) && defined(B_NK)
+#if defined(VEC8)
+TENSOR_IN(a_data, uvec4)
+#elif defined(VEC4) && defined(B_NK)
 TENSOR_IN(a_data, A_VT)
 #else
 TENSOR_IN(a_data, A_T)
 #endif
-#ifdef VEC4
+#if defined(VEC8)
+TENSOR_IN(b_data, uvec4)
+#elif defined(VEC4)
 TENSOR_IN(b_data, B_VT)
 #else
 TENSOR_IN(b_data, B_T)
@@ -68,7 +74,26 @@ void main() {
     acc[r] = 0.0;
     w_row[r] = b_off + min(n0 + r, N - 1) * K;
   }
-#ifdef VEC4
+#if defined(VEC8)
+  // Two passes of 8 fp16 values (one uvec4) per row per iteration: more loads in
+  // flight per invocation.
+  const int K8 = K / 8;
+  for (int k8 = t; k8 < K8; k8 += 2 * THREADS) {
+    [[unroll]] for (int u = 0; u < 2; ++u) {
+      const int kk = k8 + u * THREADS;
+      if (kk < K8) {
+        const uvec4 xa = a_data[a_off / 8 + kk];
+        const vec4 x0 = vec4(unpackHalf2x16(xa.x), unpackHalf2x16(xa.y));
+        const vec4 x1 = vec4(unpackHalf2x16(xa.z), unpackHalf2x16(xa.w));
+        [[unroll]] for (int r = 0; r < ROWS; ++r) {
+          const uvec4 w = b_data[w_row[r] / 8 + kk];
+          acc[r] += dot(x0, vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)))
+              + dot(x1, vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)));
+        }
+      }
+    }
+  }
+#elif defined(VEC4)
   for (int k4 = t; k4 < K / 4; k4 += THREADS) {
     const vec4 x = vec4(a_data[a_off / 4 + k4]);
     [[unroll]] for (int r = 0; r < ROWS; ++r) {
