@@ -107,11 +107,13 @@ def register_block(m: int, n: int) -> int:
 
 
 def select(info, m: int, n: int, k: int, *, plain: bool,
-           pointwise_conv: bool = False, batch: int = 1) -> GemmForm:
+           pointwise_conv: bool = False, batch: int = 1, dtype: str = "float32",
+           nk: bool = False) -> GemmForm:
     """The form of a ``batch`` of [m, k] x [k, n] products (upper-bound sizes) on the
     device ``info`` (a DeviceInfo). Where the tile table (kernels/gemm_tiles.py) has a
     row for the device type: the GEMV path for one row (m == 1), else the GEMM core
-    with the row's block for that output, both per the row's ``plain_only`` and
+    with the row's block for that output (and its VEC_LOAD choice for graph dtype
+    ``dtype`` and b [N, K] when ``nk``), both per the row's ``plain_only`` and
     ``gemv``. Otherwise:
     plain: two matrices, no batch, bias or scaling (aten.mm),
     which the matmul shaders run; every other product runs linear.glsl, whose rows per
@@ -129,8 +131,9 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
         if m == 1 and tiles.gemv:
             return GemmForm(GEMV_SHADER, tiles.gemv_rows)
         if m != 1:
-            return GemmForm(CORE_SHADER, block=tiles.core_block(batch, m, n),
-                            vec_load=tiles.vec_load)
+            block = tiles.core_block(batch, m, n)
+            return GemmForm(CORE_SHADER, block=block,
+                            vec_load=tiles.uses_vec_load(dtype, nk, block))
     if plain:
         if use_tiled(info, m, n, k):
             return GemmForm(TILED_SHADER, register_block(m, n))
@@ -140,12 +143,12 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
 
 def checked_select(b, m: int, n: int, k: int, *, plain: bool,
                    pointwise_conv: bool = False, what: str | None = None,
-                   batch: int = 1) -> GemmForm:
+                   batch: int = 1, dtype: str = "float32", nk: bool = False) -> GemmForm:
     """``select`` on the node builder ``b``'s device, then the loop-budget check of the
     form chosen. Raises DeviceLimitError (b.error) naming ``what`` (default "K = k")
     when even that form loops past llvmpipe's budget."""
     form = select(b.device.info, m, n, k, plain=plain, pointwise_conv=pointwise_conv,
-                  batch=batch)
+                  batch=batch, dtype=dtype, nk=nk)
     loop_limit.check(b, form.iterations(k), what or f"K = {k}")
     return form
 
@@ -170,7 +173,8 @@ def mm(b, out, a, w, transposed: bool) -> None:
     tiled shader can loop on llvmpipe."""
     defines = mm_defines(out, a, w, out.dtype, transposed)
     m, n = out.max_shape
-    form = checked_select(b, m, n, a.max_shape[1], plain=True)
+    form = checked_select(b, m, n, a.max_shape[1], plain=True, dtype=out.dtype,
+                          nk=transposed)
     if form.shader in (CORE_SHADER, GEMV_SHADER):
         record_core(b, form, out, a, w, None, "nk" if transposed else "kn")
         return
@@ -233,7 +237,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     shape = (1, 1) + tuple(out.max_shape)
     k = a.max_shape[-1] if a.ndim else 1
     form = checked_select(b, shape[-2], shape[-1], k, plain=False,
-                          batch=math.prod(shape[:-2]))
+                          batch=math.prod(shape[:-2]), dtype=out.dtype, nk=layout != "kn")
     if form.shader in (CORE_SHADER, GEMV_SHADER):
         # The core reads a constant [N, K] weight in place: no packing.
         record_core(b, form, out, a, mat, bias, "kn" if layout == "kn" else "nk",
@@ -348,6 +352,6 @@ def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int) -> "dict 
 
 _BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS})
 declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
-             block=_BLOCKS, vec_load=sorted({t.vec_load for t in _ROWS}))
+             block=_BLOCKS, vec_load=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8))

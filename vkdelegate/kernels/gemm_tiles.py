@@ -23,8 +23,9 @@ class GemmTiles:
     ``gemv_rows``: outputs per workgroup of the GEMV path for [N, K] weights.
     ``plain_only``: only aten.mm products (two matrices, no batch, bias or scaling)
     take the core; ``gemv``: one-row products take the GEMV path (else, one row
-    keeps the simple shaders); ``vec_load``: the core's vec4 global loads (gemm.glsl
-    VEC_LOAD)."""
+    keeps the simple shaders); ``vec_load``: where the core uses vec4 global loads
+    (gemm.glsl VEC_LOAD): True (always), False (never) or the (graph dtype, b layout
+    "kn"/"nk", block) triples that take them."""
 
     large: tuple = (8, 8, 16)
     small: tuple = (4, 4, 16)
@@ -32,7 +33,7 @@ class GemmTiles:
     gemv_rows: int = 4
     plain_only: bool = False
     gemv: bool = True
-    vec_load: bool = True
+    vec_load: "bool | tuple" = True
 
     def core_block(self, batch: int, m: int, n: int) -> tuple:
         """(TM, TN, BK) for a [batch, m, n] output."""
@@ -40,11 +41,25 @@ class GemmTiles:
         groups = batch * -(-m // (16 * tm)) * -(-n // (16 * tn))
         return self.large if groups >= self.large_min_groups else self.small
 
+    def uses_vec_load(self, dtype: str, nk: bool, block: tuple) -> bool:
+        """Whether the core's ``block`` for ``dtype`` data and b [N, K] (``nk``) or
+        [K, N] takes VEC_LOAD's vec4 global loads."""
+        if isinstance(self.vec_load, bool):
+            return self.vec_load
+        return (dtype, "nk" if nk else "kn", tuple(block)) in self.vec_load
+
 
 #: Device type (DeviceInfo.type: "cpu", "discrete", "integrated", "virtual", "other")
 #: -> its tiles.
-TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False)}
-DEFAULT = GemmTiles()
+TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
+                                vec_load=False)}
+#: The GPU row, from the H200 (4096^3, fp32/fp16, 5-run medians that moved up to 15%
+#: between runs of one configuration): 128 x 128 blocks from 256 of them (1024 at
+#: 4096^2: 22.7-27.5 TFLOP/s fp32 against 18.8-21.7 for 64 x 64), 64 x 64 below
+#: (256 x 4096 x 4096: 64 large blocks, 15 against 17 TFLOP/s); BK 8 and 32, 64 x 128
+#: and 128 x 64 blocks were no better. vec4 global loads only for fp16 [N, K] weights
+#: in 128 x 128 blocks (30 against 21.8 TFLOP/s); elsewhere they were 10-20% slower.
+DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),))
 
 
 def tiles_for(device_type: str) -> "GemmTiles | None":
