@@ -3,10 +3,11 @@
 Cases (sizes scale with --size, default 4096, and --mlp-rows, default 256):
 aten.mm with both operands at run time (b [K, N]), aten.linear with a constant
 [N, K] weight (M x K x N = S^3, fp32 and fp16), an MLP layer (linear, 256 x S x S)
-and a decode GEMV (linear, 1 x S x S, fp16 and fp32 weights; TB/s counts the weight
-read). Each case runs per --forms: "table" (what kernels/gemm.py picks on this
+a decode GEMV (linear, 1 x S x S, fp16 and fp32 weights; TB/s counts the weight
+read) and a long reduction with few outputs (mm, 256 x 4S x 256: split-K). Each case runs per --forms: "table" (what kernels/gemm.py picks on this
 device), "legacy" (the simple shaders: matmul_tiled/matmul.glsl, linear.glsl),
-"small"/"large" (the GEMM core's 64 x 64 / 128 x 128 block forced), "gemv2"/"gemv8"
+"small"/"large" (the GEMM core's 64 x 64 / 128 x 128 block forced), "novec" (no vec4
+global loads), "nosplit" (the GPU row without split-K), "gemv2"/"gemv8"
 (2 or 8 outputs per GEMV workgroup instead of 4).
 Our time: median of --runs profiled executes (GPU timestamp queries, all dispatches of
 the node). torch: CUDA when available (median of CUDA-event timings), else CPU
@@ -35,6 +36,7 @@ FORMS = {"table": None, "legacy": "legacy",
          "small": gemm_tiles.GemmTiles(large_min_groups=1 << 30),
          "large": gemm_tiles.GemmTiles(large_min_groups=0),
          "novec": gemm_tiles.GemmTiles(vec_load=False),
+         "nosplit": gemm_tiles.GemmTiles(vec_load=gemm_tiles.DEFAULT.vec_load),
          "gemv2": gemm_tiles.GemmTiles(gemv_rows=2),
          "gemv8": gemm_tiles.GemmTiles(gemv_rows=8)}
 
@@ -55,7 +57,8 @@ def cases(s: int, mlp: int):
             ("MLP linear", "linear", mlp, s, s, "float32"),
             ("MLP linear", "linear", mlp, s, s, "float16"),
             ("GEMV linear", "linear", 1, s, s, "float16"),
-            ("GEMV linear", "linear", 1, s, s, "float32")]
+            ("GEMV linear", "linear", 1, s, s, "float32"),
+            ("long-K mm", "mm", mlp, 4 * s, mlp, "float32")]
 
 
 def build(device, op, m, k, n, dtype, weight):

@@ -29,11 +29,14 @@ def forms(monkeypatch):
         monkeypatch.setattr(gemm, "tiles_for", lambda _type: tiles)
         return seen
 
-    seen = []
+    seen, splits = [], []
+    use.splits = splits
     record = gemm.record_core
 
     def spy(b, form, *args, **kwargs):
         seen.append((form.shader, form.block, form.tile))
+        if form.splits > 1:
+            splits.append(form.splits)
         return record(b, form, *args, **kwargs)
 
     monkeypatch.setattr(gemm, "record_core", spy)
@@ -162,3 +165,36 @@ def test_gemv_kn_constant_vec4(forms, vk_device, dtype):
     tol = 1e-2 if dtype == "float16" else 1e-4
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=tol, atol=tol)
     assert seen == [("gemv", (), 4)]
+
+
+# Split-K on small sizes: parts of 16 k (rounded up to whole BK = 16 steps), so that
+# K = 300 takes 18 parts of which the last ones are empty.
+SPLIT = gemm_tiles.GemmTiles(split_k_groups=264, split_k_min_k=64, split_k_min_part=16,
+                             vec_load=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_k(forms, dtype):
+    seen = forms(SPLIT)
+    torch.manual_seed(0)
+    tol = F16 if dtype == torch.float16 else {}
+    check_op(torch.mm, (torch.randn(37, 300).to(dtype), torch.randn(300, 23).to(dtype)),
+             ops=[MM], **tol)
+    check_op(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2.0),
+             (torch.randn(23).to(dtype), torch.randn(37, 300).to(dtype),
+              torch.randn(300, 23).to(dtype)), ops=[ADDMM], **tol)
+    # Constant [N, K] weight, K a multiple of 4 (vec4 loads in the fp16 large block).
+    check_op(torch.nn.Linear(256, 20).to(dtype), (torch.randn(3, 7, 256).to(dtype),),
+             ops=[LINEAR], **tol)
+    assert seen and all(s[0] == "gemm" for s in seen) and len(forms.splits) == len(seen)
+
+
+def test_split_k_batch_broadcast_and_resize(forms):
+    seen = forms(SPLIT)
+    torch.manual_seed(0)
+    check_op(torch.matmul, (torch.randn(2, 1, 9, 150), torch.randn(3, 150, 11)), ops=[BMM])
+    b, k = torch.export.Dim("b", max=4), torch.export.Dim("k", min=2, max=200)
+    check_op(torch.bmm, (torch.randn(3, 6, 200), torch.randn(3, 200, 5)), ops=[BMM],
+             dynamic_shapes=({0: b, 2: k}, {0: b, 1: k}),
+             resize_inputs=(torch.randn(4, 6, 37), torch.randn(4, 37, 5)))
+    assert seen and all(s[0] == "gemm" for s in seen) and len(forms.splits) == len(seen)

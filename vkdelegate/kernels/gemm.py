@@ -7,9 +7,12 @@ shaders,
 
 - gemm.glsl, the GEMM core: 16 x 16 workgroups computing 16 TM x 16 TN blocks
   through vec4 shared-memory tiles with register prefetch, batch broadcast, bias,
-  alpha/beta and b as [K, N] or [N, K] (the tile table picks TM, TN, BK).
+  alpha/beta and b as [K, N] or [N, K] (the tile table picks TM, TN, BK, vec4 global
+  loads, and split-K for few blocks and a long K: gemm_reduce.glsl adds the parts).
 - gemv.glsl, the GEMV path for one-row products (LLM decode): the K reduction split
-  across a workgroup's invocations, vec4 loads of a constant B.
+  across a workgroup's invocations, vector loads of a constant B.
+
+kernels/gemm_core.py records those two (``record_core``).
 
 On CPU drivers (llvmpipe) the core for aten.mm, else three shaders, plus one path
 of a fourth:
@@ -37,11 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vkdelegate.kernels import loop_limit
-from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE, tiles_for
+from vkdelegate.kernels import gemm_core, loop_limit
+from vkdelegate.kernels.gemm_core import (CORE_SHADER, GEMV_SHADER, GEMV_THREADS,
+                                          LINEAR_SCALARS, record_core)
+from vkdelegate.kernels.gemm_tiles import tiles_for
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
-from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.runtime.param_block import tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
 
@@ -49,14 +54,10 @@ SIMPLE_SHADER = "matmul"
 TILED_SHADER = "matmul_tiled"
 LINEAR_SHADER = "linear"
 CONV_SHADER = "conv2d"
-CORE_SHADER = "gemm"
-GEMV_SHADER = "gemv"
-GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
 CONV_PX = 8  # pixels per invocation of conv2d.glsl's POINTWISE path (its PX)
 TILE = 16
 REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
 DTYPES = frozenset({"float32", "float16"})
-LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,12 @@ class GemmForm:
     long_k: bool = False
     block: tuple = ()  # the GEMM core's (TM, TN, BK)
     vec_load: bool = False  # the core's VEC_LOAD (vec4 global loads where aligned)
+    splits: int = 1  # the core's split-K parts (SPLIT_K, then gemm_reduce.glsl)
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
         if self.shader == CORE_SHADER:
-            return -(-k // self.block[2])
+            return -(-k // (self.block[2] * self.splits)) + 1
         if self.shader == GEMV_SHADER:
             return -(-k // min(GEMV_THREADS.values()))
         if self.shader == TILED_SHADER:
@@ -133,7 +135,8 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
         if m != 1:
             block = tiles.core_block(batch, m, n)
             return GemmForm(CORE_SHADER, block=block,
-                            vec_load=tiles.uses_vec_load(dtype, nk, block))
+                            vec_load=tiles.uses_vec_load(dtype, nk, block),
+                            splits=tiles.splits(batch, m, n, k, block))
     if plain:
         if use_tiled(info, m, n, k):
             return GemmForm(TILED_SHADER, register_block(m, n))
@@ -207,15 +210,7 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
     return d
 
 
-@shader_bindings(LINEAR_SHADER)
-@shader_bindings(CORE_SHADER)
-@shader_bindings(GEMV_SHADER)
-def _linear_bindings(d) -> Bindings:
-    bias = "HAS_BIAS" in d
-    metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
-    return Bindings(outputs=("out_data",),
-                    inputs=("a_data", "b_data") + (("c_data",) if bias else ()),
-                    params=tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,))
+shader_bindings(LINEAR_SHADER)(gemm_core.product_bindings)  # as the core's
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -254,66 +249,6 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
                params=params, global_size=grid, local_size=workgroup_for(grid))
 
 
-# ---- GPUs: the GEMM core (gemm.glsl) and the GEMV path (gemv.glsl) ----------------
-def core_defines(form: GemmForm, out, a, b, bias, nk: bool, vec: int = 1) -> dict:
-    """Defines of gemm.glsl (form.block, form.vec_load) or gemv.glsl (form.tile rows;
-    ``vec``: elements per load, 1, 4 or 8, see gemv.glsl) for out, a, b, bias (None,
-    or the bias Tensor), b [N, K] when ``nk``."""
-    tensors = dict(OUT=out, A=a, B=b)
-    if bias is not None:
-        tensors["C"] = bias
-    d = storage_defines(**tensors)
-    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None))
-    if form.shader == CORE_SHADER:
-        tm, tn, bk = form.block
-        d.update(TM=str(tm), TN=str(tn), BK=str(bk))
-        if form.vec_load:
-            d.update(VEC_LOAD="1", **_vector_types(d))
-        return d
-    if nk:
-        d["ROWS"] = str(form.tile)
-    if vec == 4:
-        d.update(VEC4="1", **_vector_types(d))
-    elif vec == 8:
-        d["VEC8"] = "1"
-    return d
-
-
-def _vector_types(d: dict) -> dict:
-    return {f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4" for n in "AB"}
-
-
-def record_core(b, form: GemmForm, out, a, mat, bias, layout: str, alpha: float = 1.0,
-                beta: float = 1.0) -> None:
-    """Record out = alpha * (a @ mat) + beta * bias with ``form`` (the GEMM core or the
-    GEMV path, from ``select``): a [..., M, K], mat [..., K, N] (layout "kn") or
-    [..., N, K] ("nk", read in place), bias None or broadcasting to out."""
-    nk = layout == "nk"
-    shape = (1, 1) + tuple(out.max_shape)
-    m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])
-    k = a.max_shape[-1] if a.ndim else 1
-    params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
-    params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
-    inputs = [a, mat] + ([bias] if bias is not None else [])
-    if form.shader == CORE_SHADER:
-        tm, tn, _ = form.block
-        grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
-        vec = 1
-    else:
-        # Vector loads need the innermost dim of the (constant, so fixed-size) b and
-        # every batch offset to be multiples of 4 (8: fp16 stored as 16 bits, [N, K]).
-        vec = 4 if mat.constant and (k if nk else n) % 4 == 0 else 1
-        if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
-            vec = 8
-        if nk:
-            grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
-        else:
-            grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
-    b.dispatch(form.shader, core_defines(form, out, a, mat, bias, nk, vec),
-               outputs=[out], inputs=inputs, params=params, global_size=grid,
-               local_size=local)
-
-
 # Every variant ``select`` may pick, for both dtypes and storage profiles.
 def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
@@ -328,30 +263,7 @@ def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
 
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
-_ROWS = [GPU_TILES] + [t for t in TABLE.values() if t is not None]  # tile-table rows
 declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
 declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
              bias=(False, True), m_tile=(1, 4), long_k=(False, True))
-
-
-def _core_variant(profile, dtype: str, nk: bool, bias: bool, block: tuple,
-                  vec_load: bool) -> dict:
-    ddt = (dtype, device_dtype(dtype, profile))
-    return core_defines(GemmForm(CORE_SHADER, block=block, vec_load=vec_load), ddt, ddt,
-                        ddt, ddt if bias else None, nk)
-
-
-def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int) -> "dict | None":
-    ddt = (dtype, device_dtype(dtype, profile))
-    if vec == 8 and not (nk and ddt[1] == "float16"):
-        return None
-    return core_defines(GemmForm(GEMV_SHADER, GPU_TILES.gemv_rows), ddt, ddt, ddt,
-                        ddt if bias else None, nk, vec)
-
-
-_BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS})
-declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
-             block=_BLOCKS, vec_load=(False, True))
-declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
-             vec=(1, 4, 8))

@@ -25,7 +25,10 @@ class GemmTiles:
     take the core; ``gemv``: one-row products take the GEMV path (else, one row
     keeps the simple shaders); ``vec_load``: where the core uses vec4 global loads
     (gemm.glsl VEC_LOAD): True (always), False (never) or the (graph dtype, b layout
-    "kn"/"nk", block) triples that take them."""
+    "kn"/"nk", block) triples that take them. Split-K: a product whose block gives at
+    most a quarter of ``split_k_groups`` workgroups (0: never) and whose K is at least
+    ``split_k_min_k`` has its K split in up to ``split_k_groups`` / groups parts
+    (each of at least ``split_k_min_part`` k, at most 64 parts)."""
 
     large: tuple = (8, 8, 16)
     small: tuple = (4, 4, 16)
@@ -34,12 +37,23 @@ class GemmTiles:
     plain_only: bool = False
     gemv: bool = True
     vec_load: "bool | tuple" = True
+    split_k_groups: int = 0
+    split_k_min_k: int = 2048
+    split_k_min_part: int = 256
 
     def core_block(self, batch: int, m: int, n: int) -> tuple:
         """(TM, TN, BK) for a [batch, m, n] output."""
         tm, tn, _ = self.large
         groups = batch * -(-m // (16 * tm)) * -(-n // (16 * tn))
         return self.large if groups >= self.large_min_groups else self.small
+
+    def splits(self, batch: int, m: int, n: int, k: int, block: tuple) -> int:
+        """How many parts split-K cuts K into for this product and ``block`` (1: none)."""
+        groups = batch * -(-m // (16 * block[0])) * -(-n // (16 * block[1]))
+        if not self.split_k_groups or groups * 4 > self.split_k_groups or \
+                k < self.split_k_min_k:
+            return 1
+        return max(1, min(self.split_k_groups // groups, k // self.split_k_min_part, 64))
 
     def uses_vec_load(self, dtype: str, nk: bool, block: tuple) -> bool:
         """Whether the core's ``block`` for ``dtype`` data and b [N, K] (``nk``) or
@@ -59,7 +73,8 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: (256 x 4096 x 4096: 64 large blocks, 15 against 17 TFLOP/s); BK 8 and 32, 64 x 128
 #: and 128 x 64 blocks were no better. vec4 global loads only for fp16 [N, K] weights
 #: in 128 x 128 blocks (30 against 21.8 TFLOP/s); elsewhere they were 10-20% slower.
-DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),))
+#: Split-K aims at 264 workgroups (two per SM of the H200's 132).
+DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264)
 
 
 def tiles_for(device_type: str) -> "GemmTiles | None":

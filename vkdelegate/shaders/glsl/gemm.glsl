@@ -17,7 +17,11 @@
 // BK (BK * 16 * TM and BK * 16 * TN multiples of 4096: whole vec4 loads per
 // invocation), B_NK, HAS_BIAS, VEC_LOAD (global loads of 4 consecutive elements as
 // one vec4 where K, N and the batch offsets allow it; A_VT, B_VT). local_size
-// (16, 16, 1).
+// (16, 16, 1). SPLIT_K (split-K, for few outputs and a long K): specialization
+// constant 3 is SPLITS; workgroup z = batch index * SPLITS + split sums its split's
+// part of K (whole BK steps) and stores the raw sums, fp32, at
+// out_data[(z * M + m) * N + n] (a scratch buffer; out_meta still describes the real
+// output); gemm_reduce.glsl then adds the SPLITS parts and applies the epilogue.
 // Grid: x over N / TN, y over M / TM, z the batch index over out's dims before the
 // last two; every invocation of a workgroup reaches every barrier.
 
@@ -40,6 +44,10 @@ layout(set = 0, binding = BINDING_a_data) readonly buffer a_vec_buffer { A_VT a_
 layout(set = 0, binding = BINDING_b_data) readonly buffer b_vec_buffer { B_VT b_vec[]; };
 #endif
 
+#ifdef SPLIT_K
+layout(constant_id = 3) const int SPLITS = 1;
+#endif
+
 #define BM (16 * TM)
 #define BN (16 * TN)
 #define A_LOADS (BK * BM / 4 / 256)  // vec4s of the a slice each invocation loads
@@ -55,8 +63,20 @@ void main() {
   const int N = size_at(out_meta, 0);
   const int M = size_at(out_meta, 1);
   const int K = size_at(a_meta, 0);
+#ifdef SPLIT_K
+  // z = batch index * SPLITS + split; this split's K range is whole BK steps.
+  const int split = int(gl_WorkGroupID.z) % SPLITS;
+  const int zb = int(gl_WorkGroupID.z) / SPLITS;
+  const int chunk = ((K + SPLITS - 1) / SPLITS + BK - 1) / BK * BK;
+  const int k_begin = split * chunk;
+  const int k_end = min(K, k_begin + chunk);
+#else
+  const int zb = int(gl_WorkGroupID.z);
+  const int k_begin = 0;
+  const int k_end = K;
+#endif
   int a_off, b_off, c_off;
-  if (!batch_offsets(int(gl_WorkGroupID.z), a_off, b_off, c_off)) {
+  if (!batch_offsets(zb, a_off, b_off, c_off)) {
     return;  // a whole workgroup past the batch count
   }
   const int tx = int(gl_LocalInvocationID.x);
@@ -82,7 +102,7 @@ void main() {
     const int k = (k0) + s % BK; \
     const int r = (first) + 4 * (s / BK); \
     [[unroll]] for (int e = 0; e < 4; ++e) { \
-      next[l][e] = (r + e < LIMIT && k < K) ? float(data[off + (r + e) * K + k]) : 0.0; \
+      next[l][e] = (r + e < LIMIT && k < k_end) ? float(data[off + (r + e) * K + k]) : 0.0; \
     } \
   }
 #define STORE_ROWS(next, LOADS, tile) \
@@ -99,7 +119,7 @@ void main() {
     const int s = tid + l * 256; \
     const int k = (k0) + 4 * (s % (BK / 4)); \
     const int r = (first) + s / (BK / 4); \
-    next[l] = (r < LIMIT && k < K) ? vec4(data[(off + r * K + k) >> 2]) : vec4(0.0); \
+    next[l] = (r < LIMIT && k < k_end) ? vec4(data[(off + r * K + k) >> 2]) : vec4(0.0); \
   }
 #define STORE_ROWS_VEC(next, LOADS, tile) \
   [[unroll]] for (int l = 0; l < LOADS; ++l) { \
@@ -134,7 +154,7 @@ void main() {
 // (consecutive invocations read consecutive columns; with VEC_LOAD and N a multiple
 // of 4, as one vec4 load).
 #ifdef VEC_LOAD
-#define LOAD_B_VEC(c, k) b_next[l] = (c < N && k < K) ? vec4(b_vec[(b_off + k * N + c) >> 2]) \
+#define LOAD_B_VEC(c, k) b_next[l] = (c < N && k < k_end) ? vec4(b_vec[(b_off + k * N + c) >> 2]) \
                                                       : vec4(0.0);
 #else
 #define LOAD_B_VEC(c, k)
@@ -148,7 +168,7 @@ void main() {
       LOAD_B_VEC(c, k) \
     } else { \
       [[unroll]] for (int e = 0; e < 4; ++e) { \
-        b_next[l][e] = (c + e < N && k < K) ? float(b_data[b_off + k * N + c + e]) : 0.0; \
+        b_next[l][e] = (c + e < N && k < k_end) ? float(b_data[b_off + k * N + c + e]) : 0.0; \
       } \
     } \
   }
@@ -169,13 +189,13 @@ void main() {
 #else
   const bool vec = false;
 #endif
-  LOAD_A(0)
-  LOAD_B(0)
-  for (int k0 = 0; k0 < K; k0 += BK) {
+  LOAD_A(k_begin)
+  LOAD_B(k_begin)
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
     STORE_A
     STORE_B
     barrier();
-    if (k0 + BK < K) {  // uniform: the next slice's loads overlap this one's math
+    if (k0 + BK < k_end) {  // uniform: the next slice's loads overlap this one's math
       LOAD_A(k0 + BK)
       LOAD_B(k0 + BK)
     }
@@ -199,7 +219,7 @@ void main() {
     barrier();
   }
 
-  const int out_off = int(gl_WorkGroupID.z) * M * N;
+  const int out_off = int(gl_WorkGroupID.z) * M * N;  // SPLIT_K: zb * SPLITS + split
   [[unroll]] for (int i = 0; i < TM / 4; ++i) {
     [[unroll]] for (int e = 0; e < 4; ++e) {
       const int m = row0 + 4 * (ty + 16 * i) + e;
@@ -208,8 +228,12 @@ void main() {
           [[unroll]] for (int f = 0; f < 4; ++f) {
             const int n = col0 + 4 * (tx + 16 * j) + f;
             if (n < N) {
+#ifdef SPLIT_K
+              out_data[out_off + m * N + n] = acc[4 * i + e][j][f];
+#else
               out_data[out_off + m * N + n] = OUT_STORE(epilogue(acc[4 * i + e][j][f],
                                                                  c_off, m, n));
+#endif
             }
           }
         }
