@@ -1,9 +1,9 @@
 """GPU time of aten.mm.default: simple shader, tiled, tiled with register blocking.
 
 For each size M x K x N, builds a one-node graph per variant (forcing the choices that
-``vkdelegate.ops.families.matmul.use_tiled`` and ``register_block`` make per device and
-shape), checks the result against numpy, and prints the median GPU time from timestamp
-queries and the GFLOP/s.
+``vkdelegate.kernels.gemm.use_tiled`` and ``register_block`` make per device and
+shape, with the GEMM core of benchmarks/gemm.py turned off), checks the result against
+numpy, and prints the median GPU time from timestamp queries and the GFLOP/s.
 
     python benchmarks/matmul.py [--runs 10] [--device NAME]
 """
@@ -15,7 +15,7 @@ import statistics
 import numpy as np
 from tabulate import tabulate
 
-from vkdelegate.ops.families import matmul
+from vkdelegate.kernels import gemm
 from vkdelegate.runtime import DelegateGraph, default_device
 from vkdelegate.serialization import vkgraph as g
 
@@ -32,13 +32,14 @@ def run(device, m: int, k: int, n: int, tiled: bool, reg: int,
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    original = matmul.use_tiled, matmul.register_block
-    matmul.use_tiled = lambda info, rows, cols, k=0: tiled
-    matmul.register_block = lambda rows, cols: reg
+    original = gemm.use_tiled, gemm.register_block, gemm.tiles_for
+    gemm.use_tiled = lambda info, rows, cols, k=0: tiled
+    gemm.register_block = lambda rows, cols: reg
+    gemm.tiles_for = lambda device_type: None  # the legacy shaders, not the GEMM core
     try:
         dg = DelegateGraph(graph, lambda i: b"", device=device)
     finally:
-        matmul.use_tiled, matmul.register_block = original
+        gemm.use_tiled, gemm.register_block, gemm.tiles_for = original
     with dg:
         out = dg.execute([a, b])[0]
         ref = a.astype(np.float64) @ b
@@ -62,16 +63,16 @@ def main(argv=None) -> int:
         if max(m, k, n) > args.max_size:
             continue
         line = [f"{m}x{k}x{n}"]
-        for tiled, reg in ((False, 1), (True, 1), (True, matmul.REG)):
+        for tiled, reg in ((False, 1), (True, 1), (True, gemm.REG)):
             ms, err = run(device, m, k, n, tiled, reg, args.runs)
             line += [f"{ms:.3f}", f"{2 * m * k * n / ms / 1e6:.1f}", f"{err:.1e}"]
         rows.append(line)
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}")
     print(f"default choice on this device: "
-          f"{'tiled' if matmul.use_tiled(device.info, 1024, 1024) else 'simple'}\n")
+          f"{'tiled' if gemm.use_tiled(device.info, 1024, 1024) else 'simple'}\n")
     print(tabulate(rows, headers=["M x K x N", "simple ms", "GFLOP/s", "rel err",
                                   "tiled ms", "GFLOP/s", "rel err",
-                                  f"tiled {matmul.REG}x{matmul.REG} ms", "GFLOP/s",
+                                  f"tiled {gemm.REG}x{gemm.REG} ms", "GFLOP/s",
                                   "rel err"]))
     return 0
 

@@ -2,11 +2,25 @@
 recorded here (aten.mm, aten.bmm, aten.addmm, aten.linear), and the form of the
 pointwise (1x1) convolution's GEMM is chosen here too.
 
-Three shaders, plus one path of a fourth:
+Per the device type's row of the tile table (kernels/gemm_tiles.py): on GPUs two
+shaders,
+
+- gemm.glsl, the GEMM core: 16 x 16 workgroups computing 16 TM x 16 TN blocks
+  through vec4 shared-memory tiles with register prefetch, batch broadcast, bias,
+  alpha/beta and b as [K, N] or [N, K] (the tile table picks TM, TN, BK, vec4 global
+  loads, and split-K for few blocks and a long K: gemm_reduce.glsl adds the parts).
+- gemv.glsl, the GEMV path for one-row products (LLM decode): the K reduction split
+  across a workgroup's invocations, vector loads of a constant B.
+
+kernels/gemm_core.py records those two (``record_core``).
+
+On CPU drivers (llvmpipe) the core for aten.mm, else three shaders, plus one path
+of a fourth:
 
 - matmul.glsl: one invocation per output (CPU drivers, tiny outputs); loops K times.
 - matmul_tiled.glsl: TILE x TILE workgroups staging blocks of both operands in shared
-  memory, REG x REG outputs per invocation (GPUs); loops K / TILE times.
+  memory, REG x REG outputs per invocation; loops K / TILE times (one-row products
+  whose K is past the simple shader's loop budget).
 - linear.glsl: a batched product with broadcasting batch dims, an optional bias and
   alpha/beta, 4 x 4 (or 1 x 4) output tiles per invocation and an unrolled LONG_K
   form for K past llvmpipe's loop budget.
@@ -26,10 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import gemm_core, loop_limit
+from vkdelegate.kernels.gemm_core import (CORE_SHADER, GEMV_SHADER, GEMV_THREADS,
+                                          LINEAR_SCALARS, record_core)
+from vkdelegate.kernels.gemm_tiles import tiles_for
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
-from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.runtime.param_block import tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
 
@@ -41,7 +58,6 @@ CONV_PX = 8  # pixels per invocation of conv2d.glsl's POINTWISE path (its PX)
 TILE = 16
 REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
 DTYPES = frozenset({"float32", "float16"})
-LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
 
 
 @dataclass(frozen=True)
@@ -55,9 +71,16 @@ class GemmForm:
     shader: str
     tile: int = 1
     long_k: bool = False
+    block: tuple = ()  # the GEMM core's (TM, TN, BK)
+    vec_load: bool = False  # the core's VEC_LOAD (vec4 global loads where aligned)
+    splits: int = 1  # the core's split-K parts (SPLIT_K, then gemm_reduce.glsl)
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
+        if self.shader == CORE_SHADER:
+            return -(-k // (self.block[2] * self.splits)) + 1
+        if self.shader == GEMV_SHADER:
+            return -(-k // min(GEMV_THREADS.values()))
         if self.shader == TILED_SHADER:
             return -(-k // TILE)
         if self.shader == CONV_SHADER:
@@ -86,9 +109,15 @@ def register_block(m: int, n: int) -> int:
 
 
 def select(info, m: int, n: int, k: int, *, plain: bool,
-           pointwise_conv: bool = False) -> GemmForm:
-    """The form of an [m, k] x [k, n] product (upper-bound sizes) on the device
-    ``info`` (a DeviceInfo). plain: two matrices, no batch, bias or scaling (aten.mm),
+           pointwise_conv: bool = False, batch: int = 1, dtype: str = "float32",
+           nk: bool = False) -> GemmForm:
+    """The form of a ``batch`` of [m, k] x [k, n] products (upper-bound sizes) on the
+    device ``info`` (a DeviceInfo). Where the tile table (kernels/gemm_tiles.py) has a
+    row for the device type: the GEMV path for one row (m == 1), else the GEMM core
+    with the row's block for that output (and its VEC_LOAD choice for graph dtype
+    ``dtype`` and b [N, K] when ``nk``), both per the row's ``plain_only`` and
+    ``gemv``. Otherwise:
+    plain: two matrices, no batch, bias or scaling (aten.mm),
     which the matmul shaders run; every other product runs linear.glsl, whose rows per
     invocation share each load of the second operand (a single row, a classifier's
     batch of one, would waste 3 of 4). pointwise_conv: a 1x1 convolution with a
@@ -99,6 +128,15 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
         tile = 4 if n % 4 == 0 else 1
         plain_form = GemmForm(CONV_SHADER, tile)
         return GemmForm(CONV_SHADER, tile, loop_limit.over_budget(plain_form.iterations(k)))
+    tiles = tiles_for(info.type)
+    if tiles is not None and (plain or not tiles.plain_only):
+        if m == 1 and tiles.gemv:
+            return GemmForm(GEMV_SHADER, tiles.gemv_rows)
+        if m != 1:
+            block = tiles.core_block(batch, m, n)
+            return GemmForm(CORE_SHADER, block=block,
+                            vec_load=tiles.uses_vec_load(dtype, nk, block),
+                            splits=tiles.splits(batch, m, n, k, block))
     if plain:
         if use_tiled(info, m, n, k):
             return GemmForm(TILED_SHADER, register_block(m, n))
@@ -107,11 +145,13 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
 
 
 def checked_select(b, m: int, n: int, k: int, *, plain: bool,
-                   pointwise_conv: bool = False, what: str | None = None) -> GemmForm:
+                   pointwise_conv: bool = False, what: str | None = None,
+                   batch: int = 1, dtype: str = "float32", nk: bool = False) -> GemmForm:
     """``select`` on the node builder ``b``'s device, then the loop-budget check of the
     form chosen. Raises DeviceLimitError (b.error) naming ``what`` (default "K = k")
     when even that form loops past llvmpipe's budget."""
-    form = select(b.device.info, m, n, k, plain=plain, pointwise_conv=pointwise_conv)
+    form = select(b.device.info, m, n, k, plain=plain, pointwise_conv=pointwise_conv,
+                  batch=batch, dtype=dtype, nk=nk)
     loop_limit.check(b, form.iterations(k), what or f"K = {k}")
     return form
 
@@ -136,7 +176,11 @@ def mm(b, out, a, w, transposed: bool) -> None:
     tiled shader can loop on llvmpipe."""
     defines = mm_defines(out, a, w, out.dtype, transposed)
     m, n = out.max_shape
-    form = checked_select(b, m, n, a.max_shape[1], plain=True)
+    form = checked_select(b, m, n, a.max_shape[1], plain=True, dtype=out.dtype,
+                          nk=transposed)
+    if form.shader in (CORE_SHADER, GEMV_SHADER):
+        record_core(b, form, out, a, w, None, "nk" if transposed else "kn")
+        return
     if form.shader == TILED_SHADER:
         b.dispatch(TILED_SHADER, dict(defines, TILE=str(TILE), REG=str(form.tile)),
                    outputs=[out], inputs=[a, w], params=[out.meta, a.meta],
@@ -166,13 +210,7 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
     return d
 
 
-@shader_bindings(LINEAR_SHADER)
-def _linear_bindings(d) -> Bindings:
-    bias = "HAS_BIAS" in d
-    metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
-    return Bindings(outputs=("out_data",),
-                    inputs=("a_data", "b_data") + (("c_data",) if bias else ()),
-                    params=tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,))
+shader_bindings(LINEAR_SHADER)(gemm_core.product_bindings)  # as the core's
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -191,13 +229,19 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     llvmpipe's loop budget allows even in the LONG_K form."""
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
+    shape = (1, 1) + tuple(out.max_shape)
+    k = a.max_shape[-1] if a.ndim else 1
+    form = checked_select(b, shape[-2], shape[-1], k, plain=False,
+                          batch=math.prod(shape[:-2]), dtype=out.dtype, nk=layout != "kn")
+    if form.shader in (CORE_SHADER, GEMV_SHADER):
+        # The core reads a constant [N, K] weight in place: no packing.
+        record_core(b, form, out, a, mat, bias, "kn" if layout == "kn" else "nk",
+                    alpha, beta)
+        return
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
-    shape = (1, 1) + tuple(out.max_shape)
-    k = a.max_shape[-1] if a.ndim else 1
-    form = checked_select(b, shape[-2], shape[-1], k, plain=False)
     grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
                                              form.long_k),

@@ -1,11 +1,13 @@
 """Linear algebra: aten.linear.default, aten.addmm.default, aten.bmm.default.
 
-One shader, linear.glsl, recorded by kernels/gemm.py: a batched matrix multiply with broadcasting batch dims, an
-optional bias broadcast against the output, and alpha/beta scaling; fp32 and fp16
-(accumulated in fp32), 4 x 4 output tiles per invocation. A constant ``nn.Linear``
-weight ([out, in]) is prepacked at load as fp32 [ceil(out/4), in, 4], so the 4
-columns of a tile are one load; a weight computed at run time is read in place as its
-transpose.
+Recorded by kernels/gemm.py, which picks the shader per device (kernels/gemm_tiles.py):
+a batched matrix multiply with broadcasting batch dims, an optional bias broadcast
+against the output, and alpha/beta scaling; fp32 and fp16 (accumulated in fp32). On
+GPUs the GEMM core (gemm.glsl) or, for one row, the GEMV path (gemv.glsl), both
+reading an ``nn.Linear`` weight ([out, in]) in place. On CPU drivers linear.glsl,
+4 x 4 output tiles per invocation, with a constant weight prepacked at load as fp32
+[ceil(out/4), in, 4] (the 4 columns of a tile are one load) and a weight computed at
+run time read in place as its transpose.
 
 - linear(input [..., K], weight [N, K], bias [N]?) -> [..., N]: any input rank 1..6.
 - addmm(self, mat1 [M, K], mat2 [K, N], beta=1, alpha=1) -> [M, N]: ``self`` is

@@ -1,8 +1,9 @@
 """Matrix multiply: aten.mm.default (self [M, K] @ mat2 [K, N] -> [M, N]).
 
-Two shaders: matmul.glsl (one invocation per output, for CPU drivers and tiny
-outputs) and matmul_tiled.glsl (TILE x TILE workgroups staging blocks of both operands
-in shared memory, for GPUs); kernels/gemm.py's ``select`` chooses and records it.
+kernels/gemm.py's ``select`` chooses the shader and records it: the GEMM core
+(gemm.glsl; on GPUs, and on CPU drivers for more than one row), the GEMV path
+(gemv.glsl; one row on GPUs), else matmul.glsl (one invocation per output) or
+matmul_tiled.glsl (one row whose K is past llvmpipe's loop budget).
 
 When ``mat2`` is a constant (a weight), it is prepacked at load as its transpose
 [N, K] so that the shader's inner loop reads both operands contiguously; otherwise the

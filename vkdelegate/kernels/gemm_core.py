@@ -1,0 +1,175 @@
+"""Recording the GPU GEMM kernels that kernels/gemm.py's ``select`` picks:
+
+- gemm.glsl, the GEMM core (a ``form.block`` of (TM, TN, BK); ``form.vec_load``);
+  with ``form.splits`` > 1 split-K: the core's SPLIT_K pass into an fp32 scratch,
+  then gemm_reduce.glsl's sum and epilogue;
+- gemv.glsl, the GEMV path for one row (``form.tile`` outputs per workgroup for
+  b [N, K]).
+
+Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
+(layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
+out, batch dims broadcasting; fp32 and fp16 data, fp32 accumulation. ``form`` is
+kernels/gemm.py's GemmForm (only its shader, block, vec_load, splits and tile are read
+here). Torch-free; registers no op.
+"""
+from __future__ import annotations
+
+import math
+
+from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import declare_grid, flag_defines
+
+CORE_SHADER = "gemm"
+REDUCE_SHADER = "gemm_reduce"  # split-K's second pass
+GEMV_SHADER = "gemv"
+GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
+LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
+DTYPES = ("float32", "float16")
+
+
+def _bindings(inputs: tuple, d) -> Bindings:
+    bias = "HAS_BIAS" in d
+    metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
+    return Bindings(outputs=("out_data",), inputs=inputs + (("c_data",) if bias else ()),
+                    params=tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,))
+
+
+@shader_bindings(CORE_SHADER)
+@shader_bindings(GEMV_SHADER)
+def product_bindings(d) -> Bindings:
+    """Bindings of gemm.glsl, gemv.glsl and linear.glsl (defines ``d``): out_data;
+    a_data, b_data (c_data with HAS_BIAS); out/a/b (c) metadata; scalars_block."""
+    return _bindings(("a_data", "b_data"), d)
+
+
+@shader_bindings(REDUCE_SHADER)
+def _reduce_bindings(d) -> Bindings:
+    return _bindings(("partial_data",), d)
+
+
+def _vector_types(d: dict) -> dict:
+    return {f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4" for n in "AB"}
+
+
+def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
+                 vec_load: bool = False, split: bool = False, rows: int = 0,
+                 vec: int = 1) -> dict:
+    """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
+    device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
+    BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``rows`` outputs per
+    workgroup (b [N, K]) and ``vec`` elements per load (1, 4 or 8)."""
+    tensors = dict(OUT=out, A=a, B=b)
+    if bias is not None:
+        tensors["C"] = bias
+    d = storage_defines(**tensors)
+    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None))
+    if block is not None:
+        tm, tn, bk = block
+        d.update(TM=str(tm), TN=str(tn), BK=str(bk), **flag_defines(SPLIT_K=split))
+        if vec_load:
+            d.update(VEC_LOAD="1", **_vector_types(d))
+        return d
+    if nk:
+        d["ROWS"] = str(rows)
+    if vec == 4:
+        d.update(VEC4="1", **_vector_types(d))
+    elif vec == 8:
+        d["VEC8"] = "1"
+    return d
+
+
+def reduce_defines(out, bias) -> dict:
+    """Defines of gemm_reduce.glsl for ``out`` and ``bias`` (None or its Tensor)."""
+    tensors = dict(OUT=out) if bias is None else dict(OUT=out, C=bias)
+    return dict(storage_defines(**tensors), **flag_defines(HAS_BIAS=bias is not None))
+
+
+def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
+                beta: float = 1.0) -> None:
+    """Record out = alpha * (a @ mat) + beta * bias on the node builder ``b`` with
+    ``form`` (the GEMM core or the GEMV path, from kernels/gemm.py's ``select``):
+    a [..., M, K], mat [..., K, N] (layout "kn") or [..., N, K] ("nk")."""
+    nk = layout == "nk"
+    shape = (1, 1) + tuple(out.max_shape)
+    m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])
+    k = a.max_shape[-1] if a.ndim else 1
+    params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
+    params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
+    inputs = [a, mat] + ([bias] if bias is not None else [])
+    if form.shader == CORE_SHADER and form.splits > 1:
+        _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
+        return
+    if form.shader == CORE_SHADER:
+        tm, tn, _ = form.block
+        defines = core_defines(out, a, mat, bias, nk, block=form.block,
+                               vec_load=form.vec_load)
+        grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
+    else:
+        # Vector loads need the innermost dim of the (constant, so fixed-size) b and
+        # every batch offset to be multiples of 4 (8: fp16 stored as 16 bits, [N, K]).
+        vec = 4 if mat.constant and (k if nk else n) % 4 == 0 else 1
+        if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
+            vec = 8
+        defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec)
+        if nk:
+            grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
+        else:
+            grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
+    b.dispatch(form.shader, defines, outputs=[out], inputs=inputs, params=params,
+               global_size=grid, local_size=local)
+
+
+def _record_split_k(b, form, out, a, mat, bias, nk: bool, params: list,
+                    sizes: tuple) -> None:
+    """Split-K: the core sums ``form.splits`` parts of K into an fp32 scratch
+    [splits * batch * M * N] (params: out's, a's, b's metadata, [bias's], scalars),
+    then gemm_reduce.glsl adds them up with the epilogue into ``out``."""
+    m, n, batch = sizes
+    tm, tn, _ = form.block
+    partial = b.temporary((form.splits * batch * m * n,), "float32")
+    first = core_defines(partial, a, mat, None, nk, block=form.block,
+                         vec_load=form.vec_load, split=True)
+    b.dispatch(CORE_SHADER, first, outputs=[partial], inputs=[a, mat],
+               params=params[:3] + params[-1:],  # no bias in the first pass
+               global_size=(-(-n // tn), -(-m // tm), batch * form.splits),
+               local_size=(16, 16, 1), spec_constants=(form.splits,))
+    b.dispatch(REDUCE_SHADER, reduce_defines(out, bias), outputs=[out],
+               inputs=[partial] + ([bias] if bias is not None else []), params=params,
+               global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel),
+               spec_constants=(form.splits,))
+
+
+# Every variant the tile table's rows may pick, for both dtypes and storage profiles.
+def _core_variant(profile, dtype: str, nk: bool, bias: bool, block: tuple,
+                  vec_load: bool, split: bool) -> "dict | None":
+    ddt = (dtype, device_dtype(dtype, profile))
+    if split and bias:
+        return None  # split-K's first pass has no epilogue
+    return core_defines("float32" if split else ddt, ddt, ddt, ddt if bias else None, nk,
+                        block=block, vec_load=vec_load, split=split)
+
+
+def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return reduce_defines(ddt, ddt if bias else None)
+
+
+def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int) -> "dict | None":
+    ddt = (dtype, device_dtype(dtype, profile))
+    if vec == 8 and not (nk and ddt[1] == "float16"):
+        return None
+    return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
+                        rows=GPU_TILES.gemv_rows, vec=vec)
+
+
+_GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
+_ROWS = [GPU_TILES] + [t for t in TABLE.values() if t is not None]  # tile-table rows
+_BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS})
+declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
+             block=_BLOCKS, vec_load=(False, True), split=(False, True))
+declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
+declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
+             vec=(1, 4, 8))

@@ -1,0 +1,82 @@
+"""The GEMM tile table: per device type, which kernel and block a product gets.
+
+``kernels/gemm.py`` asks ``tiles_for(info.type)`` for the row of the device it records
+on (None: the simple shaders matmul.glsl / linear.glsl for every product). GPUs get
+the GEMM core (gemm.glsl) and the GEMV path (gemv.glsl) with the blocks below.
+CPU drivers (llvmpipe) get the core's 128 x 128 block for aten.mm only: there it
+took 1/12 (256^3) to 1/14 (512^3) of matmul.glsl's time with b at run time, while
+linear.glsl stayed as fast as the core for the other products and much faster than
+the GEMV path for one row (benchmarks/gemm.py; numbers in docs/PERF.md).
+Torch-free; registers no op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """One device type's blocks. ``large`` and ``small``: (TM, TN, BK) of the GEMM
+    core (outputs per invocation in M and N, K step; a 16 x 16 workgroup computes
+    16 TM x 16 TN outputs). ``large`` is used once the product has at least
+    ``large_min_groups`` such blocks (enough to fill the device), else ``small``.
+    ``gemv_rows``: outputs per workgroup of the GEMV path for [N, K] weights.
+    ``plain_only``: only aten.mm products (two matrices, no batch, bias or scaling)
+    take the core; ``gemv``: one-row products take the GEMV path (else, one row
+    keeps the simple shaders); ``vec_load``: where the core uses vec4 global loads
+    (gemm.glsl VEC_LOAD): True (always), False (never) or the (graph dtype, b layout
+    "kn"/"nk", block) triples that take them. Split-K: a product whose block gives at
+    most a quarter of ``split_k_groups`` workgroups (0: never) and whose K is at least
+    ``split_k_min_k`` has its K split in up to ``split_k_groups`` / groups parts
+    (each of at least ``split_k_min_part`` k, at most 64 parts)."""
+
+    large: tuple = (8, 8, 16)
+    small: tuple = (4, 4, 16)
+    large_min_groups: int = 256
+    gemv_rows: int = 4
+    plain_only: bool = False
+    gemv: bool = True
+    vec_load: "bool | tuple" = True
+    split_k_groups: int = 0
+    split_k_min_k: int = 2048
+    split_k_min_part: int = 256
+
+    def core_block(self, batch: int, m: int, n: int) -> tuple:
+        """(TM, TN, BK) for a [batch, m, n] output."""
+        tm, tn, _ = self.large
+        groups = batch * -(-m // (16 * tm)) * -(-n // (16 * tn))
+        return self.large if groups >= self.large_min_groups else self.small
+
+    def splits(self, batch: int, m: int, n: int, k: int, block: tuple) -> int:
+        """How many parts split-K cuts K into for this product and ``block`` (1: none)."""
+        groups = batch * -(-m // (16 * block[0])) * -(-n // (16 * block[1]))
+        if not self.split_k_groups or groups * 4 > self.split_k_groups or \
+                k < self.split_k_min_k:
+            return 1
+        return max(1, min(self.split_k_groups // groups, k // self.split_k_min_part, 64))
+
+    def uses_vec_load(self, dtype: str, nk: bool, block: tuple) -> bool:
+        """Whether the core's ``block`` for ``dtype`` data and b [N, K] (``nk``) or
+        [K, N] takes VEC_LOAD's vec4 global loads."""
+        if isinstance(self.vec_load, bool):
+            return self.vec_load
+        return (dtype, "nk" if nk else "kn", tuple(block)) in self.vec_load
+
+
+#: Device type (DeviceInfo.type: "cpu", "discrete", "integrated", "virtual", "other")
+#: -> its tiles.
+TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
+                                vec_load=False)}
+#: The GPU row, from the H200 (4096^3, fp32/fp16, 5-run medians that moved up to 15%
+#: between runs of one configuration): 128 x 128 blocks from 256 of them (1024 at
+#: 4096^2: 22.7-27.5 TFLOP/s fp32 against 18.8-21.7 for 64 x 64), 64 x 64 below
+#: (256 x 4096 x 4096: 64 large blocks, 15 against 17 TFLOP/s); BK 8 and 32, 64 x 128
+#: and 128 x 64 blocks were no better. vec4 global loads only for fp16 [N, K] weights
+#: in 128 x 128 blocks (30 against 21.8 TFLOP/s); elsewhere they were 10-20% slower.
+#: Split-K aims at 264 workgroups (two per SM of the H200's 132).
+DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264)
+
+
+def tiles_for(device_type: str) -> "GemmTiles | None":
+    """The row of ``device_type``: TABLE's entry, DEFAULT for a type it lacks."""
+    return TABLE.get(device_type, DEFAULT)

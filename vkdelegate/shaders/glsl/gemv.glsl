@@ -1,0 +1,159 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+
+// The GEMV path: products with one row per batch (M = 1, LLM decode), bandwidth-bound
+// on B, so each workgroup splits the K reduction across its invocations (each reads
+// its own part of B, adjacent invocations adjacent addresses) and sums the partial
+// sums in shared memory. Same products, bindings and epilogue as the GEMM core
+// (gemm.h).
+//   B_NK (b [N, K], nn.Linear's weight): local_size (128, 1, 1); a workgroup computes
+//     ROWS outputs, invocation t reading k = t, t + 128, ... (VEC4: vec4s 4t.. of K)
+//     of each of its ROWS weight rows; then a tree sum over the 128 invocations.
+//   otherwise (b [K, N]): local_size (16, 16, 1); a workgroup computes 64 columns,
+//     invocation (x, y) columns 4x..4x+3 over k = y, y + 16, ... (VEC4: one vec4 load
+//     per k); then a tree sum over y.
+// VEC4: the innermost dim of b (K with B_NK, else N) and the batch offsets are
+// multiples of 4 (the op checks at load), so b_data (and with B_NK a_data) is read as
+// vec4s (B_VT, A_VT: vec4 or f16vec4). VEC8 (B_NK, fp16 data stored as 16 bits, K a
+// multiple of 8): uvec4 loads of 8 fp16 values, unpacked with unpackHalf2x16.
+// fp32 accumulation. Grid: x over the output blocks,
+// z the batch index (as gemm.glsl); out's M must be 1.
+
+TENSOR_OUT(out_data, OUT_T)
+#if defined(VEC8)
+TENSOR_IN(a_data, uvec4)
+#elif defined(VEC4) && defined(B_NK)
+TENSOR_IN(a_data, A_VT)
+#else
+TENSOR_IN(a_data, A_T)
+#endif
+#if defined(VEC8)
+TENSOR_IN(b_data, uvec4)
+#elif defined(VEC4)
+TENSOR_IN(b_data, B_VT)
+#else
+TENSOR_IN(b_data, B_T)
+#endif
+#ifdef HAS_BIAS
+TENSOR_IN(c_data, C_T)
+#endif
+TENSOR_META(out_meta)
+TENSOR_META(a_meta)
+TENSOR_META(b_meta)
+#ifdef HAS_BIAS
+TENSOR_META(c_meta)
+#endif
+#include "gemm.h"
+
+#ifdef B_NK
+#define THREADS 128
+shared float partial[ROWS][THREADS];
+#else
+#define THREADS 16
+shared vec4 partial[THREADS][16];
+#endif
+
+void main() {
+  if (numel_of(out_meta) == 0) {
+    return;  // uniform across the dispatch
+  }
+  const int N = size_at(out_meta, 0);
+  const int K = size_at(a_meta, 0);
+  int a_off, b_off, c_off;
+  if (!batch_offsets(int(gl_WorkGroupID.z), a_off, b_off, c_off)) {
+    return;  // a whole workgroup past the batch count
+  }
+  const int out_off = int(gl_WorkGroupID.z) * N;
+#ifdef B_NK
+  const int t = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * ROWS;
+  float acc[ROWS];
+  int w_row[ROWS];
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    acc[r] = 0.0;
+    w_row[r] = b_off + min(n0 + r, N - 1) * K;
+  }
+#if defined(VEC8)
+  // Two passes of 8 fp16 values (one uvec4) per row per iteration: more loads in
+  // flight per invocation.
+  const int K8 = K / 8;
+  for (int k8 = t; k8 < K8; k8 += 2 * THREADS) {
+    [[unroll]] for (int u = 0; u < 2; ++u) {
+      const int kk = k8 + u * THREADS;
+      if (kk < K8) {
+        const uvec4 xa = a_data[a_off / 8 + kk];
+        const vec4 x0 = vec4(unpackHalf2x16(xa.x), unpackHalf2x16(xa.y));
+        const vec4 x1 = vec4(unpackHalf2x16(xa.z), unpackHalf2x16(xa.w));
+        [[unroll]] for (int r = 0; r < ROWS; ++r) {
+          const uvec4 w = b_data[w_row[r] / 8 + kk];
+          acc[r] += dot(x0, vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)))
+              + dot(x1, vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)));
+        }
+      }
+    }
+  }
+#elif defined(VEC4)
+  for (int k4 = t; k4 < K / 4; k4 += THREADS) {
+    const vec4 x = vec4(a_data[a_off / 4 + k4]);
+    [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      acc[r] += dot(x, vec4(b_data[w_row[r] / 4 + k4]));
+    }
+  }
+#else
+  for (int k = t; k < K; k += THREADS) {
+    const float x = float(a_data[a_off + k]);
+    [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      acc[r] += x * float(b_data[w_row[r] + k]);
+    }
+  }
+#endif
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    partial[r][t] = acc[r];
+  }
+  barrier();
+  [[unroll]] for (int s = THREADS / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        partial[r][t] += partial[r][t + s];
+      }
+    }
+    barrier();
+  }
+  if (t < ROWS && n0 + t < N) {
+    out_data[out_off + n0 + t] = OUT_STORE(epilogue(partial[t][0], c_off, 0, n0 + t));
+  }
+#else
+  const int tx = int(gl_LocalInvocationID.x);
+  const int ty = int(gl_LocalInvocationID.y);
+  const int c = int(gl_WorkGroupID.x) * 64 + 4 * tx;
+  vec4 acc = vec4(0.0);
+  if (c < N) {
+    for (int k = ty; k < K; k += THREADS) {
+      const float x = float(a_data[a_off + k]);
+#ifdef VEC4
+      acc += x * vec4(b_data[(b_off + k * N + c) / 4]);
+#else
+      [[unroll]] for (int e = 0; e < 4; ++e) {
+        acc[e] += x * float(b_data[b_off + k * N + min(c + e, N - 1)]);
+      }
+#endif
+    }
+  }
+  partial[ty][tx] = acc;
+  barrier();
+  [[unroll]] for (int s = THREADS / 2; s > 0; s >>= 1) {
+    if (ty < s) {
+      partial[ty][tx] += partial[ty + s][tx];
+    }
+    barrier();
+  }
+  if (ty == 0) {
+    [[unroll]] for (int e = 0; e < 4; ++e) {
+      if (c + e < N) {
+        out_data[out_off + c + e] = OUT_STORE(epilogue(partial[0][tx][e], c_off, 0, c + e));
+      }
+    }
+  }
+#endif
+}
