@@ -182,9 +182,13 @@ def test_two_states_with_int32_counter():
     program = _lower(module, xs[0])
     _run_both(module, program, xs)
     assert sorted(program.runner("forward").states_on_device) == ["b_acc", "b_steps"]
-    state = program.state_dict()
-    assert np.asarray(state["b_steps"]).dtype == np.int32
-    np.testing.assert_array_equal(np.asarray(state["b_steps"]), module.steps.numpy())
+    state = program.state_dict()  # program-level: keyed by the buffers' FQNs
+    assert sorted(state) == ["acc", "steps"]
+    assert np.asarray(state["steps"]).dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(state["steps"]), module.steps.numpy())
+    by_placeholder = program.state_dict("forward")
+    np.testing.assert_array_equal(np.asarray(by_placeholder["b_steps"]),
+                                  module.steps.numpy())
 
 
 def test_save_after_calls_continues_the_sequence(tmp_path):
