@@ -42,3 +42,22 @@ def test_eos_stops_and_is_returned(lowered):
     eos = expected[5]
     first = expected.index(eos)
     assert generate(program, prompt, 12, eos_token_id=eos) == expected[:first + 1]
+
+
+def test_from_pretrained_local_folder(tmp_path):
+    """A checkpoint folder written by save_pretrained lowers and generates like HF."""
+    from tests.llm.conftest import MAX_SEQ_LEN
+    from tests.llm.models import make_model
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate import VkDelegateError
+    from vkdelegate.llm import from_pretrained
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    model = make_model("qwen2", seed=9)
+    model.save_pretrained(tmp_path / "ckpt")
+    program = from_pretrained(str(tmp_path / "ckpt"), MAX_SEQ_LEN)
+    prompt = _prompt(4)
+    assert generate(program, prompt, 16) == hf_greedy(model, prompt, 16)
+    with pytest.raises(VkDelegateError, match="no config.json"):
+        from_pretrained(str(tmp_path), MAX_SEQ_LEN)
