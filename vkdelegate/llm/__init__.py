@@ -10,7 +10,9 @@ Importing this package imports torch (transformers only when ``lower`` runs).
 from vkdelegate.llm.generate import draws, generate, splice
 from vkdelegate.llm.lower import cache_length, export_methods, lower
 from vkdelegate.llm.pretrained import from_pretrained, load_causal_lm
+from vkdelegate.llm.reference_decoder import ReferenceDecoder
 from vkdelegate.llm.sampler import sample
 
 __all__ = ["lower", "export_methods", "generate", "draws", "splice", "sample",
-           "cache_length", "from_pretrained", "load_causal_lm"]
+           "cache_length", "from_pretrained", "load_causal_lm",
+           "ReferenceDecoder"]

@@ -1,5 +1,10 @@
 """The exportable modules behind the LLM methods: embed_text, prefill, decode.
 
+A decoder (``HFDecoder`` here, or ``reference_decoder.ReferenceDecoder``) has
+``embed(tokens) -> embeds``, ``logits(embeds, start_pos) -> [V]`` and a ``kv_cache``
+submodule (``KVCache``); ``EmbedText``/``Prefill``/``Decode`` wrap one decoder each
+and hold it as ``decoder``, so the cache's FQNs are the same in every method.
+
 ``HFDecoder`` runs a HF transformers causal LM (Llama, Qwen2, Mistral, Gemma, Gemma2,
 ...) on input embeddings with a static KV cache of ``max_seq_len`` positions that is
 ours: ``KVCache`` registers one key and one value buffer per layer, [1, kv_heads,

@@ -18,6 +18,7 @@ from torch.export import Dim
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm.decoder import Decode, EmbedText, HFDecoder, Prefill
+from vkdelegate.llm.reference_decoder import ReferenceDecoder
 from vkdelegate.llm.vision import VisionEncoder
 
 #: FQN prefix of the cache buffers in the lowered program.
@@ -44,13 +45,20 @@ def export_methods(model, max_seq_len: int, vision=None) -> dict:
     """
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise VkDelegateError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
-    if not hasattr(model, "get_input_embeddings") or not hasattr(model, "config"):
-        raise VkDelegateError(f"lower() takes a transformers *ForCausalLM, got "
-                              f"{type(model).__name__}")
     model.eval()
-    decoder = HFDecoder(model, max_seq_len)
-    hidden = model.get_input_embeddings().weight.shape[1]
-    dtype = model.dtype
+    if isinstance(model, ReferenceDecoder):
+        if model.kv_cache.max_seq_len != max_seq_len:
+            raise VkDelegateError(f"the ReferenceDecoder's cache has "
+                                  f"{model.kv_cache.max_seq_len} positions, not "
+                                  f"max_seq_len {max_seq_len}")
+        decoder, hidden, dtype = model, model.embed_tokens.weight.shape[1], torch.float32
+    elif hasattr(model, "get_input_embeddings") and hasattr(model, "config"):
+        decoder = HFDecoder(model, max_seq_len)
+        hidden = model.get_input_embeddings().weight.shape[1]
+        dtype = model.dtype
+    else:
+        raise VkDelegateError(f"lower() takes a transformers *ForCausalLM or a "
+                              f"vkdelegate.llm ReferenceDecoder, got {type(model).__name__}")
     seq = Dim("T", min=1, max=max_seq_len)
     sampling = torch.tensor([0.0, 0.0, 1.0, 0.5])
     start = torch.zeros(1, dtype=torch.int64)
@@ -84,7 +92,8 @@ def lower(model, max_seq_len: int, *, vision=None, options=None):
     model: a transformers ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
     ``MistralForCausalLM`` (sliding window), ``GemmaForCausalLM``,
     ``Gemma2ForCausalLM`` or another ``*ForCausalLM`` whose layers use transformers'
-    cache interface (float32 or float16 weights).
+    cache interface (float32 or float16 weights), or a ``ReferenceDecoder``
+    (``vkdelegate.llm.reference_decoder``, whose cache has max_seq_len positions).
     max_seq_len: static KV cache positions (int >= 2).
     vision: a vision tower + projector (``vkdelegate.llm.vision.VisionEncoder``).
     options: compile options for ``VulkanPartitioner`` (dict or CompileOptions).
