@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vkdelegate.backend.host_budget import (check_host_bytes, glue_tensor_bytes,
-                                            tensor_ref_bytes)
+from vkdelegate.backend.host_budget import (budgeted_methods, check_host_bytes,
+                                            glue_tensor_bytes, tensor_ref_bytes)
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
-from vkdelegate.backend.program_state import ProgramState, merge_initial, state_fqn
+from vkdelegate.backend.program_state import ProgramState, merge_initial
 from vkdelegate.backend.report import PartitionReport
 from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
@@ -404,27 +404,6 @@ def _tensor_from(ref, segments, where: str):
     return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
 
-def _budgeted(manifest: dict):
-    """The manifest's methods as ``glue_tensor_bytes`` counts them: a state is one
-    value per FQN over the program (a method repeating another's FQN adds nothing),
-    plus the stored initial state. Malformed parts are left for the count to name."""
-    methods = manifest.get("methods")
-    if not isinstance(methods, dict):
-        return methods
-    counted, seen = {}, set()
-    for name, m in methods.items():
-        refs = m.get("state") if isinstance(m, dict) else None
-        plan = m.get("plan") if isinstance(m, dict) else None
-        if isinstance(refs, dict):
-            fqns = {k: state_fqn(plan, k) for k in refs}
-            m = {**m, "state": {k: r for k, r in refs.items() if fqns[k] not in seen}}
-            seen.update(fqns.values())
-        counted[name] = m
-    if manifest.get("initial_state") is not None:
-        counted["(initial state)"] = {"constants": {}, "state": manifest["initial_state"]}
-    return counted
-
-
 def _pte_bytes(path) -> "bytes | None":
     """The bytes of ``path`` when it is an ExecuTorch program, else None (also for
     a path ``read_program`` must refuse, so that it says why)."""
@@ -485,7 +464,7 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
     where = f"program file {path}"
     try:
         # Counted from the manifest, before any constant or state is copied out.
-        check_host_bytes(glue_tensor_bytes(_budgeted(manifest), limits, where),
+        check_host_bytes(glue_tensor_bytes(budgeted_methods(manifest), limits, where),
                          limits, where)
         options = dict(manifest.get("options") or {})
         if device is not None:

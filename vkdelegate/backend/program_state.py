@@ -24,11 +24,6 @@ import numpy as np
 from vkdelegate.errors import VkDelegateError
 
 
-def _nbytes(value) -> int:
-    return int(np.prod(value.shape, dtype=np.int64)) * (
-        value.element_size() if hasattr(value, "element_size") else value.itemsize)
-
-
 def _copy(value):
     return value.clone() if hasattr(value, "clone") else np.array(value, copy=True)
 
@@ -155,8 +150,3 @@ def state_fqn(plan: dict, placeholder: str) -> str:
     names = plan.get("state_fqn") if isinstance(plan, dict) else None
     fqn = names.get(placeholder) if isinstance(names, dict) else None
     return fqn if isinstance(fqn, str) else placeholder
-
-
-def state_nbytes(value) -> int:
-    """Bytes of one state value (array or tensor)."""
-    return _nbytes(value)
