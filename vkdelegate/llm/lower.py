@@ -92,7 +92,7 @@ def lower(model, max_seq_len: int, *, vision=None, options=None):
     model: a transformers ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
     ``MistralForCausalLM`` (sliding window), ``GemmaForCausalLM``,
     ``Gemma2ForCausalLM`` or another ``*ForCausalLM`` whose layers use transformers'
-    cache interface (float32 or float16 weights), or a ``ReferenceDecoder``
+    cache interface (tests/llm checks float32 weights), or a ``ReferenceDecoder``
     (``vkdelegate.llm.reference_decoder``, whose cache has max_seq_len positions).
     max_seq_len: static KV cache positions (int >= 2).
     vision: a vision tower + projector (``vkdelegate.llm.vision.VisionEncoder``).
