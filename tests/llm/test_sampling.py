@@ -11,7 +11,7 @@ from vkdelegate.llm import draws, generate, sample
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [
     (0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8), (0.9, 40, 0.9),
-    (1.0, 1, 1.0), (2.0, 0, 0.05)])
+    (1.0, 1, 1.0), (2.0, 0, 0.05), (1.0, 0, 0.0), (0.5, 300, 1.0)])
 def test_sampler_matches_host_rule(temperature, top_k, top_p):
     gen = torch.Generator().manual_seed(11)
     rand = draws(5)

@@ -38,7 +38,7 @@ def sample(logits: torch.Tensor, sampling: torch.Tensor) -> torch.Tensor:
     kept = torch.where(in_k, sorted_p, torch.zeros_like(sorted_p))
     mass = torch.cumsum(kept, dim=0) / kept.sum()
     before = mass - kept / kept.sum()
-    keep = in_k & (before < top_p)
+    keep = in_k & ((before < top_p) | (rank == 0))  # the most likely always stays
     kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     cdf = torch.cumsum(kept, dim=0) / kept.sum()
     # Counted in float32 (exact below 2**24 tokens): a Vulkan sum has no bool/int64.
