@@ -151,3 +151,22 @@ def test_conflicting_state_shapes_are_refused():
            "other": torch.export.export(Other(), (torch.zeros(3),))}
     with pytest.raises(VkDelegateError, match="state 'store.acc' is"):
         to_backend(eps, VulkanPartitioner({"executor": "reference"}))
+
+
+def test_force_fp16_shares_one_float16_buffer():
+    """Under force_fp16 the device buffer is float16; state_dict gives float32."""
+    if _vulkan_available():
+        pytest.skip(_vulkan_available())
+    store = Store()
+    modules = {"write": Write(store), "bump": Bump(store)}
+    eps = {"write": torch.export.export(modules["write"], (torch.zeros(4, 6),)),
+           "bump": torch.export.export(modules["bump"], (torch.zeros(1, 6),))}
+    store.acc.zero_()
+    program = to_backend(eps, VulkanPartitioner({"force_fp16": True}))
+    for name, x in _calls(7, 4):
+        assert_same(program.run(name, x), modules[name](x), 2e-2)
+    buffer = program.store.device_buffer("store.acc")
+    assert buffer is not None and buffer.dtype == "float16"
+    value = program.state_dict()["store.acc"]
+    assert value.dtype == torch.float32
+    torch.testing.assert_close(value, store.acc, rtol=2e-2, atol=2e-2)
