@@ -82,3 +82,30 @@ def test_image_errors(vlm):
     with pytest.raises(VkDelegateError, match="cache positions"):
         generate(program, [1, IMAGE_TOKEN], MAX_SEQ_LEN, image=image,
                  image_token_id=IMAGE_TOKEN)
+
+
+def test_cli_generate_with_an_image_file(vlm, tmp_path, capsys):
+    """`vkdelegate generate --image`: the picture is cut into the 4 x 4 patches of
+    3 x 4 x 4 pixels the tower takes; the ids equal generate() on those patches."""
+    from PIL import Image
+
+    from vkdelegate.cli import main
+    from vkdelegate.cli.generate import image_patches
+
+    _, _, _, program = vlm
+    rng = torch.Generator().manual_seed(9)
+    pixels = (torch.rand(20, 24, 3, generator=rng) * 255).to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(tmp_path / "pic.png")
+    values, positions = image_patches(str(tmp_path / "pic.png"),
+                                      program.methods["vision_encoder"].plan)
+    assert values.shape == (1, 16, 48) and positions[0, 5].tolist() == [1, 1]
+    program.save(tmp_path / "vlm.vkp")
+    status = main(["generate", str(tmp_path / "vlm.vkp"), "--prompt-ids", "4,255,8",
+                   "--image", str(tmp_path / "pic.png"), "--image-token-id", "255",
+                   "--max-new-tokens", "8"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    expected = generate(program, [4, IMAGE_TOKEN, 8], 8, image=(values, positions),
+                        image_token_id=IMAGE_TOKEN)
+    assert out.split() == [str(t) for t in expected]
+    assert "prefill: 6 tokens" in err  # 2 text tokens + 4 valid soft tokens
