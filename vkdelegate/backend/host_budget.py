@@ -13,6 +13,7 @@ with ``check_host_bytes``. Torch-free.
 from __future__ import annotations
 
 from vkdelegate import dtypes
+from vkdelegate.backend.program_state import state_fqn
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, check_limit
 
@@ -81,3 +82,25 @@ def check_host_bytes(total: int, limits: LoadLimits, where: str) -> None:
     state from ``glue_tensor_bytes``) exceed ``limits.max_host_bytes``."""
     check_limit("host bytes of the CPU glue's constants and state", total,
                 limits.max_host_bytes, "max_host_bytes", where)
+
+
+def budgeted_methods(manifest: dict):
+    """A program manifest's methods as ``glue_tensor_bytes`` should count them: a
+    state is one value per FQN over the program (a method repeating another's FQN
+    adds nothing), plus the stored initial state. Malformed parts are left for the
+    count to name."""
+    methods = manifest.get("methods")
+    if not isinstance(methods, dict):
+        return methods
+    counted, seen = {}, set()
+    for name, m in methods.items():
+        refs = m.get("state") if isinstance(m, dict) else None
+        plan = m.get("plan") if isinstance(m, dict) else None
+        if isinstance(refs, dict):
+            fqns = {k: state_fqn(plan, k) for k in refs}
+            m = {**m, "state": {k: r for k, r in refs.items() if fqns[k] not in seen}}
+            seen.update(fqns.values())
+        counted[name] = m
+    if manifest.get("initial_state") is not None:
+        counted["(initial state)"] = {"constants": {}, "state": manifest["initial_state"]}
+    return counted

@@ -23,6 +23,7 @@ from vkdelegate.backend import glue_ops, pytree_spec
 from vkdelegate.backend.glue_checks import CreationBudget, check_arguments, glue_literal
 from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
+from vkdelegate.backend.program_state import ProgramState, state_fqn
 from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
@@ -94,6 +95,15 @@ def _value_name(input_spec: dict) -> str:
     return input_spec.get("value", input_spec["name"])
 
 
+def _forget(runner_ref, index: int):
+    """A delegate's before_close: its runner (if still alive) forgets its bindings."""
+    def forget() -> None:
+        runner = runner_ref()
+        if runner is not None:
+            runner.release_state(index)
+    return forget
+
+
 def _cast(arrays: list, dtypes: "list | None") -> list:
     """Delegate-boundary casts (force_fp16): dtype per array, None for none (and None
     for an array the runtime keeps on the device)."""
@@ -106,71 +116,91 @@ class MethodRunner:
     """Executes one method's plan.
 
     plan: the method's JSON-ready dict. constants: name -> array/tensor for glue
-    constants. state: name -> array/tensor of mutable buffers (updated after each call).
+    constants. state: state placeholder name -> array/tensor of the method's mutable
+    buffers (their initial values when ``store`` is None). store: the program's
+    ``program_state.ProgramState`` the method shares with its other methods (keyed
+    by FQN, see ``plan["state_fqn"]``); None: a store of the method's own.
     delegates: ``executor.MethodDelegate`` objects, indexed by the plan's delegate
-    nodes; one whose ``bind_state`` returns True keeps the states that
-    ``state_bindings.plan_bindings`` finds on the device from its first call on.
+    nodes; one whose ``bind_state`` returns a buffer keeps the states that
+    ``state_bindings.plan_bindings`` finds on the device (in the store's one buffer
+    per FQN) from its first call on.
     limits: the resource budget (``vkdelegate.limits.LoadLimits``, None: defaults).
+    ``last_transfer``: host<->device bytes of the last call (see ``call_flat``).
     Raises VkDelegateError for a malformed plan, ResourceLimitError for one over limits.
     """
 
     def __init__(self, plan: dict, constants: dict, state: dict, delegates: list,
-                 name: str = "forward", limits: "LoadLimits | None" = None):
+                 name: str = "forward", limits: "LoadLimits | None" = None,
+                 store: "ProgramState | None" = None):
         self.plan, self.name = plan, name
         self.limits = resolve_limits(limits)
         self.constants = constants
-        self._host_state = dict(state)
+        self._state_names = dict.fromkeys(state)
         self.delegates = delegates
         self._validate()
+        self._fqn = {k: state_fqn(plan, k) for k in self._state_names}
+        self.store = store if store is not None else ProgramState(
+            {self._fqn[k]: v for k, v in state.items()})
         self._bindings = plan_bindings(plan)
-        self._bound: dict = {}       # state name -> (delegate index, StateBinding, cast)
+        self._bound: dict = {}       # state name -> (delegate index, StateBinding)
         self._bound_inputs: dict = {}  # delegate index -> argument positions bound
         self._tried: set = set()     # delegates whose bindings were attempted
         self._bind_lock = threading.Lock()
-        for d in delegates:  # closing a delegate must not lose state
+        self.last_transfer: dict = {}
+        self._moved = {"upload_bytes": 0, "download_bytes": 0}
+        ref = weakref.ref(self)
+        for index, d in enumerate(delegates):  # a closed delegate binds again
             # A weak reference: no runner <-> delegate cycle, so a dropped program
             # is freed (and its graphs finalized) as soon as it is unreferenced.
-            d.before_close = weakref.WeakMethod(self.release_state)
+            d.before_close = _forget(ref, index)
 
     @property
     def state(self) -> dict:
-        """Current value of every mutable buffer (name -> array/tensor); a state kept
-        on the device is read back from it (a copy)."""
-        values = dict(self._host_state)
-        for name, (d, binding, cast) in self._bound.items():
-            value = self.delegates[d].read_state(binding.input)
-            values[name] = value if cast is None else value.astype(cast)
-        return values
+        """Current value of every mutable buffer of the method (placeholder name ->
+        array/tensor); a state kept on the device is read back from it (a copy)."""
+        return {k: self.store.get(fqn) for k, fqn in self._fqn.items()}
 
     @property
     def states_on_device(self) -> list[str]:
-        """Names of the states currently kept on the device."""
+        """Names of the states this method's delegates keep on the device."""
         return list(self._bound)
 
-    def release_state(self) -> None:
-        """Bring every state kept on the device back to the host (before the
-        delegates are closed); the next call binds them again."""
-        self._host_state = self.state
-        self._bound, self._bound_inputs, self._tried = {}, {}, set()
+    def release_state(self, index: "int | None" = None) -> None:
+        """Forget the device bindings of delegate ``index`` (all: None), before it is
+        closed; the state itself stays in the program's store, and the next call
+        binds it again."""
+        for name, (d, _) in list(self._bound.items()):
+            if index is None or d == index:
+                del self._bound[name]
+        for d in list(self._tried):
+            if index is None or d == index:
+                self._tried.discard(d)
+                self._bound_inputs.pop(d, None)
 
     def _bind(self, index: int, node: dict) -> None:
-        """Offer delegate ``index`` its states (once per build of the delegate)."""
+        """Offer delegate ``index`` its states (once per build of the delegate): the
+        program's buffer of each FQN, made from this call's value the first time."""
         self._tried.add(index)
         delegate = self.delegates[index]
         casts_in = node.get("cast_inputs") or []
-        casts_out = node.get("cast_outputs") or []
         for b in self._bindings.get(index, []):
-            initial = to_numpy(self._host_state[b.name])
-            cast = casts_in[b.input] if b.input < len(casts_in) else None
-            if cast is not None:
-                initial = initial.astype(cast)
+            fqn = self._fqn[b.name]
+            shared = self.store.device_buffer(fqn)
+            initial = None
+            if shared is None:
+                initial = to_numpy(self.store.get(fqn))
+                cast = casts_in[b.input] if b.input < len(casts_in) else None
+                if cast is not None:
+                    initial = initial.astype(cast)
             try:
-                bound = delegate.bind_state(b.input, b.output, initial, b.download)
+                bound = delegate.bind_state(b.input, b.output, initial, b.download,
+                                            shared=shared)
             except VkDelegateError:
-                bound = False  # the runtime cannot alias this pair: stay on the host
-            if bound:
-                back = casts_out[b.output] if b.output < len(casts_out) else None
-                self._bound[b.name] = (index, b, back)
+                bound = None  # the runtime cannot alias this pair: stay on the host
+            if bound is not None:
+                if shared is None:
+                    self.store.adopt(fqn, bound)
+                self._bound[b.name] = (index, b)
                 self._bound_inputs.setdefault(index, set()).add(b.input)
 
     def _validate(self) -> None:
@@ -179,9 +209,9 @@ class MethodRunner:
         if isinstance(nodes, list):  # counted before check_plan walks them
             check_limit("CPU glue node count", len(nodes), self.limits.max_nodes,
                         "max_nodes")
-        check_plan(plan, self._host_state)
+        check_plan(plan, self._state_names)
         defined = {_value_name(i) for i in plan["inputs"]} | set(self.constants) | set(
-            self._host_state)
+            self._state_names)
         self._ops = []
         self.creation = CreationBudget(self.limits)
         for n, node in enumerate(plan["nodes"]):
@@ -248,7 +278,8 @@ class MethodRunner:
         check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}),
                      plan.get("dim_names"))
         env = dict(self.constants)
-        env.update({k: v for k, v in self._host_state.items() if k not in self._bound})
+        env.update({k: self.store.get(fqn) for k, fqn in self._fqn.items()
+                    if k not in self._bound})
         env.update({_value_name(spec): v for spec, v in zip(plan["inputs"], flat_inputs)})
         created = 0  # bytes this call's run-time-sized creation ops made
         for n, (node, fn) in enumerate(zip(plan["nodes"], self._ops)):
@@ -264,6 +295,9 @@ class MethodRunner:
                         for i, a in enumerate(node["args"])]
                 args = _cast(args, node.get("cast_inputs"))
                 outs = self.delegates[index].execute(args)
+                moved = getattr(self.delegates[index], "last_transfer", None) or {}
+                for key in ("upload_bytes", "download_bytes"):
+                    self._moved[key] += moved.get(key, 0)
                 # Own the memory: a runtime may reuse its output buffers on the next run.
                 # None: a state's new value that stayed on the device.
                 env[node["out"]] = _cast([None if o is None else
@@ -352,14 +386,28 @@ class MethodRunner:
 
     def call_flat(self, flat: list) -> list:
         """Run on flattened user inputs, apply state and input updates, and return the
-        flattened user outputs (arrays or tensors, as produced)."""
+        flattened user outputs (arrays or tensors, as produced).
+
+        Sets ``last_transfer``: bytes this call moved between host and device,
+        ``upload_bytes``/``download_bytes`` (delegate inputs, outputs and states, as
+        the Vulkan runtime counts them, plus ``state_upload_bytes``/
+        ``state_download_bytes``: program state read back or written for glue that
+        needs it on the host, included in the totals). 0 on the reference executor.
+        """
+        store = self.store
+        before = (store.upload_bytes, store.download_bytes)
+        self._moved = {"upload_bytes": 0, "download_bytes": 0}
         outputs = self.run_flat(flat)
         for name, index in self.plan.get("state_updates", {}).items():
             if name not in self._bound:  # the device already holds the new value
                 if not hasattr(outputs[index], "shape"):
                     raise VkDelegateError(f"state {name!r}: plan output {index} is "
                                           f"{type(outputs[index]).__name__}, not a tensor")
-                self._host_state[name] = outputs[index]
+                store.set(self._fqn[name], outputs[index])
+        up, down = store.upload_bytes - before[0], store.download_bytes - before[1]
+        self.last_transfer = {"upload_bytes": self._moved["upload_bytes"] + up,
+                              "download_bytes": self._moved["download_bytes"] + down,
+                              "state_upload_bytes": up, "state_download_bytes": down}
         for pos, index in self.plan.get("input_updates", {}).items():
             target, new = flat[int(pos)], outputs[index]
             try:

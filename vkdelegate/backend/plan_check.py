@@ -140,6 +140,11 @@ def check_plan(plan, state_names) -> None:
         if name not in state_names:
             _fail(f"plan.state_updates[{name!r}]", "names no state of the method")
         _index(k, len(outputs), f"plan.state_updates[{name!r}]")
+    for name, fqn in (_need(plan, "state_fqn", dict, "plan", optional=True) or {}).items():
+        if name not in state_names:
+            _fail(f"plan.state_fqn[{name!r}]", "names no state of the method")
+        if not isinstance(fqn, str) or not fqn:
+            _fail(f"plan.state_fqn[{name!r}]", f"must be a non-empty str, got {fqn!r}")
     for pos, k in (_need(plan, "input_updates", dict, "plan", optional=True) or {}).items():
         where = f"plan.input_updates[{pos!r}]"
         if not (isinstance(pos, str) and pos.isdigit() and int(pos) < len(inputs)):

@@ -2,7 +2,8 @@
 
 A program has one or more methods ("forward" by default). Each method is a JSON-ready
 plan (CPU glue nodes, input specs, output structure), its glue constants and mutable
-state (arrays or tensors), and its delegates (blob bytes plus the named constant data
+state (arrays or tensors; held program-wide, one value per buffer FQN that all
+methods share, see ``program_state``), and its delegates (blob bytes plus the named constant data
 the blob refers to). Calling a method runs it through ``MethodRunner``. Delegates are
 built on the Vulkan device on their first call and kept.
 
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vkdelegate.backend.host_budget import (check_host_bytes, glue_tensor_bytes,
-                                            tensor_ref_bytes)
+from vkdelegate.backend.host_budget import (budgeted_methods, check_host_bytes,
+                                            glue_tensor_bytes, tensor_ref_bytes)
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
+from vkdelegate.backend.program_state import ProgramState, merge_initial
 from vkdelegate.backend.report import PartitionReport
 from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
 from vkdelegate.limits import LoadLimits, resolve_limits
@@ -64,7 +66,7 @@ class _LazyDelegate:
     "vkdelegate" logger naming the method, the delegate and the limit; without torch
     the DeviceLimitError is raised. dynamic: the method has dynamic dims (the message
     then says the tensors are sized for their upper bounds).
-    Thread-safe: a call, ``bind_state``/``read_state`` and ``close`` hold one lock, so
+    Thread-safe: a call, ``bind_state`` and ``close`` hold one lock, so
     ``close`` from another thread waits for a call in flight, and a later call builds
     the delegate again.
     """
@@ -78,8 +80,8 @@ class _LazyDelegate:
         self.fallback = None  # the DeviceLimitError message when run on the CPU
         self.profiling = False
         self.last_profile = None
-        self.before_close = None  # set by MethodRunner: fetch state kept on the device
-        # Reentrant: close's before_close reads this delegate's state back.
+        self.before_close = None  # set by MethodRunner: forget this delegate's states
+        # Reentrant: before_close runs under the lock.
         self._lock = threading.RLock()
 
     def build(self, progress: bool = False) -> None:
@@ -136,30 +138,42 @@ class _LazyDelegate:
         self.last_profile = self.loaded.last_profile
         return outputs
 
-    def bind_state(self, input_index: int, output_index: int, initial, download: bool
-                   ) -> bool:
-        """Keep a state on the device (``DelegateGraph.bind_state``); False when the
-        executor cannot (the reference executor), so the state stays on the host."""
+    def bind_state(self, input_index: int, output_index: int, initial, download: bool,
+                   shared=None):
+        """Keep a state on the device: bind ``shared`` (a program-level
+        ``runtime.state_buffer.StateBuffer``), or a new StateBuffer holding
+        ``initial`` when ``shared`` is None (``DelegateGraph.bind_state``). Returns
+        the buffer bound, or None when the executor cannot keep state (the reference
+        executor, a delegate that fell back to it), so the state stays on the host.
+        Raises VkDelegateError when the graph refuses the pair or the buffer."""
         with self._lock:
             self._build(False)
             if not self.loaded.keeps_state:
-                return False
-            self.loaded.bind_state(input_index, output_index, initial, download)
-            return True
+                return None
+            made = shared is None
+            if made:
+                shared = self.loaded.state_buffer(input_index, initial)
+            try:
+                self.loaded.bind_state(input_index, output_index, None, download,
+                                       shared=shared)
+            except VkDelegateError:
+                if made:
+                    shared.close()
+                raise
+            return shared
 
-    def read_state(self, input_index: int):
-        """Current value of a state kept on the device (a numpy array)."""
-        with self._lock:
-            if self.loaded is None:
-                raise VkDelegateError(f"{self.where}: closed while its state was read")
-            return self.loaded.read_state(input_index)
+    @property
+    def last_transfer(self) -> dict:
+        """upload_bytes/download_bytes of the delegate's last call on Vulkan ({} on
+        the reference executor, which moves nothing between host and device)."""
+        loaded = self.loaded
+        return dict(getattr(loaded, "last_transfer", None) or {})
 
     def close(self) -> None:
         """Release the built delegate (waits for a call in flight; idempotent)."""
         with self._lock:
-            before_close = self.before_close() if self.before_close is not None else None
-            if self.loaded is not None and before_close is not None:
-                before_close()
+            if self.loaded is not None and self.before_close is not None:
+                self.before_close()
             if self.loaded is not None:
                 self.loaded.close()
             self.loaded = None
@@ -178,12 +192,20 @@ class LoweredProgram:
     """
 
     def __init__(self, methods: dict, options: "CompileOptions | dict | None" = None,
-                 limits: "LoadLimits | None" = None):
+                 limits: "LoadLimits | None" = None,
+                 initial_state: "dict | None" = None):
         if not methods:
             raise VkDelegateError("a program needs at least one method")
         self.options = parse_options(options)
         self.limits = resolve_limits(limits)
         self.methods: dict[str, Method] = methods
+        current = merge_initial(methods)
+        if initial_state is not None and set(initial_state) != set(current):
+            raise VkDelegateError(f"initial state names {sorted(initial_state)} are not "
+                                  f"the methods' states {sorted(current)}")
+        #: The program's mutable buffers, one per FQN, shared by all methods.
+        self.store = ProgramState(initial_state if initial_state is not None
+                                  else current, current)
         self._runners = {}
         for name, m in methods.items():
             dynamic = any(not isinstance(dim, int) for spec in m.plan.get("inputs", [])
@@ -193,7 +215,8 @@ class LoweredProgram:
                          for i, d in enumerate(m.delegates)]
             try:
                 self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates,
-                                                   name, limits=self.limits)
+                                                   name, limits=self.limits,
+                                                   store=self.store)
             except VkDelegateError as exc:  # keep the subclass (ResourceLimitError)
                 raise type(exc)(f"method {name!r}: {exc}") from exc
 
@@ -255,15 +278,33 @@ class LoweredProgram:
                 if d.last_profile is not None]
 
     def state_dict(self, method: "str | None" = None) -> dict:
-        """Current values of ``method``'s mutable buffers (placeholder name, e.g.
-        ``b_count``, -> torch tensor when torch is installed, else numpy array, before
-        and after any call); state kept on the GPU is read back."""
-        state = self.runner(method or self.default_method()).state
+        """Current values of the program's mutable buffers, shared by all methods:
+        FQN (as in the module's ``state_dict()``, e.g. ``cache.k0``) -> torch tensor
+        when torch is installed, else numpy array; state kept on the GPU is read back
+        (copies). method: only that method's buffers, keyed by its placeholder names
+        (``b_cache_k0``)."""
+        if method is not None:
+            state = self.runner(method).state
+        else:
+            state = self.store.snapshot()
         torch = _torch_or_none()
         if torch is None:
             return {k: to_numpy(v) for k, v in state.items()}
         return {k: v if isinstance(v, torch.Tensor) else to_torch(np.asarray(v))
                 for k, v in state.items()}
+
+    def reset_state(self) -> None:
+        """Set every mutable buffer back to its initial value: the module's buffers
+        when it was exported (for a loaded program: the ``initial_state`` its file
+        stored, see ``save``). State on the GPU is overwritten in place."""
+        self.store.reset()
+
+    def last_transfer(self, method: "str | None" = None) -> dict:
+        """Bytes the last call of ``method`` moved between host and device:
+        ``upload_bytes``, ``download_bytes`` (inputs, outputs, states), of which
+        ``state_upload_bytes``/``state_download_bytes`` were program state (see
+        ``MethodRunner.call_flat``); {} before the first call."""
+        return dict(self.runner(method or self.default_method()).last_transfer)
 
     def num_delegates(self, method: "str | None" = None) -> int:
         return len(self.methods[method or self.default_method()].delegates)
@@ -285,6 +326,7 @@ class LoweredProgram:
         for runner in self._runners.values():
             for d in runner.delegates:
                 d.close()
+        self.store.release()  # the shared state buffers, after the graphs using them
 
     def __enter__(self) -> "LoweredProgram":
         return self
@@ -304,11 +346,17 @@ class LoweredProgram:
 
         Blobs and constants are stored once per distinct content, across partitions and
         methods. The file holds no pickle and no code.
+
+        State: the file stores the CURRENT value of every mutable buffer (a KV cache
+        as the last call left it), so a loaded program continues where this one
+        stopped, and also the initial values, which ``reset_state()`` of the loaded
+        program restores. Call ``reset_state()`` before ``save`` to store a fresh
+        program.
         """
         table = program_file.SegmentTable()
         methods = {}
         for name, m in self.methods.items():
-            runner = self._runners[name]
+            runner = self._runners[name]  # current state (see the docstring)
             methods[name] = {
                 "plan": m.plan,
                 "constants": {k: _tensor_ref(table, v) for k, v in m.constants.items()},
@@ -319,7 +367,9 @@ class LoweredProgram:
                                               for k, v in d.named_data.items()}}
                               for d in m.delegates],
             }
-        manifest = {"options": self.options.to_dict(), "methods": methods}
+        manifest = {"options": self.options.to_dict(), "methods": methods,
+                    "initial_state": {k: _tensor_ref(table, v)
+                                      for k, v in self.store.initial.items()}}
         program_file.write_program(path, manifest, table.segments)
 
 
@@ -414,7 +464,7 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
     where = f"program file {path}"
     try:
         # Counted from the manifest, before any constant or state is copied out.
-        check_host_bytes(glue_tensor_bytes(manifest.get("methods"), limits, where),
+        check_host_bytes(glue_tensor_bytes(budgeted_methods(manifest), limits, where),
                          limits, where)
         options = dict(manifest.get("options") or {})
         if device is not None:
@@ -436,13 +486,17 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
                 delegates=delegates,
                 report=(PartitionReport.from_json(m["report"])
                         if m.get("report") is not None else None))
+        initial = manifest.get("initial_state")  # files before issue 14 have none
+        if initial is not None:
+            initial = {k: _tensor_from(v, segments, f"{where}, initial state {k!r}")
+                       for k, v in initial.items()}
     except VkDelegateError:
         raise
     except _MALFORMED as exc:
         raise VkDelegateError(f"{where}: malformed manifest ({type(exc).__name__}: "
                               f"{exc})") from exc
     try:
-        return LoweredProgram(methods, options, limits)
+        return LoweredProgram(methods, options, limits, initial)
     except VkDelegateError as exc:  # name the file too; keeps the subclass
         sep = ", " if str(exc).startswith("method ") else ": "
         raise type(exc)(f"{where}{sep}{exc}") from exc

@@ -29,6 +29,8 @@ class ProgramGraph:
     user_input_labels: the user inputs' names in the exported program's signature (a
         copy may rename a placeholder; users know the signature's names).
     state: placeholder name -> initial tensor, for buffers the program mutates.
+    state_fqn: placeholder name of a state buffer -> the buffer's fully qualified name
+        in the module (``cache.k0``), which names it program-wide (program_state).
     state_updates: placeholder name of a state buffer -> index in the output tuple
         of its new value.
     input_updates: user input position -> index in the output tuple of its new value
@@ -43,6 +45,7 @@ class ProgramGraph:
     constants: dict[str, torch.Tensor]
     user_input_labels: list[str] = field(default_factory=list)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
+    state_fqn: dict[str, str] = field(default_factory=dict)
     state_updates: dict[str, int] = field(default_factory=dict)
     input_updates: dict[int, int] = field(default_factory=dict)
     user_outputs: list[int] = field(default_factory=list)
@@ -170,6 +173,7 @@ def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
             value = value.detach()
             if spec.kind == InputKind.BUFFER and spec.target in mutated:
                 pg.state[name] = value.clone()
+                pg.state_fqn[name] = spec.target
             else:
                 pg.constants[name] = value
         else:

@@ -299,5 +299,6 @@ class _GlueEncoder:
             "outputs": outputs,
             "user_outputs": pg.user_outputs,
             "state_updates": pg.state_updates,
+            "state_fqn": dict(pg.state_fqn),
             "input_updates": {str(k): v for k, v in pg.input_updates.items()},
         }

@@ -17,7 +17,8 @@ from vkdelegate.errors import VkDelegateError
 
 # Subcommand modules, in the order `vkdelegate --help` lists them. A module that is
 # missing (work in progress) is skipped rather than breaking the whole CLI.
-_SUBCOMMANDS = ("demo", "run", "embed", "inspect", "devices", "build_shaders")
+_SUBCOMMANDS = ("demo", "run", "embed", "generate", "inspect", "devices",
+                "build_shaders")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,10 +22,12 @@ from vkdelegate.runtime.tensor import Tensor
 class DeviceState:
     """Mixin of ``DelegateGraph``: ``bind_state``, ``read_state``. Uses the graph's
     ``inputs``, ``outputs``, ``graph``, ``state_bindings``, ``_downloaded_states``,
-    ``_skip_download``, ``_record_again``, ``_in_views``, ``_lock`` and ``_record``."""
+    ``_skip_download``, ``_record_again``, ``_in_views``, ``_lock``, ``_record``,
+    ``dispatches``, ``_pool`` and ``shared_states`` (input index -> StateBuffer)."""
 
-    def bind_state(self, input_index: int, output_index: int, initial: np.ndarray,
-                   download: bool = False) -> None:
+    def bind_state(self, input_index: int, output_index: int,
+                   initial: "np.ndarray | None", download: bool = False,
+                   shared=None) -> None:
         """Keep graph input ``input_index`` on the device as mutable state whose new
         value is graph output ``output_index`` (a buffer a module updates in place).
 
@@ -35,6 +37,10 @@ class DeviceState:
         ``execute`` then takes None at ``input_index`` and returns None at
         ``output_index`` unless ``download`` is true; ``read_state`` gives the value.
         The command buffer is recorded again (once) before the next run.
+        shared: a ``runtime.state_buffer.StateBuffer`` of this graph's Device, dtype
+        and sizes: the input reads it instead of its own memory and the new value is
+        copied into it, so graphs bound to one StateBuffer share the state (``initial``
+        is then ignored: the buffer holds the value); ``state_buffer`` makes one.
         Raises VkDelegateError when the pair cannot be kept this way: an index out of
         range, an input already bound, dtypes or sizes that differ, an input listed
         twice or also an output, an output that is also an input, an input whose
@@ -63,6 +69,24 @@ class DeviceState:
             elif t_in.dtype != t_out.dtype or t_in.max_shape != t_out.max_shape:
                 problem = (f"the input is {t_in.dtype}{list(t_in.max_shape)}, the output "
                            f"{t_out.dtype}{list(t_out.max_shape)}")
+            if shared is not None:
+                if problem is None and (shared.device is not self.device
+                                        or shared.dtype != t_in.dtype
+                                        or shared.shape != t_in.max_shape):
+                    problem = (f"the shared state is {shared.dtype}{list(shared.shape)} "
+                               f"on another device or of other dtype/sizes than the "
+                               f"input {t_in.dtype}{list(t_in.max_shape)}")
+                if problem is None and shared.closed:
+                    problem = "the shared state buffer is closed"
+                if problem is not None:
+                    raise VkDelegateError(f"{where} cannot be kept on the device: "
+                                          f"{problem}")
+                self._use_shared(t_in, shared.buffer)
+                self.shared_states[input_index] = shared
+                if t_in.set_shape(t_in.max_shape):
+                    self._shapes = None
+                self._finish_binding(input_index, output_index, download)
+                return
             initial = np.asarray(initial)
             if problem is None and (initial.dtype.name != t_in.dtype
                                     or initial.shape != t_in.max_shape):
@@ -78,13 +102,48 @@ class DeviceState:
                 nbytes = Tensor.nbytes_for(t_in.device_dtype, t_in.max_shape)
                 commands.copy_once(self.device, [(t_in.staging, t_in.buffer, nbytes)],
                                    self.timeout_s)
-            self.state_bindings[input_index] = output_index
-            if download:
-                self._downloaded_states.add(input_index)
-            # An output two states share is downloaded if either asks for it.
-            self._skip_download = ({j for j in self.state_bindings.values()}
-                                   - {self.state_bindings[k] for k in self._downloaded_states})
-            self._record_again = True
+            self._finish_binding(input_index, output_index, download)
+
+    def _finish_binding(self, input_index: int, output_index: int, download: bool):
+        self.state_bindings[input_index] = output_index
+        if download:
+            self._downloaded_states.add(input_index)
+        # An output two states share is downloaded if either asks for it.
+        self._skip_download = ({j for j in self.state_bindings.values()}
+                               - {self.state_bindings[k] for k in self._downloaded_states})
+        self._record_again = True
+
+    def state_buffer(self, input_index: int, initial: np.ndarray):
+        """A new StateBuffer fitting graph input ``input_index`` (its dtype and full
+        sizes, this graph's staging choice) holding ``initial``; bind it here and in
+        other graphs of the same Device with ``bind_state(..., shared=buffer)``.
+        The caller owns it (``close()``). Raises VkDelegateError for an index out of
+        range or an initial value of another dtype or sizes."""
+        from vkdelegate.runtime.state_buffer import StateBuffer
+
+        if not 0 <= input_index < len(self.inputs):
+            raise VkDelegateError(f"state input {input_index} out of range "
+                                  f"({len(self.inputs)} inputs)")
+        t = self.inputs[input_index]
+        return StateBuffer(self.device, t.dtype, t.device_dtype, t.max_shape,
+                           self.staging, initial, self.timeout_s)
+
+    def _use_shared(self, tensor: Tensor, buffer) -> None:
+        """Point every dispatch that binds ``tensor``'s memory at ``buffer`` instead
+        (descriptor sets written again); the tensor's own memory is left unused."""
+        old = tensor.buffer
+        for d in self.dispatches:
+            if any(b is old for b in d.buffers):
+                d.buffers = [buffer if b is old else b for b in d.buffers]
+                d.reads = {buffer.region if r == old.region else r for r in d.reads}
+                d.writes = {buffer.region if r == old.region else r for r in d.writes}
+        tensor.buffer = buffer
+        tensor.staging = None  # never uploaded: the buffer holds the value
+        self._in_views[self.inputs.index(tensor)] = None
+        if self._pool is not None:
+            vk.vkDestroyDescriptorPool(self.device.device, self._pool, None)
+            self._pool = None
+        self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
 
     def read_state(self, input_index: int) -> np.ndarray:
         """The current value (a new array, graph dtype) of state input ``input_index``
@@ -96,6 +155,8 @@ class DeviceState:
                 raise VkDelegateError(f"input {input_index} is not state kept on the "
                                       f"device (bind_state)")
             t = self.inputs[input_index]
+            if input_index in self.shared_states:
+                return self.shared_states[input_index].read()
             if t.staging is not None:
                 nbytes = Tensor.nbytes_for(t.device_dtype, t.max_shape)
                 commands.copy_once(self.device, [(t.buffer, t.staging, nbytes)],

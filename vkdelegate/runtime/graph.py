@@ -128,6 +128,7 @@ class DelegateGraph(DeviceState):
         self.last_timing: dict[str, float] = {}
         self.last_transfer: dict[str, int] = {}
         self.state_bindings: dict[int, int] = {}  # input index -> output index
+        self.shared_states: dict = {}  # input index -> StateBuffer (bind_state shared=)
         self._downloaded_states: set[int] = set()  # state inputs bound with download
         self._skip_download: set[int] = set()     # state outputs the host never reads
         self._record_again = False

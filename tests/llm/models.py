@@ -1,0 +1,80 @@
+"""Tiny HF causal LMs (seeded random weights) and a tiny vision tower for tests/llm.
+
+Every model has 2 layers, hidden size 64 and a vocabulary of 256, so that a 64-token
+generation runs in seconds on lavapipe. No weights are downloaded: the configs are
+the real HF architectures with random weights.
+"""
+import torch
+from torch import nn
+
+VOCAB = 256
+
+
+def _common(**extra):
+    return dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
+                pad_token_id=None, **extra)
+
+
+def make_model(kind: str, seed: int = 0):
+    """A HF *ForCausalLM of ``kind`` (llama, qwen2, mistral, gemma, gemma2), eval."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**_common()))
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**_common()))
+    elif kind == "mistral":  # a window smaller than prompt + new tokens
+        model = tf.MistralForCausalLM(tf.MistralConfig(**_common(sliding_window=16)))
+    elif kind == "gemma":
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(**_common(head_dim=16)))
+    elif kind == "gemma2":
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**_common(
+            head_dim=16, sliding_window=16, final_logit_softcapping=30.0,
+            attn_logit_softcapping=50.0, query_pre_attn_scalar=16)))
+    else:
+        raise ValueError(kind)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def hf_greedy(model, prompt: list, n: int) -> list:
+    """HF ``generate`` (eager, greedy) new tokens."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+class TinyVision(nn.Module):
+    """A vision tower with a pooler: patches (3 x 4 x 4 pixels) of a grid of up to
+    4 x 4 patches are embedded, mixed by an MLP and averaged into 4 soft tokens, one
+    per 2 x 2 block of patches; a block no patch fell into is padded (mask false).
+
+    forward(pixel_values [1, P, 48], pixel_position_ids int64[1, P, 2] (row, col))
+    -> (hidden [1, 4, 32], mask bool[1, 4]).
+    """
+
+    patch_dim = 48
+    max_patches = 16
+    slots = 4
+
+    def __init__(self, hidden: int = 32):
+        super().__init__()
+        self.embed = nn.Linear(self.patch_dim, hidden)
+        self.row = nn.Embedding(4, hidden)
+        self.col = nn.Embedding(4, hidden)
+        self.mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, pixel_values, pixel_position_ids):
+        rows, cols = pixel_position_ids[..., 0], pixel_position_ids[..., 1]
+        h = self.embed(pixel_values) + self.row(rows) + self.col(cols)
+        h = h + self.mlp(torch.nn.functional.gelu(h))
+        slot = (rows // 2) * 2 + cols // 2
+        onehot = (slot.unsqueeze(-1) == torch.arange(self.slots)).to(h.dtype)
+        count = onehot.sum(1)
+        pooled = onehot.transpose(1, 2) @ h / count.clamp(min=1.0).unsqueeze(-1)
+        return pooled, count > 0

@@ -1,0 +1,133 @@
+"""``vkdelegate generate PROGRAM (--prompt TEXT --tokenizer tokenizer.json |
+--prompt-ids 1,2,3)``: generate tokens with a program ``vkdelegate.llm.lower`` saved.
+
+Tokens are streamed as they are made: the text (decoded with the tokenizer) with
+``--prompt``, the new ids on one line, space-separated, with ``--prompt-ids``. Then
+the prefill and decode rates (tokens/s) go to stderr. ``--image PATH`` (with
+``--image-token-id``) runs the program's vision_encoder on the picture, cut into
+square RGB patches of the size its pixel_values input has, and splices the soft
+tokens in place of the placeholder (see ``vkdelegate.llm.generate``).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+from vkdelegate.cli import help_description
+from vkdelegate.errors import VkDelegateError
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise VkDelegateError(f"--prompt-ids {text!r}: expected integers separated by "
+                              f"commas, e.g. 1,2,3") from None
+    if not ids:
+        raise VkDelegateError("--prompt-ids: no token ids given")
+    return ids
+
+
+def image_patches(path: str, plan: dict):
+    """(pixel_values [1, P, 3*p*p], pixel_position_ids [1, P, 2]) of the picture at
+    ``path`` for a vision_encoder whose plan is ``plan``: resized to the largest
+    square grid of p x p patches with at most the P the method allows, values in
+    [0, 1], patches in row-major order, channels first within a patch."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    spec = plan["inputs"][0]
+    patch_dim = spec["shape"][-1]
+    side = math.isqrt(patch_dim // 3) if isinstance(patch_dim, int) else 0
+    if side == 0 or 3 * side * side != patch_dim:
+        raise VkDelegateError(f"vision_encoder takes patches of {patch_dim} values, not "
+                              f"3 x p x p RGB")
+    count = spec["shape"][1]
+    if isinstance(count, dict):
+        count = plan.get("ranges", {}).get(count.get("sym"), [0, None])[1]
+    grid = math.isqrt(int(count or 1))
+    try:
+        picture = Image.open(path).convert("RGB").resize((grid * side, grid * side))
+    except OSError as exc:
+        raise VkDelegateError(f"--image {path}: cannot read it ({exc})") from exc
+    pixels = np.asarray(picture, dtype=np.float32) / 255.0           # [H, W, 3]
+    pixels = pixels.reshape(grid, side, grid, side, 3).transpose(0, 2, 4, 1, 3)
+    values = torch.from_numpy(pixels.reshape(1, grid * grid, patch_dim).copy())
+    positions = torch.tensor([[(r, c) for r in range(grid) for c in range(grid)]],
+                             dtype=torch.int64)
+    return values, positions
+
+
+def run(args) -> int:
+    import vkdelegate
+    from vkdelegate.llm import generate
+
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise VkDelegateError("give --prompt TEXT (with --tokenizer) or --prompt-ids")
+    tokenizer = None
+    if args.prompt is not None:
+        if not args.tokenizer:
+            raise VkDelegateError("--prompt needs --tokenizer tokenizer.json")
+        from tokenizers import Tokenizer
+
+        try:
+            tokenizer = Tokenizer.from_file(args.tokenizer)
+        except Exception as exc:  # tokenizers raises its own Exception type
+            raise VkDelegateError(f"--tokenizer {args.tokenizer}: {exc}") from exc
+        ids = tokenizer.encode(args.prompt).ids
+    else:
+        ids = _ids(args.prompt_ids)
+    if args.image and args.image_token_id is None:
+        raise VkDelegateError("--image needs --image-token-id (the placeholder id)")
+    program = vkdelegate.load(args.program)
+    image = None
+    if args.image:
+        if "vision_encoder" not in program.method_names:
+            raise VkDelegateError(f"{args.program} has no vision_encoder method")
+        image = image_patches(args.image, program.methods["vision_encoder"].plan)
+    new: list[int] = []
+    shown = [""]
+
+    def stream(token: int) -> None:
+        new.append(token)
+        if tokenizer is None:
+            print(("" if len(new) == 1 else " ") + str(token), end="", flush=True)
+        else:
+            text = tokenizer.decode(new)
+            print(text[len(shown[0]):], end="", flush=True)
+            shown[0] = text
+
+    timings: dict = {}
+    generate(program, ids, args.max_new_tokens, temperature=args.temperature,
+             top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+             eos_token_id=args.eos_token_id, image=image,
+             image_token_id=args.image_token_id, on_token=stream, timings=timings)
+    print(flush=True)
+    prefill = timings["prompt_tokens"] / max(timings["prefill_s"], 1e-9)
+    decode = timings["decode_tokens"] / max(timings["decode_s"], 1e-9)
+    print(f"prefill: {timings['prompt_tokens']} tokens, {prefill:.1f} tokens/s; decode: "
+          f"{timings['decode_tokens']} tokens, {decode:.1f} tokens/s", file=sys.stderr)
+    program.close()
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate tokens with a lowered LLM",
+                              description=help_description(__doc__))
+    p.add_argument("program", help="program file of vkdelegate.llm.lower, saved")
+    p.add_argument("--prompt", help="prompt text (needs --tokenizer)")
+    p.add_argument("--tokenizer", metavar="tokenizer.json",
+                   help="HF tokenizers file that encodes --prompt and decodes the output")
+    p.add_argument("--prompt-ids", metavar="1,2,3", help="prompt token ids")
+    p.add_argument("--image", metavar="PATH", help="a picture for the vision_encoder")
+    p.add_argument("--image-token-id", type=int, help="the image placeholder token id")
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+                   help="tokens to generate at most (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
+    p.add_argument("--eos-token-id", type=int, help="stop after this token")
+    p.set_defaults(func=run)

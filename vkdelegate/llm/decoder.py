@@ -1,0 +1,118 @@
+"""The exportable modules behind the LLM methods: embed_text, prefill, decode.
+
+A decoder (``HFDecoder`` here, or ``reference_decoder.ReferenceDecoder``) has
+``embed(tokens) -> embeds``, ``logits(embeds, start_pos) -> [V]`` and a ``kv_cache``
+submodule (``KVCache``); ``EmbedText``/``Prefill``/``Decode`` wrap one decoder each
+and hold it as ``decoder``, so the cache's FQNs are the same in every method.
+
+``HFDecoder`` runs a HF transformers causal LM (Llama, Qwen2, Mistral, Gemma, Gemma2,
+...) on input embeddings with a static KV cache of ``max_seq_len`` positions that is
+ours: ``KVCache`` registers one key and one value buffer per layer, [1, kv_heads,
+max_seq_len, head_dim] (the layout of transformers' ``StaticLayer``), so torch.export
+sees them as mutable buffers and the program keeps them (one per FQN,
+``decoder.kv_cache.k_0``, shared by prefill and decode: ``backend/program_state``).
+Each call points transformers' ``StaticCache`` layers at these buffers and at the
+call's position, and the layers write the new keys/values with ``index_copy_`` at
+``start_pos + arange(T)``. Sliding-window layers become full-length ``StaticLayer``s
+(as in transformers' own export recipe) whose mask, built by the model from
+``position_ids``, still limits attention to the window.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vkdelegate.llm import sampler
+
+
+class KVCache(nn.Module):
+    """Key and value buffers ``k_<i>``/``v_<i>`` of every layer: [1, kv_heads[i],
+    max_seq_len, head_dim[i]], zeros, of ``dtype``."""
+
+    def __init__(self, kv_heads: list, head_dims: list, max_seq_len: int,
+                 dtype: torch.dtype):
+        super().__init__()
+        self.num_layers = len(kv_heads)
+        self.max_seq_len = max_seq_len
+        for i, (h, d) in enumerate(zip(kv_heads, head_dims)):
+            self.register_buffer(f"k_{i}", torch.zeros(1, h, max_seq_len, d, dtype=dtype))
+            self.register_buffer(f"v_{i}", torch.zeros(1, h, max_seq_len, d, dtype=dtype))
+
+
+class HFDecoder(nn.Module):
+    """A HF ``*ForCausalLM`` with our KVCache. ``logits(embeds [1, T, D], start_pos
+    int64[1])`` -> float [V], the logits of the last position (final soft-capping
+    included); ``embed(tokens int64[1, T])`` -> [1, T, D], the model's own input
+    embedding (Gemma's sqrt(hidden) scale included).
+    Raises ValueError (from transformers) for a model without a static cache."""
+
+    def __init__(self, model: nn.Module, max_seq_len: int):
+        super().__init__()
+        from transformers.cache_utils import StaticCache, StaticLayer
+        from transformers.configuration_utils import get_head_shapes
+
+        self.model = model
+        config = model.config.get_text_config()
+        heads, dims = get_head_shapes(config)
+        n = config.num_hidden_layers
+        heads = heads if isinstance(heads, list) else [heads] * n
+        dims = dims if isinstance(dims, list) else [dims] * n
+        self.kv_cache = KVCache(heads, dims, max_seq_len, model.dtype)
+        cache = StaticCache(max_cache_len=max_seq_len, config=config)
+        cache.layers = [StaticLayer(max_seq_len) for _ in cache.layers]
+        cache.early_initialization(1, heads, dims, model.dtype, torch.device("cpu"))
+        # Not a submodule: a Python object whose tensors are replaced at every call.
+        self.__dict__["_static"] = cache
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(tokens)
+
+    def logits(self, embeds: torch.Tensor, start_pos: torch.Tensor) -> torch.Tensor:
+        cache = self._static
+        for i, layer in enumerate(cache.layers):
+            layer.keys = getattr(self.kv_cache, f"k_{i}")
+            layer.values = getattr(self.kv_cache, f"v_{i}")
+            # StaticLayer.update adds T to it in place: a copy, never the input.
+            layer.cumulative_length = start_pos[0].clone()
+        positions = (torch.arange(embeds.shape[1], dtype=torch.int64)
+                     + start_pos).unsqueeze(0)
+        out = self.model(inputs_embeds=embeds, position_ids=positions, cache=cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+
+class EmbedText(nn.Module):
+    """embed_text(tokens int64[1, T]) -> float[1, T, D]."""
+
+    def __init__(self, decoder: HFDecoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, tokens):
+        return self.decoder.embed(tokens)
+
+
+class Prefill(nn.Module):
+    """prefill(inputs_embeds float[1, T, D], start_pos int64[1], sampling float32[4])
+    -> int64[1]: writes positions start_pos .. start_pos + T - 1 of the cache and
+    samples the token after the last (``sampler.sample``)."""
+
+    def __init__(self, decoder: HFDecoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, inputs_embeds, start_pos, sampling):
+        return sampler.sample(self.decoder.logits(inputs_embeds, start_pos), sampling)
+
+
+class Decode(nn.Module):
+    """decode(tokens int64[1, 1], start_pos int64[1], sampling float32[4]) -> int64[1]:
+    one token at position start_pos."""
+
+    def __init__(self, decoder: HFDecoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, tokens, start_pos, sampling):
+        embeds = self.decoder.embed(tokens)
+        return sampler.sample(self.decoder.logits(embeds, start_pos), sampling)

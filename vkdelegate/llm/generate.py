@@ -1,0 +1,114 @@
+"""``generate``: prompt -> new token ids, through the methods ``lower`` makes.
+
+embed_text on the prompt; with an image, vision_encoder and the splice (one image
+placeholder per VALID soft token, padded rows skipped); prefill at start_pos 0; then
+decode one token at a time, start_pos = the number of tokens already in the cache.
+The random draw of each sampled token is ``torch.rand((), generator=g)`` of a
+``torch.Generator`` seeded with ``seed``, one per generated token (also under greedy
+decoding, where it is ignored), so that a run is reproducible and host-side sampling
+with the same draws gives the same tokens.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.llm.lower import cache_length
+
+
+def draws(seed: int):
+    """The draws ``generate`` uses: an endless iterator of floats in [0, 1)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    while True:
+        yield float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
+def splice(text_embeds, ids: list, image_embeds, pooler_mask, image_token_id: int):
+    """(embeds [1, N, D], token ids [N]) with the valid image rows in place of the
+    prompt's image placeholders: one ``image_token_id`` in ``ids`` is expanded to one
+    placeholder per valid soft token (``pooler_mask`` true); a prompt that already
+    holds exactly that many placeholders has them replaced in order. Raises
+    VkDelegateError for any other number of placeholders."""
+    mask = torch.as_tensor(pooler_mask).reshape(-1).bool()
+    rows = torch.as_tensor(image_embeds).reshape(mask.shape[0], -1)[mask]
+    text = torch.as_tensor(text_embeds)[0]
+    where = [i for i, t in enumerate(ids) if t == image_token_id]
+    n = int(rows.shape[0])
+    if len(where) == 1:
+        at = where[0]
+        ids = ids[:at] + [image_token_id] * n + ids[at + 1:]
+        text = torch.cat([text[:at], rows.to(text.dtype), text[at + 1:]])
+    elif len(where) == n:
+        text = text.clone()
+        text[where] = rows.to(text.dtype)
+    else:
+        raise VkDelegateError(f"the prompt holds {len(where)} image placeholders "
+                              f"({image_token_id}); give one, or one per valid soft "
+                              f"token ({n})")
+    return text.unsqueeze(0), ids
+
+
+def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             eos_token_id=None, image=None, image_token_id=None,
+             on_token=None, timings: "dict | None" = None) -> list:
+    """The NEW token ids (a list of ints, at most ``max_new_tokens``, ending at the
+    first ``eos_token_id`` (an int or a collection of ints) if one is generated).
+
+    program: a ``LoweredProgram`` from ``vkdelegate.llm.lower`` (or loaded from its
+    file). prompt_ids: a list of ints or a 1-D tensor (not empty).
+    temperature 0: greedy; else sampled with top_k (0: all) and top_p (see
+    ``vkdelegate.llm.sampler``) and draws from ``draws(seed)``.
+    image: (pixel_values float[1, P, C*p*p], pixel_position_ids int64[1, P, 2]) for
+    the program's vision_encoder; image_token_id: the placeholder it replaces (see
+    ``splice``). on_token: called with each new id as it is made (streaming).
+    timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens.
+    Raises VkDelegateError for an empty prompt, a sequence longer than the cache, an
+    image without image_token_id or a program without vision_encoder.
+    """
+    ids = [int(t) for t in (prompt_ids.reshape(-1).tolist()
+                            if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+    if not ids:
+        raise VkDelegateError("generate() needs at least one prompt token")
+    if max_new_tokens <= 0:
+        return []
+    eos = set() if eos_token_id is None else (
+        {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id)))
+    start = time.perf_counter()
+    embeds = program.embed_text(torch.tensor([ids], dtype=torch.int64))
+    if image is not None:
+        if image_token_id is None:
+            raise VkDelegateError("an image needs image_token_id (its placeholder)")
+        if "vision_encoder" not in program.method_names:
+            raise VkDelegateError("the program has no vision_encoder method")
+        image_embeds, pooler_mask = program.vision_encoder(*image)
+        embeds, ids = splice(embeds, ids, image_embeds, pooler_mask, int(image_token_id))
+    total = len(ids) + max_new_tokens - 1
+    if total > cache_length(program):
+        raise VkDelegateError(f"{len(ids)} prompt tokens + {max_new_tokens} new need "
+                              f"{total} cache positions; the program has "
+                              f"{cache_length(program)}")
+    rand = draws(seed)
+
+    def sampling():
+        return torch.tensor([temperature, top_k, top_p, next(rand)], dtype=torch.float32)
+
+    token = int(program.prefill(embeds, torch.tensor([0]), sampling())[0])
+    prefill_s = time.perf_counter() - start
+    out = [token]
+    if on_token is not None:
+        on_token(token)
+    start = time.perf_counter()
+    while len(out) < max_new_tokens and token not in eos:
+        position = len(ids) + len(out) - 1
+        token = int(program.decode(torch.tensor([[token]]), torch.tensor([position]),
+                                   sampling())[0])
+        out.append(token)
+        if on_token is not None:
+            on_token(token)
+    if timings is not None:
+        timings.update(prefill_s=prefill_s, decode_s=time.perf_counter() - start,
+                       prompt_tokens=len(ids), decode_tokens=len(out) - 1)
+    return out

@@ -1,0 +1,116 @@
+"""``lower``: a causal LM (and optionally a vision tower) -> a 3- or 4-method program.
+
+The methods (the contract of docs/LLM.md):
+  embed_text(tokens int64[1, T]) -> float[1, T, D]
+  prefill(inputs_embeds float[1, T, D], start_pos int64[1], sampling float32[4]) -> int64[1]
+  decode(tokens int64[1, 1], start_pos int64[1], sampling float32[4]) -> int64[1]
+  vision_encoder(pixel_values float[1, P, C*p*p], pixel_position_ids int64[1, P, 2])
+      -> (image_embeds float[1, S, D], pooler_mask bool[1, S])      (with vision=)
+Each is exported with torch.export and all go through ONE ``to_backend`` call with a
+dict of ExportedPrograms, which is how any multi-method program is built: the KV
+cache buffers (``decoder.kv_cache.k_<i>``/``v_<i>``) have the same FQN in prefill
+and decode, so the program holds one cache that both update.
+"""
+from __future__ import annotations
+
+import torch
+from torch.export import Dim
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.llm.decoder import Decode, EmbedText, HFDecoder, Prefill
+from vkdelegate.llm.reference_decoder import ReferenceDecoder
+from vkdelegate.llm.vision import VisionEncoder
+
+#: FQN prefix of the cache buffers in the lowered program.
+CACHE_PREFIX = "decoder.kv_cache."
+
+
+def _export(module, args, dynamic_shapes, name: str):
+    try:
+        with torch.no_grad():
+            return torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
+                                       strict=False)
+    except Exception as exc:
+        raise VkDelegateError(f"exporting method {name!r} failed: {type(exc).__name__}: "
+                              f"{exc}") from exc
+
+
+def export_methods(model, max_seq_len: int, vision=None) -> dict:
+    """Method name -> ExportedProgram for ``model`` (a HF ``*ForCausalLM``; put in
+    eval mode) and ``vision``.
+
+    max_seq_len: positions of the static KV cache (the most tokens a generation may
+    hold: prompt, image soft tokens and new tokens). Raises VkDelegateError for a
+    max_seq_len below 2 or a model or vision tower that does not export.
+    """
+    if not isinstance(max_seq_len, int) or max_seq_len < 2:
+        raise VkDelegateError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+    model.eval()
+    if isinstance(model, ReferenceDecoder):
+        if model.kv_cache.max_seq_len != max_seq_len:
+            raise VkDelegateError(f"the ReferenceDecoder's cache has "
+                                  f"{model.kv_cache.max_seq_len} positions, not "
+                                  f"max_seq_len {max_seq_len}")
+        decoder, hidden, dtype = model, model.embed_tokens.weight.shape[1], torch.float32
+    elif hasattr(model, "get_input_embeddings") and hasattr(model, "config"):
+        decoder = HFDecoder(model, max_seq_len)
+        hidden = model.get_input_embeddings().weight.shape[1]
+        dtype = model.dtype
+    else:
+        raise VkDelegateError(f"lower() takes a transformers *ForCausalLM or a "
+                              f"vkdelegate.llm ReferenceDecoder, got {type(model).__name__}")
+    seq = Dim("T", min=1, max=max_seq_len)
+    sampling = torch.tensor([0.0, 0.0, 1.0, 0.5])
+    start = torch.zeros(1, dtype=torch.int64)
+    programs = {
+        "embed_text": _export(EmbedText(decoder), (torch.zeros(1, 2, dtype=torch.int64),),
+                              ({1: seq},), "embed_text"),
+        "prefill": _export(Prefill(decoder), (torch.zeros(1, 2, hidden, dtype=dtype), start,
+                                              sampling), ({1: seq}, None, None), "prefill"),
+        "decode": _export(Decode(decoder), (torch.zeros(1, 1, dtype=torch.int64), start,
+                                            sampling), None, "decode"),
+    }
+    if vision is not None:
+        encoder = VisionEncoder(vision).eval()
+        if encoder.max_patches < 2:
+            raise VkDelegateError("the vision tower's max_patches must be >= 2")
+        patches = Dim("P", min=1, max=encoder.max_patches)
+        n = min(4, encoder.max_patches)
+        example = (torch.zeros(1, n, encoder.patch_dim, dtype=dtype),
+                   torch.zeros(1, n, 2, dtype=torch.int64))
+        programs["vision_encoder"] = _export(encoder, example, ({1: patches}, {1: patches}),
+                                             "vision_encoder")
+    return programs
+
+
+def lower(model, max_seq_len: int, *, vision=None, options=None):
+    """Lower a causal LM to a ``LoweredProgram`` with the methods embed_text, prefill,
+    decode (and vision_encoder with ``vision=``; see the module docstring and
+    docs/LLM.md). Run it with ``vkdelegate.llm.generate``; ``save`` it like any
+    program (the cache is state: ``program.reset_state()`` empties it).
+
+    model: a transformers ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+    ``MistralForCausalLM`` (sliding window), ``GemmaForCausalLM``,
+    ``Gemma2ForCausalLM`` or another ``*ForCausalLM`` whose layers use transformers'
+    cache interface (tests/llm checks float32 weights), or a ``ReferenceDecoder``
+    (``vkdelegate.llm.reference_decoder``, whose cache has max_seq_len positions).
+    max_seq_len: static KV cache positions (int >= 2).
+    vision: a vision tower + projector (``vkdelegate.llm.vision.VisionEncoder``).
+    options: compile options for ``VulkanPartitioner`` (dict or CompileOptions).
+    Raises VkDelegateError when a method does not export or lower.
+    """
+    from vkdelegate.backend.partitioner import VulkanPartitioner
+    from vkdelegate.backend.to_backend import to_backend
+
+    programs = export_methods(model, max_seq_len, vision)
+    return to_backend(programs, VulkanPartitioner(options))
+
+
+def cache_length(program) -> int:
+    """Positions of the KV cache of a program ``lower`` made (from its state).
+    Raises VkDelegateError for a program without one."""
+    for fqn, value in program.store.initial.items():
+        if fqn.startswith(CACHE_PREFIX):
+            return int(value.shape[2])
+    raise VkDelegateError("the program has no KV cache state (not made by "
+                          "vkdelegate.llm.lower)")

@@ -1,0 +1,36 @@
+"""``from_pretrained``: lower a local HF checkpoint folder (config.json + weights).
+
+Nothing is downloaded: ``local_files_only=True``. The folder is what
+``model.save_pretrained(folder)`` writes (or a checkpoint copied from elsewhere);
+its tokenizer.json, when present, is what ``vkdelegate generate --tokenizer`` takes.
+"""
+from __future__ import annotations
+
+import os
+
+from vkdelegate.errors import VkDelegateError
+
+
+def load_causal_lm(folder, dtype=None):
+    """The transformers ``AutoModelForCausalLM`` in ``folder`` (eval mode; ``dtype``:
+    a torch dtype, None: the checkpoint's). Raises VkDelegateError for a folder
+    without a config.json or a model transformers cannot load."""
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise VkDelegateError(f"{folder}: not a HF checkpoint folder (no config.json)")
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                     dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise VkDelegateError(f"{folder}: cannot load the model ({exc})") from exc
+    return model.eval()
+
+
+def from_pretrained(folder, max_seq_len: int, *, dtype=None, vision=None, options=None):
+    """``lower(load_causal_lm(folder, dtype), max_seq_len, vision=, options=)``: a
+    LoweredProgram with embed_text, prefill and decode (see ``vkdelegate.llm.lower``)."""
+    from vkdelegate.llm.lower import lower
+
+    return lower(load_causal_lm(folder, dtype), max_seq_len, vision=vision,
+                 options=options)

@@ -1,0 +1,115 @@
+"""``StateBuffer``: one device allocation holding a mutable state that several
+``DelegateGraph``s of one Device read and update in place.
+
+A program whose methods share a buffer (a KV cache filled by ``prefill`` and extended
+by ``decode``) keeps it in ONE StateBuffer; each graph that binds it
+(``DelegateGraph.bind_state(..., shared=buffer)``) has its state input's descriptors
+point at the buffer, and its recorded command buffer ends with a copy of the state's
+new value into it (see ``device_state``). Nothing crosses to the host between calls.
+
+The buffer owns its memory (its own ``Allocator``), so it outlives the graphs bound
+to it: closing a graph leaves the state intact for the next graph (or the rebuilt
+one) to bind. ``Device.close()`` releases it with the graphs (``Device.track``).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+import numpy as np
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.runtime import commands
+from vkdelegate.runtime.dtypes import from_device, to_device
+from vkdelegate.runtime.memory import STAGING_USAGE, STORAGE_USAGE, Allocator
+from vkdelegate.runtime.tensor import Tensor
+
+#: Region ids of state buffers: negative, so that they never equal a graph's own
+#: (positive, per-allocator) region ids in the recorder's hazard tracking.
+_REGIONS = itertools.count(-1, -1)
+
+
+class _Memory:
+    """What a StateBuffer frees (the finalizer holds this, never the buffer)."""
+
+    def __init__(self, device, allocator):
+        self.device, self.allocator = device, allocator
+        self.released = False
+        self.lock = threading.Lock()
+        device.track(self)
+
+    def release(self) -> None:
+        with self.lock:
+            if self.released:
+                return
+            self.released = True
+            self.device.untrack(self)
+            if not self.device.closed:
+                self.allocator.close()
+
+
+class StateBuffer:
+    """A state tensor of fixed sizes in device memory, shared by graphs.
+
+    device: the runtime Device. dtype: graph dtype (numpy name, e.g. "float32");
+    device_dtype: its storage dtype on the device (``runtime.dtypes.device_dtype``);
+    shape: sizes. staging: keep the data in device-local memory and go through a
+    host-visible staging buffer for ``write``/``read`` (discrete GPUs), else map the
+    buffer itself. initial: the first value (``dtype``, ``shape``).
+    Attributes: ``buffer`` (the memory.Buffer graphs bind), ``nbytes``.
+    Raises VkDelegateError for an initial value of another dtype or sizes.
+    """
+
+    def __init__(self, device, dtype: str, device_dtype: str, shape, staging: bool,
+                 initial: np.ndarray, timeout_s: float = 60.0):
+        self.device, self.dtype, self.device_dtype = device, dtype, device_dtype
+        self.shape = tuple(int(s) for s in shape)
+        self.nbytes = Tensor.nbytes_for(device_dtype, self.shape)
+        self.timeout_s = timeout_s
+        self.allocator = Allocator(device)
+        self._memory = _Memory(device, self.allocator)
+        self._finalizer = weakref.finalize(self, self._memory.release)
+        self._finalizer.atexit = False
+        self.buffer = self.allocator.buffer(self.nbytes, STORAGE_USAGE, not staging,
+                                            "a shared state")
+        self.buffer.region = next(_REGIONS)
+        self._staging = (self.allocator.buffer(self.nbytes, STAGING_USAGE, True,
+                                               "a shared state's staging", cached=True)
+                         if staging else None)
+        self.write(initial)
+
+    @property
+    def closed(self) -> bool:
+        return self._memory.released
+
+    def _view(self) -> np.ndarray:
+        if self.closed:
+            raise VkDelegateError("a shared state buffer used after it was closed")
+        host = (self._staging or self.buffer).host
+        n = int(np.prod(self.shape, dtype=np.int64))
+        return host[:self.nbytes].view(self.device_dtype)[:n]
+
+    def write(self, value: np.ndarray) -> None:
+        """Replace the contents with ``value`` (ordered after all earlier GPU work)."""
+        value = np.asarray(value)
+        if value.dtype.name != self.dtype or value.shape != self.shape:
+            raise VkDelegateError(f"shared state is {self.dtype}{list(self.shape)}, got "
+                                  f"{value.dtype.name}{list(value.shape)}")
+        view = self._view()  # every graph run waits for its fence: no GPU read races
+        view[:] = to_device(value, self.device_dtype, "shared state").reshape(-1)
+        if self._staging is not None:
+            commands.copy_once(self.device, [(self._staging, self.buffer, self.nbytes)],
+                               self.timeout_s)
+
+    def read(self) -> np.ndarray:
+        """The current contents (a new array, ``dtype``, ``shape``)."""
+        view = self._view()
+        if self._staging is not None:
+            commands.copy_once(self.device, [(self.buffer, self._staging, self.nbytes)],
+                               self.timeout_s)
+        return from_device(view, self.dtype).reshape(self.shape).copy()
+
+    def close(self) -> None:
+        """Free the memory (idempotent); the graphs bound to it must not run again."""
+        self._finalizer()
