@@ -125,6 +125,39 @@ def test_sdpa_with_kv_cache_writes_cache_and_attends(vk_device):
                 **FP32_TOL)
 
 
+def test_sdpa_with_kv_cache_fp16_bool_mask(vk_device):
+    # With a mask every cache row takes part: the mask decides (ET's semantics).
+    q, k_cache, v_cache = _cache_qkv(1, 3, 2, 24, 1, 64, dtype=torch.float16)
+    torch.manual_seed(9)
+    k_new, v_new = torch.randn(1, 3, 1, 64).half(), torch.randn(1, 3, 1, 64).half()
+    mask = torch.rand(3, 24) > 0.4
+    mask[:, 0] = True
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    k_full[:, 5:8], v_full[:, 5:8] = k_new, v_new
+    want = _eager_cache_attention(q.float(), k_full.float(), v_full.float(), 5, 24, False,
+                                  mask=mask).half()
+    run_et_node(vk_device, "llama.sdpa_with_kv_cache.default",
+                [q, k_new, v_new, k_cache, v_cache, 5, 3, mask, 0.0, False, None], want,
+                **FP16_TOL)
+
+
+def test_custom_sdpa_and_sliding_window_bool_masks():
+    q, k, v = _cache_qkv(1, 8, 4, 50, 4, 32)
+    torch.manual_seed(10)
+    mask = torch.rand(8, 50) > 0.5
+    mask[torch.arange(8), torch.arange(8) + 42] = True  # each row sees its own position
+    fn = lambda q, k, v, m: torch.ops.llama.custom_sdpa(q, k, v, 42, m)  # noqa: E731
+    got = check_op(fn, (q, k, v, mask), ops=[CUSTOM], **FP32_TOL)(q, k, v, mask)
+    torch.testing.assert_close(got, _eager_cache_attention(q, k, v, 42, 50, False, mask=mask),
+                               **FP32_TOL)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    fn = lambda q, k, v, m: torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, 6, 42, m)  # noqa: E731,E501
+    got = check_op(fn, (qt, kt, vt, mask), ops=[SLIDING], **FP32_TOL)(qt, kt, vt, mask)
+    want = _eager_cache_attention(q, k, v, 42, 50, False,
+                                  mask=mask & _window_mask(8, 50, 6, 42))
+    torch.testing.assert_close(got, want.transpose(1, 2), **FP32_TOL)
+
+
 @pytest.mark.parametrize("start_pos,lq", [(0, 100), (70, 1), (33, 20)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_sliding_window_op(start_pos, lq, dtype):

@@ -210,31 +210,28 @@ def dispatch(b, a: Attention) -> None:
                    global_size=(ev, l_max, batch * heads), local_size=(64, 1, 1))
 
 
-def variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
-    """The sdpa.glsl forms an op may dispatch at one grid point (for
-    ``shaders.variants.declare_grid``): each mask kind (none, bool, additive) with and
-    without the early exit, the additive ones also as ET's NaN-row form; causal and
-    causal + sliding window in both layouts; split-K without a mask and causal."""
-    t = (dtype, device_dtype(dtype, profile))
-    f32 = ("float32", device_dtype("float32", profile))
-    kw = dict(d_max=d_max, cpu=cpu)
-    found = []
-    for mdt in (None, "bool", dtype):
-        m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-        for skip in (True, False):
-            found.append(defines(t, t, t, t, m, causal=False, window=False, skip=skip, **kw))
-        if mdt != "bool":
-            found.append(defines(t, t, t, t, m, causal=False, window=False, skip=True,
-                                 nan_rows=True, **kw))
-    for seq_first in (False, True):
-        for window in (False, True):
+def grid(forms) -> Callable[..., list]:
+    """A ``shaders.variants.declare_grid`` defines function over (profile, dtype, cpu,
+    d_max) for an op family's ``forms``: tuples (mask, causal, window, nan_rows,
+    seq_first), mask None, "bool" or "float" (the query's dtype); each form with the
+    early exit on and off, whole and split-K."""
+    forms = tuple(forms)
+
+    def variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
+        t = (dtype, device_dtype(dtype, profile))
+        f32 = ("float32", device_dtype("float32", profile))
+        found = []
+        for mask, causal, window, nan_rows, seq_first in forms:
+            mdt = {None: None, "bool": "bool", "float": dtype}[mask]
+            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
             for skip in (True, False):
-                found.append(defines(t, t, t, t, None, causal=True, window=window,
-                                     skip=skip, seq_first=seq_first, **kw))
-        for causal in (False, True):
-            found.append(defines(f32, t, t, t, None, causal=causal, window=False, skip=True,
-                                 seq_first=seq_first, split=True, **kw))
-    return found
+                for split in (False, True):
+                    found.append(defines(f32 if split else t, t, t, t, m, causal=causal,
+                                         window=window, d_max=d_max, cpu=cpu, skip=skip,
+                                         nan_rows=nan_rows, seq_first=seq_first,
+                                         split=split))
+        return found
+    return variants
 
 
 def combine_variants(profile, dtype: str, d_max: int) -> list[dict]:

@@ -136,7 +136,11 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
                       "where fully masked"))
 
 
-declare_grid(attention.SHADER, attention.variants, profile=STORAGE_PROFILES, dtype=DTYPES,
-             cpu=(True, False), d_max=attention.D_BUCKETS)
+#: (mask, causal, window, nan_rows, seq_first) of the forms these ops dispatch.
+_FORMS = [(None, False, False, False, False), (None, True, False, False, False),
+          ("bool", False, False, False, False), ("float", False, False, False, False),
+          (None, False, False, True, False), ("float", False, False, True, False)]
+declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
+             dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
 declare_grid(attention.COMBINE, attention.combine_variants, profile=STORAGE_PROFILES,
              dtype=DTYPES, d_max=attention.D_BUCKETS)
