@@ -40,6 +40,7 @@ SDPA = "aten.scaled_dot_product_attention.default"
 #: (name, batch, q heads, kv heads, L, S, head dim, mode)
 CASES = [
     ("small causal (lavapipe)", 1, 2, 2, 128, 128, 32, "causal"),
+    ("decode 1x2048 gqa4 (lavapipe)", 1, 8, 2, 1, 2048, 64, "none"),
     ("bert-base 4x512", 4, 12, 12, 512, 512, 64, "none"),
     ("bert padding mask", 4, 12, 12, 512, 512, 64, "bool"),
     ("causal 1024", 1, 16, 16, 1024, 1024, 64, "causal"),
