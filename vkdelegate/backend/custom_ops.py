@@ -231,14 +231,16 @@ def _sdpa_with_kv_cache(query, key, value, key_cache, value_cache, start_pos, se
 #: ExecuTorch's ``llama::sdpa_with_kv_cache``: writes key and value ([B, L, Hk, E]) into
 #: key_cache and value_cache ([B, S, Hk, E], in place) at rows start_pos.., then
 #: ``custom_sdpa(query, key_cache, value_cache, start_pos, ...)`` with seq_len queries
-#: (ET-VK fuses custom_sdpa and two update_cache into it). Vulkan:
+#: (ET-VK fuses custom_sdpa and two update_cache into it; it appears in ET-VK blobs).
+#: It writes its arguments, so the CPU glue may not call it (glue=False: a node torch
+#: exports holds it only functionalized); the reference executor runs it. Vulkan:
 #: ``ops/families/sdpa_kv.py``.
 SDPA_WITH_KV_CACHE = declare_custom_op(
     "llama.sdpa_with_kv_cache.default",
     "sdpa_with_kv_cache(Tensor query, Tensor key, Tensor value, Tensor(a!) key_cache, "
     "Tensor(b!) value_cache, SymInt start_pos, SymInt seq_len, Tensor? attn_mask=None, "
     "float drpout_p=0.0, bool is_causal=False, float? scale=None) -> Tensor",
-    _sdpa_with_kv_cache)
+    _sdpa_with_kv_cache, glue=False)
 
 
 def _sliding_window_sdpa(query, key, value, window, start_pos=0, attn_mask=None,
