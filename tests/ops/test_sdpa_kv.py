@@ -12,6 +12,8 @@ from torch.export import Dim
 from tests.ops.et_graphs import run_et_node
 from tests.ops.harness import check_op
 from vkdelegate.backend.custom_ops import ensure_defined
+from vkdelegate.backend.partitioner import VulkanPartitioner
+from vkdelegate.backend.to_backend import to_backend
 from vkdelegate.kernels import attention
 
 CUSTOM = "llama.custom_sdpa.default"
@@ -205,6 +207,39 @@ def test_early_exit_is_bit_identical(mode, dtype):
     on = check_op(fn, args, ops=[SDPA], **tol)
     off = check_op(fn, args, ops=[SDPA], **tol, options=OFF)
     assert torch.equal(on(*args), off(*args))
+
+
+def test_gqa_heads_packed_per_workgroup_causal_and_window_exact():
+    # Hq / Hk = 4 query heads share each workgroup (one K/V tile read for all four).
+    assert attention.pack_for(32, 8) == 4 and attention.pack_for(12, 4) == 1
+    assert attention.pack_for(64, 1) == 1 and attention.pack_for(8, 8) == 1
+    torch.manual_seed(11)
+    q, k, v = torch.randn(1, 8, 100, 32), torch.randn(1, 2, 100, 32), torch.randn(1, 2, 100, 32)
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731,E501
+    on = check_op(fn, (q, k, v), ops=[SDPA], **FP32_TOL)
+    off = check_op(fn, (q, k, v), ops=[SDPA], **FP32_TOL, options=OFF)
+    assert torch.equal(on(q, k, v), off(q, k, v))
+    fn = lambda q, k, v: torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, 20)  # noqa: E731
+    on = check_op(fn, (q, k, v), ops=[SLIDING], **FP32_TOL)
+    off = check_op(fn, (q, k, v), ops=[SLIDING], **FP32_TOL, options=OFF)
+    assert torch.equal(on(q, k, v), off(q, k, v))
+
+
+def test_reference_executor_runs_the_kv_ops():
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            a = torch.ops.llama.custom_sdpa(q, k, v, 4, None, 0.0, True, None)
+            b = torch.ops.vkdelegate.sliding_window_sdpa(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 3, 4)
+            return a + b.transpose(1, 2)
+
+    q, k, v = _cache_qkv(1, 3, 4, 10, 2, 16)
+    ep = torch.export.export(M(), (q, k, v))
+    program = to_backend(ep, VulkanPartitioner({"executor": "reference"}))
+    assert all(d.partition is not None for d in program.methods["forward"].report.decisions)
+    want = (_eager_cache_attention(q, k, v, 4, 7, True)
+            + _eager_cache_attention(q, k, v, 4, 10, True, window=3))
+    torch.testing.assert_close(program(q, k, v), want, **FP32_TOL)
 
 
 def test_split_k_decode_matches_eager_and_is_chosen():

@@ -76,10 +76,21 @@ def d_bucket(e: int, ev: int) -> int:
     return next(d for d in D_BUCKETS if d >= max(e, ev))
 
 
-def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int) -> int:
-    """Key splits for these upper-bound sizes: 1 (no split) unless the query blocks
-    leave the device idle and the keys are many (see SPLIT_TARGET)."""
-    groups = -(-l_max // BLOCK_M) * heads * batch
+def pack_for(q_heads: int, kv_heads: int) -> int:
+    """Query heads per workgroup: Hq / Hk (grouped-query attention, each K/V tile read
+    once for all of them) when that is a power of two up to BLOCK_M, else 1."""
+    if kv_heads < 1 or q_heads % kv_heads:
+        return 1
+    n = q_heads // kv_heads
+    return n if n <= BLOCK_M and n & (n - 1) == 0 else 1
+
+
+def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int,
+               pack: int = 1) -> int:
+    """Key splits for these upper-bound sizes (``pack`` query heads per workgroup): 1
+    (no split) unless the query blocks leave the device idle and the keys are many
+    (see SPLIT_TARGET)."""
+    groups = -(-l_max // (BLOCK_M // pack)) * (heads // pack) * batch
     tiles = -(-s_max // block_n(d_max))
     if groups >= SPLIT_TARGET:
         return 1
@@ -171,7 +182,8 @@ def dispatch(b, a: Attention) -> None:
     s_max, l_max = k.max_shape[seq], q.max_shape[seq]
     heads = q.max_shape[head]
     batch = q.max_shape[0] if q.ndim == 4 else 1
-    splits = splits_for(l_max, heads, batch, s_max, d_max)
+    group = pack_for(heads, k.max_shape[head])
+    splits = splits_for(l_max, heads, batch, s_max, d_max, group)
     tiles = -(-s_max // block_n(d_max))
     per_split = -(-tiles // splits)
     loop_limit.check(b, iterations(min(s_max, per_split * block_n(d_max)), d_max),
@@ -183,7 +195,7 @@ def dispatch(b, a: Attention) -> None:
         return SDPA_PARAMS.pack(scale=[scale, 0.0, 0.0, 0.0],
                                 pos=[int(offset), int(min(limit, NO_LIMIT)), int(a.window),
                                      splits],
-                                split=[per_split, 0, 0, 0])
+                                split=[per_split, group, 0, 0])
 
     params = b.params(pack())
     if a.positions is not None:
@@ -201,7 +213,8 @@ def dispatch(b, a: Attention) -> None:
                                split=splits > 1),
                outputs=[target], inputs=[q, k, v] + ([mask] if mask else []),
                params=metas + [params],
-               global_size=(-(-l_max // BLOCK_M) * BLOCK_M * splits, heads, batch),
+               global_size=(-(-l_max // (BLOCK_M // group)) * BLOCK_M * splits,
+                            heads // group, batch),
                local_size=(BLOCK_M, 1, 1))
     if splits > 1:
         b.dispatch(COMBINE, combine_defines(out, d_max, a.nan_rows, a.seq_first),

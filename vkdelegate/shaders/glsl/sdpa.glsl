@@ -17,7 +17,10 @@
 // pos.z (sliding window of pos.z keys, Mistral / Gemma: i - window < j).
 //
 // One workgroup of BLOCK_M invocations per (BLOCK_M query rows, key split, head,
-// batch); each invocation owns one query row (q and the output accumulator in
+// batch), or with split.y = pack > 1 (grouped-query attention, pack = Hq / Hk) per
+// (BLOCK_M / pack positions of the pack query heads that share one K/V head, key
+// split, K/V head, batch), so that each K/V tile serves pack heads; each invocation
+// owns one query row (q and the output accumulator in
 // registers, fp32). The keys are walked in tiles of BLOCK_N: the workgroup stages a
 // tile of K and V in shared memory (fp32, zero past S and past E / Ev), every row
 // scores it, and the online softmax (running max m, running sum l) rescales the
@@ -67,7 +70,7 @@ TENSOR_META(v_meta)
 TENSOR_META(mask_meta)
 #endif
 // scale.x: the score scale; pos: (query position offset, key count, window, splits);
-// split.x: tiles per split.
+// split: (tiles per split, query heads packed per workgroup).
 PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
 
 #define D4 (D_MAX / 4)
@@ -118,8 +121,13 @@ void main() {
   const int lane = int(gl_LocalInvocationID.x);
   const int splits = max(1, pos.w);
   const int split_id = int(gl_WorkGroupID.x) % splits;
-  const int i0 = int(gl_WorkGroupID.x) / splits * BLOCK_M;
-  const int h = int(gl_WorkGroupID.y);
+  // pack > 1: the workgroup's rows are the pack query heads of K/V head
+  // gl_WorkGroupID.y (lane % pack) times BLOCK_M / pack query positions.
+  const int pack = max(1, split.y);
+  const int rows = BLOCK_M / pack;
+  const int i0 = int(gl_WorkGroupID.x) / splits * rows;
+  const int wy = int(gl_WorkGroupID.y);
+  const int h = pack > 1 ? wy * pack + lane % pack : wy;
   const int bq = int(gl_WorkGroupID.z);
   const int E = size_at(q_meta, 0);
   const int L = size_at(q_meta, SEQ_DIM);
@@ -127,12 +135,12 @@ void main() {
   const int B = size_at(q_meta, 3);
   const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
   const int Ev = size_at(v_meta, 0);
-  if (i0 >= L || h >= Hq || bq >= B) {
+  if (i0 >= L || wy >= (pack > 1 ? Hq / pack : Hq) || bq >= B) {
     return;  // the whole workgroup leaves together (no barrier is skipped)
   }
-  const int hk = h / max(1, Hq / max(1, size_at(k_meta, HEAD_DIM)));
+  const int hk = pack > 1 ? wy : h / max(1, Hq / max(1, size_at(k_meta, HEAD_DIM)));
   const int bk = bq / max(1, B / max(1, size_at(k_meta, 3)));
-  const int i = i0 + lane;
+  const int i = i0 + lane / pack;
   const bool row_ok = i < L;
   const int qpos = pos.x + i;  // the row's absolute position
   const int k_base = bk * stride_at(k_meta, 3) + hk * stride_at(k_meta, HEAD_DIM);
@@ -162,7 +170,7 @@ void main() {
 #ifdef SKIP_MASKED_TILES
 #ifdef CAUSAL
   // Keys past the workgroup's last row's position are masked for all of its rows.
-  t_hi = min(t_hi, (pos.x + min(i0 + BLOCK_M, L) - 1) / BLOCK_N + 1);
+  t_hi = min(t_hi, (pos.x + min(i0 + rows, L) - 1) / BLOCK_N + 1);
 #endif
 #ifdef WINDOW
   // Keys at or before the first row's position - window are masked for all rows.
