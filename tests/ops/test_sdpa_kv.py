@@ -81,6 +81,22 @@ def test_custom_sdpa_head_dims(e):
                                **FP32_TOL)
 
 
+@pytest.mark.parametrize("e", [128, 256])
+def test_fp16_large_head_dims_half_query(e):
+    # Q_HALF (float16 q as packed fp16 pairs, scaled after the dot) from head dim 128.
+    assert attention.defines(*[("float16", "float16")] * 4, None, causal=True, window=False,
+                             d_max=e, cpu=False, skip=True).get("Q_HALF") == "1"
+    torch.manual_seed(12)
+    q, k, v = (torch.randn(1, h, n, e).half() for h, n in ((4, 40), (2, 70), (2, 70)))
+    check_op(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                            enable_gqa=True, scale=0.3),
+             (q, k, v), ops=[SDPA], **FP16_TOL)
+    qc, kc, vc = (t.transpose(1, 2) for t in (q[:, :, :5], k, v))
+    got = check_op(_custom(60), (qc, kc, vc), ops=[CUSTOM], **FP16_TOL)(qc, kc, vc)
+    torch.testing.assert_close(got.float(), _eager_cache_attention(
+        qc.float(), kc.float(), vc.float(), 60, 65, True), **FP16_TOL)
+
+
 def test_custom_sdpa_fp16_and_float_mask_with_fully_masked_row():
     q, k, v = _cache_qkv(1, 6, 4, 70, 2, 64, dtype=torch.float16)
     got = check_op(_custom(50), (q, k, v), ops=[CUSTOM], **FP16_TOL)

@@ -38,6 +38,10 @@ SHARED_FLOATS = 4096
 SPLIT_TARGET = 1024
 SPLIT_MIN_TILES = 2
 MAX_SPLITS = 64
+#: Head-dim buckets from which a float16 query is held as packed fp16 pairs (Q_HALF in
+#: sdpa.glsl: exact, half the registers; the fp32 q and accumulator of a row are 256
+#: registers at 128, past the 255 an NVIDIA thread has).
+HALF_Q_D = 128
 #: The compile option (backend/options.py) that switches the early exit off.
 SKIP_OPTION = "sdpa_skip_masked_tiles"
 #: int32 "no limit" for the key count.
@@ -147,7 +151,8 @@ def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: 
     d.update(D_MAX=str(d_max), D_STEP=str(d_step(d_max, cpu)), BLOCK_M=str(BLOCK_M),
              BLOCK_N=str(block_n(d_max)), FULLY_MASKED="NAN_F" if nan_rows else "0.0")
     flags = dict(CAUSAL=causal, WINDOW=window, SEQ_FIRST=seq_first, SPLIT_K=split,
-                 SKIP_MASKED_TILES=skip)
+                 SKIP_MASKED_TILES=skip,
+                 Q_HALF=_dtype(q) == "float16" and d_max >= HALF_Q_D)
     d.update({k: "1" for k, on in flags.items() if on})
     if mask is not None:
         d["MASK_BOOL" if _dtype(mask) == "bool" else "MASK_FLOAT"] = "1"

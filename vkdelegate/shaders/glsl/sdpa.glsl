@@ -4,7 +4,7 @@
 
 // Fused scaled dot-product attention, flash-attention style (kernels/attention.py):
 //   out[b, h, i] = sum_j softmax_j(scale q[b, h, i] . k[b', h', j] + mask[.., i, j]) v[b', h', j]
-// (q is multiplied by the scale as it is loaded)
+// (q is multiplied by the scale as it is loaded, or the dot by it with Q_HALF)
 // q [B, Hq, L, E], k [Bk, Hk, S, E], v [Bk, Hk, S, Ev], out [B, Hq, L, Ev] (metadata
 // dims 3..0; a rank-3 tensor has B = 1); with SEQ_FIRST all four are [B, L|S, H, D]
 // (ExecuTorch's llama ops). K/V heads and batch are shared by Hq / Hk (B / Bk)
@@ -49,7 +49,9 @@
 // Defines: OUT_T, Q_T, K_T, V_T, OUT_STORE(v); D_MAX (a multiple of 4 >= E and Ev);
 // D_STEP; BLOCK_M (the local size x), BLOCK_N (<= 32: a tile's mask bits are one uint);
 // CAUSAL; WINDOW; MASK_BOOL or MASK_FLOAT with MASK_T (mask broadcast over every dim of
-// size 1, rows indexed by i); FULLY_MASKED; SKIP_MASKED_TILES; SEQ_FIRST; SPLIT_K.
+// size 1, rows indexed by i); FULLY_MASKED; SKIP_MASKED_TILES; SEQ_FIRST; SPLIT_K;
+// Q_HALF (a float16 query kept as packed fp16 pairs, scaled after the dot: for head
+// dims >= 128, where q and the accumulator of a row no longer fit a GPU's registers).
 // The loops over a tile's keys are not unrolled (unrolled, llvmpipe's LLVM took
 // minutes on the float-mask variant), so llvmpipe counts about 3 * BLOCK_N + 1
 // iterations per tile against LOOP_LIMIT (attention.py checks it).
@@ -153,12 +155,21 @@ void main() {
   const int m_col = mask_stride(0);
 #endif
 
+#ifdef Q_HALF
+  uvec2 q[D4];  // fp16 pairs (packHalf2x16): exact for a float16 query, half the registers
+#else
   vec4 q[D4];
+#endif
   vec4 acc[D4];
   const int q_base = bq * stride_at(q_meta, 3) + h * stride_at(q_meta, HEAD_DIM)
       + min(i, L - 1) * stride_at(q_meta, SEQ_DIM);
   FOR_D(c) {
+#ifdef Q_HALF
+    const vec4 x = LOAD4(q_data, q_base, c, E);  // unscaled: the scale goes on the dot
+    q[c] = uvec2(packHalf2x16(x.xy), packHalf2x16(x.zw));
+#else
     q[c] = LOAD4(q_data, q_base, c, E) * scale.x;
+#endif
     acc[c] = vec4(0.0);
   }
   float m = NEG_INF;  // running max of the row's scores
@@ -230,9 +241,18 @@ void main() {
         if (j < S) {
           float d = 0.0;
           FOR_D(c) {
+#ifdef Q_HALF
+            d += dot(vec4(unpackHalf2x16(q[c].x), unpackHalf2x16(q[c].y)),
+                     k_tile[jj * D4 + c]);
+#else
             d += dot(q[c], k_tile[jj * D4 + c]);
+#endif
           }
+#ifdef Q_HALF
+          sc = d * scale.x;
+#else
           sc = d;
+#endif
 #ifdef CAUSAL
           if (j > qpos) {
             sc = NEG_INF;
