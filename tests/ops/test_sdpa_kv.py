@@ -65,6 +65,15 @@ def test_custom_sdpa_start_pos(start_pos, lq, causal):
     torch.testing.assert_close(got(q, k, v), want, **FP32_TOL)
 
 
+def test_custom_sdpa_decode_over_a_4096_row_cache():
+    # One query at position 4000 (split-K; the rows past 4000 are never read).
+    q, k, v = _cache_qkv(1, 1, 8, 4096, 2, 64)
+    k[:, 4001:] = float("nan")  # cache rows not in use: must not reach the output
+    got = check_op(_custom(4000), (q, k, v), ops=[CUSTOM], **FP32_TOL)
+    torch.testing.assert_close(got(q, k, v),
+                               _eager_cache_attention(q, k, v, 4000, 4001, True), **FP32_TOL)
+
+
 @pytest.mark.parametrize("hk", [8, 4, 2, 1])
 def test_custom_sdpa_gqa_ratios(hk):
     q, k, v = _cache_qkv(2, 9, 8, 64, hk, 32)
