@@ -209,7 +209,7 @@ void main() {
     }
 #ifdef SKIP_MASKED_TILES
     if (bits != 0u) {
-      tile_live[t % 3] = 1u;
+      atomicOr(tile_live[t % 3], 1u);  // atomic: several rows vote at once
     }
     if (lane == 0) {
       tile_live[(t + 1) % 3] = 0u;
