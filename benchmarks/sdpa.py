@@ -132,7 +132,7 @@ def _torch_ms(module, inputs, runs: int, cpu_max: int) -> tuple[str, str]:
         dev = [t.cuda() for t in inputs]
         times = []
         for _ in range(runs + 2):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
             module(*dev)
             end.record()

@@ -11,6 +11,7 @@ from torch.export import Dim
 
 from tests.ops.et_graphs import run_et_node
 from tests.ops.harness import check_op
+from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.to_backend import to_backend
@@ -48,6 +49,19 @@ def _eager_cache_attention(q, k, v, start_pos, keys, causal, mask=None, window=0
     attn = allowed if mask is None else mask[:, :keys]
     out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=attn, enable_gqa=True)
     return out.transpose(1, 2)
+
+
+def _sdpa(**kw):
+    """F.scaled_dot_product_attention(q, k, v[, mask], **kw) as a function."""
+    def fn(q, k, v, *mask):
+        return F.scaled_dot_product_attention(q, k, v, *mask, **kw)
+    return fn
+
+
+def _sliding(window, start_pos):
+    def fn(q, k, v, *mask):
+        return torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, window, start_pos, *mask)
+    return fn
 
 
 def _custom(start_pos, causal=True):
@@ -178,7 +192,7 @@ def test_custom_sdpa_and_sliding_window_bool_masks():
     torch.testing.assert_close(got, _eager_cache_attention(q, k, v, 42, 50, False, mask=mask),
                                **FP32_TOL)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    fn = lambda q, k, v, m: torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, 6, 42, m)  # noqa: E731,E501
+    fn = _sliding(6, 42)
     got = check_op(fn, (qt, kt, vt, mask), ops=[SLIDING], **FP32_TOL)(qt, kt, vt, mask)
     want = _eager_cache_attention(q, k, v, 42, 50, False,
                                   mask=mask & _window_mask(8, 50, 6, 42))
@@ -191,7 +205,7 @@ def test_sliding_window_op(start_pos, lq, dtype):
     torch.manual_seed(2)
     s = start_pos + lq
     q, k, v = (torch.randn(1, h, n, 64).to(dtype) for h, n in ((4, lq), (2, s), (2, s)))
-    fn = lambda q, k, v: torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, 24, start_pos)  # noqa: E731,E501
+    fn = _sliding(24, start_pos)
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
     on = check_op(fn, (q, k, v), ops=[SLIDING], **tol)
     off = check_op(fn, (q, k, v), ops=[SLIDING], **tol, options=OFF)
@@ -226,7 +240,7 @@ def test_early_exit_is_bit_identical(mode, dtype):
         else:
             mask = torch.where(_window_mask(200, 200, 40), torch.randn(200, 200),
                                torch.tensor(float("-inf"))).to(dtype)
-        fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731,E501
+        fn = _sdpa()
         args = (q, k, v, mask)
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
     on = check_op(fn, args, ops=[SDPA], **tol)
@@ -239,12 +253,12 @@ def test_gqa_heads_packed_per_workgroup_causal_and_window_exact():
     assert attention.pack_for(32, 8) == 4 and attention.pack_for(12, 4) == 1
     assert attention.pack_for(64, 1) == 1 and attention.pack_for(8, 8) == 1
     torch.manual_seed(11)
-    q, k, v = torch.randn(1, 8, 100, 32), torch.randn(1, 2, 100, 32), torch.randn(1, 2, 100, 32)
-    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731,E501
+    q, k, v = (torch.randn(1, h, 100, 32) for h in (8, 2, 2))
+    fn = _sdpa(is_causal=True, enable_gqa=True)
     on = check_op(fn, (q, k, v), ops=[SDPA], **FP32_TOL)
     off = check_op(fn, (q, k, v), ops=[SDPA], **FP32_TOL, options=OFF)
     assert torch.equal(on(q, k, v), off(q, k, v))
-    fn = lambda q, k, v: torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, 20)  # noqa: E731
+    fn = _sliding(20, 0)
     on = check_op(fn, (q, k, v), ops=[SLIDING], **FP32_TOL)
     off = check_op(fn, (q, k, v), ops=[SLIDING], **FP32_TOL, options=OFF)
     assert torch.equal(on(q, k, v), off(q, k, v))
@@ -272,12 +286,11 @@ def test_split_k_decode_matches_eager_and_is_chosen():
     assert attention.splits_for(1, 8, 1, 1500, 64) > 1
     assert attention.splits_for(4096, 32, 4, 4096, 128) == 1
     torch.manual_seed(6)
-    q, k, v = torch.randn(1, 8, 1, 64), torch.randn(1, 2, 1500, 64), torch.randn(1, 2, 1500, 64)
-    check_op(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-             (q, k, v), ops=[SDPA], **FP32_TOL)
+    q, k, v = (torch.randn(1, h, n, 64) for h, n in ((8, 1), (2, 1500), (2, 1500)))
+    check_op(_sdpa(enable_gqa=True), (q, k, v), ops=[SDPA], **FP32_TOL)
     mask = torch.rand(1, 1500) > 0.3
     mask[:, 200:1400] = False
-    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)  # noqa: E731,E501
+    fn = _sdpa(enable_gqa=True)
     on = check_op(fn, (q, k, v, mask), ops=[SDPA], **FP32_TOL)
     off = check_op(fn, (q, k, v, mask), ops=[SDPA], **FP32_TOL, options=OFF)
     assert torch.equal(on(q, k, v, mask), off(q, k, v, mask))
@@ -319,3 +332,62 @@ def test_static_cache_mask_form_runs_wholly_on_vulkan(window):
             _eager_cache_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                    start, 64, True, window=window).transpose(1, 2),
             **FP32_TOL)
+
+
+class _HFStaticCacheDecoder(torch.nn.Module):
+    """A HF causal LM over transformers' StaticCache whose layers point at our buffers
+    (as vkdelegate.llm does): the attention exports as SDPA over the whole cache with a
+    mask built from the positions."""
+
+    def __init__(self, model, max_seq_len: int):
+        super().__init__()
+        from transformers.cache_utils import StaticCache, StaticLayer
+
+        self.model = model
+        cfg = model.config
+        heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+        for i in range(cfg.num_hidden_layers):
+            self.register_buffer(f"k_{i}", torch.zeros(1, heads, max_seq_len, dim))
+            self.register_buffer(f"v_{i}", torch.zeros(1, heads, max_seq_len, dim))
+        cache = StaticCache(max_cache_len=max_seq_len, config=cfg)
+        cache.layers = [StaticLayer(max_seq_len) for _ in cache.layers]
+        n = cfg.num_hidden_layers
+        cache.early_initialization(1, [heads] * n, [dim] * n, model.dtype, torch.device("cpu"))
+        self.__dict__["_static"] = cache
+
+    def forward(self, embeds, start_pos):
+        for i, layer in enumerate(self._static.layers):
+            layer.keys, layer.values = getattr(self, f"k_{i}"), getattr(self, f"v_{i}")
+            layer.cumulative_length = start_pos[0].clone()
+        positions = (torch.arange(embeds.shape[1]) + start_pos).unsqueeze(0)
+        return self.model(inputs_embeds=embeds, position_ids=positions, cache=self._static,
+                          use_cache=True, logits_to_keep=1).logits
+
+
+def test_hf_mistral_sliding_window_mask_and_sdpa_lower_to_vulkan():
+    # The sliding-window mask HF Mistral builds (arange, le, gt, sub, and) and the SDPA
+    # reading it are delegated; only the cache write (index_copy_/index_put, other work)
+    # may stay on the CPU.
+    transformers = pytest.importorskip("transformers")
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    cfg = transformers.MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, sliding_window=8,
+                                     max_position_embeddings=128)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    module = _HFStaticCacheDecoder(transformers.MistralForCausalLM(cfg).eval(), 32)
+    ep = torch.export.export(module, (torch.randn(1, 5, 64), torch.tensor([3])), strict=False)
+    program = to_backend(ep, VulkanPartitioner())
+    decisions = program.methods["forward"].report.decisions
+    assert [d.partition is not None for d in decisions if d.op == SDPA] == [True]
+    cpu = {d.op for d in program.methods["forward"].report.cpu_nodes}
+    assert {op for op in cpu if "index" not in op} == set(), cpu
+    torch.manual_seed(0)
+    eager = _HFStaticCacheDecoder(transformers.MistralForCausalLM(cfg).eval(), 32)
+    x = torch.randn(1, 5, 64)
+    with torch.no_grad():
+        want = eager(x, torch.tensor([3]))
+    torch.testing.assert_close(program(x, torch.tensor([3])), want, rtol=1e-4, atol=1e-5)
+    program.close()
