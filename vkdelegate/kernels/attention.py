@@ -147,6 +147,8 @@ def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: 
     tensors = dict(OUT=out, Q=q, K=k, V=v)
     if mask is not None:
         tensors["MASK"] = mask
+    # Nothing to skip without a causal, window or boolean mask: one variant, not two.
+    skip = skip and (causal or window or (mask is not None and _dtype(mask) == "bool"))
     d = storage_defines(**tensors)
     d.update(D_MAX=str(d_max), D_STEP=str(d_step(d_max, cpu)), BLOCK_M=str(BLOCK_M),
              BLOCK_N=str(block_n(d_max)), FULLY_MASKED="NAN_F" if nan_rows else "0.0")
