@@ -10,6 +10,16 @@ the two outputs.
 
     python benchmarks/sdpa.py [--runs 10] [--filter causal] [--dtype float16]
 
+With ``--prefill``, the block-sparse early exit instead (issue 14): prefill attention
+at 512, 2048 and 8192 tokens (causal, a boolean sliding-window mask of 1024 keys as HF
+Mistral builds it, and the same window as vkdelegate.sliding_window_sdpa), fused with
+the early exit on and off (compile option ``sdpa_skip_masked_tiles``), whether the two
+outputs are bit-identical, and PyTorch's SDPA on the same inputs (CUDA, device-resident,
+timed with CUDA events, when available; else the CPU only up to --torch-cpu-max
+tokens).
+
+    python benchmarks/sdpa.py --prefill [--dtype float16] [--filter 8192]
+
 The larger cases are sized for a GPU (the H200); on lavapipe use --filter lavapipe.
 """
 from __future__ import annotations
@@ -21,6 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.to_backend import to_backend
 
@@ -29,6 +40,7 @@ SDPA = "aten.scaled_dot_product_attention.default"
 #: (name, batch, q heads, kv heads, L, S, head dim, mode)
 CASES = [
     ("small causal (lavapipe)", 1, 2, 2, 128, 128, 32, "causal"),
+    ("decode 1x2048 gqa4 (lavapipe)", 1, 8, 2, 1, 2048, 64, "none"),
     ("bert-base 4x512", 4, 12, 12, 512, 512, 64, "none"),
     ("bert padding mask", 4, 12, 12, 512, 512, 64, "bool"),
     ("causal 1024", 1, 16, 16, 1024, 1024, 64, "causal"),
@@ -80,14 +92,110 @@ def _measure(program, inputs, runs: int) -> tuple[float, float, torch.Tensor]:
     return statistics.median(gpu), statistics.median(wall), out
 
 
+#: (name, q heads, kv heads, tokens, head dim, mode): Llama-3-8B-shaped attention.
+PREFILL = [
+    ("prefill lavapipe", 2, 1, 256, 64, "causal"),
+    ("prefill 512 causal", 32, 8, 512, 128, "causal"),
+    ("prefill 2048 causal", 32, 8, 2048, 128, "causal"),
+    ("prefill 8192 causal", 32, 8, 8192, 128, "causal"),
+    ("prefill 2048 window 1024 bool", 32, 8, 2048, 128, "bool"),
+    ("prefill 8192 window 1024 bool", 32, 8, 8192, 128, "bool"),
+    ("prefill 8192 window 1024 op", 32, 8, 8192, 128, "op"),
+]
+WINDOW = 1024
+
+
+class _Prefill(torch.nn.Module):
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, q, k, v, mask):
+        if self.mode == "op":
+            return torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, WINDOW)
+        if self.mode == "bool":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _window_mask(n: int) -> torch.Tensor:
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return ((j <= i) & (j > i - WINDOW))[None, None]
+
+
+def _torch_ms(module, inputs, runs: int, cpu_max: int) -> tuple[str, str]:
+    """PyTorch SDPA's time: on CUDA (device tensors, CUDA events) when available."""
+    if module.mode == "op":  # the same attention as the bool mask, eager spells it so
+        module = _Prefill("bool")
+        inputs = inputs[:3] + (_window_mask(inputs[0].shape[-2]),)
+    if torch.cuda.is_available():
+        dev = [t.cuda() for t in inputs]
+        times = []
+        for _ in range(runs + 2):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            module(*dev)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return f"{statistics.median(times[2:]):.3f}", "cuda"
+    if inputs[0].shape[-2] > cpu_max:
+        return "-", "cpu (skipped)"
+    t0 = time.perf_counter()
+    module(*inputs)
+    return f"{(time.perf_counter() - t0) * 1e3:.1f}", "cpu (1 run)"
+
+
+def prefill(args, dtype) -> list:
+    ensure_defined()
+    rows = []
+    for name, hq, hk, n, e, mode in PREFILL:
+        if args.filter not in name:
+            continue
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, h, n, e).to(dtype) for h in (hq, hk, hk))
+        mask = _window_mask(n) if mode == "bool" else torch.zeros(1)
+        if mode == "op":  # vkdelegate.sliding_window_sdpa takes Hq % Hk heads as GQA
+            mask = torch.zeros(1)
+        inputs = (q, k, v, mask)
+        module = _Prefill(mode)
+        ep = torch.export.export(module, inputs)
+        ms, outs = [], []
+        for skip in (True, False):
+            program = to_backend(ep, VulkanPartitioner({"sdpa_skip_masked_tiles": skip}))
+            try:
+                gpu, _, out = _measure(program, inputs, args.runs)
+            finally:
+                program.close()
+            ms.append(gpu)
+            outs.append(out)
+        t_ms, t_dev = _torch_ms(module, inputs, args.runs, args.torch_cpu_max)
+        rows.append((name, f"{hq}/{hk}x{n}x{e}", f"{ms[0]:.3f}", f"{ms[1]:.3f}",
+                     f"{ms[1] / ms[0]:.2f}x", torch.equal(outs[0], outs[1]), t_ms, t_dev))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--filter", default="")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    ap.add_argument("--prefill", action="store_true",
+                    help="the early-exit prefill table instead (see the docstring)")
+    ap.add_argument("--torch-cpu-max", type=int, default=2048,
+                    help="largest token count timed with PyTorch on the CPU")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     from tabulate import tabulate
+
+    if args.prefill:
+        rows = prefill(args, dtype)
+        print(f"dtype {args.dtype}, median of {args.runs} runs; early exit = compile "
+              f"option sdpa_skip_masked_tiles")
+        print(tabulate(rows, headers=["case", "Hq/HkxNxE", "exit on GPU ms",
+                                      "exit off GPU ms", "speed-up", "bit-identical",
+                                      "torch SDPA ms", "torch on"]))
+        return
 
     rows = []
     for name, b, hq, hk, lq, s, e, mode in CASES:

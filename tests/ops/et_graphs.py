@@ -17,10 +17,12 @@ from vkdelegate.backend.node_specs import dtype_name
 from vkdelegate.serialization import vkgraph as g
 
 
-def run_et_node(device, name: str, args: list, expected, rtol: float = 0.0) -> None:
+def run_et_node(device, name: str, args: list, expected, rtol: float = 0.0,
+                atol: float = 0.0) -> None:
     """args: the op's arguments in schema order: tensors become graph inputs, a list of
     tensors a ValueList of inputs, anything else a scalar value (None -> Null).
-    expected: the output tensor, or a list of them for a ValueList output."""
+    expected: the output tensor, or a list of them for a ValueList output. rtol, atol:
+    float tolerances (atol only applies with rtol)."""
     gm = GraphMaker()
     arg_ids, inputs, dtypes = [], [], []
 
@@ -53,7 +55,7 @@ def run_et_node(device, name: str, args: list, expected, rtol: float = 0.0) -> N
         assert y.dtype == ref.dtype and y.shape == ref.shape, \
             f"{name} output {i}: {y.dtype}{list(y.shape)} != {ref.dtype}{list(ref.shape)}"
         if rtol and ref.dtype.kind == "f":
-            np.testing.assert_allclose(y, ref, rtol=rtol, atol=0)
+            np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
         else:
             np.testing.assert_array_equal(y, ref, err_msg=f"{name} output {i}")
     coverage.record(name, tuple(dtypes))

@@ -139,15 +139,13 @@ def test_resize():
              resize_inputs=[small, large])
 
 
-def test_causal_tile_skip_is_exact(monkeypatch):
+def test_causal_tile_skip_is_exact():
     # Issue 14's early exit: skipping fully masked key tiles gives the same bits.
-    from vkdelegate.ops.families import sdpa
-
     args = _qkv(1, 2, 2, 100, 150, 64)
     fn = _sdpa(is_causal=True)
     with_skip = check_op(fn, args, ops=OPS, **FP32_TOL)
-    monkeypatch.setattr(sdpa, "SKIP_MASKED_TILES", False)
-    without = check_op(fn, args, ops=OPS, **FP32_TOL)
+    without = check_op(fn, args, ops=OPS, **FP32_TOL,
+                       options={"sdpa_skip_masked_tiles": False})
     assert torch.equal(with_skip(*args), without(*args))
 
 

@@ -195,6 +195,107 @@ SDPA = declare_custom_op(
     "-> Tensor", _sdpa)
 
 
+def _attention_reference(q, k, v, start_pos, attn_mask, is_causal, scale, window,
+                         keys):
+    """Attention of q [B, Hq, L, E] over k, v [B, Hk, S, *] in fp32 (softmax of all
+    -inf: NaN), q's row i at absolute position start_pos + i; only keys j < ``keys``
+    exist; is_causal: j <= start_pos + i; window > 0: j > start_pos + i - window;
+    attn_mask: bool (True = attend) or additive, broadcasting to [L, S] (or more)."""
+    import torch
+
+    rep = q.size(-3) // k.size(-3)
+    kf = k.float().repeat_interleave(rep, dim=-3)
+    vf = v.float().repeat_interleave(rep, dim=-3)
+    if scale is None:
+        scale = 1.0 / (q.size(-1) ** 0.5)
+    scores = torch.matmul(q.float(), kf.transpose(-2, -1)) * scale
+    i = torch.arange(q.size(-2), device=q.device).unsqueeze(-1) + start_pos
+    j = torch.arange(k.size(-2), device=q.device).unsqueeze(0)
+    allowed = j < keys
+    if is_causal:
+        allowed = allowed & (j <= i)
+    if window:
+        allowed = allowed & (j > i - window)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            allowed = allowed & attn_mask
+        else:
+            scores = scores + attn_mask.float()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vf).to(q.dtype)
+
+
+def _custom_sdpa(query, key, value, start_pos, attn_mask=None, drpout_p=0.0,
+                 is_causal=False, scale=None):
+    s = key.size(1)
+    keys = s if attn_mask is not None else start_pos + query.size(1)
+    out = _attention_reference(query.transpose(1, 2), key.transpose(1, 2),
+                               value.transpose(1, 2), start_pos, attn_mask, is_causal,
+                               scale, 0, keys)
+    return out.transpose(1, 2).contiguous()
+
+
+#: ExecuTorch's LLM attention over a KV cache (extension/llm/custom_ops/op_sdpa_aot.cpp
+#: and op_sdpa.cpp): query [B, L, Hq, E], key/value (the caches) [B, S, Hk, E], all
+#: [batch, seq, heads, dim]; query row i is at position start_pos + i; without a mask
+#: only the keys 0..start_pos+L-1 take part (``num_keys_for_causal_attention``), with
+#: one (2-D [L, S], additive, as ET requires float) all S; is_causal masks keys past
+#: start_pos + i; Hq a multiple of Hk (grouped-query). A fully masked row is NaN (a
+#: plain softmax). Vulkan: ``ops/families/sdpa_kv.py``.
+CUSTOM_SDPA = declare_custom_op(
+    "llama.custom_sdpa.default",
+    "custom_sdpa(Tensor query, Tensor key, Tensor value, SymInt start_pos, "
+    "Tensor? attn_mask=None, float drpout_p=0.0, bool is_causal=False, "
+    "float? scale=None) -> Tensor", _custom_sdpa)
+
+
+def _sdpa_with_kv_cache(query, key, value, key_cache, value_cache, start_pos, seq_len,
+                        attn_mask=None, drpout_p=0.0, is_causal=False, scale=None):
+    key_cache[:, start_pos:start_pos + key.size(1)] = key
+    value_cache[:, start_pos:start_pos + value.size(1)] = value
+    s = key_cache.size(1)
+    keys = s if attn_mask is not None else start_pos + seq_len
+    out = _attention_reference(query.transpose(1, 2), key_cache.transpose(1, 2),
+                               value_cache.transpose(1, 2), start_pos, attn_mask,
+                               is_causal, scale, 0, keys)
+    return out.transpose(1, 2).contiguous()
+
+
+#: ExecuTorch's ``llama::sdpa_with_kv_cache``: writes key and value ([B, L, Hk, E]) into
+#: key_cache and value_cache ([B, S, Hk, E], in place) at rows start_pos.., then
+#: ``custom_sdpa(query, key_cache, value_cache, start_pos, ...)`` with seq_len queries
+#: (ET-VK fuses custom_sdpa and two update_cache into it; it appears in ET-VK blobs).
+#: It writes its arguments, so the CPU glue may not call it (glue=False: a node torch
+#: exports holds it only functionalized); the reference executor runs it. Vulkan:
+#: ``ops/families/sdpa_kv.py``.
+SDPA_WITH_KV_CACHE = declare_custom_op(
+    "llama.sdpa_with_kv_cache.default",
+    "sdpa_with_kv_cache(Tensor query, Tensor key, Tensor value, Tensor(a!) key_cache, "
+    "Tensor(b!) value_cache, SymInt start_pos, SymInt seq_len, Tensor? attn_mask=None, "
+    "float drpout_p=0.0, bool is_causal=False, float? scale=None) -> Tensor",
+    _sdpa_with_kv_cache, glue=False)
+
+
+def _sliding_window_sdpa(query, key, value, window, start_pos=0, attn_mask=None,
+                         scale=None):
+    keys = key.size(-2)
+    return _attention_reference(query, key, value, start_pos, attn_mask, True, scale,
+                                window, keys)
+
+
+#: Causal attention with a sliding window (Mistral, Gemma 2/3 local layers): query
+#: [B, Hq, L, E] (ATen's layout), key/value [B, Hk, S, *], Hq a multiple of Hk; query row
+#: i at position start_pos + i sees keys j with start_pos + i - window < j <= start_pos
+#: + i; attn_mask (bool, True = attend, or additive) further restricts. A fully masked
+#: row is NaN. vkdelegate's own op (``vkdelegate.sliding_window_sdpa``), for models that
+#: state the window instead of building its mask. Vulkan: ``ops/families/sdpa_kv.py``.
+SLIDING_WINDOW_SDPA = declare_custom_op(
+    "vkdelegate.sliding_window_sdpa.default",
+    "sliding_window_sdpa(Tensor query, Tensor key, Tensor value, int window, "
+    "SymInt start_pos=0, Tensor? attn_mask=None, float? scale=None) -> Tensor",
+    _sliding_window_sdpa)
+
+
 def _prepack(x):
     return x.clone()
 

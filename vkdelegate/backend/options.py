@@ -18,6 +18,10 @@ Keys (all optional):
 - ``skip_memory_planning`` (bool, default False): give every tensor dedicated memory
   (``mem_obj_id = -1``); useful when debugging aliasing.
 - ``device`` (int | None): index of the Vulkan device to run on (None: the first).
+- ``sdpa_skip_masked_tiles`` (bool, default True): the fused attention shader skips
+  key tiles that are masked for every query row of a workgroup (causal, sliding
+  window, boolean masks; kernels/attention.py). Exact: outputs are bit-identical with
+  it off, which exists to show that (and to measure the speed-up).
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -47,10 +51,16 @@ class CompileOptions:
     skip_memory_planning: bool = False
     device: Optional[int] = None
     executor: str = "vulkan"
+    sdpa_skip_masked_tiles: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
         return dataclasses.asdict(self)
+
+    @property
+    def kernel_options(self) -> dict:
+        """The options op impls read at load (``NodeBuilder.option``)."""
+        return {"sdpa_skip_masked_tiles": self.sdpa_skip_masked_tiles}
 
     @property
     def storage_type(self) -> VkStorageType:
@@ -74,6 +84,7 @@ _SCHEMA = {
     "skip_memory_planning": ((bool,), None, False),
     "device": ((int,), None, True),
     "executor": ((str,), _EXECUTORS, False),
+    "sdpa_skip_masked_tiles": ((bool,), None, False),
 }
 
 

@@ -105,7 +105,8 @@ class _LazyDelegate:
                 self.loaded = load_delegate(self.delegate.blob,
                                             self.delegate.named_data,
                                             device=self.options.device,
-                                            progress=progress, limits=self.limits)
+                                            progress=progress, limits=self.limits,
+                                            kernel_options=self.options.kernel_options)
             except DeviceLimitError as exc:
                 hint = f" ({DYNAMIC_HINT})" if self.dynamic else ""
                 message = f"{self.where}: {exc}{hint}"

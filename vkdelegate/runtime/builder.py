@@ -73,6 +73,11 @@ class NodeBuilder:
         hooks or plan functions."""
         return self._graph.resolve(vid)
 
+    def option(self, name: str, default):
+        """Kernel option ``name`` of this graph (``DelegateGraph(kernel_options=)``,
+        from the compile options, e.g. ``sdpa_skip_masked_tiles``), else ``default``."""
+        return self._graph.kernel_options.get(name, default)
+
     def tensor(self, vid: int) -> Tensor:
         """The Tensor with value id ``vid``; VkDelegateError if it is not a tensor."""
         v = self._graph.resolve(vid)

@@ -65,7 +65,8 @@ class DelegateGraph(DeviceState):
     weight packing are the slow steps of a first load). limits: the resource budget
     (``vkdelegate.limits.LoadLimits``; None: the defaults). ops: the OpTable the nodes
     are looked up and checked in (runtime/op_table.py; None: every registered op, with
-    ``vkdelegate.ops.load_checks``).
+    ``vkdelegate.ops.load_checks``). kernel_options: switches op impls read with
+    ``NodeBuilder.option`` (``CompileOptions.kernel_options``; None: all defaults).
     Raises VkDelegateError on malformed graphs, unsupported ops, declared output sizes
     that differ from the op's (the table's ``check_nodes``), device limits;
     ResourceLimitError for a graph over ``limits``. All of these are checked before
@@ -96,8 +97,10 @@ class DelegateGraph(DeviceState):
 
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
                  device=None, staging: bool | None = None, timeout_s: float | None = None,
-                 progress: bool = False, limits=None, ops: OpTable | None = None):
+                 progress: bool = False, limits=None, ops: OpTable | None = None,
+                 kernel_options=None):
         self.progress = progress
+        self.kernel_options = dict(kernel_options or {})
         self.limits = resolve_limits(limits)
         self.device = device if isinstance(device, Device) else default_device(device)
         self.graph = graph

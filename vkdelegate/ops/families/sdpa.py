@@ -6,8 +6,10 @@ dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)`` (ATen) and
 custom_ops_lib.py since 1.4: matmul, additive mask, softmax, matmul).
 
 query [..., Hq, L, E], key [..., Hk, S, E], value [..., Hk, S, Ev] (rank 3 or 4), out
-[..., Hq, L, Ev]. One flash-attention dispatch (sdpa.glsl): online softmax over key
-tiles of BLOCK_N, fp32 accumulation, the L x S scores never stored. Supported:
+[..., Hq, L, Ev]. The fused attention kernel (kernels/attention.py: sdpa.glsl, online
+softmax over key tiles, fp32 accumulation, the L x S scores never stored; key tiles
+masked for a whole workgroup skipped, exactly; split-K for few queries over many
+keys; grouped-query heads packed per workgroup). Supported:
 is_causal (ATen's top-left aligned tril when L != S), a boolean mask (True = attend) or
 an additive float mask of the query's dtype broadcasting to [..., Hq, L, S], custom
 ``scale`` (default 1 / sqrt(E)), grouped-query attention (``enable_gqa`` and Hq % Hk
@@ -18,71 +20,16 @@ and NaN for et_vk.sdpa (its reference softmax of all -inf).
 """
 from __future__ import annotations
 
-import math
-
-from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import attention
+from vkdelegate.kernels.attention import MAX_HEAD_DIM, Attention
 from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
-from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES
 from vkdelegate.shaders.variants import declare_grid
 
-SHADER = "sdpa"
 ATEN = "aten.scaled_dot_product_attention.default"
 ET_VK = "et_vk.sdpa.default"
 DTYPES = FLOAT_DTYPES
 MASK_DTYPES = frozenset({"bool"}) | FLOAT_DTYPES
-#: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
-D_BUCKETS = (32, 64, 128, 256)
-MAX_HEAD_DIM = D_BUCKETS[-1]
-#: Head-dim buckets up to which q and the accumulator stay in registers (the head-dim
-#: loops unrolled): on CPU drivers (llvmpipe's LLVM took 15 s to compile D 64, minutes
-#: for 256) and on GPUs (past 128 the registers spill anyway).
-UNROLLED_D = {"cpu": 32, "gpu": 128}
-BLOCK_M = 32  # query rows per workgroup (one per invocation)
-#: Shared memory per workgroup: a K and a V tile of BLOCK_N x D_MAX fp32 each, within
-#: the 16 KiB every Vulkan device offers (maxComputeSharedMemorySize's minimum).
-SHARED_FLOATS = 4096
-#: Whether the causal variant ends the tile loop after the workgroup's last query row
-#: (exact: a skipped tile is a multiply by 1 and an add of 0, see sdpa.glsl).
-SKIP_MASKED_TILES = True
-SDPA_PARAMS = ParamBlock("sdpa_block", [("scale", "vec4")])  # x: the score scale
-
-
-def block_n(d_max: int) -> int:
-    """Keys per tile for head-dim bucket ``d_max``: 2 x BLOCK_N x d_max floats of
-    shared memory, at most 32 keys (a tile's scores are a register array)."""
-    return min(32, SHARED_FLOATS // (2 * d_max))
-
-
-def d_step(d_max: int, cpu: bool) -> int:
-    """vec4s of a head dim per iteration of the shader's head-dim loops: all of them
-    (unrolled, in registers) up to UNROLLED_D, else 4 (see sdpa.glsl). cpu: the device
-    is a CPU driver (DeviceInfo.type "cpu")."""
-    return d_max // 4 if d_max <= UNROLLED_D["cpu" if cpu else "gpu"] else 4
-
-
-def iterations(s_max: int, d_max: int) -> int:
-    """Loop iterations one invocation runs for ``s_max`` keys on llvmpipe: per
-    tile the tile loop and two loops over its keys, each key's loops over the head
-    dims when those are not unrolled (two per loop over the keys)."""
-    bn, d4, step = block_n(d_max), d_max // 4, d_step(d_max, cpu=True)
-    per_key = 1 if step == d4 else 1 + d4 // step
-    return -(-s_max // bn) * (2 * bn * per_key + 1)
-
-
-def d_bucket(e: int, ev: int) -> int:
-    """The smallest D_BUCKETS entry >= both head dims."""
-    return next(d for d in D_BUCKETS if d >= max(e, ev))
-
-
-@shader_bindings(SHADER)
-def _bindings(d) -> Bindings:
-    mask = "MASK_BOOL" in d or "MASK_FLOAT" in d
-    metas = ("out_meta", "q_meta", "k_meta", "v_meta") + (("mask_meta",) if mask else ())
-    return Bindings(outputs=("out_data",),
-                    inputs=("q_data", "k_data", "v_data") + (("mask_data",) if mask else ()),
-                    params=tuple(map(tensor_meta_block, metas)) + (SDPA_PARAMS,))
 
 
 def _args(op: str, args) -> tuple:
@@ -156,28 +103,6 @@ def _shape(args) -> tuple:
     return tuple(q.shape[:-1]) + (v.shape[-1],)
 
 
-def _defines(out, q, k, v, mask, causal: bool, d_max: int, et_vk: bool, cpu: bool,
-             skip: "bool | None" = None) -> dict:
-    tensors = dict(OUT=out, Q=q, K=k, V=v)
-    if mask is not None:
-        tensors["MASK"] = mask
-    d = storage_defines(**tensors)
-    d.update(D_MAX=str(d_max), D_STEP=str(d_step(d_max, cpu)), BLOCK_M=str(BLOCK_M),
-             BLOCK_N=str(block_n(d_max)),
-             FULLY_MASKED="NAN_F" if et_vk else "0.0")
-    if causal:
-        d["CAUSAL"] = "1"
-        if SKIP_MASKED_TILES if skip is None else skip:
-            d["SKIP_MASKED_TILES"] = "1"
-    if mask is not None:
-        d["MASK_BOOL" if _dtype(mask) == "bool" else "MASK_FLOAT"] = "1"
-    return d
-
-
-def _dtype(t) -> str:
-    return t.dtype if hasattr(t, "dtype") else t[0]
-
-
 def _make_impl(op: str):
     et_vk = op == ET_VK
 
@@ -198,24 +123,8 @@ def _make_impl(op: str):
             raise b.error(f"mixed dtypes {q.dtype}, {k.dtype}, {v.dtype}, {out.dtype}")
         if not (q.ndim == k.ndim == v.ndim and q.ndim in (3, 4)):
             raise b.error(f"query/key/value ranks {q.ndim}/{k.ndim}/{v.ndim}: 3 or 4")
-        e, ev = q.max_shape[-1], v.max_shape[-1]
-        if max(e, ev) > MAX_HEAD_DIM:
-            raise b.error(f"head dims {e}, {ev}: at most {MAX_HEAD_DIM}")
-        scale = b.scalar(scale_id)
-        scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
-        d_max = d_bucket(e, ev)
-        s_max, l_max = k.max_shape[-2], q.max_shape[-2]
-        loop_limit.check(b, iterations(s_max, d_max), f"{s_max} keys of head dim {d_max}")
-        heads = q.max_shape[-3] if q.ndim == 4 else q.max_shape[0]
-        batch = q.max_shape[0] if q.ndim == 4 else 1
-        params = [out.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
-        params.append(b.params(SDPA_PARAMS.pack(scale=[scale, 0.0, 0.0, 0.0])))
-        cpu = b.device.info.type == "cpu"
-        b.dispatch(SHADER, _defines(out, q, k, v, mask, causal, d_max, et_vk, cpu),
-                   outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
-                   params=params,
-                   global_size=(-(-l_max // BLOCK_M) * BLOCK_M, heads, batch),
-                   local_size=(BLOCK_M, 1, 1))
+        attention.dispatch(b, Attention(q, k, v, out, mask, scale=b.scalar(scale_id),
+                                        causal=causal, nan_rows=et_vk))
     return impl
 
 
@@ -229,21 +138,11 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
                       "where fully masked"))
 
 
-def _variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
-    """Every variant an impl may dispatch at one grid point: each mask kind (none, bool,
-    additive) non-causal, the additive ones also as ET's NaN-row form, and causal with
-    and without the early exit (a compile option). ``cpu``: CPU drivers unroll less."""
-    t = (dtype, device_dtype(dtype, profile))
-    found = []
-    for mdt in (None, "bool", dtype):
-        m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-        found.append(_defines(t, t, t, t, m, False, d_max, False, cpu))
-        if mdt != "bool":
-            found.append(_defines(t, t, t, t, m, False, d_max, True, cpu))
-    found += [_defines(t, t, t, t, None, True, d_max, False, cpu, skip)
-              for skip in (True, False)]
-    return found
-
-
-declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES, cpu=(True, False),
-             d_max=D_BUCKETS)
+#: (mask, causal, window, nan_rows, seq_first) of the forms these ops dispatch.
+_FORMS = [(None, False, False, False, False), (None, True, False, False, False),
+          ("bool", False, False, False, False), ("float", False, False, False, False),
+          (None, False, False, True, False), ("float", False, False, True, False)]
+declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
+             dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
+declare_grid(attention.COMBINE, attention.combine_variants, profile=STORAGE_PROFILES,
+             dtype=DTYPES, d_max=attention.D_BUCKETS)

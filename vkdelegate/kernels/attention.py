@@ -1,0 +1,261 @@
+"""The fused attention kernel (sdpa.glsl, sdpa_combine.glsl) as op families dispatch it.
+
+Shared by ``ops/families/sdpa.py`` (aten.scaled_dot_product_attention, et_vk.sdpa) and
+``ops/families/sdpa_kv.py`` (ExecuTorch's llama.custom_sdpa, llama.sdpa_with_kv_cache,
+vkdelegate.sliding_window_sdpa). An op builds an ``Attention`` (its tensors and mask
+kind) and calls ``dispatch``; this module picks the head-dim bucket, the tile sizes, the
+block-sparse early exit (compile option ``sdpa_skip_masked_tiles``, default on; exact)
+and, for few queries over many keys, the split-K (flash decoding) form with its combine
+pass. Torch-free; registers no op.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from vkdelegate.kernels import loop_limit
+from vkdelegate.runtime.dtypes import device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+
+SHADER = "sdpa"
+COMBINE = "sdpa_combine"
+#: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
+D_BUCKETS = (32, 64, 128, 256)
+MAX_HEAD_DIM = D_BUCKETS[-1]
+#: Head-dim buckets up to which q and the accumulator stay in registers (the head-dim
+#: loops unrolled): on CPU drivers (llvmpipe's LLVM took 15 s to compile D 64, minutes
+#: for 256) and on GPUs (past 128 the registers spill anyway).
+UNROLLED_D = {"cpu": 32, "gpu": 128}
+BLOCK_M = 32  # query rows per workgroup (one per invocation)
+#: Shared memory per workgroup: a K and a V tile of BLOCK_N x D_MAX fp32 each, within
+#: the 16 KiB every Vulkan device offers (maxComputeSharedMemorySize's minimum).
+SHARED_FLOATS = 4096
+#: Split-K (flash decoding): used when the query blocks x heads x batch give fewer
+#: than SPLIT_TARGET workgroups; enough splits to reach it, each of at least
+#: SPLIT_MIN_TILES key tiles, at most MAX_SPLITS (the combine pass loops over them).
+SPLIT_TARGET = 1024
+SPLIT_MIN_TILES = 2
+MAX_SPLITS = 64
+#: Head-dim buckets from which a float16 query is held as packed fp16 pairs (Q_HALF in
+#: sdpa.glsl: exact, half the registers; the fp32 q and accumulator of a row are 256
+#: registers at 128, past the 255 an NVIDIA thread has).
+HALF_Q_D = 128
+#: The compile option (backend/options.py) that switches the early exit off.
+SKIP_OPTION = "sdpa_skip_masked_tiles"
+#: int32 "no limit" for the key count.
+NO_LIMIT = (1 << 31) - 1
+
+SDPA_PARAMS = ParamBlock("sdpa_block", [("scale", "vec4"), ("pos", "ivec4"),
+                                        ("split", "ivec4")])
+COMBINE_PARAMS = ParamBlock("combine_block", [("splits", "ivec4")])
+
+
+def block_n(d_max: int) -> int:
+    """Keys per tile for head-dim bucket ``d_max``: 2 x BLOCK_N x d_max floats of
+    shared memory, at most 32 keys (a tile's scores are a register array and its mask
+    bits one uint)."""
+    return min(32, SHARED_FLOATS // (2 * d_max))
+
+
+def d_step(d_max: int, cpu: bool) -> int:
+    """vec4s of a head dim per iteration of the shader's head-dim loops: all of them
+    (unrolled, in registers) up to UNROLLED_D, else 4 (see sdpa.glsl). cpu: the device
+    is a CPU driver (DeviceInfo.type "cpu")."""
+    return d_max // 4 if d_max <= UNROLLED_D["cpu" if cpu else "gpu"] else 4
+
+
+def iterations(s_max: int, d_max: int) -> int:
+    """Loop iterations one invocation runs for ``s_max`` keys on llvmpipe (worst case,
+    one split): per tile the tile loop, the mask-bit loop and two loops over its keys,
+    each key's loops over the head dims when those are not unrolled."""
+    bn, d4, step = block_n(d_max), d_max // 4, d_step(d_max, cpu=True)
+    per_key = 1 if step == d4 else 1 + d4 // step
+    return -(-s_max // bn) * (bn + 2 * bn * per_key + 1)
+
+
+def d_bucket(e: int, ev: int) -> int:
+    """The smallest D_BUCKETS entry >= both head dims."""
+    return next(d for d in D_BUCKETS if d >= max(e, ev))
+
+
+def pack_for(q_heads: int, kv_heads: int) -> int:
+    """Query heads per workgroup: Hq / Hk (grouped-query attention, each K/V tile read
+    once for all of them) when that is a power of two up to BLOCK_M, else 1."""
+    if kv_heads < 1 or q_heads % kv_heads:
+        return 1
+    n = q_heads // kv_heads
+    return n if n <= BLOCK_M and n & (n - 1) == 0 else 1
+
+
+def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int,
+               pack: int = 1) -> int:
+    """Key splits for these upper-bound sizes (``pack`` query heads per workgroup): 1
+    (no split) unless the query blocks leave the device idle and the keys are many
+    (see SPLIT_TARGET)."""
+    groups = -(-l_max // (BLOCK_M // pack)) * (heads // pack) * batch
+    tiles = -(-s_max // block_n(d_max))
+    if groups >= SPLIT_TARGET:
+        return 1
+    n = min(MAX_SPLITS, tiles // SPLIT_MIN_TILES, -(-SPLIT_TARGET // groups))
+    return n if n >= 2 else 1
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    mask = "MASK_BOOL" in d or "MASK_FLOAT" in d
+    metas = ("out_meta", "q_meta", "k_meta", "v_meta") + (("mask_meta",) if mask else ())
+    return Bindings(outputs=("out_data",),
+                    inputs=("q_data", "k_data", "v_data") + (("mask_data",) if mask else ()),
+                    params=tuple(map(tensor_meta_block, metas)) + (SDPA_PARAMS,))
+
+
+@shader_bindings(COMBINE)
+def _combine_bindings(d) -> Bindings:
+    return Bindings(outputs=("out_data",), inputs=("part_data",),
+                    params=(tensor_meta_block("out_meta"), COMBINE_PARAMS))
+
+
+@dataclass
+class Attention:
+    """One attention node for ``dispatch``. q, k, v, out, mask: runtime Tensors (mask
+    None, bool or of q's dtype); seq_first: [B, L, H, D] layout (ExecuTorch's llama
+    ops) instead of [B, H, L, D]; causal; window: sliding window in keys (0: none);
+    positions: ``() -> (query position offset, key count)``, called at build and after
+    every resize (start_pos read from a SymInt); nan_rows: fully masked rows are NaN
+    (et_vk.sdpa) instead of 0 (ATen)."""
+
+    q: object
+    k: object
+    v: object
+    out: object
+    mask: object = None
+    scale: Optional[float] = None
+    causal: bool = False
+    window: int = 0
+    seq_first: bool = False
+    nan_rows: bool = False
+    positions: Optional[Callable[[], tuple]] = None
+
+
+def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: bool,
+            skip: bool, nan_rows: bool = False, seq_first: bool = False,
+            split: bool = False) -> dict:
+    """The sdpa.glsl defines of one form (tensors: runtime Tensors or (graph, device)
+    dtype pairs; ``out`` is the fp32 partial buffer when ``split``)."""
+    tensors = dict(OUT=out, Q=q, K=k, V=v)
+    if mask is not None:
+        tensors["MASK"] = mask
+    # Nothing to skip without a causal, window or boolean mask: one variant, not two.
+    skip = skip and (causal or window or (mask is not None and _dtype(mask) == "bool"))
+    d = storage_defines(**tensors)
+    d.update(D_MAX=str(d_max), D_STEP=str(d_step(d_max, cpu)), BLOCK_M=str(BLOCK_M),
+             BLOCK_N=str(block_n(d_max)), FULLY_MASKED="NAN_F" if nan_rows else "0.0")
+    flags = dict(CAUSAL=causal, WINDOW=window, SEQ_FIRST=seq_first, SPLIT_K=split,
+                 SKIP_MASKED_TILES=skip,
+                 Q_HALF=_dtype(q) == "float16" and d_max >= HALF_Q_D)
+    d.update({k: "1" for k, on in flags.items() if on})
+    if mask is not None:
+        d["MASK_BOOL" if _dtype(mask) == "bool" else "MASK_FLOAT"] = "1"
+    return d
+
+
+def combine_defines(out, d_max: int, nan_rows: bool, seq_first: bool) -> dict:
+    """The sdpa_combine.glsl defines (out: a Tensor or (graph, device) dtype pair)."""
+    d = storage_defines(OUT=out, PART="float32")
+    d.update(D_MAX=str(d_max), FULLY_MASKED="NAN_F" if nan_rows else "0.0")
+    if seq_first:
+        d["SEQ_FIRST"] = "1"
+    return d
+
+
+def _dtype(t) -> str:
+    return t.dtype if hasattr(t, "dtype") else t[0]
+
+
+def dispatch(b, a: Attention) -> None:
+    """Declare the dispatches of attention ``a`` on NodeBuilder ``b``: one sdpa.glsl
+    dispatch, or with split-K a partial pass and the combine pass. Raises (through
+    ``b.error``) for head dims over MAX_HEAD_DIM and, on llvmpipe, key counts past
+    its loop budget."""
+    q, k, v, out = a.q, a.k, a.v, a.out
+    seq, head = (-3, -2) if a.seq_first else (-2, -3)  # dims of L and H
+    e, ev = q.max_shape[-1], v.max_shape[-1]
+    if max(e, ev) > MAX_HEAD_DIM:
+        raise b.error(f"head dims {e}, {ev}: at most {MAX_HEAD_DIM}")
+    scale = 1.0 / math.sqrt(e) if a.scale is None else float(a.scale)
+    d_max = d_bucket(e, ev)
+    s_max, l_max = k.max_shape[seq], q.max_shape[seq]
+    heads = q.max_shape[head]
+    batch = q.max_shape[0] if q.ndim == 4 else 1
+    group = pack_for(heads, k.max_shape[head])
+    splits = splits_for(l_max, heads, batch, s_max, d_max, group)
+    tiles = -(-s_max // block_n(d_max))
+    per_split = -(-tiles // splits)
+    loop_limit.check(b, iterations(min(s_max, per_split * block_n(d_max)), d_max),
+                     f"{s_max} keys of head dim {d_max}")
+    positions = a.positions or (lambda: (0, NO_LIMIT))
+
+    def pack() -> bytes:
+        offset, limit = positions()
+        return SDPA_PARAMS.pack(scale=[scale, 0.0, 0.0, 0.0],
+                                pos=[int(offset), int(min(limit, NO_LIMIT)), int(a.window),
+                                     splits],
+                                split=[per_split, group, 0, 0])
+
+    params = b.params(pack())
+    if a.positions is not None:
+        b.on_resize(lambda: params.write(pack()))
+    cpu = b.device.info.type == "cpu"
+    skip = bool(b.option(SKIP_OPTION, True))
+    target = out
+    if splits > 1:
+        target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
+    mask = a.mask
+    metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
+    b.dispatch(SHADER, defines(target, q, k, v, mask, causal=a.causal,
+                               window=a.window > 0, d_max=d_max, cpu=cpu, skip=skip,
+                               nan_rows=a.nan_rows, seq_first=a.seq_first,
+                               split=splits > 1),
+               outputs=[target], inputs=[q, k, v] + ([mask] if mask else []),
+               params=metas + [params],
+               global_size=(-(-l_max // (BLOCK_M // group)) * BLOCK_M * splits,
+                            heads // group, batch),
+               local_size=(BLOCK_M, 1, 1))
+    if splits > 1:
+        b.dispatch(COMBINE, combine_defines(out, d_max, a.nan_rows, a.seq_first),
+                   outputs=[out], inputs=[target],
+                   params=[out.meta, b.params(COMBINE_PARAMS.pack(splits=[splits, 0, 0, 0]))],
+                   global_size=(ev, l_max, batch * heads), local_size=(64, 1, 1))
+
+
+def grid(forms) -> Callable[..., list]:
+    """A ``shaders.variants.declare_grid`` defines function over (profile, dtype, cpu,
+    d_max) for an op family's ``forms``: tuples (mask, causal, window, nan_rows,
+    seq_first), mask None, "bool" or "float" (the query's dtype); each form with the
+    early exit on and off, whole and split-K."""
+    forms = tuple(forms)
+
+    def variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
+        t = (dtype, device_dtype(dtype, profile))
+        f32 = ("float32", device_dtype("float32", profile))
+        found = []
+        for mask, causal, window, nan_rows, seq_first in forms:
+            mdt = {None: None, "bool": "bool", "float": dtype}[mask]
+            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
+            for skip in (True, False):
+                for split in (False, True):
+                    found.append(defines(f32 if split else t, t, t, t, m, causal=causal,
+                                         window=window, d_max=d_max, cpu=cpu, skip=skip,
+                                         nan_rows=nan_rows, seq_first=seq_first,
+                                         split=split))
+        return found
+    return variants
+
+
+def combine_variants(profile, dtype: str, d_max: int) -> list[dict]:
+    """The sdpa_combine.glsl forms at one grid point (both layouts, both row kinds)."""
+    t = (dtype, device_dtype(dtype, profile))
+    return [combine_defines(t, d_max, nan, seq_first)
+            for nan in (False, True) for seq_first in (False, True)]
