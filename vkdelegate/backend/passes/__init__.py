@@ -6,6 +6,7 @@ it changed the graph. ``PASSES`` lists them once, in the order they must run.
 from __future__ import annotations
 
 from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
+from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
@@ -25,13 +26,16 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 4. conv+clamp fusion after the fold, so that conv -> bn -> relu, now conv -> relu,
 #    fuses too.
 # 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
+# 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
+#    position on the device); before 6./7., which would give its SymInts their own
+#    sym_size nodes.
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
-          fuse_conv_clamp, fuse_rms_norm, symbolic_view_sizes, local_symints)
+          fuse_conv_clamp, fuse_rms_norm, cache_positions, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:
