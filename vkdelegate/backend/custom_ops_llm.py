@@ -17,6 +17,12 @@ def _slice_scatter_at(x, src, dim, start):
     return x.index_copy(dim, rows, src)
 
 
+def _same_as_self(x, *_args):
+    import torch
+
+    return torch.empty_like(x)
+
+
 #: ``self`` with ``src`` written at rows start[0] .. start[0] + src.size(dim) - 1 along
 #: dim (every other size of src equal to self's). ``start`` is a one-element int
 #: tensor: the position a decoder's ``start_pos`` input holds, which the Vulkan kernel
@@ -26,7 +32,7 @@ def _slice_scatter_at(x, src, dim, start):
 SLICE_SCATTER_AT = declare_custom_op(
     "vkdelegate.slice_scatter_at.default",
     "slice_scatter_at(Tensor self, Tensor src, int dim, Tensor start) -> Tensor",
-    _slice_scatter_at)
+    _slice_scatter_at, meta=_same_as_self)
 
 
 def _update_cache(value, cache, start_pos):

@@ -1,5 +1,6 @@
 """Writes into a copy of a tensor (what a KV-cache update exports as): index_copy,
-index_put (accumulate=False), slice_scatter, select_scatter and
+index_put (accumulate=False), slice_scatter, select_scatter, copy (src broadcast into
+self's sizes, what slice assignment exports) and
 ``vkdelegate.slice_scatter_at`` (a slice_scatter whose start is read from a tensor on
 the device).
 
@@ -287,6 +288,31 @@ def _slice_scatter_at_rule(node: NodeSpec):
     return None
 
 
+# ---- copy(self, src, non_blocking): src broadcast to self's sizes, in self's dtype ---
+def _copy_impl(b, node):
+    x_id, src_id, _nb_id, out_id = node.args
+    src, out = b.tensor(src_id), b.tensor(out_id)
+
+    def plan():
+        shape = (1,) * (out.ndim - src.ndim) + tuple(src.shape)
+        strides = contiguous_strides(shape)
+        out_strides = contiguous_strides(out.shape)
+        dims = [CopyDim(size, out_strides[d], 0 if shape[d] == 1 else strides[d])
+                for d, size in enumerate(out.shape)]
+        return CopyPlan(dims or [CopyDim(1, 1, 1)])
+    affine_copy(b, out, src, plan)
+
+
+def _copy_rule(node: NodeSpec):
+    x, src = node.args[:2]
+    shape = (1,) * (x.rank - src.rank) + tuple(src.shape)
+    if src.rank > x.rank or any(s not in (1, t) for s, t in zip(shape, x.shape)):
+        return f"src of sizes {list(src.shape)} does not broadcast to {list(x.shape)}"
+    if x.dtype != src.dtype:
+        return f"a copy from {src.dtype} into {x.dtype}"
+    return None
+
+
 def _same_shape(args):
     return tuple(args[0].shape)
 
@@ -306,6 +332,8 @@ _op("aten.slice_scatter.default", _slice_scatter_impl, (_slice_scatter_rule,),
     "bounds clamped as ATen (SymInts too)", symbolic=(3, 4))
 _op("aten.select_scatter.default", _select_scatter_impl, (_select_scatter_rule,),
     "index may be a SymInt", symbolic=(3,))
+_op("aten.copy.default", _copy_impl, (_copy_rule,),
+    "src broadcast to self's sizes (slice assignment exports it), same dtype")
 _op("vkdelegate.slice_scatter_at.default", _slice_scatter_at_impl, (_slice_scatter_at_rule,),
     "KV-cache write at start = a tensor's value, read on the device (no host round trip)",
     {3: INDEX_DTYPES})
