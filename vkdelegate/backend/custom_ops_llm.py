@@ -94,9 +94,11 @@ def sample_reference(logits, sampling):
     top_k (0 or >= V: all; top_p <= 0 keeps one); then the shortest prefix whose mass,
     w = exp(z - max z), reaches top_p of the kept mass (top_p >= 1: all); then the
     first token whose cumulative mass exceeds draw * (the kept mass), or the last kept
-    one (draw clamped to [0, 1]). The issue-14 sampling rule; float sums make a token
-    whose boundary lies within rounding of the draw the only place the Vulkan kernel
-    may differ.
+    one (draw clamped to [0, 1]). The issue-14 sampling rule. z is fp32 (as on the
+    device), the masses are summed in fp64; the Vulkan kernel sums in fp32 (a fixed
+    tree), so it may pick a neighbour only when the draw (or top_p) lies within about
+    1e-5 of the kept mass from a cumulative boundary (tests/ops/test_sample.py checks
+    exact equality for every draw farther than that, the neighbour otherwise).
     """
     import torch
 
@@ -106,7 +108,7 @@ def sample_reference(logits, sampling):
         return torch.argmax(x).reshape(1)
     z = x / t
     order = torch.sort(z, descending=True, stable=True).indices
-    w = torch.exp(z[order] - z.max())
+    w = torch.exp((z[order] - z.max()).double())  # sums in fp64: the exact value
     n = x.numel()
     k = 1 if not p > 0 else int(k)
     if 0 < k < n:
