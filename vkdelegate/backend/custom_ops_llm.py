@@ -55,11 +55,13 @@ def _update_cache_meta(value, cache, start_pos):
 #: start_pos + S - 1 of dim 1, in place; returns a one-element dummy tensor. torch
 #: defines it here only where ExecuTorch is not installed. Export wraps it in
 #: auto_functionalized; ``passes/cache_positions.functional_update_cache`` makes it a
-#: slice_scatter (or slice_scatter_at when start_pos is ``.item()`` of a tensor).
+#: slice_scatter (or slice_scatter_at when start_pos is ``.item()`` of a tensor), so
+#: no lowered program calls it: glue=False keeps this mutating op off the CPU glue's
+#: allow-list (which admits no op that writes an argument).
 UPDATE_CACHE = declare_custom_op(
     "llama.update_cache.default",
     "update_cache(Tensor value, Tensor(a!) cache, SymInt start_pos) -> Tensor",
-    _update_cache, meta=_update_cache_meta)
+    _update_cache, glue=False, meta=_update_cache_meta)
 
 
 def _apply_rotary_emb(xq, xk, freqs_cos, freqs_sin):
