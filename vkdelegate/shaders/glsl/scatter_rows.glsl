@@ -17,7 +17,7 @@
 // Defines: OUT_T, SRC_T, IDX_T (storage types), OUT_STORE(v), SRC_ACC (float or int),
 // POS_FROM_TENSOR, SRC_SCALAR.
 
-layout(set = 0, binding = BINDING_out_data) buffer out_buffer { OUT_T out_data[]; };
+TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(src_data, SRC_T)
 TENSOR_IN(index_data, IDX_T)
 PARAMS(scatter_block) {
