@@ -1,6 +1,7 @@
 """Rotary embeddings and gated MLPs on Vulkan against PyTorch eager: ExecuTorch's
-et_vk.apply_rotary_emb (interleaved pairs), HF's rotate_half form and the
-SwiGLU (Llama) / GeGLU (Gemma, gelu tanh) MLPs, each with every node on Vulkan."""
+et_vk.apply_rotary_emb (interleaved pairs), HF's rotate_half form (fused into
+vkdelegate.rotary_half by passes/fuse_rotary, and unfused) and the SwiGLU (Llama) /
+GeGLU (Gemma, gelu tanh) MLPs, each with every node on Vulkan."""
 import pytest
 import torch
 from torch import nn
@@ -47,15 +48,41 @@ class HFRotary(nn.Module):
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
-def test_hf_rotate_half_lowers_with_every_node_on_vulkan(dtype, tol):
-    g = torch.Generator().manual_seed(1)
+def _hf_inputs(dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 4, 6, 8, generator=g).to(dtype)
     k = torch.randn(1, 2, 6, 8, generator=g).to(dtype)
     cos, sin = (torch.cat([f, f], -1)[None] for f in _freqs(6, 4, dtype))
-    program = check_op(HFRotary(), (q, k, cos, sin),
-                       ops=["aten.cat.default", "aten.neg.default"], rtol=tol, atol=tol)
+    return q, k, cos, sin
+
+
+# fp16: the fused op rounds once where eager rounds after each of mul, mul and add.
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 4e-3)])
+def test_hf_rotate_half_is_fused(dtype, tol):
+    program = check_op(HFRotary(), _hf_inputs(dtype), ops=["vkdelegate.rotary_half.default"],
+                       rtol=tol, atol=tol)
     assert " 0 on CPU" in str(program.report), program.report
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert ops.count("vkdelegate.rotary_half.default") == 2
+    assert "aten.cat.default" not in ops and "aten.neg.default" not in ops
+
+
+class RotaryAlsoReturned(HFRotary):
+    """rotate_half(q) is also an output: the pass must leave q's pattern alone (its
+    slice/neg/cat/mul/add run unfused, on Vulkan) and fuse k's."""
+
+    def forward(self, q, k, cos, sin):
+        return super().forward(q, k, cos, sin)[0], _rotate_half(q)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_hf_rotate_half_with_a_shared_intermediate_is_not_fused(dtype, tol):
+    program = check_op(RotaryAlsoReturned(), _hf_inputs(dtype),
+                       ops=["aten.cat.default", "aten.neg.default", "aten.slice.Tensor"],
+                       rtol=tol, atol=tol)
+    assert " 0 on CPU" in str(program.report), program.report
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert ops.count("vkdelegate.rotary_half.default") == 1
 
 
 class GatedMLP(nn.Module):

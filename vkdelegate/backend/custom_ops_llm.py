@@ -86,6 +86,24 @@ APPLY_ROTARY_EMB = declare_custom_op(
     "-> (Tensor, Tensor)", _apply_rotary_emb)
 
 
+def _rotary_half(x, cos, sin):
+    import torch
+
+    xf = x.float()
+    x1, x2 = xf[..., : x.shape[-1] // 2], xf[..., x.shape[-1] // 2:]
+    return (xf * cos.float() + torch.cat((-x2, x1), dim=-1) * sin.float()).to(x.dtype)
+
+
+#: HF transformers' rotary embedding (``apply_rotary_pos_emb``: ``x * cos +
+#: rotate_half(x) * sin``, rotate_half(x) = cat(-x2, x1) over the halves of the last
+#: dim), cos/sin broadcast to x, computed in fp32 and rounded once to x's dtype (the
+#: unfused fp16 graph rounds after each op: at most an fp16 ulp or so apart). Made by
+#: ``passes/fuse_rotary``; Vulkan: ``ops/families/rotary.py``.
+ROTARY_HALF = declare_custom_op(
+    "vkdelegate.rotary_half.default",
+    "rotary_half(Tensor x, Tensor cos, Tensor sin) -> Tensor", _rotary_half)
+
+
 def sample_reference(logits, sampling):
     """The definition of ``vkdelegate.sample`` (its CPU kernel).
 

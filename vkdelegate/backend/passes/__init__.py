@@ -10,6 +10,7 @@ from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
+from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
@@ -25,7 +26,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 3. batch-norm folding: it needs the conv/linear with constant weights;
 # 4. conv+clamp fusion after the fold, so that conv -> bn -> relu, now conv -> relu,
 #    fuses too.
-# 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
+# 5. RMS-norm and rotary-embedding fusion: independent of the others (their patterns
+#    have no clone in them).
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
@@ -35,7 +37,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
-          fuse_conv_clamp, fuse_rms_norm, cache_positions, symbolic_view_sizes, local_symints)
+          fuse_conv_clamp, fuse_rms_norm, fuse_rotary, cache_positions, symbolic_view_sizes,
+          local_symints)
 
 
 def run_passes(pg) -> list[str]:
