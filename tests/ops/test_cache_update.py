@@ -137,3 +137,43 @@ def test_cache_position_out_of_range_raises():
             program(k, torch.tensor(bad))
         with pytest.raises((IndexError, RuntimeError)):  # eager refuses it too
             Cache(kind, torch.float32)(k, torch.tensor(bad))
+
+
+@pytest.mark.parametrize("kind", ["slice_item", "update_cache", "index_copy"])
+def test_prefill_of_dynamic_length_then_decode(kind):
+    # T rows at a time (a Dim), the position read on the device: prefill 3, decode 2+2.
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    T = torch.export.Dim("T", min=2, max=7)
+    pos = torch.arange(3) if kind == "index_copy" else torch.tensor([0])
+    shapes = ({2: T}, {0: T}) if kind == "index_copy" else ({2: T}, None)
+    ep = torch.export.export(Cache(kind, torch.float32), (torch.randn(1, 2, 3, 4), pos),
+                             dynamic_shapes=shapes)
+    program = to_backend(ep)
+    assert "slice_scatter_at" in str(delegated_nodes(program)) or kind == "index_copy"
+    eager, start = Cache(kind, torch.float32), 0
+    for t in (3, 2, 2):
+        k = _data((1, 2, t, 4), torch.float32, 30 + t + start)
+        pos = torch.arange(start, start + t) if kind == "index_copy" else torch.tensor([start])
+        assert torch.equal(program(k, pos), eager(k, pos)), (kind, t)
+        start += t
+
+
+@pytest.mark.parametrize("executor", ["vulkan", "reference"])
+def test_cache_state_survives_save_and_load(tmp_path, executor):
+    if vulkan_unavailable() and executor == "vulkan":
+        pytest.skip(vulkan_unavailable())
+    from vkdelegate import VulkanPartitioner, load
+
+    eager = Cache("update_cache", torch.float32)
+    k = torch.randn(1, 2, 2, 4)
+    program = to_backend(torch.export.export(Cache("update_cache", torch.float32),
+                                             (k, torch.tensor([0]))),
+                         VulkanPartitioner({"executor": executor}))
+    for start in (0, 2):
+        k = _data((1, 2, 2, 4), torch.float32, 40 + start)
+        assert torch.equal(program(k, torch.tensor([start])), eager(k, torch.tensor([start])))
+    program.save(tmp_path / "cache.vkdp")
+    loaded = load(tmp_path / "cache.vkdp")
+    k = _data((1, 2, 2, 4), torch.float32, 50)
+    assert torch.equal(loaded(k, torch.tensor([4])), eager(k, torch.tensor([4])))

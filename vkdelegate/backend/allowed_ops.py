@@ -126,6 +126,7 @@ CUSTOM = custom_ops.names(glue=True)
 OPERATORS = _names("""
 operator.add operator.sub operator.mul operator.floordiv operator.mod operator.neg
 operator.eq operator.ne operator.lt operator.le operator.gt operator.ge
+operator.or_ operator.and_
 """)
 
 #: Delegate-internal ops only the reference executor runs (``custom_ops``, glue=False).

@@ -64,10 +64,14 @@ def functional_update_cache(gm) -> bool:
             continue
         seq = _val(value).shape[1]
         with graph.inserting_before(node):
-            end = pos + seq if not isinstance(pos, torch.fx.Node) else \
-                graph.call_function(operator.add, (pos, seq))
-            if isinstance(end, torch.fx.Node):
-                end.meta["val"] = _val(pos) + seq
+            if not isinstance(seq, int):  # a dynamic length: read it as a node
+                size = graph.call_function(aten.sym_size.int, (value, 1))
+                size.meta["val"], seq = seq, size
+            if isinstance(pos, torch.fx.Node) or isinstance(seq, torch.fx.Node):
+                end = graph.call_function(operator.add, (pos, seq))
+                end.meta["val"] = _val(pos) + _val(seq)
+            else:
+                end = pos + seq
             new = graph.call_function(aten.slice_scatter.default, (cache, value, 1, pos, end))
         new.meta = dict(users[1].meta) if 1 in users else {"val": _val(cache)}
         if 1 in users:
@@ -110,18 +114,43 @@ def _position_tensor(start):
     return t
 
 
-def _erase_checks(node) -> None:
-    """Erase the size/offset reads of ``node`` (and of SymInts computed from it) that
-    only feed runtime assertions."""
-    for user in list(node.users):
-        if _call(user, aten.sym_size.int, aten.sym_storage_offset.default, operator.add):
-            _erase_checks(user)
-        elif _call(user, *_COMPARE) and all(u.target is _ASSERT for u in user.users):
-            for a in list(user.users):
-                user.graph.erase_node(a)
-            user.graph.erase_node(user)
-    if not node.users and node.op == "call_function" and node.target is not _ASSERT:
-        node.graph.erase_node(node)
+_SCALAR_READS = (aten.sym_size.int, aten.sym_storage_offset.default, aten.sym_numel.default,
+                 _ASSERT)
+
+
+def _scalar_only(node) -> bool:
+    """node computes only SymInts/bools or asserts (no tensor op)."""
+    target = node.target
+    return node.op == "call_function" and (
+        target in _SCALAR_READS or getattr(target, "__module__", "") in ("_operator",
+                                                                          "operator"))
+
+
+def _erase_checks(root) -> None:
+    """Erase ``root`` and everything computed from it when all of that is size reads,
+    SymInt arithmetic, comparisons and runtime assertions (the checks export emitted
+    on a KV-cache position and its slice); leave all of it when anything else reads
+    it."""
+    order, seen, todo = [], {root}, [root]
+    while todo:
+        node = todo.pop()
+        order.append(node)
+        for user in node.users:
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    if any(not _scalar_only(n) for n in order[1:]):
+        return
+    # Users before what they read: repeatedly erase nodes that nothing reads any more.
+    pending = [n for n in order if n.op == "call_function"]
+    while pending:
+        left = [n for n in pending if n.users]
+        for n in pending:
+            if not n.users:
+                n.graph.erase_node(n)
+        if len(left) == len(pending):
+            return
+        pending = left
 
 
 def cache_positions(pg) -> bool:
