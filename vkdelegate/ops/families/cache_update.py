@@ -30,7 +30,7 @@ import math
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
                                             contiguous_strides, flat_plan)
-from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.dims import slice_bounds, wrap_dim
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
@@ -176,17 +176,6 @@ def _index_put_rule(node: NodeSpec):
 
 
 # ---- slice_scatter(self, src, dim, start, end, step), select_scatter(self, src, dim, index)
-def _slice_start(size: int, start, end, step: int) -> tuple[int, int]:
-    """ATen's clamped (start, length) of a slice (movement.slice_bounds' rule)."""
-    if step <= 0:
-        raise VkDelegateError(f"slice step must be positive, got {step}")
-    start = 0 if start is None else int(start)
-    end = size if end is None else int(end)
-    start = min(max(start + size if start < 0 else start, 0), size)
-    end = min(max(end + size if end < 0 else end, start), size)
-    return start, -(-(end - start) // step)
-
-
 def _region_plan(out, src, dim: int, start: int, step: int, drop_dim: bool) -> CopyPlan:
     """The affine copy of ``src`` into ``out``'s region starting at ``start`` along
     ``dim`` (every ``step``-th row; ``drop_dim``: src has no ``dim``, select_scatter)."""
@@ -220,7 +209,7 @@ def _slice_scatter_impl(b, node):
     _copy_destination(b, out, x)
 
     def plan():
-        start, length = _slice_start(out.shape[dim], b.scalar(start_id), b.scalar(end_id),
+        start, length = slice_bounds(out.shape[dim], b.scalar(start_id), b.scalar(end_id),
                                      step)
         if src.ndim != out.ndim or src.shape[dim] != length:
             raise VkDelegateError(f"slice_scatter: src has sizes {list(src.shape)}, the "
