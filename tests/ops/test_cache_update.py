@@ -90,10 +90,16 @@ class Cache(nn.Module):
             self.cache[:, :, p:p + k.shape[2]] = k
         elif self.kind == "update_cache":
             torch.ops.llama.update_cache(k.transpose(1, 2), self.cache, pos[0].item())
+        elif self.kind == "slice_scatter":  # accumulates into rows 2..3 every call
+            self.cache.copy_(torch.slice_scatter(self.cache, self.cache[:, :, 2:4] + k, 2, 2, 4))
+        elif self.kind == "select_scatter":  # accumulates into row 5 every call
+            self.cache.copy_(torch.select_scatter(self.cache, self.cache[:, :, 5] + k[:, :, 0],
+                                                  2, 5))
         return self.cache * 2
 
 
-KINDS = ["index_copy", "index_put", "slice_item", "update_cache"]
+KINDS = ["index_copy", "index_put", "slice_item", "update_cache", "slice_scatter",
+         "select_scatter"]
 
 
 def _positions(kind, start):
@@ -121,8 +127,12 @@ def test_cache_buffer_updated_in_place_persists(kind, dtype):
         graph = program.runner("forward").delegates[0].loaded
         assert graph.last_transfer["upload_bytes"] <= (k.numel() + pos.numel()) * 4
     assert program.runner("forward").states_on_device == ["b_cache"]
-    # Every write so far is in the returned cache: earlier calls' rows persist.
-    assert torch.count_nonzero(got[0, 0] if kind != "update_cache" else got[0, :, 0]) > 8
+    # Every write so far is in the returned cache: earlier calls' rows persist (or, for
+    # the accumulating kinds, the rows hold the sum of all three calls' k).
+    if kind in ("slice_scatter", "select_scatter"):
+        assert torch.count_nonzero(got[0, 0]) >= 4
+    else:
+        assert torch.count_nonzero(got[0, 0] if kind != "update_cache" else got[0, :, 0]) > 8
 
 
 def test_cache_position_out_of_range_raises():

@@ -8,7 +8,10 @@ top-k, then top-p, then the first token whose cumulative probability exceeds the
 (uniform in [0, 1), made by the host's seeded generator, so a run is reproducible).
 One workgroup (sample.glsl: no sort, bit-by-bit threshold searches, 32 + log2 V passes
 per search, about 150 passes over the logits for V = 152k with top-k and top-p; greedy
-is one pass). Only the id crosses to the host.
+is one pass). Only the id crosses to the host. On lavapipe (2 loaded cores), V = 151,936:
+greedy 0.03 ms, temperature only 120 ms, top-k 50 + top-p 0.9 590 ms; a radix search
+(several bits a pass) or compacting the top-k set into shared memory would cut the
+latter two.
 """
 from __future__ import annotations
 
