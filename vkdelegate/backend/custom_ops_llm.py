@@ -118,7 +118,9 @@ def sample_reference(logits, sampling):
     device), the masses are summed in fp64; the Vulkan kernel sums in fp32 (a fixed
     tree), so it may pick a neighbour only when the draw (or top_p) lies within about
     1e-5 of the kept mass from a cumulative boundary (tests/ops/test_sample.py checks
-    exact equality for every draw farther than that, the neighbour otherwise).
+    exact equality for every draw farther than that, the neighbour otherwise). With
+    temperature > 0 the logits must be finite and the draw a number (an inf logit
+    makes exp(z - max z) NaN here and on the device alike).
     """
     import torch
 
