@@ -87,7 +87,6 @@ aten.where.self
 #: (``VulkanPartitioner.ops_to_preserve``) or the ``*_copy`` forms ExecuTorch blobs use.
 REGISTRY_EXTRA = _names("""
 aten.adaptive_max_pool2d.default aten.erfinv.default aten.exp2.default aten.expand_copy.default
-aten.index_copy.default
 aten._unsafe_view.default aten.full_like.default aten.group_norm.default aten.hardswish.default aten.layer_norm.default
 aten.linalg_vector_norm.default aten.linear.default aten.max.default aten.min.default
 aten.ones_like.default aten.permute_copy.default aten.rms_norm.default
@@ -95,6 +94,7 @@ aten.scaled_dot_product_attention.default
 aten.select_copy.int aten.slice_copy.Tensor aten.split.Tensor
 aten.split_with_sizes_copy.default aten.squeeze_copy.dims aten.t_copy.default
 aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
+aten.index_copy.default
 """)
 
 #: Sizes and checks torch.export emits for dynamic shapes (they read only metadata).

@@ -111,6 +111,10 @@ def ensure_defined() -> None:
 
 # --- the declarations ------------------------------------------------------------
 
+# The LLM ops (KV-cache writes, rotary embedding, the sampler) are declared in
+# custom_ops_llm (it imports declare_custom_op from here, which is defined by now).
+from vkdelegate.backend import custom_ops_llm  # noqa: E402,F401  (declares on import)
+
 
 def _conv_with_clamp(x, weight, bias, stride, padding, dilation, transposed,
                      output_padding, groups, output_min=None, output_max=None):
@@ -180,7 +184,3 @@ PREPACK = declare_custom_op("et_vk.prepack.default", None, _prepack, glue=False)
 #: ExecuTorch's dim-order copy, which ExecuTorch programs' CPU parts hold (torch knows
 #: it only where executorch is installed; ``pte_kernels`` maps it for the .pte reader).
 DIM_ORDER_COPY = declare_custom_op("dim_order_ops._to_dim_order_copy.default", None, None)
-
-
-# The LLM ops (KV-cache writes, rotary embedding, the sampler) are declared there.
-from vkdelegate.backend import custom_ops_llm  # noqa: E402,F401  (declares on import)
