@@ -95,6 +95,7 @@ aten.scaled_dot_product_attention.default
 aten.select_copy.int aten.slice_copy.Tensor aten.split.Tensor
 aten.split_with_sizes_copy.default aten.squeeze_copy.dims aten.t_copy.default
 aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
+aten.index_copy.default
 """)
 
 #: Sizes and checks torch.export emits for dynamic shapes (they read only metadata).
@@ -126,6 +127,7 @@ CUSTOM = custom_ops.names(glue=True)
 OPERATORS = _names("""
 operator.add operator.sub operator.mul operator.floordiv operator.mod operator.neg
 operator.eq operator.ne operator.lt operator.le operator.gt operator.ge
+operator.or_ operator.and_
 """)
 
 #: Delegate-internal ops only the reference executor runs (``custom_ops``, glue=False).

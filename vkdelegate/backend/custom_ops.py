@@ -32,13 +32,16 @@ class CustomOp:
     cpu: the CPU kernel (torch tensors in, torch tensor out), registered as
     CompositeExplicitAutograd, so it must only call ATen ops that have CPU and Meta
     kernels. glue: the CPU glue may call it (True) or only the reference executor may
-    (False: a delegate-internal op such as a prepack).
+    (False: a delegate-internal op such as a prepack). meta: a shape-only kernel for
+    fake tensors (export), for an op whose CPU kernel reads tensor values (a sampler);
+    with it, ``cpu`` is registered for CPU only and ``meta`` for Meta.
     """
 
     name: str
     schema: Optional[str]
     cpu: Optional[Callable]
     glue: bool = True
+    meta: Optional[Callable] = None
 
     @property
     def namespace(self) -> str:
@@ -62,7 +65,7 @@ CUSTOM_OPS: dict[str, CustomOp] = {}
 
 
 def declare_custom_op(name: str, schema: Optional[str], cpu: Optional[Callable],
-                      glue: bool = True) -> CustomOp:
+                      glue: bool = True, meta: Optional[Callable] = None) -> CustomOp:
     """Declare a custom op (see ``CustomOp``); VkDelegateError for a malformed name,
     a name declared twice or a schema whose op name differs from ``name``'s."""
     parts = name.split(".")
@@ -73,7 +76,7 @@ def declare_custom_op(name: str, schema: Optional[str], cpu: Optional[Callable],
     if schema is not None and schema.split("(")[0].split(".")[0] != parts[1]:
         raise VkDelegateError(f"custom op {name!r}: schema {schema[:40]!r}... names "
                               f"another op")
-    CUSTOM_OPS[name] = op = CustomOp(name, schema, cpu, glue)
+    CUSTOM_OPS[name] = op = CustomOp(name, schema, cpu, glue, meta)
     return op
 
 
@@ -98,11 +101,19 @@ def ensure_defined() -> None:
         if lib is None:
             lib = _libraries[op.namespace] = torch.library.Library(op.namespace, "FRAGMENT")
         lib.define(op.schema)
-        # CompositeExplicitAutograd serves CPU and Meta (fake tensors) alike.
-        lib.impl(op.op, op.cpu, "CompositeExplicitAutograd")
+        if op.meta is not None:
+            lib.impl(op.op, op.cpu, "CPU")
+            lib.impl(op.op, op.meta, "Meta")
+        else:
+            # CompositeExplicitAutograd serves CPU and Meta (fake tensors) alike.
+            lib.impl(op.op, op.cpu, "CompositeExplicitAutograd")
 
 
 # --- the declarations ------------------------------------------------------------
+
+# The LLM ops (KV-cache writes, rotary embedding, the sampler) are declared in
+# custom_ops_llm (it imports declare_custom_op from here, which is defined by now).
+from vkdelegate.backend import custom_ops_llm  # noqa: E402,F401  (declares on import)
 
 
 def _conv_with_clamp(x, weight, bias, stride, padding, dilation, transposed,

@@ -24,9 +24,15 @@ _OPERATORS = {name: getattr(operator, name.split(".")[1]) for name in allowed_op
 _INT_LIMIT = 1 << 63
 
 
+#: Operators on ints and bools only (``|`` and ``&`` of floats raise TypeError).
+_INTEGRAL_ONLY = ("operator.or_", "operator.and_")
+
+
 def _int_op(name: str, fn):
+    kind = numbers.Integral if name in _INTEGRAL_ONLY else numbers.Real
+
     def call(*args):
-        if not all(isinstance(a, numbers.Real) for a in args):
+        if not all(isinstance(a, kind) for a in args):
             kinds = ", ".join(type(a).__name__ for a in args)
             raise VkDelegateError(f"{name} takes ints, got ({kinds})")
         result = fn(*args)

@@ -189,6 +189,11 @@ def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
             pg.input_updates[placeholder_of[spec.target]] = i
         else:
             raise VkDelegateError(f"output of kind {spec.kind.name} is not supported")
+    # ExecuTorch's mutating llama.update_cache arrives auto-functionalized: make it an
+    # ATen slice_scatter (passes/cache_positions.py) before the check below.
+    from vkdelegate.backend.passes.cache_positions import functional_update_cache
+
+    functional_update_cache(gm)
     for node in gm.graph.nodes:
         if node.op == "call_function" and not isinstance(
                 node.target, torch._ops.OpOverload) and node.target.__module__ not in (

@@ -32,3 +32,18 @@ def sum_shape(shape, dims, keepdim: bool) -> tuple:
     if keepdim:
         return tuple(1 if d in red else s for d, s in enumerate(shape))
     return tuple(s for d, s in enumerate(shape) if d not in red)
+
+
+def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:
+    """ATen's clamping of slice bounds: (start, length) for a dim of ``size``."""
+    if step <= 0:
+        raise VkDelegateError(f"slice step must be positive, got {step}")
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, -(-(end - start) // step)

@@ -6,10 +6,12 @@ it changed the graph. ``PASSES`` lists them once, in the order they must run.
 from __future__ import annotations
 
 from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
+from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
+from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
@@ -27,14 +29,19 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    fuses too.
 # 4b. zero-pad folding after the clamp fusion: it folds a pad into a plain convolution
 #    and into a conv_with_clamp alike.
-# 5. RMS-norm fusion: independent of the others (its pattern has no clone in it).
+# 5. RMS-norm and rotary-embedding fusion: independent of the others (their patterns
+#    have no clone in them).
+# 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
+#    position on the device); before 6./7., which would give its SymInts their own
+#    sym_size nodes.
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
-          fuse_conv_clamp, fold_conv_padding, fuse_rms_norm, symbolic_view_sizes, local_symints)
+          fuse_conv_clamp, fold_conv_padding, fuse_rms_norm, fuse_rotary, cache_positions,
+          symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

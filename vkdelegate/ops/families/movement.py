@@ -18,7 +18,7 @@ import math
 from vkdelegate.kernels.affine_copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
                                             affine_copy, around, contiguous_strides,
                                             flat_impl, merged, runs)
-from vkdelegate.kernels.dims import wrap_dim
+from vkdelegate.kernels.dims import slice_bounds, wrap_dim
 from vkdelegate.kernels.rules import same_dtype, same_shape, shape_from_list
 from vkdelegate.ops.registry import REGISTRY, NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
@@ -165,21 +165,6 @@ def _repeat_impl(b, node):
 
 
 # ---- slice, select, flip ------------------------------------------------------------
-def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:
-    """ATen's clamping of slice bounds: (start, length) for a dim of ``size``."""
-    if step <= 0:
-        raise VkDelegateError(f"slice step must be positive, got {step}")
-    start = 0 if start is None else int(start)
-    end = size if end is None else int(end)
-    if start < 0:
-        start += size
-    if end < 0:
-        end += size
-    start = min(max(start, 0), size)
-    end = min(max(end, start), size)
-    return start, -(-(end - start) // step)
-
-
 def _slice_shape(args):
     x, dim, start, end, step = args
     shape = list(x.shape)

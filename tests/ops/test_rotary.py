@@ -1,0 +1,108 @@
+"""Rotary embeddings and gated MLPs on Vulkan against PyTorch eager: ExecuTorch's
+et_vk.apply_rotary_emb (interleaved pairs), HF's rotate_half form (fused into
+vkdelegate.rotary_half by passes/fuse_rotary, and unfused) and the SwiGLU (Llama) /
+GeGLU (Gemma, gelu tanh) MLPs, each with every node on Vulkan."""
+import pytest
+import torch
+from torch import nn
+
+from vkdelegate.backend import custom_ops
+
+from tests.ops.harness import check_op, delegated_nodes
+
+custom_ops.ensure_defined()
+
+
+def _freqs(seq, half, dtype):
+    inv = 1.0 / (10000 ** (torch.arange(half).float() / half))
+    angles = torch.outer(torch.arange(seq).float(), inv)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_et_vk_apply_rotary_emb(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    xq = torch.randn(1, 5, 4, 8, generator=g).to(dtype)
+    xk = torch.randn(1, 5, 2, 8, generator=g).to(dtype)
+    cos, sin = _freqs(5, 4, dtype)
+    op = torch.ops.et_vk.apply_rotary_emb
+    # The op's CPU kernel against the complex-number form ExecuTorch's rope.py uses.
+    want = torch.view_as_real(torch.view_as_complex(xq.float().reshape(1, 5, 4, 4, 2))
+                              * torch.polar(torch.ones(5, 4), torch.atan2(
+                                  sin.float(), cos.float()))[None, :, None]).flatten(3)
+    torch.testing.assert_close(op(xq, xk, cos, sin)[0].float(), want, rtol=tol, atol=tol)
+    check_op(lambda q, k, c, s: op(q, k, c, s), (xq, xk, cos, sin),
+             ops=["et_vk.apply_rotary_emb.default"], rtol=tol, atol=tol)
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class HFRotary(nn.Module):
+    """transformers' apply_rotary_pos_emb (Llama, Qwen2, Mistral, Gemma)."""
+
+    def forward(self, q, k, cos, sin):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _hf_inputs(dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, 6, 8, generator=g).to(dtype)
+    k = torch.randn(1, 2, 6, 8, generator=g).to(dtype)
+    cos, sin = (torch.cat([f, f], -1)[None] for f in _freqs(6, 4, dtype))
+    return q, k, cos, sin
+
+
+# fp16: the fused op rounds once where eager rounds after each of mul, mul and add.
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 4e-3)])
+def test_hf_rotate_half_is_fused(dtype, tol):
+    program = check_op(HFRotary(), _hf_inputs(dtype), ops=["vkdelegate.rotary_half.default"],
+                       rtol=tol, atol=tol)
+    assert " 0 on CPU" in str(program.report), program.report
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert ops.count("vkdelegate.rotary_half.default") == 2
+    assert "aten.cat.default" not in ops and "aten.neg.default" not in ops
+
+
+class RotaryAlsoReturned(HFRotary):
+    """rotate_half(q) is also an output: the pass must leave q's pattern alone (its
+    slice/neg/cat/mul/add run unfused, on Vulkan) and fuse k's."""
+
+    def forward(self, q, k, cos, sin):
+        return super().forward(q, k, cos, sin)[0], _rotate_half(q)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_hf_rotate_half_with_a_shared_intermediate_is_not_fused(dtype, tol):
+    program = check_op(RotaryAlsoReturned(), _hf_inputs(dtype),
+                       ops=["aten.cat.default", "aten.neg.default", "aten.slice.Tensor"],
+                       rtol=tol, atol=tol)
+    assert " 0 on CPU" in str(program.report), program.report
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert ops.count("vkdelegate.rotary_half.default") == 1
+
+
+class GatedMLP(nn.Module):
+    """HF LlamaMLP (SwiGLU: silu) and GemmaMLP (GeGLU: gelu approximate='tanh')."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.gate, self.up = nn.Linear(16, 32, bias=False), nn.Linear(16, 32, bias=False)
+        self.down, self.act = nn.Linear(32, 16, bias=False), act
+
+    def forward(self, x):
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+@pytest.mark.parametrize("act", [nn.SiLU(), nn.GELU(approximate="tanh")],
+                         ids=["swiglu", "geglu"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 5e-3)])
+def test_gated_mlp_lowers_with_every_node_on_vulkan(act, dtype, tol):
+    torch.manual_seed(2)
+    mlp = GatedMLP(act).to(dtype)
+    program = check_op(mlp, (torch.randn(1, 3, 16).to(dtype),), ops=[], rtol=tol, atol=tol)
+    assert " 0 on CPU" in str(program.report), program.report
+    assert delegated_nodes(program)

@@ -1,0 +1,87 @@
+"""vkdelegate.sample on Vulkan against its torch definition (custom_ops_llm.
+sample_reference): the chosen token for many seeds, V in {50, 1000, 32000, 151936},
+fp32 and fp16 logits, greedy / temperature / top-k / top-p; greedy equals torch.argmax."""
+import pytest
+import torch
+from torch import nn
+
+from vkdelegate import to_backend
+from vkdelegate.backend import custom_ops
+from vkdelegate.backend.custom_ops_llm import sample_reference
+
+from tests.ops.harness import check_op, delegated_nodes
+from tests.vulkan_skip import vulkan_unavailable
+
+custom_ops.ensure_defined()
+#: How far (a fraction of the kept mass) a draw must be from a cumulative boundary for
+#: the fp32 device sums to be bound to agree with the fp64 definition.
+DELTA = 2e-5
+
+
+class Sampler(nn.Module):
+    def forward(self, logits, sampling):
+        return torch.ops.vkdelegate.sample(logits, sampling)
+
+
+def _settings(g):
+    draw = lambda: float(torch.rand((), generator=g))  # noqa: E731
+    return [(0.0, 0, 1.0, draw()), (1.0, 0, 1.0, draw()), (0.7, 40, 1.0, draw()),
+            (1.3, 0, 0.9, draw()), (0.9, 50, 0.8, draw()), (1.0, 1, 1.0, draw()),
+            (1.0, 0, 0.0, draw()), (2.0, 0, 1.0, 0.999999)]
+
+
+def test_reference_definition_by_hand():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 2.0]])
+    s = lambda *a: int(sample_reference(logits, torch.tensor(a)))  # noqa: E731
+    assert s(0.0, 0, 1, 0.9) == 1            # greedy: first maximum
+    assert s(1.0, 2, 1, 0.0) == 1 and s(1.0, 2, 1, 0.99) == 2  # top-2: the tied pair
+    w = torch.softmax(logits[0], 0)          # order 1, 2, 4, 0, 3
+    cut = float((w[1] + w[2] + w[4]) / w.sum())
+    assert s(1.0, 0, cut - 1e-3, 0.999) == 4  # top-p keeps three tokens
+    assert s(1.0, 0, 1, float((w[1] + w[2]) / w.sum()) + 1e-4) == 4
+
+
+@pytest.mark.parametrize("vocab", [50, 1000, 32000, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sampler_matches_the_definition(vocab, dtype):
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    g = torch.Generator().manual_seed(vocab)
+    seeds = 10 if vocab < 100000 else 3
+    logits = (torch.randn(1, vocab, generator=g) * 3).to(dtype)
+    program = check_op(Sampler(), (logits, torch.tensor([1.0, 0, 1, 0.5])),
+                       ops=["vkdelegate.sample.default"])
+    chosen, exact = set(), 0
+    for _ in range(seeds):
+        logits = (torch.randn(1, vocab, generator=g) * 3).to(dtype)
+        logits[0, int(torch.randint(vocab, (), generator=g))] = logits.max()  # a tie
+        for setting in _settings(g):
+            sampling = torch.tensor(setting, dtype=torch.float32)
+            want = int(sample_reference(logits, sampling))
+            got = program(logits, sampling)
+            assert got.dtype == torch.int64 and got.shape == (1,)
+            # The draw (and top_p) moved by DELTA either way: the same token means the
+            # draw is not within fp32 rounding of a boundary, so the pick must be exact.
+            near = {int(sample_reference(logits, sampling + torch.tensor(d)))
+                    for d in ([0, 0, 0, DELTA], [0, 0, 0, -DELTA], [0, 0, DELTA, 0],
+                              [0, 0, -DELTA, 0])}
+            if near == {want}:
+                assert int(got) == want, (setting, int(got), want)
+                exact += 1
+            else:  # within rounding: between the perturbed picks, in sampling order
+                z = logits.float().reshape(-1) / setting[0]
+                rank = torch.empty(vocab, dtype=torch.int64)
+                rank[torch.sort(z, descending=True, stable=True).indices] = torch.arange(vocab)
+                ranks = [int(rank[t]) for t in near | {want}]
+                assert min(ranks) <= int(rank[int(got)]) <= max(ranks), (setting, int(got),
+                                                                        want, near)
+            chosen.add(int(got))
+            if setting[0] == 0.0:
+                assert int(got) == int(torch.argmax(logits.float()))
+    assert len(chosen) > seeds  # the draws really pick different tokens
+    assert exact >= 0.75 * seeds * len(_settings(g))  # most draws are far from one
+
+
+def test_argmax_runs_on_vulkan():
+    check_op(lambda x: torch.argmax(x, dim=-1), (torch.randn(1, 3000),),
+             ops=["aten.argmax.default"])

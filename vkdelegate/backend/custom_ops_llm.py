@@ -1,0 +1,158 @@
+"""The custom ops of LLM decoding: KV-cache writes, ExecuTorch's rotary embedding and
+the on-device sampler (declared through ``custom_ops.declare_custom_op``; imported by
+custom_ops, so ``CUSTOM_OPS`` always holds them). Vulkan kernels:
+``ops/families/cache_update.py``, ``rotary.py``, ``sample.py``.
+"""
+from __future__ import annotations
+
+from vkdelegate.backend.custom_ops import declare_custom_op
+
+
+def _slice_scatter_at(x, src, dim, start):
+    import torch
+
+    # index_copy keeps every size independent of start's value (fake tensors, export)
+    # and raises for a row outside the tensor, as the Vulkan kernel does.
+    rows = start.reshape(-1)[:1].to(torch.int64) + torch.arange(src.size(dim))
+    return x.index_copy(dim, rows, src)
+
+
+def _same_as_self(x, *_args):
+    import torch
+
+    return torch.empty_like(x)
+
+
+#: ``self`` with ``src`` written at rows start[0] .. start[0] + src.size(dim) - 1 along
+#: dim (every other size of src equal to self's). ``start`` is a one-element int
+#: tensor: the position a decoder's ``start_pos`` input holds, which the Vulkan kernel
+#: reads on the device. A row outside ``self`` raises (IndexError on the CPU, the
+#: node's VkDelegateError on Vulkan). Created by ``passes/cache_positions`` from
+#: ``cache[:, :, p:p + T] = k`` and ``llama.update_cache`` with ``p = pos[0].item()``.
+SLICE_SCATTER_AT = declare_custom_op(
+    "vkdelegate.slice_scatter_at.default",
+    "slice_scatter_at(Tensor self, Tensor src, int dim, Tensor start) -> Tensor",
+    _slice_scatter_at, meta=_same_as_self)
+
+
+def _update_cache(value, cache, start_pos):
+    import torch
+
+    torch._check(start_pos >= 0)
+    torch._check(start_pos + value.size(1) <= cache.size(1))
+    cache.narrow(1, start_pos, value.size(1)).copy_(value)
+    return torch.empty((1,), dtype=value.dtype, device=value.device)
+
+
+def _update_cache_meta(value, cache, start_pos):
+    import torch
+
+    return torch.empty((1,), dtype=value.dtype, device=value.device)
+
+
+#: ExecuTorch's KV-cache write (extension/llm/custom_ops/op_sdpa_aot.cpp, schema as
+#: there): value [B, S, H, D] into cache [B, S_max, H, D] at rows start_pos ..
+#: start_pos + S - 1 of dim 1, in place; returns a one-element dummy tensor. torch
+#: defines it here only where ExecuTorch is not installed. Export wraps it in
+#: auto_functionalized; ``passes/cache_positions.functional_update_cache`` makes it a
+#: slice_scatter (or slice_scatter_at when start_pos is ``.item()`` of a tensor), so
+#: no lowered program calls it: glue=False keeps this mutating op off the CPU glue's
+#: allow-list (which admits no op that writes an argument).
+UPDATE_CACHE = declare_custom_op(
+    "llama.update_cache.default",
+    "update_cache(Tensor value, Tensor(a!) cache, SymInt start_pos) -> Tensor",
+    _update_cache, glue=False, meta=_update_cache_meta)
+
+
+def _apply_rotary_emb(xq, xk, freqs_cos, freqs_sin):
+    import torch
+
+    def rotate(x):
+        xr, xi = x.float().reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
+        shape = [d if i in (1, x.dim() - 1) else 1 for i, d in enumerate(xr.shape)]
+        c, s = freqs_cos.float().view(shape), freqs_sin.float().view(shape)
+        return torch.stack([xr * c - xi * s, xr * s + xi * c], dim=-1).flatten(3) \
+            .type_as(x)
+    return rotate(xq), rotate(xk)
+
+
+#: ExecuTorch's Vulkan rotary embedding (backends/vulkan/custom_ops_lib.py and
+#: patterns/rope.py, whose 2-D freqs form this kernel is): interleaved (real, imag)
+#: pairs of xq [B, S, Hq, D] and xk [B, S, Hk, D] rotated by freqs_cos/freqs_sin
+#: [S, D/2], in fp32, returned in the inputs' dtype. Vulkan: ``ops/families/rotary.py``.
+APPLY_ROTARY_EMB = declare_custom_op(
+    "et_vk.apply_rotary_emb.default",
+    "apply_rotary_emb(Tensor xq, Tensor xk, Tensor freqs_cos, Tensor freqs_sin) "
+    "-> (Tensor, Tensor)", _apply_rotary_emb)
+
+
+def _rotary_half(x, cos, sin):
+    import torch
+
+    xf = x.float()
+    x1, x2 = xf[..., : x.shape[-1] // 2], xf[..., x.shape[-1] // 2:]
+    return (xf * cos.float() + torch.cat((-x2, x1), dim=-1) * sin.float()).to(x.dtype)
+
+
+#: HF transformers' rotary embedding (``apply_rotary_pos_emb``: ``x * cos +
+#: rotate_half(x) * sin``, rotate_half(x) = cat(-x2, x1) over the halves of the last
+#: dim), cos/sin broadcast to x, computed in fp32 and rounded once to x's dtype (the
+#: unfused fp16 graph rounds after each op: at most an fp16 ulp or so apart). Made by
+#: ``passes/fuse_rotary``; Vulkan: ``ops/families/rotary.py``.
+ROTARY_HALF = declare_custom_op(
+    "vkdelegate.rotary_half.default",
+    "rotary_half(Tensor x, Tensor cos, Tensor sin) -> Tensor", _rotary_half)
+
+
+def sample_reference(logits, sampling):
+    """The definition of ``vkdelegate.sample`` (its CPU kernel).
+
+    logits: float tensor of V elements ([1, V] or [V]; fp16 is widened to fp32).
+    sampling: float32[4] = (temperature, top_k, top_p, draw). Returns int64[1].
+    temperature <= 0: ``argmax`` (first maximum). Else z = logits / temperature (fp32),
+    tokens ordered by z descending, ties by lower index (a stable sort); keep the first
+    top_k (0 or >= V: all; top_p <= 0 keeps one); then the shortest prefix whose mass,
+    w = exp(z - max z), reaches top_p of the kept mass (top_p >= 1: all); then the
+    first token whose cumulative mass exceeds draw * (the kept mass), or the last kept
+    one (draw clamped to [0, 1]). The issue-14 sampling rule. z is fp32 (as on the
+    device), the masses are summed in fp64; the Vulkan kernel sums in fp32 (a fixed
+    tree), so it may pick a neighbour only when the draw (or top_p) lies within about
+    1e-5 of the kept mass from a cumulative boundary (tests/ops/test_sample.py checks
+    exact equality for every draw farther than that, the neighbour otherwise). With
+    temperature > 0 the logits must be finite and the draw a number (an inf logit
+    makes exp(z - max z) NaN here and on the device alike).
+    """
+    import torch
+
+    x = logits.detach().reshape(-1).float()
+    t, k, p, u = (float(v) for v in sampling.detach().reshape(-1)[:4].float())
+    if not t > 0:
+        return torch.argmax(x).reshape(1)
+    z = x / t
+    order = torch.sort(z, descending=True, stable=True).indices
+    w = torch.exp((z[order] - z.max()).double())  # sums in fp64: the exact value
+    n = x.numel()
+    k = 1 if not p > 0 else int(k)
+    if 0 < k < n:
+        n = k
+    if p < 1:
+        c = torch.cumsum(w[:n], 0)
+        hit = torch.nonzero(c >= p * c[-1])
+        n = int(hit[0]) + 1 if hit.numel() else n
+    c = torch.cumsum(w[:n], 0)
+    hit = torch.nonzero(c > min(max(u, 0.0), 1.0) * c[-1])
+    j = int(hit[0]) if hit.numel() else n - 1
+    return order[j].reshape(1)
+
+
+def _sample_meta(logits, sampling):
+    import torch
+
+    return torch.empty((1,), dtype=torch.int64, device=logits.device)
+
+
+#: The on-device sampler: ``sample(Tensor logits, Tensor sampling) -> Tensor``
+#: (``sample_reference`` is its definition). Vulkan: ``ops/families/sample.py``.
+SAMPLE = declare_custom_op(
+    "vkdelegate.sample.default", "sample(Tensor logits, Tensor sampling) -> Tensor",
+    sample_reference, meta=_sample_meta)

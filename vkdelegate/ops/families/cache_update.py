@@ -1,0 +1,337 @@
+"""Writes into a copy of a tensor (what a KV-cache update exports as): index_copy,
+index_put (accumulate=False), slice_scatter, select_scatter, copy (src broadcast into
+self's sizes, what slice assignment exports) and
+``vkdelegate.slice_scatter_at`` (a slice_scatter whose start is read from a tensor on
+the device).
+
+All are functional (ATen schemas): the output is the destination's values with a
+region overwritten. Each records a flat copy of the destination into the output, then
+the region: slice_scatter/select_scatter as an affine copy into the output at the
+slice's offset and strides (start, end and index may be SymInts, re-read after every
+resize), the others with scatter_rows.glsl. A module buffer updated in place
+(``cache.index_copy_(2, pos, k)``) exports as one of these plus a buffer mutation; the
+program layer keeps that buffer on the device (``DelegateGraph.bind_state``: the
+output is copied into the state input after the run, on the device), so the cache never
+crosses to the host.
+
+Out-of-range positions raise as eager does: an index_copy/index_put index outside
+0..size-1 (index_put also -size..-1) sets the node's error flag (the run raises
+VkDelegateError naming the node) and that element is not written; slice_scatter_at
+with ``start < 0`` or ``start + src.size(dim) > size`` flags and writes nothing of the
+region (eager's slice assignment raises on the size mismatch, ExecuTorch's
+update_cache on the range). slice_scatter clamps its bounds as ATen's slicing does and
+requires ``src`` to have the slice's sizes. Duplicate indices with accumulate=False
+leave one of the written values (unspecified which, as on CUDA).
+"""
+from __future__ import annotations
+
+import math
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
+                                            contiguous_strides, flat_plan)
+from vkdelegate.kernels.dims import slice_bounds, wrap_dim
+from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import declare_grid, flag_defines
+
+SHADER = "scatter_rows"
+INDEX_DTYPES = frozenset({"int64", "int32"})
+SCATTER_PARAMS = ParamBlock("scatter_block", [
+    ("info", "ivec4"),    # x: region numel, y: inner, z: count, w: size of the dim
+    ("check", "ivec4")])  # x: error-flag word, y: 1 if negative indices wrap
+
+
+@shader_bindings(SHADER)
+def _bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "error_flags"), inputs=("src_data", "index_data"),
+                    params=(SCATTER_PARAMS,))
+
+
+def _defines(out, src, idx, pos: bool, scalar: bool) -> dict:
+    """out, src, idx: Tensors or (graph dtype, device dtype) pairs."""
+    d = storage_defines(OUT=out, SRC=src, IDX=idx)
+    dtype = out.dtype if hasattr(out, "dtype") else out[0]
+    d["SRC_ACC"] = acc_type(dtype)
+    d.update(flag_defines(POS_FROM_TENSOR=pos, SRC_SCALAR=scalar))
+    return d
+
+
+def _copy_destination(b, out, x) -> None:
+    """out <- x, element for element (the values the region does not overwrite)."""
+    affine_copy(b, out, x, lambda: flat_plan(out.numel))
+
+
+def _scatter(b, out, src, index, dim: int, count_fn, *, pos: bool, wrap: bool,
+             message) -> None:
+    """Record the scatter_rows dispatch writing ``src``'s rows into ``out`` along
+    ``dim``; count_fn() gives the region's row count for the current sizes."""
+    flag = b.error_flag(message)
+    scalar = src.max_numel == 1  # one value broadcast over the region
+
+    def pack():
+        inner = math.prod(out.shape[dim + 1:])
+        numel = math.prod(out.shape[:dim]) * count_fn() * inner
+        return SCATTER_PARAMS.pack(info=[numel, max(inner, 1), max(count_fn(), 1),
+                                         out.shape[dim]],
+                                   check=[flag.slot, int(wrap)])
+    params = b.params(pack())
+    b.on_resize(lambda: params.write(pack()))
+    grid = math.prod(out.max_shape[:dim]) * count_fn() * math.prod(out.max_shape[dim + 1:])
+    b.dispatch(SHADER, _defines(out, src, index, pos, scalar), outputs=[out, flag],
+               inputs=[src, index], params=[params], global_size=(max(grid, 1),),
+               local_size=b.local_size_1d(grid))
+
+
+def _range(x, dim: int, negative: bool):
+    def message():
+        size = x.shape[dim]
+        valid = f"{-size}..{size - 1}" if negative else f"0..{size - 1}"
+        return f"an index is out of range for dim {dim} of size {size} (valid: {valid})"
+    return message
+
+
+def _fits(src_shape, region) -> bool:
+    """``src`` can fill ``region`` element for element (equal sizes, leading 1s aside)
+    or is one element (broadcast)."""
+    shape, region = list(src_shape), list(region)
+    while shape and shape[0] == 1 and len(shape) > len(region):
+        shape.pop(0)
+    while region and region[0] == 1 and len(region) > len(shape):
+        region.pop(0)
+    return math.prod(src_shape) == 1 or shape == region
+
+
+def _region_reason(src: TensorSpec, region, what: str):
+    if _fits(src.shape, region):
+        return None
+    return (f"{what} of sizes {list(src.shape)} for a region of sizes {list(region)} "
+            f"(only equal sizes or one element are supported)")
+
+
+# ---- index_copy(self, dim, index, source) ------------------------------------------
+def _index_copy_impl(b, node):
+    x_id, dim_id, index_id, src_id, out_id = node.args
+    x, index, src, out = (b.tensor(i) for i in (x_id, index_id, src_id, out_id))
+    dim = wrap_dim(b.scalar(dim_id), max(x.ndim, 1))
+    _copy_destination(b, out, x)
+    _scatter(b, out, src, index, dim, lambda: max(index.numel, 0), pos=False, wrap=False,
+             message=_range(x, dim, False))
+
+
+def _index_copy_rule(node: NodeSpec):
+    x, dim, index, src = node.args[:4]
+    if x.rank == 0 or index.rank > 1:
+        return "index_copy of a 0-d tensor or with an index of rank > 1"
+    d = wrap_dim(dim, x.rank)
+    region = tuple(x.shape[:d]) + (math.prod(index.shape),) + tuple(x.shape[d + 1:])
+    return _region_reason(src, region, "source")
+
+
+# ---- index_put(self, indices, values, accumulate) ----------------------------------
+def _one_index(indices):
+    """(dim, index tensor) of an index_put indices list holding exactly one tensor."""
+    dims = [d for d, t in enumerate(indices) if t is not None]
+    if len(dims) != 1:
+        raise VkDelegateError(f"index_put with {len(dims)} index tensors (1 is supported)")
+    return dims[0], indices[dims[0]]
+
+
+def _index_put_impl(b, node):
+    x_id, indices_id, values_id, acc_id, out_id = node.args
+    if b.scalar(acc_id):
+        raise b.error("index_put with accumulate=True is not supported")
+    x, values, out = b.tensor(x_id), b.tensor(values_id), b.tensor(out_id)
+    try:
+        dim, index = _one_index(b.value(indices_id))
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    _copy_destination(b, out, x)
+    _scatter(b, out, values, index, dim, lambda: max(index.numel, 0), pos=False, wrap=True,
+             message=_range(x, dim, True))
+
+
+def _index_put_rule(node: NodeSpec):
+    x, indices, values, accumulate = node.args[:4]
+    if accumulate:
+        return "accumulate=True"
+    if any(t is not None and not isinstance(t, TensorSpec) for t in indices):
+        return "an index that is not a tensor"
+    try:
+        dim, index = _one_index(indices)
+    except VkDelegateError as exc:
+        return str(exc)
+    if index.dtype not in INDEX_DTYPES:
+        return f"index of dtype {index.dtype} (bool masks stay on the CPU)"
+    if dim >= x.rank:
+        return f"index on dim {dim} of a rank-{x.rank} tensor"
+    # ATen's region: x.shape[:dim] + index.shape + x.shape[dim+1:]; we write it flat.
+    region = tuple(x.shape[:dim]) + tuple(index.shape) + tuple(x.shape[dim + 1:])
+    flat = tuple(x.shape[:dim]) + (math.prod(index.shape),) + tuple(x.shape[dim + 1:])
+    if not (_fits(values.shape, region) or _fits(values.shape, flat)):
+        return _region_reason(values, region, "values")
+    return None
+
+
+# ---- slice_scatter(self, src, dim, start, end, step), select_scatter(self, src, dim, index)
+def _region_plan(out, src, dim: int, start: int, step: int, drop_dim: bool) -> CopyPlan:
+    """The affine copy of ``src`` into ``out``'s region starting at ``start`` along
+    ``dim`` (every ``step``-th row; ``drop_dim``: src has no ``dim``, select_scatter)."""
+    strides = contiguous_strides(out.shape)
+    want = list(out.shape)
+    if drop_dim:
+        del want[dim]
+    else:
+        want[dim] = src.shape[dim] if dim < src.ndim else 0
+    if list(src.shape) != want:
+        raise VkDelegateError(f"src has sizes {list(src.shape)}, the region {want}")
+    src_strides = contiguous_strides(src.shape)
+    dims = []
+    for d, size in enumerate(out.shape):
+        if d == dim:
+            if not drop_dim:
+                dims.append(CopyDim(src.shape[dim], strides[d] * step, src_strides[dim]))
+            continue
+        s = d - 1 if drop_dim and d > dim else d
+        dims.append(CopyDim(size, strides[d], src_strides[s]))
+    plan = CopyPlan(dims or [CopyDim(1, 1, 1)])
+    plan.out_offset = start * strides[dim]
+    return plan
+
+
+def _slice_scatter_impl(b, node):
+    x_id, src_id, dim_id, start_id, end_id, step_id, out_id = node.args
+    x, src, out = b.tensor(x_id), b.tensor(src_id), b.tensor(out_id)
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+    step = b.scalar(step_id)
+    _copy_destination(b, out, x)
+
+    def plan():
+        start, length = slice_bounds(out.shape[dim], b.scalar(start_id), b.scalar(end_id),
+                                     step)
+        if src.ndim != out.ndim or src.shape[dim] != length:
+            raise VkDelegateError(f"slice_scatter: src has sizes {list(src.shape)}, the "
+                                  f"slice {length} rows along dim {dim}")
+        return _region_plan(out, src, dim, start, step, drop_dim=False)
+    affine_copy(b, out, src, plan)
+
+
+def _select_scatter_impl(b, node):
+    x_id, src_id, dim_id, index_id, out_id = node.args
+    x, src, out = b.tensor(x_id), b.tensor(src_id), b.tensor(out_id)
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+    _copy_destination(b, out, x)
+
+    def plan():
+        index, size = b.scalar(index_id), out.shape[dim]
+        if not -size <= index < size:
+            raise VkDelegateError(f"select_scatter: index {index} out of range for dim "
+                                  f"{dim} of size {size}")
+        return _region_plan(out, src, dim, index % size, 1, drop_dim=True)
+    affine_copy(b, out, src, plan)
+
+
+def _slice_scatter_rule(node: NodeSpec):
+    x, src, dim, start, end, step = node.args[:6]
+    if x.rank == 0 or src.rank != x.rank:
+        return f"src of rank {src.rank} for a destination of rank {x.rank}"
+    if not isinstance(step, int) or step <= 0:
+        return f"step {step} (must be a positive int)"
+    if any(b is not None and not isinstance(b, int) for b in (start, end)):
+        return "slice bounds that are not ints"
+    return None
+
+
+def _select_scatter_rule(node: NodeSpec):
+    x, src = node.args[:2]
+    if x.rank == 0 or src.rank != x.rank - 1:
+        return f"src of rank {src.rank} for a destination of rank {x.rank}"
+    return None
+
+
+# ---- vkdelegate.slice_scatter_at(self, src, dim, start) -----------------------------
+def _slice_scatter_at_impl(b, node):
+    x_id, src_id, dim_id, pos_id, out_id = node.args
+    x, src, pos, out = (b.tensor(i) for i in (x_id, src_id, pos_id, out_id))
+    dim = wrap_dim(b.scalar(dim_id), x.ndim)
+
+    def message():
+        return (f"position out of range: start + {src.shape[dim]} rows must be within "
+                f"0..{x.shape[dim]} along dim {dim}")
+    _copy_destination(b, out, x)
+    _scatter(b, out, src, pos, dim, lambda: src.shape[dim], pos=True, wrap=False,
+             message=message)
+
+
+def _slice_scatter_at_rule(node: NodeSpec):
+    x, src, dim, pos = node.args[:4]
+    if x.rank == 0 or src.rank != x.rank:
+        return f"src of rank {src.rank} for a destination of rank {x.rank}"
+    d = wrap_dim(dim, x.rank)
+    if math.prod(pos.shape) != 1:
+        return f"start of sizes {list(pos.shape)} (one element expected)"
+    if any(s != t for i, (s, t) in enumerate(zip(src.shape, x.shape)) if i != d):
+        return f"src of sizes {list(src.shape)} for a destination {list(x.shape)}"
+    return None
+
+
+# ---- copy(self, src, non_blocking): src broadcast to self's sizes, in self's dtype ---
+def _copy_impl(b, node):
+    x_id, src_id, _nb_id, out_id = node.args
+    src, out = b.tensor(src_id), b.tensor(out_id)
+
+    def plan():
+        shape = (1,) * (out.ndim - src.ndim) + tuple(src.shape)
+        strides = contiguous_strides(shape)
+        out_strides = contiguous_strides(out.shape)
+        dims = [CopyDim(size, out_strides[d], 0 if shape[d] == 1 else strides[d])
+                for d, size in enumerate(out.shape)]
+        return CopyPlan(dims or [CopyDim(1, 1, 1)])
+    affine_copy(b, out, src, plan)
+
+
+def _copy_rule(node: NodeSpec):
+    x, src = node.args[:2]
+    shape = (1,) * (x.rank - src.rank) + tuple(src.shape)
+    if src.rank > x.rank or any(s not in (1, t) for s, t in zip(shape, x.shape)):
+        return f"src of sizes {list(src.shape)} does not broadcast to {list(x.shape)}"
+    if x.dtype != src.dtype:
+        return f"a copy from {src.dtype} into {x.dtype}"
+    return None
+
+
+def _same_shape(args):
+    return tuple(args[0].shape)
+
+
+def _op(name, impl, rules, notes, arg_dtypes=None, symbolic=()):
+    register(OpSpec(name=name, dtypes=MOVE_DTYPES, impl=impl, shape_fn=_same_shape,
+                    rules=rules, arg_dtypes=arg_dtypes or {}, notes=notes,
+                    symbolic_args=frozenset(symbolic)))
+
+
+_op("aten.index_copy.default", _index_copy_impl, (_index_copy_rule,),
+    "dim + 1-D int index; out-of-range indices raise after the run", {2: INDEX_DTYPES})
+_op("aten.index_put.default", _index_put_impl, (_index_put_rule,),
+    "accumulate=False, one index tensor (x[:, :, pos] = v); values of the region's sizes "
+    "or one element", {1: INDEX_DTYPES})
+_op("aten.slice_scatter.default", _slice_scatter_impl, (_slice_scatter_rule,),
+    "bounds clamped as ATen (SymInts too)", symbolic=(3, 4))
+_op("aten.select_scatter.default", _select_scatter_impl, (_select_scatter_rule,),
+    "index may be a SymInt", symbolic=(3,))
+_op("aten.copy.default", _copy_impl, (_copy_rule,),
+    "src broadcast to self's sizes (slice assignment exports it), same dtype")
+_op("vkdelegate.slice_scatter_at.default", _slice_scatter_at_impl, (_slice_scatter_at_rule,),
+    "KV-cache write at start = a tensor's value, read on the device (no host round trip)",
+    {3: INDEX_DTYPES})
+
+
+def _variant(profile, dtype: str, index: str, pos: bool, scalar: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return _defines(ddt, ddt, (index, device_dtype(index, profile)), pos, scalar)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=MOVE_DTYPES,
+             index=INDEX_DTYPES, pos=(False, True), scalar=(False, True))
