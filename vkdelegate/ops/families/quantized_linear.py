@@ -1,0 +1,213 @@
+"""Quantized-weight linear: aten._weight_int8pack_mm.default, et_vk.linear_q4gsw.default,
+et_vk.linear_dq8ca_q4gsw.default (ExecuTorch 1.5's schemas, backends/vulkan/
+custom_ops_lib.py; made by the lowering pass backend/passes/quantized_linear.py from
+torchao's quantized linears).
+
+- _weight_int8pack_mm(self [M, K], mat2 int8 [N, K], scales [N]) -> [M, N] =
+  (self @ mat2.T) * scales (ATen's int8 weight-only linear); fp32/fp16 self.
+- linear_q4gsw(self [..., K], weights uint8 [N, K/2], weight_scales [K/gs, N],
+  group_size, bias [N]?) -> [..., N]: int4 group-wise symmetric weights two per byte
+  (ET's packing: k even in the low nibble, + 8); group sizes multiples of 8 dividing K.
+- linear_dq8ca_q4gsw(input [M, K] fp32, input_scales [M], input_zp int8 [M], weights,
+  weight_sums int32, weight_scales, group_size, bias?): 8da4w, the activation
+  quantized per row in the shader, integer products per group (dotPacked4x8EXT where
+  the device has shaderIntegerDotProduct, a portable loop otherwise).
+
+One shader, linear_qw.glsl: a GEMV form (a workgroup of WG invocations per NPW columns
+of one row, K split across the invocations, shared-memory reduction) for at most
+GEMV_ROWS rows (the upper bound), a GEMM form (4 x 4 tiles) past that. The packed
+weight is the program's constant itself, read as 32-bit words on devices with 8-bit
+storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; an
+fp16 model's dequantized int4 weights are rounded to fp16 as its eager dequantize does.
+"""
+from __future__ import annotations
+
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
+from vkdelegate.kernels import loop_limit
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
+
+SHADER = "linear_qw"
+DTYPES = frozenset({"float32", "float16"})
+WG = 64  # GEMV invocations per workgroup (a power of two)
+NPW = 4  # GEMV output columns per workgroup
+GEMV_ROWS = 4  # at most this many rows (upper bound) run the GEMV form
+PARAMS = ParamBlock("qlinear_block", [("qdims", "ivec4")])  # K, N, group size, chunks
+INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default",
+                          "et_vk.linear_dq8ca_q4gsw.default")
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    inputs = ["x_data", "w_data", "s_data"]
+    if "HAS_BIAS" in d:
+        inputs.append("c_data")
+    if "DQ8CA" in d:
+        inputs += ["xs_data", "xz_data", "sum_data"]
+    return Bindings(outputs=("out_data",), inputs=tuple(inputs),
+                    params=(tensor_meta_block("out_meta"), PARAMS))
+
+
+def _words(w, k: int, bits: int) -> bool:
+    """Whether the weight buffer can be read as 32-bit words: 8-bit storage (bytes
+    packed as the program has them) and whole words per row."""
+    return w[1] in ("uint8", "int8") and (bits == 4 or k % 4 == 0)
+
+
+def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
+                    dq=None, int_dot: bool = False) -> dict:
+    """Defines of linear_qw.glsl. Tensors as Tensors or (graph dtype, device dtype)
+    pairs; dq: (input_scales, input_zp) for DQ8CA."""
+    tensors = dict(OUT=out, X=x, S=s)
+    pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
+    words = _words(pair, k, bits)
+    if not words:
+        tensors["W"] = w
+    if bias is not None:
+        tensors["C"] = bias
+    if dq is not None:
+        tensors.update(XS=dq[0], XZ=dq[1])
+    d = storage_defines(**tensors)
+    d.update(flag_defines(W4=bits == 4, W8=bits == 8, W_WORDS=words, GEMV=gemv,
+                          HAS_BIAS=bias is not None, F16_WEIGHTS=f16 and bits == 4,
+                          DQ8CA=dq is not None, INT_DOT=int_dot))
+    if gemv:
+        d.update(WG=str(WG), NPW=str(NPW))
+    return d
+
+
+def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None:
+    n = w.max_shape[0]
+    k = x.max_shape[-1] if x.ndim else 1
+    if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
+        raise b.error(f"int4 weights [{n}, {w.max_shape[1]}] with group size {group} "
+                      f"for K = {k}: K and the group size must be multiples of 8")
+    if out.dtype != x.dtype or s.dtype != x.dtype:
+        raise b.error(f"input {x.dtype}, scales {s.dtype}, output {out.dtype}: "
+                      f"expected one dtype")
+    m = out.max_numel // n if n else 0
+    chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
+    chunks = k // chunk
+    gemv = m <= GEMV_ROWS
+    loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
+    base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq)
+    defines = base
+    if dq is not None:
+        defines = choose(SHADER, [dict(base, INT_DOT="1"), base],
+                         b.device.info.capabilities)
+    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
+    params = [out.meta, b.params(PARAMS.pack(qdims=[k, n, group, chunks]))]
+    if gemv:
+        grid, local = (-(-n // NPW) * WG, max(m, 1)), (WG, 1, 1)
+    else:
+        grid, local = (-(-n // 4), -(-m // 4)), (8, 8, 1)
+    b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
+               global_size=grid, local_size=local)
+
+
+def _int8pack_impl(b, node):
+    x_id, w_id, s_id, out_id = node.args
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None,
+            b.tensor(out_id), 8, 0)
+
+
+def _q4gsw_impl(b, node):
+    x_id, w_id, s_id, gs_id, bias_id, out_id = node.args
+    bias = b.value(bias_id)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), bias,
+            b.tensor(out_id), 4, int(b.scalar(gs_id)))
+
+
+def _dq8ca_impl(b, node):
+    x_id, xs_id, xz_id, w_id, sums_id, s_id, gs_id, bias_id, out_id = node.args
+    dq = (b.tensor(xs_id), b.tensor(xz_id), b.tensor(sums_id))
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), b.value(bias_id),
+            b.tensor(out_id), 4, int(b.scalar(gs_id)), dq)
+
+
+# ---- rules and shapes -------------------------------------------------------------
+def _int8pack_rule(node: NodeSpec):
+    x, w, s = node.args[:3]
+    if x.rank != 2 or w.rank != 2 or x.shape[1] != w.shape[1] or s.shape != (w.shape[0],):
+        return f"input {list(x.shape)}, weight {list(w.shape)}, scales {list(s.shape)}"
+    if x.dynamic and x.dynamic[-1]:
+        return "dynamic input features"
+    return None if s.dtype == x.dtype else f"scales {s.dtype} for input {x.dtype}"
+
+
+def _q4_rule(node: NodeSpec, w_at: int, s_at: int, gs_at: int):
+    x, w, s, gs = node.args[0], node.args[w_at], node.args[s_at], node.args[gs_at]
+    bias = node.args[gs_at + 1]
+    if x.rank < 1 or (x.dynamic and x.dynamic[-1]):
+        return "input of rank 0 or with dynamic features"
+    k, n = x.shape[-1], w.shape[0] if w.rank == 2 else -1
+    if w.rank != 2 or not isinstance(gs, int) or gs <= 0 or gs % 8 or k % gs \
+            or w.shape[1] * 2 < k or s.shape != (k // gs, n):
+        return (f"input {list(x.shape)}, int4 weights {list(w.shape)}, scales "
+                f"{list(s.shape)}, group size {gs}: K and the group size must be "
+                f"multiples of 8, the group size divide K")
+    if bias is not None and bias.shape != (n,):
+        return f"bias of sizes {list(bias.shape)} for {n} outputs"
+    if s.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return f"scales {s.dtype} / bias for input {x.dtype}"
+    return None
+
+
+def _dq8ca_rule(node: NodeSpec):
+    x, xs, xz = node.args[:3]
+    if x.rank != 2 or x.dtype != "float32":
+        return "8da4w input must be an fp32 matrix"
+    if xs.shape not in ((x.shape[0],), (x.shape[0], 1)) or xz.shape != xs.shape:
+        return f"input scales {list(xs.shape)} / zero points for {x.shape[0]} rows"
+    return _q4_rule(node, 3, 5, 6)
+
+
+def _shape(w_at: int):
+    return lambda args: tuple(args[0].shape[:-1]) + (args[w_at].shape[0],)
+
+
+register(OpSpec(name=INT8PACK, dtypes=DTYPES, impl=_int8pack_impl, shape_fn=_shape(1),
+                rules=(_int8pack_rule,), arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
+                notes="int8 per-channel weight-only linear; GEMV (K split, shared "
+                      "reduction) / GEMM forms"))
+register(OpSpec(name=Q4GSW, dtypes=DTYPES, impl=_q4gsw_impl, shape_fn=_shape(1),
+                rules=(lambda n: _q4_rule(n, 1, 2, 3),),
+                arg_dtypes={1: frozenset({"uint8"})},
+                notes="int4 group-wise weights two per byte (ET packing), groups of "
+                      "8k; GEMV / GEMM forms"))
+register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
+                shape_fn=_shape(3), rules=(_dq8ca_rule,), max_rank=2,
+                arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
+                            4: frozenset({"int32"})},
+                notes="8da4w: per-row int8 activations x int4 weights, integer "
+                      "products (dotPacked4x8EXT with shaderIntegerDotProduct)"))
+
+
+# ---- variants ---------------------------------------------------------------------
+def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool):
+    if op == DQ8CA and dtype != "float32" or op != INT8PACK and odd_k:
+        return None
+    if op == INT8PACK and bias:
+        return None
+    pair = (dtype, device_dtype(dtype, profile))
+    bits = 8 if op == INT8PACK else 4
+    wdt = "int8" if bits == 8 else "uint8"
+    w = (wdt, device_dtype(wdt, profile))
+    k = 5 if odd_k else 8
+    dq = None
+    if op == DQ8CA:
+        dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
+    return qlinear_defines(pair, pair, w, pair, pair if bias else None, bits, k, gemv,
+                           dtype == "float16", dq)
+
+
+def _dq8ca_dot(profile, gemv: bool, bias: bool):
+    return dict(_variants(profile, DQ8CA, "float32", gemv, bias, False), INT_DOT="1")
+
+
+_AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True))
+declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
+             odd_k=(False, True))
+declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
