@@ -8,7 +8,8 @@ torchao's quantized linears).
 - linear_q4gsw(self [..., K], weights uint8 [N, K/2], weight_scales [K/gs, N],
   group_size, bias [N]?) -> [..., N]: int4 group-wise symmetric weights two per byte
   (ET's packing: k even in the low nibble, + 8); group sizes multiples of 8 dividing K.
-- linear_dq8ca_q4gsw(input [M, K] fp32, input_scales [M], input_zp int8 [M], weights,
+- linear_dq8ca_q4gsw(input [..., K] fp32, input_scales and input_zp int8 one per row
+  of input ([...], [..., 1] or [M]), weights,
   weight_sums int32, weight_scales, group_size, bias?): 8da4w, the activation
   quantized per row in the shader, integer products per group (dotPacked4x8EXT where
   the device has shaderIntegerDotProduct, a portable loop otherwise).
@@ -157,10 +158,14 @@ def _q4_rule(node: NodeSpec, w_at: int, s_at: int, gs_at: int):
 
 def _dq8ca_rule(node: NodeSpec):
     x, xs, xz = node.args[:3]
-    if x.rank != 2 or x.dtype != "float32":
-        return "8da4w input must be an fp32 matrix"
-    if xs.shape not in ((x.shape[0],), (x.shape[0], 1)) or xz.shape != xs.shape:
-        return f"input scales {list(xs.shape)} / zero points for {x.shape[0]} rows"
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    per_row = x.rank >= 1 and tuple(xs.shape) in (tuple(x.shape[:-1]),
+                                                  tuple(x.shape[:-1]) + (1,), (rows,))
+    if not per_row or xz.shape != xs.shape or xs.is_dynamic != x.is_dynamic:
+        return (f"input scales {list(xs.shape)} / zero points {list(xz.shape)}: expected "
+                f"one per row of the input {list(x.shape)}")
     return _q4_rule(node, 3, 5, 6)
 
 
@@ -178,7 +183,7 @@ register(OpSpec(name=Q4GSW, dtypes=DTYPES, impl=_q4gsw_impl, shape_fn=_shape(1),
                 notes="int4 group-wise weights two per byte (ET packing), groups of "
                       "8k; GEMV / GEMM forms"))
 register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
-                shape_fn=_shape(3), rules=(_dq8ca_rule,), max_rank=2,
+                shape_fn=_shape(3), rules=(_dq8ca_rule,),
                 arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
                             4: frozenset({"int32"})},
                 notes="8da4w: per-row int8 activations x int4 weights, integer "
