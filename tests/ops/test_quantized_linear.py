@@ -123,3 +123,26 @@ def test_layers_not_divisible_by_the_group_stay_float():
     model = quantize_for_vulkan(_mlp(64, 40, 24), "int4", group_size=64)
     assert type(model[0].weight) is not torch.nn.Parameter  # a torchao tensor
     assert type(model[2].weight) is torch.nn.Parameter  # in_features 40
+
+
+def test_q4gsw_with_executorch_padding():
+    # ExecuTorch's serialized graphs pad the scales and the bias past N (to 4) and may
+    # carry weight rows longer than K / 2: N = 13 outputs, scales [2, 16], bias [16],
+    # weights [13, 40] (80 values for K = 64).
+    from vkdelegate.backend.custom_ops import LINEAR_Q4GSW
+    from vkdelegate.backend.passes.quantized_linear import pack_4bit
+
+    torch.manual_seed(0)
+    q = torch.randint(-8, 8, (13, 80), dtype=torch.int8)
+    weights = pack_4bit(q)
+    scales = torch.rand(2, 16) / 10
+    bias = torch.randn(16)
+    op = LINEAR_Q4GSW.overload()
+    x = torch.randn(3, 64)
+    # The CPU kernel (eager here) against the dequantization written out.
+    w = q[:, :64].float().view(13, 2, 32) * scales[:, :13].t().unsqueeze(-1)
+    torch.testing.assert_close(op(x, weights, scales, 32, bias),
+                               torch.nn.functional.linear(x, w.view(13, 64), bias[:13]))
+    for rows in (1, 6):
+        check_op(lambda x: op(x, weights, scales, 32, bias), (torch.randn(rows, 64),),
+                 ops=[Q4GSW], rtol=2e-5, atol=2e-5)

@@ -193,7 +193,8 @@ def _dequantize_q4gsw(weights, weight_scales, group_size: int, in_features: int,
     import torch
 
     q = unpack_4bit(weights, in_features).to(dtype)
-    scales = weight_scales.transpose(0, 1).to(dtype)  # [N, K / group_size]
+    # [N, K / group_size]; ExecuTorch's blobs may pad N past the weight's.
+    scales = weight_scales[:, :q.shape[0]].transpose(0, 1).to(dtype)
     return (q.view(q.shape[0], -1, group_size) * scales.unsqueeze(-1)).view(q.shape)
 
 
@@ -201,13 +202,14 @@ def _linear_q4gsw(x, weights, weight_scales, group_size, bias=None):
     import torch
 
     w = _dequantize_q4gsw(weights, weight_scales, group_size, x.shape[-1], x.dtype)
-    return torch.nn.functional.linear(x, w, bias)
+    return torch.nn.functional.linear(x, w, None if bias is None else bias[:w.shape[0]])
 
 
 #: ExecuTorch's int4 group-wise symmetric weight-only linear: x [..., K] (fp32/fp16),
 #: weights uint8 [N, ceil(K/8)*4] (two int4 values per byte, k even in the low nibble,
 #: stored + 8), weight_scales [K / group_size, N] (x's dtype; zero points are 0), bias
-#: [N]? -> [..., N]: ``linear(x, (q * scale).to(x.dtype), bias)``.
+#: [N]? -> [..., N]: ``linear(x, (q * scale).to(x.dtype), bias)``. Scales and bias may
+#: be longer than N (ExecuTorch's serialized graphs pad them to a multiple of 4).
 #: ``passes/quantized_linear`` creates it from torchao's dequantize -> linear; Vulkan:
 #: ``ops/families/quantized_linear.py``.
 LINEAR_Q4GSW = declare_custom_op(

@@ -7,7 +7,8 @@ torchao's quantized linears).
   (self @ mat2.T) * scales (ATen's int8 weight-only linear); fp32/fp16 self.
 - linear_q4gsw(self [..., K], weights uint8 [N, K/2], weight_scales [K/gs, N],
   group_size, bias [N]?) -> [..., N]: int4 group-wise symmetric weights two per byte
-  (ET's packing: k even in the low nibble, + 8); group sizes multiples of 8 dividing K.
+  (ET's packing: k even in the low nibble, + 8); group sizes multiples of 8 dividing K;
+  scales and bias may be padded past N (ExecuTorch's blobs pad them to 4).
 - linear_dq8ca_q4gsw(input [..., K] fp32, input_scales and input_zp int8 one per row
   of input ([...], [..., 1] or [M]), weights,
   weight_sums int32, weight_scales, group_size, bias?): 8da4w, the activation
@@ -35,7 +36,10 @@ DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup
 GEMV_ROWS = 4  # at most this many rows (upper bound) run the GEMV form
-PARAMS = ParamBlock("qlinear_block", [("qdims", "ivec4")])  # K, N, group size, chunks
+# qdims: K, N, group size, weight chunks per row; qstrides: the row strides of the
+# scales and of the weight sums (ExecuTorch's blobs pad N: scales to a multiple of 4,
+# sums of 8).
+PARAMS = ParamBlock("qlinear_block", [("qdims", "ivec4"), ("qstrides", "ivec4")])
 INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default",
                           "et_vk.linear_dq8ca_q4gsw.default")
 
@@ -99,7 +103,17 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
         defines = choose(SHADER, [dict(base, INT_DOT="1"), base],
                          b.device.info.capabilities)
     inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
-    params = [out.meta, b.params(PARAMS.pack(qdims=[k, n, group, chunks]))]
+    s_stride = s.max_shape[1] if bits == 4 else n
+    w_stride = w.max_shape[1] // 4 if bits == 4 else chunks  # int4: words per row
+    if bits == 4 and w.max_shape[1] % 4:
+        raise b.error(f"int4 weights [{n}, {w.max_shape[1]}]: rows of whole 32-bit words "
+                      f"expected (K padded to a multiple of 8)")
+    sums_stride = dq[2].max_shape[1] if dq is not None else 0
+    if bits == 4 and (s.ndim != 2 or s_stride < n or s.max_shape[0] != k // group):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {n} and "
+                      f"group size {group}")
+    params = [out.meta, b.params(PARAMS.pack(qdims=[k, n, group, chunks],
+                                             qstrides=[s_stride, sums_stride, w_stride, 0]))]
     if gemv:
         grid, local = (-(-n // NPW) * WG, max(m, 1)), (WG, 1, 1)
     else:
@@ -145,11 +159,12 @@ def _q4_rule(node: NodeSpec, w_at: int, s_at: int, gs_at: int):
         return "input of rank 0 or with dynamic features"
     k, n = x.shape[-1], w.shape[0] if w.rank == 2 else -1
     if w.rank != 2 or not isinstance(gs, int) or gs <= 0 or gs % 8 or k % gs \
-            or w.shape[1] * 2 < k or s.shape != (k // gs, n):
+            or w.shape[1] * 2 < k or w.shape[1] % 4 or s.rank != 2 or s.shape[0] != k // gs \
+            or s.shape[1] < n:
         return (f"input {list(x.shape)}, int4 weights {list(w.shape)}, scales "
                 f"{list(s.shape)}, group size {gs}: K and the group size must be "
                 f"multiples of 8, the group size divide K")
-    if bias is not None and bias.shape != (n,):
+    if bias is not None and (bias.rank != 1 or bias.shape[0] < n):
         return f"bias of sizes {list(bias.shape)} for {n} outputs"
     if s.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return f"scales {s.dtype} / bias for input {x.dtype}"
@@ -166,6 +181,12 @@ def _dq8ca_rule(node: NodeSpec):
     if not per_row or xz.shape != xs.shape or xs.is_dynamic != x.is_dynamic:
         return (f"input scales {list(xs.shape)} / zero points {list(xz.shape)}: expected "
                 f"one per row of the input {list(x.shape)}")
+    sums = node.args[4]
+    n = node.args[3].shape[0] if node.args[3].rank == 2 else -1
+    gs = node.args[6]
+    if sums.rank != 2 or not isinstance(gs, int) or gs <= 0 \
+            or sums.shape[0] != x.shape[-1] // gs or sums.shape[1] < n:
+        return f"weight sums {list(sums.shape)} for K = {x.shape[-1]}, group size {gs}"
     return _q4_rule(node, 3, 5, 6)
 
 

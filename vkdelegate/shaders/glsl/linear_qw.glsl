@@ -50,8 +50,10 @@ TENSOR_IN(xz_data, XZ_T)
 TENSOR_IN(sum_data, int)
 #endif
 TENSOR_META(out_meta)
-// K, N, group size (W4), weight chunks per row
-PARAMS(qlinear_block) { ivec4 qdims; };
+// qdims: K, N, group size (W4), weight chunks per row (K / CH); qstrides: row strides
+// of the scales (W4) and of the weight sums (DQ8CA), N or padded past it, and of the
+// weight in chunks (past K / CH where ExecuTorch padded K to a multiple of 8).
+PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
 
 #ifdef W4
 #define CH 8
@@ -71,9 +73,9 @@ PARAMS(qlinear_block) { ivec4 qdims; };
 uint byte_at(int i) { return uint(int(w_data[i])) & 0xFFu; }
 #endif
 
-// Word / element c of weight row n (row_chunks of them per row).
-uint load_word(int n, int c, int row_chunks) {
-  const int i = n * row_chunks + c;
+// Word / element c of weight row n (``stride`` of them per row).
+uint load_word(int n, int c, int stride) {
+  const int i = n * stride + c;
 #ifdef W_WORDS
   return w_data[i];
 #elif CH == 1
@@ -119,13 +121,13 @@ float chunk_dot(float xv[CH], uint word, int n, int c, ivec4 dims, float inv, fl
                 int z) {
   int q[CH];
 #ifdef W4
-  const float s = float(s_data[((c * CH) / dims.z) * dims.y + n]);
+  const float s = float(s_data[((c * CH) / dims.z) * qstrides.x + n]);
 #endif
 #ifdef DQ8CA
   // sum_k (xq - z) * q over a group = sum_k xq * q - z * (the group's weight sum):
   // the chunk that starts a group subtracts the zero point's share.
   const int g = (c * CH) / dims.z;
-  int isum = (c * CH) % dims.z == 0 ? -z * sum_data[g * ((dims.y + 7) & ~7) + n] : 0;
+  int isum = (c * CH) % dims.z == 0 ? -z * sum_data[g * qstrides.y + n] : 0;
 #ifdef INT_DOT
   // xq packed as int8 by k parity (the low nibbles hold k even), against the stored
   // nibbles (0..15, the value + 8): minus 8 * sum(xq).
@@ -206,7 +208,7 @@ void main() {
       load_x(m, c, K, xv);
       [[unroll]] for (int j = 0; j < NPW; ++j) {
         const int n = min(n0 + j, N - 1);
-        acc[j] += chunk_dot(xv, load_word(n, c, row_chunks), n, c, dims, inv, xs, z);
+        acc[j] += chunk_dot(xv, load_word(n, c, qstrides.z), n, c, dims, inv, xs, z);
       }
     }
   }
@@ -263,7 +265,7 @@ void main() {
   for (int c = 0; c < row_chunks; ++c) {
     uint words[4];
     [[unroll]] for (int j = 0; j < 4; ++j) {
-      words[j] = load_word(cols[j], c, row_chunks);
+      words[j] = load_word(cols[j], c, qstrides.z);
     }
     [[unroll]] for (int i = 0; i < 4; ++i) {
       float xv[CH];
