@@ -146,3 +146,26 @@ def test_q4gsw_with_executorch_padding():
     for rows in (1, 6):
         check_op(lambda x: op(x, weights, scales, 32, bias), (torch.randn(rows, 64),),
                  ops=[Q4GSW], rtol=2e-5, atol=2e-5)
+
+
+def test_pt2e_static_int8():
+    # PT2E (prepare_pt2e / convert_pt2e with torchao's X86InductorQuantizer; torchao
+    # 0.18 has no XNNPACK quantizer): static uint8 activations, int8 per-channel
+    # weights. quantized_decomposed's ops decompose to ATen (the activations'
+    # quantize / dequantize run as elementwise ops), the weights' dequantize_per_channel
+    # + linear becomes _weight_int8pack_mm. Same tolerance as the int8 weight-only case.
+    from torchao.quantization.pt2e import allow_exported_model_train_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    model = _mlp(64, 48, 40)
+    x = torch.randn(5, 64)
+    graph = torch.export.export(model, (x,)).module()
+    quantizer = x86.X86InductorQuantizer()
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+    graph = prepare_pt2e(graph, quantizer)
+    graph(x)  # calibration
+    converted = convert_pt2e(graph)
+    allow_exported_model_train_eval(converted)  # check_op calls .eval()
+    program = check_op(lambda t: converted(t), (x,), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
+    _check_fused(program, INT8PACK)
