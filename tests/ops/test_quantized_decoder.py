@@ -36,19 +36,22 @@ class _Logits(torch.nn.Module):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
-def _decoder(scheme):
+def _decoder(scheme, embeddings=False):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config).eval()
-    return _Logits(quantize_for_vulkan(model, scheme, group_size=32)).eval()
+    return _Logits(quantize_for_vulkan(model, scheme, group_size=32,
+                                       embeddings=embeddings)).eval()
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
-def test_quantized_decoder_greedy(scheme):
-    module = _decoder(scheme)
+@pytest.mark.parametrize("scheme,embeddings", [("int8", False), ("int4", True),
+                                               ("8da4w", False)])
+def test_quantized_decoder_greedy(scheme, embeddings):
+    # int4 also quantizes the token embedding table (et_vk.embedding_q4gsw).
+    module = _decoder(scheme, embeddings)
     torch.manual_seed(1)
     prompt = torch.randint(0, 96, (1, 8))
     seq = torch.export.Dim("seq", min=2, max=48)
@@ -57,6 +60,7 @@ def test_quantized_decoder_greedy(scheme):
     assert not program.report.cpu_nodes, str(program.report)
     ops = [name for name, _ in delegated_nodes(program)]
     assert ops.count(FUSED[scheme]) == LINEARS, ops  # every linear fused, on Vulkan
+    assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)
     with torch.no_grad():
         tol = 2e-3 if scheme == "8da4w" else 1e-5
         torch.testing.assert_close(program(prompt), module(prompt), rtol=tol, atol=tol)

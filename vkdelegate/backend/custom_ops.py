@@ -244,3 +244,28 @@ LINEAR_DQ8CA_Q4GSW = declare_custom_op(
     "linear_dq8ca_q4gsw(Tensor input, Tensor input_scales, Tensor input_zp, "
     "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
     "Tensor? bias=None) -> Tensor", _linear_dq8ca_q4gsw)
+
+
+def _embedding_q4gsw(weight, weight_scales, group_size, indices, is_linear_weight=False):
+    import torch
+
+    w = weight.to(torch.int16)
+    high, low = ((w >> 4) & 0x0F) - 8, (w & 0x0F) - 8
+    pair = [low, high] if is_linear_weight else [high, low]
+    q = torch.stack(pair, dim=-1).reshape(weight.shape[0], -1)
+    groups = weight_scales.shape[1]
+    table = (q.reshape(weight.shape[0], groups, group_size).float()
+             * weight_scales.float().unsqueeze(-1)).reshape(weight.shape[0], -1)
+    return torch.nn.functional.embedding(indices, table)
+
+
+#: ExecuTorch's int4 group-wise embedding: weight uint8 [V, D/2] (two int4 per byte,
+#: + 8; k even in the HIGH nibble, or in the low one as linear_q4gsw packs it with
+#: is_linear_weight), weight_scales [V, D / group_size], indices (int) -> fp32
+#: [*indices.shape, D] (ExecuTorch computes the table in float whatever the scales'
+#: dtype). ``passes/quantized_embedding`` creates it from torchao's dequantize ->
+#: embedding; Vulkan: ``ops/families/quantized_embedding.py``.
+EMBEDDING_Q4GSW = declare_custom_op(
+    "et_vk.embedding_q4gsw.default",
+    "embedding_q4gsw(Tensor weight, Tensor weight_scales, int group_size, Tensor indices, "
+    "bool is_linear_weight=False) -> Tensor", _embedding_q4gsw)

@@ -24,13 +24,17 @@ SCHEMES = ("int8", "int4", "8da4w")
 GROUP_SIZES = (32, 64, 128, 256)
 
 
-def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None):
+def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None,
+                        embeddings: bool = False):
     """Quantize ``model``'s ``nn.Linear`` layers in place with torchao and return it.
 
     scheme: "int8", "int4" or "8da4w" (see the module docstring). group_size: input
     features per scale for int4 / 8da4w (32, 64, 128 or 256; ignored for int8).
     Layers whose in_features is not a multiple of the group size (or, for int4, of 8)
     stay in floating point, as do those ``filter_fn(module, fqn)`` rejects.
+    embeddings: also quantize fp32 ``nn.Embedding`` tables int4 group-wise
+    (``IntxWeightOnlyConfig(torch.int4, PerGroup(group_size))``, fused into
+    ``et_vk.embedding_q4gsw``; schemes "int4" and "8da4w" only).
     Raises VkDelegateError for an unknown scheme or group size, or when torchao is
     not installed.
     """
@@ -63,4 +67,10 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
             and (filter_fn is None or filter_fn(module, fqn))
 
     quantize_(model, config, filter_fn=accept)
+    if embeddings and scheme != "int8":
+        table = IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                     granularity=PerGroup(group_size))
+        quantize_(model, table, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Embedding)
+                  and m.weight.dtype == torch.float32 and m.embedding_dim % group_size == 0
+                  and (filter_fn is None or filter_fn(m, fqn)))
     return model
