@@ -35,6 +35,9 @@ def _check_fused(program, op):
     assert ops.count(op) == 2, ops
     assert not UNFUSED & set(ops), ops
     assert not program.report.cpu_nodes, str(program.report)
+    # The partition report names the fused op, not a dequantize chain.
+    reported = [d.op for d in program.report.decisions]
+    assert reported.count(op) == 2 and not UNFUSED & set(reported), reported
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
