@@ -101,12 +101,6 @@ void unpack(uint word, out int q[CH]) {
 #endif
 }
 
-void load_x(int m, int c, int K, out float xv[CH]) {
-  [[unroll]] for (int t = 0; t < CH; ++t) {
-    xv[t] = float(x_data[m * K + c * CH + t]);
-  }
-}
-
 // Row m's quantization: (1 / scale, scale, zero point).
 #ifdef DQ8CA
 void row_qparams(int m, out float inv, out float xs, out int z) {
@@ -116,9 +110,48 @@ void row_qparams(int m, out float inv, out float xs, out int z) {
 }
 #endif
 
-// One chunk's contribution to out[m, n]: x chunk xv, weight word of column n.
-float chunk_dot(float xv[CH], uint word, int n, int c, ivec4 dims, float inv, float xs,
-                int z) {
+// One chunk of a row of x as the products read it: its values and, for DQ8CA, their
+// int8 quantization (clamp(roundEven(x / s) + z), as torchao's quantize_affine; with
+// INT_DOT packed by k parity, the low nibbles holding k even, with their sum), made
+// once per chunk and row, shared by every column.
+struct XChunk {
+  float v[CH];
+#ifdef DQ8CA
+  int q[CH];
+#ifdef INT_DOT
+  uint even;
+  uint odd;
+  int qsum;
+#endif
+#endif
+};
+
+XChunk load_x(int m, int c, int K, float inv, int z) {
+  XChunk x;
+  [[unroll]] for (int t = 0; t < CH; ++t) {
+    x.v[t] = float(x_data[m * K + c * CH + t]);
+#ifdef DQ8CA
+    x.q[t] = int(clamp(roundEven(x.v[t] * inv) + float(z), -128.0, 127.0));
+#endif
+  }
+#ifdef INT_DOT
+  x.even = 0u;
+  x.odd = 0u;
+  x.qsum = 0;
+  [[unroll]] for (int t = 0; t < 8; ++t) {
+    x.qsum += x.q[t];
+    if ((t & 1) == 0) {
+      x.even |= (uint(x.q[t]) & 0xFFu) << (8 * (t >> 1));
+    } else {
+      x.odd |= (uint(x.q[t]) & 0xFFu) << (8 * (t >> 1));
+    }
+  }
+#endif
+  return x;
+}
+
+// One chunk's contribution to out[m, n]: x chunk x, weight word of column n.
+float chunk_dot(XChunk x, uint word, int n, int c, ivec4 dims, float xs, int z) {
   int q[CH];
 #ifdef W4
   const float s = float(s_data[((c * CH) / dims.z) * qstrides.x + n]);
@@ -129,25 +162,13 @@ float chunk_dot(float xv[CH], uint word, int n, int c, ivec4 dims, float inv, fl
   const int g = (c * CH) / dims.z;
   int isum = (c * CH) % dims.z == 0 ? -z * sum_data[g * qstrides.y + n] : 0;
 #ifdef INT_DOT
-  // xq packed as int8 by k parity (the low nibbles hold k even), against the stored
-  // nibbles (0..15, the value + 8): minus 8 * sum(xq).
-  uint even = 0u, odd = 0u;
-  int xsum = 0;
-  [[unroll]] for (int t = 0; t < 8; ++t) {
-    const int xq = int(clamp(roundEven(xv[t] * inv) + float(z), -128.0, 127.0));
-    xsum += xq;
-    if ((t & 1) == 0) {
-      even |= (uint(xq) & 0xFFu) << (8 * (t >> 1));
-    } else {
-      odd |= (uint(xq) & 0xFFu) << (8 * (t >> 1));
-    }
-  }
-  isum += dotPacked4x8EXT(even, word & 0x0F0F0F0Fu)
-      + dotPacked4x8EXT(odd, (word >> 4) & 0x0F0F0F0Fu) - 8 * xsum;
+  // Against the stored nibbles (0..15, the value + 8): minus 8 * sum(xq).
+  isum += dotPacked4x8EXT(x.even, word & 0x0F0F0F0Fu)
+      + dotPacked4x8EXT(x.odd, (word >> 4) & 0x0F0F0F0Fu) - 8 * x.qsum;
 #else
   unpack(word, q);
   [[unroll]] for (int t = 0; t < CH; ++t) {
-    isum += int(clamp(roundEven(xv[t] * inv) + float(z), -128.0, 127.0)) * q[t];
+    isum += x.q[t] * q[t];
   }
 #endif
   return float(isum) * (s * xs);
@@ -155,14 +176,14 @@ float chunk_dot(float xv[CH], uint word, int n, int c, ivec4 dims, float inv, fl
   unpack(word, q);
   float acc = 0.0;
   [[unroll]] for (int t = 0; t < CH; ++t) {
-    acc += xv[t] * WROUND(float(q[t]) * s);
+    acc += x.v[t] * WROUND(float(q[t]) * s);
   }
   return acc;
 #else
   unpack(word, q);
   float acc = 0.0;
   [[unroll]] for (int t = 0; t < CH; ++t) {
-    acc += xv[t] * float(q[t]);
+    acc += x.v[t] * float(q[t]);
   }
   return acc;
 #endif
@@ -204,11 +225,10 @@ void main() {
   }
   if (live) {
     for (int c = lid; c < row_chunks; c += WG) {
-      float xv[CH];
-      load_x(m, c, K, xv);
+      const XChunk xc = load_x(m, c, K, inv, z);
       [[unroll]] for (int j = 0; j < NPW; ++j) {
         const int n = min(n0 + j, N - 1);
-        acc[j] += chunk_dot(xv, load_word(n, c, qstrides.z), n, c, dims, inv, xs, z);
+        acc[j] += chunk_dot(xc, load_word(n, c, qstrides.z), n, c, dims, xs, z);
       }
     }
   }
@@ -268,10 +288,9 @@ void main() {
       words[j] = load_word(cols[j], c, qstrides.z);
     }
     [[unroll]] for (int i = 0; i < 4; ++i) {
-      float xv[CH];
-      load_x(rows[i], c, K, xv);
+      const XChunk xc = load_x(rows[i], c, K, inv[i], z[i]);
       [[unroll]] for (int j = 0; j < 4; ++j) {
-        acc[i][j] += chunk_dot(xv, words[j], cols[j], c, dims, inv[i], xs[i], z[i]);
+        acc[i][j] += chunk_dot(xc, words[j], cols[j], c, dims, xs[i], z[i]);
       }
     }
   }
