@@ -59,15 +59,16 @@ def test_int8_weight_only_words_and_rank3():
     _check_fused(program, INT8PACK)
 
 
-def test_intx_int8_per_channel():
+@pytest.mark.parametrize("shape", [(5, 40), (2, 3, 40)], ids=["2d", "3d"])
+def test_intx_int8_per_channel(shape):
     # IntxWeightOnlyConfig(int8, PerAxis(0)): dequantize -> linear, fused into
-    # _weight_int8pack_mm + add of the bias.
+    # _weight_int8pack_mm + add of the bias (a 3-d input viewed to 2-d and back).
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerAxis
 
     model = _mlp(40, 24, 13)
     quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)))
-    program = check_op(model, (torch.randn(5, 40),), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
+    program = check_op(model, (torch.randn(shape),), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
     _check_fused(program, INT8PACK)
 
 

@@ -187,7 +187,8 @@ def _int8_weight_only(pg, node):
     if not _call(node, aten.mul.Tensor) or not _call(node.args[0], aten.mm.default):
         return None
     x, wt = node.args[0].args[:2]
-    if not (_call(wt, aten._to_copy.default) and wt.kwargs.get("dtype") == _val(x).dtype):
+    if _val(x) is None or not (_call(wt, aten._to_copy.default)
+                               and wt.kwargs.get("dtype") == _val(x).dtype):
         return None
     perm = wt.args[0]
     if not (_call(perm, aten.permute.default) and list(perm.args[1]) == [1, 0]):
@@ -263,12 +264,17 @@ def fuse_quantized_linear(pg) -> bool:
         if bits == 8:
             if scales.shape[1] != 1:
                 continue  # int8 per-group: no fused op
+            out_shape = list(_val(node).shape)
+            if _val(x).dim() != 2 and not all(isinstance(d, int) for d in out_shape):
+                continue  # a linear of a dynamic N-d input: no 2-d view back
             q8 = pg.add_constant(q_node.name + "_int8", pg.constants[q_node.name].reshape(n, k))
             s_node = pg.add_constant(q_node.name + "_scales", scales.reshape(n).contiguous())
             with graph.inserting_before(node):
                 x2 = x if _val(x).dim() == 2 else _traced(graph, aten.view.default,
                                                           (x, [-1, k]))
                 fused = _traced(graph, aten._weight_int8pack_mm.default, (x2, q8, s_node))
+                if _val(x).dim() != 2:
+                    fused = _traced(graph, aten.view.default, (fused, out_shape))
                 if bias is not None:
                     fused = graph.call_function(aten.add.Tensor, (fused, bias))
             _replace(graph, node, fused, inner)
