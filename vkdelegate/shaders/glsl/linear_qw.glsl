@@ -101,11 +101,15 @@ void unpack(uint word, out int q[CH]) {
 #endif
 }
 
-// Row m's quantization: (1 / scale, scale, zero point).
+// Row m's quantization: (1 / scale, scale, zero point). torchao multiplies x by
+// ATen's correctly rounded reciprocal; GLSL's division may be 2.5 ulp off, so one
+// Newton step (fma, exact residual) refines the driver's quotient.
 #ifdef DQ8CA
 void row_qparams(int m, out float inv, out float xs, out int z) {
   xs = float(xs_data[m]);
-  inv = 1.0 / xs;
+  precise float r = 1.0 / xs;
+  precise float e = fma(-xs, r, 1.0);
+  inv = fma(r, e, r);
   z = int(xz_data[m]);
 }
 #endif
