@@ -24,6 +24,15 @@ INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gs
 UNFUSED = {"aten.mm.default", "aten.addmm.default", "aten.linear.default"}
 
 
+@pytest.fixture(autouse=True)
+def _forms_by_rows(monkeypatch):
+    """The GEMV form for up to GEMV_ROWS rows on every device (a CPU driver gets the
+    GEMM form by default), so that both forms run here."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+
+
 def _mlp(k, hidden, n, dtype=torch.float32, bias=True):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(k, hidden, bias=bias), torch.nn.ReLU(),

@@ -87,6 +87,15 @@ def test_bytes_per_weight(tmp_path, scheme, group, dtype, limit):
     torch.testing.assert_close(torch.from_numpy(out), model(x).detach(), rtol=tol, atol=tol)
 
 
+@pytest.fixture
+def forms_by_rows(monkeypatch):
+    """The GEMV form for up to GEMV_ROWS rows on every device (see
+    test_quantized_linear)."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+
+
 def _device(vk_device, small_storage=True, without=()):
     dev = Device(vk_device.info.name, validation=True, small_storage=small_storage)
     if without:
@@ -98,7 +107,7 @@ def _device(vk_device, small_storage=True, without=()):
 @pytest.mark.parametrize("scheme,rows", [("int4", 1), ("int4", 6), ("int8", 1),
                                          ("int8", 6), ("8da4w", 1), ("8da4w", 6)])
 @pytest.mark.parametrize("device", ["wide", "no_int_dot"])
-def test_other_device_paths(vk_device, scheme, rows, device):
+def test_other_device_paths(vk_device, forms_by_rows, scheme, rows, device):
     # wide: no 8/16-bit storage, so each weight byte is an int32 and the shader
     # assembles words; no_int_dot: 8da4w's portable integer loop. fp32 sums in
     # another order: 2e-5; 8da4w plus one activation quantum (test_quantized_linear).
@@ -118,6 +127,7 @@ def test_other_device_paths(vk_device, scheme, rows, device):
         dev.close()
     assert len(defines) == 2
     assert all(("W_WORDS" in d) == (device != "wide") for d in defines)
+    assert all(("GEMV" in d) == (rows == 1) for d in defines)
     assert not any("INT_DOT" in d for d in defines if device == "no_int_dot")
     atol = 2e-5
     if scheme == "8da4w":

@@ -17,7 +17,8 @@ torchao's quantized linears).
 
 One shader, linear_qw.glsl: a GEMV form (a workgroup of WG invocations per NPW columns
 of one row, K split across the invocations, shared-memory reduction) for at most
-GEMV_ROWS rows (the upper bound), a GEMM form (4 x 4 tiles) past that. The packed
+GEMV_ROWS rows (the upper bound) on GPUs, a GEMM form (4 x 4 tiles) otherwise
+(``use_gemv``). The packed
 weight is the program's constant itself, read as 32-bit words on devices with 8-bit
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; an
 fp16 model's dequantized int4 weights are rounded to fp16 as its eager dequantize does.
@@ -53,6 +54,13 @@ def _bindings(d) -> Bindings:
         inputs += ["xs_data", "xz_data", "sum_data"]
     return Bindings(outputs=("out_data",), inputs=tuple(inputs),
                     params=(tensor_meta_block("out_meta"), PARAMS))
+
+
+def use_gemv(info, m: int) -> bool:
+    """The GEMV form for at most GEMV_ROWS rows (the upper bound) on GPUs. CPU drivers
+    (llvmpipe) get the GEMM form: a workgroup barrier costs more there than splitting
+    K saves (4096 x 4096, one row, int8: 89 ms GEMV, 30 ms GEMM on lavapipe)."""
+    return m <= GEMV_ROWS and info.type != "cpu"
 
 
 def _words(w, k: int, bits: int) -> bool:
@@ -95,7 +103,7 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
     m = out.max_numel // n if n else 0
     chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
     chunks = k // chunk
-    gemv = m <= GEMV_ROWS
+    gemv = use_gemv(b.device.info, m)
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq)
     defines = base
