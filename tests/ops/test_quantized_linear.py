@@ -182,3 +182,19 @@ def test_pt2e_static_int8():
     allow_exported_model_train_eval(converted)  # check_op calls .eval()
     program = check_op(lambda t: converted(t), (x,), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
     _check_fused(program, INT8PACK)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemm_form_of_few_rows(monkeypatch, scheme, rows):
+    # What a CPU driver runs for a decode step: the GEMM form with one row per
+    # invocation (M_TILE 1). Tolerances as above.
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: False)
+    model = quantize_for_vulkan(_mlp(64, 64, 24), scheme, group_size=32)
+    x = torch.randn(rows, 64)
+    atol = 2e-5 + (_one_quantum(model, x) if scheme == "8da4w" else 0)
+    op = {"int8": INT8PACK, "int4": Q4GSW, "8da4w": DQ8CA}[scheme]
+    program = check_op(model, (x,), ops=[op], rtol=2e-5, atol=atol)
+    _check_fused(program, op)

@@ -70,9 +70,10 @@ def _words(w, k: int, bits: int) -> bool:
 
 
 def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
-                    dq=None, int_dot: bool = False) -> dict:
+                    dq=None, int_dot: bool = False, m_tile: int = 4) -> dict:
     """Defines of linear_qw.glsl. Tensors as Tensors or (graph dtype, device dtype)
-    pairs; dq: (input_scales, input_zp) for DQ8CA."""
+    pairs; dq: (input_scales, input_zp, weight_sums) for DQ8CA; m_tile: the GEMM
+    form's rows per invocation (4, or 1 for fewer than 4 rows)."""
     tensors = dict(OUT=out, X=x, S=s)
     pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
     words = _words(pair, k, bits)
@@ -88,6 +89,8 @@ def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool
                           DQ8CA=dq is not None, INT_DOT=int_dot))
     if gemv:
         d.update(WG=str(WG), NPW=str(NPW))
+    else:
+        d["M_TILE"] = str(m_tile)
     return d
 
 
@@ -105,7 +108,9 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
-    base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq)
+    m_tile = 4 if m >= 4 else 1
+    base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
+                           m_tile=m_tile)
     defines = base
     if dq is not None:
         defines = choose(SHADER, [dict(base, INT_DOT="1"), base],
@@ -125,7 +130,7 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
     if gemv:
         grid, local = (-(-n // NPW) * WG, max(m, 1)), (WG, 1, 1)
     else:
-        grid, local = (-(-n // 4), -(-m // 4)), (8, 8, 1)
+        grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=grid, local_size=local)
 
@@ -220,7 +225,8 @@ register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
 
 
 # ---- variants ---------------------------------------------------------------------
-def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool):
+def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool,
+              m_tile: int = 4):
     if op == DQ8CA and dtype != "float32" or op != INT8PACK and odd_k:
         return None
     if op == INT8PACK and bias:
@@ -233,15 +239,19 @@ def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool)
     dq = None
     if op == DQ8CA:
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
+    if gemv and m_tile != 4:
+        return None  # m_tile is the GEMM form's
     return qlinear_defines(pair, pair, w, pair, pair if bias else None, bits, k, gemv,
-                           dtype == "float16", dq)
+                           dtype == "float16", dq, m_tile=m_tile)
 
 
-def _dq8ca_dot(profile, gemv: bool, bias: bool):
-    return dict(_variants(profile, DQ8CA, "float32", gemv, bias, False), INT_DOT="1")
+def _dq8ca_dot(profile, gemv: bool, bias: bool, m_tile: int):
+    found = _variants(profile, DQ8CA, "float32", gemv, bias, False, m_tile)
+    return None if found is None else dict(found, INT_DOT="1")
 
 
-_AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True))
+_AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True),
+             m_tile=(1, 4))
 declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              odd_k=(False, True))
 declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)

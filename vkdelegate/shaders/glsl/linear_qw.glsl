@@ -28,8 +28,9 @@ int sdot_packed(uint a, uint b, spirv_literal int packed_vector_format);
 //   GEMV: one workgroup (WG invocations, a power of two) per NPW output columns of one
 //     row: the invocations split the K chunks (consecutive invocations read
 //     consecutive words of a weight row), then a shared-memory tree reduction.
-//   else GEMM: one invocation per 4 x 4 output tile; edge tiles re-read the last
-//     row / column and store only their valid part.
+//   else GEMM: one invocation per M_TILE x 4 output tile (M_TILE 4, or 1 for fewer
+//     than 4 rows); edge tiles re-read the last row / column and store only their
+//     valid part.
 // DQ8CA's zero point is corrected with the precomputed per-group weight sums; INT_DOT:
 // int8 dot products of 4 packed values (dotPacked4x8EXT).
 
@@ -253,7 +254,7 @@ void main() {
   }
 }
 
-#else  // GEMM: a 4 x 4 tile per invocation
+#else  // GEMM: an M_TILE x 4 tile per invocation
 
 void main() {
   const ivec4 dims = qdims;
@@ -262,17 +263,19 @@ void main() {
   const int row_chunks = dims.w;
   const int M = N > 0 ? numel_of(out_meta) / N : 0;
   const int n0 = int(gl_GlobalInvocationID.x) * 4;
-  const int m0 = int(gl_GlobalInvocationID.y) * 4;
+  const int m0 = int(gl_GlobalInvocationID.y) * M_TILE;
   if (n0 >= N || m0 >= M) {
     return;
   }
-  int rows[4];
+  int rows[M_TILE];
   int cols[4];
-  float inv[4], xs[4];
-  int z[4];
-  [[unroll]] for (int i = 0; i < 4; ++i) {
+  float inv[M_TILE], xs[M_TILE];
+  int z[M_TILE];
+  [[unroll]] for (int j = 0; j < 4; ++j) {
+    cols[j] = min(n0 + j, N - 1);
+  }
+  [[unroll]] for (int i = 0; i < M_TILE; ++i) {
     rows[i] = min(m0 + i, M - 1);
-    cols[i] = min(n0 + i, N - 1);
     inv[i] = 0.0;
     xs[i] = 0.0;
     z[i] = 0;
@@ -280,8 +283,8 @@ void main() {
     row_qparams(rows[i], inv[i], xs[i], z[i]);
 #endif
   }
-  float acc[4][4];
-  [[unroll]] for (int i = 0; i < 4; ++i) {
+  float acc[M_TILE][4];
+  [[unroll]] for (int i = 0; i < M_TILE; ++i) {
     [[unroll]] for (int j = 0; j < 4; ++j) {
       acc[i][j] = 0.0;
     }
@@ -291,14 +294,14 @@ void main() {
     [[unroll]] for (int j = 0; j < 4; ++j) {
       words[j] = load_word(cols[j], c, qstrides.z);
     }
-    [[unroll]] for (int i = 0; i < 4; ++i) {
+    [[unroll]] for (int i = 0; i < M_TILE; ++i) {
       const XChunk xc = load_x(rows[i], c, K, inv[i], z[i]);
       [[unroll]] for (int j = 0; j < 4; ++j) {
         acc[i][j] += chunk_dot(xc, words[j], cols[j], c, dims, xs[i], z[i]);
       }
     }
   }
-  [[unroll]] for (int i = 0; i < 4; ++i) {
+  [[unroll]] for (int i = 0; i < M_TILE; ++i) {
     [[unroll]] for (int j = 0; j < 4; ++j) {
       if (m0 + i < M && n0 + j < N) {
         out_data[(m0 + i) * N + n0 + j] = OUT_STORE(finish(acc[i][j], n0 + j));
