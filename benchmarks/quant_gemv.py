@@ -94,17 +94,17 @@ def main(argv=None) -> int:
                  _int8(m, k, n, "float32"), _int8(m, k, n, "float16"),
                  _int4(m, k, n, "float32", gs), _int4(m, k, n, "float16", gs),
                  _8da4w(m, k, n, gs)]
-        base = None
-        for node in cases:
+        base = None  # the fp32 linear's time (None when it is over a device limit)
+        for i, node in enumerate(cases):
             try:
                 ms, _ = measure(node, device, args.runs)
             except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
                 rows.append([f"{k}x{n}", node.name, "-", "-", "-", f"over a device limit "
                              f"({str(exc).split(',')[0]})"])
                 continue
-            base = base or ms
+            base = ms if i == 0 else base
             rows.append([f"{k}x{n}", node.name, f"{ms:.3f}", f"{node.moved / ms / 1e6:.1f}",
-                         f"{base / ms:.2f}x", _check(node, device)])
+                         f"{base / ms:.2f}x" if base else "-", _check(node, device)])
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
           f"{args.rows} row(s)\n")
     print(tabulate(rows, headers=["K x N", "case", "GPU ms (best)", "weight GB/s",
