@@ -19,7 +19,7 @@ import argparse
 import numpy as np
 from tabulate import tabulate
 
-from benchmarks.one_node import OneNode, measure
+from one_node import OneNode, measure
 from vkdelegate.errors import DeviceLimitError
 from vkdelegate.runtime import DelegateGraph, default_device
 
