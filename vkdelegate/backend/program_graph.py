@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
+from vkdelegate.backend import quant_decompositions
 from vkdelegate.errors import VkDelegateError
 
 
@@ -128,6 +129,7 @@ def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
     gradients, tokens).
     """
     table = torch.export.default_decompositions()
+    table.update(quant_decompositions.table())  # PT2E's quantize/dequantize -> ATen
     for op in preserve:
         table.pop(op, None)
     for op, keys in (preserve_calls or {}).items():

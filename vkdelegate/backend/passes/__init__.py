@@ -14,6 +14,8 @@ from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.local_symints import local_symints
+from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
+from vkdelegate.backend.passes.quantized_linear import fuse_quantized_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 
@@ -22,6 +24,9 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    no-op _to_copy nodes to bf16 are then removed by 1.);
 # 1. no-op clones/copies go first, so that they do not hide the patterns below
 #    (a clone between a linear and its batch norm would block the fold);
+# 1b. quantized linears and embeddings (torchao's dequantize chains) before addmm ->
+#    linear, which would otherwise see a permute of a dequantized weight as a plain
+#    linear's;
 # 2. addmm/permute -> linear before batch-norm folding, so that a BatchNorm1d after a
 #    Linear folds into one linear node;
 # 3. batch-norm folding: it needs the conv/linear with constant weights;
@@ -39,8 +44,9 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
-PASSES = (bfloat16_to_float32, remove_noop_copies, addmm_to_linear, fold_batch_norm,
-          fuse_conv_clamp, fold_conv_padding, fuse_rms_norm, fuse_rotary, cache_positions,
+PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
+          fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
+          fold_conv_padding, fuse_rms_norm, fuse_rotary, cache_positions,
           symbolic_view_sizes, local_symints)
 
 

@@ -1,0 +1,71 @@
+"""A tiny seeded HF Llama decoder quantized with torchao (each scheme), every linear
+fused and on Vulkan: logits against eager execution of the same quantized model, and
+32 greedy tokens equal to eager's (the whole sequence re-run each step through a
+program exported with a dynamic sequence length: no KV cache needed).
+
+Tolerance: dequantized weights are exact (the lowering checks them bit for bit), so
+fp32 logits differ by summation order only: 1e-5 on logits of magnitude ~0.5. 8da4w
+also rounds activations on the GPU, where a division that is not correctly rounded
+may move one activation to its neighbouring int8 quantum (~1e-3 of an output at
+most here): 2e-3.
+"""
+import pytest
+import torch
+
+from tests.ops.harness import delegated_nodes
+from tests.vulkan_skip import vulkan_unavailable
+from vkdelegate import VulkanPartitioner, to_backend
+from vkdelegate.backend.quantize import quantize_for_vulkan
+
+pytest.importorskip("torchao")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(vulkan_unavailable() is not None,
+                                reason=vulkan_unavailable() or "")
+
+FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw.default",
+         "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
+LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+def _decoder(scheme, embeddings=False):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    return _Logits(quantize_for_vulkan(model, scheme, group_size=32,
+                                       embeddings=embeddings)).eval()
+
+
+@pytest.mark.parametrize("scheme,embeddings", [("int8", False), ("int4", True),
+                                               ("8da4w", False)])
+def test_quantized_decoder_greedy(scheme, embeddings):
+    # int4 also quantizes the token embedding table (et_vk.embedding_q4gsw).
+    module = _decoder(scheme, embeddings)
+    torch.manual_seed(1)
+    prompt = torch.randint(0, 96, (1, 8))
+    seq = torch.export.Dim("seq", min=2, max=48)
+    program = to_backend(torch.export.export(module, (prompt,), dynamic_shapes=({1: seq},)),
+                         VulkanPartitioner())
+    assert not program.report.cpu_nodes, str(program.report)
+    ops = [name for name, _ in delegated_nodes(program)]
+    assert ops.count(FUSED[scheme]) == LINEARS, ops  # every linear fused, on Vulkan
+    assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)
+    with torch.no_grad():
+        tol = 2e-3 if scheme == "8da4w" else 1e-5
+        torch.testing.assert_close(program(prompt), module(prompt), rtol=tol, atol=tol)
+        ours = theirs = prompt
+        for _ in range(32):
+            ours = torch.cat([ours, program(ours)[:, -1].argmax(-1, keepdim=True)], 1)
+            theirs = torch.cat([theirs, module(theirs)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(ours, theirs), (ours[0, 8:].tolist(), theirs[0, 8:].tolist())

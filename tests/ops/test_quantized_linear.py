@@ -1,0 +1,200 @@
+"""torchao-quantized linears lowered to the fused quantized ops, against eager execution
+of the same quantized model.
+
+Tolerances: the lowering's dequantized weights are bit-equal to torchao's (the pass
+checks that), so in fp32 the outputs differ from eager only by summation order:
+outputs of magnitude ~1 from K <= 256 products, 2e-5. The int8 weight-only scheme
+applies the per-channel scale after the sum on both sides. 8da4w quantizes the
+activation on the GPU with 1 / scale: a driver whose division is not correctly
+rounded may round one activation value to the neighbouring quantum, which moves an
+output by at most scale_x * max|w| (the test's atol adds that). fp16 activations:
+eager rounds its fp16 product once more than our fp32 accumulation: 1e-2 (as the fp16
+linear tests).
+"""
+import pytest
+import torch
+
+from tests.ops.harness import check_op, delegated_nodes
+from vkdelegate.backend.quantize import quantize_for_vulkan
+
+pytest.importorskip("torchao")
+
+INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default",
+                          "et_vk.linear_dq8ca_q4gsw.default")
+UNFUSED = {"aten.mm.default", "aten.addmm.default", "aten.linear.default"}
+
+
+@pytest.fixture(autouse=True)
+def _forms_by_rows(monkeypatch):
+    """The GEMV form for up to GEMV_ROWS rows on every device (a CPU driver gets the
+    GEMM form by default), so that both forms run here."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+
+
+def _mlp(k, hidden, n, dtype=torch.float32, bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(k, hidden, bias=bias), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, n)).to(dtype).eval()
+
+
+def _check_fused(program, op):
+    ops = [name for name, _ in delegated_nodes(program)]
+    assert ops.count(op) == 2, ops
+    assert not UNFUSED & set(ops), ops
+    assert not program.report.cpu_nodes, str(program.report)
+    # The partition report names the fused op, not a dequantize chain.
+    reported = [d.op for d in program.report.decisions]
+    assert reported.count(op) == 2 and not UNFUSED & set(reported), reported
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("rows", [1, 3, 9], ids=["gemv", "gemv3", "gemm"])
+def test_int8_weight_only(rows, dtype):
+    # Odd K (37) and N (29, 11): the int8 weight is read one byte at a time.
+    model = quantize_for_vulkan(_mlp(37, 29, 11, dtype), "int8")
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    program = check_op(model, (torch.randn(rows, 37).to(dtype),), ops=[INT8PACK],
+                       rtol=tol, atol=tol)
+    _check_fused(program, INT8PACK)
+
+
+def test_int8_weight_only_words_and_rank3():
+    # K % 4 == 0: the GEMV reads the int8 weight as 32-bit words; a [2, 3, K] input.
+    model = quantize_for_vulkan(_mlp(64, 48, 20), "int8")
+    program = check_op(model, (torch.randn(2, 3, 64),), ops=[INT8PACK], rtol=2e-5,
+                       atol=2e-5)
+    _check_fused(program, INT8PACK)
+
+
+@pytest.mark.parametrize("shape", [(5, 40), (2, 3, 40)], ids=["2d", "3d"])
+def test_intx_int8_per_channel(shape):
+    # IntxWeightOnlyConfig(int8, PerAxis(0)): dequantize -> linear, fused into
+    # _weight_int8pack_mm + add of the bias (a 3-d input viewed to 2-d and back).
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    model = _mlp(40, 24, 13)
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)))
+    program = check_op(model, (torch.randn(shape),), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
+    _check_fused(program, INT8PACK)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 2, 7], ids=["gemv", "gemv2", "gemm"])
+def test_int4_group_wise(group, rows):
+    # N odd (37 hidden, 13 out): edge tiles and a partly used GEMV workgroup.
+    model = quantize_for_vulkan(_mlp(256, 256, 13), "int4", group_size=group)
+    program = check_op(model, (torch.randn(rows, 256),), ops=[Q4GSW], rtol=2e-5,
+                       atol=2e-5)
+    _check_fused(program, Q4GSW)
+
+
+@pytest.mark.parametrize("rows", [1, 6], ids=["gemv", "gemm"])
+def test_int4_fp16(rows):
+    model = quantize_for_vulkan(_mlp(128, 64, 37, torch.float16), "int4", group_size=64)
+    program = check_op(model, (torch.randn(rows, 128).half(),), ops=[Q4GSW], rtol=1e-2,
+                       atol=1e-2)
+    _check_fused(program, Q4GSW)
+
+
+def test_int4_without_bias_and_rank3():
+    model = quantize_for_vulkan(_mlp(64, 96, 24, bias=False), "int4", group_size=32)
+    program = check_op(model, (torch.randn(2, 5, 64),), ops=[Q4GSW], rtol=2e-5, atol=2e-5)
+    _check_fused(program, Q4GSW)
+
+
+def _one_quantum(model, x):
+    """scale_x * max|w_dq| of the first layer: what one activation rounded to the
+    neighbouring int8 quantum changes an output by."""
+    scale = (x.amax(-1).clamp(min=0) - x.amin(-1).clamp(max=0)) / 255
+    w = model[0].weight.dequantize()
+    return float(scale.max() * w.abs().max())
+
+
+@pytest.mark.parametrize("group,rows", [(32, 1), (64, 6), (128, 2)])
+def test_8da4w(group, rows):
+    model = quantize_for_vulkan(_mlp(128, 128, 40), "8da4w", group_size=group)
+    torch.manual_seed(1)
+    x = torch.randn(rows, 128)
+    program = check_op(model, (x,), ops=[DQ8CA], rtol=2e-5,
+                       atol=2e-5 + _one_quantum(model, x))
+    _check_fused(program, DQ8CA)
+
+
+def test_quantize_for_vulkan_rejects_bad_arguments():
+    from vkdelegate.errors import VkDelegateError
+
+    with pytest.raises(VkDelegateError, match="scheme 'int3'"):
+        quantize_for_vulkan(_mlp(8, 8, 8), "int3")
+    with pytest.raises(VkDelegateError, match="group size 48"):
+        quantize_for_vulkan(_mlp(96, 8, 8), "int4", group_size=48)
+
+
+def test_layers_not_divisible_by_the_group_stay_float():
+    model = quantize_for_vulkan(_mlp(64, 40, 24), "int4", group_size=64)
+    assert type(model[0].weight) is not torch.nn.Parameter  # a torchao tensor
+    assert type(model[2].weight) is torch.nn.Parameter  # in_features 40
+
+
+def test_q4gsw_with_executorch_padding():
+    # ExecuTorch's serialized graphs pad the scales and the bias past N (to 4) and may
+    # carry weight rows longer than K / 2: N = 13 outputs, scales [2, 16], bias [16],
+    # weights [13, 40] (80 values for K = 64).
+    from vkdelegate.backend.custom_ops import LINEAR_Q4GSW
+    from vkdelegate.backend.passes.quantized_linear import pack_4bit
+
+    torch.manual_seed(0)
+    q = torch.randint(-8, 8, (13, 80), dtype=torch.int8)
+    weights = pack_4bit(q)
+    scales = torch.rand(2, 16) / 10
+    bias = torch.randn(16)
+    op = LINEAR_Q4GSW.overload()
+    x = torch.randn(3, 64)
+    # The CPU kernel (eager here) against the dequantization written out.
+    w = q[:, :64].float().view(13, 2, 32) * scales[:, :13].t().unsqueeze(-1)
+    torch.testing.assert_close(op(x, weights, scales, 32, bias),
+                               torch.nn.functional.linear(x, w.view(13, 64), bias[:13]))
+    for rows in (1, 6):
+        check_op(lambda x: op(x, weights, scales, 32, bias), (torch.randn(rows, 64),),
+                 ops=[Q4GSW], rtol=2e-5, atol=2e-5)
+
+
+def test_pt2e_static_int8():
+    # PT2E (prepare_pt2e / convert_pt2e with torchao's X86InductorQuantizer; torchao
+    # 0.18 has no XNNPACK quantizer): static uint8 activations, int8 per-channel
+    # weights. quantized_decomposed's ops decompose to ATen (the activations'
+    # quantize / dequantize run as elementwise ops), the weights' dequantize_per_channel
+    # + linear becomes _weight_int8pack_mm. Same tolerance as the int8 weight-only case.
+    from torchao.quantization.pt2e import allow_exported_model_train_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    model = _mlp(64, 48, 40)
+    x = torch.randn(5, 64)
+    graph = torch.export.export(model, (x,)).module()
+    quantizer = x86.X86InductorQuantizer()
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+    graph = prepare_pt2e(graph, quantizer)
+    graph(x)  # calibration
+    converted = convert_pt2e(graph)
+    allow_exported_model_train_eval(converted)  # check_op calls .eval()
+    program = check_op(lambda t: converted(t), (x,), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
+    _check_fused(program, INT8PACK)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemm_form_of_few_rows(monkeypatch, scheme, rows):
+    # What a CPU driver runs for a decode step: the GEMM form with one row per
+    # invocation (M_TILE 1). Tolerances as above.
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: False)
+    model = quantize_for_vulkan(_mlp(64, 64, 24), scheme, group_size=32)
+    x = torch.randn(rows, 64)
+    atol = 2e-5 + (_one_quantum(model, x) if scheme == "8da4w" else 0)
+    op = {"int8": INT8PACK, "int4": Q4GSW, "8da4w": DQ8CA}[scheme]
+    program = check_op(model, (x,), ops=[op], rtol=2e-5, atol=atol)
+    _check_fused(program, op)

@@ -1,0 +1,76 @@
+"""Quantize a model with torchao the way the Vulkan lowering fuses it.
+
+``quantize_for_vulkan(model, "int4")`` applies torchao 0.18's ``quantize_`` to the
+model's ``nn.Linear`` layers; after ``torch.export``, ``to_backend`` turns each
+quantized linear into one fused op (backend/passes/quantized_linear.py):
+
+==========  ===============================================================  ==============================
+scheme      torchao config                                                   fused op
+==========  ===============================================================  ==============================
+"int8"      ``Int8WeightOnlyConfig()`` (int8 per-channel weights)              ``aten._weight_int8pack_mm``
+"int4"      ``IntxWeightOnlyConfig(torch.int4, PerGroup(group_size))``         ``et_vk.linear_q4gsw``
+"8da4w"     ``Int8DynamicActivationIntxWeightConfig(torch.int4,                ``et_vk.linear_dq8ca_q4gsw``
+            PerGroup(group_size))`` (per-token int8 activations)
+==========  ===============================================================  ==============================
+
+Symmetric weights throughout (torchao's default for these configs; zero points 0).
+Needs torchao (``pip install 'vkdelegate[quant]'``).
+"""
+from __future__ import annotations
+
+from vkdelegate.errors import VkDelegateError
+
+SCHEMES = ("int8", "int4", "8da4w")
+GROUP_SIZES = (32, 64, 128, 256)
+
+
+def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None,
+                        embeddings: bool = False):
+    """Quantize ``model``'s ``nn.Linear`` layers in place with torchao and return it.
+
+    scheme: "int8", "int4" or "8da4w" (see the module docstring). group_size: input
+    features per scale for int4 / 8da4w (32, 64, 128 or 256; ignored for int8).
+    Layers whose in_features is not a multiple of the group size (or, for int4, of 8)
+    stay in floating point, as do those ``filter_fn(module, fqn)`` rejects.
+    embeddings: also quantize fp32 ``nn.Embedding`` tables int4 group-wise
+    (``IntxWeightOnlyConfig(torch.int4, PerGroup(group_size))``, fused into
+    ``et_vk.embedding_q4gsw``; schemes "int4" and "8da4w" only).
+    Raises VkDelegateError for an unknown scheme or group size, or when torchao is
+    not installed.
+    """
+    if scheme not in SCHEMES:
+        raise VkDelegateError(f"quantization scheme {scheme!r}: expected one of "
+                              f"{', '.join(SCHEMES)}")
+    if scheme != "int8" and group_size not in GROUP_SIZES:
+        raise VkDelegateError(f"group size {group_size}: expected one of {GROUP_SIZES}")
+    try:
+        import torch
+        from torchao.quantization import (Int8DynamicActivationIntxWeightConfig,
+                                          Int8WeightOnlyConfig, IntxWeightOnlyConfig,
+                                          quantize_)
+        from torchao.quantization.granularity import PerGroup
+    except ImportError as exc:
+        raise VkDelegateError(f"quantize_for_vulkan needs torchao "
+                              f"(pip install 'vkdelegate[quant]'): {exc}") from exc
+    if scheme == "int8":
+        config = Int8WeightOnlyConfig()
+    elif scheme == "int4":
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                      granularity=PerGroup(group_size))
+    else:
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+    step = 1 if scheme == "int8" else group_size
+
+    def accept(module, fqn):
+        return isinstance(module, torch.nn.Linear) and module.in_features % step == 0 \
+            and (filter_fn is None or filter_fn(module, fqn))
+
+    quantize_(model, config, filter_fn=accept)
+    if embeddings and scheme != "int8":
+        table = IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                     granularity=PerGroup(group_size))
+        quantize_(model, table, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Embedding)
+                  and m.weight.dtype == torch.float32 and m.embedding_dim % group_size == 0
+                  and (filter_fn is None or filter_fn(m, fqn)))
+    return model

@@ -1,0 +1,257 @@
+"""Quantized-weight linear: aten._weight_int8pack_mm.default, et_vk.linear_q4gsw.default,
+et_vk.linear_dq8ca_q4gsw.default (ExecuTorch 1.5's schemas, backends/vulkan/
+custom_ops_lib.py; made by the lowering pass backend/passes/quantized_linear.py from
+torchao's quantized linears).
+
+- _weight_int8pack_mm(self [M, K], mat2 int8 [N, K], scales [N]) -> [M, N] =
+  (self @ mat2.T) * scales (ATen's int8 weight-only linear); fp32/fp16 self.
+- linear_q4gsw(self [..., K], weights uint8 [N, K/2], weight_scales [K/gs, N],
+  group_size, bias [N]?) -> [..., N]: int4 group-wise symmetric weights two per byte
+  (ET's packing: k even in the low nibble, + 8); group sizes multiples of 8 dividing K;
+  scales and bias may be padded past N (ExecuTorch's blobs pad them to 4).
+- linear_dq8ca_q4gsw(input [..., K] fp32, input_scales and input_zp int8 one per row
+  of input ([...], [..., 1] or [M]), weights,
+  weight_sums int32, weight_scales, group_size, bias?): 8da4w, the activation
+  quantized per row in the shader, integer products per group (dotPacked4x8EXT where
+  the device has shaderIntegerDotProduct, a portable loop otherwise).
+
+One shader, linear_qw.glsl: a GEMV form (a workgroup of WG invocations per NPW columns
+of one row, K split across the invocations, shared-memory reduction) for at most
+GEMV_ROWS rows (the upper bound) on GPUs, a GEMM form (4 x 4 tiles) otherwise
+(``use_gemv``). The packed
+weight is the program's constant itself, read as 32-bit words on devices with 8-bit
+storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; an
+fp16 model's dequantized int4 weights are rounded to fp16 as its eager dequantize does.
+"""
+from __future__ import annotations
+
+from vkdelegate.ops.registry import NodeSpec, OpSpec, register
+from vkdelegate.kernels import loop_limit
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
+
+SHADER = "linear_qw"
+DTYPES = frozenset({"float32", "float16"})
+WG = 64  # GEMV invocations per workgroup (a power of two)
+NPW = 4  # GEMV output columns per workgroup
+GEMV_ROWS = 4  # at most this many rows (upper bound) run the GEMV form
+# qdims: K, N, group size, weight chunks per row; qstrides: the row strides of the
+# scales and of the weight sums (ExecuTorch's blobs pad N: scales to a multiple of 4,
+# sums of 8).
+PARAMS = ParamBlock("qlinear_block", [("qdims", "ivec4"), ("qstrides", "ivec4")])
+INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default",
+                          "et_vk.linear_dq8ca_q4gsw.default")
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    inputs = ["x_data", "w_data", "s_data"]
+    if "HAS_BIAS" in d:
+        inputs.append("c_data")
+    if "DQ8CA" in d:
+        inputs += ["xs_data", "xz_data", "sum_data"]
+    return Bindings(outputs=("out_data",), inputs=tuple(inputs),
+                    params=(tensor_meta_block("out_meta"), PARAMS))
+
+
+def use_gemv(info, m: int) -> bool:
+    """The GEMV form for at most GEMV_ROWS rows (the upper bound) on GPUs. CPU drivers
+    (llvmpipe) get the GEMM form: a workgroup barrier costs more there than splitting
+    K saves (4096 x 4096, one row, int8: 89 ms GEMV, 30 ms GEMM on lavapipe)."""
+    return m <= GEMV_ROWS and info.type != "cpu"
+
+
+def _words(w, k: int, bits: int) -> bool:
+    """Whether the weight buffer can be read as 32-bit words: 8-bit storage (bytes
+    packed as the program has them) and whole words per row."""
+    return w[1] in ("uint8", "int8") and (bits == 4 or k % 4 == 0)
+
+
+def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
+                    dq=None, int_dot: bool = False, m_tile: int = 4) -> dict:
+    """Defines of linear_qw.glsl. Tensors as Tensors or (graph dtype, device dtype)
+    pairs; dq: (input_scales, input_zp, weight_sums) for DQ8CA; m_tile: the GEMM
+    form's rows per invocation (4, or 1 for fewer than 4 rows)."""
+    tensors = dict(OUT=out, X=x, S=s)
+    pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
+    words = _words(pair, k, bits)
+    if not words:
+        tensors["W"] = w
+    if bias is not None:
+        tensors["C"] = bias
+    if dq is not None:
+        tensors.update(XS=dq[0], XZ=dq[1])
+    d = storage_defines(**tensors)
+    d.update(flag_defines(W4=bits == 4, W8=bits == 8, W_WORDS=words, GEMV=gemv,
+                          HAS_BIAS=bias is not None, F16_WEIGHTS=f16 and bits == 4,
+                          DQ8CA=dq is not None, INT_DOT=int_dot))
+    if gemv:
+        d.update(WG=str(WG), NPW=str(NPW))
+    else:
+        d["M_TILE"] = str(m_tile)
+    return d
+
+
+def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None:
+    n = w.max_shape[0]
+    k = x.max_shape[-1] if x.ndim else 1
+    if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
+        raise b.error(f"int4 weights [{n}, {w.max_shape[1]}] with group size {group} "
+                      f"for K = {k}: K and the group size must be multiples of 8")
+    if out.dtype != x.dtype or s.dtype != x.dtype:
+        raise b.error(f"input {x.dtype}, scales {s.dtype}, output {out.dtype}: "
+                      f"expected one dtype")
+    m = out.max_numel // n if n else 0
+    chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
+    chunks = k // chunk
+    gemv = use_gemv(b.device.info, m)
+    loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
+    m_tile = 4 if m >= 4 else 1
+    base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
+                           m_tile=m_tile)
+    defines = base
+    if dq is not None:
+        defines = choose(SHADER, [dict(base, INT_DOT="1"), base],
+                         b.device.info.capabilities)
+    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
+    s_stride = s.max_shape[1] if bits == 4 else n
+    w_stride = w.max_shape[1] // 4 if bits == 4 else chunks  # int4: words per row
+    if bits == 4 and w.max_shape[1] % 4:
+        raise b.error(f"int4 weights [{n}, {w.max_shape[1]}]: rows of whole 32-bit words "
+                      f"expected (K padded to a multiple of 8)")
+    sums_stride = dq[2].max_shape[1] if dq is not None else 0
+    if bits == 4 and (s.ndim != 2 or s_stride < n or s.max_shape[0] != k // group):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {n} and "
+                      f"group size {group}")
+    params = [out.meta, b.params(PARAMS.pack(qdims=[k, n, group, chunks],
+                                             qstrides=[s_stride, sums_stride, w_stride, 0]))]
+    if gemv:
+        grid, local = (-(-n // NPW) * WG, max(m, 1)), (WG, 1, 1)
+    else:
+        grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
+    b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
+               global_size=grid, local_size=local)
+
+
+def _int8pack_impl(b, node):
+    x_id, w_id, s_id, out_id = node.args
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None,
+            b.tensor(out_id), 8, 0)
+
+
+def _q4gsw_impl(b, node):
+    x_id, w_id, s_id, gs_id, bias_id, out_id = node.args
+    bias = b.value(bias_id)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), bias,
+            b.tensor(out_id), 4, int(b.scalar(gs_id)))
+
+
+def _dq8ca_impl(b, node):
+    x_id, xs_id, xz_id, w_id, sums_id, s_id, gs_id, bias_id, out_id = node.args
+    dq = (b.tensor(xs_id), b.tensor(xz_id), b.tensor(sums_id))
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), b.value(bias_id),
+            b.tensor(out_id), 4, int(b.scalar(gs_id)), dq)
+
+
+# ---- rules and shapes -------------------------------------------------------------
+def _int8pack_rule(node: NodeSpec):
+    x, w, s = node.args[:3]
+    if x.rank != 2 or w.rank != 2 or x.shape[1] != w.shape[1] or s.shape != (w.shape[0],):
+        return f"input {list(x.shape)}, weight {list(w.shape)}, scales {list(s.shape)}"
+    if x.dynamic and x.dynamic[-1]:
+        return "dynamic input features"
+    return None if s.dtype == x.dtype else f"scales {s.dtype} for input {x.dtype}"
+
+
+def _q4_rule(node: NodeSpec, w_at: int, s_at: int, gs_at: int):
+    x, w, s, gs = node.args[0], node.args[w_at], node.args[s_at], node.args[gs_at]
+    bias = node.args[gs_at + 1]
+    if x.rank < 1 or (x.dynamic and x.dynamic[-1]):
+        return "input of rank 0 or with dynamic features"
+    k, n = x.shape[-1], w.shape[0] if w.rank == 2 else -1
+    if w.rank != 2 or not isinstance(gs, int) or gs <= 0 or gs % 8 or k % gs \
+            or w.shape[1] * 2 < k or w.shape[1] % 4 or s.rank != 2 or s.shape[0] != k // gs \
+            or s.shape[1] < n:
+        return (f"input {list(x.shape)}, int4 weights {list(w.shape)}, scales "
+                f"{list(s.shape)}, group size {gs}: K and the group size must be "
+                f"multiples of 8, the group size divide K")
+    if bias is not None and (bias.rank != 1 or bias.shape[0] < n):
+        return f"bias of sizes {list(bias.shape)} for {n} outputs"
+    if s.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return f"scales {s.dtype} / bias for input {x.dtype}"
+    return None
+
+
+def _dq8ca_rule(node: NodeSpec):
+    x, xs, xz = node.args[:3]
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    per_row = x.rank >= 1 and tuple(xs.shape) in (tuple(x.shape[:-1]),
+                                                  tuple(x.shape[:-1]) + (1,), (rows,))
+    if not per_row or xz.shape != xs.shape or xs.is_dynamic != x.is_dynamic:
+        return (f"input scales {list(xs.shape)} / zero points {list(xz.shape)}: expected "
+                f"one per row of the input {list(x.shape)}")
+    sums = node.args[4]
+    n = node.args[3].shape[0] if node.args[3].rank == 2 else -1
+    gs = node.args[6]
+    if sums.rank != 2 or not isinstance(gs, int) or gs <= 0 \
+            or sums.shape[0] != x.shape[-1] // gs or sums.shape[1] < n:
+        return f"weight sums {list(sums.shape)} for K = {x.shape[-1]}, group size {gs}"
+    return _q4_rule(node, 3, 5, 6)
+
+
+def _shape(w_at: int):
+    return lambda args: tuple(args[0].shape[:-1]) + (args[w_at].shape[0],)
+
+
+register(OpSpec(name=INT8PACK, dtypes=DTYPES, impl=_int8pack_impl, shape_fn=_shape(1),
+                rules=(_int8pack_rule,), arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
+                notes="int8 per-channel weight-only linear; GEMV (K split, shared "
+                      "reduction) / GEMM forms"))
+register(OpSpec(name=Q4GSW, dtypes=DTYPES, impl=_q4gsw_impl, shape_fn=_shape(1),
+                rules=(lambda n: _q4_rule(n, 1, 2, 3),),
+                arg_dtypes={1: frozenset({"uint8"})},
+                notes="int4 group-wise weights two per byte (ET packing), groups of "
+                      "8k; GEMV / GEMM forms"))
+register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
+                shape_fn=_shape(3), rules=(_dq8ca_rule,),
+                arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
+                            4: frozenset({"int32"})},
+                notes="8da4w: per-row int8 activations x int4 weights, integer "
+                      "products (dotPacked4x8EXT with shaderIntegerDotProduct)"))
+
+
+# ---- variants ---------------------------------------------------------------------
+def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool,
+              m_tile: int = 4):
+    if op == DQ8CA and dtype != "float32" or op != INT8PACK and odd_k:
+        return None
+    if op == INT8PACK and bias:
+        return None
+    pair = (dtype, device_dtype(dtype, profile))
+    bits = 8 if op == INT8PACK else 4
+    wdt = "int8" if bits == 8 else "uint8"
+    w = (wdt, device_dtype(wdt, profile))
+    k = 5 if odd_k else 8
+    dq = None
+    if op == DQ8CA:
+        dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
+    if gemv and m_tile != 4:
+        return None  # m_tile is the GEMM form's
+    return qlinear_defines(pair, pair, w, pair, pair if bias else None, bits, k, gemv,
+                           dtype == "float16", dq, m_tile=m_tile)
+
+
+def _dq8ca_dot(profile, gemv: bool, bias: bool, m_tile: int):
+    found = _variants(profile, DQ8CA, "float32", gemv, bias, False, m_tile)
+    return None if found is None else dict(found, INT_DOT="1")
+
+
+_AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True),
+             m_tile=(1, 4))
+declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
+             odd_k=(False, True))
+declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)

@@ -1,0 +1,312 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+#ifdef INT_DOT
+// OpSDot on 4 packed int8 values (SPV_KHR_integer_dot_product, core in SPIR-V 1.6:
+// capabilities DotProduct 6019 and DotProductInput4x8BitPacked 6018, opcode 4450),
+// through spirv_intrinsics: glslang 12 has no GL_EXT_integer_dot_product yet.
+#extension GL_EXT_spirv_intrinsics : require
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
+                  id = 4450)
+int sdot_packed(uint a, uint b, spirv_literal int packed_vector_format);
+#define dotPacked4x8EXT(a, b) sdot_packed(a, b, 0)  // PackedVectorFormat4x8Bit
+#endif
+
+// Quantized-weight linear: out[m, n] = sum_k x[m, k] * dequant(w)[n, k] (+ bias[n]),
+// accumulated in fp32, for the weight formats of ExecuTorch's Vulkan backend:
+//   W4: et_vk.linear_q4gsw: w = uint8 [N, K/2] (two int4 per byte, k even in the low
+//       nibble, stored + 8), scales [K / GS, N]; dequant = (nibble - 8) * scale,
+//       rounded to fp16 with F16_WEIGHTS (what an fp16 model's dequantize gives).
+//   W8: aten._weight_int8pack_mm: w = int8 [N, K], scales [N]; out = (x @ w.T) * s.
+//   DQ8CA (with W4): et_vk.linear_dq8ca_q4gsw: x is first quantized per row with the
+//       given scale / int8 zero point (clamp(roundEven(x / s) + zp, -128, 127), as
+//       torchao's quantize_affine), products summed as integers per group.
+// The weight is read in chunks of CH values of k: a uint word (8 int4 or 4 int8
+// values) with W_WORDS, else one W_T element (int8 with K % 4 != 0, or the 32-bit
+// fallback of devices without 8-bit storage, which assembles each word from 4 bytes).
+// Forms:
+//   GEMV: one workgroup (WG invocations, a power of two) per NPW output columns of one
+//     row: the invocations split the K chunks (consecutive invocations read
+//     consecutive words of a weight row), then a shared-memory tree reduction.
+//   else GEMM: one invocation per M_TILE x 4 output tile (M_TILE 4, or 1 for fewer
+//     than 4 rows); edge tiles re-read the last row / column and store only their
+//     valid part.
+// DQ8CA's zero point is corrected with the precomputed per-group weight sums; INT_DOT:
+// int8 dot products of 4 packed values (dotPacked4x8EXT).
+
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(x_data, X_T)
+#ifdef W_WORDS
+TENSOR_IN(w_data, uint)
+#else
+TENSOR_IN(w_data, W_T)
+#endif
+TENSOR_IN(s_data, S_T)
+#ifdef HAS_BIAS
+TENSOR_IN(c_data, C_T)
+#endif
+#ifdef DQ8CA
+TENSOR_IN(xs_data, XS_T)
+TENSOR_IN(xz_data, XZ_T)
+TENSOR_IN(sum_data, int)
+#endif
+TENSOR_META(out_meta)
+// qdims: K, N, group size (W4), weight chunks per row (K / CH); qstrides: row strides
+// of the scales (W4) and of the weight sums (DQ8CA), N or padded past it, and of the
+// weight in chunks (past K / CH where ExecuTorch padded K to a multiple of 8).
+PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
+
+#ifdef W4
+#define CH 8
+#elif defined(W_WORDS)
+#define CH 4
+#else
+#define CH 1
+#endif
+
+#ifdef F16_WEIGHTS
+#define WROUND(v) round_to_half(v)
+#else
+#define WROUND(v) (v)
+#endif
+
+#ifndef W_WORDS
+uint byte_at(int i) { return uint(int(w_data[i])) & 0xFFu; }
+#endif
+
+// Word / element c of weight row n (``stride`` of them per row).
+uint load_word(int n, int c, int stride) {
+  const int i = n * stride + c;
+#ifdef W_WORDS
+  return w_data[i];
+#elif CH == 1
+  return uint(int(w_data[i]));
+#else
+  return byte_at(4 * i) | (byte_at(4 * i + 1) << 8) | (byte_at(4 * i + 2) << 16)
+      | (byte_at(4 * i + 3) << 24);
+#endif
+}
+
+// The CH signed weight values of a word, in k order.
+void unpack(uint word, out int q[CH]) {
+#ifdef W4
+  [[unroll]] for (int t = 0; t < 8; ++t) {
+    q[t] = int((word >> (4 * t)) & 0xFu) - 8;
+  }
+#elif CH == 4
+  [[unroll]] for (int t = 0; t < 4; ++t) {
+    q[t] = bitfieldExtract(int(word), 8 * t, 8);
+  }
+#else
+  q[0] = int(word);
+#endif
+}
+
+// Row m's quantization: (1 / scale, scale, zero point). torchao multiplies x by
+// ATen's correctly rounded reciprocal; GLSL's division may be 2.5 ulp off, so one
+// Newton step (fma, exact residual) refines the driver's quotient.
+#ifdef DQ8CA
+void row_qparams(int m, out float inv, out float xs, out int z) {
+  xs = float(xs_data[m]);
+  precise float r = 1.0 / xs;
+  precise float e = fma(-xs, r, 1.0);
+  inv = fma(r, e, r);
+  z = int(xz_data[m]);
+}
+#endif
+
+// One chunk of a row of x as the products read it: its values and, for DQ8CA, their
+// int8 quantization (clamp(roundEven(x / s) + z), as torchao's quantize_affine; with
+// INT_DOT packed by k parity, the low nibbles holding k even, with their sum), made
+// once per chunk and row, shared by every column.
+struct XChunk {
+  float v[CH];
+#ifdef DQ8CA
+  int q[CH];
+#ifdef INT_DOT
+  uint even;
+  uint odd;
+  int qsum;
+#endif
+#endif
+};
+
+XChunk load_x(int m, int c, int K, float inv, int z) {
+  XChunk x;
+  [[unroll]] for (int t = 0; t < CH; ++t) {
+    x.v[t] = float(x_data[m * K + c * CH + t]);
+#ifdef DQ8CA
+    x.q[t] = int(clamp(roundEven(x.v[t] * inv) + float(z), -128.0, 127.0));
+#endif
+  }
+#ifdef INT_DOT
+  x.even = 0u;
+  x.odd = 0u;
+  x.qsum = 0;
+  [[unroll]] for (int t = 0; t < 8; ++t) {
+    x.qsum += x.q[t];
+    if ((t & 1) == 0) {
+      x.even |= (uint(x.q[t]) & 0xFFu) << (8 * (t >> 1));
+    } else {
+      x.odd |= (uint(x.q[t]) & 0xFFu) << (8 * (t >> 1));
+    }
+  }
+#endif
+  return x;
+}
+
+// One chunk's contribution to out[m, n]: x chunk x, weight word of column n.
+float chunk_dot(XChunk x, uint word, int n, int c, ivec4 dims, float xs, int z) {
+  int q[CH];
+#ifdef W4
+  const float s = float(s_data[((c * CH) / dims.z) * qstrides.x + n]);
+#endif
+#ifdef DQ8CA
+  // sum_k (xq - z) * q over a group = sum_k xq * q - z * (the group's weight sum):
+  // the chunk that starts a group subtracts the zero point's share.
+  const int g = (c * CH) / dims.z;
+  int isum = (c * CH) % dims.z == 0 ? -z * sum_data[g * qstrides.y + n] : 0;
+#ifdef INT_DOT
+  // Against the stored nibbles (0..15, the value + 8): minus 8 * sum(xq).
+  isum += dotPacked4x8EXT(x.even, word & 0x0F0F0F0Fu)
+      + dotPacked4x8EXT(x.odd, (word >> 4) & 0x0F0F0F0Fu) - 8 * x.qsum;
+#else
+  unpack(word, q);
+  [[unroll]] for (int t = 0; t < CH; ++t) {
+    isum += x.q[t] * q[t];
+  }
+#endif
+  return float(isum) * (s * xs);
+#elif defined(W4)
+  unpack(word, q);
+  float acc = 0.0;
+  [[unroll]] for (int t = 0; t < CH; ++t) {
+    acc += x.v[t] * WROUND(float(q[t]) * s);
+  }
+  return acc;
+#else
+  unpack(word, q);
+  float acc = 0.0;
+  [[unroll]] for (int t = 0; t < CH; ++t) {
+    acc += x.v[t] * float(q[t]);
+  }
+  return acc;
+#endif
+}
+
+float finish(float acc, int n) {
+#ifdef W8
+  acc *= float(s_data[n]);
+#endif
+#ifdef HAS_BIAS
+  acc += float(c_data[n]);
+#endif
+  return acc;
+}
+
+#ifdef GEMV
+shared float partial[NPW * WG];
+
+void main() {
+  const ivec4 dims = qdims;
+  const int K = dims.x;
+  const int N = dims.y;
+  const int row_chunks = dims.w;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+  const int lid = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * NPW;
+  const int m = int(gl_WorkGroupID.y);
+  const bool live = m < M && n0 < N;  // uniform across the workgroup
+  float inv = 0.0, xs = 0.0;
+  int z = 0;
+#ifdef DQ8CA
+  if (live) {
+    row_qparams(m, inv, xs, z);
+  }
+#endif
+  float acc[NPW];
+  [[unroll]] for (int j = 0; j < NPW; ++j) {
+    acc[j] = 0.0;
+  }
+  if (live) {
+    for (int c = lid; c < row_chunks; c += WG) {
+      const XChunk xc = load_x(m, c, K, inv, z);
+      [[unroll]] for (int j = 0; j < NPW; ++j) {
+        const int n = min(n0 + j, N - 1);
+        acc[j] += chunk_dot(xc, load_word(n, c, qstrides.z), n, c, dims, xs, z);
+      }
+    }
+  }
+  [[unroll]] for (int j = 0; j < NPW; ++j) {
+    partial[j * WG + lid] = acc[j];
+  }
+  barrier();
+  for (int s = WG / 2; s > 0; s >>= 1) {
+    if (lid < s) {
+      [[unroll]] for (int j = 0; j < NPW; ++j) {
+        partial[j * WG + lid] += partial[j * WG + lid + s];
+      }
+    }
+    barrier();
+  }
+  if (live && lid < NPW && n0 + lid < N) {
+    out_data[m * N + n0 + lid] = OUT_STORE(finish(partial[lid * WG], n0 + lid));
+  }
+}
+
+#else  // GEMM: an M_TILE x 4 tile per invocation
+
+void main() {
+  const ivec4 dims = qdims;
+  const int K = dims.x;
+  const int N = dims.y;
+  const int row_chunks = dims.w;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+  const int n0 = int(gl_GlobalInvocationID.x) * 4;
+  const int m0 = int(gl_GlobalInvocationID.y) * M_TILE;
+  if (n0 >= N || m0 >= M) {
+    return;
+  }
+  int rows[M_TILE];
+  int cols[4];
+  float inv[M_TILE], xs[M_TILE];
+  int z[M_TILE];
+  [[unroll]] for (int j = 0; j < 4; ++j) {
+    cols[j] = min(n0 + j, N - 1);
+  }
+  [[unroll]] for (int i = 0; i < M_TILE; ++i) {
+    rows[i] = min(m0 + i, M - 1);
+    inv[i] = 0.0;
+    xs[i] = 0.0;
+    z[i] = 0;
+#ifdef DQ8CA
+    row_qparams(rows[i], inv[i], xs[i], z[i]);
+#endif
+  }
+  float acc[M_TILE][4];
+  [[unroll]] for (int i = 0; i < M_TILE; ++i) {
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      acc[i][j] = 0.0;
+    }
+  }
+  for (int c = 0; c < row_chunks; ++c) {
+    uint words[4];
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      words[j] = load_word(cols[j], c, qstrides.z);
+    }
+    [[unroll]] for (int i = 0; i < M_TILE; ++i) {
+      const XChunk xc = load_x(rows[i], c, K, inv[i], z[i]);
+      [[unroll]] for (int j = 0; j < 4; ++j) {
+        acc[i][j] += chunk_dot(xc, words[j], cols[j], c, dims, xs[i], z[i]);
+      }
+    }
+  }
+  [[unroll]] for (int i = 0; i < M_TILE; ++i) {
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      if (m0 + i < M && n0 + j < N) {
+        out_data[(m0 + i) * N + n0 + j] = OUT_STORE(finish(acc[i][j], n0 + j));
+      }
+    }
+  }
+}
+#endif
