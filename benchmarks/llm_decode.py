@@ -55,8 +55,9 @@ def hf_decode_tps(model, prompt, new_tokens: int, device: str, runs: int) -> tup
     def gen(n):
         sync()
         t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
+        # attention_mask given: else generate masks prompt ids equal to pad_token_id.
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                             min_new_tokens=n, do_sample=False, pad_token_id=0)
         sync()
         return time.perf_counter() - t0, out[0, len(prompt):].tolist()
 

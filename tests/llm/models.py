@@ -42,10 +42,13 @@ def make_model(kind: str, seed: int = 0):
 
 
 def hf_greedy(model, prompt: list, n: int) -> list:
-    """HF ``generate`` (eager, greedy) new tokens."""
+    """HF ``generate`` (eager, greedy) new tokens. The attention mask is given: without
+    it generate masks every prompt token equal to the config's pad_token_id (0 here)
+    as padding, which a program fed the same ids does not do."""
+    ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                             min_new_tokens=n, do_sample=False)
     return out[0, len(prompt):].tolist()
 
 

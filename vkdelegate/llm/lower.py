@@ -83,7 +83,8 @@ def export_methods(model, max_seq_len: int, vision=None) -> dict:
     return programs
 
 
-def lower(model, max_seq_len: int, *, vision=None, options=None):
+def lower(model, max_seq_len: int, *, vision=None, options=None,
+          quantization: "str | None" = None, group_size: int = 32):
     """Lower a causal LM to a ``LoweredProgram`` with the methods embed_text, prefill,
     decode (and vision_encoder with ``vision=``; see the module docstring and
     docs/LLM.md). Run it with ``vkdelegate.llm.generate``; ``save`` it like any
@@ -97,11 +98,24 @@ def lower(model, max_seq_len: int, *, vision=None, options=None):
     max_seq_len: static KV cache positions (int >= 2).
     vision: a vision tower + projector (``vkdelegate.llm.vision.VisionEncoder``).
     options: compile options for ``VulkanPartitioner`` (dict or CompileOptions).
-    Raises VkDelegateError when a method does not export or lower.
+    quantization: None (the model's own dtype), or "int8" (per-channel weight-only),
+        "int4" (group-wise weight-only) or "8da4w" (dynamic int8 activations x int4
+        weights): applied with torchao to the model's ``nn.Linear`` layers IN PLACE
+        before export (``vkdelegate.backend.quantize.quantize_for_vulkan``; needs the
+        ``quant`` extra), so the eager model afterwards is the quantized one the
+        program matches; each quantized linear lowers to one fused ExecuTorch op
+        (docs/LOWERING.md, "Quantized models"). group_size: input features per scale
+        for int4 / 8da4w (32, 64, 128 or 256).
+    Raises VkDelegateError when a method does not export or lower, or for an unknown
+    quantization scheme or group size.
     """
     from vkdelegate.backend.partitioner import VulkanPartitioner
     from vkdelegate.backend.to_backend import to_backend
 
+    if quantization is not None:
+        from vkdelegate.backend.quantize import quantize_for_vulkan
+
+        quantize_for_vulkan(model, quantization, group_size)
     programs = export_methods(model, max_seq_len, vision)
     return to_backend(programs, VulkanPartitioner(options))
 
