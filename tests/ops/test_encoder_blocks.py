@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.export import Dim
 
 from tests.ops.harness import check_op
+from tests.ops.test_attention_graphs import _VitBlock  # a pre-norm ViT block on nn.MultiheadAttention
 
 FP16_TOL = dict(rtol=1e-2, atol=1e-2)
 SDPA = "aten.scaled_dot_product_attention.default"
@@ -117,21 +118,6 @@ def test_hf_bert_layer_one_partition(dtype, dynamic):
 
 
 # ---- ViT blocks ----------------------------------------------------------------------
-class _VitBlock(nn.Module):
-    """A pre-norm ViT block (timm / torchvision layout) on nn.MultiheadAttention."""
-
-    def __init__(self, dim=32, heads=4):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x):
-        h = self.norm1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
-
-
 class _HfVitLayer(nn.Module):
     def __init__(self):
         super().__init__()
@@ -156,7 +142,7 @@ def _tokens(n, g, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_vit_block_one_partition(block, dtype, dynamic):
     torch.manual_seed(0)
-    module = (_VitBlock() if block == "prenorm" else _HfVitLayer()).eval().to(dtype)
+    module = (_VitBlock(32, 4) if block == "prenorm" else _HfVitLayer()).eval().to(dtype)
     tokens = Dim("tokens", min=2, max=50)
     program = check_op(module, _inputs_at(17, dtype, _tokens), ops=[SDPA],
                        dynamic_shapes=({1: tokens},) if dynamic else None,
