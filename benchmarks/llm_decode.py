@@ -12,7 +12,7 @@ time with 1 (its prefill), both with a static number of tokens (min_new_tokens).
 (H200: 4.8 TB/s); the KV cache read is added. Prints a table and writes JSON.
 
     python benchmarks/llm_decode.py [--new-tokens 64] [--prompt 32] [--layers 16]
-        [--dtype float16] [--max-seq-len 256] [--json F]
+        [--dtype float16] [--max-seq-len 256] [--quantization none int8 int4] [--json F]
 """
 from __future__ import annotations
 
@@ -81,6 +81,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
     ap.add_argument("--max-seq-len", type=int, default=256)
+    ap.add_argument("--quantization", nargs="+", default=["none"],
+                    choices=["none", "int8", "int4", "8da4w"],
+                    help="weight formats to run (each on a fresh copy of the model; HF "
+                         "eager runs the unquantized model)")
+    ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hbm-tbps", type=float, default=4.8,
                     help="memory bandwidth for the roofline share (H200 HBM3e: 4.8)")
@@ -100,43 +105,59 @@ def main() -> None:
     prompt = torch.randint(1, args.vocab, (args.prompt,),
                            generator=torch.Generator().manual_seed(1)).tolist()
 
-    t0 = time.perf_counter()
-    program = lower(model, args.max_seq_len)
-    lower_s = time.perf_counter() - t0
-    program.build()
-    generate(program, prompt, 4)  # warm-up: pipelines, first uploads
-    ours_tps, ours_ids = [], None
-    for _ in range(args.runs):
-        timings: dict = {}
-        ours_ids = generate(program, prompt, args.new_tokens, timings=timings)
-        ours_tps.append(timings["decode_tokens"] / timings["decode_s"])
-    ours = statistics.median(ours_tps)
-    cpu_nodes = {m: len(program.methods[m].report.cpu_nodes) for m in program.method_names}
+    import copy
 
+    rows, ours_all, ours_ids, cpu_nodes, lower_s = [], {}, None, {}, {}
+    for scheme in args.quantization:
+        m = model if scheme == "none" else copy.deepcopy(model)
+        t0 = time.perf_counter()
+        program = lower(m, args.max_seq_len,
+                        quantization=None if scheme == "none" else scheme,
+                        group_size=args.group_size)
+        lower_s[scheme] = time.perf_counter() - t0
+        program.build()
+        generate(program, prompt, 4)  # warm-up: pipelines, first uploads
+        tps = []
+        for _ in range(args.runs):
+            timings: dict = {}
+            ids = generate(program, prompt, args.new_tokens, timings=timings)
+            tps.append(timings["decode_tokens"] / timings["decode_s"])
+        if scheme == "none":
+            ours_ids = ids
+        ours_all[scheme] = tps
+        cpu_nodes[scheme] = {k: len(program.methods[k].report.cpu_nodes)
+                             for k in program.method_names}
+        program.close()
+        del m
     hf_device = "cuda" if torch.cuda.is_available() else "cpu"
     hf, hf_ids = hf_decode_tps(model, prompt, args.new_tokens, hf_device, args.runs)
-    same = next((i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b),
-                len(ours_ids))
-
+    same = None if ours_ids is None else next(
+        (i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b), len(ours_ids))
     roof = args.hbm_tbps * 1e12 / step_bytes
-    rows = [("vkdelegate (Vulkan)", f"{ours:.1f}", f"{ours / hf:.2f}x",
-             f"{100 * ours / roof:.1f}%"),
-            (f"HF eager generate ({hf_device})", f"{hf:.1f}", "1.00x",
-             f"{100 * hf / roof:.1f}%")]
+    for scheme, tps in ours_all.items():
+        ours = statistics.median(tps)
+        # Weight bytes read per step shrink with the format (scales not counted).
+        per_weight = {"none": model.dtype.itemsize, "int8": 1, "int4": 0.5, "8da4w": 0.5}
+        scheme_bytes = n_params * per_weight[scheme] + kv_bytes
+        rows.append((f"vkdelegate (Vulkan), {scheme if scheme != 'none' else args.dtype}",
+                     f"{ours:.1f}", f"{ours / hf:.2f}x",
+                     f"{100 * ours * scheme_bytes / (args.hbm_tbps * 1e12):.1f}%"))
+    rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "1.00x",
+                 f"{100 * hf / roof:.1f}%"))
     device = default_device()
     print(f"\nLlama-shaped decoder, {n_params / 1e9:.2f} B params {args.dtype}, "
           f"{args.layers} layers, prompt {args.prompt}, {args.new_tokens} new tokens; "
-          f"Vulkan device {device.info.name}; lowering {lower_s:.1f} s; nodes on the CPU "
+          f"Vulkan device {device.info.name}; lowering s {lower_s}; nodes on the CPU "
           f"per method {cpu_nodes}")
-    print(f"bytes per decode step {step_bytes / 1e9:.3f} GB -> roofline "
-          f"{roof:.0f} tokens/s at {args.hbm_tbps} TB/s; greedy tokens equal to HF for "
-          f"the first {same} of {len(ours_ids)}")
+    print(f"bytes per decode step ({args.dtype}) {step_bytes / 1e9:.3f} GB -> roofline "
+          f"{roof:.0f} tokens/s at {args.hbm_tbps} TB/s; greedy tokens ({args.dtype}) equal "
+          f"to HF for the first {same} of {args.new_tokens}")
     print(tabulate(rows, headers=("backend", "decode tokens/s", "vs HF eager",
                                   "share of roofline")))
     with open(args.json, "w") as f:
         json.dump({"machine": platform.node(), "vulkan_device": device.info.name,
                    "params": n_params, "dtype": args.dtype, "layers": args.layers,
-                   "ours_tps": ours_tps, "hf_tps": hf, "hf_device": hf_device,
+                   "ours_tps": ours_all, "hf_tps": hf, "hf_device": hf_device,
                    "step_bytes": step_bytes, "roofline_tps": roof,
                    "tokens_equal_prefix": same, "cpu_nodes": cpu_nodes,
                    "lower_s": lower_s}, f, indent=2)
