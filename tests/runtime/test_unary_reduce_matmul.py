@@ -106,6 +106,8 @@ def test_tiled_mm_with_resize(vk_device, monkeypatch, constant_weight, rows_max,
     # one (the GPU path) and check it on shapes that are not multiples of the tile,
     # with one and with 4 x 4 outputs per invocation.
     from vkdelegate.kernels import gemm
+    # No tile-table row: the portable choice (the GEMM core has tests/ops/test_gemm_core).
+    monkeypatch.setattr(gemm, "tiles_for", lambda device_type: None)
     monkeypatch.setattr(gemm, "use_tiled", lambda info, m, n, k=0: True)
     monkeypatch.setattr(gemm, "register_block", lambda m, n: int(reg))
     rng = np.random.default_rng(9)
@@ -172,9 +174,14 @@ def test_sum_longer_than_llvmpipe_loop_limit(vk_device):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
 
 
-def test_mm_longer_k_than_llvmpipe_loop_limit(vk_device):
+@pytest.mark.parametrize("table", [True, False], ids=["tile_table", "portable"])
+def test_mm_longer_k_than_llvmpipe_loop_limit(vk_device, monkeypatch, table):
     # K past 65535 iterations would be cut short by llvmpipe in the simple shader:
-    # the op takes the tiled one (K / 16 iterations) there.
+    # the op takes a form looping K / 16 times there: the GEMM core (llvmpipe's row of
+    # the tile table), or the tiled shader where the table has no row.
+    from vkdelegate.kernels import gemm
+    if not table:
+        monkeypatch.setattr(gemm, "tiles_for", lambda device_type: None)
     k = 65535 + 37
     rng = np.random.default_rng(33)
     a, w = rand(rng, (2, k)), rand(rng, (k, 3))
@@ -182,6 +189,6 @@ def test_mm_longer_k_than_llvmpipe_loop_limit(vk_device):
     ia, iw = m.input(a.shape), m.input(w.shape)
     m.output(m.op("aten.mm.default", [ia, iw], (2, 3)))
     with m.build(vk_device) as graph:
-        assert graph.dispatches[0].pipeline.name == "matmul_tiled"
+        assert graph.dispatches[0].pipeline.name == ("gemm" if table else "matmul_tiled")
         got = graph.execute([a, w])[0]
     np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)

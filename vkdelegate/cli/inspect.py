@@ -148,7 +148,9 @@ def method_signatures(path: str) -> list[str]:
     lines = []
     try:
         for name, method in manifest["methods"].items():
-            plan = method["plan"]
+            plan = method.get("plan")
+            if plan is None:  # not loadable, but its blobs can still be listed
+                continue
             ranges = plan.get("ranges", {})
             args = [f"{spec.get('name', i)}: {describe(spec, ranges)}"
                     for i, spec in enumerate(plan["inputs"])]
