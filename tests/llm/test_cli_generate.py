@@ -49,3 +49,34 @@ def test_bad_arguments_exit_2(saved, capsys):
     assert "expected integers" in capsys.readouterr().err
     assert main(["generate", str(path), "--prompt-ids", "1", "--image", "a.png"]) == 2
     assert "--image-token-id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--max-new-tokens", "-3"], "max_new_tokens must be an int >= 0, got -3"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--top-p", "1.5"], "top_p must be a number in [0, 1]"),
+    (["--top-k", "-2"], "top_k must be an int >= 0"),
+    (["--max-new-tokens", "500"], "need 504 cache positions; the program has 80"),
+])
+def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
+    _, path = saved
+    assert main(["generate", str(path), "--prompt-ids", "1,2,3,4,5"] + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_zero_new_tokens(saved, capsys):
+    _, path = saved
+    assert main(["generate", str(path), "--prompt-ids", "1,2", "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out.strip() == ""
+
+
+def test_not_an_llm_program(tmp_path, capsys):
+    from vkdelegate import VulkanPartitioner, to_backend
+
+    ep = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(1, 4),))
+    to_backend(ep, VulkanPartitioner({"executor": "reference"})).save(tmp_path / "lin.vkp")
+    assert main(["generate", str(tmp_path / "lin.vkp"), "--prompt-ids", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert "not a program of vkdelegate.llm.lower: it has no embed_text, prefill, decode " \
+           "methods (its methods: forward)" in err, err

@@ -104,6 +104,9 @@ def run(args) -> int:
              eos_token_id=args.eos_token_id, image=image,
              image_token_id=args.image_token_id, on_token=stream, timings=timings)
     print(flush=True)
+    if not timings["prompt_tokens"]:  # --max-new-tokens 0: nothing ran
+        program.close()
+        return 0
     prefill = timings["prompt_tokens"] / max(timings["prefill_s"], 1e-9)
     decode = timings["decode_tokens"] / max(timings["decode_s"], 1e-9)
     print(f"prefill: {timings['prompt_tokens']} tokens, {prefill:.1f} tokens/s; decode: "
@@ -127,7 +130,8 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus mass to keep, 0..1 (default 1: all tokens)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
     p.add_argument("--eos-token-id", type=int, help="stop after this token")
     p.set_defaults(func=run)

@@ -50,6 +50,24 @@ def splice(text_embeds, ids: list, image_embeds, pooler_mask, image_token_id: in
     return text.unsqueeze(0), ids
 
 
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    """VkDelegateError naming the first argument outside its range."""
+    import math
+
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 0:
+        raise VkDelegateError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and temperature >= 0):
+        raise VkDelegateError(f"temperature must be a finite number >= 0 (0: greedy), "
+                              f"got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise VkDelegateError(f"top_k must be an int >= 0 (0: all tokens), got {top_k!r}")
+    if not (isinstance(top_p, (int, float)) and 0 <= top_p <= 1):
+        raise VkDelegateError(f"top_p must be a number in [0, 1] (1: all tokens), "
+                              f"got {top_p!r}")
+
+
 def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              eos_token_id=None, image=None, image_token_id=None,
@@ -65,15 +83,31 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     the program's vision_encoder; image_token_id: the placeholder it replaces (see
     ``splice``). on_token: called with each new id as it is made (streaming).
     timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens.
-    Raises VkDelegateError for an empty prompt, a sequence longer than the cache, an
-    image without image_token_id or a program without vision_encoder.
+    Raises VkDelegateError for a program without the methods ``lower`` makes, an
+    empty prompt, a negative max_new_tokens, sampling settings outside their ranges
+    (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a sequence longer than the cache,
+    an image without image_token_id or a program without vision_encoder.
     """
+    missing = [m for m in ("embed_text", "prefill", "decode")
+               if m not in getattr(program, "method_names", ())]
+    if missing:
+        raise VkDelegateError(
+            f"not a program of vkdelegate.llm.lower: it has no {', '.join(missing)} "
+            f"method{'s' if len(missing) > 1 else ''} (its methods: "
+            f"{', '.join(getattr(program, 'method_names', ())) or 'none'})")
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
     ids = [int(t) for t in (prompt_ids.reshape(-1).tolist()
                             if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
     if not ids:
         raise VkDelegateError("generate() needs at least one prompt token")
-    if max_new_tokens <= 0:
+    if timings is not None:
+        timings.update(prefill_s=0.0, decode_s=0.0, prompt_tokens=0, decode_tokens=0)
+    if max_new_tokens == 0:
         return []
+    if image is None and len(ids) + max_new_tokens - 1 > cache_length(program):
+        raise VkDelegateError(f"{len(ids)} prompt tokens + {max_new_tokens} new need "
+                              f"{len(ids) + max_new_tokens - 1} cache positions; the "
+                              f"program has {cache_length(program)}")
     eos = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id)))
     start = time.perf_counter()
