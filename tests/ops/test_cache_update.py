@@ -12,6 +12,7 @@ from vkdelegate.errors import VkDelegateError
 
 from tests.ops.harness import check_op, delegated_nodes
 from tests.vulkan_skip import vulkan_unavailable
+from tests.torch_version import needs_torch_213
 
 custom_ops.ensure_defined()
 MOVE = [torch.float32, torch.float16, torch.int32, torch.int64, torch.int8, torch.uint8,
@@ -108,6 +109,7 @@ def _positions(kind, start):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
+@needs_torch_213
 def test_cache_buffer_updated_in_place_persists(kind, dtype):
     if vulkan_unavailable():
         pytest.skip(vulkan_unavailable())
@@ -135,6 +137,7 @@ def test_cache_buffer_updated_in_place_persists(kind, dtype):
         assert torch.count_nonzero(got[0, 0] if kind != "update_cache" else got[0, :, 0]) > 8
 
 
+@needs_torch_213
 def test_cache_position_out_of_range_raises():
     if vulkan_unavailable():
         pytest.skip(vulkan_unavailable())
@@ -150,6 +153,7 @@ def test_cache_position_out_of_range_raises():
 
 
 @pytest.mark.parametrize("kind", ["slice_item", "update_cache", "index_copy"])
+@needs_torch_213
 def test_prefill_of_dynamic_length_then_decode(kind):
     # T rows at a time (a Dim), the position read on the device: prefill 3, decode 2+2.
     if vulkan_unavailable():

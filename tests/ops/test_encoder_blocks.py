@@ -15,6 +15,7 @@ from torch.export import Dim
 
 from tests.ops.harness import check_op
 from tests.ops.test_attention_graphs import _VitBlock  # a pre-norm ViT block on nn.MultiheadAttention
+from tests.torch_version import needs_torch_213
 
 FP16_TOL = dict(rtol=1e-2, atol=1e-2)
 SDPA = "aten.scaled_dot_product_attention.default"
@@ -61,6 +62,7 @@ def _mha_inputs(n, g, dtype):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@needs_torch_213
 def test_multihead_attention_masks_one_partition(dtype, dynamic):
     torch.manual_seed(0)
     seq = Dim("seq", min=2, max=24)

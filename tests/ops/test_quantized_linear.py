@@ -16,6 +16,7 @@ import torch
 
 from tests.ops.harness import check_op, delegated_nodes
 from vkdelegate.backend.quantize import quantize_for_vulkan
+from tests.torch_version import needs_torch_213
 
 pytest.importorskip("torchao")
 
@@ -161,6 +162,7 @@ def test_q4gsw_with_executorch_padding():
                  ops=[Q4GSW], rtol=2e-5, atol=2e-5)
 
 
+@needs_torch_213
 def test_pt2e_static_int8():
     # PT2E (prepare_pt2e / convert_pt2e with torchao's X86InductorQuantizer; torchao
     # 0.18 has no XNNPACK quantizer): static uint8 activations, int8 per-channel

@@ -39,6 +39,20 @@ class KVCache(nn.Module):
             self.register_buffer(f"v_{i}", torch.zeros(1, h, max_seq_len, d, dtype=dtype))
 
 
+def _head_shapes(config):
+    """(KV heads, head dim), each an int or a per-layer list: transformers'
+    ``get_head_shapes`` where it has it (5.24), else from the config's fields (older
+    transformers; one shape for every layer)."""
+    try:
+        from transformers.configuration_utils import get_head_shapes
+    except ImportError:
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or \
+            config.hidden_size // config.num_attention_heads
+        return heads, dim
+    return get_head_shapes(config)
+
+
 class HFDecoder(nn.Module):
     """A HF ``*ForCausalLM`` with our KVCache. ``logits(embeds [1, T, D], start_pos
     int64[1])`` -> float [V], the logits of the last position (final soft-capping
@@ -49,11 +63,10 @@ class HFDecoder(nn.Module):
     def __init__(self, model: nn.Module, max_seq_len: int):
         super().__init__()
         from transformers.cache_utils import StaticCache, StaticLayer
-        from transformers.configuration_utils import get_head_shapes
 
         self.model = model
         config = model.config.get_text_config()
-        heads, dims = get_head_shapes(config)
+        heads, dims = _head_shapes(config)
         n = config.num_hidden_layers
         heads = heads if isinstance(heads, list) else [heads] * n
         dims = dims if isinstance(dims, list) else [dims] * n
