@@ -13,32 +13,30 @@ table plus our registry cover ET's registry. Torch-free.
 """
 from __future__ import annotations
 
-_Q = "quantized (int8/int4) kernels: no quantized op family yet"
-_LLM = "LLM custom op: the fused SDPA / KV-cache work has not landed"
+_Q = ("int8-activation (q8ta) kernel: only weight-only int8/int4 and 8da4w linears "
+      "and the int4 embedding run (ops/families/quantized_linear.py)")
+_QDQ = ("quantize/dequantize op in a blob: not registered (our lowering decomposes "
+        "these to ATen elementwise ops, which run)")
+_ROPE = ("rotary variant not registered (et_vk.apply_rotary_emb and the fused HF "
+         "rotate_half form run)")
 
 #: ET-VK op name -> why vkdelegate does not run it (yet).
 NOT_RUN = {
-    "aten._weight_int8pack_mm.default": _Q,
-    "aten.copy.default": "ET delegates only the no-op copy (same dtype and shape); "
-                         "not registered yet",
     "aten.grid_sampler_2d.default": "no grid-sample kernel yet",
     "aten.max_pool2d.default": "torch.export gives max_pool2d_with_indices, which runs "
                                "(ET's fused form without indices is not registered)",
     "aten.pixel_shuffle.default": "no pixel-shuffle kernel yet",
     "aten.unfold_copy.default": "no unfold kernel yet",
-    "et_vk.apply_rotary_emb.default": _LLM,
-    "et_vk.apply_rotary_emb_hf.default": _LLM,
-    "et_vk.apply_rotary_emb_interleaved.default": _LLM,
-    "et_vk.embedding_q4gsw.default": _Q,
+    "et_vk.apply_rotary_emb_hf.default": _ROPE,
+    "et_vk.apply_rotary_emb_interleaved.default": _ROPE,
     "et_vk.fused_ce.default": "training op (fused cross-entropy): out of scope",
     "et_vk.grid_priors.default": "detection-model custom op: no kernel yet",
     "et_vk.linear_dW.default": "training op (weight gradient): out of scope",
-    "et_vk.linear_dq8ca_q4gsw.default": _Q,
-    "et_vk.linear_q4gsw.default": _Q,
     "et_vk.linear_q4gsw_backward.default": "training op: out of scope",
     "et_vk.linear_q8ta_q8csw.default": _Q,
-    "et_vk.linear_qcs4w.default": _Q,
-    "et_vk.q4gsw_requant.default": _Q,
+    "et_vk.linear_qcs4w.default": ("int4 per-channel linear: torchao makes no pattern for "
+                                   "it; not registered"),
+    "et_vk.q4gsw_requant.default": "int4 requantization: not registered",
     "et_vk.q8ta_add.default": _Q,
     "et_vk.q8ta_conv2d.default": _Q,
     "et_vk.q8ta_conv2d_dw.default": _Q,
@@ -49,23 +47,23 @@ NOT_RUN = {
     "et_vk.q8ta_pixel_shuffle.default": _Q,
     "et_vk.q8ta_relu.default": _Q,
     "et_vk.adamw_step.default": "training op (optimizer step): out of scope",
-    "llama.custom_sdpa.default": _LLM,
-    "llama.sdpa_with_kv_cache.default": _LLM,
-    "llama.update_cache.default": _LLM,
-    "quantized_decomposed.choose_qparams.tensor": _Q,
-    "quantized_decomposed.choose_qparams_per_token_asymmetric.default": _Q,
-    "quantized_decomposed.dequantize_per_channel.default": _Q,
-    "quantized_decomposed.dequantize_per_tensor.default": _Q,
-    "quantized_decomposed.dequantize_per_tensor.tensor": _Q,
-    "quantized_decomposed.dequantize_per_token.default": _Q,
-    "quantized_decomposed.embedding_4bit.dtype": _Q,
-    "quantized_decomposed.quantize_per_channel.default": _Q,
-    "quantized_decomposed.quantize_per_tensor.default": _Q,
-    "quantized_decomposed.quantize_per_tensor.tensor": _Q,
-    "quantized_decomposed.quantize_per_token.default": _Q,
-    "torchao.choose_qparams_affine.default": _Q,
-    "torchao.dequantize_affine.default": _Q,
-    "torchao.quantize_affine.default": _Q,
+    "llama.update_cache.default": ("writes its cache argument in place: our lowering "
+                                   "runs it rewritten as a functional update; an ET blob "
+                                   "holding it does not load yet"),
+    "quantized_decomposed.choose_qparams.tensor": _QDQ,
+    "quantized_decomposed.choose_qparams_per_token_asymmetric.default": _QDQ,
+    "quantized_decomposed.dequantize_per_channel.default": _QDQ,
+    "quantized_decomposed.dequantize_per_tensor.default": _QDQ,
+    "quantized_decomposed.dequantize_per_tensor.tensor": _QDQ,
+    "quantized_decomposed.dequantize_per_token.default": _QDQ,
+    "quantized_decomposed.embedding_4bit.dtype": _QDQ,
+    "quantized_decomposed.quantize_per_channel.default": _QDQ,
+    "quantized_decomposed.quantize_per_tensor.default": _QDQ,
+    "quantized_decomposed.quantize_per_tensor.tensor": _QDQ,
+    "quantized_decomposed.quantize_per_token.default": _QDQ,
+    "torchao.choose_qparams_affine.default": _QDQ,
+    "torchao.dequantize_affine.default": _QDQ,
+    "torchao.quantize_affine.default": _QDQ,
 }
 
 
