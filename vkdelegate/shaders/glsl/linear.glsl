@@ -36,8 +36,8 @@ TENSOR_META(b_meta)
 #ifdef HAS_BIAS
 TENSOR_META(c_meta)
 #endif
-// alpha, beta
-PARAMS(scalars_block) { vec4 scalars; };
+// scalars_block (alpha, beta), batch_offsets and epilogue: shared with the GEMM core.
+#include "gemm.h"
 
 // acc[j] += a[row j, k] * b[k, the tile's 4 columns], for every row j of the tile.
 #ifdef B_PACKED
@@ -65,30 +65,13 @@ void main() {
   const int N = size_at(out_meta, 0);
   const int M = size_at(out_meta, 1);
   const int K = size_at(a_meta, 0);
-  const int nd = ndim_of(out_meta);
   const int n0 = int(gl_GlobalInvocationID.x) * 4;
   const int m0 = int(gl_GlobalInvocationID.y) * M_TILE;
   if (n0 >= N || m0 >= M) {
     return;
   }
-  // Batch offsets from the batch index (dims 2.. of the metadata, innermost first).
-  int rest = int(gl_GlobalInvocationID.z);
-  int a_off = 0;
-  int b_off = 0;
-  int c_off = 0;
-  [[unroll]] for (int d = 2; d < 8; ++d) {
-    if (d < nd) {
-      const int size = size_at(out_meta, d);
-      const int coord = rest % size;
-      rest /= size;
-      a_off += (size_at(a_meta, d) == 1 ? 0 : coord) * stride_at(a_meta, d);
-      b_off += (size_at(b_meta, d) == 1 ? 0 : coord) * stride_at(b_meta, d);
-#ifdef HAS_BIAS
-      c_off += (size_at(c_meta, d) == 1 ? 0 : coord) * stride_at(c_meta, d);
-#endif
-    }
-  }
-  if (rest > 0) {
+  int a_off, b_off, c_off;
+  if (!batch_offsets(int(gl_GlobalInvocationID.z), a_off, b_off, c_off)) {
     return;  // beyond the current batch count (the grid covers the upper bound)
   }
   int rows[M_TILE];
@@ -121,10 +104,6 @@ void main() {
 #endif
     ACCUMULATE(k);
   }
-#ifdef HAS_BIAS
-  const int c_row = size_at(c_meta, 1) == 1 ? 0 : stride_at(c_meta, 1);
-  const int c_col = size_at(c_meta, 0) == 1 ? 0 : stride_at(c_meta, 0);
-#endif
   [[unroll]] for (int j = 0; j < M_TILE; ++j) {
     const int m = m0 + j;
     if (m >= M) {
@@ -136,14 +115,7 @@ void main() {
       if (n >= N) {
         break;
       }
-      float v = scalars.x * acc[j][jj];
-#ifdef HAS_BIAS
-      // ATen ignores the bias (NaN included) when beta is 0.
-      if (scalars.y != 0.0) {
-        v += scalars.y * float(c_data[c_off + m * c_row + n * c_col]);
-      }
-#endif
-      out_data[out_row + n] = OUT_STORE(v);
+      out_data[out_row + n] = OUT_STORE(epilogue(acc[j][jj], c_off, m, n));
     }
   }
 }
