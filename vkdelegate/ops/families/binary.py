@@ -1,7 +1,7 @@
 """Elementwise binary ops with broadcasting on any axis (rank <= 6).
 
 One shader (binary_op.glsl) serves every op of this family; an op is one entry of
-``BINARY_OPS``: its GLSL expression in ``a``, ``b`` (and ``ALPHA`` for add/sub), the
+``BINARY_OPS`` (kernels/elementwise_exprs.py): its GLSL expression in ``a``, ``b`` (and ``ALPHA`` for add/sub), the
 dtypes of its tensor operands and its result rule (``kind``), applied to the promoted
 operand dtype (``promote``: the operand of the highest category, e.g. float32 * bool is
 float32):
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
 from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
 from vkdelegate.kernels.elementwise import load_define, promote
+from vkdelegate.kernels.elementwise_exprs import BINARY_OPS, Binary
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
     storage_defines
@@ -46,94 +46,8 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid
 
 SHADER = "binary_op"
-FLOATS = frozenset({"float32", "float16"})
-ARITH = FLOATS | {"int32", "int64", "int8", "uint8", "bool"}
-NUMERIC = FLOATS | {"int32"}
-WIDE = NUMERIC | {"int64"}  # ops exact on int64 values within the int32 range
-WITH_BOOL = WIDE | {"bool"}
-INT_BOOL = frozenset({"int32", "bool"})
 # x: alpha, as a float (float variants) and as an int (integer variants).
 SCALAR_PARAMS = ParamBlock("scalars_block", [("fscalars", "vec4"), ("iscalars", "ivec4")])
-
-
-@dataclass(frozen=True)
-class Binary:
-    """expr: GLSL expression, or {rounding_mode: expression} (div.Tensor_mode).
-    dtypes: accepted operand dtypes. kind: result rule (see the module docstring).
-    alpha: sign applied to add/sub's alpha (None: the op has no alpha).
-    scalar_pos: operand positions that may be a Python scalar.
-    fp32_scalar: a Python float stays fp32 with an fp16 tensor (ATen's mul and div use
-    the scalar's opmath value; the other ops round it to fp16 first)."""
-
-    expr: "str | dict"
-    dtypes: frozenset
-    kind: str = "arith"
-    alpha: "int | None" = None
-    scalar_pos: tuple = (1,)
-    fp32_scalar: bool = False
-    notes: str = "broadcasting on any axis, scalar operand"
-
-
-_LOGICAL = "broadcasting, any operand dtype (NaN is true), bool result"
-_MOD = ("remainder: sign of the divisor (Python %), fmod: sign of the dividend; float "
-        "quotients exact below 2**24; integer modulo 0 gives 0 (remainder) or the "
-        "dividend (fmod) where ATen raises")
-_POW = "broadcasting, C's results for negative bases and 0**negative; int32 exact"
-BINARY_OPS = {
-    "aten.add.Tensor": Binary("a + ALPHA * b", ARITH, alpha=1,
-                              notes="broadcasting on any axis, alpha, scalar other"),
-    "aten.sub.Tensor": Binary("a + ALPHA * b", ARITH - {"bool"}, alpha=-1,
-                              notes="broadcasting on any axis, alpha, scalar other"),
-    "aten.mul.Tensor": Binary("a * b", ARITH, fp32_scalar=True, notes="broadcasting on any axis, scalar "
-                                                    "other, bool masks"),
-    "aten.div.Tensor": Binary("a / b", WIDE, kind="truediv", fp32_scalar=True,
-                              notes="true division, int32 operands give float32"),
-    "aten.add.Scalar": Binary("a + ALPHA * b", ARITH, alpha=1,
-                              notes="Python-scalar other, alpha"),
-    "aten.sub.Scalar": Binary("a + ALPHA * b", ARITH - {"bool"}, alpha=-1,
-                              notes="Python-scalar other, alpha"),
-    "aten.mul.Scalar": Binary("a * b", ARITH, fp32_scalar=True,
-                              notes="Python-scalar other (attention's scale)"),
-    "aten.div.Scalar": Binary("a / b", WIDE, kind="truediv", fp32_scalar=True,
-                              notes="Python-scalar other; integer self gives float32"),
-    "aten.div.Tensor_mode": Binary({None: "a / b", "trunc": "div_trunc(a, b)",
-                                    "floor": "div_floor(a, b)"}, WIDE,
-                                   fp32_scalar=True,
-                                   notes="rounding_mode None/'trunc'/'floor'; integer "
-                                         "division by zero gives 0 (ATen raises)"),
-    "aten.pow.Tensor_Tensor": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(),
-                                     notes=_POW),
-    "aten.pow.Tensor_Scalar": Binary("pow_edges(a, b)", NUMERIC, notes=_POW),
-    "aten.pow.Scalar": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(0,), notes=_POW),
-    "aten.remainder.Tensor": Binary("remainder_edges(a, b)", NUMERIC, notes=_MOD),
-    "aten.remainder.Scalar": Binary("remainder_edges(a, b)", NUMERIC, notes=_MOD),
-    "aten.fmod.Tensor": Binary("fmod_edges(a, b)", NUMERIC, notes=_MOD),
-    "aten.fmod.Scalar": Binary("fmod_edges(a, b)", NUMERIC, notes=_MOD),
-    "aten.minimum.default": Binary("min_nan(a, b)", WIDE, scalar_pos=(),
-                                   notes="broadcasting, propagates NaN"),
-    "aten.maximum.default": Binary("max_nan(a, b)", WIDE, scalar_pos=(),
-                                   notes="broadcasting, propagates NaN"),
-    "aten.logical_and.default": Binary("(a != ACC_T(0)) && (b != ACC_T(0))", WITH_BOOL,
-                                       kind="logical", scalar_pos=(), notes=_LOGICAL),
-    "aten.logical_or.default": Binary("(a != ACC_T(0)) || (b != ACC_T(0))", WITH_BOOL,
-                                      kind="logical", scalar_pos=(), notes=_LOGICAL),
-    "aten.logical_xor.default": Binary("(a != ACC_T(0)) != (b != ACC_T(0))", WITH_BOOL,
-                                       kind="logical", scalar_pos=(), notes=_LOGICAL),
-    "aten.bitwise_and.Tensor": Binary("a & b", INT_BOOL, "bitwise", scalar_pos=(),
-                                      notes="broadcasting"),
-    "aten.bitwise_or.Tensor": Binary("a | b", INT_BOOL, "bitwise", scalar_pos=(),
-                                     notes="broadcasting"),
-    "aten.bitwise_xor.Tensor": Binary("a ^ b", INT_BOOL, "bitwise", scalar_pos=(),
-                                      notes="broadcasting"),
-}
-for _cmp, _glsl in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
-                    ("ge", ">=")):
-    for _overload in ("Tensor", "Scalar"):
-        BINARY_OPS[f"aten.{_cmp}.{_overload}"] = Binary(
-            f"a {_glsl} b", WITH_BOOL, kind="compare",
-            notes="Python-scalar other, bool result" if _overload == "Scalar"
-            else "broadcasting, bool result",
-            scalar_pos=(1,) if _overload == "Scalar" else ())
 
 
 def _shape(args):

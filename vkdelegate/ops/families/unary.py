@@ -1,4 +1,4 @@
-"""Elementwise unary ops: one entry each in ``UNARY_OPS``.
+"""Elementwise unary ops: one entry each in ``UNARY_OPS`` (kernels/elementwise_exprs.py).
 
 Every op shares unary_op.glsl; an entry gives the GLSL expression in ``x`` (of type
 ACC_T: float for float dtypes, computed in fp32, int for integer dtypes) and the scalar
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Callable, Optional
 
+from vkdelegate.kernels.elementwise_exprs import (INT32_MAX, INT32_MIN, UNARY_OPS,
+                                                 Unary)
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels.rules import same_shape
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
@@ -26,97 +26,8 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "unary_op"
-FLOATS = frozenset({"float32", "float16"})
 # The op's scalar parameters P0..P3: as floats (float variants) and as ints.
 PARAMS = ParamBlock("params_block", [("fparams", "vec4"), ("iparams", "ivec4")])
-NUMERIC = FLOATS | {"int32", "int8"}
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-
-
-@dataclass(frozen=True)
-class Unary:
-    """expr: GLSL expression, or {value of the first scalar argument: expression}, or
-    with ``by_dtype`` {input dtype: expression}.
-    params: scalar arguments -> up to 4 numbers for P0..P3 (None: no parameters).
-    out_bool: the output is bool whatever the input dtype."""
-
-    expr: "str | dict"
-    dtypes: frozenset
-    params: Optional[Callable[[list, bool], tuple]] = None
-    out_bool: bool = False
-    by_dtype: bool = False
-    notes: str = "elementwise"
-
-
-def _bounds(lo, hi, is_float: bool) -> tuple:
-    """clamp's optional bounds, absent ones replaced by the dtype's extremes."""
-    if is_float:
-        return (float("-inf") if lo is None else lo, float("inf") if hi is None else hi)
-    clip = lambda v: max(INT32_MIN, min(INT32_MAX, int(v)))  # noqa: E731
-    return (INT32_MIN if lo is None else clip(lo), INT32_MAX if hi is None else clip(hi))
-
-
-_GELU_TANH = ("0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x),"
-              " -15.0, 15.0)))")
-
-#: aten name -> Unary
-UNARY_OPS = {
-    "aten.relu.default": Unary("KEEP_NAN(x, max(x, ACC_T(0)))", NUMERIC | {"uint8"}),
-    "aten.hardtanh.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))", FLOATS,
-                                   params=lambda s, f: (s[0], s[1]),
-                                   notes="relu6 exports as hardtanh(x, 0, 6)"),
-    "aten.hardswish.default": Unary(
-        "KEEP_NAN(x, x == -INF_F ? NAN_F : x * min(max(x + 3.0, 0.0), 6.0) / 6.0)", FLOATS,
-        notes="x * relu6(x + 3) / 6 as ATen (NaN at -inf); ET-VK keeps it whole"),
-    "aten.clamp.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))",
-                                FLOATS | {"int32"},
-                                params=lambda s, f: _bounds(s[0], s[1], f),
-                                notes="either bound may be None"),
-    "aten.leaky_relu.default": Unary("x > 0.0 ? x : x * P0", FLOATS,
-                                     params=lambda s, f: (s[0],)),
-    "aten.elu.default": Unary("x > 0.0 ? P1 * x : P1 * P0 * expm1_accurate(x * P2)", FLOATS,
-                              params=lambda s, f: (s[0], s[1], s[2]),
-                              notes="alpha, scale, input_scale"),
-    "aten.gelu.default": Unary(
-        {"none": "0.5 * x * (1.0 + erf_approx(x * 0.7071067811865476))",
-         "tanh": _GELU_TANH}, FLOATS, notes="approximate='none' (erf) and 'tanh'"),
-    "aten.neg.default": Unary("-x", NUMERIC),
-    "aten.abs.default": Unary("abs(x)", NUMERIC),
-    "aten.sign.default": Unary("ACC_T(x > ACC_T(0)) - ACC_T(x < ACC_T(0))",
-                               FLOATS | {"int32"}),
-    "aten.sigmoid.default": Unary("1.0 / (1.0 + exp(-x))", FLOATS),
-    "aten.tanh.default": Unary("KEEP_NAN(x, tanh(clamp(x, -15.0, 15.0)))", FLOATS),
-    "aten.exp.default": Unary("exp(x)", FLOATS),
-    "aten.log.default": Unary("log_edges(x)", FLOATS),
-    "aten.log2.default": Unary("x < 0.0 ? NAN_F : (x == 0.0 ? -INF_F : log2(x))", FLOATS),
-    "aten.log10.default": Unary(
-        "x < 0.0 ? NAN_F : (x == 0.0 ? -INF_F : log2(x) * 0.30102999566398120)", FLOATS),
-    "aten.hardshrink.default": Unary("(x >= -P0 && x <= P0) ? 0.0 : x", FLOATS,
-                                     params=lambda s, f: (s[0],),
-                                     notes="0 where |x| <= lambd, x elsewhere (NaN kept)"),
-    "aten.log1p.default": Unary("log1p_accurate(x)", FLOATS,
-                                notes="accurate near 0 (softplus, mish)"),
-    "aten.expm1.default": Unary("expm1_accurate(x)", FLOATS, notes="accurate near 0"),
-    "aten.exp2.default": Unary("exp2(x)", FLOATS),
-    "aten.sqrt.default": Unary("x < 0.0 ? NAN_F : sqrt(x)", FLOATS),
-    "aten.rsqrt.default": Unary("x < 0.0 ? NAN_F : recip_edges(sqrt(x))", FLOATS),
-    "aten.reciprocal.default": Unary("recip_edges(x)", FLOATS),
-    "aten.erf.default": Unary("erf_approx(x)", FLOATS),
-    "aten.erfinv.default": Unary("erfinv_approx(x)", FLOATS,
-                                 notes="+-1 give +-inf, |x| > 1 NaN"),
-    "aten.sin.default": Unary("sin(x)", FLOATS),
-    "aten.cos.default": Unary("cos(x)", FLOATS),
-    "aten.round.default": Unary("roundEven(x)", FLOATS, notes="half to even, as torch"),
-    "aten.floor.default": Unary("floor(x)", FLOATS),
-    "aten.ceil.default": Unary("ceil(x)", FLOATS),
-    "aten.trunc.default": Unary("trunc(x)", FLOATS),
-    "aten.isnan.default": Unary("isnan(x)", FLOATS, out_bool=True, notes="bool output"),
-    "aten.bitwise_not.default": Unary({"int32": "~x", "bool": "x == 0"},
-                                      frozenset({"int32", "bool"}), by_dtype=True,
-                                      notes="~ on int32 and bool tensors"),
-    "aten.logical_not.default": Unary("x == ACC_T(0)", NUMERIC | {"bool"}, out_bool=True,
-                                      notes="any input dtype, bool output"),
-}
 
 
 def _defines(expr: str, out, x, x_dtype: str, has_params: bool) -> dict:
