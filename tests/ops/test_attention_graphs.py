@@ -139,7 +139,8 @@ def test_bert_self_attention_extended_mask(dtype):
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     program = check_op(_BertSelfAttention().to(dtype), (torch.randn(2, 5, 16).to(dtype), mask),
-                       ops=["aten.mul.Tensor",
+                       # the mask's (1 - m) * min is one fused elementwise chain
+                       ops=["vkdelegate.fused_elementwise.default",
                             "aten._softmax.default"], blocklist=DECOMPOSED,
                        **(FP16_TOL if dtype == torch.float16 else {}))
     # export's _assert_tensor_metadata (the mask's dtype at .to()) is removed by the

@@ -11,6 +11,9 @@ NAN, INF = float("nan"), float("inf")
 # fp16 has an 11-bit significand (relative spacing 2**-10 ~ 1e-3); results computed in
 # fp32 and rounded once may differ from eager's by one fp16 ulp.
 FP16_TOL = dict(rtol=2e-3, atol=2e-3)
+# These tests are about each op's own kernel (unary_op.glsl): chains of them stay
+# unfused here (tests/ops/test_fused_elementwise.py runs the same ops fused).
+UNFUSED = {"fuse_elementwise": False}
 
 
 def _data(dtype, shape=(3, 5, 7), low=-4.0, high=4.0):
@@ -116,7 +119,7 @@ def test_edge_values():
     (a failure names the output index, i.e. the position in EDGE_OPS)."""
     fns = [fn for _, fn in EDGE_OPS]
     check_op(lambda x: tuple(fn(x) for fn in fns), (EDGES,),
-             ops=sorted({op for op, _ in EDGE_OPS}))
+             ops=sorted({op for op, _ in EDGE_OPS}), options=UNFUSED)
 
 
 def _nan_bound_propagates() -> bool:
@@ -158,8 +161,8 @@ def test_hardswish_whole_and_hardsigmoid_silu_decompositions_run_on_vulkan():
     torch.manual_seed(0)
     x = torch.randn(5, 11) * 4
     check_op(F.hardswish, (x,), ops=["aten.hardswish.default"])
-    check_op(F.hardsigmoid, (x,), ops=["aten.clamp.default"])
-    check_op(F.silu, (x,), ops=["aten.sigmoid.default"])
+    check_op(F.hardsigmoid, (x,), ops=["aten.clamp.default"], options=UNFUSED)
+    check_op(F.silu, (x,), ops=["aten.sigmoid.default"], options=UNFUSED)
 
 
 def test_more_elementwise():
@@ -178,16 +181,18 @@ def test_more_elementwise():
              (small, x), ops=["aten.log1p.default", "aten.expm1.default",
                               "aten.log2.default", "aten.exp2.default",
                               "aten.trunc.default", "aten.isnan.default"],
-             rtol=2e-3, atol=2e-3)
+             rtol=2e-3, atol=2e-3, options=UNFUSED)
     # fp32-only tolerance for the accuracy claims near 0:
     check_op(lambda s: (torch.log1p(s), torch.expm1(s)), (small,),
-             ops=["aten.log1p.default", "aten.expm1.default"], rtol=1e-5, atol=1e-12)
+             ops=["aten.log1p.default", "aten.expm1.default"], rtol=1e-5, atol=1e-12,
+             options=UNFUSED)
     i = torch.randint(-100, 100, (5, 7), dtype=torch.int32)
     check_op(lambda n: (~n, ~(n > 0), torch.isnan(n.float())), (i,),
-             ops=["aten.bitwise_not.default"])
+             ops=["aten.bitwise_not.default"], options=UNFUSED)
     check_op(lambda t: (torch.log2(t), torch.exp2(t), torch.trunc(t), torch.isnan(t)),
              (x.half(),), ops=["aten.log2.default", "aten.exp2.default",
-                               "aten.trunc.default", "aten.isnan.default"], **FP16_TOL)
+                               "aten.trunc.default", "aten.isnan.default"], **FP16_TOL,
+             options=UNFUSED)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -146,6 +146,10 @@ ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + C
 MESSAGE = "any message"
 MAX_MESSAGE = 4096
 
+#: A fused elementwise chain's steps: text in the grammar of
+#: kernels/elementwise_chain.py, parsed at load (only its fusable ATen ops).
+CHAIN = "a fused elementwise chain"
+
 #: The only str arguments an allowed op takes: enum-like choices, checked at load, so
 #: that no string from a file reaches an operator as anything but one of these values.
 STR_CHOICES = {
@@ -156,6 +160,7 @@ STR_CHOICES = {
     # torch._check(...) in a dynamic-shape program: the text only becomes the message
     # of the error the assert raises.
     "aten._assert_scalar.default": {"assert_msg": MESSAGE},
+    "vkdelegate.fused_elementwise.default": {"steps": CHAIN},
 }
 
 

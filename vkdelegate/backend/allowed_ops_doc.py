@@ -48,6 +48,9 @@ def render() -> str:
     def listed(values) -> str:
         if values == allowed_ops.MESSAGE:
             return f"any text up to {allowed_ops.MAX_MESSAGE} characters"
+        if values == allowed_ops.CHAIN:
+            return ("a chain of fusable ATen ops in the grammar of "
+                    "kernels/elementwise_chain.py, parsed at load")
         return ", ".join(f"`{v}`" for v in values)
 
     choices = "; ".join(

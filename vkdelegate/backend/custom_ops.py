@@ -116,6 +116,42 @@ def ensure_defined() -> None:
 from vkdelegate.backend import custom_ops_llm  # noqa: E402,F401  (declares on import)
 
 
+def _fused_elementwise(inputs, steps, scalars):
+    """The chain's definition: each step's ATen op, in order, on the CPU (or on fake
+    tensors at export)."""
+    import torch
+
+    from vkdelegate.kernels import elementwise_chain as chain
+
+    values = chain.scalar_values(scalars)
+    parsed = chain.parse(steps, len(inputs), len(values))
+    regs = list(inputs)
+    for step in parsed:
+        op = getattr(getattr(torch.ops.aten, step.op.split(".")[1]), step.op.split(".")[2])
+        args = [regs[v] if k == "r" else (v if k == "str" else values[v])
+                for k, v in step.args]
+        if not isinstance(args[0], torch.Tensor):  # a scalar self: a 0-d tensor
+            args[0] = torch.tensor(args[0], dtype=inputs[0].dtype, device=inputs[0].device)
+        if step.args[-1][0] == "str":
+            regs.append(op(args[0], approximate=args[1]))
+        elif step.op in ("aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar",
+                         "aten.sub.Scalar"):
+            regs.append(op(args[0], args[1], alpha=args[2]))
+        else:
+            regs.append(op(*args))
+    return regs[-1].contiguous()
+
+
+#: A chain of float elementwise ops run as one dispatch (kernels/elementwise_chain.py
+#: gives the step language; ``passes/fuse_elementwise`` writes it). The CPU kernel
+#: runs each step's ATen op, so eager and the reference executor agree with the
+#: unfused graph.
+FUSED_ELEMENTWISE = declare_custom_op(
+    "vkdelegate.fused_elementwise.default",
+    "fused_elementwise(Tensor[] inputs, str steps, float[] scalars) -> Tensor",
+    _fused_elementwise)
+
+
 def _conv_with_clamp(x, weight, bias, stride, padding, dilation, transposed,
                      output_padding, groups, output_min=None, output_max=None):
     import torch

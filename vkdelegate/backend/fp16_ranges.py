@@ -141,6 +141,26 @@ def _product_seed(node: torch.fx.Node) -> Optional[str]:
             f"4.3e9 where their mean may fit float16 again")
 
 
+def _fused_seed(node: torch.fx.Node) -> Optional[str]:
+    """The rules above for the steps of a fused chain (vkdelegate.fused_elementwise,
+    passes/fuse_elementwise): a seed when one of its scalars would be one (checked as
+    for add: flushing to 0 counts), or when it holds a product and feeds a sum."""
+    if str(node.target) != "vkdelegate.fused_elementwise.default" or \
+            not _is_float(node.meta.get("val")):
+        return None
+    steps, scalars = node.args[1], node.args[2]
+    for value in scalars:
+        problem = value_problem(value, True)
+        if problem:
+            return f"chain scalar {value!r} {problem}"
+    products = ("aten.mul.Tensor(r", "aten.pow.")
+    sums = [u.name for u in node.users if str(u.target) in SUMS]
+    if sums and any(step.startswith(products) for step in steps.split(";")):
+        return (f"fused chain {node.name} holds a product and feeds {sums[0]}: products "
+                f"of float16 values reach 4.3e9 where their mean may fit float16 again")
+    return None
+
+
 #: CPU ops whose float32 result is one literal, so a delegate reading it knows its value.
 _LITERALS = {"aten.scalar_tensor.default": 0, "aten.full.default": 1}
 
@@ -191,7 +211,7 @@ def fp32_nodes(gm: torch.fx.GraphModule, known: Mapping[str, np.ndarray],
             if node.args[0].name in wide and _is_float(node.meta.get("val")):
                 wide[node.name] = wide[node.args[0].name]
             continue
-        reason = (_scalar_seed(node) or _product_seed(node)
+        reason = (_scalar_seed(node) or _product_seed(node) or _fused_seed(node)
                   or next((f"reads {a.name}: {bad_input[a.name]}"
                            for a in node.all_input_nodes if a.name in bad_input), None))
         if reason is None and str(node.target) == "aten.var.correction" \

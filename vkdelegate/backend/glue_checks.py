@@ -83,6 +83,12 @@ def check_arguments(name: str, fn, args: list, kwargs: dict, where: str) -> None
                 if len(value) > allowed_ops.MAX_MESSAGE:
                     raise VkDelegateError(f"{where} passes {name} a {len(value)}-character "
                                           f"{label}, over {allowed_ops.MAX_MESSAGE}")
+            elif allowed == allowed_ops.CHAIN:
+                from vkdelegate.kernels.elementwise_chain import MAX_INPUTS, MAX_STEPS, parse
+                try:  # the grammar and its op list; the kernel checks the counts
+                    parse(value, MAX_INPUTS, 4 * MAX_STEPS)
+                except VkDelegateError as exc:
+                    raise VkDelegateError(f"{where} passes {name} {label}: {exc}") from None
             elif value not in allowed:
                 expect = (f"one of {', '.join(map(repr, allowed))}" if allowed
                           else "no string")

@@ -22,6 +22,9 @@ Keys (all optional):
   key tiles that are masked for every query row of a workgroup (causal, sliding
   window, boolean masks; kernels/attention.py). Exact: outputs are bit-identical with
   it off, which exists to show that (and to measure the speed-up).
+- ``fuse_elementwise`` (bool, default True): fold chains of float elementwise ops
+  into one ``vkdelegate.fused_elementwise`` node each (backend/passes/fuse_elementwise.py):
+  one dispatch and no intermediate tensors in memory. Off: every op is its own node.
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -52,6 +55,7 @@ class CompileOptions:
     device: Optional[int] = None
     executor: str = "vulkan"
     sdpa_skip_masked_tiles: bool = True
+    fuse_elementwise: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -85,6 +89,7 @@ _SCHEMA = {
     "device": ((int,), None, True),
     "executor": ((str,), _EXECUTORS, False),
     "sdpa_skip_masked_tiles": ((bool,), None, False),
+    "fuse_elementwise": ((bool,), None, False),
 }
 
 

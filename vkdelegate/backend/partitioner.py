@@ -61,6 +61,17 @@ class VulkanPartitioner:
         self.allowlist = _op_names(operator_allowlist)
         self.blocklist = _op_names(operator_blocklist) or frozenset()
 
+    def _fusable(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` may be folded into a fused node: only where it would run on
+        Vulkan itself (``check_node``: the registry's rules, the allow/block lists),
+        the ``fuse_elementwise`` option is on and the lists let the fused op run."""
+        from vkdelegate.backend.custom_ops import FUSED_ELEMENTWISE
+
+        fused = FUSED_ELEMENTWISE.name
+        return self.options.fuse_elementwise and fused not in self.blocklist \
+            and (self.allowlist is None or fused in self.allowlist) \
+            and not self.check_node(node)
+
     def check_node(self, node: torch.fx.Node) -> list[str]:
         """Reasons ``node`` (a call_function node) cannot run on Vulkan; [] if it can.
 
@@ -175,6 +186,7 @@ class VulkanPartitioner:
         from vkdelegate.backend.program_graph import from_exported_program
 
         pg = from_exported_program(ep, self.ops_to_preserve(ep), self.calls_to_preserve(ep))
+        pg.fusable = self._fusable
         run_passes(pg)
         pg.gm.graph.eliminate_dead_code()
         return pg

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
@@ -39,6 +40,10 @@ class ProgramGraph:
     user_outputs: indexes in the output tuple of what the module returns.
     in_spec, out_spec: torch pytree specs of the call's (args, kwargs) and result.
     range_constraints: the decomposed program's symbol -> ValueRanges of dynamic sizes.
+    fusable: for the fusing passes (passes/fuse_elementwise): whether a node may be
+        folded into a fused node; the partitioner sets it (the node would run on
+        Vulkan by itself, the ``fuse_elementwise`` option, its allow/block lists), so a
+        fused node never delegates an op the user kept on the CPU. None: any node.
     """
 
     gm: torch.fx.GraphModule
@@ -53,6 +58,7 @@ class ProgramGraph:
     in_spec: object = None
     out_spec: object = None
     range_constraints: dict = field(default_factory=dict)
+    fusable: Optional[Callable[[torch.fx.Node], bool]] = None
 
     def placeholder(self, name: str) -> torch.fx.Node:
         for node in self.gm.graph.find_nodes(op="placeholder"):

@@ -21,6 +21,20 @@ from vkdelegate.errors import VkDelegateError
 
 _VARIANTS: dict[tuple, tuple[str, dict]] = {}
 _REQUIRES: dict[tuple, tuple[str, ...]] = {}  # variant key -> Vulkan feature names
+_OPEN: dict[str, str] = {}  # shader -> why its variants are made per graph
+
+
+def declare_open(shader: str, why: str) -> None:
+    """Record that ``shader``'s variants are made per graph (a fused elementwise
+    chain's body is the graph's ops), so no list can hold them all: they compile on
+    first use, and the declared ones are only examples (``vkdelegate build-shaders``
+    compiles those)."""
+    _OPEN[shader] = why
+
+
+def is_open(shader: str) -> bool:
+    """Whether ``shader``'s variants are made per graph (``declare_open``)."""
+    return shader in _OPEN
 
 
 def variant_key(shader: str, defines: Mapping[str, str]) -> tuple:

@@ -9,6 +9,7 @@ from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
+from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
@@ -39,6 +40,9 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
+# 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
+#    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
+#    rotary's mul/add) that a fused chain would hide;
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
@@ -47,7 +51,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_rms_norm, fuse_rotary, cache_positions,
-          symbolic_view_sizes, local_symints)
+          fuse_elementwise, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

@@ -1,0 +1,108 @@
+"""``vkdelegate.fused_elementwise``: a chain of float elementwise ops in one dispatch.
+
+Schema (backend/custom_ops.py): ``fused_elementwise(Tensor[] inputs, str steps,
+float[] scalars) -> Tensor``, written by backend/passes/fuse_elementwise.py. ``inputs``:
+1 to 3 float32 or float16 tensors of one dtype, broadcasting against each other as
+ATen's binary ops do; ``steps``: the chain text of kernels/elementwise_chain.py (parsed
+and checked here again at load: a program file can only compose the registered ops'
+expressions); the output has the inputs' dtype and their broadcast shape. One shader,
+fused_elementwise.glsl, through the broadcast plan of the binary ops.
+"""
+from __future__ import annotations
+
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels import elementwise_chain as chain
+from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
+from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import declare_grid, declare_open
+
+NAME = "vkdelegate.fused_elementwise.default"
+SHADER = "fused_elementwise"
+FLOATS = frozenset(chain.DTYPES)
+
+
+def chain_defines(out, inputs: list, steps: list, scalars: list) -> dict:
+    """Defines of fused_elementwise.glsl for ``out`` and ``inputs`` (Tensors or
+    (graph dtype, device dtype) pairs) computing parsed ``steps`` with ``scalars``."""
+    d = storage_defines(OUT=out, **{f"IN{k}": t for k, t in enumerate(inputs)})
+    dtype = out[0] if isinstance(out, tuple) else out.dtype
+    if dtype == "float16":
+        d["ROUND_STEPS"] = "1"
+    d.update(NUM_INPUTS=str(len(inputs)), ACC_T="float", ACC_FLOAT="1",
+             CHAIN_BODY=chain.glsl_body(steps, len(inputs), scalars),
+             CHAIN_RESULT=chain.result_register(steps, len(inputs)))
+    return d
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    n = int(d["NUM_INPUTS"])
+    return Bindings(outputs=("out_data",), inputs=tuple(f"in{k}_data" for k in range(n)),
+                    params=(PLAN_PARAMS,))
+
+
+def _shape(args):
+    shape = ()
+    for t in args[0]:
+        shape = broadcast_shape(shape, tuple(t.shape))
+    return shape
+
+
+def _parse(inputs, steps, scalars):
+    """(parsed steps, scalars as floats); VkDelegateError for a malformed chain."""
+    if not isinstance(scalars, (list, tuple)):
+        raise VkDelegateError("fused elementwise chain: scalars is not a list")
+    values = chain.scalar_values(scalars)
+    return chain.parse(steps, len(inputs), len(values)), values
+
+
+def _rule(node: NodeSpec):
+    inputs, steps, scalars = node.args[:3]
+    if not isinstance(inputs, (list, tuple)) or \
+            not all(isinstance(t, TensorSpec) for t in inputs):
+        return "inputs is not a list of tensors"
+    dtypes = {t.dtype for t in inputs} | {node.outputs[0].dtype}
+    if len(dtypes) != 1:
+        return f"inputs and output of dtypes {sorted(dtypes)} (one float dtype expected)"
+    try:
+        _parse(inputs, steps, scalars)
+    except VkDelegateError as exc:
+        return str(exc)
+    return None
+
+
+def _impl(b, node):
+    inputs_id, steps_id, scalars_id, out_id = node.args
+    inputs, out = b.value(inputs_id), b.tensor(out_id)
+    if not isinstance(inputs, list) or not all(hasattr(t, "buffer") for t in inputs):
+        raise b.error("fused_elementwise expects a list of tensors")
+    if any(t.dtype != out.dtype for t in inputs) or out.dtype not in FLOATS:
+        raise b.error(f"inputs {[t.dtype for t in inputs]} and output {out.dtype}: one "
+                      f"float dtype expected")
+    try:
+        steps, scalars = _parse(inputs, b.value(steps_id), b.value(scalars_id))
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    plan_dispatch(b, SHADER, chain_defines(out, inputs, steps, scalars), out, inputs)
+
+
+register(OpSpec(name=NAME, dtypes=FLOATS, impl=_impl, shape_fn=_shape, rules=(_rule,),
+                notes="fused chains of float unary/binary ops (passes/fuse_elementwise)"))
+
+
+def _example(profile, dtype: str, n: int) -> dict:
+    """A representative variant (SiLU times n-1 more inputs): chains are compiled on
+    demand, since their bodies are the graph's; this one lets build-shaders and the
+    coverage tests compile the shader."""
+    pair = (dtype, device_dtype(dtype, profile))
+    text = "aten.sigmoid.default(r0);" + ";".join(
+        f"aten.mul.Tensor(r{n + k},r{k})" for k in range(n))
+    steps = chain.parse(text, n, 0)
+    return chain_defines(pair, [pair] * n, steps, [])
+
+
+declare_open(SHADER, "the chain's steps are the graph's ops")
+declare_grid(SHADER, _example, profile=STORAGE_PROFILES, dtype=sorted(FLOATS),
+             n=range(1, chain.MAX_INPUTS + 1))

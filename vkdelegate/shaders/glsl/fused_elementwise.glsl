@@ -1,0 +1,47 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+#include "elementwise_math.h"
+#include "broadcast_plan.h"
+
+// A fused chain of float elementwise ops (kernels/elementwise_chain.py): the inputs
+// r0 .. r{NUM_INPUTS-1} are read once per output element through the host's broadcast
+// plan (broadcast_plan.h), CHAIN_BODY computes every step in fp32 registers, and
+// CHAIN_RESULT (the last register) is stored: one dispatch and one pass over memory
+// where the unfused ops took one of each per op.
+// Defines: OUT_T, OUT_STORE(v), IN0_T .. IN2_T (storage types), NUM_INPUTS (1..3),
+// CHAIN_BODY, CHAIN_RESULT, ACC_T=float and ACC_FLOAT (the expressions' types),
+// ROUND_STEPS (a float16 chain: each step's result is rounded as the unfused op's
+// store to float16 storage would round it, so the chain computes what its ops did).
+
+#ifdef ROUND_STEPS
+#define ROUND_STEP(v) float(OUT_STORE(v))
+#else
+#define ROUND_STEP(v) (v)
+#endif
+
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in0_data, IN0_T)
+#if NUM_INPUTS > 1
+TENSOR_IN(in1_data, IN1_T)
+#endif
+#if NUM_INPUTS > 2
+TENSOR_IN(in2_data, IN2_T)
+#endif
+
+void main() {
+  const uint i = linear_id();
+  if (i >= uint(plan_numel())) {
+    return;
+  }
+  const ivec3 o = plan_offsets(i);
+  const float r0 = float(in0_data[o.x]);
+#if NUM_INPUTS > 1
+  const float r1 = float(in1_data[o.y]);
+#endif
+#if NUM_INPUTS > 2
+  const float r2 = float(in2_data[o.z]);
+#endif
+  CHAIN_BODY
+  out_data[i] = OUT_STORE(CHAIN_RESULT);
+}
