@@ -23,8 +23,9 @@
 // elements where the innermost dim and the batch offsets are multiples of 8 (checked
 // at run time, uniform), else 8 scalar loads; outside [M, K] / [K, N] they load
 // zeros, so ragged edges need no other care in the loop.
-// Epilogue: a tile wholly inside the output without bias (or with beta = 0) is scaled
-// by alpha, converted to OUT_T and stored as a matrix; any other goes through this
+// Epilogue: a tile wholly inside the output without bias (or with beta = 0), N a
+// multiple of 8, is scaled by alpha, converted to OUT_T and stored as a matrix; any
+// other goes through this
 // subgroup's part of the (then free) shared a tile, and each invocation stores its
 // valid elements with gemm.h's epilogue.
 // Defines: OUT_T (float or float16_t), OUT_STORE(v), A_T = B_T = float16_t (C_T with
@@ -226,10 +227,12 @@ void main() {
 #endif
 
   const int out_off = zb * M * N;
+  // Matrix stores need 16-byte aligned rows (Vulkan: the lesser of 16 bytes and a
+  // row's size), so N a multiple of 8 (and then so is out_off).
 #ifdef HAS_BIAS
-  const bool direct = scalars.y == 0.0;  // ATen ignores the bias when beta is 0
+  const bool direct = (N & 7) == 0 && scalars.y == 0.0;  // ATen ignores a 0 * bias
 #else
-  const bool direct = true;
+  const bool direct = (N & 7) == 0;
 #endif
   const int region = sg * 64;  // this subgroup's 16 x 16 fp32 staging tile
   const int lane = int(gl_SubgroupInvocationID);
