@@ -49,7 +49,7 @@ class GemmTiles:
     split_k_min_k: int = 2048
     split_k_min_part: int = 256
     coopmat: bool = True
-    coop_large: tuple = (128, 128, 32, 64, 32, 2)
+    coop_large: tuple = (128, 256, 32, 64, 64, 1)
     coop_small: tuple = (64, 64, 32, 32, 32, 2)
     coop_large_min_groups: int = 132
 
@@ -92,6 +92,13 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: and 128 x 64 blocks were no better. vec4 global loads only for fp16 [N, K] weights
 #: in 128 x 128 blocks (30 against 21.8 TFLOP/s); elsewhere they were 10-20% slower.
 #: Split-K aims at 264 workgroups (two per SM of the H200's 132).
+#: Cooperative matrices (fp16), H200 4096^3 linear: 128 x 256 blocks of 8 subgroups
+#: owning 64 x 64 each, BK 32, one shared buffer: 103 TFLOP/s (mm, b [K, N]: 70);
+#: 256 x 128 the same; 128 x 128 with 64 x 32 per subgroup double-buffered 87 (mm 63),
+#: with 64 x 64 per subgroup (4 subgroups) 73; BK 64 82-90; grouping block rows for
+#: L2 and loading all B fragments before the products changed nothing. From one wave
+#: of 132 such blocks on; below (256 x 4096 x 4096: 32 blocks) 64 x 64 blocks of 4
+#: subgroups, 52 TFLOP/s against 38-40 for the large ones.
 DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264)
 
 
