@@ -66,7 +66,7 @@ DTYPES = frozenset({"float32", "float16"})
 
 @dataclass(frozen=True)
 class GemmForm:
-    """The kernel a product runs: ``shader`` (one of the four above), ``tile`` (the
+    """The kernel a product runs: ``shader`` (one of those above), ``tile`` (the
     tiled shader's REG, linear.glsl's M_TILE rows per invocation, conv2d.glsl's
     OC_TILE output channels per invocation; 1 for the simple shader) and ``long_k``
     (linear.glsl's LONG_K form, 16 K steps per iteration; conv2d.glsl's LONG_LOOPS
@@ -75,7 +75,7 @@ class GemmForm:
     shader: str
     tile: int = 1
     long_k: bool = False
-    block: tuple = ()  # the GEMM core's (TM, TN, BK)
+    block: tuple = ()  # core: (TM, TN, BK); gemm_coopmat: (BM, BN, BK, WM, WN, STAGES)
     vec_load: bool = False  # the core's VEC_LOAD (vec4 global loads where aligned)
     splits: int = 1  # the core's split-K parts (SPLIT_K, then gemm_reduce.glsl)
     threads: int = 0  # gemm_coopmat.glsl's invocations per workgroup

@@ -138,7 +138,8 @@ def reduce_defines(out, bias) -> dict:
 def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
                 beta: float = 1.0) -> None:
     """Record out = alpha * (a @ mat) + beta * bias on the node builder ``b`` with
-    ``form`` (the GEMM core or the GEMV path, from kernels/gemm.py's ``select``):
+    ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path, from
+    kernels/gemm.py's ``select``):
     a [..., M, K], mat [..., K, N] (layout "kn") or [..., N, K] ("nk")."""
     nk = layout == "nk"
     shape = (1, 1) + tuple(out.max_shape)
