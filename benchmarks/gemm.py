@@ -8,17 +8,22 @@ read) and a long reduction with few outputs (mm, 256 x 4S x 256: split-K). Each 
 device), "legacy" (the simple shaders: matmul_tiled/matmul.glsl, linear.glsl),
 "small"/"large" (the GEMM core's 64 x 64 / 128 x 128 block forced), "novec" (no vec4
 global loads), "nosplit" (the GPU row without split-K), "gemv2"/"gemv8"
-(2 or 8 outputs per GEMV workgroup instead of 4).
+(2 or 8 outputs per GEMV workgroup instead of 4), "nocoop" (the GPU row without the
+cooperative-matrix form), "TMxTNxBK" (that core block always) or
+"cBMxBNxBKxWMxWNxSTAGES" (that gemm_coopmat.glsl block always). The "kernel" column
+names the shader and block recorded.
 Our time: median of --runs profiled executes (GPU timestamp queries, all dispatches of
 the node). torch: CUDA when available (median of CUDA-event timings), else CPU
 (median wall time). Relative errors (ours and torch's) are against fp64 products of
 up to 64 sampled rows.
 
     python benchmarks/gemm.py [--runs 10] [--size 4096] [--forms table legacy]
+        [--only "linear S^3"] [--dtypes float16]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -38,13 +43,19 @@ FORMS = {"table": None, "legacy": "legacy",
          "novec": gemm_tiles.GemmTiles(vec_load=False),
          "nosplit": gemm_tiles.GemmTiles(vec_load=gemm_tiles.DEFAULT.vec_load),
          "gemv2": gemm_tiles.GemmTiles(gemv_rows=2),
-         "gemv8": gemm_tiles.GemmTiles(gemv_rows=8)}
+         "gemv8": gemm_tiles.GemmTiles(gemv_rows=8),
+         "nocoop": dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)}
 
 
 def form_tiles(form: str):
-    """FORMS' entry, or for "TMxTNxBK" (e.g. 8x8x32) that core block always."""
+    """FORMS' entry, for "TMxTNxBK" (e.g. 8x8x32) that core block always, for
+    "cBMxBNxBKxWMxWNxSTAGES" that cooperative-matrix block always."""
     if form in FORMS:
         return FORMS[form]
+    if form.startswith("c"):
+        block = tuple(int(v) for v in form[1:].split("x"))
+        return dataclasses.replace(gemm_tiles.DEFAULT, coop_large=block,
+                                   coop_large_min_groups=0)
     tm, tn, bk = (int(v) for v in form.split("x"))
     return gemm_tiles.GemmTiles(large=(tm, tn, bk), large_min_groups=0)
 
@@ -77,7 +88,14 @@ def build(device, op, m, k, n, dtype, weight):
 
 
 def ours(device, form, op, m, k, n, dtype, arrays, runs):
-    saved = dict(gemm_tiles.TABLE)
+    saved, chosen = dict(gemm_tiles.TABLE), []
+    select = gemm.select
+
+    def spy(*args, **kwargs):
+        chosen.append(select(*args, **kwargs))
+        return chosen[-1]
+
+    gemm.select = spy
     if form == "legacy":
         gemm_tiles.TABLE[device.info.type] = None
     elif form_tiles(form) is not None:
@@ -85,6 +103,7 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
     try:
         dg = build(device, op, m, k, n, dtype, arrays[1])
     finally:
+        gemm.select = select
         gemm_tiles.TABLE.clear()
         gemm_tiles.TABLE.update(saved)
     inputs = arrays if op == "mm" else arrays[:1]
@@ -94,7 +113,8 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
         for _ in range(runs):
             dg.execute(inputs, profile=True)
             times.append(dg.last_profile.total_ns)
-    return statistics.median(times) / 1e6, out
+    kernel = " ".join(f"{f.shader}{'x'.join(map(str, f.block))}" for f in chosen)
+    return statistics.median(times) / 1e6, out, kernel
 
 
 def reference(op, arrays, runs):
@@ -132,13 +152,14 @@ def main(argv=None) -> int:
     parser.add_argument("--forms", nargs="+", default=["table", "legacy"],
                         help=f"of {', '.join(FORMS)} or a core block TMxTNxBK")
     parser.add_argument("--only", nargs="*", default=None, help="case names to run")
+    parser.add_argument("--dtypes", nargs="*", default=None, help="dtypes to run")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
     device = default_device(args.device)
     rng = np.random.default_rng(0)
     rows = []
     for name, op, m, k, n, dtype in cases(args.size, args.mlp_rows):
-        if args.only and name not in args.only:
+        if (args.only and name not in args.only) or (args.dtypes and dtype not in args.dtypes):
             continue
         a = rng.standard_normal((m, k)).astype(dtype)
         w = rng.standard_normal((k, n) if op == "mm" else (n, k)).astype(dtype)
@@ -151,20 +172,20 @@ def main(argv=None) -> int:
         flop = 2.0 * m * k * n
         for form in args.forms:
             try:
-                ms, out = ours(device, form, op, m, k, n, dtype, (a, w), args.runs)
+                ms, out, kernel = ours(device, form, op, m, k, n, dtype, (a, w), args.runs)
             except Exception as e:  # one failing form must not hide the others' numbers
                 rows.append([f"{name} {m}x{k}x{n}", dtype, form, f"failed: {e}"])
                 print(rows[-1], file=sys.stderr, flush=True)
                 continue
             err = rel_err(out[rows_], exact)
-            rows.append([f"{name} {m}x{k}x{n}", dtype, form, f"{ms:.3f}",
+            rows.append([f"{name} {m}x{k}x{n}", dtype, form, kernel, f"{ms:.3f}",
                          f"{flop / ms / 1e9:.3g}", f"{w.nbytes / ms / 1e9:.3g}" if m == 1 else "",
                          f"{err:.1e}", f"{ref_ms:.3f}", f"{flop / ref_ms / 1e9:.3g}",
                          f"{torch_err:.1e}"])
             print(rows[-1], file=sys.stderr, flush=True)  # progress, should a run be cut
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
           f"torch on {dev}; median of {args.runs} runs\n")
-    print(tabulate(rows, headers=["case M x K x N", "dtype", "form", "ours ms", "TFLOP/s",
+    print(tabulate(rows, headers=["case M x K x N", "dtype", "form", "kernel", "ours ms", "TFLOP/s",
                                   "weight TB/s", "rel err", f"torch {dev} ms", "TFLOP/s",
                                   "torch rel err"]))
     return 0

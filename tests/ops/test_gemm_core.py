@@ -8,6 +8,8 @@ scalar GEMV loads, fp16.
 fp16 tolerance: both sides accumulate in fp32 (eager's CPU fp16 matmul too) and round
 the result once to fp16, whose spacing is 2^-10 |v|; with different summation orders
 the results differ by about one such step, far inside rtol = atol = 1e-2."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -23,10 +25,12 @@ F16 = dict(rtol=1e-2, atol=1e-2)
 
 @pytest.fixture
 def forms(monkeypatch):
-    """Give every device type the GPU row of the tile table (or ``tiles``); collect
-    the forms recorded."""
+    """Give every device type the GPU row of the tile table (or ``tiles``), without its
+    cooperative-matrix form (tests/ops/test_gemm_coopmat.py tests that one), so that
+    fp16 runs the portable core on every device; collect the forms recorded."""
     def use(tiles=gemm_tiles.DEFAULT):
-        monkeypatch.setattr(gemm, "tiles_for", lambda _type: tiles)
+        portable = dataclasses.replace(tiles, coopmat=False)
+        monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
         return seen
 
     seen, splits = [], []

@@ -9,10 +9,13 @@ shaders,
   through vec4 shared-memory tiles with register prefetch, batch broadcast, bias,
   alpha/beta and b as [K, N] or [N, K] (the tile table picks TM, TN, BK, vec4 global
   loads, and split-K for few blocks and a long K: gemm_reduce.glsl adds the parts).
+- gemm_coopmat.glsl, the core's cooperative-matrix form, in place of gemm.glsl for
+  fp16 products on devices with VK_KHR_cooperative_matrix (16 x 16 x 16 FLOAT16 ->
+  FLOAT32 tiles, one fixed subgroup size: gemm_core.coopmat_subgroup).
 - gemv.glsl, the GEMV path for one-row products (LLM decode): the K reduction split
   across a workgroup's invocations, vector loads of a constant B.
 
-kernels/gemm_core.py records those two (``record_core``).
+kernels/gemm_core.py records those three (``record_core``).
 
 On CPU drivers (llvmpipe) the core for aten.mm, else three shaders, plus one path
 of a fourth:
@@ -41,8 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vkdelegate.kernels import gemm_core, loop_limit
-from vkdelegate.kernels.gemm_core import (CORE_SHADER, GEMV_SHADER, GEMV_THREADS,
-                                          LINEAR_SCALARS, record_core)
+from vkdelegate.kernels.gemm_core import (COOPMAT_SHADER, CORE_SHADER, GEMV_SHADER,
+                                          GEMV_THREADS, LINEAR_SCALARS, coopmat_subgroup,
+                                          coopmat_threads, record_core)
 from vkdelegate.kernels.gemm_tiles import tiles_for
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
@@ -62,7 +66,7 @@ DTYPES = frozenset({"float32", "float16"})
 
 @dataclass(frozen=True)
 class GemmForm:
-    """The kernel a product runs: ``shader`` (one of the four above), ``tile`` (the
+    """The kernel a product runs: ``shader`` (one of those above), ``tile`` (the
     tiled shader's REG, linear.glsl's M_TILE rows per invocation, conv2d.glsl's
     OC_TILE output channels per invocation; 1 for the simple shader) and ``long_k``
     (linear.glsl's LONG_K form, 16 K steps per iteration; conv2d.glsl's LONG_LOOPS
@@ -71,12 +75,15 @@ class GemmForm:
     shader: str
     tile: int = 1
     long_k: bool = False
-    block: tuple = ()  # the GEMM core's (TM, TN, BK)
+    block: tuple = ()  # core: (TM, TN, BK); gemm_coopmat: (BM, BN, BK, WM, WN, STAGES)
     vec_load: bool = False  # the core's VEC_LOAD (vec4 global loads where aligned)
     splits: int = 1  # the core's split-K parts (SPLIT_K, then gemm_reduce.glsl)
+    threads: int = 0  # gemm_coopmat.glsl's invocations per workgroup
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
+        if self.shader == COOPMAT_SHADER:
+            return -(-k // self.block[2]) + 1
         if self.shader == CORE_SHADER:
             return -(-k // (self.block[2] * self.splits)) + 1
         if self.shader == GEMV_SHADER:
@@ -113,8 +120,10 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
            nk: bool = False) -> GemmForm:
     """The form of a ``batch`` of [m, k] x [k, n] products (upper-bound sizes) on the
     device ``info`` (a DeviceInfo). Where the tile table (kernels/gemm_tiles.py) has a
-    row for the device type: the GEMV path for one row (m == 1), else the GEMM core
-    with the row's block for that output (and its VEC_LOAD choice for graph dtype
+    row for the device type: the GEMV path for one row (m == 1), else for ``dtype``
+    float16 on a device with cooperative matrices (gemm_core.coopmat_subgroup) and
+    the row's ``coopmat`` the core's cooperative-matrix form with the row's
+    ``coop_block``, else the GEMM core with the row's block for that output (and its VEC_LOAD choice for graph dtype
     ``dtype`` and b [N, K] when ``nk``), both per the row's ``plain_only`` and
     ``gemv``. Otherwise:
     plain: two matrices, no batch, bias or scaling (aten.mm),
@@ -132,6 +141,11 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
     if tiles is not None and (plain or not tiles.plain_only):
         if m == 1 and tiles.gemv:
             return GemmForm(GEMV_SHADER, tiles.gemv_rows)
+        subgroup = coopmat_subgroup(info.capabilities) if tiles.coopmat else 0
+        if m != 1 and dtype == "float16" and subgroup:
+            block = tiles.coop_block(batch, m, n)
+            return GemmForm(COOPMAT_SHADER, block=block,
+                            threads=coopmat_threads(block, subgroup))
         if m != 1:
             block = tiles.core_block(batch, m, n)
             return GemmForm(CORE_SHADER, block=block,
@@ -178,7 +192,7 @@ def mm(b, out, a, w, transposed: bool) -> None:
     m, n = out.max_shape
     form = checked_select(b, m, n, a.max_shape[1], plain=True, dtype=out.dtype,
                           nk=transposed)
-    if form.shader in (CORE_SHADER, GEMV_SHADER):
+    if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
         record_core(b, form, out, a, w, None, "nk" if transposed else "kn")
         return
     if form.shader == TILED_SHADER:
@@ -233,7 +247,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     k = a.max_shape[-1] if a.ndim else 1
     form = checked_select(b, shape[-2], shape[-1], k, plain=False,
                           batch=math.prod(shape[:-2]), dtype=out.dtype, nk=layout != "kn")
-    if form.shader in (CORE_SHADER, GEMV_SHADER):
+    if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
         # The core reads a constant [N, K] weight in place: no packing.
         record_core(b, form, out, a, mat, bias, "kn" if layout == "kn" else "nk",
                     alpha, beta)

@@ -3,6 +3,10 @@
 - gemm.glsl, the GEMM core (a ``form.block`` of (TM, TN, BK); ``form.vec_load``);
   with ``form.splits`` > 1 split-K: the core's SPLIT_K pass into an fp32 scratch,
   then gemm_reduce.glsl's sum and epilogue;
+- gemm_coopmat.glsl, the core's cooperative-matrix form for fp16 data
+  (GL_KHR_cooperative_matrix 16 x 16 x 16 FLOAT16 -> FLOAT32 tiles; a ``form.block``
+  of (BM, BN, BK, WM, WN, STAGES), ``form.threads`` invocations per workgroup), on
+  devices where ``coopmat_subgroup`` says it runs;
 - gemv.glsl, the GEMV path for one row (``form.tile`` outputs per workgroup for
   b [N, K]).
 
@@ -23,6 +27,13 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 CORE_SHADER = "gemm"
+COOPMAT_SHADER = "gemm_coopmat"
+#: What gemm_coopmat.glsl needs of the device (capability-table names).
+COOPMAT_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess")
+#: The cooperative-matrix shape it uses: M, N, K and the A, B, C, result component types
+#: (VkCooperativeMatrixPropertiesKHR, VK_KHR_cooperative_matrix).
+COOPMAT_SHAPE = (16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR")
+COOPMAT_SUBGROUPS = (32, 64)  # subgroup sizes its variants are declared for
 REDUCE_SHADER = "gemm_reduce"  # split-K's second pass
 GEMV_SHADER = "gemv"
 GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
@@ -38,9 +49,10 @@ def _bindings(inputs: tuple, d) -> Bindings:
 
 
 @shader_bindings(CORE_SHADER)
+@shader_bindings(COOPMAT_SHADER)
 @shader_bindings(GEMV_SHADER)
 def product_bindings(d) -> Bindings:
-    """Bindings of gemm.glsl, gemv.glsl and linear.glsl (defines ``d``): out_data;
+    """Bindings of gemm.glsl, gemm_coopmat.glsl, gemv.glsl and linear.glsl (defines ``d``): out_data;
     a_data, b_data (c_data with HAS_BIAS); out/a/b (c) metadata; scalars_block."""
     return _bindings(("a_data", "b_data"), d)
 
@@ -81,6 +93,42 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     return d
 
 
+def coopmat_subgroup(caps) -> int:
+    """The subgroup size gemm_coopmat.glsl runs with on a device whose capability table
+    (vkdelegate/capabilities.py) is ``caps``, or 0 where it cannot run: it needs
+    COOPMAT_REQUIRES, the COOPMAT_SHAPE among the device's cooperative-matrix shapes,
+    and one fixed subgroup size (minSubgroupSize == maxSubgroupSize, one of
+    COOPMAT_SUBGROUPS), since its workgroup is a fixed number of subgroups."""
+    if caps.missing(COOPMAT_REQUIRES):
+        return 0
+    shapes = {(s.m, s.n, s.k, s.a, s.b, s.c, s.result)
+              for s in caps.cooperative_matrix_shapes}
+    size = caps.subgroup_size
+    fixed = caps.min_subgroup_size in (0, size) and caps.max_subgroup_size in (0, size)
+    return size if COOPMAT_SHAPE in shapes and fixed and size in COOPMAT_SUBGROUPS else 0
+
+
+def coopmat_threads(block: tuple, subgroup: int) -> int:
+    """Invocations per workgroup of gemm_coopmat.glsl's ``block`` (BM, BN, BK, WM, WN,
+    STAGES) with subgroups of ``subgroup`` invocations."""
+    bm, bn, _, wm, wn, _ = block
+    return (bm // wm) * (bn // wn) * subgroup
+
+
+def coopmat_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> dict:
+    """Defines of gemm_coopmat.glsl (tensors as for ``core_defines``; fp16 a and b
+    stored as fp16) for ``block`` (BM, BN, BK, WM, WN, STAGES) and ``threads``
+    invocations per workgroup."""
+    tensors = dict(OUT=out, A=a, B=b)
+    if bias is not None:
+        tensors["C"] = bias
+    d = storage_defines(**tensors)
+    bm, bn, bk, wm, wn, stages = block
+    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None), BM=str(bm), BN=str(bn),
+             BK=str(bk), WM=str(wm), WN=str(wn), STAGES=str(stages), THREADS=str(threads))
+    return d
+
+
 def reduce_defines(out, bias) -> dict:
     """Defines of gemm_reduce.glsl for ``out`` and ``bias`` (None or its Tensor)."""
     tensors = dict(OUT=out) if bias is None else dict(OUT=out, C=bias)
@@ -90,7 +138,8 @@ def reduce_defines(out, bias) -> dict:
 def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
                 beta: float = 1.0) -> None:
     """Record out = alpha * (a @ mat) + beta * bias on the node builder ``b`` with
-    ``form`` (the GEMM core or the GEMV path, from kernels/gemm.py's ``select``):
+    ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path, from
+    kernels/gemm.py's ``select``):
     a [..., M, K], mat [..., K, N] (layout "kn") or [..., N, K] ("nk")."""
     nk = layout == "nk"
     shape = (1, 1) + tuple(out.max_shape)
@@ -102,7 +151,11 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
-    if form.shader == CORE_SHADER:
+    if form.shader == COOPMAT_SHADER:
+        bm, bn = form.block[:2]
+        defines = coopmat_defines(out, a, mat, bias, nk, form.block, form.threads)
+        grid, local = (-(-n // bn) * form.threads, -(-m // bm), batch), (form.threads, 1, 1)
+    elif form.shader == CORE_SHADER:
         tm, tn, _ = form.block
         defines = core_defines(out, a, mat, bias, nk, block=form.block,
                                vec_load=form.vec_load)
@@ -165,11 +218,25 @@ def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int) -> "dict 
                         rows=GPU_TILES.gemv_rows, vec=vec)
 
 
+def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
+                     subgroup: int) -> "dict | None":
+    bm, bn, bk, _, _, _ = block
+    threads = coopmat_threads(block, subgroup)
+    if (bm * bk // 8) % threads or (bn * bk // 8) % threads:
+        return None  # not whole uvec4 loads per invocation: never chosen
+    return coopmat_defines(dtype, "float16", "float16", "float16" if bias else None, nk,
+                           block, threads)
+
+
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
 _ROWS = [GPU_TILES] + [t for t in TABLE.values() if t is not None]  # tile-table rows
 _BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS})
 declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
              block=_BLOCKS, vec_load=(False, True), split=(False, True))
+declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
+             dtype=("float16",), nk=(False, True), bias=(False, True),
+             block=sorted({t.coop_large for t in _ROWS} | {t.coop_small for t in _ROWS}),
+             subgroup=COOPMAT_SUBGROUPS)
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8))

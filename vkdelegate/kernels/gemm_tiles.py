@@ -3,6 +3,9 @@
 ``kernels/gemm.py`` asks ``tiles_for(info.type)`` for the row of the device it records
 on (None: the simple shaders matmul.glsl / linear.glsl for every product). GPUs get
 the GEMM core (gemm.glsl) and the GEMV path (gemv.glsl) with the blocks below.
+Where the device has cooperative matrices (16 x 16 x 16, FLOAT16 -> FLOAT32) fp16
+products take the core's cooperative-matrix form (gemm_coopmat.glsl) with the
+``coop_large`` / ``coop_small`` blocks instead.
 CPU drivers (llvmpipe) get the core's 128 x 128 block for aten.mm only: there it
 took 1/12 (256^3) to 1/14 (512^3) of matmul.glsl's time with b at run time, while
 linear.glsl stayed as fast as the core for the other products and much faster than
@@ -28,7 +31,12 @@ class GemmTiles:
     "kn"/"nk", block) triples that take them. Split-K: a product whose block gives at
     most a quarter of ``split_k_groups`` workgroups (0: never) and whose K is at least
     ``split_k_min_k`` has its K split in up to ``split_k_groups`` / groups parts
-    (each of at least ``split_k_min_part`` k, at most 64 parts)."""
+    (each of at least ``split_k_min_part`` k, at most 64 parts).
+    ``coopmat``: fp16 products (m > 1) take gemm_coopmat.glsl where the device has
+    cooperative matrices; ``coop_large`` / ``coop_small``: its (BM, BN, BK, WM, WN,
+    STAGES) blocks (a BM x BN block per workgroup of (BM / WM) * (BN / WN) subgroups,
+    each owning WM x WN outputs; K steps of BK; STAGES 2: double-buffered shared
+    tiles), ``coop_large`` from ``coop_large_min_groups`` such blocks on."""
 
     large: tuple = (8, 8, 16)
     small: tuple = (4, 4, 16)
@@ -40,12 +48,22 @@ class GemmTiles:
     split_k_groups: int = 0
     split_k_min_k: int = 2048
     split_k_min_part: int = 256
+    coopmat: bool = True
+    coop_large: tuple = (128, 256, 32, 64, 64, 1)
+    coop_small: tuple = (64, 64, 32, 32, 32, 2)
+    coop_large_min_groups: int = 132
 
     def core_block(self, batch: int, m: int, n: int) -> tuple:
         """(TM, TN, BK) for a [batch, m, n] output."""
         tm, tn, _ = self.large
         groups = batch * -(-m // (16 * tm)) * -(-n // (16 * tn))
         return self.large if groups >= self.large_min_groups else self.small
+
+    def coop_block(self, batch: int, m: int, n: int) -> tuple:
+        """(BM, BN, BK, WM, WN, STAGES) of gemm_coopmat.glsl for a [batch, m, n] output."""
+        bm, bn = self.coop_large[:2]
+        groups = batch * -(-m // bm) * -(-n // bn)
+        return self.coop_large if groups >= self.coop_large_min_groups else self.coop_small
 
     def splits(self, batch: int, m: int, n: int, k: int, block: tuple) -> int:
         """How many parts split-K cuts K into for this product and ``block`` (1: none)."""
@@ -66,7 +84,7 @@ class GemmTiles:
 #: Device type (DeviceInfo.type: "cpu", "discrete", "integrated", "virtual", "other")
 #: -> its tiles.
 TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
-                                vec_load=False)}
+                                vec_load=False, coopmat=False)}
 #: The GPU row, from the H200 (4096^3, fp32/fp16, 5-run medians that moved up to 15%
 #: between runs of one configuration): 128 x 128 blocks from 256 of them (1024 at
 #: 4096^2: 22.7-27.5 TFLOP/s fp32 against 18.8-21.7 for 64 x 64), 64 x 64 below
@@ -74,6 +92,13 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: and 128 x 64 blocks were no better. vec4 global loads only for fp16 [N, K] weights
 #: in 128 x 128 blocks (30 against 21.8 TFLOP/s); elsewhere they were 10-20% slower.
 #: Split-K aims at 264 workgroups (two per SM of the H200's 132).
+#: Cooperative matrices (fp16), H200 4096^3 linear: 128 x 256 blocks of 8 subgroups
+#: owning 64 x 64 each, BK 32, one shared buffer: 103 TFLOP/s (mm, b [K, N]: 70);
+#: 256 x 128 the same; 128 x 128 with 64 x 32 per subgroup double-buffered 87 (mm 63),
+#: with 64 x 64 per subgroup (4 subgroups) 73; BK 64 82-90; grouping block rows for
+#: L2 and loading all B fragments before the products changed nothing. From one wave
+#: of 132 such blocks on; below (256 x 4096 x 4096: 32 blocks) 64 x 64 blocks of 4
+#: subgroups, 52 TFLOP/s against 38-40 for the large ones.
 DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264)
 
 
