@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm import sampler
 
 
@@ -71,7 +72,8 @@ class HFDecoder(nn.Module):
     int64[1])`` -> float [V], the logits of the last position (final soft-capping
     included); ``embed(tokens int64[1, T])`` -> [1, T, D], the model's own input
     embedding (Gemma's sqrt(hidden) scale included).
-    Raises ValueError (from transformers) for a model without a static cache."""
+    Raises ValueError (from transformers) for a model without a static cache, and
+    VkDelegateError for one that ignores the cache it is given."""
 
     def __init__(self, model: nn.Module, max_seq_len: int):
         super().__init__()
@@ -105,6 +107,11 @@ class HFDecoder(nn.Module):
                      + start_pos).unsqueeze(0)
         out = self.model(inputs_embeds=embeds, position_ids=positions,
                          use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
+        used = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if used is not cache:  # the model made its own cache: ours would stay empty
+            raise VkDelegateError(f"{type(self.model).__name__} did not use the static "
+                                  f"cache passed as {self._cache_kwarg}= (transformers "
+                                  f"cache interface not supported)")
         return out.logits[0, -1]
 
 
