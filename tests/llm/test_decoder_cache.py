@@ -55,3 +55,40 @@ def test_repeat_kv_of_the_cache_folds_into_gqa_sdpa():
         assert [tuple(a.meta["val"].shape) for a in n.args[1:3]] == [(1, 2, 16, 16)] * 2
     assert not any(n.target == aten.expand.default and n.meta["val"].dim() == 5
                    for n in graph.nodes)
+
+
+class _Cache(torch.nn.Module):
+    """A cache written at positions (index_copy_, as transformers' StaticLayer does) and
+    read after; with ``peek`` its old value is read first too (then it cannot be
+    updated in place: the copy stays)."""
+
+    def __init__(self, peek: bool):
+        super().__init__()
+        self.peek = peek
+        self.register_buffer("cache", torch.zeros(1, 2, 8, 4))
+
+    def forward(self, k, pos):
+        old = self.cache.sum() if self.peek else 0.0
+        self.cache.index_copy_(2, pos, k)
+        return self.cache * 2.0 + old
+
+
+@pytest.mark.parametrize("peek", [False, True], ids=["in_place", "read_before"])
+def test_state_update_in_place_only_where_nothing_else_reads_it(peek):
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate import VulkanPartitioner, to_backend
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    eager = _Cache(peek)
+    program = to_backend(torch.export.export(
+        _Cache(peek), (torch.zeros(1, 2, 1, 4), torch.tensor([0]))), VulkanPartitioner())
+    gen = torch.Generator().manual_seed(3)
+    for step in (0, 3, 1, 7):
+        k, pos = torch.randn(1, 2, 1, 4, generator=gen), torch.tensor([step])
+        torch.testing.assert_close(program(k, pos), eager(k, pos), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(program.state_dict()["cache"], eager.cache)
+    (graph,) = [d.loaded for d in program.runner("forward").delegates]
+    ((i, j),) = graph.state_bindings.items()
+    assert (graph.outputs[j].buffer is graph.inputs[i].buffer) == (not peek)
+    assert program.last_transfer()["state_upload_bytes"] == 0
