@@ -6,13 +6,19 @@ The model is transformers' LlamaForCausalLM with seeded random weights, shaped l
 Llama-3.2-1B by default (hidden 2048, 16 layers, 32 heads / 8 KV heads, FFN 8192,
 vocab 128256, tied embeddings), fp16 (``--dtype``). ``--layers``/``--hidden``/
 ``--vocab`` shrink it (lavapipe). Decode tokens/s: ours from ``generate``'s timings
-(decode calls only); HF's from the time of ``generate`` with N new tokens minus the
-time with 1 (its prefill), both with a static number of tokens (min_new_tokens).
-"HBM share": weight bytes read per decode step x tokens/s over ``--hbm-tbps``
-(H200: 4.8 TB/s); the KV cache read is added. Prints a table and writes JSON.
+(decode calls only, host round trip of each step included); HF's from the time of
+``generate`` with N new tokens minus the time with 1 (its prefill), both with a static
+number of tokens (min_new_tokens). "GB read / token": the linear weights (the LM head
+too) at the format's bytes per weight plus K and V up to the mean decode position, the
+least a decode step must read; "HBM share": that x tokens/s over ``--hbm-tbps`` (H200:
+4.8 TB/s). "host B / step": bytes the last decode step moved between host and device
+(asserted: no cache state, at most token + position + sampling vector + next id).
+``--profile N`` adds one profiled decode step per format (its N costliest ops). Prints
+each format's row as it is measured, a table, and writes JSON after each format.
 
     python benchmarks/llm_decode.py [--new-tokens 64] [--prompt 32] [--layers 16]
-        [--dtype float16] [--max-seq-len 256] [--quantization none int8 int4] [--json F]
+        [--dtype float16] [--max-seq-len 256] [--quantization none int8 int4]
+        [--profile 12] [--json F]
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import time
 import torch
 from tabulate import tabulate
 
+from vkdelegate.llm import generate
 from vkdelegate.runtime.device import default_device
 
 
@@ -47,8 +54,11 @@ def build(args):
 
 
 def hf_decode_tps(model, prompt, new_tokens: int, device: str, runs: int) -> tuple:
-    """(decode tokens/s, token ids) of HF eager generate on ``device``."""
-    model = model.to(device)
+    """(decode tokens/s, token ids) of HF eager generate on ``device`` (on a copy of
+    ``model`` there; the model itself stays on the CPU for lowering)."""
+    import copy
+
+    model = copy.deepcopy(model).to(device)
     ids = torch.tensor([prompt], device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -66,7 +76,50 @@ def hf_decode_tps(model, prompt, new_tokens: int, device: str, runs: int) -> tup
         one = statistics.median(gen(1)[0] for _ in range(runs))
         full = [gen(new_tokens) for _ in range(runs)]
     t = statistics.median(x[0] for x in full)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return (new_tokens - 1) / max(t - one, 1e-9), full[-1][1]
+
+
+def linear_params(model) -> int:
+    """Weights of every nn.Linear (the LM head too, also when tied to the embedding:
+    decode reads it whole, the embedding table one row)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+#: Weight bytes per linear weight read by a decode step (scales and zero points not
+#: counted: 2 / group_size bytes more for int4, 2 / K for int8).
+WEIGHT_BYTES = {"int8": 1.0, "int4": 0.5, "8da4w": 0.5}
+
+#: Host <-> device bytes a decode step may move: up the token (int64[1, 1]), the
+#: position (int64[1]) and the sampling vector (float32[4]); down the next id (int64).
+STEP_HOST_BYTES = 8 + 8 + 16 + 8
+
+
+def decode_profile(program, prompt, top: int) -> tuple:
+    """(rows of (op, dispatches, GPU us, share) for the ``top`` ops by GPU time, total
+    GPU us, dispatches) of one profiled decode step after a prefill of ``prompt``."""
+    from collections import defaultdict
+
+    generate(program, prompt, 2)
+    program.set_profiling(True)
+    try:
+        program.decode(torch.tensor([[1]]), torch.tensor([len(prompt) + 1]),
+                       torch.tensor([0.0, 0.0, 1.0, 0.5]))
+    finally:
+        program.set_profiling(False)
+    by_op, count = defaultdict(float), defaultdict(int)
+    n = 0
+    for _, profile in program.last_profiles("decode"):
+        for d in profile.dispatches:
+            by_op[d.op] += d.duration_ns / 1e3
+            count[d.op] += 1
+            n += 1
+    total = sum(by_op.values()) or 1.0
+    rows = sorted(((op, count[op], round(us, 1), f"{100 * us / total:.1f}%")
+                   for op, us in by_op.items()), key=lambda r: -r[2])[:top]
+    return rows, total, n
 
 
 def main() -> None:
@@ -87,80 +140,106 @@ def main() -> None:
                          "eager runs the unquantized model)")
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile one decode step per format: its N costliest ops")
     ap.add_argument("--hbm-tbps", type=float, default=4.8,
                     help="memory bandwidth for the roofline share (H200 HBM3e: 4.8)")
     ap.add_argument("--json", default="llm_decode.json")
     args = ap.parse_args()
 
-    from vkdelegate.llm import generate, lower
+    import copy
+
+    from vkdelegate.llm import lower
 
     model = build(args)
     n_params = sum(p.numel() for p in model.parameters())
-    weight_bytes = n_params * model.dtype.itemsize
+    n_linear = linear_params(model)
+    itemsize = model.dtype.itemsize
     head_dim = args.hidden // args.heads
     # K and V of every layer up to the mean position of the decode steps.
     mean_pos = args.prompt + args.new_tokens / 2
-    kv_bytes = 2 * args.layers * args.kv_heads * head_dim * mean_pos * model.dtype.itemsize
-    step_bytes = weight_bytes + kv_bytes
+    kv_bytes = 2 * args.layers * args.kv_heads * head_dim * mean_pos * itemsize
     prompt = torch.randint(1, args.vocab, (args.prompt,),
                            generator=torch.Generator().manual_seed(1)).tolist()
+    hbm = args.hbm_tbps * 1e12
 
-    import copy
+    def step_bytes(scheme):
+        return n_linear * WEIGHT_BYTES.get(scheme, itemsize) + kv_bytes
 
-    rows, ours_all, ours_ids, cpu_nodes, lower_s = [], {}, None, {}, {}
+    hf_device = "cuda" if torch.cuda.is_available() else "cpu"
+    hf, hf_ids = hf_decode_tps(model, prompt, args.new_tokens, hf_device, args.runs)
+    print(f"HF eager generate ({hf_device}): {hf:.1f} decode tokens/s", flush=True)
+    device = default_device()
+    result = {"machine": platform.node(), "vulkan_device": device.info.name,
+              "torch": torch.__version__, "params": n_params, "dtype": args.dtype,
+              "layers": args.layers, "new_tokens": args.new_tokens, "prompt": args.prompt,
+              "max_seq_len": args.max_seq_len, "hf_tps": hf, "hf_device": hf_device,
+              "ours_tps": {}, "lower_s": {}, "build_s": {}, "step_bytes": {},
+              "host_bytes_per_step": {}, "cpu_nodes": {}, "tokens_equal_prefix": {},
+              "profile": {}}
+    rows = []
     for scheme in args.quantization:
         m = model if scheme == "none" else copy.deepcopy(model)
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
                         quantization=None if scheme == "none" else scheme,
                         group_size=args.group_size)
-        lower_s[scheme] = time.perf_counter() - t0
+        result["lower_s"][scheme] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
         program.build()
         generate(program, prompt, 4)  # warm-up: pipelines, first uploads
+        result["build_s"][scheme] = round(time.perf_counter() - t0, 1)
         tps = []
         for _ in range(args.runs):
             timings: dict = {}
             ids = generate(program, prompt, args.new_tokens, timings=timings)
             tps.append(timings["decode_tokens"] / timings["decode_s"])
-        if scheme == "none":
-            ours_ids = ids
-        ours_all[scheme] = tps
-        cpu_nodes[scheme] = {k: len(program.methods[k].report.cpu_nodes)
-                             for k in program.method_names}
+        moved = program.last_transfer("decode")
+        host = moved["upload_bytes"] + moved["download_bytes"]
+        # No host copy of the cache (or of the logits) in a decode step.
+        assert moved["state_upload_bytes"] == moved["state_download_bytes"] == 0, moved
+        assert host <= STEP_HOST_BYTES, moved
+        ours = statistics.median(tps)
+        if scheme == "none":  # greedy fp16 tokens vs HF's on the same weights
+            result["tokens_equal_prefix"] = next(
+                (i for i, (a, b) in enumerate(zip(ids, hf_ids)) if a != b), len(ids))
+        result["ours_tps"][scheme] = tps
+        result["step_bytes"][scheme] = step_bytes(scheme)
+        result["host_bytes_per_step"][scheme] = host
+        result["cpu_nodes"][scheme] = {k: len(program.methods[k].report.cpu_nodes)
+                                       for k in program.method_names}
+        name = scheme if scheme != "none" else args.dtype
+        rows.append((f"vkdelegate (Vulkan), {name}", f"{ours:.1f}", f"{ours / hf:.2f}x",
+                     f"{step_bytes(scheme) / 1e9:.3f}",
+                     f"{100 * ours * step_bytes(scheme) / hbm:.1f}%", host))
+        print(f"{rows[-1]}; lowering {result['lower_s'][scheme]} s, build "
+              f"{result['build_s'][scheme]} s; per step {moved}", flush=True)
+        if args.profile:
+            prof, total, n = decode_profile(program, prompt, args.profile)
+            result["profile"][scheme] = {"gpu_us": total, "dispatches": n, "top": prof}
+            print(f"decode step ({name}): {n} dispatches, {total:.0f} us GPU time "
+                  f"(profiled: a barrier between dispatches)")
+            print(tabulate(prof, headers=("op", "dispatches", "GPU us", "share")),
+                  flush=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
         program.close()
         del m
-    hf_device = "cuda" if torch.cuda.is_available() else "cpu"
-    hf, hf_ids = hf_decode_tps(model, prompt, args.new_tokens, hf_device, args.runs)
-    same = None if ours_ids is None else next(
-        (i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b), len(ours_ids))
-    roof = args.hbm_tbps * 1e12 / step_bytes
-    for scheme, tps in ours_all.items():
-        ours = statistics.median(tps)
-        # Weight bytes read per step shrink with the format (scales not counted).
-        per_weight = {"none": model.dtype.itemsize, "int8": 1, "int4": 0.5, "8da4w": 0.5}
-        scheme_bytes = n_params * per_weight[scheme] + kv_bytes
-        rows.append((f"vkdelegate (Vulkan), {scheme if scheme != 'none' else args.dtype}",
-                     f"{ours:.1f}", f"{ours / hf:.2f}x",
-                     f"{100 * ours * scheme_bytes / (args.hbm_tbps * 1e12):.1f}%"))
     rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "1.00x",
-                 f"{100 * hf / roof:.1f}%"))
-    device = default_device()
+                 f"{step_bytes('none') / 1e9:.3f}",
+                 f"{100 * hf * step_bytes('none') / hbm:.1f}%", "-"))
     print(f"\nLlama-shaped decoder, {n_params / 1e9:.2f} B params {args.dtype}, "
-          f"{args.layers} layers, prompt {args.prompt}, {args.new_tokens} new tokens; "
-          f"Vulkan device {device.info.name}; lowering s {lower_s}; nodes on the CPU "
-          f"per method {cpu_nodes}")
-    print(f"bytes per decode step ({args.dtype}) {step_bytes / 1e9:.3f} GB -> roofline "
-          f"{roof:.0f} tokens/s at {args.hbm_tbps} TB/s; greedy tokens ({args.dtype}) equal "
-          f"to HF for the first {same} of {args.new_tokens}")
+          f"{args.layers} layers, prompt {args.prompt}, {args.new_tokens} new tokens, "
+          f"cache {args.max_seq_len}; Vulkan device {device.info.name}; torch "
+          f"{torch.__version__}; lowering s {result['lower_s']}; build s "
+          f"{result['build_s']}; nodes on the CPU per method {result['cpu_nodes']}")
+    print(f"roofline at {args.hbm_tbps} TB/s: {hbm / step_bytes('none'):.0f} tokens/s "
+          f"({args.dtype}); greedy tokens ({args.dtype}) equal to HF for the first "
+          f"{result['tokens_equal_prefix']} of {args.new_tokens}")
     print(tabulate(rows, headers=("backend", "decode tokens/s", "vs HF eager",
-                                  "share of roofline")))
+                                  "GB read / token", "HBM share", "host B / step")))
     with open(args.json, "w") as f:
-        json.dump({"machine": platform.node(), "vulkan_device": device.info.name,
-                   "params": n_params, "dtype": args.dtype, "layers": args.layers,
-                   "ours_tps": ours_all, "hf_tps": hf, "hf_device": hf_device,
-                   "step_bytes": step_bytes, "roofline_tps": roof,
-                   "tokens_equal_prefix": same, "cpu_nodes": cpu_nodes,
-                   "lower_s": lower_s}, f, indent=2)
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,3 @@ def lowered():
         return model, program
     return get
 
-
-def pytest_collection_modifyitems(config, items):
-    """Every test here exports an LLM's prefill with a dynamic length T: torch 2.11's
-    export refuses that range (its own guard ``min(64*T, 256*T) == 64*T``), so on older
-    torch they skip with that reason (the ops they use are tested in tests/ops)."""
-    from tests.torch_version import needs_torch_213
-
-    for item in items:
-        if "tests/llm/" in str(item.fspath).replace("\\", "/"):
-            item.add_marker(needs_torch_213)

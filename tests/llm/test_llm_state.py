@@ -85,3 +85,23 @@ def test_no_cache_bytes_per_decode_step(lowered):
     # (float32[4]); down: the next id. Nothing cache- or logits-sized.
     assert moved["upload_bytes"] <= 8 + 8 + 16 and moved["download_bytes"] <= 8, moved
     assert moved["upload_bytes"] + moved["download_bytes"] < cache_bytes / 100, moved
+
+
+def test_cache_is_updated_in_place(lowered):
+    # Each layer's cache update writes its new rows straight into the program's state
+    # buffer: no copy of the whole cache into the op's output, none back at the end.
+    _, program = lowered("llama")
+    prompt = _prompt()
+    generate(program, prompt, 3)
+    for method in ("prefill", "decode"):
+        graphs = [d.loaded for d in program.runner(method).delegates]
+        pairs = [(g, i, j) for g in graphs for i, j in g.state_bindings.items()]
+        assert len(pairs) == 4, method
+        for g, i, j in pairs:
+            shared = g.shared_states[i].buffer
+            assert g.inputs[i].buffer is shared and g.outputs[j].buffer is shared, method
+            assert not any(d.whole_copy and d.whole_copy[0] is g.inputs[i]
+                           for d in g.dispatches), method
+    model, _ = lowered("llama")
+    program.reset_state()
+    assert generate(program, prompt, 6) == hf_greedy(model, prompt, 6)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm import sampler
 
 
@@ -37,6 +38,19 @@ class KVCache(nn.Module):
         for i, (h, d) in enumerate(zip(kv_heads, head_dims)):
             self.register_buffer(f"k_{i}", torch.zeros(1, h, max_seq_len, d, dtype=dtype))
             self.register_buffer(f"v_{i}", torch.zeros(1, h, max_seq_len, d, dtype=dtype))
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """The name under which ``model.forward`` takes its cache: ``cache`` (transformers
+    5.24, which still accepts the old name with a deprecation warning until 5.40) or
+    ``past_key_values`` (older 5.x, e.g. 5.17: there an unknown ``cache=`` is swallowed
+    by ``**kwargs`` and the model makes its own DynamicCache, so the keys grow with the
+    input and torch 2.11's export refuses the dynamic length on ``repeat_kv``'s guard
+    ``min(d*T, n_rep*d*T) == d*T``)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _head_shapes(config):
@@ -58,7 +72,8 @@ class HFDecoder(nn.Module):
     int64[1])`` -> float [V], the logits of the last position (final soft-capping
     included); ``embed(tokens int64[1, T])`` -> [1, T, D], the model's own input
     embedding (Gemma's sqrt(hidden) scale included).
-    Raises ValueError (from transformers) for a model without a static cache."""
+    Raises ValueError (from transformers) for a model without a static cache, and
+    VkDelegateError for one that ignores the cache it is given."""
 
     def __init__(self, model: nn.Module, max_seq_len: int):
         super().__init__()
@@ -76,6 +91,7 @@ class HFDecoder(nn.Module):
         cache.early_initialization(1, heads, dims, model.dtype, torch.device("cpu"))
         # Not a submodule: a Python object whose tensors are replaced at every call.
         self.__dict__["_static"] = cache
+        self._cache_kwarg = _cache_kwarg(model)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)
@@ -89,8 +105,13 @@ class HFDecoder(nn.Module):
             layer.cumulative_length = start_pos[0].clone()
         positions = (torch.arange(embeds.shape[1], dtype=torch.int64)
                      + start_pos).unsqueeze(0)
-        out = self.model(inputs_embeds=embeds, position_ids=positions, cache=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(inputs_embeds=embeds, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
+        used = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if used is not cache:  # the model made its own cache: ours would stay empty
+            raise VkDelegateError(f"{type(self.model).__name__} did not use the static "
+                                  f"cache passed as {self._cache_kwarg}= (transformers "
+                                  f"cache interface not supported)")
         return out.logits[0, -1]
 
 

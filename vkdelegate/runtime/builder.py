@@ -34,6 +34,9 @@ class Dispatch:
     reads: set = field(default_factory=set)   # memory regions read
     writes: set = field(default_factory=set)  # memory regions written
     descriptor_set: object = None
+    #: (src Tensor, dst Tensor) when the dispatch only copies src whole into dst
+    #: (NodeBuilder.mark_whole_copy): DeviceState may drop it for an in-place state.
+    whole_copy: tuple = ()
 
 
 @dataclass
@@ -206,6 +209,16 @@ class NodeBuilder:
             # Error-flag words are only set (atomicOr, order-free) and read by the host
             # after the final barrier: they need no barrier between dispatches.
             writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)}))
+
+    def mark_whole_copy(self, src: Tensor, dst: Tensor) -> None:
+        """Say that the last dispatch copies ``src`` whole into ``dst`` (same dtype and
+        sizes) and does nothing else, as a functional update does before writing its
+        region (ops/families/cache_update.py). A graph keeping ``src`` as device
+        state whose new value is ``dst`` may then drop the copy and let ``dst`` live in
+        the state's memory (``DeviceState.bind_state``: the update runs in place)."""
+        last = self._graph.dispatches[-1]
+        if src.buffer.region in last.reads and dst.buffer.region in last.writes:
+            last.whole_copy = (src, dst)
 
     def _check_bindings(self, shader: str, defines: dict, outputs, inputs, params) -> None:
         """The buffers of a dispatch against the variant's declared bindings."""

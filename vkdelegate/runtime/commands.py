@@ -77,7 +77,7 @@ def _copy(cmd, src, dst, size):
 
 
 def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
-           state_copies=()):
+           state_copies=(), state_in_place=False):
     """Allocate and record one primary command buffer; return (command buffer,
     number of pipeline barriers between dispatches).
 
@@ -86,6 +86,8 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
     state_copies: (source Tensor, destination Tensor) pairs copied after every
     dispatch (and after the output downloads): a state output written back into its
     state input for the next run, which the final barrier makes visible to it.
+    state_in_place: a dispatch wrote state in place (DeviceState): the first barrier
+    after the dispatches also makes their writes visible to the next run's shaders.
     """
     cmd = _begin(device, what="the graph")
     if timestamps is not None:
@@ -115,8 +117,10 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
         # The host reads the error flags (NodeBuilder.error_flag) straight from the
         # shaders' writes, not through a copy.
         _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT,
-                 _TRANSFER | vk.VK_PIPELINE_STAGE_HOST_BIT,
-                 vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
+                 _TRANSFER | vk.VK_PIPELINE_STAGE_HOST_BIT
+                 | (_COMPUTE if state_in_place else 0),
+                 vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT
+                 | (_SHADER_RW if state_in_place else 0))
         for t in staged_outputs:
             _copy(cmd, t.buffer, t.staging, t.staging.size)
         for src, dst in state_copies:
@@ -133,7 +137,8 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
                      vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
     else:
         _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT,
-                 vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+                 vk.VK_PIPELINE_STAGE_HOST_BIT | (_COMPUTE if state_in_place else 0),
+                 vk.VK_ACCESS_HOST_READ_BIT | (_SHADER_RW if state_in_place else 0))
     vk_call(vk.vkEndCommandBuffer, cmd, what="the graph")
     return cmd, barriers
 

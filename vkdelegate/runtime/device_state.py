@@ -7,6 +7,10 @@ command buffer ends with a copy of the output into the input's memory (after eve
 dispatch, so after the last one reading the input) and a barrier that makes it
 visible to the next run, so the state never crosses to the host unless asked for
 (``read_state``, or ``download=True`` when the new value is also a user output).
+Bound to a shared StateBuffer, a state whose only reader copies it whole into the new
+value before writing a region of it (a KV-cache update, ``NodeBuilder.mark_whole_copy``)
+is updated in place instead: that copy is dropped, the new value lives in the buffer
+itself, and the copy at the end is skipped (a decode step writes only its new rows).
 """
 from __future__ import annotations
 
@@ -81,6 +85,10 @@ class DeviceState:
                 if problem is not None:
                     raise VkDelegateError(f"{where} cannot be kept on the device: "
                                           f"{problem}")
+                copy = self._whole_copy(t_in, t_out, output_index, download)
+                if copy is not None:  # update in place: the new value IS the state
+                    self.dispatches.remove(copy)
+                    self._redirect(t_out, shared.buffer)
                 self._use_shared(t_in, shared.buffer)
                 self.shared_states[input_index] = shared
                 if t_in.set_shape(t_in.max_shape):
@@ -128,9 +136,27 @@ class DeviceState:
         return StateBuffer(self.device, t.dtype, t.device_dtype, t.max_shape,
                            self.staging, initial, self.timeout_s)
 
-    def _use_shared(self, tensor: Tensor, buffer) -> None:
-        """Point every dispatch that binds ``tensor``'s memory at ``buffer`` instead
-        (descriptor sets written again); the tensor's own memory is left unused."""
+    def _whole_copy(self, t_in: Tensor, t_out: Tensor, output_index: int,
+                    download: bool):
+        """The dispatch to drop so that state output ``t_out`` is written in place
+        into its state input ``t_in``'s memory, or None: it must be the only one that
+        binds ``t_in`` and copy it whole into ``t_out`` (``NodeBuilder.mark_whole_copy``,
+        a KV-cache update's copy of the cache), and ``t_out`` must be this state's
+        output alone (not downloaded, not another output or state, memory of its own)."""
+        v_out = self.graph.output_ids[output_index]
+        if download or self.graph.output_ids.count(v_out) != 1 \
+                or output_index in self.state_bindings.values() \
+                or getattr(self.graph.values[v_out], "mem_obj_id", -1) >= 0:
+            return None
+        users = [d for d in self.dispatches if any(b is t_in.buffer for b in d.buffers)]
+        if len(users) != 1 or len(users[0].whole_copy) != 2:
+            return None
+        src, dst = users[0].whole_copy
+        return users[0] if src is t_in and dst is t_out else None
+
+    def _redirect(self, tensor: Tensor, buffer) -> None:
+        """Point every dispatch that binds ``tensor``'s memory at ``buffer`` instead;
+        the tensor's own memory is left unused."""
         old = tensor.buffer
         for d in self.dispatches:
             if any(b is old for b in d.buffers):
@@ -138,6 +164,12 @@ class DeviceState:
                 d.reads = {buffer.region if r == old.region else r for r in d.reads}
                 d.writes = {buffer.region if r == old.region else r for r in d.writes}
         tensor.buffer = buffer
+
+    def _use_shared(self, tensor: Tensor, buffer) -> None:
+        """Point every dispatch that binds input ``tensor``'s memory at ``buffer``
+        instead (descriptor sets written again); the tensor's own memory is left
+        unused."""
+        self._redirect(tensor, buffer)
         tensor.staging = None  # never uploaded: the buffer holds the value
         self._in_views[self.inputs.index(tensor)] = None
         if self._pool is not None:

@@ -250,10 +250,12 @@ class DelegateGraph(DeviceState):
         downloaded, and each state output is copied into its input at the end."""
         ins = [t for i, t in enumerate(self.inputs) if i not in self.state_bindings]
         outs = [t for j, t in enumerate(self.outputs) if j not in self._skip_download]
-        copies = [(self.outputs[j], self.inputs[i]) for i, j in self.state_bindings.items()]
+        pairs = [(self.outputs[j], self.inputs[i]) for i, j in self.state_bindings.items()]
+        copies = [(o, i) for o, i in pairs if o.buffer is not i.buffer]  # not in place
         return commands.record(self.device, self.dispatches, self._staged(ins),
                                self._staged(outs), timestamps=timestamps,
-                               state_copies=copies)
+                               state_copies=copies,
+                               state_in_place=len(copies) < len(pairs))
 
     # ---- run -------------------------------------------------------------------------
     def execute(self, inputs: Sequence[np.ndarray], profile: bool = False) -> list[np.ndarray]:

@@ -20,6 +20,13 @@ crosses to the host every step. This pass instead:
    that position and on the removed slice go with it: the Vulkan kernel (and the CPU
    kernel) raise for a position outside the cache, which is what they assert.
    Positions that only feed sizes keep the SymInt mechanism (ops/families/symint.py).
+3. ``fold_repeat_kv`` (run by ``cache_positions``): HF's ``repeat_kv`` of a cache read
+   by SDPA, ``reshape(expand(unsqueeze(kv, 2), [B, Hk, n, S, E]), [B, Hk*n, S, E])``,
+   copies the whole cache n times per layer and step (transformers uses it whenever an
+   attention mask is given); ``scaled_dot_product_attention(q, repeat_kv(k),
+   repeat_kv(v), ...)`` becomes ``scaled_dot_product_attention(q, k, v, ...,
+   enable_gqa=True)``: ATen's grouped-query attention, query head h reading key head
+   h // n, which is what repeat_kv's copy holds (values equal, no copy).
 """
 from __future__ import annotations
 
@@ -153,12 +160,65 @@ def _erase_checks(root) -> None:
         pending = left
 
 
-def cache_positions(pg) -> bool:
-    """Rewrite slice_scatter KV-cache writes (see the module docstring); True if any."""
-    if SLICE_SCATTER_AT.name not in registry.load_all():
-        return False
-    graph = pg.gm.graph
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+_SDPA = aten.scaled_dot_product_attention.default
+
+
+def _repeated(node):
+    """(kv, n) for ``node = view(clone?(expand(unsqueeze(kv, 2), [B, Hk, n, S, E])),
+    [B, Hk*n, S, E])`` (HF's repeat_kv), else None."""
+    if not _call(node, *_VIEWS):
+        return None
+    src = node.args[0]
+    if _call(src, aten.clone.default) and not src.kwargs.get("memory_format"):
+        src = src.args[0]
+    if not _call(src, aten.expand.default) or not _call(src.args[0], aten.unsqueeze.default):
+        return None
+    kv, dim = src.args[0].args[:2]
+    kv_val, out_val, big = _val(kv), _val(node), _val(src)
+    if dim != 2 or kv_val is None or out_val is None or big is None or kv_val.dim() != 4:
+        return None
+    b, hk, s, e = kv_val.shape
+    shape = tuple(big.shape)
+    if len(shape) != 5 or shape[:2] != (b, hk) or shape[3:] != (s, e):
+        return None
+    n = shape[2]
+    if not isinstance(n, int) or tuple(out_val.shape) != (b, hk * n, s, e):
+        return None
+    return kv, n
+
+
+def fold_repeat_kv(graph) -> bool:
+    """SDPA over repeat_kv'd key and value -> SDPA with enable_gqa=True (see the
+    module docstring, 3.); True if any."""
     changed = False
+    for node in list(graph.nodes):
+        if not _call(node, _SDPA) or len(node.args) < 3 or len(node.args) > 7:
+            continue
+        k, v = _repeated(node.args[1]), _repeated(node.args[2])
+        if k is None or v is None or k[1] != v[1] or k[1] < 2:
+            continue
+        old = node.args[1:3]
+        node.args = (node.args[0], k[0], v[0]) + tuple(node.args[3:])
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
+        for view in old:  # the copies, when nothing else reads them
+            chain = [view, view.args[0]]
+            while not _call(chain[-1], aten.unsqueeze.default):
+                chain.append(chain[-1].args[0])
+            for n in chain:
+                if not n.users:
+                    graph.erase_node(n)
+        changed = True
+    return changed
+
+
+def cache_positions(pg) -> bool:
+    """Rewrite slice_scatter KV-cache writes and SDPA over repeat_kv'd caches (see the
+    module docstring); True if any."""
+    graph = pg.gm.graph
+    changed = fold_repeat_kv(graph)
+    if SLICE_SCATTER_AT.name not in registry.load_all():
+        return changed
     for node in list(graph.nodes):
         if not _call(node, aten.slice_scatter.default) or len(node.args) < 5:
             continue

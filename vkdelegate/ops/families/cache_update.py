@@ -10,9 +10,10 @@ the region: slice_scatter/select_scatter as an affine copy into the output at th
 slice's offset and strides (start, end and index may be SymInts, re-read after every
 resize), the others with scatter_rows.glsl. A module buffer updated in place
 (``cache.index_copy_(2, pos, k)``) exports as one of these plus a buffer mutation; the
-program layer keeps that buffer on the device (``DelegateGraph.bind_state``: the
-output is copied into the state input after the run, on the device), so the cache never
-crosses to the host.
+program layer keeps that buffer on the device (``DelegateGraph.bind_state``), so the
+cache never crosses to the host; where the op is the state's only reader, the copy of
+the destination is dropped and the op writes its region into the state's memory in
+place (``NodeBuilder.mark_whole_copy``), so a decode step moves only the new rows.
 
 Out-of-range positions raise as eager does: an index_copy/index_put index outside
 0..size-1 (index_put also -size..-1) sets the node's error flag (the run raises
@@ -60,8 +61,12 @@ def _defines(out, src, idx, pos: bool, scalar: bool) -> dict:
 
 
 def _copy_destination(b, out, x) -> None:
-    """out <- x, element for element (the values the region does not overwrite)."""
+    """out <- x, element for element (the values the region does not overwrite),
+    marked as a whole copy: where x is device state whose new value is out (a KV
+    cache), the graph drops it and updates the state in place (DeviceState)."""
     affine_copy(b, out, x, lambda: flat_plan(out.numel))
+    if x.dtype == out.dtype and tuple(x.max_shape) == tuple(out.max_shape):
+        b.mark_whole_copy(x, out)
 
 
 def _scatter(b, out, src, index, dim: int, count_fn, *, pos: bool, wrap: bool,
