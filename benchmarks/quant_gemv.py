@@ -5,12 +5,19 @@ group-wise (``et_vk.linear_q4gsw``) and 8da4w (``et_vk.linear_dq8ca_q4gsw``), on
 
 Each case is a one-node graph (benchmarks/one_node.py) whose weight is a constant in the
 format the lowering stores (int4: uint8 [N, K/2] two per byte, scales [K/gs, N]); the
-"weight GB/s" column is the weight bytes (plus scales) read per run over the GPU time:
-a GEMV is memory bound, so int4 should approach 4x (fp16: 2x) fewer bytes than fp32.
-The int4 and int8 results are checked against numpy.
+"weight GB/s" column is the weight bytes (plus scales) read per run over the GPU time
+(the runtime profiler's timestamp total of one execute, best of --runs): a GEMV is
+memory bound, so int4 should approach 4x (fp16: 2x) fewer bytes than fp32; "vs fp16"
+is the fp16 linear's time (the engine's GEMV) over the case's. The int4 and int8
+results are checked against numpy.
 
     python benchmarks/quant_gemv.py [--runs 10] [--rows 1] [--group 128] [--device NAME]
-        [--shapes 4096x4096,4096x14336]
+        [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
+        [--rows-per-workgroup 4]
+
+--gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
+form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
+(quantized_linear.VROWS), for tuning.
 """
 from __future__ import annotations
 
@@ -81,10 +88,18 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--rows", type=int, default=1, help="rows of x (1: decode)")
     parser.add_argument("--group", type=int, default=128, choices=(32, 64, 128, 256))
-    parser.add_argument("--shapes", default="4096x4096,4096x14336",
+    parser.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096",
                         help="comma-separated KxN (in x out) layers")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--gemv-everywhere", action="store_true")
+    parser.add_argument("--rows-per-workgroup", type=int, default=None)
     args = parser.parse_args(argv)
+    from vkdelegate.ops.families import quantized_linear as family
+
+    if args.gemv_everywhere:
+        family.use_gemv = lambda info, m: m <= family.GEMV_ROWS
+    if args.rows_per_workgroup:
+        family.VROWS = args.rows_per_workgroup
     device = default_device(args.device)
     rows = []
     for shape in args.shapes.split(","):
@@ -94,21 +109,26 @@ def main(argv=None) -> int:
                  _int8(m, k, n, "float32"), _int8(m, k, n, "float16"),
                  _int4(m, k, n, "float32", gs), _int4(m, k, n, "float16", gs),
                  _8da4w(m, k, n, gs)]
-        base = None  # the fp32 linear's time (None when it is over a device limit)
-        for i, node in enumerate(cases):
+        timed = []  # (node, GPU ms, or the device limit's message)
+        for node in cases:
             try:
-                ms, _ = measure(node, device, args.runs)
+                timed.append((node, measure(node, device, args.runs)[0]))
             except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
-                rows.append([f"{k}x{n}", node.name, "-", "-", "-", f"over a device limit "
-                             f"({str(exc).split(',')[0]})"])
-                continue
-            base = ms if i == 0 else base
-            rows.append([f"{k}x{n}", node.name, f"{ms:.3f}", f"{node.moved / ms / 1e6:.1f}",
-                         f"{base / ms:.2f}x" if base else "-", _check(node, device)])
+                timed.append((node, str(exc).split(',')[0]))
+        base = timed[1][1] if isinstance(timed[1][1], float) else None  # the fp16 linear
+        for i, (node, ms) in enumerate(timed):
+            if isinstance(ms, str):
+                rows.append([f"{k}x{n}", node.name, "-", "-", "-",
+                             f"over a device limit ({ms})"])
+            else:
+                rows.append([f"{k}x{n}", node.name, f"{ms:.3f}",
+                             f"{node.moved / ms / 1e6:.1f}",
+                             f"{base / ms:.2f}x" if base and i != 1 else "-",
+                             _check(node, device)])
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
-          f"{args.rows} row(s)\n")
+          f"{args.rows} row(s), group {args.group}\n")
     print(tabulate(rows, headers=["K x N", "case", "GPU ms (best)", "weight GB/s",
-                                  "vs fp32", "rel err"]))
+                                  "vs fp16", "rel err"]))
     return 0
 
 

@@ -15,10 +15,14 @@ torchao's quantized linears).
   quantized per row in the shader, integer products per group (dotPacked4x8EXT where
   the device has shaderIntegerDotProduct, a portable loop otherwise).
 
-One shader, linear_qw.glsl: a GEMV form (a workgroup of WG invocations per NPW columns
-of one row, K split across the invocations, shared-memory reduction) for at most
-GEMV_ROWS rows (the upper bound) on GPUs, a GEMM form (4 x 4 tiles) otherwise
-(``use_gemv``). The packed
+Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
+vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
+int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
+workgroup) where the weight allows it (``vector_gemv``: 8-bit storage, int4 group
+sizes multiples of 32, int8 K a multiple of 16, no 8da4w); else linear_qw.glsl, whose
+GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
+words, shared-memory reduction) takes the rest, and whose GEMM form (4 x 4 tiles) the
+rows past GEMV_ROWS and CPU drivers. The packed
 weight is the program's constant itself, read as 32-bit words on devices with 8-bit
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; an
 fp16 model's dequantized int4 weights are rounded to fp16 as its eager dequantize does.
@@ -33,6 +37,9 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
 
 SHADER = "linear_qw"
+VSHADER = "linear_qw_gemv"
+VWG = 128  # linear_qw_gemv invocations per workgroup (a power of two, >= subgroups)
+VROWS = 4  # linear_qw_gemv outputs per workgroup
 DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup
@@ -45,6 +52,7 @@ INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gs
                           "et_vk.linear_dq8ca_q4gsw.default")
 
 
+@shader_bindings(VSHADER)
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
     inputs = ["x_data", "w_data", "s_data"]
@@ -63,10 +71,39 @@ def use_gemv(info, m: int) -> bool:
     return m <= GEMV_ROWS and info.type != "cpu"
 
 
+def has_subgroup_arithmetic(info) -> bool:
+    """Whether the device's subgroups have arithmetic operations (subgroupAdd;
+    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT): linear_qw_gemv.glsl's SUBGROUP reduction."""
+    return "arithmetic" in info.subgroup_ops
+
+
 def _words(w, k: int, bits: int) -> bool:
     """Whether the weight buffer can be read as 32-bit words: 8-bit storage (bytes
     packed as the program has them) and whole words per row."""
     return w[1] in ("uint8", "int8") and (bits == 4 or k % 4 == 0)
+
+
+def vector_gemv(w, k: int, bits: int, group: int, row_bytes: int, dq=None) -> bool:
+    """Whether linear_qw_gemv.glsl can run a GEMV: w a Tensor or (graph dtype, device
+    dtype) pair stored as bytes (8-bit storage), rows of whole 16-byte blocks
+    (``row_bytes``, ExecuTorch's padding included), int4 groups of 32k values (a block
+    in one group), int8 K a multiple of 16; not 8da4w (linear_qw.glsl's integer path)."""
+    pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
+    if dq is not None or not _words(pair, k, bits) or row_bytes % 16:
+        return False
+    return group % 32 == 0 if bits == 4 else k % 16 == 0
+
+
+def vector_defines(out, x, s, bias, bits: int, subgroup: bool) -> dict:
+    """Defines of linear_qw_gemv.glsl (tensors as for ``qlinear_defines``); subgroup:
+    the device has subgroup arithmetic (VkPhysicalDeviceSubgroupProperties)."""
+    tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
+    d = storage_defines(**tensors)
+    xdev = x.device_dtype if hasattr(x, "device_dtype") else x[1]
+    d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
+                          X16=xdev == "float16", SUBGROUP=subgroup))
+    d.update(WG=str(VWG), ROWS=str(VROWS))
+    return d
 
 
 def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
@@ -107,6 +144,8 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
     chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
+    if gemv and vector_gemv(w, k, bits, group, w.max_shape[1], dq):
+        return _record_vector(b, x, w, s, bias, out, bits, group, k, n, m)
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
@@ -133,6 +172,21 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
         grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=grid, local_size=local)
+
+
+def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m) -> None:
+    blocks = k // (32 if bits == 4 else 16)
+    loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
+    if bits == 4 and (s.ndim != 2 or s.max_shape[1] < n or s.max_shape[0] != k // group):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {n} and "
+                      f"group size {group}")
+    s_stride = s.max_shape[1] if bits == 4 else n
+    defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info))
+    params = [out.meta, b.params(PARAMS.pack(qdims=[k, n, group, blocks],
+                                             qstrides=[s_stride, 0, w.max_shape[1] // 16, 0]))]
+    inputs = [x, w, s] + ([bias] if bias is not None else [])
+    b.dispatch(VSHADER, defines, outputs=[out], inputs=inputs, params=params,
+               global_size=(-(-n // VROWS) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
 
 def _int8pack_impl(b, node):
@@ -255,3 +309,18 @@ _AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True),
 declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              odd_k=(False, True))
 declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
+
+
+def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool):
+    if op == INT8PACK and bias:
+        return None
+    pair = (dtype, device_dtype(dtype, profile))
+    bits = 8 if op == INT8PACK else 4
+    wdt = "int8" if bits == 8 else "uint8"
+    if not vector_gemv((wdt, device_dtype(wdt, profile)), 32, bits, 32, 16):
+        return None
+    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup)
+
+
+declare_grid(VSHADER, _vector_variants, profile=STORAGE_PROFILES, op=(INT8PACK, Q4GSW),
+             dtype=DTYPES, bias=(False, True), subgroup=(True, False))

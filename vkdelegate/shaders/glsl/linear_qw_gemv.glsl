@@ -1,0 +1,183 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+#include "common.h"
+
+// Vectorized GEMV of the weight-only quantized linears (LLM decode: one to a few rows):
+// out[m, n] = sum_k x[m, k] * dequant(w)[n, k] (+ bias[n]), fp32 accumulation, for
+//   W4: et_vk.linear_q4gsw (uint8 [N, >= K/2], two int4 per byte, k even in the low
+//       nibble, stored + 8; scales [K / GS, N] (row stride qstrides.x)), GS a multiple
+//       of 32: one 16-byte block (32 values) lies in one group, so the block's integer
+//       dot product is scaled once (fp16 models: the dequantized weight is not rounded
+//       to fp16 first, as eager's dequantize does; at most 2^-12 of each product);
+//   W8: aten._weight_int8pack_mm (int8 [N, K], K a multiple of 16; scales [N], applied
+//       after the sum as ATen does).
+// The weight is streamed in uvec4 (16-byte) blocks: a workgroup of WG invocations
+// computes ROWS outputs of row m, invocation t reading blocks t, t + WG, ... of each
+// of its ROWS weight rows (adjacent invocations adjacent 16 bytes), the matching x
+// values (vec4, or with X16 uvec4 of 8 fp16 values) once per block for all ROWS
+// rows. Values are unpacked in registers without integer-to-float conversions
+// (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
+// subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
+// Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
+// compute the last valid one and store nothing).
+
+TENSOR_OUT(out_data, OUT_T)
+#ifdef X16
+TENSOR_IN(x_data, uvec4)
+#else
+TENSOR_IN(x_data, vec4)
+#endif
+TENSOR_IN(w_data, uvec4)
+TENSOR_IN(s_data, S_T)
+#ifdef HAS_BIAS
+TENSOR_IN(c_data, C_T)
+#endif
+TENSOR_META(out_meta)
+// qdims: K, N, group size, weight uvec4 blocks per row used (K / KV); qstrides: the
+// scales' row stride (W4), -, the weight's row stride in uvec4 blocks, -.
+PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
+
+#ifdef W4
+#define KV 32  // k values per weight block
+#else
+#define KV 16
+#endif
+#define XV (KV / 4)  // vec4s of x per block
+
+const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
+
+// x[m, k] for the KV values of block b, as vec4s.
+void load_x(int m, int b, int K, out vec4 xv[XV]) {
+#ifdef X16
+  const int base = (m * K + b * KV) / 8;
+  [[unroll]] for (int i = 0; i < XV / 2; ++i) {
+    const uvec4 h = x_data[base + i];
+    xv[2 * i] = vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y));
+    xv[2 * i + 1] = vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w));
+  }
+#else
+  const int base = (m * K + b * KV) / 4;
+  [[unroll]] for (int i = 0; i < XV; ++i) {
+    xv[i] = x_data[base + i];
+  }
+#endif
+}
+
+// The sum over a block of x * (signed weight value). A field of 4 (W4) or 8 bits at
+// bit p < 20 of a word, masked in place and ORed into 2^23's bits, is the float
+// 2^23 + v * 2^p exactly; subtracting 2^23 + bias * 2^p leaves (v - bias) * 2^p, so
+// each weight costs one LOP3 (mask and OR), one subtraction and one FMA. Products are
+// summed per bit position p (one accumulator each) and scaled by 2^-p (exact) at
+// the end; fields above bit 15 are shifted down once per word.
+float block_dot(vec4 xv[XV], uvec4 w) {
+  vec4 acc = vec4(0.0);  // by bit position: W4 0, 4, 8, 12; W8 0, 8
+#ifdef W4
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    [[unroll]] for (int h = 0; h < 2; ++h) {  // nibbles 4h .. 4h + 3: k = 8 i + 4 h + j
+      const uint half_word = h == 0 ? w[i] : w[i] >> 16;
+      const vec4 x = xv[2 * i + h];
+      [[unroll]] for (int j = 0; j < 4; ++j) {
+        const float q = uintBitsToFloat((half_word & (0xFu << (4 * j))) | 0x4B000000u)
+            - (MAGIC + 8.0 * float(1 << (4 * j)));
+        acc[j] = fma(x[j], q, acc[j]);
+      }
+    }
+  }
+  return acc.x + acc.y * (1.0 / 16.0) + acc.z * (1.0 / 256.0) + acc.w * (1.0 / 4096.0);
+#else
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    const uint word = w[i] ^ 0x80808080u;  // k = 4 i + t in byte t, now + 128
+    [[unroll]] for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1
+      const uint half_word = h == 0 ? word : word >> 16;
+      [[unroll]] for (int j = 0; j < 2; ++j) {
+        const float q = uintBitsToFloat((half_word & (0xFFu << (8 * j))) | 0x4B000000u)
+            - (MAGIC + 128.0 * float(1 << (8 * j)));
+        acc[j] = fma(xv[i][2 * h + j], q, acc[j]);
+      }
+    }
+  }
+  return acc.x + acc.y * (1.0 / 256.0);
+#endif
+}
+
+float finish(float acc, int n) {
+#ifdef W8
+  acc *= float(s_data[n]);
+#endif
+#ifdef HAS_BIAS
+  acc += float(c_data[n]);
+#endif
+  return acc;
+}
+
+shared float partial[ROWS][WG];  // SUBGROUP: [row][subgroup id], else [row][invocation]
+
+void main() {
+  const int K = qdims.x;
+  const int N = qdims.y;
+  const int blocks = qdims.w;
+  const int w_stride = qstrides.z;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+  const int t = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * ROWS;
+  const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
+  const bool live = int(gl_WorkGroupID.y) < M && n0 < N;  // uniform in the workgroup
+  int w_row[ROWS];
+  float acc[ROWS];
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    w_row[r] = min(n0 + r, N - 1);
+    acc[r] = 0.0;
+  }
+  if (live) {
+    for (int b = t; b < blocks; b += WG) {
+      vec4 xv[XV];
+      load_x(m, b, K, xv);
+#ifdef W4
+      const int s_row = ((b * KV) / qdims.z) * qstrides.x;
+#endif
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        const float d = block_dot(xv, w_data[w_row[r] * w_stride + b]);
+#ifdef W4
+        acc[r] = fma(d, float(s_data[s_row + w_row[r]]), acc[r]);
+#else
+        acc[r] += d;
+#endif
+      }
+    }
+  }
+#ifdef SUBGROUP
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    const float s = subgroupAdd(acc[r]);
+    if (subgroupElect()) {
+      partial[r][gl_SubgroupID] = s;
+    }
+  }
+  barrier();
+  if (live && t < ROWS && n0 + t < N) {
+    float total = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      total += partial[t][i];
+    }
+    out_data[m * N + n0 + t] = OUT_STORE(finish(total, n0 + t));
+  }
+#else
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    partial[r][t] = acc[r];
+  }
+  barrier();
+  [[unroll]] for (int s = WG / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        partial[r][t] += partial[r][t + s];
+      }
+    }
+    barrier();
+  }
+  if (live && t < ROWS && n0 + t < N) {
+    out_data[m * N + n0 + t] = OUT_STORE(finish(partial[t][0], n0 + t));
+  }
+#endif
+}
