@@ -13,11 +13,12 @@ results are checked against numpy.
 
     python benchmarks/quant_gemv.py [--runs 10] [--rows 1] [--group 128] [--device NAME]
         [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
-        [--rows-per-workgroup 4]
+        [--rows-per-workgroup 8] [--cases "linear float16,int4"]
 
 --gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
 form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
-(quantized_linear.VROWS), for tuning.
+(quantized_linear.VROWS, 1 to 16), for tuning; --cases: only the cases whose name
+contains one of the comma-separated strings (the fp16 linear, the baseline, always).
 """
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def main(argv=None) -> int:
                         help="comma-separated KxN (in x out) layers")
     parser.add_argument("--device", default=None)
     parser.add_argument("--gemv-everywhere", action="store_true")
-    parser.add_argument("--rows-per-workgroup", type=int, default=None)
+    parser.add_argument("--rows-per-workgroup", type=int, default=None, choices=range(1, 17))
+    parser.add_argument("--cases", default="", help="comma-separated name filters")
     args = parser.parse_args(argv)
     from vkdelegate.ops.families import quantized_linear as family
 
@@ -109,21 +111,25 @@ def main(argv=None) -> int:
                  _int8(m, k, n, "float32"), _int8(m, k, n, "float16"),
                  _int4(m, k, n, "float32", gs), _int4(m, k, n, "float16", gs),
                  _8da4w(m, k, n, gs)]
+        keep = [c for c in args.cases.split(",") if c]
+        cases = [c for i, c in enumerate(cases)
+                 if i == 1 or not keep or any(f in c.name for f in keep)]
         timed = []  # (node, GPU ms, or the device limit's message)
         for node in cases:
             try:
                 timed.append((node, measure(node, device, args.runs)[0]))
             except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
                 timed.append((node, str(exc).split(',')[0]))
-        base = timed[1][1] if isinstance(timed[1][1], float) else None  # the fp16 linear
-        for i, (node, ms) in enumerate(timed):
+        fp16 = next(ms for node, ms in timed if node.name == "linear float16")
+        base = fp16 if isinstance(fp16, float) else None
+        for node, ms in timed:
             if isinstance(ms, str):
                 rows.append([f"{k}x{n}", node.name, "-", "-", "-",
                              f"over a device limit ({ms})"])
             else:
                 rows.append([f"{k}x{n}", node.name, f"{ms:.3f}",
                              f"{node.moved / ms / 1e6:.1f}",
-                             f"{base / ms:.2f}x" if base and i != 1 else "-",
+                             f"{base / ms:.2f}x" if base and node.name != "linear float16" else "-",
                              _check(node, device)])
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
           f"{args.rows} row(s), group {args.group}\n")

@@ -39,7 +39,8 @@ from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
 SHADER = "linear_qw"
 VSHADER = "linear_qw_gemv"
 VWG = 128  # linear_qw_gemv invocations per workgroup (a power of two, >= subgroups)
-VROWS = 4  # linear_qw_gemv outputs per workgroup
+VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: its partial sums live in
+#           the shared x of a sweep)
 DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup

@@ -16,9 +16,11 @@
 //       after the sum as ATen does).
 // The weight is streamed in uvec4 (16-byte) blocks: a workgroup of WG invocations
 // computes ROWS outputs of row m, invocation t reading blocks t, t + WG, ... of each
-// of its ROWS weight rows (adjacent invocations adjacent 16 bytes), the matching x
-// values (vec4, or with X16 uvec4 of 8 fp16 values) once per block for all ROWS
-// rows. Values are unpacked in registers without integer-to-float conversions
+// of its ROWS weight rows (adjacent invocations adjacent 16 bytes). Each sweep of WG
+// blocks first stages its x values in shared memory (coalesced vec4 loads, or with
+// X16 uvec4s of 8 fp16 values, converted once; XOR-swizzled so that the reads, one
+// block's KV values per invocation, are free of bank conflicts), read once per block
+// for all ROWS rows. Values are unpacked in registers without integer-to-float conversions
 // (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
 // Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
@@ -49,19 +51,35 @@ PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
 
 const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
 
-// x[m, k] for the KV values of block b, as vec4s.
-void load_x(int m, int b, int K, out vec4 xv[XV]) {
+// Shared x of one sweep: block j's vec4 e at j * XV + (e ^ swizzle(j)), so that the 8
+// invocations of a 128-byte shared-memory phase (j .. j + 7, one vec4 e each) hit 8
+// different 16-byte bank groups. Reused after the last sweep for the partial sums.
+shared vec4 xs[WG * XV];
+
+int swizzle(int j) { return (j / (8 / XV)) & (XV - 1); }
+
+// Stage x[m, 32 b0 .. ) (the sweep from block b0; zeros past the row) in xs.
+void stage_x(int m, int b0, int K, int blocks) {
 #ifdef X16
-  const int base = (m * K + b * KV) / 8;
   [[unroll]] for (int i = 0; i < XV / 2; ++i) {
-    const uvec4 h = x_data[base + i];
-    xv[2 * i] = vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y));
-    xv[2 * i + 1] = vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w));
+    const int u = i * WG + int(gl_LocalInvocationID.x);  // uvec4 u of the sweep
+    const int j = u / (XV / 2), e = 2 * (u % (XV / 2));
+    uvec4 h = uvec4(0u);
+    if (b0 + j < blocks) {
+      h = x_data[(m * K + b0 * KV) / 8 + u];
+    }
+    xs[j * XV + (e ^ swizzle(j))] = vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y));
+    xs[j * XV + ((e + 1) ^ swizzle(j))] = vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w));
   }
 #else
-  const int base = (m * K + b * KV) / 4;
   [[unroll]] for (int i = 0; i < XV; ++i) {
-    xv[i] = x_data[base + i];
+    const int v = i * WG + int(gl_LocalInvocationID.x);  // vec4 v of the sweep
+    const int j = v / XV, e = v % XV;
+    vec4 x = vec4(0.0);
+    if (b0 + j < blocks) {
+      x = x_data[(m * K + b0 * KV) / 4 + v];
+    }
+    xs[j * XV + (e ^ swizzle(j))] = x;
   }
 #endif
 }
@@ -113,7 +131,9 @@ float finish(float acc, int n) {
   return acc;
 }
 
-shared float partial[ROWS][WG];  // SUBGROUP: [row][subgroup id], else [row][invocation]
+// The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup
+// id, else the invocation) is float r * WG + i (ROWS * WG <= 4 * WG * XV floats).
+#define PARTIAL(r, i) xs[((r) * WG + (i)) / 4][((r) * WG + (i)) % 4]
 
 void main() {
   const int K = qdims.x;
@@ -132,52 +152,61 @@ void main() {
     acc[r] = 0.0;
   }
   if (live) {
-    for (int b = t; b < blocks; b += WG) {
-      vec4 xv[XV];
-      load_x(m, b, K, xv);
+    for (int b0 = 0; b0 < blocks; b0 += WG) {
+      barrier();  // the previous sweep's reads of xs are done
+      stage_x(m, b0, K, blocks);
+      barrier();
+      const int b = b0 + t;
+      if (b < blocks) {
+        vec4 xv[XV];
+        [[unroll]] for (int e = 0; e < XV; ++e) {
+          xv[e] = xs[t * XV + (e ^ swizzle(t))];
+        }
 #ifdef W4
-      const int s_row = ((b * KV) / qdims.z) * qstrides.x;
+        const int s_row = ((b * KV) / qdims.z) * qstrides.x;
 #endif
-      [[unroll]] for (int r = 0; r < ROWS; ++r) {
-        const float d = block_dot(xv, w_data[w_row[r] * w_stride + b]);
+        [[unroll]] for (int r = 0; r < ROWS; ++r) {
+          const float d = block_dot(xv, w_data[w_row[r] * w_stride + b]);
 #ifdef W4
-        acc[r] = fma(d, float(s_data[s_row + w_row[r]]), acc[r]);
+          acc[r] = fma(d, float(s_data[s_row + w_row[r]]), acc[r]);
 #else
-        acc[r] += d;
+          acc[r] += d;
 #endif
+        }
       }
     }
   }
+  barrier();  // xs is free for the partial sums
 #ifdef SUBGROUP
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     const float s = subgroupAdd(acc[r]);
     if (subgroupElect()) {
-      partial[r][gl_SubgroupID] = s;
+      PARTIAL(r, int(gl_SubgroupID)) = s;
     }
   }
   barrier();
   if (live && t < ROWS && n0 + t < N) {
     float total = 0.0;
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
-      total += partial[t][i];
+      total += PARTIAL(t, int(i));
     }
     out_data[m * N + n0 + t] = OUT_STORE(finish(total, n0 + t));
   }
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
-    partial[r][t] = acc[r];
+    PARTIAL(r, t) = acc[r];
   }
   barrier();
   [[unroll]] for (int s = WG / 2; s > 0; s >>= 1) {
     if (t < s) {
       [[unroll]] for (int r = 0; r < ROWS; ++r) {
-        partial[r][t] += partial[r][t + s];
+        PARTIAL(r, t) += PARTIAL(r, t + s);
       }
     }
     barrier();
   }
   if (live && t < ROWS && n0 + t < N) {
-    out_data[m * N + n0 + t] = OUT_STORE(finish(partial[t][0], n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish(PARTIAL(t, 0), n0 + t));
   }
 #endif
 }
