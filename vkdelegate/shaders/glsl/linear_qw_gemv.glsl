@@ -153,22 +153,35 @@ void main() {
   }
   if (live) {
     for (int b0 = 0; b0 < blocks; b0 += WG) {
-      barrier();  // the previous sweep's reads of xs are done
+      // The sweep's weight blocks and scales are requested first, so that their
+      // latency overlaps the staging of x and its barriers.
+      const int b = b0 + t;
+      const bool mine = b < blocks;
+      uvec4 wv[ROWS];
+      float sv[ROWS];
+#ifdef W4
+      const int s_row = ((min(b, blocks - 1) * KV) / qdims.z) * qstrides.x;
+#endif
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        wv[r] = mine ? w_data[w_row[r] * w_stride + b] : uvec4(0u);
+#ifdef W4
+        sv[r] = float(s_data[s_row + w_row[r]]);
+#endif
+      }
+      if (b0 > 0) {
+        barrier();  // the previous sweep's reads of xs are done
+      }
       stage_x(m, b0, K, blocks);
       barrier();
-      const int b = b0 + t;
-      if (b < blocks) {
+      if (mine) {
         vec4 xv[XV];
         [[unroll]] for (int e = 0; e < XV; ++e) {
           xv[e] = xs[t * XV + (e ^ swizzle(t))];
         }
-#ifdef W4
-        const int s_row = ((b * KV) / qdims.z) * qstrides.x;
-#endif
         [[unroll]] for (int r = 0; r < ROWS; ++r) {
-          const float d = block_dot(xv, w_data[w_row[r] * w_stride + b]);
+          const float d = block_dot(xv, wv[r]);
 #ifdef W4
-          acc[r] = fma(d, float(s_data[s_row + w_row[r]]), acc[r]);
+          acc[r] = fma(d, sv[r], acc[r]);
 #else
           acc[r] += d;
 #endif
