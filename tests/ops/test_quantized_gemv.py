@@ -9,16 +9,20 @@ summation order only (outputs ~1 from K ~ 4600 products: 2e-5 relative + absolut
 fp16 activations: eager rounds its product to fp16 (2^-11 relative) and its int4
 weights to fp16 before the product, which this form skips (the scale is applied to
 the block's sum: at most 2^-12 of each product): 1e-2, as the fp16 linear tests.
+8da4w: as test_quantized_linear (one activation quantum more: a division that is not
+correctly rounded may move one value to the neighbouring int8 quantum).
 """
 import pytest
 import torch
 
 from tests.ops.harness import check_op
+from tests.ops.test_quantized_linear import _one_quantum
 from vkdelegate.backend.quantize import quantize_for_vulkan
 
 pytest.importorskip("torchao")
 
 INT8PACK, Q4GSW = "aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default"
+DQ8CA = "et_vk.linear_dq8ca_q4gsw.default"
 
 
 @pytest.fixture
@@ -75,6 +79,23 @@ def test_int8_gemv(family, monkeypatch, dtype, subgroup):
         check_op(model, (torch.randn(rows, k).to(dtype),), ops=[INT8PACK],
                  rtol=_tol(dtype), atol=_tol(dtype))
     assert family.calls == [8, 8]
+
+
+@pytest.mark.parametrize("int_dot", [True, False], ids=["int_dot", "portable"])
+@pytest.mark.parametrize("group", [32, 128, 256])
+def test_8da4w_gemv(family, monkeypatch, group, int_dot):
+    # The device's integer dot product (dotPacked4x8EXT, lavapipe has it) or, with the
+    # integer-dot candidate dropped, the portable fp32 integer sums.
+    if not int_dot:
+        monkeypatch.setattr(family, "choose", lambda shader, candidates, caps:
+                            dict(candidates[-1]))
+    k = 4608
+    model = quantize_for_vulkan(_linear(k, 13, torch.float32), "8da4w", group_size=group)
+    torch.manual_seed(1)
+    for rows in (1, 3):
+        x = torch.randn(rows, k)
+        check_op(model, (x,), ops=[DQ8CA], rtol=2e-5, atol=2e-5 + _one_quantum(model, x))
+    assert family.calls == [4, 4]
 
 
 def test_int4_without_bias_and_rank3(family):

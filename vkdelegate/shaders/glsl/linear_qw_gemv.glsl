@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef INT_DOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 #ifdef SUBGROUP
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
@@ -14,14 +17,20 @@
 //       to fp16 first, as eager's dequantize does; at most 2^-12 of each product);
 //   W8: aten._weight_int8pack_mm (int8 [N, K], K a multiple of 16; scales [N], applied
 //       after the sum as ATen does).
+//   DQ8CA (with W4): et_vk.linear_dq8ca_q4gsw (8da4w): x quantized per row as it is
+//       staged (qlinear.h), each block's products summed as integers (INT_DOT: four
+//       dotPacked4x8EXT on the nibbles against x packed by k parity; else in fp32 by
+//       block_dot: integer sums, exact below 2^24, else rounded by at most 2^-24
+//       relative), the zero point's share (z * the group's weight sum) subtracted at
+//       the block that starts a group, then * scale_w * scale_x.
 // The weight is streamed in uvec4 (16-byte) blocks: a workgroup of WG invocations
 // computes ROWS outputs of row m, invocation t reading blocks t, t + WG, ... of each
 // of its ROWS weight rows (adjacent invocations adjacent 16 bytes). Each sweep of WG
 // blocks first stages its x values in shared memory (coalesced vec4 loads, or with
 // X16 uvec4s of 8 fp16 values, converted once; XOR-swizzled so that the reads, one
 // block's KV values per invocation, are free of bank conflicts), read once per block
-// for all ROWS rows. Values are unpacked in registers without integer-to-float conversions
-// (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
+// for all ROWS rows. Values are unpacked in registers without integer-to-float
+// conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
 // Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
 // compute the last valid one and store nothing).
@@ -37,10 +46,17 @@ TENSOR_IN(s_data, S_T)
 #ifdef HAS_BIAS
 TENSOR_IN(c_data, C_T)
 #endif
+#ifdef DQ8CA
+TENSOR_IN(xs_data, XS_T)
+TENSOR_IN(xz_data, XZ_T)
+TENSOR_IN(sum_data, int)
+#endif
 TENSOR_META(out_meta)
 // qdims: K, N, group size, weight uvec4 blocks per row used (K / KV); qstrides: the
-// scales' row stride (W4), -, the weight's row stride in uvec4 blocks, -.
+// scales' row stride (W4), the weight sums' row stride (DQ8CA), the weight's row
+// stride in uvec4 blocks, -.
 PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
+#include "qlinear.h"
 
 #ifdef W4
 #define KV 32  // k values per weight block
@@ -58,8 +74,16 @@ shared vec4 xs[WG * XV];
 
 int swizzle(int j) { return (j / (8 / XV)) & (XV - 1); }
 
-// Stage x[m, 32 b0 .. ) (the sweep from block b0; zeros past the row) in xs.
-void stage_x(int m, int b0, int K, int blocks) {
+#ifdef DQ8CA
+#define QX(v) vec4(quantize_x(v.x, inv, z), quantize_x(v.y, inv, z), \
+                   quantize_x(v.z, inv, z), quantize_x(v.w, inv, z))
+#else
+#define QX(v) (v)
+#endif
+
+// Stage x[m, KV b0 .. ) (the sweep from block b0; zeros past the row) in xs; DQ8CA:
+// quantized with (1 / scale, zero point) (inv, z), as exact small integers.
+void stage_x(int m, int b0, int K, int blocks, float inv, int z) {
 #ifdef X16
   [[unroll]] for (int i = 0; i < XV / 2; ++i) {
     const int u = i * WG + int(gl_LocalInvocationID.x);  // uvec4 u of the sweep
@@ -68,8 +92,9 @@ void stage_x(int m, int b0, int K, int blocks) {
     if (b0 + j < blocks) {
       h = x_data[(m * K + b0 * KV) / 8 + u];
     }
-    xs[j * XV + (e ^ swizzle(j))] = vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y));
-    xs[j * XV + ((e + 1) ^ swizzle(j))] = vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w));
+    xs[j * XV + (e ^ swizzle(j))] = QX(vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)));
+    xs[j * XV + ((e + 1) ^ swizzle(j))] = QX(vec4(unpackHalf2x16(h.z),
+                                                  unpackHalf2x16(h.w)));
   }
 #else
   [[unroll]] for (int i = 0; i < XV; ++i) {
@@ -79,7 +104,7 @@ void stage_x(int m, int b0, int K, int blocks) {
     if (b0 + j < blocks) {
       x = x_data[(m * K + b0 * KV) / 4 + v];
     }
-    xs[j * XV + (e ^ swizzle(j))] = x;
+    xs[j * XV + (e ^ swizzle(j))] = QX(x);
   }
 #endif
 }
@@ -121,6 +146,23 @@ float block_dot(vec4 xv[XV], uvec4 w) {
 #endif
 }
 
+#ifdef INT_DOT
+// The block's integer sum of xq * (nibble - 8): x packed by k parity (the low nibbles
+// of a word hold k even), against the stored nibbles (value + 8), minus 8 * sum(xq).
+float block_idot(vec4 xv[XV], uvec4 w) {
+  int isum = 0;
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    const ivec4 a = ivec4(xv[2 * i]), b = ivec4(xv[2 * i + 1]);  // k = 8 i .. 8 i + 7
+    const uint even = packed_bytes(ivec4(a.x, a.z, b.x, b.z));
+    const uint odd = packed_bytes(ivec4(a.y, a.w, b.y, b.w));
+    isum += dotPacked4x8EXT(even, w[i] & 0x0F0F0F0Fu)
+        + dotPacked4x8EXT(odd, (w[i] >> 4) & 0x0F0F0F0Fu)
+        - 8 * (a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w);
+  }
+  return float(isum);
+}
+#endif
+
 float finish(float acc, int n) {
 #ifdef W8
   acc *= float(s_data[n]);
@@ -145,6 +187,13 @@ void main() {
   const int n0 = int(gl_WorkGroupID.x) * ROWS;
   const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
   const bool live = int(gl_WorkGroupID.y) < M && n0 < N;  // uniform in the workgroup
+  float inv = 0.0, xscale = 1.0;
+  int z = 0;
+#ifdef DQ8CA
+  if (live) {
+    row_qparams(m, inv, xscale, z);
+  }
+#endif
   int w_row[ROWS];
   float acc[ROWS];
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
@@ -157,21 +206,29 @@ void main() {
       // latency overlaps the staging of x and its barriers.
       const int b = b0 + t;
       const bool mine = b < blocks;
+      const int bc = min(b, blocks - 1);  // in bounds; used only where mine
       uvec4 wv[ROWS];
       float sv[ROWS];
 #ifdef W4
-      const int s_row = ((min(b, blocks - 1) * KV) / qdims.z) * qstrides.x;
+      const int g = (bc * KV) / qdims.z;
+#endif
+#ifdef DQ8CA
+      int zsum[ROWS];  // the zero point's share, at the block that starts a group
+      const bool starts = (b * KV) % qdims.z == 0;
 #endif
       [[unroll]] for (int r = 0; r < ROWS; ++r) {
-        wv[r] = mine ? w_data[w_row[r] * w_stride + b] : uvec4(0u);
+        wv[r] = w_data[w_row[r] * w_stride + bc];
 #ifdef W4
-        sv[r] = float(s_data[s_row + w_row[r]]);
+        sv[r] = float(s_data[g * qstrides.x + w_row[r]]) * xscale;
+#endif
+#ifdef DQ8CA
+        zsum[r] = starts ? z * sum_data[g * qstrides.y + w_row[r]] : 0;
 #endif
       }
       if (b0 > 0) {
         barrier();  // the previous sweep's reads of xs are done
       }
-      stage_x(m, b0, K, blocks);
+      stage_x(m, b0, K, blocks, inv, z);
       barrier();
       if (mine) {
         vec4 xv[XV];
@@ -179,7 +236,14 @@ void main() {
           xv[e] = xs[t * XV + (e ^ swizzle(t))];
         }
         [[unroll]] for (int r = 0; r < ROWS; ++r) {
-          const float d = block_dot(xv, wv[r]);
+#ifdef INT_DOT
+          float d = block_idot(xv, wv[r]);
+#else
+          float d = block_dot(xv, wv[r]);
+#endif
+#ifdef DQ8CA
+          d -= float(zsum[r]);
+#endif
 #ifdef W4
           acc[r] = fma(d, sv[r], acc[r]);
 #else
