@@ -120,15 +120,20 @@ def test_other_device_paths(vk_device, forms_by_rows, scheme, rows, device):
     try:
         with load_delegate(delegate.blob, delegate.named_data, device=dev) as loaded:
             out = torch.from_numpy(loaded.execute([x.numpy()])[0])
-            defines = [dict(d.pipeline.defines) for d in loaded.dispatches
-                       if d.pipeline.name == "linear_qw"]
+            forms = [(d.pipeline.name, dict(d.pipeline.defines)) for d in loaded.dispatches
+                     if d.pipeline.name in ("linear_qw", "linear_qw_gemv")]
         assert not dev.validation_messages
     finally:
         dev.close()
-    assert len(defines) == 2
+    assert len(forms) == 2
+    # One row of weights stored as bytes: the vectorized GEMV (linear_qw_gemv); the
+    # rest linear_qw's word / byte-assembling forms.
+    vector = rows == 1 and device != "wide"
+    assert all((name == "linear_qw_gemv") == vector for name, _ in forms), forms
+    defines = [d for name, d in forms if name == "linear_qw"]
     assert all(("W_WORDS" in d) == (device != "wide") for d in defines)
     assert all(("GEMV" in d) == (rows == 1) for d in defines)
-    assert not any("INT_DOT" in d for d in defines if device == "no_int_dot")
+    assert not any("INT_DOT" in d for _, d in forms if device == "no_int_dot")
     atol = 2e-5
     if scheme == "8da4w":
         scale = (x.amax(-1).clamp(min=0) - x.amin(-1).clamp(max=0)) / 255

@@ -15,13 +15,19 @@ torchao's quantized linears).
   quantized per row in the shader, integer products per group (dotPacked4x8EXT where
   the device has shaderIntegerDotProduct, a portable loop otherwise).
 
-One shader, linear_qw.glsl: a GEMV form (a workgroup of WG invocations per NPW columns
-of one row, K split across the invocations, shared-memory reduction) for at most
-GEMV_ROWS rows (the upper bound) on GPUs, a GEMM form (4 x 4 tiles) otherwise
-(``use_gemv``). The packed
+Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
+vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
+int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
+workgroup; 8da4w quantizes x as it stages it) where the weight allows it
+(``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
+of 16); else linear_qw.glsl, whose
+GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
+words, shared-memory reduction) takes the rest, and whose GEMM form (4 x 4 tiles) the
+rows past GEMV_ROWS and CPU drivers. The packed
 weight is the program's constant itself, read as 32-bit words on devices with 8-bit
-storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; an
-fp16 model's dequantized int4 weights are rounded to fp16 as its eager dequantize does.
+storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; linear_qw.glsl
+rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
+linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
 """
 from __future__ import annotations
 
@@ -33,6 +39,10 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
 
 SHADER = "linear_qw"
+VSHADER = "linear_qw_gemv"
+VWG = 128  # linear_qw_gemv invocations per workgroup (a power of two, >= subgroups)
+VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: its partial sums live in
+#           the shared x of a sweep)
 DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup
@@ -45,6 +55,7 @@ INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gs
                           "et_vk.linear_dq8ca_q4gsw.default")
 
 
+@shader_bindings(VSHADER)
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
     inputs = ["x_data", "w_data", "s_data"]
@@ -63,10 +74,42 @@ def use_gemv(info, m: int) -> bool:
     return m <= GEMV_ROWS and info.type != "cpu"
 
 
+def has_subgroup_arithmetic(info) -> bool:
+    """Whether the device's subgroups have arithmetic operations (subgroupAdd;
+    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT): linear_qw_gemv.glsl's SUBGROUP reduction."""
+    return "arithmetic" in info.subgroup_ops
+
+
 def _words(w, k: int, bits: int) -> bool:
     """Whether the weight buffer can be read as 32-bit words: 8-bit storage (bytes
     packed as the program has them) and whole words per row."""
     return w[1] in ("uint8", "int8") and (bits == 4 or k % 4 == 0)
+
+
+def vector_gemv(w, k: int, bits: int, group: int, row_bytes: int) -> bool:
+    """Whether linear_qw_gemv.glsl can run a GEMV: w a Tensor or (graph dtype, device
+    dtype) pair stored as bytes (8-bit storage), rows of whole 16-byte blocks
+    (``row_bytes``, ExecuTorch's padding included), int4 groups of 32k values (a block
+    in one group; 8da4w too), int8 K a multiple of 16."""
+    pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
+    if not _words(pair, k, bits) or row_bytes % 16:
+        return False
+    return group % 32 == 0 if bits == 4 else k % 16 == 0
+
+
+def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None) -> dict:
+    """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
+    integer-dot variant added by ``choose``); subgroup: the device has subgroup
+    arithmetic (VkPhysicalDeviceSubgroupProperties)."""
+    tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
+    if dq is not None:
+        tensors.update(XS=dq[0], XZ=dq[1])
+    d = storage_defines(**tensors)
+    xdev = x.device_dtype if hasattr(x, "device_dtype") else x[1]
+    d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
+                          X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None))
+    d.update(WG=str(VWG), ROWS=str(VROWS))
+    return d
 
 
 def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
@@ -107,6 +150,8 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
     chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
+    if gemv and vector_gemv(w, k, bits, group, w.max_shape[1]):
+        return _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq)
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
@@ -133,6 +178,26 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
         grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=grid, local_size=local)
+
+
+def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None) -> None:
+    blocks = k // (32 if bits == 4 else 16)
+    loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
+    if bits == 4 and (s.ndim != 2 or s.max_shape[1] < n or s.max_shape[0] != k // group):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {n} and "
+                      f"group size {group}")
+    s_stride = s.max_shape[1] if bits == 4 else n
+    defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
+                             dq)
+    if dq is not None:
+        defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
+                         b.device.info.capabilities)
+    sums_stride = dq[2].max_shape[1] if dq is not None else 0
+    params = [out.meta, b.params(PARAMS.pack(
+        qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]
+    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
+    b.dispatch(VSHADER, defines, outputs=[out], inputs=inputs, params=params,
+               global_size=(-(-n // VROWS) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
 
 def _int8pack_impl(b, node):
@@ -209,19 +274,20 @@ def _shape(w_at: int):
 
 register(OpSpec(name=INT8PACK, dtypes=DTYPES, impl=_int8pack_impl, shape_fn=_shape(1),
                 rules=(_int8pack_rule,), arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
-                notes="int8 per-channel weight-only linear; GEMV (K split, shared "
-                      "reduction) / GEMM forms"))
+                notes="int8 per-channel weight-only linear; GEMV (16-byte weight blocks "
+                      "where K % 16 == 0, else 32-bit words) / GEMM forms"))
 register(OpSpec(name=Q4GSW, dtypes=DTYPES, impl=_q4gsw_impl, shape_fn=_shape(1),
                 rules=(lambda n: _q4_rule(n, 1, 2, 3),),
                 arg_dtypes={1: frozenset({"uint8"})},
                 notes="int4 group-wise weights two per byte (ET packing), groups of "
-                      "8k; GEMV / GEMM forms"))
+                      "8k; GEMV (16-byte blocks for groups of 32k) / GEMM forms"))
 register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
                 shape_fn=_shape(3), rules=(_dq8ca_rule,),
                 arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
                             4: frozenset({"int32"})},
                 notes="8da4w: per-row int8 activations x int4 weights, integer "
-                      "products (dotPacked4x8EXT with shaderIntegerDotProduct)"))
+                      "products (dotPacked4x8EXT with shaderIntegerDotProduct); "
+                      "GEMV / GEMM forms"))
 
 
 # ---- variants ---------------------------------------------------------------------
@@ -255,3 +321,27 @@ _AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True),
 declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              odd_k=(False, True))
 declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
+
+
+def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool):
+    if op == INT8PACK and bias or op == DQ8CA and dtype != "float32":
+        return None
+    pair = (dtype, device_dtype(dtype, profile))
+    bits = 8 if op == INT8PACK else 4
+    wdt = "int8" if bits == 8 else "uint8"
+    if not vector_gemv((wdt, device_dtype(wdt, profile)), 32, bits, 32, 16):
+        return None
+    dq = None
+    if op == DQ8CA:
+        dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
+    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq)
+
+
+def _vector_dot(profile, bias: bool, subgroup: bool):
+    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup)
+    return None if found is None else dict(found, INT_DOT="1")
+
+
+_VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False))
+declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES)
+declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)

@@ -1,16 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-#include "common.h"
 #ifdef INT_DOT
-// OpSDot on 4 packed int8 values (SPV_KHR_integer_dot_product, core in SPIR-V 1.6:
-// capabilities DotProduct 6019 and DotProductInput4x8BitPacked 6018, opcode 4450),
-// through spirv_intrinsics: glslang 12 has no GL_EXT_integer_dot_product yet.
 #extension GL_EXT_spirv_intrinsics : require
-spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
-                  id = 4450)
-int sdot_packed(uint a, uint b, spirv_literal int packed_vector_format);
-#define dotPacked4x8EXT(a, b) sdot_packed(a, b, 0)  // PackedVectorFormat4x8Bit
 #endif
+#include "common.h"
 
 // Quantized-weight linear: out[m, n] = sum_k x[m, k] * dequant(w)[n, k] (+ bias[n]),
 // accumulated in fp32, for the weight formats of ExecuTorch's Vulkan backend:
@@ -55,6 +48,7 @@ TENSOR_META(out_meta)
 // of the scales (W4) and of the weight sums (DQ8CA), N or padded past it, and of the
 // weight in chunks (past K / CH where ExecuTorch padded K to a multiple of 8).
 PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
+#include "qlinear.h"
 
 #ifdef W4
 #define CH 8
@@ -102,18 +96,6 @@ void unpack(uint word, out int q[CH]) {
 #endif
 }
 
-// Row m's quantization: (1 / scale, scale, zero point). torchao multiplies x by
-// ATen's correctly rounded reciprocal; GLSL's division may be 2.5 ulp off, so one
-// Newton step (fma, exact residual) refines the driver's quotient.
-#ifdef DQ8CA
-void row_qparams(int m, out float inv, out float xs, out int z) {
-  xs = float(xs_data[m]);
-  precise float r = 1.0 / xs;
-  precise float e = fma(-xs, r, 1.0);
-  inv = fma(r, e, r);
-  z = int(xz_data[m]);
-}
-#endif
 
 // One chunk of a row of x as the products read it: its values and, for DQ8CA, their
 // int8 quantization (clamp(roundEven(x / s) + z), as torchao's quantize_affine; with
@@ -136,7 +118,7 @@ XChunk load_x(int m, int c, int K, float inv, int z) {
   [[unroll]] for (int t = 0; t < CH; ++t) {
     x.v[t] = float(x_data[m * K + c * CH + t]);
 #ifdef DQ8CA
-    x.q[t] = int(clamp(roundEven(x.v[t] * inv) + float(z), -128.0, 127.0));
+    x.q[t] = int(quantize_x(x.v[t], inv, z));
 #endif
   }
 #ifdef INT_DOT

@@ -1,0 +1,124 @@
+"""The vectorized quantized GEMV (linear_qw_gemv.glsl: 16-byte weight blocks, the int4
+group scale once per block, subgroup or shared-memory reduction) against eager
+execution of torchao's quantized linears (their dequantized weights).
+
+Shapes: K past one workgroup's sweep (VWG blocks of 32 int4 / 16 int8 values) with a
+partial last sweep, N = 13 (not a multiple of VROWS: a partly used workgroup), one and
+three rows. Tolerances as tests/ops/test_quantized_linear.py: fp32 differs from eager by
+summation order only (outputs ~1 from K ~ 4600 products: 2e-5 relative + absolute);
+fp16 activations: eager rounds its product to fp16 (2^-11 relative) and its int4
+weights to fp16 before the product, which this form skips (the scale is applied to
+the block's sum: at most 2^-12 of each product): 1e-2, as the fp16 linear tests.
+8da4w: as test_quantized_linear (one activation quantum more: a division that is not
+correctly rounded may move one value to the neighbouring int8 quantum).
+"""
+import pytest
+import torch
+
+from tests.ops.harness import check_op
+from tests.ops.test_quantized_linear import _one_quantum
+from vkdelegate.backend.quantize import quantize_for_vulkan
+
+pytest.importorskip("torchao")
+
+INT8PACK, Q4GSW = "aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default"
+DQ8CA = "et_vk.linear_dq8ca_q4gsw.default"
+
+
+@pytest.fixture
+def family(monkeypatch):
+    """The quantized-linear family with the GEMV forms on every device (a CPU driver
+    gets the GEMM form by default) and a count of linear_qw_gemv dispatches."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    calls = []
+    record = family._record_vector
+
+    def counted(*args, **kwargs):
+        calls.append(args[6])  # bits
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(family, "_record_vector", counted)
+    family.calls = calls
+    yield family
+    del family.calls
+
+
+def _linear(k, n, dtype, bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(k, n, bias=bias)).to(dtype).eval()
+
+
+def _tol(dtype):
+    return 2e-5 if dtype == torch.float32 else 1e-2
+
+
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+def test_int4_gemv(family, monkeypatch, group, dtype, subgroup):
+    if not subgroup:
+        monkeypatch.setattr(family, "has_subgroup_arithmetic", lambda info: False)
+    k = 4608  # 144 blocks of 32: one full sweep of 128 invocations and a partial one
+    model = quantize_for_vulkan(_linear(k, 13, dtype), "int4", group_size=group)
+    for rows in (1, 3):
+        x = torch.randn(rows, k).to(dtype)
+        check_op(model, (x,), ops=[Q4GSW], rtol=_tol(dtype), atol=_tol(dtype))
+    assert family.calls == [4, 4]
+
+
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_int8_gemv(family, monkeypatch, dtype, subgroup):
+    if not subgroup:
+        monkeypatch.setattr(family, "has_subgroup_arithmetic", lambda info: False)
+    k = 2064  # 129 blocks of 16
+    model = quantize_for_vulkan(_linear(k, 13, dtype), "int8")
+    for rows in (1, 4):
+        check_op(model, (torch.randn(rows, k).to(dtype),), ops=[INT8PACK],
+                 rtol=_tol(dtype), atol=_tol(dtype))
+    assert family.calls == [8, 8]
+
+
+@pytest.mark.parametrize("int_dot", [True, False], ids=["int_dot", "portable"])
+@pytest.mark.parametrize("group", [32, 128, 256])
+def test_8da4w_gemv(family, monkeypatch, group, int_dot):
+    # The device's integer dot product (dotPacked4x8EXT, lavapipe has it) or, with the
+    # integer-dot candidate dropped, the portable fp32 integer sums.
+    if not int_dot:
+        monkeypatch.setattr(family, "choose", lambda shader, candidates, caps:
+                            dict(candidates[-1]))
+    k = 4608
+    model = quantize_for_vulkan(_linear(k, 13, torch.float32), "8da4w", group_size=group)
+    torch.manual_seed(1)
+    for rows in (1, 3):
+        x = torch.randn(rows, k)
+        check_op(model, (x,), ops=[DQ8CA], rtol=2e-5, atol=2e-5 + _one_quantum(model, x))
+    assert family.calls == [4, 4]
+
+
+def test_int4_without_bias_and_rank3(family):
+    model = quantize_for_vulkan(_linear(256, 21, torch.float32, bias=False), "int4",
+                                group_size=128)
+    check_op(model, (torch.randn(1, 2, 256),), ops=[Q4GSW], rtol=2e-5, atol=2e-5)
+    assert family.calls == [4]
+
+
+@pytest.mark.parametrize("group,row_bytes", [(16, 32), (32, 40)])
+def test_other_weights_take_the_word_form(family, group, row_bytes):
+    # Where a 16-byte block would span two groups (groups of 16, as an ExecuTorch graph
+    # may carry) or the weight rows are not whole blocks (ExecuTorch's padding, 40
+    # bytes for K = 64), and int8 K % 16 != 0: linear_qw.glsl's GEMV form, still exact.
+    from vkdelegate.backend.custom_ops import LINEAR_Q4GSW
+    from vkdelegate.backend.passes.quantized_linear import pack_4bit
+
+    torch.manual_seed(0)
+    weights = pack_4bit(torch.randint(-8, 8, (13, 2 * row_bytes), dtype=torch.int8))
+    scales, bias = torch.rand(64 // group, 13) / 10, torch.randn(13)
+    op = LINEAR_Q4GSW.overload()
+    check_op(lambda x: op(x, weights, scales, group, bias), (torch.randn(1, 64),),
+             ops=[Q4GSW], rtol=2e-5, atol=2e-5)
+    check_op(quantize_for_vulkan(_linear(40, 13, torch.float32), "int8"),
+             (torch.randn(1, 40),), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
+    assert family.calls == []

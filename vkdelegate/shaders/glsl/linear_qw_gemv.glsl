@@ -1,0 +1,289 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#ifdef INT_DOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+#include "common.h"
+
+// Vectorized GEMV of the weight-only quantized linears (LLM decode: one to a few rows):
+// out[m, n] = sum_k x[m, k] * dequant(w)[n, k] (+ bias[n]), fp32 accumulation, for
+//   W4: et_vk.linear_q4gsw (uint8 [N, >= K/2], two int4 per byte, k even in the low
+//       nibble, stored + 8; scales [K / GS, N] (row stride qstrides.x)), GS a multiple
+//       of 32: one 16-byte block (32 values) lies in one group, so the block's integer
+//       dot product is scaled once (fp16 models: the dequantized weight is not rounded
+//       to fp16 first, as eager's dequantize does; at most 2^-12 of each product);
+//   W8: aten._weight_int8pack_mm (int8 [N, K], K a multiple of 16; scales [N], applied
+//       after the sum as ATen does).
+//   DQ8CA (with W4): et_vk.linear_dq8ca_q4gsw (8da4w): x quantized per row as it is
+//       staged (qlinear.h), each block's products summed as integers (INT_DOT: four
+//       dotPacked4x8EXT on the nibbles against x packed by k parity; else in fp32 by
+//       block_dot: integer sums, exact below 2^24, else rounded by at most 2^-24
+//       relative), the zero point's share (z * the group's weight sum) subtracted at
+//       the block that starts a group, then * scale_w * scale_x.
+// The weight is streamed in uvec4 (16-byte) blocks: a workgroup of WG invocations
+// computes ROWS outputs of row m, invocation t reading blocks t, t + WG, ... of each
+// of its ROWS weight rows (adjacent invocations adjacent 16 bytes). Each sweep of WG
+// blocks first stages its x values in shared memory (coalesced vec4 loads, or with
+// X16 uvec4s of 8 fp16 values, converted once; XOR-swizzled so that the reads, one
+// block's KV values per invocation, are free of bank conflicts), read once per block
+// for all ROWS rows. Values are unpacked in registers without integer-to-float
+// conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
+// subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
+// Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
+// compute the last valid one and store nothing).
+
+TENSOR_OUT(out_data, OUT_T)
+#ifdef X16
+TENSOR_IN(x_data, uvec4)
+#else
+TENSOR_IN(x_data, vec4)
+#endif
+TENSOR_IN(w_data, uvec4)
+TENSOR_IN(s_data, S_T)
+#ifdef HAS_BIAS
+TENSOR_IN(c_data, C_T)
+#endif
+#ifdef DQ8CA
+TENSOR_IN(xs_data, XS_T)
+TENSOR_IN(xz_data, XZ_T)
+TENSOR_IN(sum_data, int)
+#endif
+TENSOR_META(out_meta)
+// qdims: K, N, group size, weight uvec4 blocks per row used (K / KV); qstrides: the
+// scales' row stride (W4), the weight sums' row stride (DQ8CA), the weight's row
+// stride in uvec4 blocks, -.
+PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
+#include "qlinear.h"
+
+#ifdef W4
+#define KV 32  // k values per weight block
+#else
+#define KV 16
+#endif
+#define XV (KV / 4)  // vec4s of x per block
+
+const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
+
+// Shared x of one sweep: block j's vec4 e at j * XV + (e ^ swizzle(j)), so that the 8
+// invocations of a 128-byte shared-memory phase (j .. j + 7, one vec4 e each) hit 8
+// different 16-byte bank groups. Reused after the last sweep for the partial sums.
+shared vec4 xs[WG * XV];
+
+int swizzle(int j) { return (j / (8 / XV)) & (XV - 1); }
+
+#ifdef DQ8CA
+#define QX(v) vec4(quantize_x(v.x, inv, z), quantize_x(v.y, inv, z), \
+                   quantize_x(v.z, inv, z), quantize_x(v.w, inv, z))
+#else
+#define QX(v) (v)
+#endif
+
+// Stage x[m, KV b0 .. ) (the sweep from block b0; zeros past the row) in xs; DQ8CA:
+// quantized with (1 / scale, zero point) (inv, z), as exact small integers.
+void stage_x(int m, int b0, int K, int blocks, float inv, int z) {
+#ifdef X16
+  [[unroll]] for (int i = 0; i < XV / 2; ++i) {
+    const int u = i * WG + int(gl_LocalInvocationID.x);  // uvec4 u of the sweep
+    const int j = u / (XV / 2), e = 2 * (u % (XV / 2));
+    uvec4 h = uvec4(0u);
+    if (b0 + j < blocks) {
+      h = x_data[(m * K + b0 * KV) / 8 + u];
+    }
+    xs[j * XV + (e ^ swizzle(j))] = QX(vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)));
+    xs[j * XV + ((e + 1) ^ swizzle(j))] = QX(vec4(unpackHalf2x16(h.z),
+                                                  unpackHalf2x16(h.w)));
+  }
+#else
+  [[unroll]] for (int i = 0; i < XV; ++i) {
+    const int v = i * WG + int(gl_LocalInvocationID.x);  // vec4 v of the sweep
+    const int j = v / XV, e = v % XV;
+    vec4 x = vec4(0.0);
+    if (b0 + j < blocks) {
+      x = x_data[(m * K + b0 * KV) / 4 + v];
+    }
+    xs[j * XV + (e ^ swizzle(j))] = QX(x);
+  }
+#endif
+}
+
+// The sum over a block of x * (signed weight value). A field of 4 (W4) or 8 bits at
+// bit p < 20 of a word, masked in place and ORed into 2^23's bits, is the float
+// 2^23 + v * 2^p exactly; subtracting 2^23 + bias * 2^p leaves (v - bias) * 2^p, so
+// each weight costs one LOP3 (mask and OR), one subtraction and one FMA. Products are
+// summed per bit position p (one accumulator each) and scaled by 2^-p (exact) at
+// the end; fields above bit 15 are shifted down once per word.
+float block_dot(vec4 xv[XV], uvec4 w) {
+  vec4 acc = vec4(0.0);  // by bit position: W4 0, 4, 8, 12; W8 0, 8
+#ifdef W4
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    [[unroll]] for (int h = 0; h < 2; ++h) {  // nibbles 4h .. 4h + 3: k = 8 i + 4 h + j
+      const uint half_word = h == 0 ? w[i] : w[i] >> 16;
+      const vec4 x = xv[2 * i + h];
+      [[unroll]] for (int j = 0; j < 4; ++j) {
+        const float q = uintBitsToFloat((half_word & (0xFu << (4 * j))) | 0x4B000000u)
+            - (MAGIC + 8.0 * float(1 << (4 * j)));
+        acc[j] = fma(x[j], q, acc[j]);
+      }
+    }
+  }
+  return acc.x + acc.y * (1.0 / 16.0) + acc.z * (1.0 / 256.0) + acc.w * (1.0 / 4096.0);
+#else
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    const uint word = w[i] ^ 0x80808080u;  // k = 4 i + t in byte t, now + 128
+    [[unroll]] for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1
+      const uint half_word = h == 0 ? word : word >> 16;
+      [[unroll]] for (int j = 0; j < 2; ++j) {
+        const float q = uintBitsToFloat((half_word & (0xFFu << (8 * j))) | 0x4B000000u)
+            - (MAGIC + 128.0 * float(1 << (8 * j)));
+        acc[j] = fma(xv[i][2 * h + j], q, acc[j]);
+      }
+    }
+  }
+  return acc.x + acc.y * (1.0 / 256.0);
+#endif
+}
+
+#ifdef INT_DOT
+// The block's integer sum of xq * (nibble - 8): x packed by k parity (the low nibbles
+// of a word hold k even), against the stored nibbles (value + 8), minus 8 * sum(xq).
+float block_idot(vec4 xv[XV], uvec4 w) {
+  int isum = 0;
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    const ivec4 a = ivec4(xv[2 * i]), b = ivec4(xv[2 * i + 1]);  // k = 8 i .. 8 i + 7
+    const uint even = packed_bytes(ivec4(a.x, a.z, b.x, b.z));
+    const uint odd = packed_bytes(ivec4(a.y, a.w, b.y, b.w));
+    isum += dotPacked4x8EXT(even, w[i] & 0x0F0F0F0Fu)
+        + dotPacked4x8EXT(odd, (w[i] >> 4) & 0x0F0F0F0Fu)
+        - 8 * (a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w);
+  }
+  return float(isum);
+}
+#endif
+
+float finish(float acc, int n) {
+#ifdef W8
+  acc *= float(s_data[n]);
+#endif
+#ifdef HAS_BIAS
+  acc += float(c_data[n]);
+#endif
+  return acc;
+}
+
+// The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup
+// id, else the invocation) is float r * WG + i (ROWS * WG <= 4 * WG * XV floats).
+#define PARTIAL(r, i) xs[((r) * WG + (i)) / 4][((r) * WG + (i)) % 4]
+
+void main() {
+  const int K = qdims.x;
+  const int N = qdims.y;
+  const int blocks = qdims.w;
+  const int w_stride = qstrides.z;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+  const int t = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * ROWS;
+  const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
+  const bool live = int(gl_WorkGroupID.y) < M && n0 < N;  // uniform in the workgroup
+  float inv = 0.0, xscale = 1.0;
+  int z = 0;
+#ifdef DQ8CA
+  if (live) {
+    row_qparams(m, inv, xscale, z);
+  }
+#endif
+  int w_row[ROWS];
+  float acc[ROWS];
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    w_row[r] = min(n0 + r, N - 1);
+    acc[r] = 0.0;
+  }
+  if (live) {
+    for (int b0 = 0; b0 < blocks; b0 += WG) {
+      // The sweep's weight blocks and scales are requested first, so that their
+      // latency overlaps the staging of x and its barriers.
+      const int b = b0 + t;
+      const bool mine = b < blocks;
+      const int bc = min(b, blocks - 1);  // in bounds; used only where mine
+      uvec4 wv[ROWS];
+      float sv[ROWS];
+#ifdef W4
+      const int g = (bc * KV) / qdims.z;
+#endif
+#ifdef DQ8CA
+      int zsum[ROWS];  // the zero point's share, at the block that starts a group
+      const bool starts = (b * KV) % qdims.z == 0;
+#endif
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        wv[r] = w_data[w_row[r] * w_stride + bc];
+#ifdef W4
+        sv[r] = float(s_data[g * qstrides.x + w_row[r]]) * xscale;
+#endif
+#ifdef DQ8CA
+        zsum[r] = starts ? z * sum_data[g * qstrides.y + w_row[r]] : 0;
+#endif
+      }
+      if (b0 > 0) {
+        barrier();  // the previous sweep's reads of xs are done
+      }
+      stage_x(m, b0, K, blocks, inv, z);
+      barrier();
+      if (mine) {
+        vec4 xv[XV];
+        [[unroll]] for (int e = 0; e < XV; ++e) {
+          xv[e] = xs[t * XV + (e ^ swizzle(t))];
+        }
+        [[unroll]] for (int r = 0; r < ROWS; ++r) {
+#ifdef INT_DOT
+          float d = block_idot(xv, wv[r]);
+#else
+          float d = block_dot(xv, wv[r]);
+#endif
+#ifdef DQ8CA
+          d -= float(zsum[r]);
+#endif
+#ifdef W4
+          acc[r] = fma(d, sv[r], acc[r]);
+#else
+          acc[r] += d;
+#endif
+        }
+      }
+    }
+  }
+  barrier();  // xs is free for the partial sums
+#ifdef SUBGROUP
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    const float s = subgroupAdd(acc[r]);
+    if (subgroupElect()) {
+      PARTIAL(r, int(gl_SubgroupID)) = s;
+    }
+  }
+  barrier();
+  if (live && t < ROWS && n0 + t < N) {
+    float total = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      total += PARTIAL(t, int(i));
+    }
+    out_data[m * N + n0 + t] = OUT_STORE(finish(total, n0 + t));
+  }
+#else
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    PARTIAL(r, t) = acc[r];
+  }
+  barrier();
+  [[unroll]] for (int s = WG / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        PARTIAL(r, t) += PARTIAL(r, t + s);
+      }
+    }
+    barrier();
+  }
+  if (live && t < ROWS && n0 + t < N) {
+    out_data[m * N + n0 + t] = OUT_STORE(finish(PARTIAL(t, 0), n0 + t));
+  }
+#endif
+}
