@@ -21,6 +21,17 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 
 SHADER = "sdpa"
 COMBINE = "sdpa_combine"
+#: The tiled prefill kernel (sdpa_tiled.glsl): BM query rows per workgroup of WG
+#: invocations, for at least TILED_MIN_L queries and head dims up to TILED_MAX_D (its
+#: query block and K/V tile in shared memory, within TILED_SHARED_BYTES).
+TILED = "sdpa_tiled"
+TILED_WG = 64
+TILED_BM = 32
+TILED_MIN_L = 16
+TILED_MAX_D = 128
+#: 32 KiB: what llvmpipe, NVIDIA (48), AMD and Intel (64) offer as
+#: maxComputeSharedMemorySize; the 16 KiB minimum of the spec would need sdpa.glsl.
+TILED_SHARED_BYTES = 32768
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]
@@ -102,6 +113,7 @@ def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int,
     return n if n >= 2 else 1
 
 
+@shader_bindings(TILED)
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
     mask = "MASK_BOOL" in d or "MASK_FLOAT" in d
@@ -161,6 +173,49 @@ def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: 
     return d
 
 
+def tiled_block_n(d_max: int) -> int:
+    """Keys per tile of sdpa_tiled.glsl for head-dim bucket ``d_max`` (a multiple of 8,
+    at most 32), the largest whose shared memory fits TILED_SHARED_BYTES."""
+    return next(bn for bn in (32, 16, 8) if tiled_shared_bytes(d_max, bn) <= TILED_SHARED_BYTES)
+
+
+def tiled_shared_bytes(d_max: int, bn: int) -> int:
+    """sdpa_tiled.glsl's shared memory in bytes: the query block and one K/V tile
+    (rows padded by a vec4), the score tile (rows padded by a vec4), row statistics."""
+    return 16 * ((TILED_BM + bn) * (d_max // 4 + 1) + TILED_BM * (bn // 4 + 1)) \
+        + 8 * TILED_BM + 12
+
+
+def tiled_iterations(s_max: int, d_max: int) -> int:
+    """Loop iterations one sdpa_tiled.glsl invocation runs on llvmpipe for ``s_max``
+    keys: per tile the head-dim loop of the scores, the two softmax passes and the P V
+    loop (vec4s of keys), and the tile loop itself."""
+    bn = tiled_block_n(d_max)
+    return -(-s_max // bn) * (d_max // 4 + 3 * (bn // 4) + 1)
+
+
+def use_tiled(l_max: int, d_max: int) -> bool:
+    """Whether a node with ``l_max`` queries and head-dim bucket ``d_max`` runs
+    sdpa_tiled.glsl (prefill) rather than sdpa.glsl (decode, split-K, head dim 256)."""
+    return l_max >= TILED_MIN_L and d_max <= TILED_MAX_D
+
+
+def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
+                  skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
+    """The sdpa_tiled.glsl defines of one form: sdpa.glsl's (``defines``) without its
+    tiling, with the tiled block sizes (WG, BM, BN; SR x SC scores and PR x PC
+    accumulator vec4s per invocation: 8 x 8 invocation groups over rows and keys /
+    columns)."""
+    d = defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max, cpu=False,
+                skip=skip, nan_rows=nan_rows, seq_first=seq_first)
+    for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF", "SPLIT_K"):
+        d.pop(name, None)
+    bn = tiled_block_n(d_max)
+    d.update(WG=str(TILED_WG), BM=str(TILED_BM), BN=str(bn), SR=str(TILED_BM // 8),
+             SC=str(bn // 8), PR=str(TILED_BM // 8), PC=str(d_max // 32))
+    return d
+
+
 def combine_defines(out, d_max: int, nan_rows: bool, seq_first: bool) -> dict:
     """The sdpa_combine.glsl defines (out: a Tensor or (graph, device) dtype pair)."""
     d = storage_defines(OUT=out, PART="float32")
@@ -191,9 +246,13 @@ def dispatch(b, a: Attention) -> None:
     batch = q.max_shape[0] if q.ndim == 4 else 1
     group = pack_for(heads, k.max_shape[head])
     splits = splits_for(l_max, heads, batch, s_max, d_max, group)
+    tiled = use_tiled(l_max, d_max)
+    if tiled:
+        splits, group = 1, 1
     tiles = -(-s_max // block_n(d_max))
     per_split = -(-tiles // splits)
-    loop_limit.check(b, iterations(min(s_max, per_split * block_n(d_max)), d_max),
+    loop_limit.check(b, tiled_iterations(s_max, d_max) if tiled else
+                     iterations(min(s_max, per_split * block_n(d_max)), d_max),
                      f"{s_max} keys of head dim {d_max}")
     positions = a.positions or (lambda: (0, NO_LIMIT))
 
@@ -214,6 +273,15 @@ def dispatch(b, a: Attention) -> None:
         target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
     mask = a.mask
     metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
+    if tiled:
+        b.dispatch(TILED, tiled_defines(out, q, k, v, mask, causal=a.causal,
+                                        window=a.window > 0, d_max=d_max, skip=skip,
+                                        nan_rows=a.nan_rows, seq_first=a.seq_first),
+                   outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
+                   params=metas + [params],
+                   global_size=(-(-l_max // TILED_BM) * TILED_WG, heads, batch),
+                   local_size=(TILED_WG, 1, 1))
+        return
     b.dispatch(SHADER, defines(target, q, k, v, mask, causal=a.causal,
                                window=a.window > 0, d_max=d_max, cpu=cpu, skip=skip,
                                nan_rows=a.nan_rows, seq_first=a.seq_first,
@@ -250,6 +318,27 @@ def grid(forms) -> Callable[..., list]:
                                          window=window, d_max=d_max, cpu=cpu, skip=skip,
                                          nan_rows=nan_rows, seq_first=seq_first,
                                          split=split))
+        return found
+    return variants
+
+
+def tiled_grid(forms) -> Callable[..., list]:
+    """As ``grid``, for sdpa_tiled.glsl: (profile, dtype, d_max) -> the forms' defines
+    with the early exit on and off (no split-K; d_max past TILED_MAX_D: none)."""
+    forms = tuple(forms)
+
+    def variants(profile, dtype: str, d_max: int) -> Optional[list]:
+        if d_max > TILED_MAX_D:
+            return None
+        t = (dtype, device_dtype(dtype, profile))
+        found = []
+        for mask, causal, window, nan_rows, seq_first in forms:
+            mdt = {None: None, "bool": "bool", "float": dtype}[mask]
+            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
+            for skip in (True, False):
+                found.append(tiled_defines(t, t, t, t, m, causal=causal, window=window,
+                                           d_max=d_max, skip=skip, nan_rows=nan_rows,
+                                           seq_first=seq_first))
         return found
     return variants
 

@@ -144,5 +144,7 @@ _FORMS = [(None, False, False, False, False), (None, True, False, False, False),
           (None, False, False, True, False), ("float", False, False, True, False)]
 declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
              dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
+declare_grid(attention.TILED, attention.tiled_grid(_FORMS), profile=STORAGE_PROFILES,
+             dtype=DTYPES, d_max=attention.D_BUCKETS)
 declare_grid(attention.COMBINE, attention.combine_variants, profile=STORAGE_PROFILES,
              dtype=DTYPES, d_max=attention.D_BUCKETS)

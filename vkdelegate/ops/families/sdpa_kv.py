@@ -151,3 +151,5 @@ _FORMS = [(None, False, False, True, True), (None, True, False, True, True),
           ("float", True, True, True, False)]
 declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
              dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
+declare_grid(attention.TILED, attention.tiled_grid(_FORMS), profile=STORAGE_PROFILES,
+             dtype=DTYPES, d_max=attention.D_BUCKETS)
