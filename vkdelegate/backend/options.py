@@ -22,6 +22,9 @@ Keys (all optional):
   key tiles that are masked for every query row of a workgroup (causal, sliding
   window, boolean masks; kernels/attention.py). Exact: outputs are bit-identical with
   it off, which exists to show that (and to measure the speed-up).
+- ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
+  cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
+  portable tiled kernel (sdpa_tiled.glsl), to compare the two.
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -52,6 +55,7 @@ class CompileOptions:
     device: Optional[int] = None
     executor: str = "vulkan"
     sdpa_skip_masked_tiles: bool = True
+    sdpa_cooperative_matrix: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -60,7 +64,8 @@ class CompileOptions:
     @property
     def kernel_options(self) -> dict:
         """The options op impls read at load (``NodeBuilder.option``)."""
-        return {"sdpa_skip_masked_tiles": self.sdpa_skip_masked_tiles}
+        return {"sdpa_skip_masked_tiles": self.sdpa_skip_masked_tiles,
+                "sdpa_cooperative_matrix": self.sdpa_cooperative_matrix}
 
     @property
     def storage_type(self) -> VkStorageType:
@@ -85,6 +90,7 @@ _SCHEMA = {
     "device": ((int,), None, True),
     "executor": ((str,), _EXECUTORS, False),
     "sdpa_skip_masked_tiles": ((bool,), None, False),
+    "sdpa_cooperative_matrix": ((bool,), None, False),
 }
 
 

@@ -32,6 +32,14 @@ TILED_MAX_D = 128
 #: 32 KiB: what llvmpipe, NVIDIA (48), AMD and Intel (64) offer as
 #: maxComputeSharedMemorySize; the 16 KiB minimum of the spec would need sdpa.glsl.
 TILED_SHARED_BYTES = 32768
+#: The float16 prefill kernel on cooperative matrices (sdpa_coopmat.glsl): 64 query
+#: rows per workgroup of four 32-invocation subgroups, 16 x 16 x 16 fp16 products
+#: with fp32 accumulators; the compile option COOP_OPTION (default on) switches it off.
+COOP = "sdpa_coopmat"
+COOP_WG = 128
+COOP_BM = 64
+COOP_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess")
+COOP_OPTION = "sdpa_cooperative_matrix"
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]
@@ -113,6 +121,7 @@ def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int,
     return n if n >= 2 else 1
 
 
+@shader_bindings(COOP)
 @shader_bindings(TILED)
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
@@ -216,6 +225,30 @@ def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
     return d
 
 
+def coop_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
+                 skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
+    """The sdpa_coopmat.glsl defines of one form (float16 tensors; as ``defines``
+    without its tiling: the block sizes are the shader's own)."""
+    d = tiled_defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
+                      skip=skip, nan_rows=nan_rows, seq_first=seq_first)
+    for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
+        d.pop(name)
+    return d
+
+
+def coop_fits(info, q, k, v) -> bool:
+    """Whether sdpa_coopmat.glsl can run on device ``info`` (a DeviceInfo) for these
+    tensors: q, k and v stored as float16, cooperative matrices with a 16 x 16 x 16
+    fp16 x fp16 + fp32 shape, fixed 32-invocation subgroups with shuffles."""
+    caps = info.capabilities
+    shape = any((s.m, s.n, s.k, s.a, s.b, s.c, s.result) ==
+                (16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR")
+                for s in caps.cooperative_matrix_shapes)
+    return (shape and not caps.missing(COOP_REQUIRES) and "shuffle" in info.subgroup_ops
+            and caps.subgroup_size == 32 and caps.max_subgroup_size in (0, 32)
+            and all(_dtype(t) == "float16" for t in (q, k, v)))
+
+
 def combine_defines(out, d_max: int, nan_rows: bool, seq_first: bool) -> dict:
     """The sdpa_combine.glsl defines (out: a Tensor or (graph, device) dtype pair)."""
     d = storage_defines(OUT=out, PART="float32")
@@ -274,13 +307,16 @@ def dispatch(b, a: Attention) -> None:
     mask = a.mask
     metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
     if tiled:
-        b.dispatch(TILED, tiled_defines(out, q, k, v, mask, causal=a.causal,
-                                        window=a.window > 0, d_max=d_max, skip=skip,
-                                        nan_rows=a.nan_rows, seq_first=a.seq_first),
-                   outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
-                   params=metas + [params],
-                   global_size=(-(-l_max // TILED_BM) * TILED_WG, heads, batch),
-                   local_size=(TILED_WG, 1, 1))
+        form = dict(causal=a.causal, window=a.window > 0, d_max=d_max, skip=skip,
+                    nan_rows=a.nan_rows, seq_first=a.seq_first)
+        if b.option(COOP_OPTION, True) and coop_fits(b.device.info, q, k, v):
+            shader, d, wg, bm = COOP, coop_defines(out, q, k, v, mask, **form), COOP_WG, COOP_BM
+        else:
+            shader, d = TILED, tiled_defines(out, q, k, v, mask, **form)
+            wg, bm = TILED_WG, TILED_BM
+        b.dispatch(shader, d, outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
+                   params=metas + [params], global_size=(-(-l_max // bm) * wg, heads, batch),
+                   local_size=(wg, 1, 1))
         return
     b.dispatch(SHADER, defines(target, q, k, v, mask, causal=a.causal,
                                window=a.window > 0, d_max=d_max, cpu=cpu, skip=skip,
@@ -339,6 +375,27 @@ def tiled_grid(forms) -> Callable[..., list]:
                 found.append(tiled_defines(t, t, t, t, m, causal=causal, window=window,
                                            d_max=d_max, skip=skip, nan_rows=nan_rows,
                                            seq_first=seq_first))
+        return found
+    return variants
+
+
+def coop_grid(forms) -> Callable[..., list]:
+    """As ``tiled_grid``, for sdpa_coopmat.glsl (float16 only; declared with
+    COOP_REQUIRES)."""
+    forms = tuple(forms)
+
+    def variants(profile, d_max: int) -> Optional[list]:
+        if d_max > TILED_MAX_D or not profile.storage_16bit:
+            return None
+        t = ("float16", "float16")
+        found = []
+        for mask, causal, window, nan_rows, seq_first in forms:
+            mdt = {None: None, "bool": "bool", "float": "float16"}[mask]
+            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
+            for skip in (True, False):
+                found.append(coop_defines(t, t, t, t, m, causal=causal, window=window,
+                                          d_max=d_max, skip=skip, nan_rows=nan_rows,
+                                          seq_first=seq_first))
         return found
     return variants
 

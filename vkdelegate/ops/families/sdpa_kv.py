@@ -153,3 +153,5 @@ declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
              dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
 declare_grid(attention.TILED, attention.tiled_grid(_FORMS), profile=STORAGE_PROFILES,
              dtype=DTYPES, d_max=attention.D_BUCKETS)
+declare_grid(attention.COOP, attention.coop_grid(_FORMS), requires=attention.COOP_REQUIRES,
+             profile=STORAGE_PROFILES, d_max=attention.D_BUCKETS)
