@@ -173,3 +173,23 @@ def test_hf_mistral_slidingwindow_mask_and_sdpa_lower_to_vulkan():
         want = eager(x, torch.tensor([3]))
     torch.testing.assert_close(program(x, torch.tensor([3])), want, rtol=1e-4, atol=1e-5)
     program.close()
+
+
+@pytest.mark.parametrize("mode", ["causal", "bool_window", "float_window"])
+def test_prefill_sized_fp16_masks_at_head_dim_128(mode):
+    # Prefill-shaped float16 attention (grouped-query heads, head dim 128, several query
+    # blocks and key tiles, a [1, 1, L, S] mask as HF builds it): the tiled kernel, and on
+    # devices with cooperative matrices sdpa_coopmat.glsl, match eager and are exact
+    # under the early exit.
+    torch.manual_seed(13)
+    q, k, v = (torch.randn(1, h, 320, 128).half() for h in (4, 2, 2))
+    if mode == "causal":
+        fn, args = sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v)
+    else:
+        mask = window_mask(320, 320, 100)[None, None]
+        if mode == "float_window":
+            mask = torch.where(mask, torch.randn(320, 320), torch.tensor(float("-inf"))).half()
+        fn, args = sdpa_fn(enable_gqa=True), (q, k, v, mask)
+    on = check_op(fn, args, ops=[SDPA], **FP16_TOL)
+    off = check_op(fn, args, ops=[SDPA], **FP16_TOL, options=OFF)
+    assert torch.equal(on(*args), off(*args))
