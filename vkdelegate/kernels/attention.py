@@ -230,17 +230,13 @@ def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
 
 
 def coop_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
-                 skip: bool, nan_rows: bool = False, seq_first: bool = False,
-                 vec8: bool = False) -> dict:
+                 skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
     """The sdpa_coopmat.glsl defines of one form (float16 tensors; as ``defines``
-    without its tiling: the block sizes are the shader's own). vec8: both head dims are
-    multiples of 8 (q, k, v read 8 values a load)."""
+    without its tiling: the block sizes are the shader's own)."""
     d = tiled_defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
                       skip=skip, nan_rows=nan_rows, seq_first=seq_first)
     for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
         d.pop(name)
-    if vec8:
-        d["VEC8"] = "1"
     return d
 
 
@@ -321,8 +317,7 @@ def dispatch(b, a: Attention) -> None:
         form = dict(causal=a.causal, window=a.window > 0, d_max=d_max, skip=skip,
                     nan_rows=a.nan_rows, seq_first=a.seq_first)
         if b.option(COOP_OPTION, True) and coop_fits(b.device.info, q, k, v, mask):
-            d = coop_defines(out, q, k, v, mask, vec8=e % 8 == 0 and ev % 8 == 0, **form)
-            shader, wg, bm = COOP, COOP_WG, COOP_BM
+            shader, d, wg, bm = COOP, coop_defines(out, q, k, v, mask, **form), COOP_WG, COOP_BM
         else:
             shader, d = TILED, tiled_defines(out, q, k, v, mask, **form)
             wg, bm = TILED_WG, TILED_BM
@@ -344,77 +339,3 @@ def dispatch(b, a: Attention) -> None:
                    outputs=[out], inputs=[target],
                    params=[out.meta, b.params(COMBINE_PARAMS.pack(splits=[splits, 0, 0, 0]))],
                    global_size=(ev, l_max, batch * heads), local_size=(64, 1, 1))
-
-
-def grid(forms) -> Callable[..., list]:
-    """A ``shaders.variants.declare_grid`` defines function over (profile, dtype, cpu,
-    d_max) for an op family's ``forms``: tuples (mask, causal, window, nan_rows,
-    seq_first), mask None, "bool" or "float" (the query's dtype); each form with the
-    early exit on and off, whole and split-K."""
-    forms = tuple(forms)
-
-    def variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
-        t = (dtype, device_dtype(dtype, profile))
-        f32 = ("float32", device_dtype("float32", profile))
-        found = []
-        for mask, causal, window, nan_rows, seq_first in forms:
-            mdt = {None: None, "bool": "bool", "float": dtype}[mask]
-            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-            for skip in (True, False):
-                for split in (False, True):
-                    found.append(defines(f32 if split else t, t, t, t, m, causal=causal,
-                                         window=window, d_max=d_max, cpu=cpu, skip=skip,
-                                         nan_rows=nan_rows, seq_first=seq_first,
-                                         split=split))
-        return found
-    return variants
-
-
-def tiled_grid(forms) -> Callable[..., list]:
-    """As ``grid``, for sdpa_tiled.glsl: (profile, dtype, d_max) -> the forms' defines
-    with the early exit on and off (no split-K; d_max past TILED_MAX_D: none)."""
-    forms = tuple(forms)
-
-    def variants(profile, dtype: str, d_max: int) -> Optional[list]:
-        if d_max > TILED_MAX_D:
-            return None
-        t = (dtype, device_dtype(dtype, profile))
-        found = []
-        for mask, causal, window, nan_rows, seq_first in forms:
-            mdt = {None: None, "bool": "bool", "float": dtype}[mask]
-            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-            for skip in (True, False):
-                found.append(tiled_defines(t, t, t, t, m, causal=causal, window=window,
-                                           d_max=d_max, skip=skip, nan_rows=nan_rows,
-                                           seq_first=seq_first))
-        return found
-    return variants
-
-
-def coop_grid(forms) -> Callable[..., list]:
-    """As ``tiled_grid``, for sdpa_coopmat.glsl (float16 only; declared with
-    COOP_REQUIRES)."""
-    forms = tuple(forms)
-
-    def variants(profile, d_max: int) -> Optional[list]:
-        if d_max > TILED_MAX_D or not profile.storage_16bit:
-            return None
-        t = ("float16", "float16")
-        found = []
-        for mask, causal, window, nan_rows, seq_first in forms:
-            mdt = {None: None, "bool": "bool", "float": "float16"}[mask]
-            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-            for skip in (True, False):
-                for vec8 in (True, False):
-                    found.append(coop_defines(t, t, t, t, m, causal=causal, window=window,
-                                              d_max=d_max, skip=skip, nan_rows=nan_rows,
-                                              seq_first=seq_first, vec8=vec8))
-        return found
-    return variants
-
-
-def combine_variants(profile, dtype: str, d_max: int) -> list[dict]:
-    """The sdpa_combine.glsl forms at one grid point (both layouts, both row kinds)."""
-    t = (dtype, device_dtype(dtype, profile))
-    return [combine_defines(t, d_max, nan, seq_first)
-            for nan in (False, True) for seq_first in (False, True)]

@@ -20,11 +20,9 @@ and NaN for et_vk.sdpa (its reference softmax of all -inf).
 """
 from __future__ import annotations
 
-from vkdelegate.kernels import attention
+from vkdelegate.kernels import attention, attention_variants
 from vkdelegate.kernels.attention import MAX_HEAD_DIM, Attention
 from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES
-from vkdelegate.shaders.variants import declare_grid
 
 ATEN = "aten.scaled_dot_product_attention.default"
 ET_VK = "et_vk.sdpa.default"
@@ -142,11 +140,4 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
 _FORMS = [(None, False, False, False, False), (None, True, False, False, False),
           ("bool", False, False, False, False), ("float", False, False, False, False),
           (None, False, False, True, False), ("float", False, False, True, False)]
-declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
-             dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
-declare_grid(attention.TILED, attention.tiled_grid(_FORMS), profile=STORAGE_PROFILES,
-             dtype=DTYPES, d_max=attention.D_BUCKETS)
-declare_grid(attention.COOP, attention.coop_grid(_FORMS), requires=attention.COOP_REQUIRES,
-             profile=STORAGE_PROFILES, d_max=attention.D_BUCKETS)
-declare_grid(attention.COMBINE, attention.combine_variants, profile=STORAGE_PROFILES,
-             dtype=DTYPES, d_max=attention.D_BUCKETS)
+attention_variants.declare(_FORMS, DTYPES)

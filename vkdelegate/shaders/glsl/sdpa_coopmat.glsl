@@ -33,16 +33,9 @@
 // Local size 128.
 
 TENSOR_OUT(out_data, OUT_T)
-#ifdef VEC8
-// E and Ev multiples of 8 (tensors are contiguous): q, k and v read as 8 fp16 a load.
-TENSOR_IN(q_data, uvec4)
-TENSOR_IN(k_data, uvec4)
-TENSOR_IN(v_data, uvec4)
-#else
 TENSOR_IN(q_data, Q_T)
 TENSOR_IN(k_data, K_T)
 TENSOR_IN(v_data, V_T)
-#endif
 #if defined(MASK_BOOL) || defined(MASK_FLOAT)
 #define HAS_MASK 1
 TENSOR_IN(mask_data, MASK_T)
@@ -66,11 +59,6 @@ PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
 #define PS (BN + 8)       // padded shared row of P, in halves
 #define OS 20             // padded shared row of one accumulator, in floats
 #define NEG_INF uintBitsToFloat(0xff800000u)
-// Lazy rescaling: a row's running max moves only when a tile's max passes it by more
-// than RESCALE_SLACK (then P <= e^8, well inside fp16); the accumulators are rescaled
-// (through shared memory) only then. Exact in the sense of the early exit: the choice
-// depends on the live tiles alone.
-#define RESCALE_SLACK 8.0
 
 #ifdef SEQ_FIRST
 #define SEQ_DIM 2
@@ -94,30 +82,6 @@ shared float row_l[BM];
 shared uint sg_rescale[NSG];
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
 shared uint tile_live[3];
-#endif
-
-#ifdef VEC8
-// Row data[base .. base + D_MAX) (base a multiple of 8; zero past n and where !ok) as
-// fp16 into dst[at ..], 8 values per invocation and step.
-#define STAGE_ROWS(dst, data, rows, base_of, n, ok_of)                              \
-  [[unroll]] for (int u = 0; u < (rows) * D_MAX / 8 / WG; ++u) {                  \
-    const int idx = u * WG + lane;                                                \
-    const int r = idx / (D_MAX / 8), c = idx % (D_MAX / 8);                       \
-    const uvec4 w = ((ok_of(r)) && 8 * c < (n)) ? data[(base_of(r)) / 8 + c] : uvec4(0u); \
-    [[unroll]] for (int h2 = 0; h2 < 4; ++h2) {                                   \
-      const f16vec2 x = unpackFloat2x16(w[h2]);                                   \
-      dst[r * KS + 8 * c + 2 * h2] = x.x;                                         \
-      dst[r * KS + 8 * c + 2 * h2 + 1] = x.y;                                     \
-    }                                                                             \
-  }
-#else
-#define STAGE_ROWS(dst, data, rows, base_of, n, ok_of)                              \
-  [[unroll]] for (int u = 0; u < (rows) * D_MAX / WG; ++u) {                      \
-    const int idx = u * WG + lane;                                                \
-    const int r = idx / D_MAX, e = idx % D_MAX;                                   \
-    dst[r * KS + e] = float16_t(((ok_of(r)) && e < (n)) ? float(data[(base_of(r)) + e]) \
-                                                        : 0.0);                   \
-  }
 #endif
 
 #ifdef HAS_MASK
@@ -151,13 +115,17 @@ void main() {
   const int q_base = bq * stride_at(q_meta, 3) + h * stride_at(q_meta, HEAD_DIM);
   const int q_row = stride_at(q_meta, SEQ_DIM);
 
-  // Stage the query block as fp16 (rows past L repeat row L - 1, never stored): rows
-  // 0..31 in k_sh, 32..63 in v_sh.
-#define Q_BASE0(r) (q_base + min(i0 + (r), L - 1) * q_row)
-#define Q_BASE1(r) (q_base + min(i0 + BN + (r), L - 1) * q_row)
-#define ALWAYS(r) true
-  STAGE_ROWS(k_sh, q_data, BN, Q_BASE0, E, ALWAYS)
-  STAGE_ROWS(v_sh, q_data, BN, Q_BASE1, E, ALWAYS)
+  // Stage the query block as fp16 (rows past L repeat row L - 1, never stored).
+  [[unroll]] for (int u = 0; u < BM * D_MAX / WG; ++u) {
+    const int idx = u * WG + lane;
+    const int r = idx / D_MAX, e = idx % D_MAX;
+    const float x = e < E ? float(q_data[q_base + min(i0 + r, L - 1) * q_row + e]) : 0.0;
+    if (r < BN) {
+      k_sh[r * KS + e] = float16_t(x);
+    } else {
+      v_sh[(r - BN) * KS + e] = float16_t(x);
+    }
+  }
   barrier();
   A_T qf[DF];
   [[unroll]] for (int f = 0; f < DF; ++f) {
@@ -229,10 +197,13 @@ void main() {
     }
 #endif
 #endif
-#define K_BASE(r) (k_base + (j0 + (r)) * k_row)
-#define V_BASE(r) (v_base + (j0 + (r)) * v_row)
-#define IN_S(r) (j0 + (r) < S)
-    STAGE_ROWS(k_sh, k_data, BN, K_BASE, E, IN_S)
+    [[unroll]] for (int u = 0; u < BN * D_MAX / WG; ++u) {
+      const int idx = u * WG + lane;
+      const int jj = idx / D_MAX, e = idx % D_MAX;
+      const int j = j0 + jj;
+      k_sh[jj * KS + e] = float16_t((j < S && e < E) ? float(k_data[k_base + j * k_row + e])
+                                                     : 0.0);
+    }
     barrier();
     [[unroll]] for (int n = 0; n < BN / 16; ++n) {
       C_T sf = C_T(0.0);
@@ -245,7 +216,13 @@ void main() {
       coopMatStore(sf, s_sh, 16 * sg * SS + 16 * n, SS, gl_CooperativeMatrixLayoutRowMajor);
     }
     barrier();  // S written, K read
-    STAGE_ROWS(v_sh, v_data, BN, V_BASE, Ev, IN_S)
+    [[unroll]] for (int u = 0; u < BN * D_MAX / WG; ++u) {
+      const int idx = u * WG + lane;
+      const int jj = idx / D_MAX, e = idx % D_MAX;
+      const int j = j0 + jj;
+      v_sh[jj * KS + e] = float16_t((j < S && e < Ev) ? float(v_data[v_base + j * v_row + e])
+                                                      : 0.0);
+    }
     float sc[16];
     float tmax = NEG_INF;
     [[unroll]] for (int u = 0; u < 16; ++u) {
@@ -277,9 +254,8 @@ void main() {
     tmax = max(tmax, subgroupShuffleXor(tmax, 1u));
     float alpha = 1.0;
     if (tmax != NEG_INF) {
-      const float m_new = (m == NEG_INF || tmax > m + RESCALE_SLACK) ? tmax : m;
-      // m == -inf: l and the accumulators are +0 and stay so unscaled.
-      alpha = (m_new == m || m == NEG_INF) ? 1.0 : exp(m - m_new);
+      const float m_new = max(m, tmax);
+      alpha = (m_new == m) ? 1.0 : (m == NEG_INF ? 0.0 : exp(m - m_new));
       l *= alpha;
       [[unroll]] for (int u = 0; u < 16; ++u) {
         const float p = (sc[u] == NEG_INF) ? 0.0 : exp(sc[u] - m_new);
