@@ -1,12 +1,17 @@
-"""The fused attention kernel (sdpa.glsl, sdpa_combine.glsl) as op families dispatch it.
+"""The fused attention kernels as op families dispatch them.
 
 Shared by ``ops/families/sdpa.py`` (aten.scaled_dot_product_attention, et_vk.sdpa) and
 ``ops/families/sdpa_kv.py`` (ExecuTorch's llama.custom_sdpa, llama.sdpa_with_kv_cache,
 vkdelegate.sliding_window_sdpa). An op builds an ``Attention`` (its tensors and mask
-kind) and calls ``dispatch``; this module picks the head-dim bucket, the tile sizes, the
-block-sparse early exit (compile option ``sdpa_skip_masked_tiles``, default on; exact)
-and, for few queries over many keys, the split-K (flash decoding) form with its combine
-pass. Torch-free; registers no op.
+kind) and calls ``dispatch``; this module picks the kernel, the head-dim bucket, the
+tile sizes and the block-sparse early exit (compile option ``sdpa_skip_masked_tiles``,
+default on; exact). Kernels: for prefill (``use_tiled``: >= TILED_MIN_L queries, head
+dims <= TILED_MAX_D) sdpa_tiled.glsl, or for float16 on devices with cooperative
+matrices sdpa_coopmat.glsl (``coop_fits``; compile option ``sdpa_cooperative_matrix``);
+else sdpa.glsl (one query row per invocation: decode, with the split-K / flash decoding
+form and its combine pass sdpa_combine.glsl for few queries over many keys, grouped-query
+heads packed per workgroup, head dim 256). The variant grids are in
+kernels/attention_variants.py. Torch-free; registers no op.
 """
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)`` (ATen) and
 custom_ops_lib.py since 1.4: matmul, additive mask, softmax, matmul).
 
 query [..., Hq, L, E], key [..., Hk, S, E], value [..., Hk, S, Ev] (rank 3 or 4), out
-[..., Hq, L, Ev]. The fused attention kernel (kernels/attention.py: sdpa.glsl, online
-softmax over key tiles, fp32 accumulation, the L x S scores never stored; key tiles
-masked for a whole workgroup skipped, exactly; split-K for few queries over many
-keys; grouped-query heads packed per workgroup). Supported:
+[..., Hq, L, Ev]. The fused attention kernels (kernels/attention.py: online softmax
+over key tiles, fp32 accumulation, the L x S scores never stored; key tiles masked for
+a whole workgroup skipped, exactly; prefill on the tiled flash-attention kernel or, in
+float16, on cooperative matrices; split-K for few queries over many keys; grouped-query
+heads packed per workgroup). Supported:
 is_causal (ATen's top-left aligned tril when L != S), a boolean mask (True = attend) or
 an additive float mask of the query's dtype broadcasting to [..., Hq, L, S], custom
 ``scale`` (default 1 / sqrt(E)), grouped-query attention (``enable_gqa`` and Hq % Hk
