@@ -47,7 +47,8 @@ COOP_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess
 COOP_OPTION = "sdpa_cooperative_matrix"
 #: Boolean masks stay on sdpa_tiled.glsl: on the H200 (driver 580.159) the cooperative
 #: form with a [1, 1, 2048, 2048] sliding-window mask at head dim 128 gave wrong rows
-#: (small masks passed); the cause is not found yet (docs/PERF.md).
+#: (the causal and window forms were right there); the cause is not found yet
+#: (docs/PERF.md).
 COOP_BOOL_MASK = False
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
