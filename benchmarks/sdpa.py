@@ -18,7 +18,11 @@ outputs are bit-identical, and PyTorch's SDPA on the same inputs (CUDA, device-r
 timed with CUDA events, when available; else the CPU only up to --torch-cpu-max
 tokens).
 
-    python benchmarks/sdpa.py --prefill [--dtype float16] [--filter 8192]
+    python benchmarks/sdpa.py --prefill [--dtype float16|both] [--filter 8192]
+
+For float16 also the portable tiled kernel (compile option sdpa_cooperative_matrix off,
+where the device has cooperative matrices), the effective TFLOP/s (the scores the mask
+lets through, 4 E FLOPs each) and the largest difference from PyTorch's output.
 
 The larger cases are sized for a GPU (the H200); on lavapipe use --filter lavapipe.
 """
@@ -123,8 +127,9 @@ def _window_mask(n: int) -> torch.Tensor:
     return ((j <= i) & (j > i - WINDOW))[None, None]
 
 
-def _torch_ms(module, inputs, runs: int, cpu_max: int) -> tuple[str, str]:
-    """PyTorch SDPA's time: on CUDA (device tensors, CUDA events) when available."""
+def _torch_ms(module, inputs, runs: int, cpu_max: int):
+    """PyTorch SDPA's time and output: on CUDA (device tensors, CUDA events) when
+    available; else on the CPU (one run) up to ``cpu_max`` tokens; else ("-", ..., None)."""
     if module.mode == "op":  # the same attention as the bool mask, eager spells it so
         module = _Prefill("bool")
         inputs = inputs[:3] + (_window_mask(inputs[0].shape[-2]),)
@@ -134,21 +139,36 @@ def _torch_ms(module, inputs, runs: int, cpu_max: int) -> tuple[str, str]:
         for _ in range(runs + 2):
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
-            module(*dev)
+            out = module(*dev)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
-        return f"{statistics.median(times[2:]):.3f}", "cuda"
+        return f"{statistics.median(times[2:]):.3f}", "cuda", out.cpu()
     if inputs[0].shape[-2] > cpu_max:
-        return "-", "cpu (skipped)"
+        return "-", "cpu (skipped)", None
     t0 = time.perf_counter()
-    module(*inputs)
-    return f"{(time.perf_counter() - t0) * 1e3:.1f}", "cpu (1 run)"
+    out = module(*inputs)
+    return f"{(time.perf_counter() - t0) * 1e3:.1f}", "cpu (1 run)", out
+
+
+def _flops(hq: int, n: int, e: int, mode: str) -> float:
+    """FLOPs of the attention a mask lets through (Q K^T and P V: 4 E per score):
+    causal n (n + 1) / 2 scores per head, the window of WINDOW keys fewer."""
+    w = min(WINDOW, n) if mode in ("bool", "op") else n
+    scores = n * w - w * (w - 1) / 2
+    return 4.0 * hq * e * scores
 
 
 def prefill(args, dtype) -> list:
+    """One row per PREFILL case: the fused kernel with the early exit on and off (and
+    for float16 with cooperative matrices off, the portable tiled kernel), whether the
+    two early-exit settings are bit-identical, the effective TFLOP/s, PyTorch's time and
+    the largest difference from PyTorch's output."""
     ensure_defined()
     rows = []
+    settings = [{"sdpa_skip_masked_tiles": True}, {"sdpa_skip_masked_tiles": False}]
+    if dtype == torch.float16:
+        settings.append({"sdpa_cooperative_matrix": False})
     for name, hq, hk, n, e, mode in PREFILL:
         if args.filter not in name:
             continue
@@ -161,17 +181,21 @@ def prefill(args, dtype) -> list:
         module = _Prefill(mode)
         ep = torch.export.export(module, inputs)
         ms, outs = [], []
-        for skip in (True, False):
-            program = to_backend(ep, VulkanPartitioner({"sdpa_skip_masked_tiles": skip}))
+        for options in settings:
+            program = to_backend(ep, VulkanPartitioner(options))
             try:
                 gpu, _, out = _measure(program, inputs, args.runs)
             finally:
                 program.close()
             ms.append(gpu)
             outs.append(out)
-        t_ms, t_dev = _torch_ms(module, inputs, args.runs, args.torch_cpu_max)
+        t_ms, t_dev, t_out = _torch_ms(module, inputs, args.runs, args.torch_cpu_max)
+        diff = "-" if t_out is None else \
+            f"{(outs[0].float() - t_out.float()).abs().max().item():.1e}"
+        portable = f"{ms[2]:.3f}" if len(ms) > 2 else "-"
         rows.append((name, f"{hq}/{hk}x{n}x{e}", f"{ms[0]:.3f}", f"{ms[1]:.3f}",
-                     f"{ms[1] / ms[0]:.2f}x", torch.equal(outs[0], outs[1]), t_ms, t_dev))
+                     f"{ms[1] / ms[0]:.2f}x", torch.equal(outs[0], outs[1]), portable,
+                     f"{_flops(hq, n, e, mode) / ms[0] / 1e9:.2f}", t_ms, t_dev, diff))
     return rows
 
 
@@ -179,23 +203,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--filter", default="")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "both"])
     ap.add_argument("--prefill", action="store_true",
                     help="the early-exit prefill table instead (see the docstring)")
     ap.add_argument("--torch-cpu-max", type=int, default=2048,
                     help="largest token count timed with PyTorch on the CPU")
     args = ap.parse_args()
-    dtype = getattr(torch, args.dtype)
     from tabulate import tabulate
 
+    names = ["float32", "float16"] if args.dtype == "both" else [args.dtype]
     if args.prefill:
-        rows = prefill(args, dtype)
-        print(f"dtype {args.dtype}, median of {args.runs} runs; early exit = compile "
-              f"option sdpa_skip_masked_tiles")
-        print(tabulate(rows, headers=["case", "Hq/HkxNxE", "exit on GPU ms",
-                                      "exit off GPU ms", "speed-up", "bit-identical",
-                                      "torch SDPA ms", "torch on"]))
+        for dname in names:
+            rows = prefill(args, getattr(torch, dname))
+            print(f"dtype {dname}, median of {args.runs} runs; early exit = compile "
+                  f"option sdpa_skip_masked_tiles; portable = sdpa_cooperative_matrix off; "
+                  f"TFLOP/s of the unmasked scores, early exit on")
+            print(tabulate(rows, headers=["case", "Hq/HkxNxE", "exit on GPU ms",
+                                          "exit off GPU ms", "speed-up", "bit-identical",
+                                          "portable GPU ms", "TFLOP/s", "torch SDPA ms",
+                                          "torch on", "max |diff| vs torch"]))
         return
+    dtype = getattr(torch, names[-1])
 
     rows = []
     for name, b, hq, hk, lq, s, e, mode in CASES:

@@ -1,8 +1,9 @@
 """Block-sparse early exit, split-K decode and grouped-query packing of the fused
 attention (issue 14) on Vulkan: outputs bit-identical with the early exit switched off
 (causal, sliding window, boolean blocks, float masks, fp32 and fp16), split-K chosen
-and matching eager, and the static-cache mask form a HF decoder exports (hand-written
-and HF Mistral's sliding window) lowered wholly to Vulkan."""
+and matching eager, the static-cache mask form a HF decoder exports (hand-written
+and HF Mistral's sliding window) lowered wholly to Vulkan, and the prefill kernels
+(sdpa_tiled.glsl, sdpa_coopmat.glsl): which one runs, and prefill-sized fp16 masks."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -173,3 +174,58 @@ def test_hf_mistral_slidingwindow_mask_and_sdpa_lower_to_vulkan():
         want = eager(x, torch.tensor([3]))
     torch.testing.assert_close(program(x, torch.tensor([3])), want, rtol=1e-4, atol=1e-5)
     program.close()
+
+
+@pytest.mark.parametrize("mode", ["causal", "bool_window", "float_window"])
+def test_prefill_sized_fp16_masks_at_head_dim_128(mode):
+    # Prefill-shaped float16 attention (grouped-query heads, head dim 128, several query
+    # blocks and key tiles, a [1, 1, L, S] mask as HF builds it): the tiled kernel, and on
+    # devices with cooperative matrices sdpa_coopmat.glsl, match eager and are exact
+    # under the early exit.
+    torch.manual_seed(13)
+    q, k, v = (torch.randn(1, h, 320, 128).half() for h in (4, 2, 2))
+    if mode == "causal":
+        fn, args = sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v)
+    else:
+        mask = window_mask(320, 320, 100)[None, None]
+        if mode == "float_window":
+            mask = torch.where(mask, torch.randn(320, 320), torch.tensor(float("-inf"))).half()
+        fn, args = sdpa_fn(enable_gqa=True), (q, k, v, mask)
+    on = check_op(fn, args, ops=[SDPA], **FP16_TOL)
+    off = check_op(fn, args, ops=[SDPA], **FP16_TOL, options=OFF)
+    assert torch.equal(on(*args), off(*args))
+
+
+def test_prefill_kernel_choice():
+    # Prefill (>= TILED_MIN_L queries, head dims <= 128) runs the tiled kernels, within
+    # their shared-memory budget; float16 takes sdpa_coopmat.glsl only where the device
+    # has the cooperative-matrix shape, fixed 32-wide subgroups and no boolean mask.
+    from vkdelegate.capabilities import Capabilities, CooperativeMatrixShape
+    from vkdelegate.runtime.device_info import DeviceInfo
+    assert attention.use_tiled(16, 128) and not attention.use_tiled(15, 128)
+    assert not attention.use_tiled(2048, 256)
+    for d in (32, 64, 128):
+        bn = attention.tiled_block_n(d)
+        assert bn % 8 == 0 and attention.tiled_shared_bytes(d, bn) <= 32768
+    shape = CooperativeMatrixShape(16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
+                                   "FLOAT32_KHR")
+    caps = Capabilities(api_version=(1, 3), features=frozenset(attention.COOP_REQUIRES),
+                        subgroup_size=32, min_subgroup_size=32, max_subgroup_size=32,
+                        cooperative_matrix_shapes=(shape,))
+    info = DeviceInfo(0, "gpu", "discrete", "driver", "1.3", capabilities=caps,
+                      subgroup_ops=["basic", "shuffle"])
+    half, f32, boolean = ("float16", "float16"), ("float32", "float32"), ("bool", "uint8")
+    assert attention.coop_fits(info, half, half, half)
+    assert attention.coop_fits(info, half, half, half, half)  # additive float16 mask
+    assert not attention.coop_fits(info, half, half, half, boolean)
+    assert not attention.coop_fits(info, f32, f32, f32)
+    wide = DeviceInfo(0, "gpu", "discrete", "driver", "1.3", subgroup_ops=["shuffle"],
+                      capabilities=Capabilities(
+                          api_version=(1, 3), features=caps.features, subgroup_size=64,
+                          min_subgroup_size=64, max_subgroup_size=64,
+                          cooperative_matrix_shapes=(shape,)))
+    assert not attention.coop_fits(wide, half, half, half)
+    bare = DeviceInfo(0, "gpu", "discrete", "driver", "1.3", capabilities=Capabilities(
+        api_version=(1, 3), features=frozenset({"shaderFloat16"}), subgroup_size=32),
+        subgroup_ops=["shuffle"])
+    assert not attention.coop_fits(bare, half, half, half)

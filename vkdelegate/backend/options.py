@@ -25,6 +25,9 @@ Keys (all optional):
 - ``fuse_elementwise`` (bool, default True): fold chains of float elementwise ops
   into one ``vkdelegate.fused_elementwise`` node each (backend/passes/fuse_elementwise.py):
   one dispatch and no intermediate tensors in memory. Off: every op is its own node.
+- ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
+  cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
+  portable tiled kernel (sdpa_tiled.glsl), to compare the two.
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -56,6 +59,7 @@ class CompileOptions:
     executor: str = "vulkan"
     sdpa_skip_masked_tiles: bool = True
     fuse_elementwise: bool = True
+    sdpa_cooperative_matrix: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -64,7 +68,8 @@ class CompileOptions:
     @property
     def kernel_options(self) -> dict:
         """The options op impls read at load (``NodeBuilder.option``)."""
-        return {"sdpa_skip_masked_tiles": self.sdpa_skip_masked_tiles}
+        return {"sdpa_skip_masked_tiles": self.sdpa_skip_masked_tiles,
+                "sdpa_cooperative_matrix": self.sdpa_cooperative_matrix}
 
     @property
     def storage_type(self) -> VkStorageType:
@@ -90,6 +95,7 @@ _SCHEMA = {
     "executor": ((str,), _EXECUTORS, False),
     "sdpa_skip_masked_tiles": ((bool,), None, False),
     "fuse_elementwise": ((bool,), None, False),
+    "sdpa_cooperative_matrix": ((bool,), None, False),
 }
 
 

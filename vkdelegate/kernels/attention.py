@@ -1,12 +1,17 @@
-"""The fused attention kernel (sdpa.glsl, sdpa_combine.glsl) as op families dispatch it.
+"""The fused attention kernels as op families dispatch them.
 
 Shared by ``ops/families/sdpa.py`` (aten.scaled_dot_product_attention, et_vk.sdpa) and
 ``ops/families/sdpa_kv.py`` (ExecuTorch's llama.custom_sdpa, llama.sdpa_with_kv_cache,
 vkdelegate.sliding_window_sdpa). An op builds an ``Attention`` (its tensors and mask
-kind) and calls ``dispatch``; this module picks the head-dim bucket, the tile sizes, the
-block-sparse early exit (compile option ``sdpa_skip_masked_tiles``, default on; exact)
-and, for few queries over many keys, the split-K (flash decoding) form with its combine
-pass. Torch-free; registers no op.
+kind) and calls ``dispatch``; this module picks the kernel, the head-dim bucket, the
+tile sizes and the block-sparse early exit (compile option ``sdpa_skip_masked_tiles``,
+default on; exact). Kernels: for prefill (``use_tiled``: >= TILED_MIN_L queries, head
+dims <= TILED_MAX_D) sdpa_tiled.glsl, or for float16 on devices with cooperative
+matrices sdpa_coopmat.glsl (``coop_fits``; compile option ``sdpa_cooperative_matrix``);
+else sdpa.glsl (one query row per invocation: decode, with the split-K / flash decoding
+form and its combine pass sdpa_combine.glsl for few queries over many keys, grouped-query
+heads packed per workgroup, head dim 256). The variant grids are in
+kernels/attention_variants.py. Torch-free; registers no op.
 """
 from __future__ import annotations
 
@@ -21,6 +26,30 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 
 SHADER = "sdpa"
 COMBINE = "sdpa_combine"
+#: The tiled prefill kernel (sdpa_tiled.glsl): BM query rows per workgroup of WG
+#: invocations, for at least TILED_MIN_L queries and head dims up to TILED_MAX_D (its
+#: query block and K/V tile in shared memory, within TILED_SHARED_BYTES).
+TILED = "sdpa_tiled"
+TILED_WG = 64
+TILED_BM = 32
+TILED_MIN_L = 16
+TILED_MAX_D = 128
+#: 32 KiB: what llvmpipe, NVIDIA (48), AMD and Intel (64) offer as
+#: maxComputeSharedMemorySize; the 16 KiB minimum of the spec would need sdpa.glsl.
+TILED_SHARED_BYTES = 32768
+#: The float16 prefill kernel on cooperative matrices (sdpa_coopmat.glsl): 64 query
+#: rows per workgroup of four 32-invocation subgroups, 16 x 16 x 16 fp16 products
+#: with fp32 accumulators; the compile option COOP_OPTION (default on) switches it off.
+COOP = "sdpa_coopmat"
+COOP_WG = 128
+COOP_BM = 64
+COOP_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess")
+COOP_OPTION = "sdpa_cooperative_matrix"
+#: Boolean masks stay on sdpa_tiled.glsl: on the H200 (driver 580.159) the cooperative
+#: form with a [1, 1, 2048, 2048] sliding-window mask at head dim 128 gave wrong rows
+#: (the causal and window forms were right there); the cause is not found yet
+#: (docs/PERF.md).
+COOP_BOOL_MASK = False
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]
@@ -102,6 +131,8 @@ def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int,
     return n if n >= 2 else 1
 
 
+@shader_bindings(COOP)
+@shader_bindings(TILED)
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
     mask = "MASK_BOOL" in d or "MASK_FLOAT" in d
@@ -161,6 +192,76 @@ def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: 
     return d
 
 
+def tiled_block_n(d_max: int) -> int:
+    """Keys per tile of sdpa_tiled.glsl for head-dim bucket ``d_max`` (a multiple of 8,
+    at most 32), the largest whose shared memory fits TILED_SHARED_BYTES."""
+    return next(bn for bn in (32, 16, 8) if tiled_shared_bytes(d_max, bn) <= TILED_SHARED_BYTES)
+
+
+def tiled_shared_bytes(d_max: int, bn: int) -> int:
+    """sdpa_tiled.glsl's shared memory in bytes: the query block and one K/V tile
+    (rows padded by a vec4), the score tile (rows padded by a vec4), row statistics."""
+    return 16 * ((TILED_BM + bn) * (d_max // 4 + 1) + TILED_BM * (bn // 4 + 1)) \
+        + 8 * TILED_BM + 12
+
+
+def tiled_iterations(s_max: int, d_max: int) -> int:
+    """Loop iterations one sdpa_tiled.glsl invocation runs on llvmpipe for ``s_max``
+    keys: per tile the head-dim loop of the scores, the two softmax passes and the P V
+    loop (vec4s of keys), and the tile loop itself."""
+    bn = tiled_block_n(d_max)
+    return -(-s_max // bn) * (d_max // 4 + 3 * (bn // 4) + 1)
+
+
+def use_tiled(l_max: int, d_max: int) -> bool:
+    """Whether a node with ``l_max`` queries and head-dim bucket ``d_max`` runs
+    sdpa_tiled.glsl (prefill) rather than sdpa.glsl (decode, split-K, head dim 256)."""
+    return l_max >= TILED_MIN_L and d_max <= TILED_MAX_D
+
+
+def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
+                  skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
+    """The sdpa_tiled.glsl defines of one form: sdpa.glsl's (``defines``) without its
+    tiling, with the tiled block sizes (WG, BM, BN; SR x SC scores and PR x PC
+    accumulator vec4s per invocation: 8 x 8 invocation groups over rows and keys /
+    columns)."""
+    d = defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max, cpu=False,
+                skip=skip, nan_rows=nan_rows, seq_first=seq_first)
+    for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF", "SPLIT_K"):
+        d.pop(name, None)
+    bn = tiled_block_n(d_max)
+    d.update(WG=str(TILED_WG), BM=str(TILED_BM), BN=str(bn), SR=str(TILED_BM // 8),
+             SC=str(bn // 8), PR=str(TILED_BM // 8), PC=str(d_max // 32))
+    return d
+
+
+def coop_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
+                 skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
+    """The sdpa_coopmat.glsl defines of one form (float16 tensors; as ``defines``
+    without its tiling: the block sizes are the shader's own)."""
+    d = tiled_defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
+                      skip=skip, nan_rows=nan_rows, seq_first=seq_first)
+    for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
+        d.pop(name)
+    return d
+
+
+def coop_fits(info, q, k, v, mask=None) -> bool:
+    """Whether sdpa_coopmat.glsl can run on device ``info`` (a DeviceInfo) for these
+    tensors: q, k and v stored as float16, no boolean mask (COOP_BOOL_MASK),
+    cooperative matrices with a 16 x 16 x 16 fp16 x fp16 + fp32 shape, fixed
+    32-invocation subgroups with shuffles."""
+    if mask is not None and _dtype(mask) == "bool" and not COOP_BOOL_MASK:
+        return False
+    caps = info.capabilities
+    shape = any((s.m, s.n, s.k, s.a, s.b, s.c, s.result) ==
+                (16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR")
+                for s in caps.cooperative_matrix_shapes)
+    return (shape and not caps.missing(COOP_REQUIRES) and "shuffle" in info.subgroup_ops
+            and caps.subgroup_size == 32 and caps.max_subgroup_size in (0, 32)
+            and all(_dtype(t) == "float16" for t in (q, k, v)))
+
+
 def combine_defines(out, d_max: int, nan_rows: bool, seq_first: bool) -> dict:
     """The sdpa_combine.glsl defines (out: a Tensor or (graph, device) dtype pair)."""
     d = storage_defines(OUT=out, PART="float32")
@@ -191,9 +292,13 @@ def dispatch(b, a: Attention) -> None:
     batch = q.max_shape[0] if q.ndim == 4 else 1
     group = pack_for(heads, k.max_shape[head])
     splits = splits_for(l_max, heads, batch, s_max, d_max, group)
+    tiled = use_tiled(l_max, d_max)
+    if tiled:
+        splits, group = 1, 1
     tiles = -(-s_max // block_n(d_max))
     per_split = -(-tiles // splits)
-    loop_limit.check(b, iterations(min(s_max, per_split * block_n(d_max)), d_max),
+    loop_limit.check(b, tiled_iterations(s_max, d_max) if tiled else
+                     iterations(min(s_max, per_split * block_n(d_max)), d_max),
                      f"{s_max} keys of head dim {d_max}")
     positions = a.positions or (lambda: (0, NO_LIMIT))
 
@@ -214,6 +319,18 @@ def dispatch(b, a: Attention) -> None:
         target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
     mask = a.mask
     metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
+    if tiled:
+        form = dict(causal=a.causal, window=a.window > 0, d_max=d_max, skip=skip,
+                    nan_rows=a.nan_rows, seq_first=a.seq_first)
+        if b.option(COOP_OPTION, True) and coop_fits(b.device.info, q, k, v, mask):
+            shader, d, wg, bm = COOP, coop_defines(out, q, k, v, mask, **form), COOP_WG, COOP_BM
+        else:
+            shader, d = TILED, tiled_defines(out, q, k, v, mask, **form)
+            wg, bm = TILED_WG, TILED_BM
+        b.dispatch(shader, d, outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
+                   params=metas + [params], global_size=(-(-l_max // bm) * wg, heads, batch),
+                   local_size=(wg, 1, 1))
+        return
     b.dispatch(SHADER, defines(target, q, k, v, mask, causal=a.causal,
                                window=a.window > 0, d_max=d_max, cpu=cpu, skip=skip,
                                nan_rows=a.nan_rows, seq_first=a.seq_first,
@@ -228,34 +345,3 @@ def dispatch(b, a: Attention) -> None:
                    outputs=[out], inputs=[target],
                    params=[out.meta, b.params(COMBINE_PARAMS.pack(splits=[splits, 0, 0, 0]))],
                    global_size=(ev, l_max, batch * heads), local_size=(64, 1, 1))
-
-
-def grid(forms) -> Callable[..., list]:
-    """A ``shaders.variants.declare_grid`` defines function over (profile, dtype, cpu,
-    d_max) for an op family's ``forms``: tuples (mask, causal, window, nan_rows,
-    seq_first), mask None, "bool" or "float" (the query's dtype); each form with the
-    early exit on and off, whole and split-K."""
-    forms = tuple(forms)
-
-    def variants(profile, dtype: str, cpu: bool, d_max: int) -> list[dict]:
-        t = (dtype, device_dtype(dtype, profile))
-        f32 = ("float32", device_dtype("float32", profile))
-        found = []
-        for mask, causal, window, nan_rows, seq_first in forms:
-            mdt = {None: None, "bool": "bool", "float": dtype}[mask]
-            m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-            for skip in (True, False):
-                for split in (False, True):
-                    found.append(defines(f32 if split else t, t, t, t, m, causal=causal,
-                                         window=window, d_max=d_max, cpu=cpu, skip=skip,
-                                         nan_rows=nan_rows, seq_first=seq_first,
-                                         split=split))
-        return found
-    return variants
-
-
-def combine_variants(profile, dtype: str, d_max: int) -> list[dict]:
-    """The sdpa_combine.glsl forms at one grid point (both layouts, both row kinds)."""
-    t = (dtype, device_dtype(dtype, profile))
-    return [combine_defines(t, d_max, nan, seq_first)
-            for nan in (False, True) for seq_first in (False, True)]

@@ -6,10 +6,11 @@ dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)`` (ATen) and
 custom_ops_lib.py since 1.4: matmul, additive mask, softmax, matmul).
 
 query [..., Hq, L, E], key [..., Hk, S, E], value [..., Hk, S, Ev] (rank 3 or 4), out
-[..., Hq, L, Ev]. The fused attention kernel (kernels/attention.py: sdpa.glsl, online
-softmax over key tiles, fp32 accumulation, the L x S scores never stored; key tiles
-masked for a whole workgroup skipped, exactly; split-K for few queries over many
-keys; grouped-query heads packed per workgroup). Supported:
+[..., Hq, L, Ev]. The fused attention kernels (kernels/attention.py: online softmax
+over key tiles, fp32 accumulation, the L x S scores never stored; key tiles masked for
+a whole workgroup skipped, exactly; prefill on the tiled flash-attention kernel or, in
+float16, on cooperative matrices; split-K for few queries over many keys; grouped-query
+heads packed per workgroup). Supported:
 is_causal (ATen's top-left aligned tril when L != S), a boolean mask (True = attend) or
 an additive float mask of the query's dtype broadcasting to [..., Hq, L, S], custom
 ``scale`` (default 1 / sqrt(E)), grouped-query attention (``enable_gqa`` and Hq % Hk
@@ -20,11 +21,9 @@ and NaN for et_vk.sdpa (its reference softmax of all -inf).
 """
 from __future__ import annotations
 
-from vkdelegate.kernels import attention
+from vkdelegate.kernels import attention, attention_variants
 from vkdelegate.kernels.attention import MAX_HEAD_DIM, Attention
 from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES
-from vkdelegate.shaders.variants import declare_grid
 
 ATEN = "aten.scaled_dot_product_attention.default"
 ET_VK = "et_vk.sdpa.default"
@@ -142,7 +141,4 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
 _FORMS = [(None, False, False, False, False), (None, True, False, False, False),
           ("bool", False, False, False, False), ("float", False, False, False, False),
           (None, False, False, True, False), ("float", False, False, True, False)]
-declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
-             dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
-declare_grid(attention.COMBINE, attention.combine_variants, profile=STORAGE_PROFILES,
-             dtype=DTYPES, d_max=attention.D_BUCKETS)
+attention_variants.declare(_FORMS, DTYPES)

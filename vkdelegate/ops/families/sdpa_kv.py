@@ -21,12 +21,10 @@ references are plain softmaxes). dropout is refused.
 """
 from __future__ import annotations
 
-from vkdelegate.kernels import attention
+from vkdelegate.kernels import attention, attention_variants
 from vkdelegate.kernels.affine_copy import CopyDim, CopyPlan, affine_copy
 from vkdelegate.kernels.attention import MAX_HEAD_DIM, Attention
 from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES
-from vkdelegate.shaders.variants import declare_grid
 
 CUSTOM_SDPA = "llama.custom_sdpa.default"
 WITH_KV_CACHE = "llama.sdpa_with_kv_cache.default"
@@ -143,11 +141,9 @@ for _op in (CUSTOM_SDPA, WITH_KV_CACHE, SLIDING):
                     rules=(_rule,), max_rank=4, arg_dtypes={_MASK_ARG[_op]: MASK_DTYPES},
                     notes=_NOTES[_op], symbolic_args=frozenset(_SYMBOLIC[_op])))
 
-#: (mask, causal, window, nan_rows, seq_first) of the forms these ops dispatch (the
-#: combine pass's forms are declared by ops/families/sdpa.py).
+#: (mask, causal, window, nan_rows, seq_first) of the forms these ops dispatch.
 _FORMS = [(None, False, False, True, True), (None, True, False, True, True),
           ("bool", False, False, True, True), ("float", False, False, True, True),
           (None, True, True, True, False), ("bool", True, True, True, False),
           ("float", True, True, True, False)]
-declare_grid(attention.SHADER, attention.grid(_FORMS), profile=STORAGE_PROFILES,
-             dtype=DTYPES, cpu=(True, False), d_max=attention.D_BUCKETS)
+attention_variants.declare(_FORMS, DTYPES)

@@ -2,7 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
 
-// Fused scaled dot-product attention, flash-attention style (kernels/attention.py):
+// Fused scaled dot-product attention, flash-attention style (kernels/attention.py; it
+// runs prefill, >= 16 queries at head dims <= 128, on sdpa_tiled.glsl / sdpa_coopmat.glsl
+// instead, and this kernel for decode, split-K and head dim 256):
 //   out[b, h, i] = sum_j softmax_j(scale q[b, h, i] . k[b', h', j] + mask[.., i, j]) v[b', h', j]
 // (q is multiplied by the scale as it is loaded, or the dot by it with Q_HALF)
 // q [B, Hq, L, E], k [Bk, Hk, S, E], v [Bk, Hk, S, Ev], out [B, Hq, L, Ev] (metadata

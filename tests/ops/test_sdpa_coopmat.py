@@ -1,0 +1,90 @@
+"""sdpa_coopmat.glsl (float16 prefill attention on cooperative matrices) against eager,
+on devices that have VK_KHR_cooperative_matrix.
+
+The suite runs under the Khronos validation layer, and the one it installs (Debian 12's
+1.3.239) rejects the cooperative-matrix feature, so devices created for tests run the
+portable kernels (vkdelegate/runtime/device.py). These cases therefore run in a
+subprocess with VKDELEGATE_VALIDATION=0; there each asserts (through check_op) against
+eager, that sdpa_coopmat.glsl ran (the variants check_op records) and, where marked,
+that the early exit is exact. Without cooperative matrices (lavapipe) the test
+skips with the reason.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_COOP = 77  # the subprocess's exit status when the device has no cooperative matrices
+
+
+def test_coopmat_forms_match_eager():
+    env = dict(os.environ, VKDELEGATE_VALIDATION="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", "import tests.ops.test_sdpa_coopmat as t; "
+                          "t.run_cases()"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=1200)
+    if run.returncode == NO_COOP:
+        pytest.skip(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "all cases passed" in run.stdout
+
+
+def run_cases() -> None:
+    """The cases (in the subprocess): exit NO_COOP when the device cannot run
+    sdpa_coopmat.glsl for float16, else raise on the first mismatch."""
+    from tests.ops.attention_reference import (CUSTOM, FP16_TOL, OFF, SDPA, SLIDING,
+                                               custom_fn, sdpa_fn, sliding_fn, window_mask)
+    from tests.ops.harness import check_op
+    from vkdelegate.backend.custom_ops import ensure_defined
+    from vkdelegate.kernels import attention
+    from vkdelegate.runtime import default_device
+    from tests.ops import coverage
+
+    half = ("float16", "float16")
+    if not attention.coop_fits(default_device().info, half, half, half):
+        print("the device has no cooperative matrices sdpa_coopmat.glsl can use")
+        sys.exit(NO_COOP)
+    ensure_defined()
+
+    def case(what, fn, args, ops=(SDPA,), exact=False):
+        coverage.VARIANTS.clear()  # check_op records the shader variants it dispatched
+        on = check_op(fn, args, ops=list(ops), **FP16_TOL)
+        ran = {key[0] for keys in coverage.VARIANTS.values() for key in keys}
+        assert attention.COOP in ran, f"{what}: ran {sorted(ran)}"
+        if exact:
+            off = check_op(fn, args, ops=list(ops), **FP16_TOL, options=OFF)
+            assert torch.equal(on(*args), off(*args)), f"{what}: early exit not exact"
+        print("ok", what, flush=True)
+
+    def qkv(hq, hk, lq, s, e, ev=None, seed=0):
+        torch.manual_seed(seed)
+        return (torch.randn(1, hq, lq, e).half(), torch.randn(1, hk, s, e).half(),
+                torch.randn(1, hk, s, ev or e).half())
+
+    q, k, v = qkv(4, 2, 200, 200, 64)
+    case("causal 200, gqa 2", sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v), exact=True)
+    q, k, v = qkv(4, 4, 37, 70, 48, 16, seed=1)
+    case("no mask 37 x 70, E 48, Ev 16", sdpa_fn(), (q, k, v))
+    q, k, v = qkv(2, 2, 100, 130, 32, seed=2)
+    mask = torch.randn(1, 2, 100, 130).half()
+    mask[:, :, 7] = float("-inf")  # a fully masked row: 0, as ATen
+    case("float mask 100 x 130, a fully masked row", sdpa_fn(), (q, k, v, mask))
+    q, k, v = qkv(4, 2, 320, 320, 128, seed=3)
+    case("causal 320, E 128", sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v),
+         exact=True)
+    fmask = torch.where(window_mask(320, 320, 100)[None, None], torch.randn(320, 320),
+                        torch.tensor(float("-inf"))).half()
+    case("float window mask 320, E 128", sdpa_fn(enable_gqa=True), (q, k, v, fmask),
+         exact=True)
+    case("sliding window op 320, window 100", sliding_fn(100, 0), (q, k, v), ops=(SLIDING,),
+         exact=True)
+    torch.manual_seed(4)
+    qc, kc, vc = (torch.randn(1, n, h, 64).half() for n, h in ((40, 8), (120, 2), (120, 2)))
+    case("custom_sdpa [B, L, H, D], start_pos 50", custom_fn(50), (qc, kc, vc), ops=(CUSTOM,))
+    q, k, v = qkv(2, 2, 1024, 1024, 128, seed=5)
+    case("causal 1024, E 128", sdpa_fn(is_causal=True), (q, k, v), exact=True)
+    print("all cases passed")

@@ -1,0 +1,67 @@
+"""The shader variants of the fused attention (kernels/attention.py) an op family may
+dispatch, declared for ``vkdelegate build-shaders`` and the variant tests.
+
+An op family lists its forms, tuples (mask, causal, window, nan_rows, seq_first) with
+mask None, "bool" or "float" (an additive mask of the query's dtype), and calls
+``declare(forms, dtypes)``: every storage profile, dtype and head-dim bucket of sdpa.glsl (the
+early exit on and off, whole and split-K, CPU and GPU head-dim loops), of
+sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
+16-bit storage; declared with COOP_REQUIRES, so only devices with cooperative matrices
+build it) and of sdpa_combine.glsl. Torch-free; registers no op.
+"""
+from __future__ import annotations
+
+from vkdelegate.kernels import attention as at
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype
+from vkdelegate.shaders.variants import declare_grid
+
+
+def _forms(forms, profile, dtype: str):
+    """Per form: the tensors' (graph, device) dtype pair, the mask's (None without a
+    mask), the form's keyword flags and its mask kind."""
+    t = (dtype, device_dtype(dtype, profile))
+    for mask, causal, window, nan_rows, seq_first in forms:
+        mdt = {None: None, "bool": "bool", "float": dtype}[mask]
+        m = None if mdt is None else (mdt, device_dtype(mdt, profile))
+        yield t, m, dict(causal=causal, window=window, nan_rows=nan_rows,
+                         seq_first=seq_first), mask
+
+
+def declare(forms, dtypes) -> None:
+    """Declare the variants of ``forms`` (see the module docstring) at the float
+    ``dtypes`` (graph dtype names) for the four attention shaders."""
+    forms = tuple(forms)
+
+    def whole(profile, dtype: str, cpu: bool, d_max: int) -> list:
+        f32 = ("float32", device_dtype("float32", profile))
+        return [at.defines(f32 if split else t, t, t, t, m, d_max=d_max, cpu=cpu,
+                           skip=skip, split=split, **kw)
+                for t, m, kw, _ in _forms(forms, profile, dtype)
+                for skip in (True, False) for split in (False, True)]
+
+    def tiled(profile, dtype: str, d_max: int):
+        if d_max > at.TILED_MAX_D:
+            return None
+        return [at.tiled_defines(t, t, t, t, m, d_max=d_max, skip=skip, **kw)
+                for t, m, kw, _ in _forms(forms, profile, dtype) for skip in (True, False)]
+
+    def coop(profile, d_max: int):
+        if d_max > at.TILED_MAX_D or not profile.storage_16bit:
+            return None
+        return [at.coop_defines(t, t, t, t, m, d_max=d_max, skip=skip, **kw)
+                for t, m, kw, mask in _forms(forms, profile, "float16")
+                if mask != "bool" or at.COOP_BOOL_MASK for skip in (True, False)]
+
+    def combine(profile, dtype: str, d_max: int) -> list:
+        t = (dtype, device_dtype(dtype, profile))
+        return [at.combine_defines(t, d_max, nan, seq_first)
+                for nan in (False, True) for seq_first in (False, True)]
+
+    declare_grid(at.SHADER, whole, profile=STORAGE_PROFILES, dtype=dtypes,
+                 cpu=(True, False), d_max=at.D_BUCKETS)
+    declare_grid(at.TILED, tiled, profile=STORAGE_PROFILES, dtype=dtypes,
+                 d_max=at.D_BUCKETS)
+    declare_grid(at.COOP, coop, requires=at.COOP_REQUIRES, profile=STORAGE_PROFILES,
+                 d_max=at.D_BUCKETS)
+    declare_grid(at.COMBINE, combine, profile=STORAGE_PROFILES, dtype=dtypes,
+                 d_max=at.D_BUCKETS)
