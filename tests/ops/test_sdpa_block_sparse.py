@@ -204,6 +204,8 @@ def test_prefill_kernel_choice():
     from vkdelegate.runtime.device_info import DeviceInfo
     assert attention.use_tiled(16, 128) and not attention.use_tiled(15, 128)
     assert not attention.use_tiled(2048, 256)
+    # a device with the spec's 16 KiB of shared memory keeps sdpa.glsl
+    assert attention.use_tiled(2048, 128, 32768) and not attention.use_tiled(2048, 128, 16384)
     for d in (32, 64, 128):
         bn = attention.tiled_block_n(d)
         assert bn % 8 == 0 and attention.tiled_shared_bytes(d, bn) <= 32768

@@ -213,10 +213,14 @@ def tiled_iterations(s_max: int, d_max: int) -> int:
     return -(-s_max // bn) * (d_max // 4 + 3 * (bn // 4) + 1)
 
 
-def use_tiled(l_max: int, d_max: int) -> bool:
+def use_tiled(l_max: int, d_max: int, shared_bytes: int = 0) -> bool:
     """Whether a node with ``l_max`` queries and head-dim bucket ``d_max`` runs
-    sdpa_tiled.glsl (prefill) rather than sdpa.glsl (decode, split-K, head dim 256)."""
-    return l_max >= TILED_MIN_L and d_max <= TILED_MAX_D
+    sdpa_tiled.glsl (prefill) rather than sdpa.glsl (decode, split-K, head dim 256),
+    on a device with ``shared_bytes`` of maxComputeSharedMemorySize (0: not known,
+    taken as enough; a device with less than TILED_SHARED_BYTES runs sdpa.glsl,
+    which fits the spec's 16 KiB minimum)."""
+    return l_max >= TILED_MIN_L and d_max <= TILED_MAX_D and \
+        (shared_bytes == 0 or shared_bytes >= TILED_SHARED_BYTES)
 
 
 def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
@@ -292,7 +296,7 @@ def dispatch(b, a: Attention) -> None:
     batch = q.max_shape[0] if q.ndim == 4 else 1
     group = pack_for(heads, k.max_shape[head])
     splits = splits_for(l_max, heads, batch, s_max, d_max, group)
-    tiled = use_tiled(l_max, d_max)
+    tiled = use_tiled(l_max, d_max, b.device.info.max_shared_memory)
     if tiled:
         splits, group = 1, 1
     tiles = -(-s_max // block_n(d_max))

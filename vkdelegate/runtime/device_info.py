@@ -59,6 +59,7 @@ class DeviceInfo:
     max_allocation_count: int = 0
     max_allocation_size: int = 0
     max_push_constants: int = 0
+    max_shared_memory: int = 0  # maxComputeSharedMemorySize, bytes
     min_storage_offset_alignment: int = 0
     timestamp_period_ns: float = 0.0
     extensions: frozenset = frozenset()
@@ -105,6 +106,7 @@ def describe(index: int, pd, instance) -> DeviceInfo:
         max_uniform_buffer_range=limits.maxUniformBufferRange,
         max_allocation_count=limits.maxMemoryAllocationCount,
         max_push_constants=limits.maxPushConstantsSize,
+        max_shared_memory=limits.maxComputeSharedMemorySize,
         min_storage_offset_alignment=limits.minStorageBufferOffsetAlignment,
         timestamp_period_ns=limits.timestampPeriod,
         extensions=exts,
