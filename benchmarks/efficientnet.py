@@ -1,8 +1,9 @@
 """EfficientNet-Lite0 latency: vkdelegate on Vulkan vs eager PyTorch (CPU, and CUDA when
-present), batch 1 and 8, in one run.
+present, also replayed as a CUDA graph), batch 1 and 8, in one run.
 
 Prints a table (median, p10-p90 spread, ratio to vkdelegate) and writes JSON; with
---profile also prints the slowest dispatches of the Vulkan program at batch 1.
+--profile also prints, per batch size, the slowest dispatches of the Vulkan program,
+their GPU time per op and the host-side rest (host-to-host minus GPU time).
 
     python benchmarks/efficientnet.py [--batch 1 8] [--runs 20] [--json out.json]
 """
@@ -61,6 +62,45 @@ def report(title: str, first_column: str, rows: list, results: dict, path: str) 
     print(f"wrote {path}")
 
 
+def cuda_graph(model, x):
+    """``model(x)`` captured once as a CUDA graph (static input ``x``); returns its
+    replay (the "CUDA graphs" column: launch overhead gone)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(x)
+    return graph.replay
+
+
+def profile(program, x, batch: int, device_name: str, rows: int) -> float:
+    """One profiled call (timestamps around every dispatch, a barrier between each):
+    prints the ``rows`` slowest dispatches and a per-op summary; returns the summed GPU
+    time in ms (an upper bound on the normal run's, which overlaps independent
+    dispatches)."""
+    from vkdelegate.cli import run as cli_run
+
+    program.set_profiling(True)
+    program(x)
+    program.set_profiling(False)
+    cli_run.TOP_N = rows
+    print(f"\nslowest dispatches, batch {batch}, {device_name}:")
+    cli_run.print_profile(program, program.default_method(), None)
+    per_op: dict = {}
+    for _index, prof in program.last_profiles():
+        for d in prof.dispatches:
+            n, t = per_op.get(d.op, (0, 0.0))
+            per_op[d.op] = (n + 1, t + d.duration_ns / 1e3)
+    print(tabulate(sorted(((op, n, f"{t:.1f}") for op, (n, t) in per_op.items()),
+                          key=lambda r: -float(r[2])),
+                   headers=("op", "dispatches", "GPU us")))
+    return sum(t for _n, t in per_op.values()) / 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -68,7 +108,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default="efficientnet_bench.json")
     ap.add_argument("--profile", action="store_true",
-                    help="print the slowest Vulkan dispatches at the first batch size")
+                    help="profile one call per batch size: slowest dispatches, per-op "
+                         "GPU time, host time (host-to-host minus profiled GPU time)")
+    ap.add_argument("--profile-rows", type=int, default=15)
     args = ap.parse_args()
 
     model = model_zoo.load_model()
@@ -93,6 +135,9 @@ def main() -> None:
                 cuda_model, cx = model.to("cuda"), x.to("cuda")
                 measured["eager PyTorch CUDA"] = timed(
                     lambda: cuda_model(cx), args.runs, args.warmup, torch.cuda.synchronize)
+                measured["PyTorch CUDA graph"] = timed(
+                    cuda_graph(cuda_model, cx), args.runs, args.warmup,
+                    torch.cuda.synchronize)
                 model.to("cpu")
         base = statistics.median(measured["vkdelegate (Vulkan)"])
         for name, times in measured.items():
@@ -102,14 +147,11 @@ def main() -> None:
             rows.append((batch, name, f"{s['median_ms']:.2f}",
                          f"{s['p10_ms']:.2f}-{s['p90_ms']:.2f}",
                          f"{s['median_ms'] / base:.2f}x"))
-        if args.profile and batch == args.batch[0]:
-            from vkdelegate.cli.run import print_profile
-
-            program.set_profiling(True)
-            program(x)
-            program.set_profiling(False)
-            print(f"\nslowest dispatches, batch {batch}, {device.info.name}:")
-            print_profile(program, program.default_method(), None)
+        if args.profile:
+            gpu_ms = profile(program, x, batch, device.info.name, args.profile_rows)
+            results["rows"][-len(measured)]["profiled_gpu_ms"] = gpu_ms
+            print(f"host-to-host {base:.3f} ms - profiled GPU {gpu_ms:.3f} ms = "
+                  f"{base - gpu_ms:.3f} ms host side and gaps (batch {batch})")
         program.close()
     report(f"EfficientNet-Lite0, Vulkan device: {device.info.name}", "batch", rows, results,
            args.json)
