@@ -262,3 +262,62 @@ def test_unbatched_conv2d():
     torch.manual_seed(0)
     w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
     check_op(lambda x: F.conv2d(x, w, b, padding=1), (torch.randn(3, 7, 5),), ops=[CONV])
+
+
+# ---- the pointwise implicit GEMM (kernels/conv_pointwise.py, conv2d_pw.glsl) --------
+# GPUs take it by default; on llvmpipe the fixture forces it (use_gemm is read at load).
+@pytest.fixture
+def pointwise_gemm(monkeypatch):
+    from vkdelegate.kernels import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    return conv_pointwise
+
+
+PW_CASES = {  # (input shape, output channels, bias): which part of the kernel
+    "aligned_one_block": ((1, 8, 4, 4), 12, True),
+    "unaligned_tail_blocks": ((2, 5, 7, 9), 37, False),       # P % 4 != 0, OC % 4 != 0
+    "two_slices": ((1, 96, 3, 5), 20, True),                  # 96 channels: 2 K slices
+    "four_slices_uneven_k": ((3, 261, 5, 5), 70, True),       # 261 = 4 slices of 66, 63
+    "large_plane": ((2, 16, 37, 41), 24, True),               # many pixel blocks
+    "one_pixel": ((2, 40, 1, 1), 9, False),
+}
+
+
+@pytest.mark.parametrize("case", PW_CASES.values(), ids=PW_CASES.keys())
+def test_pointwise_gemm(pointwise_gemm, case):
+    torch.manual_seed(0)
+    x_shape, oc, has_bias = case
+    w = torch.randn(oc, x_shape[1], 1, 1)
+    b = torch.randn(oc) if has_bias else None
+    check_op(_conv(w, b), (torch.randn(x_shape),), ops=[CONV])
+
+
+def test_pointwise_gemm_slices():
+    from types import SimpleNamespace
+
+    from vkdelegate.kernels.conv_pointwise import slices
+    gpu = SimpleNamespace(max_workgroup_invocations=1024)
+    assert slices(gpu, 1, 49, 192, 1152) == 4  # EfficientNet's 1152 -> 192 at 7 x 7
+    assert slices(gpu, 1, 12544, 96, 16) == 1  # many blocks, short K
+    assert slices(gpu, 1, 49, 192, 100) == 2   # 4 slices would sum 25 channels each
+    assert slices(SimpleNamespace(max_workgroup_invocations=128), 1, 49, 192, 1152) == 2
+
+
+def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):
+    # Tolerance of the fp16 case: fp16 output rounding, as in test_conv2d_fp16.
+    torch.manual_seed(0)
+    w, b = torch.randn(40, 130, 1, 1), torch.randn(40)
+
+    def fn(x):
+        return torch.ops.et_vk.conv_with_clamp(x, w, b, [1, 1], [0, 0], [1, 1], False,
+                                               [0, 0], 1, 0.0, 6.0)
+    check_op(fn, (torch.randn(2, 130, 6, 5),), ops=[CLAMP])
+    wh, bh = torch.randn(20, 72, 1, 1).half(), torch.randn(20).half()
+    check_op(_conv(wh, bh), (torch.randn(3, 72, 5, 7).half(),), ops=[CONV],
+             rtol=1e-2, atol=1e-2)
+    w1 = torch.randn(6, 9, 1)
+    check_op(lambda x: F.conv1d(x, w1), (torch.randn(2, 9, 13),), ops=[CONV])
+    n, h = torch.export.Dim("n", max=4), torch.export.Dim("h", min=2, max=12)
+    check_op(_conv(w, b), (torch.randn(2, 130, 11, 7),), ops=[CONV],
+             dynamic_shapes=({0: n, 2: h},),
+             resize_inputs=[(torch.randn(1, 130, 3, 7),), (torch.randn(4, 130, 12, 7),)])

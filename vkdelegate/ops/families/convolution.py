@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.kernels import gemm, loop_limit
+from vkdelegate.kernels import conv_pointwise, gemm, loop_limit
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
@@ -293,6 +293,21 @@ def _build(b, node, clamp_ids=None, end_padded=False):
     # The pointwise path reads input pixel i for output pixel i: no padding at all.
     pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
                  and pad == [0, 0] and groups == 1 and not end_padded)
+    bias = b.value(bias_id)
+    if bias is None or b.constant_array(bias) is not None:
+        values = np.zeros(oc, np.float32) if bias is None else b.constant_array(bias)
+        bias = b.prepacked(values.astype(np.float32).reshape(oc), "float32")
+    lo, hi = -INF, INF
+    if clamp_ids is not None:
+        lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
+        lo = lo if lo_v is None else float(lo_v)
+        hi = hi if hi_v is None else float(hi_v)
+    if pointwise and conv_pointwise.use_gemm(b.device.info) and \
+            bias.device_dtype == "float32":
+        # GPUs: the implicit GEMM of kernels/conv_pointwise.py (a bias computed at run
+        # time in fp16 storage keeps conv2d.glsl's path).
+        conv_pointwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None, n)
+        return
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     if pointwise:
         # A GEMM over pixels: kernels/gemm.py picks its tile and loop form, as for
@@ -314,15 +329,6 @@ def _build(b, node, clamp_ids=None, end_padded=False):
             loop_limit.check(b, icg, f"{icg} input channels per group")
     if packed:
         w = b.prepacked(pack_weight(weight, groups, transposed, tile), "float32")
-    bias = b.value(bias_id)
-    if bias is None or b.constant_array(bias) is not None:
-        values = np.zeros(oc, np.float32) if bias is None else b.constant_array(bias)
-        bias = b.prepacked(values.astype(np.float32).reshape(oc), "float32")
-    lo, hi = -INF, INF
-    if clamp_ids is not None:
-        lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
-        lo = lo if lo_v is None else float(lo_v)
-        hi = hi if hi_v is None else float(hi_v)
     params = b.params(CONV_PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
