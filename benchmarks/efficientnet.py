@@ -98,7 +98,29 @@ def profile(program, x, batch: int, device_name: str, rows: int) -> float:
     print(tabulate(sorted(((op, n, f"{t:.1f}") for op, (n, t) in per_op.items()),
                           key=lambda r: -float(r[2])),
                    headers=("op", "dispatches", "GPU us")))
-    return sum(t for _n, t in per_op.values()) / 1e3
+    gpu_ms = sum(t for _n, t in per_op.values()) / 1e3
+    host_split(program, x, batch)
+    return gpu_ms
+
+
+def host_split(program, x, batch: int, calls: int = 10) -> None:
+    """Medians over ``calls`` calls of where one call's time goes: the delegate's
+    execute (its host part: input staging, submit, output reads; its fence wait) and
+    the rest of the call (torch <-> numpy, the program's Python)."""
+    parts: dict = {"call": [], "execute": [], "execute host": [], "fence wait": []}
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        program(x)
+        parts["call"].append(time.perf_counter() - t0)
+        timings = [d.loaded.last_timing for d in program.runner(
+            program.default_method()).delegates]
+        parts["execute"].append(sum(t["total_s"] for t in timings))
+        parts["execute host"].append(sum(t["host_s"] for t in timings))
+        parts["fence wait"].append(sum(t["fence_wait_s"] for t in timings))
+    med = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+    print(f"batch {batch}: call {med['call']:.3f} ms = execute {med['execute']:.3f} "
+          f"(host {med['execute host']:.3f}, fence wait {med['fence wait']:.3f}) + "
+          f"outside execute {med['call'] - med['execute']:.3f} ms")
 
 
 def main() -> None:

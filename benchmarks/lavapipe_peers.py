@@ -35,6 +35,8 @@ import vkdelegate  # noqa: E402
 from vkdelegate.runtime.device import default_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The peers' interpreter: ``--peers-python``, else this checkout's .venv-peers (a git
+#: worktree without one may point at the main checkout's).
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 WORKER = Path(__file__).resolve().parent / "peers" / "worker.py"
 
@@ -146,7 +148,12 @@ def main() -> None:
     ap.add_argument("--iree-target", default="llvmpipe",
                     help="--iree-vulkan-target for IREE (llvmpipe for lavapipe)")
     ap.add_argument("--json", default="lavapipe_peers.json")
+    ap.add_argument("--peers-python", type=Path, default=None,
+                    help=f"the peers' virtual environment's python (default {PEERS_PYTHON})")
     args = ap.parse_args()
+    if args.peers_python is not None:
+        global PEERS_PYTHON
+        PEERS_PYTHON = args.peers_python
     device = default_device()
     results = {"machine": platform.node(), "vulkan_device": device.info.name,
                "driver": device.info.driver, "torch": torch.__version__, "rows": []}
