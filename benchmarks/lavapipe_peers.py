@@ -149,11 +149,10 @@ def main() -> None:
                     help="--iree-vulkan-target for IREE (llvmpipe for lavapipe)")
     ap.add_argument("--json", default="lavapipe_peers.json")
     ap.add_argument("--peers-python", type=Path, default=None,
-                    help=f"the peers' virtual environment's python (default {PEERS_PYTHON})")
+                    help="the peers' virtual environment's python (default: .venv-peers here)")
     args = ap.parse_args()
     if args.peers_python is not None:
-        global PEERS_PYTHON
-        PEERS_PYTHON = args.peers_python
+        globals()["PEERS_PYTHON"] = args.peers_python
     device = default_device()
     results = {"machine": platform.node(), "vulkan_device": device.info.name,
                "driver": device.info.driver, "torch": torch.__version__, "rows": []}

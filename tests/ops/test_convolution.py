@@ -41,6 +41,15 @@ CASES_2D = {
     "depthwise_s2_k5": ((1, 3, 9, 7), (3, 1, 5, 5), False,
                         {"stride": 2, "padding": 2, "groups": 3}),
     "depthwise_multiplier2": ((1, 3, 7, 5), (6, 1, 3, 3), True, {"groups": 3}),
+    # conv2d_dw.glsl (groups == channels): dilation, rectangular strides and kernels,
+    # output heights not a multiple of its 4 rows per invocation, a 7 x 7 window.
+    "depthwise_dilated_rect": ((2, 5, 11, 9), (5, 1, 3, 5), True,
+                               {"padding": (2, 1), "dilation": (2, 1), "stride": (1, 2),
+                                "groups": 5}),
+    "depthwise_k7_s2": ((3, 4, 19, 17), (4, 1, 7, 7), False,
+                        {"padding": 3, "stride": 2, "groups": 4}),
+    "depthwise_k9_general_path": ((1, 2, 12, 12), (2, 1, 9, 9), True,
+                                  {"padding": 4, "groups": 2}),
     "one_by_one_image": ((2, 4, 1, 1), (8, 4, 1, 1), True, {}),
     "kernel_covers_input": ((1, 3, 5, 5), (4, 3, 5, 5), True, {}),
 }
@@ -83,6 +92,32 @@ def test_conv1d_and_conv_transpose1d():
     check_op(lambda x: F.conv_transpose1d(x, wt, None, stride=3, padding=1,
                                           output_padding=2),
              (torch.randn(1, 8, 11),), ops=[CONV])
+
+
+def test_depthwise_1d_and_resize():
+    torch.manual_seed(0)
+    w1, b1 = torch.randn(6, 1, 5), torch.randn(6)
+    check_op(lambda x: F.conv1d(x, w1, b1, padding=2, stride=2, groups=6),
+             (torch.randn(2, 6, 23),), ops=[CONV])
+    w, b = torch.randn(7, 1, 3, 3), torch.randn(7)
+    n, h = torch.export.Dim("n", max=4), torch.export.Dim("h", min=3, max=20)
+    check_op(_conv(w, b, padding=1, groups=7), (torch.randn(2, 7, 13, 6),), ops=[CONV],
+             dynamic_shapes=({0: n, 2: h},),
+             resize_inputs=[(torch.randn(1, 7, 3, 6),), (torch.randn(4, 7, 20, 6),)])
+
+
+def test_depthwise_kernel_matches_the_general_path(monkeypatch):
+    # The same depthwise layer through conv2d_dw.glsl and through conv2d.glsl.
+    from vkdelegate.ops.families import convolution
+    torch.manual_seed(0)
+    w, b = torch.randn(9, 1, 5, 5), torch.randn(9)
+    x = torch.randn(2, 9, 14, 15)
+    outs = []
+    for use in (True, False):
+        monkeypatch.setattr(convolution, "USE_DEPTHWISE", use)
+        program = check_op(_conv(w, b, padding=2, stride=2, groups=9), (x,), ops=[CONV])
+        outs.append(program(x))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
 def test_weight_and_bias_computed_at_run_time():

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.kernels import conv_pointwise, gemm, loop_limit
+from vkdelegate.kernels import conv_depthwise, conv_pointwise, gemm, loop_limit
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
@@ -131,6 +131,9 @@ MAX_SEGMENT = 4096
 #: pipeline creation on llvmpipe takes about 1 s at this size and grows with it.
 MAX_UNROLLED = 4096
 INT32_MAX = (1 << 31) - 1
+#: Depthwise convolutions take kernels/conv_depthwise.py's shader (a test switches it
+#: off to compare).
+USE_DEPTHWISE = True
 
 
 def shader_geometry(x_shape, w_shape, out_shape, stride, padding, dilation,
@@ -326,6 +329,14 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
         conv_pointwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None, n,
                               residual)
         return
+    # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
+    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
+                n)
+    if USE_DEPTHWISE and bias.device_dtype == "float32" and conv_depthwise.applies(
+            transposed, groups, ic, oc, kernel, stride, dil, packed):
+        conv_depthwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None,
+                              geometry, residual)
+        return
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     if pointwise:
         # A GEMM over pixels: kernels/gemm.py picks its tile and loop form, as for
@@ -355,9 +366,6 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
         grid = (-(-(oh * ow) // px), oc // tile, mx[0])
     else:
         grid = (-(-ow // px), oh, mx[0] * (oc // tile))
-    # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
-    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
-                n)
     b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
                                 clamp=clamp_ids is not None, long_loops=long_loops,
                                 residual=residual),
