@@ -41,13 +41,14 @@ CASES_2D = {
     "depthwise_s2_k5": ((1, 3, 9, 7), (3, 1, 5, 5), False,
                         {"stride": 2, "padding": 2, "groups": 3}),
     "depthwise_multiplier2": ((1, 3, 7, 5), (6, 1, 3, 3), True, {"groups": 3}),
-    # conv2d_dw.glsl (groups == channels): dilation, rectangular strides and kernels,
-    # output heights not a multiple of its 4 rows per invocation, a 7 x 7 window.
+    # conv2d_col.glsl, depthwise: dilation, rectangular strides and kernels, output
+    # heights not a multiple of its 8 rows per invocation, a 7 x 7 window; 9 x 9 is
+    # past its unrolling bound (conv2d.glsl's direct path).
     "depthwise_dilated_rect": ((2, 5, 11, 9), (5, 1, 3, 5), True,
                                {"padding": (2, 1), "dilation": (2, 1), "stride": (1, 2),
                                 "groups": 5}),
-    "depthwise_k7_s2": ((3, 4, 19, 17), (4, 1, 7, 7), False,
-                        {"padding": 3, "stride": 2, "groups": 4}),
+    "depthwise_k7_w_stride2": ((3, 4, 19, 17), (4, 1, 7, 7), False,
+                               {"padding": 3, "stride": (1, 2), "groups": 4}),
     "depthwise_k9_general_path": ((1, 2, 12, 12), (2, 1, 9, 9), True,
                                   {"padding": 4, "groups": 2}),
     "one_by_one_image": ((2, 4, 1, 1), (8, 4, 1, 1), True, {}),
@@ -94,6 +95,14 @@ def test_conv1d_and_conv_transpose1d():
              (torch.randn(1, 8, 11),), ops=[CONV])
 
 
+def test_column_kernel_bounds():
+    from vkdelegate.kernels.conv_columns import applies
+    assert applies(False, True, [5, 5], [2, 2], [1, 1])      # EfficientNet's 5x5 s2
+    assert not applies(False, True, [7, 7], [2, 2], [1, 1])  # past MAX_UNROLLED
+    assert not applies(True, True, [3, 3], [1, 1], [1, 1])   # transposed
+    assert not applies(False, False, [3, 3], [1, 1], [1, 1])  # weight at run time
+
+
 def test_depthwise_1d_and_resize():
     torch.manual_seed(0)
     w1, b1 = torch.randn(6, 1, 5), torch.randn(6)
@@ -106,16 +115,21 @@ def test_depthwise_1d_and_resize():
              resize_inputs=[(torch.randn(1, 7, 3, 6),), (torch.randn(4, 7, 20, 6),)])
 
 
-def test_depthwise_kernel_matches_the_general_path(monkeypatch):
-    # The same depthwise layer through conv2d_dw.glsl and through conv2d.glsl.
+@pytest.mark.parametrize("case", ["depthwise_k5_s2", "dense_k3_tile4", "groups3_tile1"])
+def test_column_kernel_matches_the_direct_path(monkeypatch, case):
+    # The same layer through conv2d_col.glsl and through conv2d.glsl's direct path.
     from vkdelegate.ops.families import convolution
     torch.manual_seed(0)
-    w, b = torch.randn(9, 1, 5, 5), torch.randn(9)
+    w_shape, kw = {"depthwise_k5_s2": ((9, 1, 5, 5), {"padding": 2, "stride": 2,
+                                                        "groups": 9}),
+                   "dense_k3_tile4": ((8, 9, 3, 3), {"padding": 1}),
+                   "groups3_tile1": ((6, 3, 3, 2), {"groups": 3, "stride": (2, 1)})}[case]
+    w, b = torch.randn(w_shape), torch.randn(w_shape[0])
     x = torch.randn(2, 9, 14, 15)
     outs = []
     for use in (True, False):
-        monkeypatch.setattr(convolution, "USE_DEPTHWISE", use)
-        program = check_op(_conv(w, b, padding=2, stride=2, groups=9), (x,), ops=[CONV])
+        monkeypatch.setattr(convolution, "USE_COLUMNS", use)
+        program = check_op(_conv(w, b, **kw), (x,), ops=[CONV])
         outs.append(program(x))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 

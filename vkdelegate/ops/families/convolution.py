@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.kernels import conv_depthwise, conv_pointwise, gemm, loop_limit
+from vkdelegate.kernels import conv_columns, conv_pointwise, gemm, loop_limit
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
@@ -131,9 +131,9 @@ MAX_SEGMENT = 4096
 #: pipeline creation on llvmpipe takes about 1 s at this size and grows with it.
 MAX_UNROLLED = 4096
 INT32_MAX = (1 << 31) - 1
-#: Depthwise convolutions take kernels/conv_depthwise.py's shader (a test switches it
-#: off to compare).
-USE_DEPTHWISE = True
+#: Non-pointwise convolutions with constant weights take kernels/conv_columns.py's
+#: shader (a test switches it off to compare with conv2d.glsl).
+USE_COLUMNS = True
 
 
 def shader_geometry(x_shape, w_shape, out_shape, stride, padding, dilation,
@@ -332,10 +332,12 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
     # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
     geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
                 n)
-    if USE_DEPTHWISE and bias.device_dtype == "float32" and conv_depthwise.applies(
-            transposed, groups, ic, oc, kernel, stride, dil, packed):
-        conv_depthwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None,
-                              geometry, residual)
+    if USE_COLUMNS and not pointwise and bias.device_dtype == "float32" and \
+            conv_columns.applies(transposed, packed, kernel, stride, dil):
+        w = b.prepacked(pack_weight(weight, groups, False, conv_columns.tile(ocg)),
+                        "float32")
+        conv_columns.record(b, out, x, w, bias, (icg, ocg), lo, hi, clamp_ids is not None,
+                            geometry, residual)
         return
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     if pointwise:
