@@ -133,6 +133,9 @@ def main() -> None:
                     help="profile one call per batch size: slowest dispatches, per-op "
                          "GPU time, host time (host-to-host minus profiled GPU time)")
     ap.add_argument("--profile-rows", type=int, default=15)
+    ap.add_argument("--warmup-s", type=float, default=1.0,
+                    help="seconds of untimed calls before each backend's timed ones")
+    ap.add_argument("--no-cpu", action="store_true", help="skip eager PyTorch on the CPU")
     args = ap.parse_args()
 
     model = model_zoo.load_model()
@@ -150,16 +153,21 @@ def main() -> None:
             eager = model(x)
         ours = program(x)
         diff = float((ours - eager).abs().max())
-        measured = {"vkdelegate (Vulkan)": timed(lambda: program(x), args.runs, args.warmup)}
+        warm = dict(warmup_s=args.warmup_s)
+        measured = {"vkdelegate (Vulkan)": timed(lambda: program(x), args.runs, args.warmup,
+                                                 **warm)}
         with torch.no_grad():
-            measured["eager PyTorch CPU"] = timed(lambda: model(x), args.runs, args.warmup)
+            if not args.no_cpu:
+                measured["eager PyTorch CPU"] = timed(lambda: model(x), args.runs,
+                                                      args.warmup, **warm)
             if torch.cuda.is_available():
                 cuda_model, cx = model.to("cuda"), x.to("cuda")
                 measured["eager PyTorch CUDA"] = timed(
-                    lambda: cuda_model(cx), args.runs, args.warmup, torch.cuda.synchronize)
+                    lambda: cuda_model(cx), args.runs, args.warmup, torch.cuda.synchronize,
+                    **warm)
                 measured["PyTorch CUDA graph"] = timed(
                     cuda_graph(cuda_model, cx), args.runs, args.warmup,
-                    torch.cuda.synchronize)
+                    torch.cuda.synchronize, **warm)
                 model.to("cpu")
         base = statistics.median(measured["vkdelegate (Vulkan)"])
         for name, times in measured.items():
