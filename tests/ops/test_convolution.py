@@ -134,6 +134,19 @@ def test_column_kernel_matches_the_direct_path(monkeypatch, case):
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+def test_constant_weight_with_a_bias_computed_at_run_time():
+    # The column and pointwise kernels read an fp32 bias; an fp16 one computed at run
+    # time keeps conv2d.glsl. Tolerance of fp16: the output rounding (test_conv2d_fp16).
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
+        w, wp = torch.randn(8, 3, 3, 3).to(dtype), torch.randn(8, 3, 1, 1).to(dtype)
+        x, b = torch.randn(2, 3, 9, 7).to(dtype), torch.randn(8).to(dtype)
+        check_op(lambda x, b: F.conv2d(x, w, b * 2, padding=1), (x, b), ops=[CONV],
+                 rtol=tol, atol=tol)
+        check_op(lambda x, b: F.conv2d(x, wp, b * 2), (x, b), ops=[CONV],
+                 rtol=tol, atol=tol)
+
+
 def test_weight_and_bias_computed_at_run_time():
     # Not constants: the shader reads the weight as stored, one channel at a time.
     torch.manual_seed(0)

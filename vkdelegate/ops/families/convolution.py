@@ -322,17 +322,18 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
         lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
         lo = lo if lo_v is None else float(lo_v)
         hi = hi if hi_v is None else float(hi_v)
-    if pointwise and conv_pointwise.use_gemm(b.device.info) and \
-            bias.device_dtype == "float32":
-        # GPUs: the implicit GEMM of kernels/conv_pointwise.py (a bias computed at run
-        # time in fp16 storage keeps conv2d.glsl's path).
+    # The new kernels read an fp32 bias (prepacked, or computed at run time in fp32); an
+    # fp16 one keeps conv2d.glsl.
+    fp32_bias = bias.dtype == "float32" and bias.device_dtype == "float32"
+    if pointwise and conv_pointwise.use_gemm(b.device.info) and fp32_bias:
+        # GPUs: the implicit GEMM of kernels/conv_pointwise.py.
         conv_pointwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None, n,
                               residual)
         return
     # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
     geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
                 n)
-    if USE_COLUMNS and not pointwise and bias.device_dtype == "float32" and \
+    if USE_COLUMNS and not pointwise and fp32_bias and \
             conv_columns.applies(transposed, packed, kernel, stride, dil):
         w = b.prepacked(pack_weight(weight, groups, False, conv_columns.tile(ocg)),
                         "float32")
