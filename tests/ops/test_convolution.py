@@ -288,9 +288,14 @@ def test_conv_with_clamp_keeps_nan_and_inf():
     check_op(fn, (x,), ops=[CLAMP])
 
 
-def test_fp16_on_a_device_without_16bit_storage(vk_device):
-    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads of the pointwise path
+@pytest.mark.parametrize("gemm", [False, True], ids=["default", "pointwise_gemm"])
+def test_fp16_on_a_device_without_16bit_storage(vk_device, gemm, monkeypatch):
+    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads of the pointwise paths
     # read them as fp32): results round to fp16 at each store, like eager's fp16.
+    # gemm: the GPUs' pointwise kernel (kernels/conv_pointwise.py), forced on llvmpipe.
+    if gemm:
+        from vkdelegate.kernels import conv_pointwise
+        monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     rng = np.random.default_rng(5)
     x = rand(rng, (1, 4, 3, 4), "float16")
     w1, w2 = rand(rng, (8, 4, 1, 1), "float16"), rand(rng, (8, 1, 3, 3), "float16")
