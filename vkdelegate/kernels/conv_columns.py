@@ -7,9 +7,9 @@ invocations on adjacent columns, the filter taps of one input channel in registe
 (see the shader's header). Measured on llvmpipe it took about half of conv2d.glsl's
 direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md).
 Torch-free; registers no op (ops/families/convolution.py records it, prepacking the
-weight with its own ``pack_weight``, and keeps conv2d.glsl for transposed
-convolutions, weights computed at run time, pointwise layers and windows too large to
-unroll).
+weight with kernels/conv_geometry.py's ``pack_weight``, and keeps conv2d.glsl for
+transposed convolutions, weights computed at run time, pointwise layers and windows
+too large to unroll).
 """
 from __future__ import annotations
 
