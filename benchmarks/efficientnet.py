@@ -1,8 +1,9 @@
 """EfficientNet-Lite0 latency: vkdelegate on Vulkan vs eager PyTorch (CPU, and CUDA when
-present), batch 1 and 8, in one run.
+present, also replayed as a CUDA graph), batch 1 and 8, in one run.
 
 Prints a table (median, p10-p90 spread, ratio to vkdelegate) and writes JSON; with
---profile also prints the slowest dispatches of the Vulkan program at batch 1.
+--profile also prints, per batch size, the slowest dispatches of the Vulkan program,
+their GPU time per op and the host-side rest (host-to-host minus GPU time).
 
     python benchmarks/efficientnet.py [--batch 1 8] [--runs 20] [--json out.json]
 """
@@ -61,6 +62,67 @@ def report(title: str, first_column: str, rows: list, results: dict, path: str) 
     print(f"wrote {path}")
 
 
+def cuda_graph(model, x):
+    """``model(x)`` captured once as a CUDA graph (static input ``x``); returns its
+    replay (the "CUDA graphs" column: launch overhead gone)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(x)
+    return graph.replay
+
+
+def profile(program, x, batch: int, device_name: str, rows: int) -> float:
+    """One profiled call (timestamps around every dispatch, a barrier between each):
+    prints the ``rows`` slowest dispatches and a per-op summary; returns the summed GPU
+    time in ms (an upper bound on the normal run's, which overlaps independent
+    dispatches)."""
+    from vkdelegate.cli import run as cli_run
+
+    program.set_profiling(True)
+    program(x)
+    program.set_profiling(False)
+    cli_run.TOP_N = rows
+    print(f"\nslowest dispatches, batch {batch}, {device_name}:")
+    cli_run.print_profile(program, program.default_method(), None)
+    per_op: dict = {}
+    for _index, prof in program.last_profiles():
+        for d in prof.dispatches:
+            n, t = per_op.get(d.op, (0, 0.0))
+            per_op[d.op] = (n + 1, t + d.duration_ns / 1e3)
+    print(tabulate(sorted(((op, n, f"{t:.1f}") for op, (n, t) in per_op.items()),
+                          key=lambda r: -float(r[2])),
+                   headers=("op", "dispatches", "GPU us")))
+    gpu_ms = sum(t for _n, t in per_op.values()) / 1e3
+    host_split(program, x, batch)
+    return gpu_ms
+
+
+def host_split(program, x, batch: int, calls: int = 10) -> None:
+    """Medians over ``calls`` calls of where one call's time goes: the delegate's
+    execute (its host part: input staging, submit, output reads; its fence wait) and
+    the rest of the call (torch <-> numpy, the program's Python)."""
+    parts: dict = {"call": [], "execute": [], "execute host": [], "fence wait": []}
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        program(x)
+        parts["call"].append(time.perf_counter() - t0)
+        timings = [d.loaded.last_timing for d in program.runner(
+            program.default_method()).delegates]
+        parts["execute"].append(sum(t["total_s"] for t in timings))
+        parts["execute host"].append(sum(t["host_s"] for t in timings))
+        parts["fence wait"].append(sum(t["fence_wait_s"] for t in timings))
+    med = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+    print(f"batch {batch}: call {med['call']:.3f} ms = execute {med['execute']:.3f} "
+          f"(host {med['execute host']:.3f}, fence wait {med['fence wait']:.3f}) + "
+          f"outside execute {med['call'] - med['execute']:.3f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -68,7 +130,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default="efficientnet_bench.json")
     ap.add_argument("--profile", action="store_true",
-                    help="print the slowest Vulkan dispatches at the first batch size")
+                    help="profile one call per batch size: slowest dispatches, per-op "
+                         "GPU time, host time (host-to-host minus profiled GPU time)")
+    ap.add_argument("--profile-rows", type=int, default=15)
+    ap.add_argument("--warmup-s", type=float, default=1.0,
+                    help="seconds of untimed calls before each backend's timed ones")
+    ap.add_argument("--no-cpu", action="store_true", help="skip eager PyTorch on the CPU")
     args = ap.parse_args()
 
     model = model_zoo.load_model()
@@ -86,13 +153,21 @@ def main() -> None:
             eager = model(x)
         ours = program(x)
         diff = float((ours - eager).abs().max())
-        measured = {"vkdelegate (Vulkan)": timed(lambda: program(x), args.runs, args.warmup)}
+        warm = dict(warmup_s=args.warmup_s)
+        measured = {"vkdelegate (Vulkan)": timed(lambda: program(x), args.runs, args.warmup,
+                                                 **warm)}
         with torch.no_grad():
-            measured["eager PyTorch CPU"] = timed(lambda: model(x), args.runs, args.warmup)
+            if not args.no_cpu:
+                measured["eager PyTorch CPU"] = timed(lambda: model(x), args.runs,
+                                                      args.warmup, **warm)
             if torch.cuda.is_available():
                 cuda_model, cx = model.to("cuda"), x.to("cuda")
                 measured["eager PyTorch CUDA"] = timed(
-                    lambda: cuda_model(cx), args.runs, args.warmup, torch.cuda.synchronize)
+                    lambda: cuda_model(cx), args.runs, args.warmup, torch.cuda.synchronize,
+                    **warm)
+                measured["PyTorch CUDA graph"] = timed(
+                    cuda_graph(cuda_model, cx), args.runs, args.warmup,
+                    torch.cuda.synchronize, **warm)
                 model.to("cpu")
         base = statistics.median(measured["vkdelegate (Vulkan)"])
         for name, times in measured.items():
@@ -102,14 +177,11 @@ def main() -> None:
             rows.append((batch, name, f"{s['median_ms']:.2f}",
                          f"{s['p10_ms']:.2f}-{s['p90_ms']:.2f}",
                          f"{s['median_ms'] / base:.2f}x"))
-        if args.profile and batch == args.batch[0]:
-            from vkdelegate.cli.run import print_profile
-
-            program.set_profiling(True)
-            program(x)
-            program.set_profiling(False)
-            print(f"\nslowest dispatches, batch {batch}, {device.info.name}:")
-            print_profile(program, program.default_method(), None)
+        if args.profile:
+            gpu_ms = profile(program, x, batch, device.info.name, args.profile_rows)
+            results["rows"][-len(measured)]["profiled_gpu_ms"] = gpu_ms
+            print(f"host-to-host {base:.3f} ms - profiled GPU {gpu_ms:.3f} ms = "
+                  f"{base - gpu_ms:.3f} ms host side and gaps (batch {batch})")
         program.close()
     report(f"EfficientNet-Lite0, Vulkan device: {device.info.name}", "batch", rows, results,
            args.json)

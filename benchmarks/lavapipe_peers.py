@@ -12,7 +12,7 @@ median and p10-p90 of ``--runs`` after a warm-up; the ratio column is
 vkdelegate / peer (below 1: we are faster). Prints a table and writes JSON.
 
     python benchmarks/lavapipe_peers.py [--model efficientnet convnet mlp] [--runs 10]
-        [--peers ncnn iree] [--iree-target llvmpipe] [--json F]
+        [--peers ncnn iree] [--iree-target llvmpipe] [--rounds 1] [--json F]
 """
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ import vkdelegate  # noqa: E402
 from vkdelegate.runtime.device import default_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The peers' interpreter: ``--peers-python``, else this checkout's .venv-peers (a git
+#: worktree without one may point at the main checkout's).
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 WORKER = Path(__file__).resolve().parent / "peers" / "worker.py"
 
@@ -105,28 +107,46 @@ def bench_model(key: str, args, results: dict, rows: list) -> None:
         eager = model(x).numpy()
     ep = torch.export.export(model, (x,))
     program = vkdelegate.to_backend(ep, vkdelegate.VulkanPartitioner())
-    measured = {"vkdelegate (Vulkan)": (timed(lambda: program(x), args.runs, args.warmup),
-                                        str(program.report.summary()),
+    ours_rounds = [timed(lambda: program(x), args.runs, args.warmup)]
+    measured = {"vkdelegate (Vulkan)": (ours_rounds[0], str(program.report.summary()),
                                         program(x).numpy())}
     with torch.no_grad():
         measured["eager PyTorch CPU"] = (timed(lambda: model(x), args.runs, args.warmup),
                                          f"{torch.get_num_threads()} threads", eager)
-    program.close()
+    peer_rounds: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         with torch.no_grad():
             torch.jit.trace(model, (x,)).save(str(d / "model.ts"))
         torch.export.save(ep, str(d / "model.pt2"))
         np.save(d / "input.npy", x.numpy())
-        for peer in args.peers:
-            got = run_peer(peer, d, args)
-            name = {"ncnn": "ncnn-Vulkan fp32", "iree": "IREE-Vulkan"}[peer]
-            if isinstance(got, str):
-                rows.append((title, name, "-", "-", "-", "-", got))
-                results["rows"].append({"model": key, "backend": name, "error": got})
-                continue
-            measured[name] = got
+        for round_ in range(args.rounds):
+            if round_:  # ours again, right before the peers of this round
+                ours_rounds.append(timed(lambda: program(x), args.runs, args.warmup))
+            for peer in args.peers:
+                got = run_peer(peer, d, args)
+                name = {"ncnn": "ncnn-Vulkan fp32", "iree": "IREE-Vulkan"}[peer]
+                if isinstance(got, str):
+                    if not round_:
+                        rows.append((title, name, "-", "-", "-", "-", got))
+                        results["rows"].append({"model": key, "backend": name,
+                                                "error": got})
+                    continue
+                peer_rounds.setdefault(name, []).append(got[0])
+                measured[name] = (sum(peer_rounds[name], []),) + got[1:]
+    program.close()
+    measured["vkdelegate (Vulkan)"] = (sum(ours_rounds, []),) + \
+        measured["vkdelegate (Vulkan)"][1:]
     ours = stats(measured["vkdelegate (Vulkan)"][0])["median_ms"]
+    for name, rounds in peer_rounds.items():
+        # Per round: our median over the peer's, measured back to back (the machine's
+        # load drifts between rounds); the median of those ratios.
+        ratios = [stats(o)["median_ms"] / stats(t)["median_ms"]
+                  for o, t in zip(ours_rounds, rounds)]
+        results.setdefault("round_ratios", {})[f"{key} / {name}"] = ratios
+        print(f"{title}, ours / {name} per round: "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}; median "
+              f"{float(np.median(ratios)):.2f}")
     for name, (times, note, out) in measured.items():
         s = stats(times)
         diff = float(np.abs(out.reshape(eager.shape) - eager).max())
@@ -142,11 +162,18 @@ def main() -> None:
     ap.add_argument("--model", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     ap.add_argument("--peers", nargs="+", choices=["ncnn", "iree"], default=["ncnn", "iree"])
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure ours and each peer back to back this many times; "
+                         "prints the per-round ratios (load drifts between rounds)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iree-target", default="llvmpipe",
                     help="--iree-vulkan-target for IREE (llvmpipe for lavapipe)")
     ap.add_argument("--json", default="lavapipe_peers.json")
+    ap.add_argument("--peers-python", type=Path, default=None,
+                    help="the peers' virtual environment's python (default: .venv-peers here)")
     args = ap.parse_args()
+    if args.peers_python is not None:
+        globals()["PEERS_PYTHON"] = args.peers_python
     device = default_device()
     results = {"machine": platform.node(), "vulkan_device": device.info.name,
                "driver": device.info.driver, "torch": torch.__version__, "rows": []}

@@ -41,6 +41,16 @@ CASES_2D = {
     "depthwise_s2_k5": ((1, 3, 9, 7), (3, 1, 5, 5), False,
                         {"stride": 2, "padding": 2, "groups": 3}),
     "depthwise_multiplier2": ((1, 3, 7, 5), (6, 1, 3, 3), True, {"groups": 3}),
+    # conv2d_col.glsl, depthwise: dilation, rectangular strides and kernels, output
+    # heights not a multiple of its 8 rows per invocation, a 7 x 7 window; 9 x 9 is
+    # past its unrolling bound (conv2d.glsl's direct path).
+    "depthwise_dilated_rect": ((2, 5, 11, 9), (5, 1, 3, 5), True,
+                               {"padding": (2, 1), "dilation": (2, 1), "stride": (1, 2),
+                                "groups": 5}),
+    "depthwise_k7_w_stride2": ((3, 4, 19, 17), (4, 1, 7, 7), False,
+                               {"padding": 3, "stride": (1, 2), "groups": 4}),
+    "depthwise_k9_general_path": ((1, 2, 12, 12), (2, 1, 9, 9), True,
+                                  {"padding": 4, "groups": 2}),
     "one_by_one_image": ((2, 4, 1, 1), (8, 4, 1, 1), True, {}),
     "kernel_covers_input": ((1, 3, 5, 5), (4, 3, 5, 5), True, {}),
 }
@@ -83,6 +93,58 @@ def test_conv1d_and_conv_transpose1d():
     check_op(lambda x: F.conv_transpose1d(x, wt, None, stride=3, padding=1,
                                           output_padding=2),
              (torch.randn(1, 8, 11),), ops=[CONV])
+
+
+def test_column_kernel_bounds():
+    from vkdelegate.kernels.conv_columns import applies
+    assert applies(False, True, [5, 5], [2, 2], [1, 1])      # EfficientNet's 5x5 s2
+    assert not applies(False, True, [7, 7], [2, 2], [1, 1])  # past MAX_UNROLLED
+    assert not applies(True, True, [3, 3], [1, 1], [1, 1])   # transposed
+    assert not applies(False, False, [3, 3], [1, 1], [1, 1])  # weight at run time
+
+
+def test_depthwise_1d_and_resize():
+    torch.manual_seed(0)
+    w1, b1 = torch.randn(6, 1, 5), torch.randn(6)
+    check_op(lambda x: F.conv1d(x, w1, b1, padding=2, stride=2, groups=6),
+             (torch.randn(2, 6, 23),), ops=[CONV])
+    w, b = torch.randn(7, 1, 3, 3), torch.randn(7)
+    n, h = torch.export.Dim("n", max=4), torch.export.Dim("h", min=3, max=20)
+    check_op(_conv(w, b, padding=1, groups=7), (torch.randn(2, 7, 13, 6),), ops=[CONV],
+             dynamic_shapes=({0: n, 2: h},),
+             resize_inputs=[(torch.randn(1, 7, 3, 6),), (torch.randn(4, 7, 20, 6),)])
+
+
+@pytest.mark.parametrize("case", ["depthwise_k5_s2", "dense_k3_tile4", "groups3_tile1"])
+def test_column_kernel_matches_the_direct_path(monkeypatch, case):
+    # The same layer through conv2d_col.glsl and through conv2d.glsl's direct path.
+    from vkdelegate.ops.families import convolution
+    torch.manual_seed(0)
+    w_shape, kw = {"depthwise_k5_s2": ((9, 1, 5, 5), {"padding": 2, "stride": 2,
+                                                        "groups": 9}),
+                   "dense_k3_tile4": ((8, 9, 3, 3), {"padding": 1}),
+                   "groups3_tile1": ((6, 3, 3, 2), {"groups": 3, "stride": (2, 1)})}[case]
+    w, b = torch.randn(w_shape), torch.randn(w_shape[0])
+    x = torch.randn(2, 9, 14, 15)
+    outs = []
+    for use in (True, False):
+        monkeypatch.setattr(convolution, "USE_COLUMNS", use)
+        program = check_op(_conv(w, b, **kw), (x,), ops=[CONV])
+        outs.append(program(x))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_constant_weight_with_a_bias_computed_at_run_time():
+    # The column and pointwise kernels read an fp32 bias; an fp16 one computed at run
+    # time keeps conv2d.glsl. Tolerance of fp16: the output rounding (test_conv2d_fp16).
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
+        w, wp = torch.randn(8, 3, 3, 3).to(dtype), torch.randn(8, 3, 1, 1).to(dtype)
+        x, b = torch.randn(2, 3, 9, 7).to(dtype), torch.randn(8).to(dtype)
+        check_op(lambda x, b: F.conv2d(x, w, b * 2, padding=1), (x, b), ops=[CONV],
+                 rtol=tol, atol=tol)
+        check_op(lambda x, b: F.conv2d(x, wp, b * 2), (x, b), ops=[CONV],
+                 rtol=tol, atol=tol)
 
 
 def test_weight_and_bias_computed_at_run_time():
@@ -226,9 +288,14 @@ def test_conv_with_clamp_keeps_nan_and_inf():
     check_op(fn, (x,), ops=[CLAMP])
 
 
-def test_fp16_on_a_device_without_16bit_storage(vk_device):
-    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads of the pointwise path
+@pytest.mark.parametrize("gemm", [False, True], ids=["default", "pointwise_gemm"])
+def test_fp16_on_a_device_without_16bit_storage(vk_device, gemm, monkeypatch):
+    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads of the pointwise paths
     # read them as fp32): results round to fp16 at each store, like eager's fp16.
+    # gemm: the GPUs' pointwise kernel (kernels/conv_pointwise.py), forced on llvmpipe.
+    if gemm:
+        from vkdelegate.kernels import conv_pointwise
+        monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     rng = np.random.default_rng(5)
     x = rand(rng, (1, 4, 3, 4), "float16")
     w1, w2 = rand(rng, (8, 4, 1, 1), "float16"), rand(rng, (8, 1, 3, 3), "float16")
@@ -262,3 +329,62 @@ def test_unbatched_conv2d():
     torch.manual_seed(0)
     w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
     check_op(lambda x: F.conv2d(x, w, b, padding=1), (torch.randn(3, 7, 5),), ops=[CONV])
+
+
+# ---- the pointwise implicit GEMM (kernels/conv_pointwise.py, conv2d_pw.glsl) --------
+# GPUs take it by default; on llvmpipe the fixture forces it (use_gemm is read at load).
+@pytest.fixture
+def pointwise_gemm(monkeypatch):
+    from vkdelegate.kernels import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    return conv_pointwise
+
+
+PW_CASES = {  # (input shape, output channels, bias): which part of the kernel
+    "aligned_one_block": ((1, 8, 4, 4), 12, True),
+    "unaligned_tail_blocks": ((2, 5, 7, 9), 37, False),       # P % 4 != 0, OC % 4 != 0
+    "two_slices": ((1, 96, 3, 5), 20, True),                  # 96 channels: 2 K slices
+    "four_slices_uneven_k": ((3, 261, 5, 5), 70, True),       # 261 = 4 slices of 66, 63
+    "large_plane": ((2, 16, 37, 41), 24, True),               # many pixel blocks
+    "one_pixel": ((2, 40, 1, 1), 9, False),
+}
+
+
+@pytest.mark.parametrize("case", PW_CASES.values(), ids=PW_CASES.keys())
+def test_pointwise_gemm(pointwise_gemm, case):
+    torch.manual_seed(0)
+    x_shape, oc, has_bias = case
+    w = torch.randn(oc, x_shape[1], 1, 1)
+    b = torch.randn(oc) if has_bias else None
+    check_op(_conv(w, b), (torch.randn(x_shape),), ops=[CONV])
+
+
+def test_pointwise_gemm_slices():
+    from types import SimpleNamespace
+
+    from vkdelegate.kernels.conv_pointwise import slices
+    gpu = SimpleNamespace(max_workgroup_invocations=1024)
+    assert slices(gpu, 1, 49, 192, 1152) == 4  # EfficientNet's 1152 -> 192 at 7 x 7
+    assert slices(gpu, 1, 12544, 96, 16) == 1  # many blocks, short K
+    assert slices(gpu, 1, 49, 192, 100) == 2   # 4 slices would sum 25 channels each
+    assert slices(SimpleNamespace(max_workgroup_invocations=128), 1, 49, 192, 1152) == 2
+
+
+def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):
+    # Tolerance of the fp16 case: fp16 output rounding, as in test_conv2d_fp16.
+    torch.manual_seed(0)
+    w, b = torch.randn(40, 130, 1, 1), torch.randn(40)
+
+    def fn(x):
+        return torch.ops.et_vk.conv_with_clamp(x, w, b, [1, 1], [0, 0], [1, 1], False,
+                                               [0, 0], 1, 0.0, 6.0)
+    check_op(fn, (torch.randn(2, 130, 6, 5),), ops=[CLAMP])
+    wh, bh = torch.randn(20, 72, 1, 1).half(), torch.randn(20).half()
+    check_op(_conv(wh, bh), (torch.randn(3, 72, 5, 7).half(),), ops=[CONV],
+             rtol=1e-2, atol=1e-2)
+    w1 = torch.randn(6, 9, 1)
+    check_op(lambda x: F.conv1d(x, w1), (torch.randn(2, 9, 13),), ops=[CONV])
+    n, h = torch.export.Dim("n", max=4), torch.export.Dim("h", min=2, max=12)
+    check_op(_conv(w, b), (torch.randn(2, 130, 11, 7),), ops=[CONV],
+             dynamic_shapes=({0: n, 2: h},),
+             resize_inputs=[(torch.randn(1, 130, 3, 7),), (torch.randn(4, 130, 12, 7),)])

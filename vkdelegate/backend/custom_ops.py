@@ -205,6 +205,30 @@ PADDED_CONV_WITH_CLAMP = declare_custom_op(
     _padded_conv_with_clamp)
 
 
+def _conv_add(x, weight, bias, stride, padding, dilation, transposed, output_padding,
+              groups, output_min, output_max, other):
+    import torch
+
+    out = torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                             transposed, output_padding, groups)
+    if output_min is not None or output_max is not None:
+        out = torch.clamp(out, output_min, output_max)
+    return out + other
+
+
+#: A convolution (conv_with_clamp's arguments, clamp optional) whose result is added to
+#: ``other``, a tensor of the output's shape and dtype: clamp(conv(x)) + other, the
+#: residual connection of inverted-bottleneck blocks written in the convolution's
+#: epilogue. ``passes/fuse_conv_add`` creates it from convolution -> aten.add.Tensor;
+#: our own op (ExecuTorch has none), only in our lowering's blobs.
+CONV_ADD = declare_custom_op(
+    "vkdelegate.conv_add.default",
+    "conv_add(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, "
+    "SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, "
+    "SymInt groups, Scalar? output_min, Scalar? output_max, Tensor other) -> Tensor",
+    _conv_add)
+
+
 def _rms_norm(x, weight, eps):
     import torch
 

@@ -9,6 +9,7 @@ from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
+from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
 from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
@@ -35,6 +36,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    fuses too.
 # 4b. zero-pad folding after the clamp fusion: it folds a pad into a plain convolution
 #    and into a conv_with_clamp alike.
+# 4c. residual adds into the convolution before them (fuse_conv_add), after the pad
+#    fold, so that a padded conv's add fuses too;
 # 5. RMS-norm and rotary-embedding fusion: independent of the others (their patterns
 #    have no clone in them).
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
@@ -50,7 +53,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
-          fold_conv_padding, fuse_rms_norm, fuse_rotary, cache_positions,
+          fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cache_positions,
           fuse_elementwise, symbolic_view_sizes, local_symints)
 
 

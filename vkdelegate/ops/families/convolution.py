@@ -1,15 +1,20 @@
-"""Convolution: aten.convolution.default and ET-VK's et_vk.conv_with_clamp.default.
+"""Convolution: aten.convolution.default, ET-VK's et_vk.conv_with_clamp.default and our
+vkdelegate.padded_conv_with_clamp / vkdelegate.conv_add (backend/custom_ops.py).
 
 Schema: convolution(input, weight, bias?, stride, padding, dilation, transposed,
 output_padding, groups); conv_with_clamp appends output_min?, output_max? (ET-VK's
-fused ReLU/ReLU6/clamp epilogue, same shader with CLAMP defined).
+fused ReLU/ReLU6/clamp epilogue, same shader with CLAMP defined); padded_conv_with_clamp
+appends padding_end (TF SAME, from passes/fold_conv_padding.py), conv_add a tensor
+``other`` added after the clamp (a residual, from passes/fuse_conv_add.py).
 
 Semantics: 1-D (N, C, L) and 2-D (N, C, H, W) inputs, any batch, stride, padding,
 dilation and groups, transposed with output_padding, bias or none; fp32 and fp16
-(accumulated in fp32). One shader, conv2d.glsl, with three paths chosen at load:
-pointwise (1x1, stride 1, no padding, groups 1: a tiled GEMM over pixels), direct
-(general, depthwise included: one channel per invocation when the output channels per
-group are not a multiple of 4) and transposed (a gather over input positions).
+(accumulated in fp32). Shaders chosen at load: pointwise convolutions (1x1, stride 1,
+no padding, groups 1, constant weight) run kernels/conv_pointwise.py's implicit GEMM
+(conv2d_pw.glsl) on GPUs; everything else, and pointwise on CPU drivers, runs
+conv2d.glsl with three paths: pointwise (a tiled GEMM over pixels), direct (general,
+depthwise included: one channel per invocation when the output channels per group are
+not a multiple of 4) and transposed (a gather over input positions).
 Constant weights are prepacked once at load as fp32 [OC/T, IC/groups, KH, KW, T]
 (T = output channels per invocation) so the T weights of one tap are one contiguous
 read; a weight computed at run time is read as stored. Resizable in batch and spatial
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdelegate.kernels import gemm, loop_limit
+from vkdelegate.kernels import conv_columns, conv_pointwise, gemm, loop_limit
+from vkdelegate.kernels.conv_geometry import (conv_shape, expand as _expand, pack_weight,
+                                              shader_geometry)
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.kernels.workgroup import workgroup_for
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
@@ -34,34 +41,9 @@ CONV = "aten.convolution.default"
 CONV_CLAMP = "et_vk.conv_with_clamp.default"  # schema, CPU kernel: backend/custom_ops.py
 # conv_with_clamp's arguments + padding_end (begin and end padding differ): ours.
 PADDED_CONV = "vkdelegate.padded_conv_with_clamp.default"
+# conv_with_clamp's arguments + other: clamp(conv(x)) + other (a fused residual add).
+CONV_ADD = "vkdelegate.conv_add.default"
 INF = float("inf")  # an absent clamp bound: clamping to +-inf keeps +-inf results
-
-
-def conv_output_size(size: int, k: int, s: int, p: int, d: int, transposed: bool,
-                     output_padding: int) -> int:
-    """One spatial output size, as ATen computes it."""
-    if transposed:
-        return (size - 1) * s - 2 * p + d * (k - 1) + output_padding + 1
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
-def _expand(values, n: int) -> list[int]:
-    """ATen broadcasts a one-element stride/padding/dilation list to every dim."""
-    values = list(values or [])
-    return values * n if len(values) == 1 else values
-
-
-def conv_shape(x_shape, w_shape, stride, padding, dilation, transposed, output_padding,
-               groups) -> tuple:
-    """Output sizes of a convolution with input ``x_shape`` and weight ``w_shape``."""
-    n = len(x_shape) - 2
-    stride, padding = _expand(stride, n), _expand(padding, n)
-    dilation, output_padding = _expand(dilation, n), _expand(output_padding or [0], n)
-    oc = w_shape[1] * groups if transposed else w_shape[0]
-    spatial = tuple(conv_output_size(x_shape[2 + i], w_shape[2 + i], stride[i], padding[i],
-                                     dilation[i], transposed, output_padding[i])
-                    for i in range(n))
-    return (x_shape[0], oc) + spatial
 
 
 def _shape(args):
@@ -124,22 +106,9 @@ MAX_SEGMENT = 4096
 #: pipeline creation on llvmpipe takes about 1 s at this size and grows with it.
 MAX_UNROLLED = 4096
 INT32_MAX = (1 << 31) - 1
-
-
-def shader_geometry(x_shape, w_shape, out_shape, stride, padding, dilation,
-                    transposed: bool):
-    """(kernel, stride, padding, dilation) as conv2d.glsl gets them: 2-D lists (a 1-D
-    convolution is a 2-D one of height 1), with the stride of a non-transposed dim
-    whose output has one position set to 1 (it is never used, and a huge one would
-    only size the row segment)."""
-    n = len(x_shape) - 2
-    stride, padding = _expand(stride, n), _expand(padding, n)
-    dilation, kernel = _expand(dilation, n), list(w_shape[2:])
-    if not transposed:
-        stride = [1 if o <= 1 else st for st, o in zip(stride, out_shape[2:])]
-    if n == 1:
-        return [1] + kernel, [1] + stride, [0] + padding, [1] + dilation
-    return kernel, stride, padding, dilation
+#: Non-pointwise convolutions with constant weights take kernels/conv_columns.py's
+#: shader (a test switches it off to compare with conv2d.glsl).
+USE_COLUMNS = True
 
 
 def _segment(kernel, stride, dilation, px: int) -> int:
@@ -221,27 +190,17 @@ PADDED_RULES = (_padded_rule,) + RULES
 
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
-             long_loops: bool = False) -> dict:
-    d = dict(storage_defines(OUT=out, IN=x, W=w, B=bias), OC_TILE=str(tile),
+             long_loops: bool = False, residual=None) -> dict:
+    tensors = dict(OUT=out, IN=x, W=w, B=bias)
+    if residual is not None:
+        tensors["R"] = residual
+    d = dict(storage_defines(**tensors), OC_TILE=str(tile),
              **flag_defines(LONG_LOOPS=long_loops, W_PACKED=packed, CLAMP=clamp,
-                            TRANSPOSED=mode == "transposed", POINTWISE=mode == "pointwise"))
+                            TRANSPOSED=mode == "transposed", POINTWISE=mode == "pointwise",
+                            RESIDUAL=residual is not None))
     if mode == "pointwise":
         d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
     return d
-
-
-def pack_weight(weight: np.ndarray, groups: int, transposed: bool, tile: int) -> np.ndarray:
-    """Weight (ATen layout, 1-D or 2-D) -> fp32 [OC/tile, IC/groups, KH, KW, tile]."""
-    w = weight.astype(np.float32)
-    if w.ndim == 3:
-        w = w[:, :, None, :]  # 1-D convolution: KH = 1
-    if transposed:
-        ic, ocg, kh, kw = w.shape
-        w = w.reshape(groups, ic // groups, ocg, kh, kw).transpose(0, 2, 1, 3, 4)
-        w = w.reshape(groups * ocg, ic // groups, kh, kw)
-    oc, icg, kh, kw = w.shape
-    w = w.reshape(oc // tile, tile, icg, kh, kw).transpose(0, 2, 3, 4, 1)
-    return np.ascontiguousarray(w)
 
 
 CONV_PARAMS = ParamBlock("conv_block", [
@@ -254,7 +213,8 @@ def _bindings(d) -> Bindings:
     # The pointwise form reads the input a second time as in4_data, 4 elements a load.
     return Bindings(outputs=("out_data",),
                     inputs=("in_data", "w_data", "b_data") +
-                    (("in4_data",) if "POINTWISE" in d else ()),
+                    (("in4_data",) if "POINTWISE" in d else ()) +
+                    (("r_data",) if "RESIDUAL" in d else ()),
                     params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
                             CONV_PARAMS))
 
@@ -271,10 +231,15 @@ def _plain_loop_iterations(transposed: bool, icg: int, kernel, stride, dilation,
     return icg * kernel[0] * (1 + taps) + px
 
 
-def _build(b, node, clamp_ids=None, end_padded=False):
+def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
     (x_id, w_id, bias_id, stride_id, pad_id, dil_id, tr_id, opad_id, groups_id,
      out_id) = list(node.args[:9]) + [node.args[-1]]
     x, w, out = b.tensor(x_id), b.tensor(w_id), b.tensor(out_id)
+    residual = None if residual_id is None else b.tensor(residual_id)
+    if residual is not None and (tuple(residual.max_shape) != tuple(out.max_shape) or
+                                 residual.dtype != out.dtype):
+        raise b.error(f"residual {list(residual.max_shape)} {residual.dtype} for an "
+                      f"output {list(out.max_shape)} {out.dtype}")
     transposed, groups = bool(b.scalar(tr_id)), int(b.scalar(groups_id))
     n = x.ndim - 2
     if n not in (1, 2) or w.ndim != x.ndim or out.ndim != x.ndim:
@@ -293,6 +258,33 @@ def _build(b, node, clamp_ids=None, end_padded=False):
     # The pointwise path reads input pixel i for output pixel i: no padding at all.
     pointwise = (packed and not transposed and kernel == [1, 1] and stride == [1, 1]
                  and pad == [0, 0] and groups == 1 and not end_padded)
+    bias = b.value(bias_id)
+    if bias is None or b.constant_array(bias) is not None:
+        values = np.zeros(oc, np.float32) if bias is None else b.constant_array(bias)
+        bias = b.prepacked(values.astype(np.float32).reshape(oc), "float32")
+    lo, hi = -INF, INF
+    if clamp_ids is not None:
+        lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
+        lo = lo if lo_v is None else float(lo_v)
+        hi = hi if hi_v is None else float(hi_v)
+    # The new kernels read an fp32 bias (prepacked, or computed at run time in fp32); an
+    # fp16 one keeps conv2d.glsl.
+    fp32_bias = bias.dtype == "float32" and bias.device_dtype == "float32"
+    if pointwise and conv_pointwise.use_gemm(b.device.info) and fp32_bias:
+        # GPUs: the implicit GEMM of kernels/conv_pointwise.py.
+        conv_pointwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None, n,
+                              residual)
+        return
+    # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
+    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
+                n)
+    if USE_COLUMNS and not pointwise and fp32_bias and \
+            conv_columns.applies(transposed, packed, kernel, stride, dil):
+        w = b.prepacked(pack_weight(weight, groups, False, conv_columns.tile(ocg)),
+                        "float32")
+        conv_columns.record(b, out, x, w, bias, (icg, ocg), lo, hi, clamp_ids is not None,
+                            geometry, residual)
+        return
     mode = "transposed" if transposed else ("pointwise" if pointwise else "direct")
     if pointwise:
         # A GEMM over pixels: kernels/gemm.py picks its tile and loop form, as for
@@ -314,15 +306,6 @@ def _build(b, node, clamp_ids=None, end_padded=False):
             loop_limit.check(b, icg, f"{icg} input channels per group")
     if packed:
         w = b.prepacked(pack_weight(weight, groups, transposed, tile), "float32")
-    bias = b.value(bias_id)
-    if bias is None or b.constant_array(bias) is not None:
-        values = np.zeros(oc, np.float32) if bias is None else b.constant_array(bias)
-        bias = b.prepacked(values.astype(np.float32).reshape(oc), "float32")
-    lo, hi = -INF, INF
-    if clamp_ids is not None:
-        lo_v, hi_v = (b.scalar(i) for i in clamp_ids)
-        lo = lo if lo_v is None else float(lo_v)
-        hi = hi if hi_v is None else float(hi_v)
     params = b.params(CONV_PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])
@@ -331,12 +314,11 @@ def _build(b, node, clamp_ids=None, end_padded=False):
         grid = (-(-(oh * ow) // px), oc // tile, mx[0])
     else:
         grid = (-(-ow // px), oh, mx[0] * (oc // tile))
-    # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
-    geometry = (kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
-                n)
     b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
-                                clamp=clamp_ids is not None, long_loops=long_loops),
-               outputs=[out], inputs=[x, w, bias] + ([x] if pointwise else []),
+                                clamp=clamp_ids is not None, long_loops=long_loops,
+                                residual=residual),
+               outputs=[out], inputs=[x, w, bias] + ([x] if pointwise else []) +
+               ([residual] if residual is not None else []),
                params=[out.meta, x.meta, params],
                spec_constants=geometry,
                global_size=grid, local_size=workgroup_for(grid))
@@ -359,6 +341,19 @@ def _impl_padded(b, node):
     _build(b, node, clamp_ids=node.args[9:11], end_padded=any(end))
 
 
+def _impl_add(b, node):
+    _build(b, node, clamp_ids=node.args[9:11], residual_id=node.args[11])
+
+
+def _add_rule(node: NodeSpec):
+    """conv_add: ``other`` has the output's shape and dtype (no broadcasting)."""
+    other, out = node.args[11], node.outputs[0] if node.outputs else None
+    if out is None or not hasattr(other, "shape") or tuple(other.shape) != \
+            tuple(out.shape) or other.dtype != out.dtype:
+        return "the added tensor must have the convolution output's shape and dtype"
+    return None
+
+
 register(OpSpec(name=CONV, dtypes=DTYPES, impl=_impl, shape_fn=_shape, rules=RULES,
                 max_rank=4, notes="1-D/2-D, stride, padding, dilation, groups, "
                 "transposed; pointwise and depthwise paths"))
@@ -369,20 +364,28 @@ register(OpSpec(name=PADDED_CONV, dtypes=DTYPES, impl=_impl_padded, shape_fn=_pa
                 rules=PADDED_RULES, max_rank=4,
                 notes="2-D convolution of a zero-padded input, begin/end padding apart "
                       "(TF SAME), optional clamp; folded from constant_pad_nd"))
+register(OpSpec(name=CONV_ADD, dtypes=DTYPES, impl=_impl_add, shape_fn=_shape,
+                rules=RULES + (_add_rule,), max_rank=4,
+                notes="convolution (optional clamp) + a residual of its output's shape, "
+                      "added in the epilogue; fused from aten.add.Tensor"))
 
 
 def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, tile: int,
-             clamp: bool, long_loops: bool):
+             clamp: bool, long_loops: bool, residual: bool):
     """A constant weight is prepacked fp32 (any tile and path); a weight computed at run
     time is read as stored, by the one-channel direct or transposed path only. A bias
     computed at run time keeps the input dtype; a constant one is fp32."""
     if not packed and (tile != 1 or mode == "pointwise"):
         return None
+    if residual and (not packed or run_time_bias):
+        return None  # the residual add is declared for the usual constant-weight form
     ddt, f32 = (dtype, device_dtype(dtype, profile)), ("float32", "float32")
     return _defines(ddt, ddt, f32 if packed else ddt, ddt if run_time_bias else f32,
-                    tile=tile, packed=packed, mode=mode, clamp=clamp, long_loops=long_loops)
+                    tile=tile, packed=packed, mode=mode, clamp=clamp, long_loops=long_loops,
+                    residual=ddt if residual else None)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, packed=(True, False),
              run_time_bias=(False, True), mode=("direct", "transposed", "pointwise"),
-             tile=(1, 4), clamp=(False, True), long_loops=(False, True))
+             tile=(1, 4), clamp=(False, True), long_loops=(False, True),
+             residual=(False, True))

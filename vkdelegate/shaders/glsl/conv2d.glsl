@@ -14,7 +14,8 @@
 //   stored: [OC, IC/groups, KH, KW], or [IC, OC/groups, KH, KW] when TRANSPOSED;
 // TRANSPOSED: transposed convolution, computed as a gather over input positions;
 // POINTWISE: 1x1 kernel, stride 1, no padding, groups 1: a GEMM over flattened pixels;
-// CLAMP: clamp the result to [conv.clamp.x, conv.clamp.y] (fused ReLU/ReLU6/clamp).
+// CLAMP: clamp the result to [conv.clamp.x, conv.clamp.y] (fused ReLU/ReLU6/clamp);
+// RESIDUAL (R_T): then add r_data, a tensor of the output's shape (a fused aten.add).
 // Sizes come from the metadata (innermost first), so resized inputs need no rebuild.
 // The window geometry (kernel, stride, padding, dilation) is specialization constants
 // 3..10: the compiler unrolls the tap loops and folds the index arithmetic, and the
@@ -57,6 +58,9 @@ TENSOR_IN(w_data, vec4)  // prepacked fp32: the 4 channels' weights of a tap at 
 TENSOR_IN(w_data, W_T)
 #endif
 TENSOR_IN(b_data, B_T)
+#ifdef RESIDUAL
+TENSOR_IN(r_data, R_T)
+#endif
 #ifdef POINTWISE
 // The input again, 4 elements per load (used when a channel plane is a multiple of 4).
 TENSOR_IN(in4_data, IN4_T)
@@ -268,6 +272,9 @@ void main() {
 #ifdef CLAMP
       v = isnan(v) ? v : min(max(v, conv.clamp.x), conv.clamp.y);  // ATen keeps NaN
 #endif
+#ifdef RESIDUAL
+      v += float(r_data[out_base + t * P + p]);
+#endif
       out_data[out_base + t * P + p] = OUT_STORE(v);
     }
   }
@@ -277,6 +284,9 @@ void main() {
     float v = acc[p] + bias;
 #ifdef CLAMP
     v = isnan(v) ? v : min(max(v, conv.clamp.x), conv.clamp.y);  // ATen keeps NaN
+#endif
+#ifdef RESIDUAL
+    v += float(r_data[out_base + p]);
 #endif
     out_data[out_base + p] = OUT_STORE(v);
   }

@@ -1,0 +1,100 @@
+"""The column convolution kernel: conv2d_col.glsl.
+
+A non-transposed 2-D (or 1-D) convolution with a constant weight, depthwise layers
+(MobileNet / EfficientNet) and small dense kernels alike, runs in output columns:
+``ROWS`` outputs down one column per invocation for 1 or 4 output channels, adjacent
+invocations on adjacent columns, the filter taps of one input channel in registers
+(see the shader's header). Measured on llvmpipe it took about half of conv2d.glsl's
+direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md).
+Torch-free; registers no op (ops/families/convolution.py records it, prepacking the
+weight with kernels/conv_geometry.py's ``pack_weight``, and keeps conv2d.glsl for
+transposed convolutions, weights computed at run time, pointwise layers and windows
+too large to unroll).
+"""
+from __future__ import annotations
+
+from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.workgroup import workgroup_for
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import declare_grid, flag_defines
+
+SHADER = "conv2d_col"
+#: Outputs per invocation (a column). On llvmpipe 8 took 0.75-0.85x the time of 4 for
+#: EfficientNet-Lite0's depthwise layers and the small conv net's 3 x 3 ones; 16 was
+#: no better than 8.
+ROWS = 8
+#: Multiply-adds of one invocation's unrolled tap loops, (input rows) x KW x ROWS: 5 x 5
+#: at stride 2 is 760; the kernels past it (7 x 7 at stride 2, 9 x 9) keep conv2d.glsl,
+#: whose pipeline creation on llvmpipe grows less with the window.
+MAX_UNROLLED = 1024
+DTYPES = ("float32", "float16")
+#: conv2d.glsl's parameter block (ops/families/convolution.py CONV_PARAMS).
+PARAMS = ParamBlock("conv_block", [("channels", "ivec4"), ("clamp", "vec4")])
+
+
+def applies(transposed: bool, packed: bool, kernel, stride, dilation) -> bool:
+    """Whether a convolution (2-D geometry lists as conv2d.glsl gets them) takes this
+    kernel: not transposed, a constant weight, and a window whose unrolled loops stay
+    within MAX_UNROLLED."""
+    if transposed or not packed:
+        return False
+    rows = (ROWS - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1
+    return rows * kernel[1] * ROWS <= MAX_UNROLLED
+
+
+def tile(ocg: int) -> int:
+    """Output channels per invocation: 4 when the output channels per group allow."""
+    return 4 if ocg % 4 == 0 else 1
+
+
+def defines(out, x, bias, oc_tile: int, clamp: bool, residual=None) -> dict:
+    """Defines for out, x, bias (Tensors or (graph dtype, device dtype) pairs; the bias
+    fp32), ``oc_tile`` output channels per invocation, with CLAMP and RESIDUAL
+    (``residual``: its tensor or pair)."""
+    tensors = dict(OUT=out, IN=x, B=bias)
+    if residual is not None:
+        tensors["R"] = residual
+    return dict(storage_defines(**tensors), ROWS=str(ROWS), OC_TILE=str(oc_tile),
+                **flag_defines(CLAMP=clamp, RESIDUAL=residual is not None))
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    return Bindings(outputs=("out_data",),
+                    inputs=("in_data", "w_data", "b_data") +
+                    (("r_data",) if "RESIDUAL" in d else ()),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            PARAMS))
+
+
+def record(b, out, x, w, bias, channels: tuple, lo: float, hi: float, clamp: bool,
+           geometry: tuple, residual=None) -> None:
+    """Record out = [residual +] clamp(conv(x, w) + bias) on the node builder ``b``:
+    x [N, IC, *S], out [N, OC, *S'], ``w`` the prepacked fp32 weight Tensor
+    [OC / T, IC / groups, KH, KW, T] (T = ``tile(OC / groups)``), ``bias`` a fp32
+    Tensor [OC], ``channels`` (IC / groups, OC / groups), ``geometry`` conv2d.glsl's
+    specialization constants (KH, KW, SH, SW, PH, PW, DH, DW, spatial dims). Raises
+    DeviceLimitError (b.error) when the channel loop would pass llvmpipe's budget."""
+    mx = out.max_shape
+    icg, ocg = channels
+    oc_tile = tile(ocg)
+    loop_limit.check(b, icg + loop_limit.SLACK, f"{icg} input channels per group")
+    params = b.params(PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
+    oh, ow = (mx[2], mx[3]) if len(mx) == 4 else (1, mx[2])
+    grid = (ow, -(-oh // ROWS), mx[0] * (mx[1] // oc_tile))
+    b.dispatch(SHADER, defines(out, x, bias, oc_tile, clamp, residual), outputs=[out],
+               inputs=[x, w, bias] + ([residual] if residual is not None else []),
+               params=[out.meta, x.meta, params], global_size=grid,
+               local_size=workgroup_for(grid), spec_constants=geometry)
+
+
+def _variant(profile, dtype: str, oc_tile: int, clamp: bool, residual: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return defines(ddt, ddt, ("float32", "float32"), oc_tile, clamp,
+                   ddt if residual else None)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, oc_tile=(1, 4),
+             clamp=(False, True), residual=(False, True))

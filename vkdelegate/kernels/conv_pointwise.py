@@ -1,0 +1,116 @@
+"""The pointwise (1x1) convolution as an implicit GEMM on GPUs: conv2d_pw.glsl.
+
+A 1x1, stride-1, unpadded, ungrouped convolution over NCHW (or NCL) data is, per
+batch n, out[n][OC, P] = W[OC, IC] @ x[n][IC, P] with P the flattened pixels: no
+im2col, the input is read in place. conv2d_pw.glsl computes 32 x 32 output blocks per
+workgroup with an in-workgroup split of the reduction (``slices``) for layers with few
+blocks and many input channels, and a bias + clamp + residual-add epilogue.
+
+On CPU drivers (llvmpipe) conv2d.glsl's POINTWISE path stays (``use_gemm``): there a
+workgroup barrier costs more than the reuse gains (kernels/gemm.py ``use_tiled``), and
+that path is tuned for llvmpipe. Torch-free; registers no op (ops/families/
+convolution.py records it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vkdelegate.kernels import loop_limit
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.shaders.variants import declare_grid, flag_defines
+
+SHADER = "conv2d_pw"
+BLOCK = 32  # output channels and pixels per workgroup (conv2d_pw.glsl)
+THREADS = 64  # invocations per K slice
+MAX_SLICES = 4  # (MAX_SLICES - 1) * 4 KiB of shared memory: within Vulkan's 16 KiB
+#: Workgroup-slices a dispatch should have to fill a large GPU (the H200's 132 SMs
+#: run 32 workgroups of 64 invocations each): more blocks than this take one slice.
+TARGET_UNITS = 528
+MIN_SLICE_K = 32  # input channels a slice sums at least
+DTYPES = ("float32", "float16")
+
+#: conv2d.glsl's parameter block (ops/families/convolution.py CONV_PARAMS): the same
+#: layout, so that both shaders take the same buffer.
+PARAMS = ParamBlock("conv_block", [("channels", "ivec4"), ("clamp", "vec4")])
+
+
+def use_gemm(info) -> bool:
+    """Whether pointwise convolutions on the device ``info`` (a DeviceInfo) take this
+    kernel: every device but CPU drivers (see the module docstring)."""
+    return info.type != "cpu"
+
+
+def slices(info, batch: int, pixels: int, oc: int, ic: int) -> int:
+    """K slices per workgroup (1, 2 or 4) for a [batch, oc, pixels] output and ``ic``
+    input channels: doubled while the dispatch has fewer than TARGET_UNITS
+    workgroup-slices and each slice keeps MIN_SLICE_K channels, within the device's
+    workgroup size."""
+    blocks = max(batch, 1) * -(-pixels // BLOCK) * -(-oc // BLOCK)
+    limit = min(MAX_SLICES, info.max_workgroup_invocations // THREADS or 1)
+    ks = 1
+    while ks < limit and blocks * ks < TARGET_UNITS and ic // (2 * ks) >= MIN_SLICE_K:
+        ks *= 2
+    return ks
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """Weight [OC, IC, 1, 1] or [OC, IC, 1] (ATen) -> fp32 [IC, ceil(OC / 4), 4]: the
+    4 output channels of a quad contiguous, zero-padded past OC."""
+    oc, ic = weight.shape[:2]
+    w = np.zeros((-(-oc // 4) * 4, ic), np.float32)
+    w[:oc] = weight.reshape(oc, ic)
+    return np.ascontiguousarray(w.T.reshape(ic, -1, 4))
+
+
+def defines(out, x, bias, clamp: bool, residual=None) -> dict:
+    """Defines for out, x, bias (Tensors or (graph dtype, device dtype) pairs; the
+    bias fp32), with CLAMP and RESIDUAL (``residual``: its tensor or pair)."""
+    tensors = dict(OUT=out, IN=x, B=bias)
+    if residual is not None:
+        tensors["R"] = residual
+    d = dict(storage_defines(**tensors), **flag_defines(CLAMP=clamp,
+                                                        RESIDUAL=residual is not None))
+    d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
+    return d
+
+
+@shader_bindings(SHADER)
+def _bindings(d) -> Bindings:
+    return Bindings(outputs=("out_data",),
+                    inputs=("in_data", "in4_data", "w_data", "b_data") +
+                    (("r_data",) if "RESIDUAL" in d else ()),
+                    params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
+                            PARAMS))
+
+
+def record(b, out, x, weight: np.ndarray, bias, lo: float, hi: float, clamp: bool,
+           spatial: int, residual=None) -> None:
+    """Record out = [residual +] clamp(conv1x1(x, weight) + bias) on the node builder
+    ``b``: x [N, IC, *S], out [N, OC, *S] (``spatial`` = len(S), 1 or 2), ``weight`` the
+    constant host array [OC, IC, 1(, 1)], ``bias`` a fp32 Tensor [OC], clamp bounds
+    ``lo``/``hi`` used when ``clamp``, ``residual`` None or a Tensor of out's shape
+    and dtype. Raises DeviceLimitError (b.error) when a slice's channel loop would
+    run past llvmpipe's loop budget."""
+    mx = out.max_shape
+    pixels = int(np.prod(mx[2:]))
+    oc, ic = mx[1], x.max_shape[1]
+    ks = slices(b.device.info, mx[0], pixels, oc, ic)
+    loop_limit.check(b, -(-ic // ks) + loop_limit.SLACK, f"{ic} input channels")
+    w = b.prepacked(pack_weight(weight), "float32")
+    params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
+    grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0])
+    b.dispatch(SHADER, defines(out, x, bias, clamp, residual), outputs=[out],
+               inputs=[x, x, w, bias] + ([residual] if residual is not None else []),
+               params=[out.meta, x.meta, params], global_size=grid,
+               local_size=(THREADS * ks, 1, 1), spec_constants=(ks, spatial))
+
+
+def _variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return defines(ddt, ddt, ("float32", "float32"), clamp, ddt if residual else None)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES,
+             clamp=(False, True), residual=(False, True))
