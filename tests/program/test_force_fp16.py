@@ -22,9 +22,11 @@ FP16 = dict(rtol=1e-2, atol=1e-2)
 F32_MIN = torch.finfo(torch.float32).min
 
 
-def _lower(module, inputs, executor, partitioner=None):
+def _lower(module, inputs, executor, partitioner=None, fuse=False):
+    # The tests below name the nodes the fp16 rules keep float32; a fused elementwise
+    # chain would merge them (test_fused_chains_keep_the_fp16_rules runs them fused).
     ep = torch.export.export(module, inputs)
-    options = {"force_fp16": True, "executor": executor}
+    options = {"force_fp16": True, "executor": executor, "fuse_elementwise": fuse}
     return to_backend(ep, VulkanPartitioner(options, **(partitioner or {})))
 
 
@@ -221,3 +223,24 @@ def test_report_without_notes_reads_old_format():
     old = {"num_partitions": 1, "decisions": [["add", "aten.add.Tensor", [], 0]]}
     (decision,) = PartitionReport.from_json(old).decisions
     assert decision.notes == [] and decision.partition == 0
+
+
+@pytest.mark.parametrize("case", ["rmsnorm-mul", "rmsnorm-pow", "constants", "tiny-eps",
+                                  "additive-mask-1e5", "additive-mask-min"])
+def test_fused_chains_keep_the_fp16_rules(executor, case):
+    """The same programs with fused elementwise chains (passes/fuse_elementwise): a
+    chain holding a scalar or a product the rules flag stays float32
+    (fp16_ranges._fused_seed) and the results match eager as unfused."""
+    torch.manual_seed(0)
+    x = torch.cat([300 * torch.ones(2, 16), 250 * torch.randn(2, 16)])
+    module, inputs, tol = {
+        "rmsnorm-mul": (RMSNorm("mul"), (x,), FP16),
+        "rmsnorm-pow": (RMSNorm("pow"), (x,), FP16),
+        "constants": (Constants(), (torch.randn(3, 4),), dict(rtol=1e-5, atol=1e-2)),
+        "tiny-eps": (TinyEps(), (torch.zeros(4),), {}),
+    }.get(case) or (AdditiveMask(-1e5 if case.endswith("1e5") else F32_MIN),
+                    _attention_inputs()[:3] + (~_attention_inputs()[3],), FP16)
+    program = _lower(module, inputs, executor, fuse=True)
+    assert any(d.op == "vkdelegate.fused_elementwise.default"
+               for d in program.methods["forward"].report.decisions)
+    torch.testing.assert_close(program(*inputs), module(*inputs), **tol)
