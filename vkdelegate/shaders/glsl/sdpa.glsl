@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
+#include "sdpa.h"
 
 // Fused scaled dot-product attention, flash-attention style (kernels/attention.py; it
 // runs prefill, >= 16 queries at head dims <= 128, on sdpa_tiled.glsl / sdpa_coopmat.glsl
@@ -58,25 +59,6 @@
 // minutes on the float-mask variant), so llvmpipe counts about 3 * BLOCK_N + 1
 // iterations per tile against LOOP_LIMIT (attention.py checks it).
 
-TENSOR_OUT(out_data, OUT_T)
-TENSOR_IN(q_data, Q_T)
-TENSOR_IN(k_data, K_T)
-TENSOR_IN(v_data, V_T)
-#if defined(MASK_BOOL) || defined(MASK_FLOAT)
-#define HAS_MASK 1
-TENSOR_IN(mask_data, MASK_T)
-#endif
-TENSOR_META(out_meta)
-TENSOR_META(q_meta)
-TENSOR_META(k_meta)
-TENSOR_META(v_meta)
-#ifdef HAS_MASK
-TENSOR_META(mask_meta)
-#endif
-// scale.x: the score scale; pos: (query position offset, key count, window, splits);
-// split: (tiles per split, query heads packed per workgroup).
-PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
-
 #define D4 (D_MAX / 4)
 // The loops over the head dims: fully unrolled when D_STEP == D4 (q and the
 // accumulator in registers); else D_STEP vec4s per iteration of a loop that is not
@@ -89,15 +71,6 @@ PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
 #endif
 #define FOR_D(c) D_LOOP for (int c##0 = 0; c##0 < D4; c##0 += D_STEP) \
   [[unroll]] for (int c = c##0; c < c##0 + D_STEP; ++c)
-#define NEG_INF uintBitsToFloat(0xff800000u)
-
-#ifdef SEQ_FIRST
-#define SEQ_DIM 2
-#define HEAD_DIM 1
-#else
-#define SEQ_DIM 1
-#define HEAD_DIM 2
-#endif
 
 shared vec4 k_tile[BLOCK_N * D4];
 shared vec4 v_tile[BLOCK_N * D4];
@@ -105,20 +78,6 @@ shared vec4 v_tile[BLOCK_N * D4];
 // Per-tile vote: some row sees a key of tile t when tile_live[t % 3] != 0. Three slots:
 // lane 0 clears the next tile's slot while others may still read this one.
 shared uint tile_live[3];
-#endif
-
-// Four consecutive elements base + 4c .. base + 4c + 3 of buf, zero past n.
-#define LOAD4(buf, base, c, n) vec4(                                 \
-    (4 * (c) + 0 < (n)) ? float(buf[(base) + 4 * (c) + 0]) : 0.0,    \
-    (4 * (c) + 1 < (n)) ? float(buf[(base) + 4 * (c) + 1]) : 0.0,    \
-    (4 * (c) + 2 < (n)) ? float(buf[(base) + 4 * (c) + 2]) : 0.0,    \
-    (4 * (c) + 3 < (n)) ? float(buf[(base) + 4 * (c) + 3]) : 0.0)
-
-#ifdef HAS_MASK
-// Element stride of mask dim d for the broadcast: 0 where the mask has size 1.
-int mask_stride(int d) {
-  return size_at(mask_meta, d) == 1 ? 0 : stride_at(mask_meta, d);
-}
 #endif
 
 void main() {

@@ -6,6 +6,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.h"
+#include "sdpa.h"
 
 // Fused scaled dot-product attention for float16 prefill with cooperative matrices
 // (VK_KHR_cooperative_matrix, 16 x 16 x 16 fp16 products accumulated in fp32): the
@@ -32,23 +33,6 @@
 // CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T; SKIP_MASKED_TILES; SEQ_FIRST.
 // Local size 128.
 
-TENSOR_OUT(out_data, OUT_T)
-TENSOR_IN(q_data, Q_T)
-TENSOR_IN(k_data, K_T)
-TENSOR_IN(v_data, V_T)
-#if defined(MASK_BOOL) || defined(MASK_FLOAT)
-#define HAS_MASK 1
-TENSOR_IN(mask_data, MASK_T)
-#endif
-TENSOR_META(out_meta)
-TENSOR_META(q_meta)
-TENSOR_META(k_meta)
-TENSOR_META(v_meta)
-#ifdef HAS_MASK
-TENSOR_META(mask_meta)
-#endif
-PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
-
 #define NSG 4
 #define WG (32 * NSG)
 #define BM (16 * NSG)
@@ -58,15 +42,6 @@ PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
 #define SS (BN + 4)       // padded shared row of S, in floats
 #define PS (BN + 8)       // padded shared row of P, in halves
 #define OS 20             // padded shared row of one accumulator, in floats
-#define NEG_INF uintBitsToFloat(0xff800000u)
-
-#ifdef SEQ_FIRST
-#define SEQ_DIM 2
-#define HEAD_DIM 1
-#else
-#define SEQ_DIM 1
-#define HEAD_DIM 2
-#endif
 
 #define A_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define B_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
@@ -82,12 +57,6 @@ shared float row_l[BM];
 shared uint sg_rescale[NSG];
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
 shared uint tile_live[3];
-#endif
-
-#ifdef HAS_MASK
-int mask_stride(int d) {
-  return size_at(mask_meta, d) == 1 ? 0 : stride_at(mask_meta, d);
-}
 #endif
 
 void main() {

@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.h"
+#include "sdpa.h"
 
 // Fused scaled dot-product attention for prefill, tiled flash attention (FlashAttention-2,
 // Dao 2023) on portable Vulkan: the same operation, layouts, masks and positions as
@@ -33,36 +34,10 @@
 // PR x PC = BM D_MAX / (4 WG) accumulator vec4s per invocation (attention.py: tiled_*).
 // Shared memory: (BM + BN) (D_MAX / 4 + 1) vec4 + BM (BN / 4 + 1) vec4 + 3 BM floats.
 
-TENSOR_OUT(out_data, OUT_T)
-TENSOR_IN(q_data, Q_T)
-TENSOR_IN(k_data, K_T)
-TENSOR_IN(v_data, V_T)
-#if defined(MASK_BOOL) || defined(MASK_FLOAT)
-#define HAS_MASK 1
-TENSOR_IN(mask_data, MASK_T)
-#endif
-TENSOR_META(out_meta)
-TENSOR_META(q_meta)
-TENSOR_META(k_meta)
-TENSOR_META(v_meta)
-#ifdef HAS_MASK
-TENSOR_META(mask_meta)
-#endif
-PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
-
 #define D4 (D_MAX / 4)
 #define DP (D4 + 1)       // padded shared row of Q / K / V, in vec4
 #define BN4 (BN / 4)
 #define PP (BN4 + 1)      // padded shared row of P, in vec4
-#define NEG_INF uintBitsToFloat(0xff800000u)
-
-#ifdef SEQ_FIRST
-#define SEQ_DIM 2
-#define HEAD_DIM 1
-#else
-#define SEQ_DIM 1
-#define HEAD_DIM 2
-#endif
 
 shared vec4 q_tile[BM * DP];
 shared vec4 kv_tile[BN * DP];  // K, then V, of the current tile
@@ -71,18 +46,6 @@ shared float row_alpha[BM];    // the row's rescale factor; < 0: tile dead for t
 shared float row_l[BM];
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
 shared uint tile_live[3];
-#endif
-
-#define LOAD4(buf, base, c, n) vec4(                                 \
-    (4 * (c) + 0 < (n)) ? float(buf[(base) + 4 * (c) + 0]) : 0.0,    \
-    (4 * (c) + 1 < (n)) ? float(buf[(base) + 4 * (c) + 1]) : 0.0,    \
-    (4 * (c) + 2 < (n)) ? float(buf[(base) + 4 * (c) + 2]) : 0.0,    \
-    (4 * (c) + 3 < (n)) ? float(buf[(base) + 4 * (c) + 3]) : 0.0)
-
-#ifdef HAS_MASK
-int mask_stride(int d) {
-  return size_at(mask_meta, d) == 1 ? 0 : stride_at(mask_meta, d);
-}
 #endif
 
 void main() {

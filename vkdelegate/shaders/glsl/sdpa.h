@@ -1,0 +1,52 @@
+// What the fused attention shaders (sdpa.glsl, sdpa_tiled.glsl, sdpa_coopmat.glsl)
+// share: their bindings (q, k, v, the optional mask, out, their metadata and
+// sdpa_block), the sequence / head dims of the two layouts (SEQ_FIRST: [B, L, H, D],
+// ExecuTorch's llama ops), -inf, the zero-padded four-element load and the mask's
+// broadcast strides. Include after common.h. sdpa.glsl's header documents the operation.
+#ifndef VKDELEGATE_SDPA_H
+#define VKDELEGATE_SDPA_H
+
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(q_data, Q_T)
+TENSOR_IN(k_data, K_T)
+TENSOR_IN(v_data, V_T)
+#if defined(MASK_BOOL) || defined(MASK_FLOAT)
+#define HAS_MASK 1
+TENSOR_IN(mask_data, MASK_T)
+#endif
+TENSOR_META(out_meta)
+TENSOR_META(q_meta)
+TENSOR_META(k_meta)
+TENSOR_META(v_meta)
+#ifdef HAS_MASK
+TENSOR_META(mask_meta)
+#endif
+// scale.x: the score scale; pos: (query position offset, key count, window, splits);
+// split: (tiles per split, query heads packed per workgroup).
+PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
+#ifdef SEQ_FIRST
+#define SEQ_DIM 2
+#define HEAD_DIM 1
+#else
+#define SEQ_DIM 1
+#define HEAD_DIM 2
+#endif
+
+// Four consecutive elements base + 4c .. base + 4c + 3 of buf, zero past n.
+#define LOAD4(buf, base, c, n) vec4(                                 \
+    (4 * (c) + 0 < (n)) ? float(buf[(base) + 4 * (c) + 0]) : 0.0,    \
+    (4 * (c) + 1 < (n)) ? float(buf[(base) + 4 * (c) + 1]) : 0.0,    \
+    (4 * (c) + 2 < (n)) ? float(buf[(base) + 4 * (c) + 2]) : 0.0,    \
+    (4 * (c) + 3 < (n)) ? float(buf[(base) + 4 * (c) + 3]) : 0.0)
+
+// Element stride of mask dim d for the broadcast: 0 where the mask has size 1.
+#ifdef HAS_MASK
+int mask_stride(int d) {
+  return size_at(mask_meta, d) == 1 ? 0 : stride_at(mask_meta, d);
+}
+#endif
+
+#endif
