@@ -92,11 +92,15 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
     cmd = _begin(device, what="the graph")
     if timestamps is not None:
         vk.vkCmdResetQueryPool(cmd, timestamps, 0, len(dispatches) + 1)
-        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps, 0)
     for t in staged_inputs:
         _copy(cmd, t.staging, t.buffer, t.staging.size)
     if staged_inputs:
         _barrier(cmd, _TRANSFER, vk.VK_ACCESS_TRANSFER_WRITE_BIT, _COMPUTE, _SHADER_RW)
+    if timestamps is not None:
+        # The start: once the input uploads have completed (BOTTOM_OF_PIPE waits for
+        # every earlier command), so the first dispatch's time is its own, not the
+        # upload's (over PCIe on a discrete GPU, often longer than the dispatch).
+        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps, 0)
     written, read, barriers = set(), set(), 0
     for i, d in enumerate(dispatches):
         hazard = (d.reads & written) or (d.writes & (written | read))

@@ -1,9 +1,10 @@
 """Per-node GPU times from timestamp queries, as a table or a Chrome trace.
 
 ``DelegateGraph.execute(..., profile=True)`` replays a second command buffer (recorded
-on first use) that writes a timestamp before the first dispatch and after each one,
-with a barrier between all dispatches so that every interval belongs to one dispatch.
-Its times therefore show each node's own cost, without the overlap of the normal run.
+on first use) that writes a timestamp once the input uploads have completed (they are
+not in any dispatch's time) and after each dispatch, with a barrier between all
+dispatches so that every interval belongs to one dispatch. Its times therefore show
+each node's own cost, without the overlap of the normal run.
 """
 from __future__ import annotations
 
