@@ -40,6 +40,7 @@ PROGRAMS = [
     ("mutable_state", ["mutable_buffer"], {}),
     ("glue_sort", ["mixed_sort"], {}),
     ("multi_method", ["add_relu", "broadcast_add"], {}),
+    ("fused_chain", ["elementwise_chain", "scalar_and_alpha"], {}),
     ("reference_mlp", ["linear_bn"], {"executor": "reference"}),
 ]
 
@@ -57,6 +58,9 @@ _DICT_WORDS = [
     b'"options"', b'"executor"', b'"reference"', b'"vulkan"', b'"force_fp16"',
     b'"aten.from_file.default"', b'"aten.full.default"', b'"aten.empty.memory_format"',
     b'"bfloat16"', b'"float16"', b'"int64"', b'"bool"',
+    # fused elementwise chains (kernels/elementwise_chain.py's grammar)
+    b"vkdelegate.fused_elementwise.default", b"aten.mul.Tensor(r0,r1)", b"(r0)", b",s0",
+    b",'tanh'", b"aten.clamp.default(r0,s0,s1)", b";",
 ]
 
 

@@ -57,6 +57,10 @@ def test_chain_is_one_node_and_matches_eager(case, dtype):
     rtol, atol = TOL[dtype]
     program = check_op(fn, make(dtype), ops=[FUSED], rtol=rtol, atol=atol)
     assert _ops(program) == [FUSED]
+    # the report says what the chain holds
+    (decision,) = program.report.decisions
+    assert decision.notes and decision.notes[0].startswith("chain of ")
+    assert "chain of " in str(program.report)
 
 
 def test_option_off_keeps_every_op():
@@ -137,8 +141,8 @@ def test_every_edge_op_fused_keeps_its_edges():
     ("", "empty step list"),
     ("aten.relu.default(r1)", "register r1 is not written"),
     ("aten.relu.default(r0);aten.relu.default(r2)", "register r2 is not written"),
-    ("aten.softmax.int(r0)", "not a step of a fusable op"),
-    ("aten.relu.default(r0));}", "not a step of a fusable op"),
+    ("aten.softmax.int(r0)", "aten.softmax.int is not a fusable op"),
+    ("aten.relu.default(r0));}", "malformed step"),
     ("aten.relu.default(x)", "malformed argument"),
     ("aten.relu.default(r0,s0)", "wrong arguments for aten.relu.default"),
     ("aten.clamp.default(r0,s0,s9)", "scalar s9 out of range"),

@@ -21,9 +21,11 @@ from vkdelegate.backend.node_specs import node_spec
 from vkdelegate.backend.passes import bfloat16
 from vkdelegate.backend.symint_partitions import (partitions_keeping_symints,
                                                   monotone_reason, is_symint)
+from vkdelegate.backend.custom_ops import FUSED_ELEMENTWISE
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.report import NodeDecision, PartitionReport
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels.elementwise_chain import describe as describe_chain
 from vkdelegate.serialization.builder import op_name
 
 logger = logging.getLogger("vkdelegate")
@@ -65,8 +67,6 @@ class VulkanPartitioner:
         """Whether ``node`` may be folded into a fused node: only where it would run on
         Vulkan itself (``check_node``: the registry's rules, the allow/block lists),
         the ``fuse_elementwise`` option is on and the lists let the fused op run."""
-        from vkdelegate.backend.custom_ops import FUSED_ELEMENTWISE
-
         fused = FUSED_ELEMENTWISE.name
         return self.options.fuse_elementwise and fused not in self.blocklist \
             and (self.allowlist is None or fused in self.allowlist) \
@@ -129,6 +129,8 @@ class VulkanPartitioner:
                 # merges a node with its users only through supported nodes.
                 reasons = []
             notes = [node.meta[bfloat16.NOTE_KEY]] if bfloat16.NOTE_KEY in node.meta else []
+            if str(node.target) == FUSED_ELEMENTWISE.name and isinstance(node.args[1], str):
+                notes.append(describe_chain(node.args[1]))
             decisions.append(NodeDecision(node.name, _op_label(node.target), reasons,
                                           notes=notes))
             if not reasons:

@@ -72,6 +72,14 @@ class Step:
     args: tuple
 
 
+def describe(steps: str) -> str:
+    """A one-line summary of chain text ``steps`` for reports: "chain of 3 ops:
+    sigmoid, mul, mul" (the ATen op names without namespace and overload)."""
+    names = [text.split("(")[0].split(".")[1] if text.count(".") >= 2 else text
+             for text in steps.split(";")]
+    return f"chain of {len(names)} ops: {', '.join(names)}"
+
+
 def parse(steps: str, num_inputs: int, num_scalars: int) -> list[Step]:
     """The steps of chain text ``steps`` over ``num_inputs`` tensor inputs and a
     scalars list of ``num_scalars`` floats. VkDelegateError naming the step for
@@ -91,8 +99,11 @@ def parse(steps: str, num_inputs: int, num_scalars: int) -> list[Step]:
     for j, text in enumerate(texts):
         where = f"fused elementwise chain step {j} {text[:60]!r}"
         m = _STEP.match(text)
-        if not m or m[1] not in FUSABLE:
-            raise VkDelegateError(f"{where}: not a step of a fusable op")
+        if not m:
+            raise VkDelegateError(f"{where}: malformed step (expected "
+                                  f"aten.OP.OVERLOAD(arg,...))")
+        if m[1] not in FUSABLE:
+            raise VkDelegateError(f"{where}: {m[1]} is not a fusable op")
         args = []
         for a in (m[2].split(",") if m[2] else []):
             am = _ARG.match(a)
