@@ -29,15 +29,7 @@
 #define PX 8
 #endif
 
-layout(constant_id = 3) const int KH = 1;
-layout(constant_id = 4) const int KW = 1;
-layout(constant_id = 5) const int SH = 1;
-layout(constant_id = 6) const int SW = 1;
-layout(constant_id = 7) const int PH = 0;
-layout(constant_id = 8) const int PW = 0;
-layout(constant_id = 9) const int DH = 1;
-layout(constant_id = 10) const int DW = 1;
-layout(constant_id = 11) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
+#include "conv_window.h"
 
 // LONG_LOOPS, chosen at load when the plain loops could run past llvmpipe's loop
 // budget (LOOP_LIMIT iterations per invocation in all, common.h): every tap loop

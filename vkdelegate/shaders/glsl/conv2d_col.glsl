@@ -23,15 +23,7 @@
 // loop counts against llvmpipe's loop budget. Sizes from the metadata: resizable in
 // batch and spatial sizes.
 
-layout(constant_id = 3) const int KH = 1;
-layout(constant_id = 4) const int KW = 1;
-layout(constant_id = 5) const int SH = 1;
-layout(constant_id = 6) const int SW = 1;
-layout(constant_id = 7) const int PH = 0;
-layout(constant_id = 8) const int PW = 0;
-layout(constant_id = 9) const int DH = 1;
-layout(constant_id = 10) const int DW = 1;
-layout(constant_id = 11) const int SPATIAL = 2;
+#include "conv_window.h"
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(in_data, IN_T)
