@@ -49,4 +49,17 @@ int mask_stride(int d) {
 }
 #endif
 
+// The element offsets of query head h of batch bq (of Hq heads, B batches) and of the
+// K/V head and batch it reads (grouped-query heads h / (Hq / Hk), broadcast batches),
+// and the row strides: declares hk, bk, q_base, k_base, v_base, q_row, k_row, v_row.
+#define SDPA_BASES(h, bq, Hq, B) \
+  const int hk = (h) / max(1, (Hq) / max(1, size_at(k_meta, HEAD_DIM))); \
+  const int bk = (bq) / max(1, (B) / max(1, size_at(k_meta, 3))); \
+  const int k_base = bk * stride_at(k_meta, 3) + hk * stride_at(k_meta, HEAD_DIM); \
+  const int v_base = bk * stride_at(v_meta, 3) + hk * stride_at(v_meta, HEAD_DIM); \
+  const int k_row = stride_at(k_meta, SEQ_DIM); \
+  const int v_row = stride_at(v_meta, SEQ_DIM); \
+  const int q_base = (bq) * stride_at(q_meta, 3) + (h) * stride_at(q_meta, HEAD_DIM); \
+  const int q_row = stride_at(q_meta, SEQ_DIM)
+
 #endif

@@ -62,14 +62,7 @@ void main() {
   if (i0 >= L || h >= Hq || bq >= B) {
     return;  // the whole workgroup leaves together
   }
-  const int hk = h / max(1, Hq / max(1, size_at(k_meta, HEAD_DIM)));
-  const int bk = bq / max(1, B / max(1, size_at(k_meta, 3)));
-  const int k_base = bk * stride_at(k_meta, 3) + hk * stride_at(k_meta, HEAD_DIM);
-  const int v_base = bk * stride_at(v_meta, 3) + hk * stride_at(v_meta, HEAD_DIM);
-  const int k_row = stride_at(k_meta, SEQ_DIM);
-  const int v_row = stride_at(v_meta, SEQ_DIM);
-  const int q_base = bq * stride_at(q_meta, 3) + h * stride_at(q_meta, HEAD_DIM);
-  const int q_row = stride_at(q_meta, SEQ_DIM);
+  SDPA_BASES(h, bq, Hq, B);
 
   // Stage the query block, scaled (rows past L repeat row L - 1; never stored).
   [[unroll]] for (int u = 0; u < BM * D4 / WG; ++u) {
