@@ -200,6 +200,60 @@ def test_skip_memory_planning():
     assert all(v.mem_obj_id == -1 for v in part.graph.values if isinstance(v, vk.VkTensor))
 
 
+class Views(torch.nn.Module):
+    """Views of intermediates read before and after other ops, a view of a view, a
+    view of an input and a view that is an output."""
+
+    def forward(self, x):
+        a = torch.tanh(x)                     # [4, 6]
+        v = a.view(2, 12).unsqueeze(0)        # two aliases of a
+        b = torch.exp(a) * 2.0                # reads a while v is live
+        c = v.squeeze(0).view(4, 6) + b       # reads the alias after b
+        w = x.view(24)                        # a view of an input: memory of its own
+        return c.relu(), w.sum(), b.view(24)  # a view that is an output: copied
+
+
+def test_views_share_their_input_memory_and_lifetimes_stay_disjoint():
+    from vkdelegate.ops.registry import alias_ops
+    part = check_against_eager(Views(), (torch.randn(4, 6),), alias_ops=alias_ops())
+    g = part.graph
+    mem = {i: v.mem_obj_id for i, v in enumerate(g.values) if isinstance(v, vk.VkTensor)}
+    views = [op for op in g.chain if op.name in alias_ops()]
+    assert len(views) == 6
+    shared = [op for op in views if mem[op.args[0]] >= 0 and mem[op.args[-1]] >= 0]
+    assert len(shared) == 4                            # a.view, unsqueeze, squeeze, view
+    for op in shared:
+        assert mem[op.args[0]] == mem[op.args[-1]]
+    for vid in g.input_ids + g.output_ids:
+        assert mem[vid] == -1                          # x.view and b.view copy
+    # Tensors of one memory object: one alias class, or lifetimes that do not overlap.
+    alias_of = {}
+    for op in shared:
+        alias_of[op.args[-1]] = alias_of.get(op.args[0], op.args[0])
+    spans = _lifetimes(g)
+    by_mem = {}
+    for vid, m in mem.items():
+        if m >= 0:
+            root = alias_of.get(vid, vid)
+            lo, hi = by_mem.setdefault(m, {}).get(root, spans[vid])
+            by_mem[m][root] = (min(lo, spans[vid][0]), max(hi, spans[vid][1]))
+    for classes in by_mem.values():
+        group = sorted(classes.values())
+        for (a0, a1), (b0, b1) in zip(group, group[1:]):
+            assert a1 < b0, group
+
+
+def test_alias_needs_same_dtype_and_bytes():
+    from vkdelegate.serialization.memory_planning import plan_memory
+    part = build(Views(), (torch.randn(4, 6),))
+    g = part.graph
+    view = next(op for op in g.chain if op.name == "aten.view.default"
+                and op.args[0] not in g.input_ids)
+    g.values[view.args[-1]].datatype = vk.VkDataType.FLOAT16  # a hand-edited graph
+    plan_memory(g, frozenset({"aten.view.default"}))
+    assert g.values[view.args[0]].mem_obj_id != g.values[view.args[-1]].mem_obj_id
+
+
 class Dynamic(torch.nn.Module):
     def forward(self, x):
         return torch.cat([x, x]).view(x.shape[0] * 2, -1).relu()

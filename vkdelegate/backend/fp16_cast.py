@@ -18,6 +18,7 @@ import hashlib
 import numpy as np
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.ops.registry import alias_ops
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.graph_checks import check_graph
 from vkdelegate.serialization.memory_planning import plan_memory
@@ -158,6 +159,6 @@ def apply_force_fp16(graph: vk.VkGraph, named_data: dict, keep_ids: set,
     rewrite = _Rewrite(graph, dict(named_data), set(keep_ids))
     casts_in, casts_out = rewrite.run()
     if planned:
-        plan_memory(graph)
+        plan_memory(graph, alias_ops())
     check_graph(graph)
     return rewrite.named_data, casts_in, casts_out

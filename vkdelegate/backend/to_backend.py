@@ -23,6 +23,7 @@ from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.program import Delegate, LoweredProgram, Method
 from vkdelegate.backend.program_graph import ProgramGraph
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.ops.registry import alias_ops
 
 _PREFIX = "vulkan_delegate_"
 
@@ -196,7 +197,8 @@ class _GlueEncoder:
                 inputs.append(self.arg(outer, node.name))
         try:
             serialized = build_vkgraph(sub, constants, named_constants=True,
-                                       skip_memory_planning=self.options.skip_memory_planning)
+                                       skip_memory_planning=self.options.skip_memory_planning,
+                                       alias_ops=alias_ops())
         except VkDelegateError as exc:
             raise VkDelegateError(f"serializing partition {node.target} failed: {exc}") from exc
         keep_ids = self._fp32_node_ids(node, sub, placeholders, constants) \

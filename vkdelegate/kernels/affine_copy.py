@@ -175,8 +175,17 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
 
 def flat_impl(b, node):
     """OpSpec impl of ops whose output is the input's elements in order (view, clone,
-    _to_copy...): node.args[0] is the input value id, node.args[-1] the output's."""
+    _to_copy...): node.args[0] is the input value id, node.args[-1] the output's.
+
+    Records nothing when both tensors are in one memory region in one dtype (a
+    view whose memory planning gave it its input's memory object, OpSpec ``may_alias``):
+    the copy would write every element onto itself. Aliased buffers start at the same
+    offset (runtime/memory.py ``Allocator.aliased``), so this holds for any blob.
+    """
     x, out = b.tensor(node.args[0]), b.tensor(node.args[-1])
+    if x.buffer.region == out.buffer.region and x.dtype == out.dtype \
+            and x.device_dtype == out.device_dtype:
+        return
     affine_copy(b, out, x, lambda: flat_plan(out.numel))
 
 

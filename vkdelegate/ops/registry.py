@@ -98,6 +98,10 @@ class OpSpec:
     returns: "tensor", or "symint" for an op whose output is a SymInt value
         (``sym_size.int`` and size arithmetic, ops/families/symint.py): its
         ``shape_fn`` gives the output's value instead of sizes.
+    may_alias: the output is the input's (``args[0]``) elements in order, in its dtype
+        (view, squeeze, unsqueeze, clone): memory planning may give both tensors one
+        memory object (serialization/memory_planning.py), and the runtime then records
+        no copy for the node (kernels/affine_copy.flat_impl).
     """
 
     name: str
@@ -110,6 +114,7 @@ class OpSpec:
     notes: str = ""
     symbolic_args: frozenset = frozenset()
     returns: str = "tensor"
+    may_alias: bool = False
 
     @property
     def resizable(self) -> bool:
@@ -163,6 +168,11 @@ def lookup(name: str) -> OpSpec:
     except KeyError:
         raise VkDelegateError(f"operator {name} is not supported by the vkdelegate "
                               f"runtime") from None
+
+
+def alias_ops() -> frozenset:
+    """Names of the ops whose output may share its input's memory (``may_alias``)."""
+    return frozenset(name for name, spec in load_all().items() if spec.may_alias)
 
 
 def load_all() -> dict[str, OpSpec]:

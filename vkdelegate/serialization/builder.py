@@ -268,7 +268,8 @@ def schema_args(node: torch.fx.Node) -> list:
 def build_vkgraph(gm: torch.fx.GraphModule,
                   constants: Mapping[str, torch.Tensor] | None = None, *,
                   named_constants: bool = False,
-                  skip_memory_planning: bool = False) -> SerializedPartition:
+                  skip_memory_planning: bool = False,
+                  alias_ops: frozenset = frozenset()) -> SerializedPartition:
     """Serializes one partition (a torch.export ATen graph module) to a delegate blob.
 
     gm: graph whose placeholders are the partition's inputs and constants, and whose
@@ -278,6 +279,7 @@ def build_vkgraph(gm: torch.fx.GraphModule,
     named_constants: store constants outside the blob, keyed by SHA-256 hex, in
         ``named_data`` (offset 2**64-1), instead of inline in the constants section.
     skip_memory_planning: give every tensor dedicated memory (mem_obj_id -1).
+    alias_ops: op names whose output may share its input's memory (``plan_memory``).
 
     ``OperatorCall.node_id`` is the node's position in ``gm.graph.nodes``, so a
     runtime error about a node can be traced back to the fx node.
@@ -302,7 +304,7 @@ def build_vkgraph(gm: torch.fx.GraphModule,
     graph = builder.graph
     graph.constants = builder.section.entries
     if not skip_memory_planning:
-        plan_memory(graph)
+        plan_memory(graph, alias_ops)
     check_graph(graph)
     return SerializedPartition(graph, write_blob(graph, builder.section.section),
                                dict(builder.section.named_data))

@@ -7,7 +7,9 @@ no live tensor holds (the smallest that fits, else the largest, which then grows
 a new one; a tensor's object returns to the free pool after its last reader, and only
 after that op's own outputs are placed, because an op's output must not alias its
 inputs. Inputs, outputs and constants keep dedicated memory (-1): the host reads and
-writes them between runs.
+writes them between runs. The one exception to "no aliasing of inputs" is a flat copy
+(view, squeeze, unsqueeze, clone: ``alias_ops``), whose output may share its input's
+memory: then there is nothing to copy.
 """
 from __future__ import annotations
 
@@ -35,9 +37,34 @@ def _expand(graph: vk.VkGraph, ids) -> list[int]:
     return out
 
 
-def plan_memory(graph: vk.VkGraph) -> int:
+def _alias_roots(graph: vk.VkGraph, alias_ops, planned, defined_at) -> dict[int, int]:
+    """Tensor -> the tensor whose memory it shares, for each output of an ``alias_ops``
+    node (a flat copy: same dtype, same bytes) whose input is planned memory too."""
+    root: dict[int, int] = {}
+    for k, op in enumerate(graph.chain):
+        if op.name not in alias_ops or len(op.args) < 2:
+            continue
+        src, out = op.args[0], op.args[-1]
+        if not (isinstance(src, int) and planned(src) and planned(out)) or src == out \
+                or defined_at.get(out) != k or defined_at.get(src, k) >= k:
+            continue
+        a, b = graph.values[src], graph.values[out]
+        if a.datatype == b.datatype and _nbytes(a) == _nbytes(b):
+            root[out] = root.get(src, src)
+    return root
+
+
+def plan_memory(graph: vk.VkGraph, alias_ops: frozenset = frozenset()) -> int:
     """Sets ``mem_obj_id`` of every intermediate tensor of ``graph`` in place (and -1
-    on inputs, outputs and constants). Returns the number of memory objects used."""
+    on inputs, outputs and constants). Returns the number of memory objects used.
+
+    alias_ops: names of ops whose output is a flat copy of ``args[0]`` (OpSpec
+    ``may_alias``; ``vkdelegate.ops.registry.alias_ops()``). Such an output gets its
+    input's memory object when both are intermediates of one dtype and size; the object
+    then lives until the last reader of either, and the runtime records no copy for
+    the node (the copy would be an identity). This relies on the graph being SSA: no
+    op writes a planned tensor it did not produce.
+    """
     pinned = set(_expand(graph, graph.input_ids)) | set(_expand(graph, graph.output_ids))
     for vid, value in enumerate(graph.values):
         if isinstance(value, vk.VkTensor):
@@ -59,6 +86,9 @@ def plan_memory(graph: vk.VkGraph) -> int:
         for vid in _expand(graph, op.args):
             if planned(vid):
                 last_use[vid] = k
+    root = _alias_roots(graph, alias_ops, planned, defined_at)
+    for vid, r in root.items():
+        last_use[r] = max(last_use.get(r, 0), last_use.get(vid, 0))
 
     sizes: list[int] = []          # per memory object: bytes it must hold
     free: set[int] = set()
@@ -66,6 +96,9 @@ def plan_memory(graph: vk.VkGraph) -> int:
     for k, op in enumerate(graph.chain):
         for vid in (v for v in _expand(graph, op.args[-1:]) if defined_at.get(v) == k):
             tensor = graph.values[vid]
+            if vid in root:
+                tensor.mem_obj_id = graph.values[root[vid]].mem_obj_id
+                continue
             need = _nbytes(tensor)
             fits = [m for m in free if sizes[m] >= need]
             if fits:

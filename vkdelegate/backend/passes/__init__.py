@@ -16,6 +16,7 @@ from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.local_symints import local_symints
+from vkdelegate.backend.passes.permute_to_view import permute_to_view
 from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
 from vkdelegate.backend.passes.quantized_linear import fuse_quantized_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
@@ -46,6 +47,9 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
 #    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
 #    rotary's mul/add) that a fused chain would hide;
+# 5d. permutes that move only size-1 dims -> views (permute_to_view) after every
+#    pattern pass (addmm_to_linear looks for a weight's permute, rotary and attention
+#    patterns for transposes), so that they share their input's memory;
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
@@ -54,7 +58,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cache_positions,
-          fuse_elementwise, symbolic_view_sizes, local_symints)
+          fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

@@ -39,7 +39,7 @@ def _to_copy_rule(node: NodeSpec):
 
 register(OpSpec(name="aten.clone.default", dtypes=MOVE_DTYPES, impl=_flat_impl,
                 shape_fn=same_shape, rules=(same_dtype, _memory_format_rule(1)),
-                notes="copy"))
+                notes="alias or copy", may_alias=True))
 register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=_flat_impl,
                 shape_fn=same_shape, rules=(_to_copy_rule, _memory_format_rule(6)),
                 notes="dtype conversion as torch converts (float->int truncates)"))
@@ -53,10 +53,11 @@ register(OpSpec(name="dim_order_ops._to_dim_order_copy.default", dtypes=CONVERT_
 # dim_order never changes values.
 register(OpSpec(name="aten.alias_copy.default", dtypes=MOVE_DTYPES, impl=_flat_impl,
                 shape_fn=same_shape, rules=(same_dtype,),
-                notes="ExecuTorch's functional alias (a copy)"))
+                notes="ExecuTorch's functional alias (alias or copy)", may_alias=True))
 register(OpSpec(name="dim_order_ops._clone_dim_order.default", dtypes=MOVE_DTYPES,
                 impl=_flat_impl, shape_fn=same_shape, rules=(same_dtype,),
-                notes="ExecuTorch name of clone (dim_order: values unchanged)"))
+                notes="ExecuTorch name of clone (dim_order: values unchanged)",
+                may_alias=True))
 # ET-VK copies each constant into the tensor its consumer reads with et_vk.prepack
 # (args: constant, out); on our buffers that is a plain copy.
 register(OpSpec(name="et_vk.prepack.default", dtypes=MOVE_DTYPES, impl=_flat_impl,

@@ -248,16 +248,16 @@ def _flip_impl(b, node):
 def _op(name, impl, shape_fn, *rules, notes="", symbolic=()):
     register(OpSpec(name=name, dtypes=MOVE_DTYPES, impl=impl, shape_fn=shape_fn,
                     rules=(same_dtype,) + rules, notes=notes,
-                    symbolic_args=frozenset(symbolic)))
+                    symbolic_args=frozenset(symbolic), may_alias=impl is _flat_impl))
 
 
 _op("aten.view.default", _flat_impl, shape_from_list(view_shape), symbolic=(1,),
-    notes="copy; reshape, flatten, unflatten; symbolic sizes")
+    notes="alias (no copy) or copy; reshape, flatten, unflatten; symbolic sizes")
 _op("aten._unsafe_view.default", _flat_impl, shape_from_list(view_shape), symbolic=(1,),
-    notes="copy (reshape of a copy); symbolic sizes")
+    notes="alias or copy (reshape of a copy); symbolic sizes")
 _op("aten.squeeze.dims", _flat_impl, shape_from_list(squeeze_shape), _squeeze_rule,
-    notes="copy")
-_op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="copy")
+    notes="alias or copy")
+_op("aten.unsqueeze.default", _flat_impl, _unsqueeze_shape, notes="alias or copy")
 _op("aten.permute.default", _permute_impl, _permute_shape,
     notes="copy; transpose, t, movedim")
 _op("aten.expand.default", _expand_impl, shape_from_list(expand_shape), symbolic=(1,),
