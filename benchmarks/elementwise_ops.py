@@ -1,11 +1,13 @@
-"""GPU time of the elementwise binary and unary ops, the reductions and softmax on
-realistic shapes (EfficientNet-Lite0 activations, its 1280-channel head, a
-transformer's hidden size and attention scores, a classifier's logits).
+"""GPU time of the elementwise binary and unary ops, the reductions, softmax and RMS
+norm on realistic shapes (EfficientNet-Lite0 activations, its 1280-channel head, a
+transformer's hidden size and attention scores, a classifier's logits, the one-token
+RMS norm of a Llama-3.2-1B decode step).
 
 Builds a one-node graph per case, runs it a few times with timestamp queries and
 prints the best GPU time with the effective bandwidth: bytes of tensor data read and
 written (all of these ops are memory-bound: a few flops per element). Correctness is
-the op tests' job (tests/ops/test_{binary,add_sub,ternary,unary,reduce,sum,softmax}.py).
+the op tests' job (tests/ops/test_{binary,add_sub,ternary,unary,reduce,sum,softmax,
+norm}.py).
 The last column is the process CPU time of one plain execute, the stable measure on a
 CPU driver (lavapipe) on a shared machine. Torch-free.
 
@@ -47,6 +49,13 @@ def reduction(name, op, shape, out_shape, scalars, out_dtype="float32"):
     return node.graph(op, [(out_shape, out_dtype)])
 
 
+def rms_norm(name, rows, n, dtype):
+    # ET-VK's et_vk.rms_norm(x, weight, eps) over the last dim, what a Llama decoder's
+    # norms lower to (fuse_rms_norm); one row: a decode step's token.
+    node = OneNode(name).input((rows, n), dtype).constant((n,), dtype).arg(1e-5)
+    return node.graph("et_vk.rms_norm.default", [((rows, n), dtype)])
+
+
 def softmax(name, op, shape):
     node = OneNode(name).input(shape).arg(-1).arg(False)  # dim, half_to_float
     return node.graph(op, [(shape, "float32")])
@@ -81,6 +90,9 @@ CASES = [
     lambda: softmax("log_softmax last dim 8x12x128x128", "aten._log_softmax.default",
                     ATTENTION),
     lambda: softmax("softmax 1x1000 (logits)", "aten._softmax.default", (1, 1000)),
+    lambda: rms_norm("rms_norm 1x2048 fp16 (decode)", 1, 2048, "float16"),
+    lambda: rms_norm("rms_norm 1x2048 fp32 (decode)", 1, 2048, "float32"),
+    lambda: rms_norm("rms_norm 32x2048 fp16 (prefill)", 32, 2048, "float16"),
 ]
 
 

@@ -50,6 +50,7 @@ CASES = [
     ("causal 1024", 1, 16, 16, 1024, 1024, 64, "causal"),
     ("causal 2048 gqa4", 1, 32, 8, 2048, 2048, 128, "causal"),
     ("decode 1x4096 gqa4", 1, 32, 8, 1, 4096, 128, "none"),
+    ("decode llama-1b 1x256 gqa4 static cache", 1, 32, 8, 1, 256, 64, "bool"),
     ("vit float mask", 8, 6, 6, 197, 197, 64, "float"),
 ]
 

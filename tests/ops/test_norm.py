@@ -184,3 +184,28 @@ def test_fp16_modules_and_ops():
     w, b = _affine((6,), True, True, torch.float16)
     check_op(lambda x: aten.native_group_norm.default(x, w, b, 2, 6, 20, 3, 1e-5),
              (torch.randn(2, 6, 4, 5).half(),), ops=[GN], **FP16_TOL)
+
+
+@pytest.mark.parametrize("subgroup", [True, False])
+@pytest.mark.parametrize("n,rows", [(2048, (1,)), (2050, (1,)), (3000, (2, 3)),
+                                    (7, (4,)), (8192, (1,))])
+def test_vector_row_form(monkeypatch, n, rows, subgroup):
+    # The GPUs' vector row form (kernels/rows.vector_rows), forced on lavapipe: RMS
+    # norm (one token of a decode step: 1 x 2048) and layer norm with its statistics,
+    # 4-element accesses (n % 4 == 0, 3000 not a power of two) and scalar ones (2050,
+    # 7), fp32 and fp16, with subgroupAdd and with the shared-memory tree.
+    from vkdelegate.ops.families import norm
+    monkeypatch.setattr(norm, "vector_rows", lambda info, n: True)
+    if not subgroup:
+        monkeypatch.setattr(norm, "has_subgroup_arithmetic", lambda info: False)
+    torch.manual_seed(0)
+    w, b = _affine((n,), True, True)
+    x = torch.randn(*rows, n) * 3 + 2
+    check_op(lambda x: (F.rms_norm(x, [n], w, 1e-6), F.rms_norm(x, [n])), (x,),
+             ops=[RMS], **FP32_TOL)
+    check_op(lambda x: aten.native_layer_norm.default(x, [n], w, b, 1e-5), (x,),
+             ops=[LN], **FP32_TOL)
+    wh, bh = w.half(), b.half()
+    check_op(lambda x: (F.rms_norm(x, [n], wh, 1e-6),
+                        aten.native_layer_norm.default(x, [n], None, bh, 1e-5)),
+             (x.half(),), ops=[RMS, LN], **FP16_TOL)

@@ -280,8 +280,10 @@ def _dtype(t) -> str:
 
 
 def dispatch(b, a: Attention) -> None:
-    """Declare the dispatches of attention ``a`` on NodeBuilder ``b``: one sdpa.glsl
-    dispatch, or with split-K a partial pass and the combine pass. Raises (through
+    """Declare the dispatches of attention ``a`` on NodeBuilder ``b``: one dispatch of
+    sdpa_tiled.glsl / sdpa_coopmat.glsl (prefill), of sdpa_decode.glsl (few rows on
+    GPUs, kernels/attention_decode.py) or of sdpa.glsl, or with split-K a partial pass
+    and the combine pass. Raises (through
     ``b.error``) for head dims over MAX_HEAD_DIM and, on llvmpipe, key counts past
     its loop budget."""
     q, k, v, out = a.q, a.k, a.v, a.out
@@ -301,21 +303,33 @@ def dispatch(b, a: Attention) -> None:
         splits, group = 1, 1
     tiles = -(-s_max // block_n(d_max))
     per_split = -(-tiles // splits)
+    positions = a.positions or (lambda: (0, NO_LIMIT))
+    from vkdelegate.kernels import attention_decode  # it imports this module
+
+    def params_for(n_splits: int, per: int, n_pack: int):
+        """The sdpa_block parameters, rewritten after every resize (positions)."""
+        def pack() -> bytes:
+            offset, limit = positions()
+            return SDPA_PARAMS.pack(scale=[scale, 0.0, 0.0, 0.0],
+                                    pos=[int(offset), int(min(limit, NO_LIMIT)),
+                                         int(a.window), n_splits],
+                                    split=[per, n_pack, 0, 0])
+
+        params = b.params(pack())
+        if a.positions is not None:
+            b.on_resize(lambda: params.write(pack()))
+        return params
+
+    if not tiled and attention_decode.use_decode(b.device.info, l_max, heads,
+                                                 k.max_shape[head], d_max):
+        attention_decode.dispatch(b, a, d_max=d_max, scale=scale, l_max=l_max,
+                                  s_max=s_max, heads=heads, batch=batch,
+                                  params_for=params_for)
+        return
     loop_limit.check(b, tiled_iterations(s_max, d_max) if tiled else
                      iterations(min(s_max, per_split * block_n(d_max)), d_max),
                      f"{s_max} keys of head dim {d_max}")
-    positions = a.positions or (lambda: (0, NO_LIMIT))
-
-    def pack() -> bytes:
-        offset, limit = positions()
-        return SDPA_PARAMS.pack(scale=[scale, 0.0, 0.0, 0.0],
-                                pos=[int(offset), int(min(limit, NO_LIMIT)), int(a.window),
-                                     splits],
-                                split=[per_split, group, 0, 0])
-
-    params = b.params(pack())
-    if a.positions is not None:
-        b.on_resize(lambda: params.write(pack()))
+    params = params_for(splits, per_split, group)
     cpu = b.device.info.type == "cpu"
     skip = bool(b.option(SKIP_OPTION, True))
     target = out
@@ -345,7 +359,16 @@ def dispatch(b, a: Attention) -> None:
                             heads // group, batch),
                local_size=(BLOCK_M, 1, 1))
     if splits > 1:
-        b.dispatch(COMBINE, combine_defines(out, d_max, a.nan_rows, a.seq_first),
-                   outputs=[out], inputs=[target],
-                   params=[out.meta, b.params(COMBINE_PARAMS.pack(splits=[splits, 0, 0, 0]))],
-                   global_size=(ev, l_max, batch * heads), local_size=(64, 1, 1))
+        dispatch_combine(b, out, target, d_max=d_max, splits=splits, l_max=l_max,
+                         rows=batch * heads, nan_rows=a.nan_rows, seq_first=a.seq_first)
+
+
+def dispatch_combine(b, out, part, *, d_max: int, splits: int, l_max: int, rows: int,
+                     nan_rows: bool, seq_first: bool) -> None:
+    """Record sdpa_combine.glsl: merge the ``splits`` partial rows of ``part`` (fp32
+    rows of d_max + 4, see sdpa.glsl's SPLIT_K) into ``out``, for ``l_max`` query rows
+    of each of ``rows`` (batch x query heads) heads."""
+    b.dispatch(COMBINE, combine_defines(out, d_max, nan_rows, seq_first),
+               outputs=[out], inputs=[part],
+               params=[out.meta, b.params(COMBINE_PARAMS.pack(splits=[splits, 0, 0, 0]))],
+               global_size=(out.max_shape[-1], l_max, rows), local_size=(64, 1, 1))

@@ -5,6 +5,8 @@ An op family lists its forms, tuples (mask, causal, window, nan_rows, seq_first)
 mask None, "bool" or "float" (an additive mask of the query's dtype), and calls
 ``declare(forms, dtypes)``: every storage profile, dtype and head-dim bucket of sdpa.glsl (the
 early exit on and off, whole and split-K, CPU and GPU head-dim loops), of
+sdpa_decode.glsl (few rows on GPUs: the early exit on and off, whole and split-K,
+with and without subgroup arithmetic), of
 sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
 16-bit storage; declared with COOP_REQUIRES, so only devices with cooperative matrices
 build it) and of sdpa_combine.glsl. Torch-free; registers no op.
@@ -12,6 +14,7 @@ build it) and of sdpa_combine.glsl. Torch-free; registers no op.
 from __future__ import annotations
 
 from vkdelegate.kernels import attention as at
+from vkdelegate.kernels import attention_decode as dec
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype
 from vkdelegate.shaders.variants import declare_grid
 
@@ -57,6 +60,16 @@ def declare(forms, dtypes) -> None:
         return [at.combine_defines(t, d_max, nan, seq_first)
                 for nan in (False, True) for seq_first in (False, True)]
 
+    def decode(profile, dtype: str, d_max: int) -> list:
+        f32 = ("float32", device_dtype("float32", profile))
+        return [dec.defines(f32 if split else t, t, t, t, m, d_max=d_max, skip=skip,
+                            subgroup=subgroup, split=split, **kw)
+                for t, m, kw, _ in _forms(forms, profile, dtype)
+                for skip in (True, False) for split in (False, True)
+                for subgroup in (True, False)]
+
+    declare_grid(dec.SHADER, decode, profile=STORAGE_PROFILES, dtype=dtypes,
+                 d_max=at.D_BUCKETS)
     declare_grid(at.SHADER, whole, profile=STORAGE_PROFILES, dtype=dtypes,
                  cpu=(True, False), d_max=at.D_BUCKETS)
     declare_grid(at.TILED, tiled, profile=STORAGE_PROFILES, dtype=dtypes,

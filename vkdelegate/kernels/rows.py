@@ -72,3 +72,28 @@ def row_bindings(block: ParamBlock) -> Bindings:
     return Bindings(outputs=("out_data",), inputs=("in_data",),
                     params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
                             block))
+
+
+#: The vector row form (norm.glsl's ROW_VEC; GPUs): workgroups of up to ROW_WG
+#: invocations (a power of two), VEC_PER vec4s of the row in each invocation's
+#: registers, so rows up to ROW_VEC_MAX elements.
+ROW_WG = 256
+VEC_PER = 8
+ROW_VEC_MAX = 4 * VEC_PER * ROW_WG
+
+
+def vector_rows(info, n: int) -> bool:
+    """The vector row form for rows of ``n`` elements (an upper bound) on device
+    ``info``: GPUs only (on CPU drivers the barriers of a workgroup per row cost more
+    than they save for the few long rows of LLM decode; llvmpipe keeps the forms
+    above), rows of at most ROW_VEC_MAX elements."""
+    return info.type != "cpu" and n <= ROW_VEC_MAX
+
+
+def vector_row_wg(n: int) -> int:
+    """Invocations per row of the vector row form for rows of ``n`` elements: about
+    two vec4s each, a power of two from 32 (one NVIDIA subgroup) to ROW_WG."""
+    wg = 32
+    while wg < ROW_WG and 2 * 4 * wg < n:
+        wg *= 2
+    return wg

@@ -19,3 +19,11 @@ def workgroup_for(grid, invocations: int = 64) -> tuple:
         left //= size
     sizes.append(left)
     return tuple(sizes)
+
+
+def has_subgroup_arithmetic(info) -> bool:
+    """Whether the subgroups of device ``info`` (a DeviceInfo) have arithmetic
+    operations (subgroupAdd, subgroupMax; VK_SUBGROUP_FEATURE_ARITHMETIC_BIT): the
+    SUBGROUP reductions of linear_qw_gemv.glsl, norm.glsl's row form and
+    sdpa_decode.glsl, which otherwise reduce through a shared-memory tree."""
+    return "arithmetic" in info.subgroup_ops

@@ -18,14 +18,21 @@ Statistics in fp32 (two-pass biased variance), one rounding to the output dtype.
 tensor has the input's dtype (mixed-dtype affine parameters stay on the CPU). A
 missing weight or bias (the other present) is uploaded as ones or zeros. Resizable in
 every dim but the normalized (layer/RMS) or channel dims.
+Forms (kernels/rows.py): one invocation or one workgroup per row (dispatch_rows), and
+on GPUs for layer/RMS norm the vector row form (vector_rows: one workgroup per row, the
+row read once into registers, 4-element accesses, subgroup sums), the form of a
+decode step's one-token RMS norms.
 """
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
-from vkdelegate.kernels.rows import dispatch_rows, row_forms
+from vkdelegate.kernels.rows import (ROW_WG, VEC_PER, dispatch_rows, row_forms,
+                                     vector_row_wg, vector_rows)
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -68,6 +75,24 @@ def _defines(t, layout: int, rms: bool, affine: bool) -> dict:
     return d
 
 
+def _vector_defines(d: dict, vec: int, subgroup: bool) -> dict:
+    """``d`` (a LAYOUT 0 form of ``_defines``) as the vector row form: ``vec`` 4 (the
+    row length a multiple of 4: 4-element accesses) or 1 (scalar accesses); subgroup:
+    the device has subgroup arithmetic."""
+    d = dict(d, ROW_VEC=str(vec), ROW_WG=str(ROW_WG), VEC_PER=str(VEC_PER))
+    if vec == 4:
+        for name in ("OUT", "IN", "W", "B"):
+            if f"{name}_T" in d:
+                d[f"{name}4_T"] = "f16vec4" if d[f"{name}_T"] == "float16_t" else "vec4"
+        # A vec4 converted for storing as OUT_STORE converts each element.
+        d["OUT4_STORE(v)"] = "f16vec4(v)" if d["OUT_T"] == "float16_t" else \
+            "vec4(" + ", ".join(re.sub(r"\bv\b", f"v.{c}", d["OUT_STORE(v)"])
+                                for c in "xyzw") + ")"
+    if subgroup:
+        d["SUBGROUP"] = "1"
+    return d
+
+
 def _dispatch(b, node, x, outs, weight, bias, layout: int, dims: int, eps: float,
               rows: int, n: int, what: str) -> None:
     """Record the norm.glsl dispatch: ``outs`` [out] (RMS) or [out, mean, rstd]
@@ -87,6 +112,14 @@ def _dispatch(b, node, x, outs, weight, bias, layout: int, dims: int, eps: float
     inputs = [x] + ([weight] if affine else []) + ([bias] if affine and not rms else [])
     defines = _defines(out, layout, rms, bool(affine))
     params = [x.meta, b.params(NORM_PARAMS.pack(dims=[dims], eps=[eps]))]
+    if layout == ROWS and vector_rows(b.device.info, n):
+        # One workgroup per row (LLM decode: one token's row of the hidden size).
+        wg = vector_row_wg(n)
+        defines = _vector_defines(defines, 4 if n % 4 == 0 else 1,
+                                  has_subgroup_arithmetic(b.device.info))
+        b.dispatch(SHADER, defines, outputs=list(outs), inputs=inputs, params=params,
+                   global_size=(rows * wg,), local_size=(wg, 1, 1))
+        return
     dispatch_rows(b, SHADER, defines, out, x, params, rows, n, 2 if rms else 3, what,
                   outputs=list(outs), inputs=inputs)
 
@@ -277,7 +310,9 @@ def _variants(profile, dtype: str, affine: bool) -> list[dict]:
     pair = (dtype, device_dtype(dtype, profile))
     forms = [_defines(pair, ROWS, True, affine)]
     forms += [_defines(pair, layout, False, affine) for layout in (ROWS, GROUPS, CHANNELS)]
-    return [v for d in forms for v in row_forms(d)]
+    vector = [_vector_defines(d, vec, subgroup) for d in forms[:2] for vec in (4, 1)
+              for subgroup in (True, False)]
+    return [v for d in forms for v in row_forms(d)] + vector
 
 
 declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -72,12 +73,6 @@ def use_gemv(info, m: int) -> bool:
     (llvmpipe) get the GEMM form: a workgroup barrier costs more there than splitting
     K saves (4096 x 4096, one row, int8: 89 ms GEMV, 30 ms GEMM on lavapipe)."""
     return m <= GEMV_ROWS and info.type != "cpu"
-
-
-def has_subgroup_arithmetic(info) -> bool:
-    """Whether the device's subgroups have arithmetic operations (subgroupAdd;
-    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT): linear_qw_gemv.glsl's SUBGROUP reduction."""
-    return "arithmetic" in info.subgroup_ops
 
 
 def _words(w, k: int, bits: int) -> bool:

@@ -1,0 +1,133 @@
+"""The decode attention kernel (sdpa_decode.glsl, kernels/attention_decode.py: the
+keys of few query rows spread over a workgroup; GPUs only, forced here on lavapipe)
+against eager: the Llama-3.2-1B decode step (32 / 8 heads, head dim 64, a static
+256-position cache with HF's boolean mask), several rows per workgroup, causal,
+sliding windows, float masks, head dims that are not multiples of 4 (scalar loads)
+and 256, split-K over long caches, ExecuTorch's [B, S, H, D] layout with start_pos,
+fully masked rows, fp32 and fp16, subgroup and shared-memory reductions, and the
+early exit bit-identical on and off."""
+import pytest
+import torch
+
+from tests.ops.attention_reference import (CUSTOM, FP16_TOL, FP32_TOL, OFF, SDPA, SLIDING,
+                                           cache_qkv, custom_fn, eager_cache_attention,
+                                           sdpa_fn, sliding_fn)
+from tests.ops.harness import check_op
+from vkdelegate.backend.custom_ops import ensure_defined
+from vkdelegate.kernels import attention_decode as dec
+
+ensure_defined()
+
+
+@pytest.fixture
+def decode(monkeypatch):
+    """sdpa_decode.glsl wherever its rows fit, on the CPU driver too; asserts that the
+    test dispatched it."""
+    calls = []
+    dispatch = dec.dispatch
+    monkeypatch.setattr(dec, "use_decode", lambda info, l, hq, hk, d:
+                        dec.pack(l, hq, hk, d) is not None)
+    monkeypatch.setattr(dec, "dispatch", lambda *a, **kw: calls.append(1) or
+                        dispatch(*a, **kw))
+    yield
+    assert calls, "sdpa_decode.glsl was not dispatched"
+
+
+def _tol(dtype):
+    return FP32_TOL if dtype == torch.float32 else FP16_TOL
+
+
+def _on_off(fn, args, ops, dtype):
+    """Vulkan's output (checked against eager), asserted bit-identical with the early
+    exit switched off."""
+    on = check_op(fn, args, ops=ops, **_tol(dtype))
+    off = check_op(fn, args, ops=ops, **_tol(dtype), options=OFF)
+    out = on(*args)
+    assert torch.equal(out, off(*args))
+    return out
+
+
+def test_kernel_choice():
+    assert dec.pack(1, 32, 8, 64) == 4      # Llama-3.2-1B decode: 4 heads per workgroup
+    assert dec.pack(3, 32, 8, 64) == 1      # 12 rows: one head's 3 rows per workgroup
+    assert dec.pack(9, 4, 4, 64) is None    # 9 rows of one head: sdpa.glsl
+    assert dec.pack(2, 8, 2, 256) == 1      # 4 rows at most at head dim 256
+    assert dec.splits_for(8, 256) == 1 and dec.splits_for(8, 4096) == 8
+    assert dec.splits_for(256, 4096) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("subgroup", [True, False])
+@pytest.mark.parametrize("start", [0, 37, 255])
+def test_llama_decode_step_static_cache(decode, monkeypatch, dtype, subgroup, start):
+    # One token of 32 query heads over a 256-position cache of 8 K/V heads, the keys
+    # up to the token's position attended (HF's static-cache mask).
+    if not subgroup:
+        monkeypatch.setattr(dec, "has_subgroup_arithmetic", lambda info: False)
+    torch.manual_seed(start)
+    q, k, v = (torch.randn(1, h, n, 64).to(dtype) for h, n in ((32, 1), (8, 256), (8, 256)))
+    mask = (torch.arange(256) <= start)[None, None, None, :]
+    _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("mode", ["causal", "float", "none"])
+def test_rows_and_masks(decode, dtype, mode):
+    # 2 query rows x 4 heads per K/V head (8 rows per workgroup), 300 keys (not a
+    # multiple of the 128-key chunk); an additive float mask with -inf entries.
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, h, n, 32).to(dtype) for h, n in ((8, 2), (2, 300), (2, 300)))
+    if mode == "float":
+        mask = torch.randn(2, 8, 2, 300).to(dtype)
+        mask[..., 100:180] = float("-inf")
+        _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], dtype)
+    else:
+        _on_off(sdpa_fn(enable_gqa=True, is_causal=mode == "causal"), (q, k, v), [SDPA],
+                dtype)
+
+
+@pytest.mark.parametrize("e,ev", [(30, 30), (64, 20), (18, 40)])
+def test_head_dims_not_multiples_of_four_and_different_ev(decode, e, ev):
+    # Scalar K / V loads (a head dim not a multiple of 4), Ev != E; 3 heads of 3 rows.
+    torch.manual_seed(2)
+    q, k = torch.randn(1, 3, 3, e), torch.randn(1, 3, 200, e)
+    v = torch.randn(1, 3, 200, ev)
+    check_op(sdpa_fn(), (q, k, v), ops=[SDPA], **FP32_TOL)
+
+
+def test_head_dim_256(decode):
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, h, n, 256) for h, n in ((4, 1), (2, 150), (2, 150)))
+    check_op(sdpa_fn(enable_gqa=True, is_causal=False), (q, k, v), ops=[SDPA], **FP32_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_split_k_long_cache(decode, dtype):
+    # 1500 keys over 2 groups: 3 splits and the combine pass; masked blocks, one
+    # whole split masked.
+    assert dec.splits_for(2, 1500) == 3
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, h, n, 64).to(dtype) for h, n in ((8, 1), (2, 1500), (2, 1500)))
+    mask = torch.rand(1, 1500) > 0.3
+    mask[:, 200:1100] = False
+    _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], dtype)
+
+
+@pytest.mark.parametrize("start_pos,lq", [(0, 1), (130, 1), (700, 2)])
+def test_executorch_layout_start_pos(decode, start_pos, lq):
+    # llama.custom_sdpa: [B, S, H, D], causal from start_pos; keys past it unread.
+    q, k, v = cache_qkv(1, lq, 8, 1024, 2, 64, torch.float16)
+    k[:, start_pos + lq:] = float("nan")
+    got = check_op(custom_fn(start_pos), (q, k, v), ops=[CUSTOM], **FP16_TOL)
+    torch.testing.assert_close(got(q, k, v), eager_cache_attention(
+        q, k, v, start_pos, start_pos + lq, True), **FP16_TOL)
+
+
+def test_sliding_window_and_fully_masked_row(decode):
+    torch.manual_seed(9)
+    q, k, v = (torch.randn(1, h, n, 64) for h, n in ((4, 2), (2, 600), (2, 600)))
+    _on_off(sliding_fn(100, 450), (q, k, v), [SLIDING], torch.float32)
+    mask = torch.ones(1, 1, 2, 600, dtype=torch.bool)
+    mask[:, :, 1] = False  # row 1 sees no key: 0 as ATen gives
+    out = _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], torch.float32)
+    assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))

@@ -1,0 +1,122 @@
+"""The decode attention kernel (sdpa_decode.glsl) as kernels/attention.py dispatches it.
+
+For few query rows (an LLM decode step: one query position of the Hq / Hk query
+heads that share a K/V head) on GPUs: one workgroup of WG invocations per (query-head
+group, batch, key split), its keys spread over the invocations (each K and V row read
+once per workgroup, as 4-element vectors where the head dims allow), subgroup max
+reductions where the device has subgroup arithmetic. sdpa.glsl gives each query row
+an invocation instead, which leaves a decode workgroup nearly idle (Llama-3.2-1B,
+256 cached positions on the H200: 37 us per call, docs/PERF.md). Long caches split
+the keys over workgroups (SPLIT_KEYS per split) and merge them with sdpa_combine.glsl.
+CPU drivers (llvmpipe) keep sdpa.glsl (``use_decode``). Torch-free; registers no op.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from vkdelegate.kernels import attention as at
+from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
+from vkdelegate.shaders.bindings import shader_bindings
+
+SHADER = "sdpa_decode"
+#: Invocations per workgroup and keys per chunk (a power of two >= the largest D4, 64).
+WG = 128
+#: Keys per split once the query-head groups alone leave the GPU idle (< SPLIT_BELOW
+#: workgroups): a 256-position cache is one workgroup per group, 4096 positions 8 splits.
+SPLIT_KEYS = 512
+SPLIT_BELOW = 128
+
+shader_bindings(SHADER)(at._bindings)  # sdpa.glsl's bindings (sdpa.h)
+
+
+def rows_max(d_max: int) -> int:
+    """Query rows per workgroup (R_MAX) for head-dim bucket ``d_max``: 8, or 4 at 256
+    (the queries, probabilities and reduction slots within 16 KiB of shared memory)."""
+    return 8 if d_max <= 128 else 4
+
+
+def pack(l_max: int, q_heads: int, kv_heads: int, d_max: int) -> Optional[int]:
+    """Query heads per workgroup for ``l_max`` query rows: Hq / Hk (the heads of one
+    K/V head, grouped-query attention) when their rows fit R_MAX, else 1 when the
+    rows of one head do, else None (the kernel does not apply)."""
+    r = rows_max(d_max)
+    if kv_heads >= 1 and q_heads % kv_heads == 0 and l_max * (q_heads // kv_heads) <= r:
+        return q_heads // kv_heads
+    return 1 if l_max <= r else None
+
+
+def use_decode(info, l_max: int, q_heads: int, kv_heads: int, d_max: int) -> bool:
+    """Whether a node that sdpa.glsl would run (not prefill) runs sdpa_decode.glsl on
+    device ``info``: GPUs only (on llvmpipe its barriers cost more than the idle
+    invocations of sdpa.glsl do) and rows that fit (``pack``)."""
+    return info.type != "cpu" and pack(l_max, q_heads, kv_heads, d_max) is not None
+
+
+def splits_for(groups: int, s_max: int) -> int:
+    """Key splits for ``groups`` workgroups (query-head groups x batch) over ``s_max``
+    keys: 1 unless the groups alone are few, else one per SPLIT_KEYS keys (at most
+    MAX_SPLITS, attention.py's bound of the combine pass)."""
+    if groups >= SPLIT_BELOW:
+        return 1
+    return max(1, min(at.MAX_SPLITS, -(-s_max // SPLIT_KEYS)))
+
+
+def iterations(s_max: int, d_max: int) -> int:
+    """Loop iterations of one invocation on llvmpipe (worst case, one split): per chunk
+    of WG keys the P V loop (D4 / 4), the reduction (a tree of log2 WG steps, or one
+    slot per subgroup) and the head-dim loop when not unrolled; the final sums."""
+    d4 = d_max // 4
+    per_chunk = d4 // 4 + WG + (d4 if d4 > 32 else 0) + 1
+    return -(-s_max // WG) * per_chunk + rows_max(d_max) * (WG // d4 + 1)
+
+
+def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, skip: bool,
+            subgroup: bool, nan_rows: bool = False, seq_first: bool = False,
+            split: bool = False) -> dict:
+    """The sdpa_decode.glsl defines of one form: sdpa.glsl's (``attention.defines``)
+    without its tiling, with WG, R_MAX, K4_T / V4_T and SUBGROUP."""
+    d = at.defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
+                   cpu=False, skip=skip, nan_rows=nan_rows, seq_first=seq_first,
+                   split=split)
+    for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF"):
+        d.pop(name, None)
+    d.update(WG=str(WG), R_MAX=str(rows_max(d_max)))
+    for name in ("K", "V"):
+        d[f"{name}4_T"] = "f16vec4" if d[f"{name}_T"] == "float16_t" else "vec4"
+    if subgroup:
+        d["SUBGROUP"] = "1"
+    return d
+
+
+def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: int,
+             batch: int, params_for) -> None:
+    """Record sdpa_decode.glsl for attention ``a`` (an attention.Attention; the caller
+    checked ``use_decode``), with the split-K partial pass and sdpa_combine.glsl when
+    the keys are split. ``params_for(splits, per_split, pack)``: the sdpa_block
+    parameters (updated on resize by the caller's closure)."""
+    q, k, v, out = a.q, a.k, a.v, a.out
+    head = -2 if a.seq_first else -3
+    group = pack(l_max, heads, k.max_shape[head], d_max)
+    groups = heads // group * batch
+    splits = splits_for(groups, s_max)
+    chunks = -(-s_max // WG)
+    per_split = -(-chunks // splits)
+    loop_limit.check(b, iterations(min(s_max, per_split * WG), d_max),
+                     f"{s_max} keys of head dim {d_max}")
+    target = out
+    if splits > 1:
+        target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
+    mask = a.mask
+    metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
+    d = defines(target, q, k, v, mask, causal=a.causal, window=a.window > 0,
+                d_max=d_max, skip=bool(b.option(at.SKIP_OPTION, True)),
+                subgroup=has_subgroup_arithmetic(b.device.info), nan_rows=a.nan_rows,
+                seq_first=a.seq_first, split=splits > 1)
+    b.dispatch(SHADER, d, outputs=[target], inputs=[q, k, v] + ([mask] if mask else []),
+               params=metas + [params_for(splits, per_split, group)],
+               global_size=(splits * WG, heads // group, batch), local_size=(WG, 1, 1))
+    if splits > 1:
+        at.dispatch_combine(b, out, target, d_max=d_max, splits=splits, l_max=l_max,
+                            rows=batch * heads, nan_rows=a.nan_rows,
+                            seq_first=a.seq_first)
