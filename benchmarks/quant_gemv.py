@@ -50,12 +50,11 @@ from vkdelegate.runtime import DelegateGraph, default_device
 from vkdelegate.serialization import vkgraph as g
 
 #: gemv.glsl forms of --sweep: (outputs per workgroup, UNROLL).
-FP16_SWEEP = ((4, 1), (4, 2), (4, 4), (4, 8), (2, 4), (8, 2))
+FP16_SWEEP = ((4, 1), (4, 2), (4, 8), (2, 4), (2, 8), (8, 2), (8, 4))
 #: linear_qw_gemv.glsl forms of --sweep (int8 and int4 cases): (DIRECT, VWG invocations
 #: per workgroup, VROWS outputs per workgroup, VUNROLL blocks per row per iteration).
-QUANT_SWEEP = ((False, 128, 8, 1), (True, 128, 8, 1), (True, 128, 4, 1), (True, 128, 4, 2),
-               (True, 64, 4, 2), (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 8, 2),
-               (True, 32, 2, 4))
+QUANT_SWEEP = ((False, 128, 8, 1), (False, 64, 16, 1), (True, 128, 8, 1), (True, 128, 4, 1),
+               (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 8, 2))
 
 
 class Layers(OneNode):
