@@ -73,8 +73,8 @@ def test_int4_gemv(family, monkeypatch, group, dtype, subgroup):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_int4_gemv_second_iteration(family, dtype):
-    # K = 8224: 257 blocks of 32, past the DIRECT form's VUNROLL * VWG = 256 blocks of
-    # one iteration (and two staged sweeps and a partial third); N = 13.
+    # K = 8224: 257 blocks of 32, past two iterations of VUNROLL * VWG = 128 blocks
+    # (DIRECT) / two sweeps (staged), and a third with one block; N = 13.
     k = 8224
     model = quantize_for_vulkan(_linear(k, 13, dtype), "int4", group_size=32)
     check_op(model, (torch.randn(1, k).to(dtype),), ops=[Q4GSW], rtol=_tol(dtype),

@@ -18,7 +18,8 @@ torchao's quantized linears).
 Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
-workgroup; 8da4w quantizes x as it stages it) where the weight allows it
+workgroup, x loaded per invocation (VDIRECT) or staged in shared memory; 8da4w
+quantizes x as it loads it) where the weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
 of 16); else linear_qw.glsl, whose
 GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
@@ -41,10 +42,13 @@ from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
 SHADER = "linear_qw"
 VSHADER = "linear_qw_gemv"
 VWG = 128  # linear_qw_gemv invocations per workgroup (a power of two, >= subgroups)
-VROWS = 4  # linear_qw_gemv outputs per workgroup (at most 16: the staged form's partial
+VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: the staged form's partial
 #           sums live in the shared x of a sweep)
 VDIRECT = True  # linear_qw_gemv's DIRECT form: x loaded per invocation, no staging
-VUNROLL = 2  # DIRECT: weight blocks per row per iteration, all loads issued first
+VUNROLL = 1  # DIRECT: weight blocks per row per iteration, all loads issued first
+# VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
+# --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
+# within 5% of the best form for int4 and int8 at 4096 x 4096 and 4096 x 14336.
 DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup

@@ -29,7 +29,11 @@
 // blocks first stages its x values in shared memory (coalesced vec4 loads, or with
 // X16 uvec4s of 8 fp16 values, converted once; XOR-swizzled so that the reads, one
 // block's KV values per invocation, are free of bank conflicts), read once per block
-// for all ROWS rows. Values are unpacked in registers without integer-to-float
+// for all ROWS rows. DIRECT (the default form): no staging and no barrier before the
+// reduction; each invocation loads its blocks' x values itself (L1-cached) and handles
+// blocks t, t + WG, ... UNROLL per iteration, all loads of an iteration issued first.
+// SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads.
+// Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
 // Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
