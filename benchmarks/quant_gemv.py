@@ -14,6 +14,7 @@ results are checked against numpy.
     python benchmarks/quant_gemv.py [--runs 10] [--rows 1] [--group 128] [--device NAME]
         [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
         [--rows-per-workgroup 8] [--cases "linear float16,int4"] [--back-to-back]
+        [--stream-mb 128] [--sweep]
 
 --gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
 form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
@@ -21,69 +22,156 @@ form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgr
 contains one of the comma-separated strings (the fp16 linear, the baseline, always);
 --back-to-back: --runs profiled executes in a row (one_node.measure alternates them
 with plain executes; on the H200 the two give different times, see docs/PERF.md).
+--stream-mb: each case's graph applies its op to the one input with ceil(MB / the
+layer's weight MB) distinct weight sets (a decode streams its layers' weights: a
+weight set larger than the GPU's L2 cache, H200: 50 MB, is read from memory, not
+from L2); the times are per layer (the execute's GPU time over the layers), median
+of --runs back-to-back profiled executes after a warm-up, and "best" the fastest.
+--sweep: also the GEMV forms under tuning: the fp16 linear's gemv.glsl with
+(rows per workgroup, UNROLL) of FP16_SWEEP and the int8 / int4 cases'
+linear_qw_gemv.glsl forms of QUANT_SWEEP (the case name says which).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 from tabulate import tabulate
 
-from one_node import OneNode, measure
+import dataclasses
+import math
+import statistics
+
+from one_node import _DT, OneNode, measure
 from vkdelegate.errors import DeviceLimitError
+from vkdelegate.kernels import gemm_core, gemm_tiles
 from vkdelegate.runtime import DelegateGraph, default_device
+from vkdelegate.serialization import vkgraph as g
+
+#: gemv.glsl forms of --sweep: (outputs per workgroup, UNROLL).
+FP16_SWEEP = ((4, 1), (4, 2), (4, 8), (2, 4), (2, 8), (8, 2), (8, 4))
+#: linear_qw_gemv.glsl forms of --sweep (int8 and int4 cases): (DIRECT, VWG invocations
+#: per workgroup, VROWS outputs per workgroup, VUNROLL blocks per row per iteration).
+QUANT_SWEEP = ((False, 128, 8, 1), (False, 64, 16, 1), (True, 128, 8, 1), (True, 128, 4, 1),
+               (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 8, 2))
 
 
-def _linear(m, k, n, dtype):
-    node = OneNode(f"linear {dtype}").input((m, k), dtype).constant((n, k), dtype).arg(None)
-    node.moved += n * k * np.dtype(dtype).itemsize
-    return node.graph("aten.linear.default", [((m, n), dtype)])
+class Layers(OneNode):
+    """A OneNode whose op is applied ``layers`` times to the same inputs, each time
+    with its own constants (a decode streaming distinct layers' weights): a case adds
+    its inputs, then per ``each()`` iteration its constants, scalars and ``op``;
+    ``finish()`` builds the graph (outputs: every layer's). Layer 0's constants come
+    first, so its node is chain[0] and its weights consts[0], consts[1]."""
+
+    def __init__(self, name: str, layers: int):
+        super().__init__(name)
+        self.layers, self.chain, self.outs = layers, [], []
+
+    def each(self):
+        shared = list(self.args)
+        for _ in range(self.layers):
+            self.args = list(shared)
+            yield
+        self.args = shared
+
+    def op(self, op: str, outs) -> None:
+        ids = [self._add(g.VkTensor(_DT[dt], list(shape))) for shape, dt in outs]
+        self.chain.append(g.OperatorCall(len(self.chain), op, self.args + ids))
+        self.outs += ids
+
+    def finish(self) -> "Layers":
+        offsets, pos = [], 0
+        for c in self.consts:
+            offsets.append(g.VkBytes(pos, len(c)))
+            pos += len(c)
+        self.built = g.VkGraph(chain=self.chain, values=self.values, input_ids=self.inputs,
+                               output_ids=self.outs, constants=offsets)
+        return self
 
 
-def _int8(m, k, n, dtype):
-    node = OneNode(f"int8 weights, {dtype} x").input((m, k), dtype)
-    node.constant((n, k), "int8", high=127).constant((n,), dtype, positive=True)
-    node.moved += n * k + n * np.dtype(dtype).itemsize
-    return node.graph("aten._weight_int8pack_mm.default", [((m, n), dtype)])
+def _layers(weight_bytes: int, stream_mb: float) -> int:
+    """Weight sets a case streams: enough for ``stream_mb`` MB (1 when 0)."""
+    return max(1, math.ceil(stream_mb * 1e6 / weight_bytes)) if stream_mb else 1
 
 
-def _int4(m, k, n, dtype, group):
-    node = OneNode(f"int4 g{group} weights, {dtype} x").input((m, k), dtype)
-    node.constant((n, k // 2), "uint8", high=256)
-    node.constant((k // group, n), dtype, positive=True).arg(group).arg(None)
-    node.moved += n * k // 2 + (k // group) * n * np.dtype(dtype).itemsize
-    return node.graph("et_vk.linear_q4gsw.default", [((m, n), dtype)])
+def _linear(m, k, n, dtype, mb=0.0):
+    size = np.dtype(dtype).itemsize
+    node = Layers(f"linear {dtype}", _layers(n * k * size, mb)).input((m, k), dtype)
+    for _ in node.each():
+        node.constant((n, k), dtype).arg(None)
+        node.moved += n * k * size
+        node.op("aten.linear.default", [((m, n), dtype)])
+    return node.finish()
 
 
-def _8da4w(m, k, n, group):
-    node = OneNode(f"8da4w g{group}").input((m, k)).input((m,), positive=True)
+def _int8(m, k, n, dtype, mb=0.0):
+    size = np.dtype(dtype).itemsize
+    node = Layers(f"int8 weights, {dtype} x", _layers(n * k, mb)).input((m, k), dtype)
+    for _ in node.each():
+        node.constant((n, k), "int8", high=127).constant((n,), dtype, positive=True)
+        node.moved += n * k + n * size
+        node.op("aten._weight_int8pack_mm.default", [((m, n), dtype)])
+    return node.finish()
+
+
+def _int4(m, k, n, dtype, group, mb=0.0):
+    size = np.dtype(dtype).itemsize
+    node = Layers(f"int4 g{group} weights, {dtype} x", _layers(n * k // 2, mb))
+    node.input((m, k), dtype)
+    for _ in node.each():
+        node.constant((n, k // 2), "uint8", high=256)
+        node.constant((k // group, n), dtype, positive=True).arg(group).arg(None)
+        node.moved += n * k // 2 + (k // group) * n * size
+        node.op("et_vk.linear_q4gsw.default", [((m, n), dtype)])
+    return node.finish()
+
+
+def _8da4w(m, k, n, group, mb=0.0):
+    node = Layers(f"8da4w g{group}", _layers(n * k // 2, mb)).input((m, k))
+    node.input((m,), positive=True)
     node.input((m,), "int8", high=1)  # zero points 0
-    node.constant((n, k // 2), "uint8", high=256)
-    node.constant((k // group, -(-n // 8) * 8), "int32", high=1)
-    node.constant((k // group, n), positive=True).arg(group).arg(None)
-    node.moved += n * k // 2 + (k // group) * n * 8
-    return node.graph("et_vk.linear_dq8ca_q4gsw.default", [((m, n), "float32")])
+    for _ in node.each():
+        node.constant((n, k // 2), "uint8", high=256)
+        node.constant((k // group, -(-n // 8) * 8), "int32", high=1)
+        node.constant((k // group, n), positive=True).arg(group).arg(None)
+        node.moved += n * k // 2 + (k // group) * n * 8
+        node.op("et_vk.linear_dq8ca_q4gsw.default", [((m, n), "float32")])
+    return node.finish()
 
 
-def _check(node, device) -> str:
-    """Max relative error of an int4 / int8 case against numpy ('' for the others)."""
+def reference(node) -> "np.ndarray | None":
+    """Layer 0's output in fp64 by numpy (None for 8da4w)."""
     op = node.built.chain[0].name
-    if op not in ("et_vk.linear_q4gsw.default", "aten._weight_int8pack_mm.default"):
-        return ""
     x = node.arrays[0].astype(np.float64)
+    n = node.built.values[node.built.chain[0].args[-1]].dims[-1]
+    if op == "aten.linear.default":
+        w = np.frombuffer(node.consts[0], node.arrays[0].dtype).reshape(n, -1)
+        return x @ w.astype(np.float64).T
+    if op not in ("et_vk.linear_q4gsw.default", "aten._weight_int8pack_mm.default"):
+        return None
     w = np.frombuffer(node.consts[0], np.uint8 if "q4gsw" in op else np.int8)
     s = np.frombuffer(node.consts[1], node.arrays[0].dtype).astype(np.float64)
-    n = node.built.values[node.built.chain[0].args[-1]].dims[-1]
     if "q4gsw" in op:
         w = w.reshape(n, -1).astype(np.int64)
         q = np.stack([w & 15, w >> 4], -1).reshape(n, -1) - 8
         groups = s.reshape(-1, n).shape[0]
-        ref = x @ (q.reshape(n, groups, -1) * s.reshape(groups, n).T[..., None]).reshape(n, -1).T
-    else:
-        ref = (x @ w.reshape(n, -1).astype(np.float64).T) * s
-    with DelegateGraph(node.built, node.constant_bytes, device=device) as dg:
-        out = dg.execute(node.arrays)[0].astype(np.float64)
+        return x @ (q.reshape(n, groups, -1) * s.reshape(groups, n).T[..., None]).reshape(n, -1).T
+    return (x @ w.reshape(n, -1).astype(np.float64).T) * s
+
+
+def rel_err(out, ref) -> str:
+    """max |out - ref| / max(1, max |ref|) ('' without a reference)."""
+    if ref is None:
+        return ""
+    out = out.astype(np.float64)
     return f"{np.abs(out - ref).max() / max(1.0, np.abs(ref).max()):.1e}"
+
+
+def first_output(node, device) -> np.ndarray:
+    """Layer 0's output of one execute of ``node``."""
+    with DelegateGraph(node.built, node.constant_bytes, device=device) as dg:
+        return dg.execute(node.arrays)[0]
 
 
 def back_to_back(node, device, runs: int) -> float:
@@ -95,6 +183,53 @@ def back_to_back(node, device, runs: int) -> float:
             dg.execute(node.arrays, profile=True)
             times.append(dg.last_profile.total_ns)
     return min(times) / 1e6
+
+
+def streamed(node, device, runs: int) -> tuple:
+    """(median, best) GPU ms per layer of ``runs`` back-to-back profiled executes of
+    the Layers ``node``, after warm-up executes (at least 10, and 0.1 s), and layer
+    0's output of the first execute."""
+    import time
+
+    with DelegateGraph(node.built, node.constant_bytes, device=device) as dg:
+        start, warm = time.perf_counter(), 0
+        out = dg.execute(node.arrays)[0]
+        while warm < 10 or time.perf_counter() - start < 0.1:
+            dg.execute(node.arrays, profile=True)
+            warm += 1
+        times = []
+        for _ in range(runs):
+            dg.execute(node.arrays, profile=True)
+            times.append(dg.last_profile.total_ns / node.layers)
+    return statistics.median(times) / 1e6, min(times) / 1e6, out
+
+
+def _forms(sweep: bool, name: str):
+    """(label, apply) pairs: the forms a case runs in (the default only, or with
+    --sweep the FP16_SWEEP / QUANT_SWEEP forms); apply() sets the module constants."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    default = ("", lambda: None)
+    if not sweep or name.startswith(("linear float32", "8da4w")):
+        return [default]
+    if name.startswith("linear"):
+        def fp16(rows, unroll):
+            def apply():
+                gemm_core.GEMV_UNROLL = unroll
+                tiles = gemm_tiles.tiles_for(family_device_type[0])
+                gemm_tiles.TABLE[family_device_type[0]] = dataclasses.replace(
+                    tiles, gemv_rows=rows)
+            return f" [gemv r{rows} u{unroll}]", apply
+        return [default] + [fp16(r, u) for r, u in FP16_SWEEP]
+
+    def quant(direct, wg, rows, unroll):
+        def apply():
+            family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL = direct, wg, rows, unroll
+        return f" [{'direct' if direct else 'staged'} wg{wg} r{rows} u{unroll}]", apply
+    return [default] + [quant(*f) for f in QUANT_SWEEP]
+
+
+family_device_type = [""]  # the device type whose tile-table row --sweep replaces
 
 
 def main(argv=None) -> int:
@@ -109,6 +244,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows-per-workgroup", type=int, default=None, choices=range(1, 17))
     parser.add_argument("--cases", default="", help="comma-separated name filters")
     parser.add_argument("--back-to-back", action="store_true")
+    parser.add_argument("--stream-mb", type=float, default=0.0)
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args(argv)
     from vkdelegate.ops.families import quantized_linear as family
 
@@ -117,38 +254,65 @@ def main(argv=None) -> int:
     if args.rows_per_workgroup:
         family.VROWS = args.rows_per_workgroup
     device = default_device(args.device)
-    rows = []
+    family_device_type[0] = device.info.type
+    saved = (gemm_core.GEMV_UNROLL, dict(gemm_tiles.TABLE), family.VDIRECT, family.VWG,
+             family.VROWS, family.VUNROLL)
+    mb, rows = args.stream_mb, []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         m, gs = args.rows, args.group
-        cases = [_linear(m, k, n, "float32"), _linear(m, k, n, "float16"),
-                 _int8(m, k, n, "float32"), _int8(m, k, n, "float16"),
-                 _int4(m, k, n, "float32", gs), _int4(m, k, n, "float16", gs),
-                 _8da4w(m, k, n, gs)]
+        cases = [lambda: _linear(m, k, n, "float32", mb), lambda: _linear(m, k, n, "float16", mb),
+                 lambda: _int8(m, k, n, "float32", mb), lambda: _int8(m, k, n, "float16", mb),
+                 lambda: _int4(m, k, n, "float32", gs, mb),
+                 lambda: _int4(m, k, n, "float16", gs, mb), lambda: _8da4w(m, k, n, gs, mb)]
+        names = ["linear float32", "linear float16", "int8 weights, float32 x",
+                 "int8 weights, float16 x", f"int4 g{gs} weights, float32 x",
+                 f"int4 g{gs} weights, float16 x", f"8da4w g{gs}"]
         keep = [c for c in args.cases.split(",") if c]
-        cases = [c for i, c in enumerate(cases)
-                 if i == 1 or not keep or any(f in c.name for f in keep)]
-        timed = []  # (node, GPU ms, or the device limit's message)
-        for node in cases:
-            try:
-                timed.append((node, back_to_back(node, device, args.runs) if args.back_to_back
-                              else measure(node, device, args.runs)[0]))
-            except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
-                timed.append((node, str(exc).split(',')[0]))
-        fp16 = next(ms for node, ms in timed if node.name == "linear float16")
-        base = fp16 if isinstance(fp16, float) else None
-        for node, ms in timed:
+        timed = []  # (node, label, (median, best) GPU ms, or the device limit's message)
+        for i, make in enumerate(cases):
+            if i != 1 and keep and not any(f in names[i] for f in keep):
+                continue
+            node = make()  # one weight set for all of its forms
+            ref = reference(node)
+            for label, apply in _forms(args.sweep, names[i]):
+                apply()
+                try:
+                    if mb:
+                        *ms, out = streamed(node, device, args.runs)
+                    else:
+                        best = (back_to_back(node, device, args.runs) if args.back_to_back
+                                else measure(node, device, args.runs)[0])
+                        ms, out = (best, best), first_output(node, device)
+                    timed.append((node, label, ms, rel_err(out, ref)))
+                except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
+                    timed.append((node, label, str(exc).split(',')[0], ""))
+                finally:
+                    gemm_core.GEMV_UNROLL = saved[0]
+                    gemm_tiles.TABLE.clear()
+                    gemm_tiles.TABLE.update(saved[1])
+                    family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL = saved[2:]
+                print(timed[-1][1:3], node.name, file=sys.stderr, flush=True)
+        base = next((ms[0] for node, label, ms, _ in timed
+                     if node.name == "linear float16" and not label and
+                     not isinstance(ms, str)), None)
+        for node, label, ms, err in timed:
+            name = f"{node.name}{label}"
             if isinstance(ms, str):
-                rows.append([f"{k}x{n}", node.name, "-", "-", "-",
+                rows.append([f"{k}x{n}", name, 1, "-", "-", "-", "-",
                              f"over a device limit ({ms})"])
-            else:
-                rows.append([f"{k}x{n}", node.name, f"{ms:.3f}",
-                             f"{node.moved / ms / 1e6:.1f}",
-                             f"{base / ms:.2f}x" if base and node.name != "linear float16" else "-",
-                             _check(node, device)])
+                continue
+            per_layer = node.moved / node.layers
+            rows.append([f"{k}x{n}", name, node.layers, f"{ms[0]:.4f}", f"{ms[1]:.4f}",
+                         f"{per_layer / ms[0] / 1e6:.1f}",
+                         f"{base / ms[0]:.2f}x" if base and name != "linear float16" else "-",
+                         err])
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
           f"{args.rows} row(s), group {args.group}\n")
-    print(tabulate(rows, headers=["K x N", "case", "GPU ms (best)", "weight GB/s",
+    what = (f"median of {args.runs} back-to-back runs, per layer" if mb else
+            f"best of {args.runs} runs (both columns)")
+    print(f"GPU ms: {what}\n")
+    print(tabulate(rows, headers=["K x N", "case", "layers", "GPU ms", "best", "weight GB/s",
                                   "vs fp16", "rel err"]))
     return 0
 

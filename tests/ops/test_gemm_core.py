@@ -121,14 +121,21 @@ def test_linear_rank3_bias(forms, dtype):
     assert seen and all(s[0] == "gemm" for s in seen)
 
 
-@pytest.mark.parametrize("k", [64, 300, 2056, 37],
-                         ids=["vec8", "vec4", "vec8_two_passes", "scalar"])
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("k", [64, 300, 2056, 4104, 37],
+                         ids=["vec8", "vec4", "vec8_two_passes", "two_iterations", "scalar"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_linear(forms, k, dtype):
+def test_gemv_linear(forms, monkeypatch, k, dtype, subgroup):
     # One row: the GEMV path over the [N, K] weight, N = 9 not a multiple of its
-    # 4 rows per workgroup; K = 300 (vec4), 2056 (fp16: 8 per load, the second pass
-    # of the 2 per iteration and a tail) or 37 (scalar) ends inside a pass of the 128
-    # invocations, so some of them add nothing.
+    # 4 rows per workgroup; K = 300 (vec4), 2056 (fp16: 8 per load, the third of the
+    # GEMV_UNROLL loads of an iteration and a tail), 4104 (a second iteration: 513
+    # uvec4s / 1026 vec4s per row past 512 per iteration) or 37 (scalar) ends inside a
+    # pass of the 128 invocations, so some of them add nothing. The reduction by
+    # subgroupAdd (lavapipe has subgroup arithmetic) and by the shared-memory tree.
+    from vkdelegate.kernels import gemm_core
+
+    if not subgroup:
+        monkeypatch.setattr(gemm_core, "subgroup_arithmetic", lambda info: False)
     seen = forms()
     torch.manual_seed(0)
     tol = F16 if dtype == torch.float16 else {}

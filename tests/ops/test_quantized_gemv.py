@@ -25,13 +25,16 @@ INT8PACK, Q4GSW = "aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.defaul
 DQ8CA = "et_vk.linear_dq8ca_q4gsw.default"
 
 
-@pytest.fixture
-def family(monkeypatch):
+@pytest.fixture(params=[True, False], ids=["direct", "staged"])
+def family(monkeypatch, request):
     """The quantized-linear family with the GEMV forms on every device (a CPU driver
-    gets the GEMM form by default) and a count of linear_qw_gemv dispatches."""
+    gets the GEMM form by default), in its DIRECT form (x loaded per invocation) or
+    the staged one (x in shared memory per sweep), and a count of linear_qw_gemv
+    dispatches."""
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    monkeypatch.setattr(family, "VDIRECT", request.param)
     calls = []
     record = family._record_vector
 
@@ -66,6 +69,17 @@ def test_int4_gemv(family, monkeypatch, group, dtype, subgroup):
         x = torch.randn(rows, k).to(dtype)
         check_op(model, (x,), ops=[Q4GSW], rtol=_tol(dtype), atol=_tol(dtype))
     assert family.calls == [4, 4]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_int4_gemv_second_iteration(family, dtype):
+    # K = 8224: 257 blocks of 32, past two iterations of VUNROLL * VWG = 128 blocks
+    # (DIRECT) / two sweeps (staged), and a third with one block; N = 13.
+    k = 8224
+    model = quantize_for_vulkan(_linear(k, 13, dtype), "int4", group_size=32)
+    check_op(model, (torch.randn(1, k).to(dtype),), ops=[Q4GSW], rtol=_tol(dtype),
+             atol=_tol(dtype))
+    assert family.calls == [4]
 
 
 @pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
@@ -122,3 +136,37 @@ def test_other_weights_take_the_word_form(family, group, row_bytes):
     check_op(quantize_for_vulkan(_linear(40, 13, torch.float32), "int8"),
              (torch.randn(1, 40),), ops=[INT8PACK], rtol=2e-5, atol=2e-5)
     assert family.calls == []
+
+
+# linear_qw_gemv.glsl's forms (DIRECT, VWG, VROWS, VUNROLL) that benchmarks/quant_gemv.py
+# --sweep times, each against eager: N = 64 (a multiple of every VROWS) has the int4
+# scales read by vector loads (SVEC) wherever VROWS holds whole loads (8 fp16 / 4
+# fp32 scales), N = 13 by scalar loads; K = 4608 (144 blocks: a partial iteration).
+FORMS = [(False, 128, 8, 1), (False, 64, 16, 1), (True, 128, 8, 1), (True, 128, 4, 2),
+         (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 2, 4), (True, 32, 8, 2)]
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: f"{'direct' if f[0] else 'staged'}"
+                         f"_wg{f[1]}_r{f[2]}_u{f[3]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_int4_int8_forms(monkeypatch, dtype, form):
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    for name, value in zip(("VDIRECT", "VWG", "VROWS", "VUNROLL"), form):
+        monkeypatch.setattr(family, name, value)
+    seen = []
+    defines = family.vector_defines
+    monkeypatch.setattr(family, "vector_defines",
+                        lambda *a, **kw: seen.append(defines(*a, **kw)) or seen[-1])
+    k = 4608
+    torch.manual_seed(2)
+    x = torch.randn(1, k).to(dtype)
+    for n, group in ((64, 128), (13, 32)):
+        model = quantize_for_vulkan(_linear(k, n, dtype), "int4", group_size=group)
+        check_op(model, (x,), ops=[Q4GSW], rtol=_tol(dtype), atol=_tol(dtype))
+    model = quantize_for_vulkan(_linear(k, 64, dtype), "int8")
+    check_op(model, (x,), ops=[INT8PACK], rtol=_tol(dtype), atol=_tol(dtype))
+    whole = form[2] % (8 if dtype == torch.float16 else 4) == 0
+    assert ["SVEC" in d for d in seen] == [whole, False, False]
+    assert all(("DIRECT" in d) == form[0] and d["WG"] == str(form[1]) for d in seen)

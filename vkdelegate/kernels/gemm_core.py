@@ -8,7 +8,8 @@
   of (BM, BN, BK, WM, WN, STAGES), ``form.threads`` invocations per workgroup), on
   devices where ``coopmat_subgroup`` says it runs;
 - gemv.glsl, the GEMV path for one row (``form.tile`` outputs per workgroup for
-  b [N, K]).
+  b [N, K], GEMV_UNROLL vector loads per row in flight per invocation, subgroupAdd
+  reduction where the device has subgroup arithmetic).
 
 Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
 (layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
@@ -37,6 +38,10 @@ COOPMAT_SUBGROUPS = (32, 64)  # subgroup sizes its variants are declared for
 REDUCE_SHADER = "gemm_reduce"  # split-K's second pass
 GEMV_SHADER = "gemv"
 GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
+#: gemv.glsl's vector steps per row per iteration for b [N, K] (UNROLL): their loads
+#: are all issued before the first product. 4: K = 4096 fp16 is one iteration of 4
+#: uvec4s per row per invocation (H200 numbers in docs/PERF.md).
+GEMV_UNROLL = 4
 LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
 DTYPES = ("float32", "float16")
 
@@ -68,11 +73,13 @@ def _vector_types(d: dict) -> dict:
 
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
-                 vec: int = 1) -> dict:
+                 vec: int = 1, unroll: int = 1, subgroup: bool = False) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
-    BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``rows`` outputs per
-    workgroup (b [N, K]) and ``vec`` elements per load (1, 4 or 8)."""
+    BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
+    load (1, 4 or 8) and with b [N, K] ``rows`` outputs per workgroup, ``unroll``
+    vector loads per row per iteration (UNROLL) and the subgroupAdd reduction
+    (``subgroup``: the device has subgroup arithmetic)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -85,12 +92,18 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
             d.update(VEC_LOAD="1", **_vector_types(d))
         return d
     if nk:
-        d["ROWS"] = str(rows)
+        d.update(ROWS=str(rows), UNROLL=str(unroll), **flag_defines(SUBGROUP=subgroup))
     if vec == 4:
         d.update(VEC4="1", **_vector_types(d))
     elif vec == 8:
         d["VEC8"] = "1"
     return d
+
+
+def subgroup_arithmetic(info) -> bool:
+    """Whether the device's subgroups have arithmetic operations (subgroupAdd;
+    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT of VkPhysicalDeviceSubgroupProperties)."""
+    return "arithmetic" in info.subgroup_ops
 
 
 def coopmat_subgroup(caps) -> int:
@@ -166,7 +179,9 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
         vec = 4 if mat.constant and (k if nk else n) % 4 == 0 else 1
         if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
             vec = 8
-        defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec)
+        defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec,
+                               unroll=GEMV_UNROLL,
+                               subgroup=nk and subgroup_arithmetic(b.device.info))
         if nk:
             grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:
@@ -210,12 +225,14 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
     return reduce_defines(ddt, ddt if bias else None)
 
 
-def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int) -> "dict | None":
+def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
+                  subgroup: bool) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
-    if vec == 8 and not (nk and ddt[1] == "float16"):
+    if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk:
         return None
     return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
-                        rows=GPU_TILES.gemv_rows, vec=vec)
+                        rows=GPU_TILES.gemv_rows, vec=vec, unroll=GEMV_UNROLL,
+                        subgroup=subgroup)
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -239,4 +256,4 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
              subgroup=COOPMAT_SUBGROUPS)
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
-             vec=(1, 4, 8))
+             vec=(1, 4, 8), subgroup=(False, True))

@@ -18,7 +18,8 @@ torchao's quantized linears).
 Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
-workgroup; 8da4w quantizes x as it stages it) where the weight allows it
+workgroup, x loaded per invocation (VDIRECT) or staged in shared memory; 8da4w
+quantizes x as it loads it) where the weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
 of 16); else linear_qw.glsl, whose
 GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
@@ -42,8 +43,13 @@ from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
 SHADER = "linear_qw"
 VSHADER = "linear_qw_gemv"
 VWG = 128  # linear_qw_gemv invocations per workgroup (a power of two, >= subgroups)
-VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: its partial sums live in
-#           the shared x of a sweep)
+VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: the staged form's partial
+#           sums live in the shared x of a sweep)
+VDIRECT = True  # linear_qw_gemv's DIRECT form: x loaded per invocation, no staging
+VUNROLL = 1  # DIRECT: weight blocks per row per iteration, all loads issued first
+# VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
+# --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
+# within 5% of the best form for int4 and int8 at 4096 x 4096 and 4096 x 14336.
 DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup
@@ -92,10 +98,26 @@ def vector_gemv(w, k: int, bits: int, group: int, row_bytes: int) -> bool:
     return group % 32 == 0 if bits == 4 else k % 16 == 0
 
 
-def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None) -> dict:
+def scales_per_load(s) -> int:
+    """Int4 scales linear_qw_gemv.glsl's SVEC form reads per 16-byte load: 8 stored
+    as fp16, 4 as fp32 (s a Tensor or (graph dtype, device dtype) pair)."""
+    dev = s.device_dtype if hasattr(s, "device_dtype") else s[1]
+    return 8 if dev == "float16" else 4
+
+
+def vector_scales(s, n: int, s_stride: int) -> bool:
+    """Whether the int4 scales [K / group, >= n] (row stride ``s_stride``) can be read
+    by SVEC's vector loads: VROWS, n and the stride multiples of scales_per_load."""
+    spl = scales_per_load(s)
+    return VROWS % spl == 0 and n % VROWS == 0 and s_stride % spl == 0
+
+
+def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
+                   svec: bool = False) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
-    arithmetic (VkPhysicalDeviceSubgroupProperties)."""
+    arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
+    workgroup's rows are read by vector loads (``vector_scales``)."""
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -104,6 +126,11 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None) -> dict:
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None))
     d.update(WG=str(VWG), ROWS=str(VROWS))
+    if VDIRECT:
+        d.update(DIRECT="1", UNROLL=str(VUNROLL))
+    if svec and bits == 4:
+        spl = scales_per_load(s)
+        d.update(SVEC="1", SPL=str(spl), SV_T="uvec4" if spl == 8 else "vec4")
     return d
 
 
@@ -183,7 +210,7 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None) -> None
                       f"group size {group}")
     s_stride = s.max_shape[1] if bits == 4 else n
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
-                             dq)
+                             dq, bits == 4 and vector_scales(s, n, s_stride))
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -318,8 +345,9 @@ declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYP
 declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 
 
-def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool):
-    if op == INT8PACK and bias or op == DQ8CA and dtype != "float32":
+def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
+                     svec: bool = False):
+    if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
     pair = (dtype, device_dtype(dtype, profile))
     bits = 8 if op == INT8PACK else 4
@@ -329,14 +357,17 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool):
     dq = None
     if op == DQ8CA:
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
-    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq)
+    if svec and VROWS % scales_per_load(pair):
+        return None
+    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq, svec)
 
 
-def _vector_dot(profile, bias: bool, subgroup: bool):
-    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup)
+def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
+    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec)
     return None if found is None else dict(found, INT_DOT="1")
 
 
-_VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False))
+_VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
+              svec=(False, True))
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES)
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 #include "common.h"
 
 // The GEMV path: products with one row per batch (M = 1, LLM decode), bandwidth-bound
@@ -9,7 +12,11 @@
 // (gemm.h).
 //   B_NK (b [N, K], nn.Linear's weight): local_size (128, 1, 1); a workgroup computes
 //     ROWS outputs, invocation t reading k = t, t + 128, ... (VEC4: vec4s 4t.. of K)
-//     of each of its ROWS weight rows; then a tree sum over the 128 invocations.
+//     of each of its ROWS weight rows, UNROLL such k (vector) steps per iteration with
+//     all their loads issued before the first is used (indices clamped in bounds, so
+//     no branch separates them); then subgroupAdd and one shared slot per subgroup
+//     (SUBGROUP, devices with subgroup arithmetic), else a tree sum over the 128
+//     invocations.
 //   otherwise (b [K, N]): local_size (16, 16, 1); a workgroup computes 64 columns,
 //     invocation (x, y) columns 4x..4x+3 over k = y, y + 16, ... (VEC4: one vec4 load
 //     per k); then a tree sum over y.
@@ -75,29 +82,48 @@ void main() {
     w_row[r] = b_off + min(n0 + r, N - 1) * K;
   }
 #if defined(VEC8)
-  // Two passes of 8 fp16 values (one uvec4) per row per iteration: more loads in
-  // flight per invocation.
+  // UNROLL uvec4s (8 fp16 values each) per row per iteration: x's and every row's
+  // loads first, then the products.
   const int K8 = K / 8;
-  for (int k8 = t; k8 < K8; k8 += 2 * THREADS) {
-    [[unroll]] for (int u = 0; u < 2; ++u) {
-      const int kk = k8 + u * THREADS;
-      if (kk < K8) {
-        const uvec4 xa = a_data[a_off / 8 + kk];
-        const vec4 x0 = vec4(unpackHalf2x16(xa.x), unpackHalf2x16(xa.y));
-        const vec4 x1 = vec4(unpackHalf2x16(xa.z), unpackHalf2x16(xa.w));
+  for (int k8 = t; k8 < K8; k8 += UNROLL * THREADS) {
+    uvec4 xa[UNROLL];
+    uvec4 w[UNROLL][ROWS];
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+      const int kk = min(k8 + u * THREADS, K8 - 1);
+      xa[u] = a_data[a_off / 8 + kk];
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        w[u][r] = b_data[w_row[r] / 8 + kk];
+      }
+    }
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+      if (k8 + u * THREADS < K8) {
+        const vec4 x0 = vec4(unpackHalf2x16(xa[u].x), unpackHalf2x16(xa[u].y));
+        const vec4 x1 = vec4(unpackHalf2x16(xa[u].z), unpackHalf2x16(xa[u].w));
         [[unroll]] for (int r = 0; r < ROWS; ++r) {
-          const uvec4 w = b_data[w_row[r] / 8 + kk];
-          acc[r] += dot(x0, vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)))
-              + dot(x1, vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)));
+          acc[r] += dot(x0, vec4(unpackHalf2x16(w[u][r].x), unpackHalf2x16(w[u][r].y)))
+              + dot(x1, vec4(unpackHalf2x16(w[u][r].z), unpackHalf2x16(w[u][r].w)));
         }
       }
     }
   }
 #elif defined(VEC4)
-  for (int k4 = t; k4 < K / 4; k4 += THREADS) {
-    const vec4 x = vec4(a_data[a_off / 4 + k4]);
-    [[unroll]] for (int r = 0; r < ROWS; ++r) {
-      acc[r] += dot(x, vec4(b_data[w_row[r] / 4 + k4]));
+  const int K4 = K / 4;
+  for (int k4 = t; k4 < K4; k4 += UNROLL * THREADS) {
+    vec4 xa[UNROLL];
+    vec4 w[UNROLL][ROWS];
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+      const int kk = min(k4 + u * THREADS, K4 - 1);
+      xa[u] = vec4(a_data[a_off / 4 + kk]);
+      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+        w[u][r] = vec4(b_data[w_row[r] / 4 + kk]);
+      }
+    }
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+      if (k4 + u * THREADS < K4) {
+        [[unroll]] for (int r = 0; r < ROWS; ++r) {
+          acc[r] += dot(xa[u], w[u][r]);
+        }
+      }
     }
   }
 #else
@@ -108,6 +134,22 @@ void main() {
     }
   }
 #endif
+#ifdef SUBGROUP
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    const float s = subgroupAdd(acc[r]);
+    if (subgroupElect()) {
+      partial[r][gl_SubgroupID] = s;
+    }
+  }
+  barrier();
+  if (t < ROWS && n0 + t < N) {
+    float total = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      total += partial[t][i];
+    }
+    out_data[out_off + n0 + t] = OUT_STORE(epilogue(total, c_off, 0, n0 + t));
+  }
+#else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     partial[r][t] = acc[r];
   }
@@ -123,6 +165,7 @@ void main() {
   if (t < ROWS && n0 + t < N) {
     out_data[out_off + n0 + t] = OUT_STORE(epilogue(partial[t][0], c_off, 0, n0 + t));
   }
+#endif
 #else
   const int tx = int(gl_LocalInvocationID.x);
   const int ty = int(gl_LocalInvocationID.y);

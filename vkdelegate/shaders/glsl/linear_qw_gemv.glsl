@@ -29,7 +29,11 @@
 // blocks first stages its x values in shared memory (coalesced vec4 loads, or with
 // X16 uvec4s of 8 fp16 values, converted once; XOR-swizzled so that the reads, one
 // block's KV values per invocation, are free of bank conflicts), read once per block
-// for all ROWS rows. Values are unpacked in registers without integer-to-float
+// for all ROWS rows. DIRECT (the default form): no staging and no barrier before the
+// reduction; each invocation loads its blocks' x values itself (L1-cached) and handles
+// blocks t, t + WG, ... UNROLL per iteration, all loads of an iteration issued first.
+// SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads.
+// Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
 // Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
@@ -42,7 +46,11 @@ TENSOR_IN(x_data, uvec4)
 TENSOR_IN(x_data, vec4)
 #endif
 TENSOR_IN(w_data, uvec4)
+#ifdef SVEC
+TENSOR_IN(s_data, SV_T)  // SPL scales per load: vec4 (fp32) or uvec4 (8 fp16)
+#else
 TENSOR_IN(s_data, S_T)
+#endif
 #ifdef HAS_BIAS
 TENSOR_IN(c_data, C_T)
 #endif
@@ -67,12 +75,18 @@ PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
 
 const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
 
+#ifdef DIRECT
+shared vec4 xs[(ROWS * WG + 3) / 4];  // the partial sums only
+#else
 // Shared x of one sweep: block j's vec4 e at j * XV + (e ^ swizzle(j)), so that the 8
 // invocations of a 128-byte shared-memory phase (j .. j + 7, one vec4 e each) hit 8
 // different 16-byte bank groups. Reused after the last sweep for the partial sums.
 shared vec4 xs[WG * XV];
+#endif
 
+#ifndef DIRECT
 int swizzle(int j) { return (j / (8 / XV)) & (XV - 1); }
+#endif
 
 #ifdef DQ8CA
 #define QX(v) vec4(quantize_x(v.x, inv, z), quantize_x(v.y, inv, z), \
@@ -81,6 +95,7 @@ int swizzle(int j) { return (j / (8 / XV)) & (XV - 1); }
 #define QX(v) (v)
 #endif
 
+#ifndef DIRECT
 // Stage x[m, KV b0 .. ) (the sweep from block b0; zeros past the row) in xs; DQ8CA:
 // quantized with (1 / scale, zero point) (inv, z), as exact small integers.
 void stage_x(int m, int b0, int K, int blocks, float inv, int z) {
@@ -108,6 +123,7 @@ void stage_x(int m, int b0, int K, int blocks, float inv, int z) {
   }
 #endif
 }
+#endif
 
 // The sum over a block of x * (signed weight value). A field of 4 (W4) or 8 bits at
 // bit p < 20 of a word, masked in place and ORed into 2^23's bits, is the float
@@ -173,6 +189,96 @@ float finish(float acc, int n) {
   return acc;
 }
 
+// Requests block bc's weight blocks (wv), W4 scales (sv, times 8da4w's x scale) and
+// DQ8CA zero-point shares (zs: z * the group's weight sum where bc starts a group)
+// of the ROWS rows w_row.
+void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS],
+                out float sv[ROWS], out int zs[ROWS]) {
+#ifdef W4
+  const int g = (bc * KV) / qdims.z;
+#endif
+#ifdef SVEC
+  // The ROWS rows' scales of group g in ROWS / SPL vector loads (N and the scales'
+  // row stride are multiples of ROWS and SPL: the op checks).
+  [[unroll]] for (int i = 0; i < ROWS / SPL; ++i) {
+    const SV_T v = s_data[(g * qstrides.x + w_row[0]) / SPL + i];
+#if SPL == 8
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      const vec2 h = unpackHalf2x16(v[j]);
+      sv[8 * i + 2 * j] = h.x * xscale;
+      sv[8 * i + 2 * j + 1] = h.y * xscale;
+    }
+#else
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      sv[4 * i + j] = v[j] * xscale;
+    }
+#endif
+  }
+#endif
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    wv[r] = w_data[w_row[r] * qstrides.z + bc];
+#ifndef SVEC
+    sv[r] = 1.0;
+#endif
+    zs[r] = 0;
+#if defined(W4) && !defined(SVEC)
+    sv[r] = float(s_data[g * qstrides.x + w_row[r]]) * xscale;
+#endif
+#ifdef DQ8CA
+    zs[r] = (bc * KV) % qdims.z == 0 ? z * sum_data[g * qstrides.y + w_row[r]] : 0;
+#endif
+  }
+}
+
+// acc[r] += block's products with row r (x values xv; loads from load_block).
+void add_block(inout float acc[ROWS], vec4 xv[XV], uvec4 wv[ROWS], float sv[ROWS],
+               int zs[ROWS]) {
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+#ifdef INT_DOT
+    float d = block_idot(xv, wv[r]);
+#else
+    float d = block_dot(xv, wv[r]);
+#endif
+#ifdef DQ8CA
+    d -= float(zs[r]);
+#endif
+#ifdef W4
+    acc[r] = fma(d, sv[r], acc[r]);
+#else
+    acc[r] += d;
+#endif
+  }
+}
+
+#ifdef DIRECT
+// DIRECT: each invocation loads its blocks' x values from global memory (XR raw
+// vectors; unpacked, and quantized for DQ8CA, by unpack_x).
+#ifdef X16
+#define XRAW uvec4
+#define XR (XV / 2)
+#else
+#define XRAW vec4
+#define XR XV
+#endif
+
+void load_x(int m, int K, int bc, out XRAW xr[XR]) {
+  [[unroll]] for (int i = 0; i < XR; ++i) {
+    xr[i] = x_data[(m * K + bc * KV) / (4 * XV / XR) + i];
+  }
+}
+
+void unpack_x(XRAW xr[XR], float inv, int z, out vec4 xv[XV]) {
+  [[unroll]] for (int i = 0; i < XR; ++i) {
+#ifdef X16
+    xv[2 * i] = QX(vec4(unpackHalf2x16(xr[i].x), unpackHalf2x16(xr[i].y)));
+    xv[2 * i + 1] = QX(vec4(unpackHalf2x16(xr[i].z), unpackHalf2x16(xr[i].w)));
+#else
+    xv[i] = QX(xr[i]);
+#endif
+  }
+}
+#endif
+
 // The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup
 // id, else the invocation) is float r * WG + i (ROWS * WG <= 4 * WG * XV floats).
 #define PARTIAL(r, i) xs[((r) * WG + (i)) / 4][((r) * WG + (i)) % 4]
@@ -181,7 +287,6 @@ void main() {
   const int K = qdims.x;
   const int N = qdims.y;
   const int blocks = qdims.w;
-  const int w_stride = qstrides.z;
   const int M = N > 0 ? numel_of(out_meta) / N : 0;
   const int t = int(gl_LocalInvocationID.x);
   const int n0 = int(gl_WorkGroupID.x) * ROWS;
@@ -201,57 +306,50 @@ void main() {
     acc[r] = 0.0;
   }
   if (live) {
+#ifdef DIRECT
+    for (int b0 = t; b0 < blocks; b0 += UNROLL * WG) {
+      // x's, the weights' and the scales' loads of UNROLL blocks first (indices
+      // clamped in bounds), then the products.
+      XRAW xr[UNROLL][XR];
+      uvec4 wv[UNROLL][ROWS];
+      float sv[UNROLL][ROWS];
+      int zs[UNROLL][ROWS];
+      [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+        const int bc = min(b0 + u * WG, blocks - 1);
+        load_x(m, K, bc, xr[u]);
+        load_block(bc, w_row, z, xscale, wv[u], sv[u], zs[u]);
+      }
+      [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+        if (b0 + u * WG < blocks) {
+          vec4 xv[XV];
+          unpack_x(xr[u], inv, z, xv);
+          add_block(acc, xv, wv[u], sv[u], zs[u]);
+        }
+      }
+    }
+#else
     for (int b0 = 0; b0 < blocks; b0 += WG) {
       // The sweep's weight blocks and scales are requested first, so that their
       // latency overlaps the staging of x and its barriers.
       const int b = b0 + t;
-      const bool mine = b < blocks;
-      const int bc = min(b, blocks - 1);  // in bounds; used only where mine
       uvec4 wv[ROWS];
       float sv[ROWS];
-#ifdef W4
-      const int g = (bc * KV) / qdims.z;
-#endif
-#ifdef DQ8CA
-      int zsum[ROWS];  // the zero point's share, at the block that starts a group
-      const bool starts = (b * KV) % qdims.z == 0;
-#endif
-      [[unroll]] for (int r = 0; r < ROWS; ++r) {
-        wv[r] = w_data[w_row[r] * w_stride + bc];
-#ifdef W4
-        sv[r] = float(s_data[g * qstrides.x + w_row[r]]) * xscale;
-#endif
-#ifdef DQ8CA
-        zsum[r] = starts ? z * sum_data[g * qstrides.y + w_row[r]] : 0;
-#endif
-      }
+      int zs[ROWS];
+      load_block(min(b, blocks - 1), w_row, z, xscale, wv, sv, zs);
       if (b0 > 0) {
         barrier();  // the previous sweep's reads of xs are done
       }
       stage_x(m, b0, K, blocks, inv, z);
       barrier();
-      if (mine) {
+      if (b < blocks) {
         vec4 xv[XV];
         [[unroll]] for (int e = 0; e < XV; ++e) {
           xv[e] = xs[t * XV + (e ^ swizzle(t))];
         }
-        [[unroll]] for (int r = 0; r < ROWS; ++r) {
-#ifdef INT_DOT
-          float d = block_idot(xv, wv[r]);
-#else
-          float d = block_dot(xv, wv[r]);
-#endif
-#ifdef DQ8CA
-          d -= float(zsum[r]);
-#endif
-#ifdef W4
-          acc[r] = fma(d, sv[r], acc[r]);
-#else
-          acc[r] += d;
-#endif
-        }
+        add_block(acc, xv, wv, sv, zs);
       }
     }
+#endif
   }
   barrier();  // xs is free for the partial sums
 #ifdef SUBGROUP
