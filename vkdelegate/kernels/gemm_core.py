@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -100,12 +101,6 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     return d
 
 
-def subgroup_arithmetic(info) -> bool:
-    """Whether the device's subgroups have arithmetic operations (subgroupAdd;
-    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT of VkPhysicalDeviceSubgroupProperties)."""
-    return "arithmetic" in info.subgroup_ops
-
-
 def coopmat_subgroup(caps) -> int:
     """The subgroup size gemm_coopmat.glsl runs with on a device whose capability table
     (vkdelegate/capabilities.py) is ``caps``, or 0 where it cannot run: it needs
@@ -181,7 +176,7 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
             vec = 8
         defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec,
                                unroll=GEMV_UNROLL,
-                               subgroup=nk and subgroup_arithmetic(b.device.info))
+                               subgroup=nk and has_subgroup_arithmetic(b.device.info))
         if nk:
             grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:

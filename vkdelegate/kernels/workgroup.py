@@ -25,5 +25,5 @@ def has_subgroup_arithmetic(info) -> bool:
     """Whether the subgroups of device ``info`` (a DeviceInfo) have arithmetic
     operations (subgroupAdd, subgroupMax; VK_SUBGROUP_FEATURE_ARITHMETIC_BIT): the
     SUBGROUP reductions of linear_qw_gemv.glsl, norm.glsl's row form and
-    sdpa_decode.glsl, which otherwise reduce through a shared-memory tree."""
+    sdpa_decode.glsl and gemv.glsl, which otherwise reduce through a shared-memory tree."""
     return "arithmetic" in info.subgroup_ops
