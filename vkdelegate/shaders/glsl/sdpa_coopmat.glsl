@@ -33,7 +33,8 @@
 // tile is one that no row of the workgroup sees, so skipping it gives the same bits.
 //
 // Defines: OUT_T, Q_T, K_T, V_T, OUT_STORE(v); D_MAX (32, 64 or 128); FULLY_MASKED;
-// CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T; SKIP_MASKED_TILES; SEQ_FIRST.
+// CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T (MASK_WORDS: boolean bytes);
+// SKIP_MASKED_TILES; SEQ_FIRST.
 // Local size 128.
 
 #define NSG 4
@@ -65,6 +66,20 @@ layout(set = 0, binding = BINDING_v_data) readonly buffer v_vec_buffer { uvec4 v
 #define LOAD8(vec, buf, off, e0, n, ok) ((e0) >= (n) ? uvec4(0u) : (ok) ? vec[(off) / 8] : \
     uvec4(H2(buf, off, e0, n, 0), H2(buf, off, e0, n, 2), H2(buf, off, e0, n, 4),      \
           H2(buf, off, e0, n, 6)))
+
+// A boolean mask of bytes (MASK_WORDS) is read as the 32-bit words holding them: with
+// byte loads this kernel gave wrong masks on the H200 (driver 580.159), where
+// sdpa_tiled.glsl's byte loads are right.
+#ifdef MASK_WORDS
+layout(set = 0, binding = BINDING_mask_data) readonly buffer mask_word_buffer {
+  uint mask_words[];
+};
+// (the last bytes, past the buffer's last whole word, one at a time)
+#define MASK_ON(i) (((((i) >> 2) < mask_words.length())                            \
+    ? ((mask_words[(i) >> 2] >> (8 * ((i) & 3))) & 0xffu) : uint(mask_data[i])) != 0u)
+#else
+#define MASK_ON(i) (int(mask_data[i]) != 0)
+#endif
 
 shared uvec4 k_sh[BN * KS];  // K of the tile (query rows 0..31 at the start)
 shared uvec4 v_sh[BN * KS];  // V of the tile (query rows 32..63 at the start)
@@ -169,7 +184,7 @@ void main() {
     uint bits = 0u;
     [[unroll]] for (int u = 0; u < 16; ++u) {
       const int j = jh + u;
-      if (j < S && int(mask_data[m_base + j * m_col]) != 0) {
+      if (j < S && MASK_ON(m_base + j * m_col)) {
         bits |= 1u << u;
       }
     }
