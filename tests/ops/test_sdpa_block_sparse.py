@@ -199,7 +199,7 @@ def test_prefill_sized_fp16_masks_at_head_dim_128(mode):
 def test_prefill_kernel_choice():
     # Prefill (>= TILED_MIN_L queries, head dims <= 128) runs the tiled kernels, within
     # their shared-memory budget; float16 takes sdpa_coopmat.glsl only where the device
-    # has the cooperative-matrix shape, fixed 32-wide subgroups and no boolean mask.
+    # has the cooperative-matrix shape, fixed 32-wide subgroups (boolean masks: COOP_BOOL_MASK).
     from vkdelegate.capabilities import Capabilities, CooperativeMatrixShape
     from vkdelegate.runtime.device_info import DeviceInfo
     assert attention.use_tiled(16, 128) and not attention.use_tiled(15, 128)
@@ -219,7 +219,7 @@ def test_prefill_kernel_choice():
     half, f32, boolean = ("float16", "float16"), ("float32", "float32"), ("bool", "uint8")
     assert attention.coop_fits(info, half, half, half)
     assert attention.coop_fits(info, half, half, half, half)  # additive float16 mask
-    assert not attention.coop_fits(info, half, half, half, boolean)
+    assert attention.coop_fits(info, half, half, half, boolean) == attention.COOP_BOOL_MASK
     assert not attention.coop_fits(info, f32, f32, f32)
     wide = DeviceInfo(0, "gpu", "discrete", "driver", "1.3", subgroup_ops=["shuffle"],
                       capabilities=Capabilities(

@@ -85,6 +85,19 @@ def run_cases() -> None:
     torch.manual_seed(4)
     qc, kc, vc = (torch.randn(1, n, h, 64).half() for n, h in ((40, 8), (120, 2), (120, 2)))
     case("custom_sdpa [B, L, H, D], start_pos 50", custom_fn(50), (qc, kc, vc), ops=(CUSTOM,))
+    q, k, v = qkv(4, 2, 320, 320, 128, seed=3)
+    if attention.COOP_BOOL_MASK:  # else boolean masks run sdpa_tiled.glsl
+        case("bool window mask 320, E 128", sdpa_fn(enable_gqa=True),
+             (q, k, v, window_mask(320, 320, 100)[None, None]), exact=True)
+        torch.manual_seed(6)
+        bmask = torch.rand(200, 200) > 0.5  # random keys, 32-key blocks off, a dead row
+        bmask[:, 32:96] = False
+        bmask[:64, 128:] = False
+        bmask[5] = False
+        q, k, v = qkv(2, 2, 200, 200, 64, seed=6)
+        case("bool blocks 200, a fully masked row", sdpa_fn(), (q, k, v, bmask), exact=True)
+    q, k, v = qkv(2, 2, 90, 75, 36, 20, seed=7)  # head dims not multiples of 8: scalar loads
+    case("causal 90 x 75, E 36, Ev 20", sdpa_fn(is_causal=True), (q, k, v))
     q, k, v = qkv(2, 2, 1024, 1024, 128, seed=5)
     case("causal 1024, E 128", sdpa_fn(is_causal=True), (q, k, v), exact=True)
     print("all cases passed")

@@ -46,9 +46,11 @@ COOP_BM = 64
 COOP_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess")
 COOP_OPTION = "sdpa_cooperative_matrix"
 #: Boolean masks stay on sdpa_tiled.glsl: on the H200 (driver 580.159) the cooperative
-#: form with a [1, 1, 2048, 2048] sliding-window mask at head dim 128 gave wrong rows
-#: (the causal and window forms were right there); the cause is not found yet
-#: (docs/PERF.md).
+#: form gave wrong outputs with boolean masks (98% of a [1, 1, 320, 320] window mask's
+#: outputs off, in the kernel's first and second forms) while the same masks as float
+#: -inf masks, causal and the window op were right: the mask's byte loads are the
+#: suspect. The shader now reads boolean bytes as 32-bit words (MASK_WORDS), not yet
+#: run on the H200: set True and run tests/ops/test_sdpa_coopmat.py there (docs/PERF.md).
 COOP_BOOL_MASK = False
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
@@ -247,6 +249,8 @@ def coop_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
                       skip=skip, nan_rows=nan_rows, seq_first=seq_first)
     for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
         d.pop(name)
+    if d.get("MASK_T") == "uint8_t":  # boolean bytes read as 32-bit words (the shader)
+        d["MASK_WORDS"] = "1"
     return d
 
 

@@ -17,20 +17,24 @@
 // One workgroup of NSG = 4 subgroups per (BM = 64 query rows, head, batch); subgroup g
 // owns rows 16 g .. 16 g + 15: their query block as D_MAX / 16 A matrices (loaded once)
 // and their output block as D_MAX / 16 fp32 accumulators. Per tile of BN = 32 keys:
-// the K rows go to shared memory as fp16; S = Q K^T (two 16 x 16 accumulators per
-// subgroup, times the scale) to shared memory as fp32; then V replaces nothing (its own
-// tile) while two invocations per row run the row's online softmax (masks applied
-// there; the pair shares its max through a subgroup shuffle) and write P as fp16; a
-// subgroup whose rows' running max moved rescales its accumulators through shared
-// memory (no per-row access to a cooperative matrix in the KHR extension); O += P V.
+// the K and V rows go to shared memory as uvec4s of 8 fp16 (one 16-byte global load
+// each where the rows are 8-element aligned, else 8 scalar loads); S = Q K^T (two
+// 16 x 16 accumulators per subgroup, times scale * log2(e)) to shared memory as fp32;
+// two invocations per row run the row's online softmax in base 2 (masks applied there;
+// the pair shares its max through a subgroup shuffle) and write P as fp16 and the row's
+// rescale factor; each subgroup multiplies its accumulators by the factors in
+// registers: a row-index matrix (an accumulator loaded from r at row r, built once)
+// says which row each element an invocation holds belongs to, as the KHR extension
+// fixes one element layout per matrix type; then O += P V.
 //
 // Exactness of the early exit: a row that sees no key of a tile gets P = 0 there and
-// its rescale factor stays 1, so its accumulator gets + 0 (unchanged: an accumulator
-// starts at +0 and never becomes -0, for finite V); a skipped tile is one that no row
-// of the workgroup sees, so skipping it gives the same bits.
+// its rescale factor stays 1 (x * 1 keeps every bit), so its accumulator gets + 0
+// (unchanged: an accumulator starts at +0 and never becomes -0, for finite V); a skipped
+// tile is one that no row of the workgroup sees, so skipping it gives the same bits.
 //
 // Defines: OUT_T, Q_T, K_T, V_T, OUT_STORE(v); D_MAX (32, 64 or 128); FULLY_MASKED;
-// CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T; SKIP_MASKED_TILES; SEQ_FIRST.
+// CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T (MASK_WORDS: boolean bytes);
+// SKIP_MASKED_TILES; SEQ_FIRST.
 // Local size 128.
 
 #define NSG 4
@@ -38,23 +42,51 @@
 #define BM (16 * NSG)
 #define BN 32
 #define DF (D_MAX / 16)   // 16-wide fragments of a head dim
-#define KS (D_MAX + 8)    // padded shared row of K / V / Q, in halves
-#define SS (BN + 4)       // padded shared row of S, in floats
-#define PS (BN + 8)       // padded shared row of P, in halves
-#define OS 20             // padded shared row of one accumulator, in floats
+#define D8 (D_MAX / 8)    // uvec4s of a head dim
+#define KS (D8 + 1)       // padded shared row of K / V / Q, in uvec4s
+#define SS (BN + 4)       // padded shared row of S (and of an output fragment), in floats
+#define PS (BN / 8 + 1)   // padded shared row of P, in uvec4s
+#define LOG2E 1.4426950408889634
 
 #define A_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define B_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define C_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-shared float16_t k_sh[BN * KS];  // K of the tile (query rows 0..31 at the start)
-shared float16_t v_sh[BN * KS];  // V of the tile (query rows 32..63 at the start)
+// The q, k and v buffers as uvec4s: 8 fp16 elements each.
+layout(set = 0, binding = BINDING_q_data) readonly buffer q_vec_buffer { uvec4 q_vec[]; };
+layout(set = 0, binding = BINDING_k_data) readonly buffer k_vec_buffer { uvec4 k_vec[]; };
+layout(set = 0, binding = BINDING_v_data) readonly buffer v_vec_buffer { uvec4 v_vec[]; };
+
+// Elements off .. off + 7 of buf (vec: the same buffer as uvec4s) as 8 packed fp16,
+// zero from element n of the row on (e0: the first one's index in the row); one load
+// where ok (off a multiple of 8, n too).
+#define H2(buf, off, e0, n, i) packFloat2x16(f16vec2(                         \
+    (e0) + (i) < (n) ? float16_t(buf[(off) + (i)]) : float16_t(0.0),          \
+    (e0) + (i) + 1 < (n) ? float16_t(buf[(off) + (i) + 1]) : float16_t(0.0)))
+#define LOAD8(vec, buf, off, e0, n, ok) ((e0) >= (n) ? uvec4(0u) : (ok) ? vec[(off) / 8] : \
+    uvec4(H2(buf, off, e0, n, 0), H2(buf, off, e0, n, 2), H2(buf, off, e0, n, 4),      \
+          H2(buf, off, e0, n, 6)))
+
+// A boolean mask of bytes (MASK_WORDS) is read as the 32-bit words holding them: with
+// byte loads this kernel gave wrong masks on the H200 (driver 580.159), where
+// sdpa_tiled.glsl's byte loads are right.
+#ifdef MASK_WORDS
+layout(set = 0, binding = BINDING_mask_data) readonly buffer mask_word_buffer {
+  uint mask_words[];
+};
+// (the last bytes, past the buffer's last whole word, one at a time)
+#define MASK_ON(i) (((((i) >> 2) < mask_words.length())                            \
+    ? ((mask_words[(i) >> 2] >> (8 * ((i) & 3))) & 0xffu) : uint(mask_data[i])) != 0u)
+#else
+#define MASK_ON(i) (int(mask_data[i]) != 0)
+#endif
+
+shared uvec4 k_sh[BN * KS];  // K of the tile (query rows 0..31 at the start)
+shared uvec4 v_sh[BN * KS];  // V of the tile (query rows 32..63 at the start)
 shared float s_sh[BM * SS];
-shared float16_t p_sh[BM * PS];
-shared float o_sh[NSG * 16 * OS];
+shared uvec4 p_sh[BM * PS];
 shared float row_alpha[BM];
 shared float row_l[BM];
-shared uint sg_rescale[NSG];
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
 shared uint tile_live[3];
 #endif
@@ -76,28 +108,40 @@ void main() {
     return;
   }
   SDPA_BASES(h, bq, Hq, B);
+  // 16-byte loads where every row starts on 8 elements (uniform in the workgroup).
+  const bool q_ok = E % 8 == 0 && q_row % 8 == 0 && q_base % 8 == 0;
+  const bool k_ok = E % 8 == 0 && k_row % 8 == 0 && k_base % 8 == 0;
+  const bool v_ok = Ev % 8 == 0 && v_row % 8 == 0 && v_base % 8 == 0;
 
-  // Stage the query block as fp16 (rows past L repeat row L - 1, never stored).
-  [[unroll]] for (int u = 0; u < BM * D_MAX / WG; ++u) {
+  // Stage the query block (rows past L repeat row L - 1, never stored).
+  [[unroll]] for (int u = 0; u < BM * D8 / WG; ++u) {
     const int idx = u * WG + lane;
-    const int r = idx / D_MAX, e = idx % D_MAX;
-    const float x = e < E ? float(q_data[q_base + min(i0 + r, L - 1) * q_row + e]) : 0.0;
+    const int r = idx / D8, c = idx % D8;
+    const int off = q_base + min(i0 + r, L - 1) * q_row + 8 * c;
+    const uvec4 x = LOAD8(q_vec, q_data, off, 8 * c, E, q_ok);
     if (r < BN) {
-      k_sh[r * KS + e] = float16_t(x);
+      k_sh[r * KS + c] = x;
     } else {
-      v_sh[(r - BN) * KS + e] = float16_t(x);
+      v_sh[(r - BN) * KS + c] = x;
     }
+  }
+  // The row-index matrix: element (r, c) = r, from this subgroup's part of s_sh.
+  [[unroll]] for (int u = 0; u < 8; ++u) {
+    const int e = sl + 32 * u;
+    s_sh[(16 * sg + e / 16) * SS + e % 16] = float(e / 16);
   }
   barrier();
   A_T qf[DF];
   [[unroll]] for (int f = 0; f < DF; ++f) {
     if (sg < 2) {
-      coopMatLoad(qf[f], k_sh, 16 * sg * KS + 16 * f, KS, gl_CooperativeMatrixLayoutRowMajor);
+      coopMatLoad(qf[f], k_sh, 16 * sg * KS + 2 * f, KS, gl_CooperativeMatrixLayoutRowMajor);
     } else {
-      coopMatLoad(qf[f], v_sh, 16 * (sg - 2) * KS + 16 * f, KS,
+      coopMatLoad(qf[f], v_sh, 16 * (sg - 2) * KS + 2 * f, KS,
                   gl_CooperativeMatrixLayoutRowMajor);
     }
   }
+  C_T rows_m;
+  coopMatLoad(rows_m, s_sh, 16 * sg * SS, SS, gl_CooperativeMatrixLayoutRowMajor);
   C_T of[DF];
   [[unroll]] for (int f = 0; f < DF; ++f) {
     of[f] = C_T(0.0);
@@ -107,8 +151,9 @@ void main() {
   const int row = lane / 2;
   const int half_ = lane % 2;
   const int qpos = pos.x + i0 + row;
-  float m = NEG_INF;
-  float l = 0.0;  // this invocation's part of the row's sum
+  const float score_scale = scale.x * LOG2E;
+  float m = NEG_INF;  // the row's running max, in base-2 units
+  float l = 0.0;      // this invocation's part of the row's sum
 #ifdef HAS_MASK
   const int m_col = mask_stride(0);
   const int m_base = bq * mask_stride(3) + h * mask_stride(2)
@@ -125,15 +170,12 @@ void main() {
   t_lo = max(t_lo, max(0, pos.x + i0 - pos.z + 1) / BN);
 #endif
 #endif
-  if (lane < NSG) {
-    sg_rescale[lane] = 0u;
-  }
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
   if (lane == 0) {
     tile_live[t_lo % 3] = 0u;
   }
 #endif
-  barrier();  // q fragments loaded before k_sh / v_sh are overwritten
+  barrier();  // q fragments and the row-index matrix loaded before k_sh, v_sh, s_sh change
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int j0 = t * BN;
@@ -142,7 +184,7 @@ void main() {
     uint bits = 0u;
     [[unroll]] for (int u = 0; u < 16; ++u) {
       const int j = jh + u;
-      if (j < S && int(mask_data[m_base + j * m_col]) != 0) {
+      if (j < S && MASK_ON(m_base + j * m_col)) {
         bits |= 1u << u;
       }
     }
@@ -159,32 +201,28 @@ void main() {
     }
 #endif
 #endif
-    [[unroll]] for (int u = 0; u < BN * D_MAX / WG; ++u) {
+    // K and V of the tile (zero past S and the head dims).
+    [[unroll]] for (int u = 0; u < BN * D8 / WG; ++u) {
       const int idx = u * WG + lane;
-      const int jj = idx / D_MAX, e = idx % D_MAX;
+      const int jj = idx / D8, c = idx % D8;
       const int j = j0 + jj;
-      k_sh[jj * KS + e] = float16_t((j < S && e < E) ? float(k_data[k_base + j * k_row + e])
-                                                     : 0.0);
+      k_sh[jj * KS + c] = j < S ? LOAD8(k_vec, k_data, k_base + j * k_row + 8 * c, 8 * c, E,
+                                        k_ok) : uvec4(0u);
+      v_sh[jj * KS + c] = j < S ? LOAD8(v_vec, v_data, v_base + j * v_row + 8 * c, 8 * c, Ev,
+                                        v_ok) : uvec4(0u);
     }
     barrier();
     [[unroll]] for (int n = 0; n < BN / 16; ++n) {
       C_T sf = C_T(0.0);
       [[unroll]] for (int f = 0; f < DF; ++f) {
         B_T kb;
-        coopMatLoad(kb, k_sh, 16 * n * KS + 16 * f, KS, gl_CooperativeMatrixLayoutColumnMajor);
+        coopMatLoad(kb, k_sh, 16 * n * KS + 2 * f, KS, gl_CooperativeMatrixLayoutColumnMajor);
         sf = coopMatMulAdd(qf[f], kb, sf);
       }
-      sf = sf * scale.x;
+      sf = sf * score_scale;
       coopMatStore(sf, s_sh, 16 * sg * SS + 16 * n, SS, gl_CooperativeMatrixLayoutRowMajor);
     }
-    barrier();  // S written, K read
-    [[unroll]] for (int u = 0; u < BN * D_MAX / WG; ++u) {
-      const int idx = u * WG + lane;
-      const int jj = idx / D_MAX, e = idx % D_MAX;
-      const int j = j0 + jj;
-      v_sh[jj * KS + e] = float16_t((j < S && e < Ev) ? float(v_data[v_base + j * v_row + e])
-                                                      : 0.0);
-    }
+    barrier();  // S written
     float sc[16];
     float tmax = NEG_INF;
     [[unroll]] for (int u = 0; u < 16; ++u) {
@@ -207,7 +245,7 @@ void main() {
 #endif
 #ifdef MASK_FLOAT
       if (j < S) {
-        x += float(mask_data[m_base + j * m_col]);
+        x += float(mask_data[m_base + j * m_col]) * LOG2E;
       }
 #endif
       sc[u] = x;
@@ -215,58 +253,53 @@ void main() {
     }
     tmax = max(tmax, subgroupShuffleXor(tmax, 1u));
     float alpha = 1.0;
+    float p[16];
     if (tmax != NEG_INF) {
       const float m_new = max(m, tmax);
-      alpha = (m_new == m) ? 1.0 : (m == NEG_INF ? 0.0 : exp(m - m_new));
+      alpha = (m_new == m) ? 1.0 : (m == NEG_INF ? 0.0 : exp2(m - m_new));
       l *= alpha;
       [[unroll]] for (int u = 0; u < 16; ++u) {
-        const float p = (sc[u] == NEG_INF) ? 0.0 : exp(sc[u] - m_new);
-        l += p;
-        p_sh[row * PS + 16 * half_ + u] = float16_t(p);
+        p[u] = (sc[u] == NEG_INF) ? 0.0 : exp2(sc[u] - m_new);
+        l += p[u];
       }
       m = m_new;
     } else {
       [[unroll]] for (int u = 0; u < 16; ++u) {
-        p_sh[row * PS + 16 * half_ + u] = float16_t(0.0);
+        p[u] = 0.0;
       }
+    }
+    [[unroll]] for (int w = 0; w < 2; ++w) {
+      uvec4 x;
+      [[unroll]] for (int c = 0; c < 4; ++c) {
+        x[c] = packFloat2x16(f16vec2(p[8 * w + 2 * c], p[8 * w + 2 * c + 1]));
+      }
+      p_sh[row * PS + 2 * half_ + w] = x;
     }
     if (half_ == 0) {
       row_alpha[row] = alpha;
-      if (alpha != 1.0) {
-        atomicOr(sg_rescale[row / 16], 1u);
-      }
     }
-    barrier();  // V, P, the factors written
-    if (sg_rescale[sg] != 0u) {  // uniform in the subgroup
-      [[unroll]] for (int f = 0; f < DF; ++f) {
-        coopMatStore(of[f], o_sh, 16 * sg * OS, OS, gl_CooperativeMatrixLayoutRowMajor);
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        [[unroll]] for (int u = 0; u < 8; ++u) {
-          const int e = sl + 32 * u;
-          o_sh[(16 * sg + e / 16) * OS + e % 16] *= row_alpha[16 * sg + e / 16];
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        coopMatLoad(of[f], o_sh, 16 * sg * OS, OS, gl_CooperativeMatrixLayoutRowMajor);
-        subgroupBarrier();
+    barrier();  // P and the factors written
+    C_T am;
+    [[unroll]] for (int i = 0; i < am.length(); ++i) {
+      am[i] = row_alpha[16 * sg + int(rows_m[i])];
+    }
+    [[unroll]] for (int f = 0; f < DF; ++f) {
+      [[unroll]] for (int i = 0; i < am.length(); ++i) {
+        of[f][i] *= am[i];
       }
     }
     A_T pf[BN / 16];
     [[unroll]] for (int n = 0; n < BN / 16; ++n) {
-      coopMatLoad(pf[n], p_sh, 16 * sg * PS + 16 * n, PS, gl_CooperativeMatrixLayoutRowMajor);
+      coopMatLoad(pf[n], p_sh, 16 * sg * PS + 2 * n, PS, gl_CooperativeMatrixLayoutRowMajor);
     }
     [[unroll]] for (int f = 0; f < DF; ++f) {
       [[unroll]] for (int n = 0; n < BN / 16; ++n) {
         B_T vb;
-        coopMatLoad(vb, v_sh, 16 * n * KS + 16 * f, KS, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(vb, v_sh, 16 * n * KS + 2 * f, KS, gl_CooperativeMatrixLayoutRowMajor);
         of[f] = coopMatMulAdd(pf[n], vb, of[f]);
       }
     }
-    barrier();  // the flags read before the next tile's softmax clears and sets them
-    if (lane < NSG) {
-      sg_rescale[lane] = 0u;
-    }
+    barrier();  // K, V, P and the factors read before the next tile writes them
   }
 
   l += subgroupShuffleXor(l, 1u);
@@ -277,7 +310,7 @@ void main() {
   const int o_base = bq * stride_at(out_meta, 3) + h * stride_at(out_meta, HEAD_DIM);
   const int o_row = stride_at(out_meta, SEQ_DIM);
   [[unroll]] for (int f = 0; f < DF; ++f) {
-    coopMatStore(of[f], o_sh, 16 * sg * OS, OS, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatStore(of[f], s_sh, 16 * sg * SS, SS, gl_CooperativeMatrixLayoutRowMajor);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
     [[unroll]] for (int u = 0; u < 8; ++u) {
@@ -288,7 +321,7 @@ void main() {
       const float lr = row_l[r];
       if (i < L && c < Ev) {
         out_data[o_base + i * o_row + c] =
-            OUT_STORE(lr > 0.0 ? o_sh[r * OS + e % 16] / lr : FULLY_MASKED);
+            OUT_STORE(lr > 0.0 ? s_sh[r * SS + e % 16] / lr : FULLY_MASKED);
       }
     }
     subgroupBarrier();
