@@ -10,8 +10,11 @@ device), "legacy" (the simple shaders: matmul_tiled/matmul.glsl, linear.glsl),
 global loads), "nosplit" (the GPU row without split-K), "gemv2"/"gemv8"
 (2 or 8 outputs per GEMV workgroup instead of 4), "nocoop" (the GPU row without the
 cooperative-matrix form), "TMxTNxBK" (that core block always) or
-"cBMxBNxBKxWMxWNxSTAGES" (that gemm_coopmat.glsl block always). The "kernel" column
-names the shader and block recorded.
+"cBMxBNxBKxWMxWNxSTAGES" (that gemm_coopmat.glsl block always; "+NAME=VALUE" parts
+after it add defines to its variant, e.g. "c128x256x32x64x64x1+PROBE=2": the
+shader's probes and ACC16, see gemm_coopmat.glsl); "TMxTNxBKn": the core block without
+vec4 loads. The "kernel" column names the shader and block recorded; the header lists
+the device's cooperative-matrix shapes (M x N x K A B C result).
 Our time: median of --runs profiled executes (GPU timestamp queries, all dispatches of
 the node). torch: CUDA when available (median of CUDA-event timings), else CPU
 (median wall time). Relative errors (ours and torch's) are against fp64 products of
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
-from vkdelegate.kernels import gemm, gemm_tiles
+from vkdelegate.kernels import gemm, gemm_core, gemm_tiles
 from vkdelegate.runtime import DelegateGraph, default_device
 from vkdelegate.serialization import vkgraph as g
 
@@ -48,16 +51,25 @@ FORMS = {"table": None, "legacy": "legacy",
 
 
 def form_tiles(form: str):
-    """FORMS' entry, for "TMxTNxBK" (e.g. 8x8x32) that core block always, for
-    "cBMxBNxBKxWMxWNxSTAGES" that cooperative-matrix block always."""
+    """FORMS' entry, for "TMxTNxBK" (e.g. 8x8x32) that core block always (with a
+    trailing "n" without vec4 loads), for "cBMxBNxBKxWMxWNxSTAGES[+NAME=VALUE...]"
+    that cooperative-matrix block always."""
     if form in FORMS:
         return FORMS[form]
     if form.startswith("c"):
-        block = tuple(int(v) for v in form[1:].split("x"))
+        block = tuple(int(v) for v in form[1:].split("+")[0].split("x"))
         return dataclasses.replace(gemm_tiles.DEFAULT, coop_large=block,
                                    coop_large_min_groups=0)
-    tm, tn, bk = (int(v) for v in form.split("x"))
-    return gemm_tiles.GemmTiles(large=(tm, tn, bk), large_min_groups=0)
+    vec = not form.endswith("n")
+    tm, tn, bk = (int(v) for v in form.rstrip("n").split("x"))
+    return gemm_tiles.GemmTiles(large=(tm, tn, bk), large_min_groups=0, vec_load=vec)
+
+
+def extra_defines(form: str) -> dict:
+    """The "+NAME=VALUE" defines of a cooperative-matrix form (empty for others)."""
+    if not form.startswith("c"):
+        return {}
+    return dict(part.split("=", 1) for part in form.split("+")[1:])
 
 
 def cases(s: int, mlp: int):
@@ -96,6 +108,9 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
         return chosen[-1]
 
     gemm.select = spy
+    coop_defines = gemm_core.coopmat_defines
+    extra = extra_defines(form)
+    gemm_core.coopmat_defines = lambda *a, **kw: dict(coop_defines(*a, **kw), **extra)
     if form == "legacy":
         gemm_tiles.TABLE[device.info.type] = None
     elif form_tiles(form) is not None:
@@ -104,6 +119,7 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
         dg = build(device, op, m, k, n, dtype, arrays[1])
     finally:
         gemm.select = select
+        gemm_core.coopmat_defines = coop_defines
         gemm_tiles.TABLE.clear()
         gemm_tiles.TABLE.update(saved)
     inputs = arrays if op == "mm" else arrays[:1]
@@ -114,6 +130,7 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
             dg.execute(inputs, profile=True)
             times.append(dg.last_profile.total_ns)
     kernel = " ".join(f"{f.shader}{'x'.join(map(str, f.block))}" for f in chosen)
+    kernel += "".join(f"+{k}={v}" for k, v in extra.items())
     return statistics.median(times) / 1e6, out, kernel
 
 
@@ -184,7 +201,11 @@ def main(argv=None) -> int:
                          f"{torch_err:.1e}"])
             print(rows[-1], file=sys.stderr, flush=True)  # progress, should a run be cut
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
-          f"torch on {dev}; median of {args.runs} runs\n")
+          f"torch on {dev}; median of {args.runs} runs")
+    shapes = device.info.capabilities.cooperative_matrix_shapes
+    print(f"maxComputeSharedMemorySize: {device.info.max_shared_memory} bytes")
+    print("cooperative-matrix shapes: " + ("; ".join(
+        f"{s.m}x{s.n}x{s.k} {s.a} {s.b} {s.c} {s.result}" for s in shapes) or "none") + "\n")
     print(tabulate(rows, headers=["case M x K x N", "dtype", "form", "kernel", "ours ms", "TFLOP/s",
                                   "weight TB/s", "rel err", f"torch {dev} ms", "TFLOP/s",
                                   "torch rel err"]))

@@ -89,6 +89,24 @@ def test_cpu_row_never_takes_coopmat():
                        dtype="float16").shader == gemm.LINEAR_SHADER
 
 
+def test_select_skips_blocks_past_the_shared_memory_limit():
+    # 128 x 256 x 32 double-buffered declares 60 KiB of shared memory: on a 48 KiB
+    # device (the H200's Vulkan limit) that block falls back, a 64 x 64 one stays.
+    big = (128, 256, 32, 64, 64, 2)
+    assert gemm_core.coopmat_shared_bytes(big, True) == 16 * 2 * (128 * 5 + 256 * 5)
+    assert gemm_core.coopmat_shared_bytes(big, False) == 16 * 2 * (128 * 5 + 32 * 33)
+    assert gemm_core.coopmat_shared_bytes((64, 64, 32, 32, 32, 2), True) == 20480
+    tiles = gemm_tiles.GemmTiles(coop_large=big, coop_large_min_groups=0)
+    info = SimpleNamespace(type="discrete", capabilities=COOP_CAPS, max_shared_memory=49152)
+    import unittest.mock
+    with unittest.mock.patch.object(gemm, "tiles_for", lambda _type: tiles):
+        form = gemm.select(info, 4096, 4096, 4096, plain=False, dtype="float16", nk=True)
+        assert form.shader == gemm_core.CORE_SHADER
+        info.max_shared_memory = 65536
+        form = gemm.select(info, 4096, 4096, 4096, plain=False, dtype="float16", nk=True)
+        assert form.shader == gemm_core.COOPMAT_SHADER and form.block == big
+
+
 def test_real_device_choice_matches_its_table(vk_device):
     form = gemm.select(vk_device.info, 512, 512, 512, plain=True, dtype="float16")
     expected = (gemm_core.COOPMAT_SHADER
@@ -165,6 +183,30 @@ def test_linear_nk_bias(coop, tiles, block, k):
     torch.manual_seed(0)
     check_op(torch.nn.Linear(k, 72).to(torch.float16), (_h(2, 75, k),), ops=[LINEAR], **F16)
     check_op(torch.nn.Linear(k, 136, bias=False).to(torch.float16), (_h(130, k),),
+             ops=[LINEAR], **F16)
+    assert seen and all(s == (gemm_core.COOPMAT_SHADER, block) for s in seen)
+
+
+#: Block geometries besides the table's (benchmarks/gemm.py's H200 sweep): BK 16 and
+#: 64, 4 and 8 subgroups, 32 x 64 / 64 x 32 / 64 x 64 per subgroup, one and two stages.
+OTHER_BLOCKS = [(128, 256, 16, 64, 64, 2), (256, 128, 16, 64, 64, 2),
+                (128, 128, 32, 64, 32, 2), (128, 128, 32, 64, 64, 2),
+                (128, 128, 64, 64, 64, 1), (64, 128, 32, 32, 64, 2),
+                (128, 64, 32, 64, 32, 2), (64, 64, 64, 32, 32, 2)]
+
+
+@pytest.mark.parametrize("block", OTHER_BLOCKS, ids=lambda b: "x".join(map(str, b)))
+def test_other_blocks_ragged_and_aligned(coop, block):
+    # Every block shape the shader takes, not only the table's: ragged M, N, K (K = 37
+    # and 21 < BK: scalar loads, one partial K step), aligned K and N with a partial
+    # block in N (vector loads, several K steps), b [K, N] and [N, K].
+    seen = coop(gemm_tiles.GemmTiles(coop_large=block, coop_large_min_groups=0))
+    torch.manual_seed(0)
+    for m, k, n in ((131, 37, 70), (67, 21, 24), (200, 136, 264)):
+        check_op(torch.mm, (_h(m, k), _h(k, n) / k ** 0.5), ops=[MM], **F16)
+    check_op(torch.nn.Linear(136, 264).to(torch.float16), (_h(131, 136),), ops=[LINEAR],
+             **F16)
+    check_op(torch.nn.Linear(37, 70, bias=False).to(torch.float16), (_h(67, 37),),
              ops=[LINEAR], **F16)
     assert seen and all(s == (gemm_core.COOPMAT_SHADER, block) for s in seen)
 

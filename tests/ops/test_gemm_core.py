@@ -59,8 +59,16 @@ class _ConstMM(torch.nn.Module):
         return torch.mm(x, self.w)
 
 
+#: Core blocks besides the table's (benchmarks/gemm.py's H200 sweep): 128 x 256 and
+#: 256 x 128 outputs per workgroup, BK 8 and 16.
+OTHER = [(8, 16, 16), (16, 8, 16), (8, 16, 8), (16, 8, 8)]
+
+
 @pytest.mark.parametrize("tiles,block", [(gemm_tiles.DEFAULT, (4, 4, 16)),
-                                         (LARGE, (8, 8, 16))], ids=["small", "large"])
+                                         (LARGE, (8, 8, 16))] +
+                         [(gemm_tiles.GemmTiles(large=b, large_min_groups=0), b)
+                          for b in OTHER],
+                         ids=["small", "large"] + ["x".join(map(str, b)) for b in OTHER])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_mm_edge_tiles(forms, tiles, block, dtype):
     seen = forms(tiles)

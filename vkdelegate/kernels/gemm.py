@@ -123,7 +123,8 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
     row for the device type: the GEMV path for one row (m == 1), else for ``dtype``
     float16 on a device with cooperative matrices (gemm_core.coopmat_subgroup) and
     the row's ``coopmat`` the core's cooperative-matrix form with the row's
-    ``coop_block``, else the GEMM core with the row's block for that output (and its VEC_LOAD choice for graph dtype
+    ``coop_block`` (where its shared memory, gemm_core.coopmat_shared_bytes, fits
+    the device's ``max_shared_memory``), else the GEMM core with the row's block for that output (and its VEC_LOAD choice for graph dtype
     ``dtype`` and b [N, K] when ``nk``), both per the row's ``plain_only`` and
     ``gemv``. Otherwise:
     plain: two matrices, no batch, bias or scaling (aten.mm),
@@ -144,8 +145,10 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
         subgroup = coopmat_subgroup(info.capabilities) if tiles.coopmat else 0
         if m != 1 and dtype == "float16" and subgroup:
             block = tiles.coop_block(batch, m, n)
-            return GemmForm(COOPMAT_SHADER, block=block,
-                            threads=coopmat_threads(block, subgroup))
+            shared = getattr(info, "max_shared_memory", 0)  # 0: not known, assume it fits
+            if not shared or gemm_core.coopmat_shared_bytes(block, nk) <= shared:
+                return GemmForm(COOPMAT_SHADER, block=block,
+                                threads=coopmat_threads(block, subgroup))
         if m != 1:
             block = tiles.core_block(batch, m, n)
             return GemmForm(CORE_SHADER, block=block,

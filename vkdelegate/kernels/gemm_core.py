@@ -123,6 +123,18 @@ def coopmat_threads(block: tuple, subgroup: int) -> int:
     return (bm // wm) * (bn // wn) * subgroup
 
 
+def coopmat_shared_bytes(block: tuple, nk: bool) -> int:
+    """Bytes of shared memory gemm_coopmat.glsl declares for ``block`` (BM, BN, BK,
+    WM, WN, STAGES) and b [N, K] (``nk``) or [K, N]: per stage a BM x BK tile of a
+    and B's BN x BK (or BK x BN) tile, as uvec4s of 8 fp16 with one uvec4 of padding
+    per row (the shader's A_SIZE, B_SIZE). A block past the device's
+    maxComputeSharedMemorySize must not be dispatched: the H200's driver (48 KiB)
+    loses the device on a 60 KiB one instead of failing the pipeline."""
+    bm, bn, bk, _, _, stages = block
+    b_rows, b_row = (bn, bk) if nk else (bk, bn)
+    return 16 * stages * (bm * (bk // 8 + 1) + b_rows * (b_row // 8 + 1))
+
+
 def coopmat_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> dict:
     """Defines of gemm_coopmat.glsl (tensors as for ``core_defines``; fp16 a and b
     stored as fp16) for ``block`` (BM, BN, BK, WM, WN, STAGES) and ``threads``

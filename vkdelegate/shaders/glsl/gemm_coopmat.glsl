@@ -32,7 +32,11 @@
 // HAS_BIAS), BM, BN, BK (multiples of 16), WM, WN (multiples of 16 dividing BM, BN),
 // THREADS (= SGS * the subgroup size: the workgroup size the runtime passes; the
 // kernel picks this form only on devices with one fixed subgroup size), STAGES,
-// B_NK, HAS_BIAS. local_size (THREADS, 1, 1); grid x over N / BN, y over M / BM, z
+// B_NK, HAS_BIAS; ACC16 (fp16 accumulators, the 16 x 16 x 16 FLOAT16 -> FLOAT16 shape;
+// a measurement probe, no table row picks it). PROBE (benchmarks/gemm.py's probes of
+// where the time goes; results are wrong): 1 no global loads in the K loop, 2 nor
+// shared stores and barriers, 3 only coopMatMulAdd on fragments loaded once.
+// local_size (THREADS, 1, 1); grid x over N / BN, y over M / BM, z
 // the batch index; every invocation reaches every barrier.
 
 TENSOR_OUT(out_data, OUT_T)
@@ -78,7 +82,16 @@ layout(set = 0, binding = BINDING_b_data) readonly buffer b_vec_buffer { uvec4 b
 shared uvec4 a_tile[A_SIZE * STAGES];
 shared uvec4 b_tile[B_SIZE * STAGES];
 
-#define ACC_MAT coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#ifdef ACC16
+#define ACC_T float16_t
+#else
+#define ACC_T float
+#endif
+#ifndef PROBE
+#define PROBE 0
+#endif
+#define ACC_MAT coopmat<ACC_T, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define ACC_F coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
 // 8 fp16 elements data[base + 0..7] as a uvec4, those at or past `valid` as zero.
 #define PACK8(data, base, valid) \
@@ -179,20 +192,44 @@ void main() {
   barrier();
 #endif
   int stage = 0;
+#if PROBE == 3
+  barrier();
+  coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> am_p[FM];
+  coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> bm_p[FN];
+  [[unroll]] for (int i = 0; i < FM; ++i) {
+    coopMatLoad(am_p[i], a_tile, 0, A_STRIDE,
+                gl_CooperativeMatrixLayoutRowMajor);
+  }
+  [[unroll]] for (int j = 0; j < FN; ++j) {
+    coopMatLoad(bm_p[j], b_tile, 0, B_STRIDE,
+                gl_CooperativeMatrixLayoutColumnMajor);
+  }
+#endif
   for (int k0 = 0; k0 < K; k0 += BK) {
     const bool more = k0 + BK < K;  // uniform
-#if STAGES == 1
+#if STAGES == 1 && PROBE < 2
     barrier();  // the previous step's products have read the tiles
     STORE_A(0)
     STORE_B(0)
     barrier();
 #endif
+#if PROBE == 0
     if (more) {  // the next slice's global loads overlap this one's products
       LOAD_A(k0 + BK)
       LOAD_B(k0 + BK)
     }
+#endif
     const int a_base = stage * A_SIZE;
     const int b_base = stage * B_SIZE;
+#if PROBE == 3
+    [[unroll]] for (int kk = 0; kk < BK; kk += 16) {
+      [[unroll]] for (int j = 0; j < FN; ++j) {
+        [[unroll]] for (int i = 0; i < FM; ++i) {
+          acc[i][j] = coopMatMulAdd(am_p[i], bm_p[j], acc[i][j]);
+        }
+      }
+    }
+#else
     [[unroll]] for (int kk = 0; kk < BK; kk += 16) {
       coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> am[FM];
       [[unroll]] for (int i = 0; i < FM; ++i) {
@@ -213,12 +250,15 @@ void main() {
         }
       }
     }
+#endif
 #if STAGES == 2
+#if PROBE < 2
     if (more) {
       STORE_A(stage ^ 1)
       STORE_B(stage ^ 1)
     }
     barrier();  // the stores are visible, and nobody reads this stage any more
+#endif
     stage ^= 1;
 #endif
   }
@@ -243,10 +283,10 @@ void main() {
       if (direct && m0 + 16 <= M && n0 + 16 <= N) {  // uniform in the subgroup
         coopmat<OUT_T, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> o =
             coopmat<OUT_T, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(
-                acc[i][j] * scalars.x);
+                ACC_F(acc[i][j]) * scalars.x);
         coopMatStore(o, out_data, out_off + m0 * N + n0, N, gl_CooperativeMatrixLayoutRowMajor);
       } else if (m0 < M && n0 < N) {
-        coopMatStore(acc[i][j], a_tile, region, 4, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatStore(ACC_F(acc[i][j]), a_tile, region, 4, gl_CooperativeMatrixLayoutRowMajor);
         subgroupBarrier();  // the tile is in shared memory for every lane
         for (int e = lane; e < 256; e += int(gl_SubgroupSize)) {
           const int m = m0 + e / 16;
