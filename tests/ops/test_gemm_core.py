@@ -143,7 +143,7 @@ def test_gemv_linear(forms, monkeypatch, k, dtype, subgroup):
     from vkdelegate.kernels import gemm_core
 
     if not subgroup:
-        monkeypatch.setattr(gemm_core, "subgroup_arithmetic", lambda info: False)
+        monkeypatch.setattr(gemm_core, "has_subgroup_arithmetic", lambda info: False)
     seen = forms()
     torch.manual_seed(0)
     tol = F16 if dtype == torch.float16 else {}
