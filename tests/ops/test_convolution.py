@@ -115,6 +115,30 @@ def test_depthwise_1d_and_resize():
              resize_inputs=[(torch.randn(1, 7, 3, 6),), (torch.randn(4, 7, 20, 6),)])
 
 
+@pytest.mark.parametrize("case", ["stem_k3_s2_tile4", "depthwise_k5_s1_7x7",
+                                  "depthwise_k3_s2_resize"])
+def test_column_kernel_gpu_rows(monkeypatch, case):
+    # GPUs' GPU_ROWS outputs per invocation (forced on llvmpipe) against eager: a
+    # partly used last row block (13 / 4, 7 / 4) and a resize across row blocks.
+    from vkdelegate.kernels import conv_columns
+    monkeypatch.setattr(conv_columns, "rows_for", lambda info: conv_columns.GPU_ROWS)
+    torch.manual_seed(0)
+    if case == "stem_k3_s2_tile4":
+        w, b = torch.randn(8, 3, 3, 3), torch.randn(8)
+        check_op(_conv(w, b, padding=1, stride=2), (torch.randn(2, 3, 25, 18),),
+                 ops=[CONV])
+    elif case == "depthwise_k5_s1_7x7":
+        w, b = torch.randn(12, 1, 5, 5), torch.randn(12)
+        check_op(_conv(w, b, padding=2, groups=12), (torch.randn(1, 12, 7, 7),),
+                 ops=[CONV])
+    else:
+        w, b = torch.randn(5, 1, 3, 3), torch.randn(5)
+        h = torch.export.Dim("h", min=3, max=21)
+        check_op(_conv(w, b, padding=1, stride=2, groups=5), (torch.randn(1, 5, 13, 9),),
+                 ops=[CONV], dynamic_shapes=({2: h},),
+                 resize_inputs=[(torch.randn(1, 5, 3, 9),), (torch.randn(1, 5, 21, 9),)])
+
+
 @pytest.mark.parametrize("case", ["depthwise_k5_s2", "dense_k3_tile4", "groups3_tile1"])
 def test_column_kernel_matches_the_direct_path(monkeypatch, case):
     # The same layer through conv2d_col.glsl and through conv2d.glsl's direct path.
