@@ -105,22 +105,59 @@ def profile(program, x, batch: int, device_name: str, rows: int) -> float:
 
 def host_split(program, x, batch: int, calls: int = 10) -> None:
     """Medians over ``calls`` calls of where one call's time goes: the delegate's
-    execute (its host part: input staging, submit, output reads; its fence wait) and
-    the rest of the call (torch <-> numpy, the program's Python)."""
-    parts: dict = {"call": [], "execute": [], "execute host": [], "fence wait": []}
+    execute (its host part, of which the input copies ("upload") and output reads
+    ("download"); its fence wait: submit to done on the GPU, the staging copies
+    included) and the rest of the call (torch <-> numpy, the program's Python). Then
+    the input copy alone by each host path, into the delegate's mapped input view."""
+    keys = ("total_s", "host_s", "fence_wait_s", "upload_s", "download_s")
+    parts: dict = {k: [] for k in ("call",) + keys}
     for _ in range(calls):
         t0 = time.perf_counter()
         program(x)
         parts["call"].append(time.perf_counter() - t0)
         timings = [d.loaded.last_timing for d in program.runner(
             program.default_method()).delegates]
-        parts["execute"].append(sum(t["total_s"] for t in timings))
-        parts["execute host"].append(sum(t["host_s"] for t in timings))
-        parts["fence wait"].append(sum(t["fence_wait_s"] for t in timings))
+        for k in keys:
+            parts[k].append(sum(t.get(k, 0.0) for t in timings))
     med = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
-    print(f"batch {batch}: call {med['call']:.3f} ms = execute {med['execute']:.3f} "
-          f"(host {med['execute host']:.3f}, fence wait {med['fence wait']:.3f}) + "
-          f"outside execute {med['call'] - med['execute']:.3f} ms")
+    print(f"batch {batch}: call {med['call']:.3f} ms = execute {med['total_s']:.3f} "
+          f"(host {med['host_s']:.3f}: upload {med['upload_s']:.3f}, download "
+          f"{med['download_s']:.3f}; fence wait {med['fence_wait_s']:.3f}) + outside "
+          f"execute {med['call'] - med['total_s']:.3f} ms")
+    copy_paths(program, x, batch)
+
+
+def copy_paths(program, x, batch: int, reps: int = 30) -> None:
+    """Median ms of copying ``x`` into the first delegate's mapped input view by each
+    host path: numpy slice assignment, one memmove (runtime/host_copy.py without a
+    parallel copier), torch's copy_ (the copier the torch side registers)."""
+    import ctypes
+
+    from vkdelegate.backend.interpreter import _torch_copy
+    from vkdelegate.runtime.host_copy import copy_bytes, set_parallel_copy
+
+    graph = program.runner(program.default_method()).delegates[0].loaded
+    view = graph._in_views[0]
+    src = x.contiguous().numpy().reshape(-1)
+    if view.dtype != src.dtype or view.size < src.size:
+        return
+    paths = {"numpy assign": lambda: view.__setitem__(slice(0, src.size), src),
+             "ctypes.memmove": lambda: ctypes.memmove(view.ctypes.data, src.ctypes.data,
+                                                      src.nbytes),
+             "copy_bytes memmove": lambda: (set_parallel_copy(None), copy_bytes(view, src)),
+             "copy_bytes torch": lambda: (set_parallel_copy(_torch_copy),
+                                          copy_bytes(view, src))}
+    row = []
+    for name, fn in paths.items():
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        row.append(f"{name} {1e3 * statistics.median(ts):.3f}")
+    set_parallel_copy(_torch_copy)
+    print(f"batch {batch}: input copy ({src.nbytes / 1e6:.2f} MB) ms: " + ", ".join(row))
 
 
 def main() -> None:

@@ -115,6 +115,30 @@ def test_depthwise_1d_and_resize():
              resize_inputs=[(torch.randn(1, 7, 3, 6),), (torch.randn(4, 7, 20, 6),)])
 
 
+@pytest.mark.parametrize("case", ["stem_k3_s2_tile4", "depthwise_k5_s1_7x7",
+                                  "depthwise_k3_s2_resize"])
+def test_column_kernel_gpu_rows(monkeypatch, case):
+    # GPUs' GPU_ROWS outputs per invocation (forced on llvmpipe) against eager: a
+    # partly used last row block (13 / 4, 7 / 4) and a resize across row blocks.
+    from vkdelegate.kernels import conv_columns
+    monkeypatch.setattr(conv_columns, "rows_for", lambda info: conv_columns.GPU_ROWS)
+    torch.manual_seed(0)
+    if case == "stem_k3_s2_tile4":
+        w, b = torch.randn(8, 3, 3, 3), torch.randn(8)
+        check_op(_conv(w, b, padding=1, stride=2), (torch.randn(2, 3, 25, 18),),
+                 ops=[CONV])
+    elif case == "depthwise_k5_s1_7x7":
+        w, b = torch.randn(12, 1, 5, 5), torch.randn(12)
+        check_op(_conv(w, b, padding=2, groups=12), (torch.randn(1, 12, 7, 7),),
+                 ops=[CONV])
+    else:
+        w, b = torch.randn(5, 1, 3, 3), torch.randn(5)
+        h = torch.export.Dim("h", min=3, max=21)
+        check_op(_conv(w, b, padding=1, stride=2, groups=5), (torch.randn(1, 5, 13, 9),),
+                 ops=[CONV], dynamic_shapes=({2: h},),
+                 resize_inputs=[(torch.randn(1, 5, 3, 9),), (torch.randn(1, 5, 21, 9),)])
+
+
 @pytest.mark.parametrize("case", ["depthwise_k5_s2", "dense_k3_tile4", "groups3_tile1"])
 def test_column_kernel_matches_the_direct_path(monkeypatch, case):
     # The same layer through conv2d_col.glsl and through conv2d.glsl's direct path.
@@ -344,7 +368,8 @@ PW_CASES = {  # (input shape, output channels, bias): which part of the kernel
     "aligned_one_block": ((1, 8, 4, 4), 12, True),
     "unaligned_tail_blocks": ((2, 5, 7, 9), 37, False),       # P % 4 != 0, OC % 4 != 0
     "two_slices": ((1, 96, 3, 5), 20, True),                  # 96 channels: 2 K slices
-    "four_slices_uneven_k": ((3, 261, 5, 5), 70, True),       # 261 = 4 slices of 66, 63
+    "eight_slices_uneven_k": ((3, 261, 5, 5), 70, True),      # 261 = 7 slices of 33, 30
+    "eight_slices": ((2, 1152, 7, 7), 40, True),              # EfficientNet's 7 x 7 K
     "large_plane": ((2, 16, 37, 41), 24, True),               # many pixel blocks
     "one_pixel": ((2, 40, 1, 1), 9, False),
 }
@@ -363,11 +388,16 @@ def test_pointwise_gemm_slices():
     from types import SimpleNamespace
 
     from vkdelegate.kernels.conv_pointwise import slices
-    gpu = SimpleNamespace(max_workgroup_invocations=1024)
-    assert slices(gpu, 1, 49, 192, 1152) == 4  # EfficientNet's 1152 -> 192 at 7 x 7
+    gpu = SimpleNamespace(max_workgroup_invocations=1024, max_shared_memory=49152)
+    assert slices(gpu, 1, 49, 192, 1152) == 8  # EfficientNet's 1152 -> 192 at 7 x 7
+    assert slices(gpu, 8, 49, 320, 1152) == 8  # batch 8: 160 blocks
     assert slices(gpu, 1, 12544, 96, 16) == 1  # many blocks, short K
     assert slices(gpu, 1, 49, 192, 100) == 2   # 4 slices would sum 25 channels each
-    assert slices(SimpleNamespace(max_workgroup_invocations=128), 1, 49, 192, 1152) == 2
+    assert slices(SimpleNamespace(max_workgroup_invocations=128, max_shared_memory=49152),
+                  1, 49, 192, 1152) == 2
+    # Vulkan's minimum 16 KiB of shared memory holds 3 slices' partial sums: 4 slices.
+    assert slices(SimpleNamespace(max_workgroup_invocations=1024, max_shared_memory=16384),
+                  1, 49, 192, 1152) == 4
 
 
 def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):

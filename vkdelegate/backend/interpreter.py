@@ -27,6 +27,7 @@ from vkdelegate.backend.program_state import ProgramState, state_fqn
 from vkdelegate.backend.state_bindings import plan_bindings
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
+from vkdelegate.runtime import host_copy
 
 _SPECIAL_KEYS = ("dtype", "device", "layout", "memory_format")
 
@@ -36,12 +37,23 @@ def _is_torch_tensor(value) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def _torch_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """The runtime's parallel host copy (runtime/host_copy.py ``set_parallel_copy``):
+    torch's ``copy_`` over zero-copy tensor views, run by torch's intra-op threads."""
+    import torch
+
+    torch.from_numpy(dst).copy_(torch.from_numpy(src))
+
+
 def to_numpy(value) -> np.ndarray:
     """A delegate input: torch tensors become contiguous numpy arrays; ints 0-d arrays.
+    A torch input also hands the runtime's large host copies to torch's threads
+    (``_torch_copy``).
 
     Raises VkDelegateError for a tensor of a dtype numpy has no form of (bfloat16)."""
     # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     if _is_torch_tensor(value):
+        host_copy.set_parallel_copy(_torch_copy)
         # resolve_*: numpy() refuses a tensor whose lazy conjugate or negation bit is set.
         value = value.detach().cpu().resolve_conj().resolve_neg()
         try:

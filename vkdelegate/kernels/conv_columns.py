@@ -2,7 +2,8 @@
 
 A non-transposed 2-D (or 1-D) convolution with a constant weight, depthwise layers
 (MobileNet / EfficientNet) and small dense kernels alike, runs in output columns:
-``ROWS`` outputs down one column per invocation for 1 or 4 output channels, adjacent
+``ROWS`` (CPU drivers) or ``GPU_ROWS`` outputs down one column per invocation for 1
+or 4 output channels, adjacent
 invocations on adjacent columns, the filter taps of one input channel in registers
 (see the shader's header). Measured on llvmpipe it took about half of conv2d.glsl's
 direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md).
@@ -21,10 +22,15 @@ from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "conv2d_col"
-#: Outputs per invocation (a column). On llvmpipe 8 took 0.75-0.85x the time of 4 for
-#: EfficientNet-Lite0's depthwise layers and the small conv net's 3 x 3 ones; 16 was
-#: no better than 8.
+#: Outputs per invocation (a column) on CPU drivers, and the most on any device. On
+#: llvmpipe 8 took 0.75-0.85x the time of 4 for EfficientNet-Lite0's depthwise layers
+#: and the small conv net's 3 x 3 ones; 16 was no better than 8.
 ROWS = 8
+#: Outputs per invocation on GPUs: more invocations for small planes. On the H200, 4
+#: took EfficientNet-Lite0's 3 x 3 stem from 18.9 to 12.0 us (batch 1) and 41.8 to
+#: 24.6 us (batch 8), its 16 column layers from 111 to 96 us at batch 1 (level at
+#: batch 8); 2 was slower at batch 8 (238 us against 199).
+GPU_ROWS = 4
 #: Multiply-adds of one invocation's unrolled tap loops, (input rows) x KW x ROWS: 5 x 5
 #: at stride 2 is 760; the kernels past it (7 x 7 at stride 2, 9 x 9) keep conv2d.glsl,
 #: whose pipeline creation on llvmpipe grows less with the window.
@@ -44,19 +50,26 @@ def applies(transposed: bool, packed: bool, kernel, stride, dilation) -> bool:
     return rows * kernel[1] * ROWS <= MAX_UNROLLED
 
 
+def rows_for(info) -> int:
+    """Outputs per invocation on the device ``info`` (a DeviceInfo): ROWS on CPU
+    drivers, GPU_ROWS elsewhere."""
+    return ROWS if info.type == "cpu" else GPU_ROWS
+
+
 def tile(ocg: int) -> int:
     """Output channels per invocation: 4 when the output channels per group allow."""
     return 4 if ocg % 4 == 0 else 1
 
 
-def defines(out, x, bias, oc_tile: int, clamp: bool, residual=None) -> dict:
+def defines(out, x, bias, oc_tile: int, clamp: bool, residual=None,
+            rows: int = ROWS) -> dict:
     """Defines for out, x, bias (Tensors or (graph dtype, device dtype) pairs; the bias
-    fp32), ``oc_tile`` output channels per invocation, with CLAMP and RESIDUAL
-    (``residual``: its tensor or pair)."""
+    fp32), ``oc_tile`` output channels and ``rows`` outputs per invocation, with CLAMP
+    and RESIDUAL (``residual``: its tensor or pair)."""
     tensors = dict(OUT=out, IN=x, B=bias)
     if residual is not None:
         tensors["R"] = residual
-    return dict(storage_defines(**tensors), ROWS=str(ROWS), OC_TILE=str(oc_tile),
+    return dict(storage_defines(**tensors), ROWS=str(rows), OC_TILE=str(oc_tile),
                 **flag_defines(CLAMP=clamp, RESIDUAL=residual is not None))
 
 
@@ -83,18 +96,21 @@ def record(b, out, x, w, bias, channels: tuple, lo: float, hi: float, clamp: boo
     loop_limit.check(b, icg + loop_limit.SLACK, f"{icg} input channels per group")
     params = b.params(PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
     oh, ow = (mx[2], mx[3]) if len(mx) == 4 else (1, mx[2])
-    grid = (ow, -(-oh // ROWS), mx[0] * (mx[1] // oc_tile))
-    b.dispatch(SHADER, defines(out, x, bias, oc_tile, clamp, residual), outputs=[out],
+    rows = rows_for(b.device.info)
+    grid = (ow, -(-oh // rows), mx[0] * (mx[1] // oc_tile))
+    b.dispatch(SHADER, defines(out, x, bias, oc_tile, clamp, residual, rows),
+               outputs=[out],
                inputs=[x, w, bias] + ([residual] if residual is not None else []),
                params=[out.meta, x.meta, params], global_size=grid,
                local_size=workgroup_for(grid), spec_constants=geometry)
 
 
-def _variant(profile, dtype: str, oc_tile: int, clamp: bool, residual: bool) -> dict:
+def _variant(profile, dtype: str, oc_tile: int, clamp: bool, residual: bool,
+             rows: int) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
     return defines(ddt, ddt, ("float32", "float32"), oc_tile, clamp,
-                   ddt if residual else None)
+                   ddt if residual else None, rows)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, oc_tile=(1, 4),
-             clamp=(False, True), residual=(False, True))
+             clamp=(False, True), residual=(False, True), rows=(ROWS, GPU_ROWS))

@@ -24,10 +24,16 @@ from vkdelegate.shaders.variants import declare_grid, flag_defines
 SHADER = "conv2d_pw"
 BLOCK = 32  # output channels and pixels per workgroup (conv2d_pw.glsl)
 THREADS = 64  # invocations per K slice
-MAX_SLICES = 4  # (MAX_SLICES - 1) * 4 KiB of shared memory: within Vulkan's 16 KiB
-#: Workgroup-slices a dispatch should have to fill a large GPU (the H200's 132 SMs
-#: run 32 workgroups of 64 invocations each): more blocks than this take one slice.
-TARGET_UNITS = 528
+#: At most 8 K slices; slice s > 0 parks 4 KiB of partial sums in shared memory, so
+#: a device gets at most 1 + maxComputeSharedMemorySize / 4 KiB - 1 (4 on Vulkan's
+#: 16 KiB minimum, 8 from 32 KiB: llvmpipe, the H200's 48 KiB).
+MAX_SLICES = 8
+SLICE_SHARED_BYTES = 4096
+#: Workgroup-slices a dispatch should have to fill a large GPU: more blocks than this
+#: take one slice. On the H200 (132 SMs) 2112 with up to 8 slices took EfficientNet-
+#: Lite0's pointwise layers from 662 to 498 us (batch 1) and 1485 to 1024 us (batch 8)
+#: against 528 with up to 4 (docs/PERF.md, "EfficientNet-Lite0 on the H200: ...").
+TARGET_UNITS = 2112
 MIN_SLICE_K = 32  # input channels a slice sums at least
 DTYPES = ("float32", "float16")
 
@@ -43,12 +49,14 @@ def use_gemm(info) -> bool:
 
 
 def slices(info, batch: int, pixels: int, oc: int, ic: int) -> int:
-    """K slices per workgroup (1, 2 or 4) for a [batch, oc, pixels] output and ``ic``
+    """K slices per workgroup (1, 2, 4 or 8) for a [batch, oc, pixels] output and ``ic``
     input channels: doubled while the dispatch has fewer than TARGET_UNITS
     workgroup-slices and each slice keeps MIN_SLICE_K channels, within the device's
-    workgroup size."""
+    workgroup size and shared memory (``info.max_shared_memory``, bytes)."""
     blocks = max(batch, 1) * -(-pixels // BLOCK) * -(-oc // BLOCK)
-    limit = min(MAX_SLICES, info.max_workgroup_invocations // THREADS or 1)
+    shared = getattr(info, "max_shared_memory", 0) or 16384  # Vulkan's minimum
+    limit = min(MAX_SLICES, info.max_workgroup_invocations // THREADS or 1,
+                shared // SLICE_SHARED_BYTES - 1 or 1)
     ks = 1
     while ks < limit and blocks * ks < TARGET_UNITS and ic // (2 * ks) >= MIN_SLICE_K:
         ks *= 2

@@ -35,6 +35,7 @@ from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
 from vkdelegate.runtime.dtypes import device_dtype, from_device, to_device
 from vkdelegate.runtime.graph_resources import GraphResources, owned
+from vkdelegate.runtime.host_copy import copy_bytes
 from vkdelegate.runtime.op_table import OpTable, resolve_ops
 from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
@@ -78,8 +79,9 @@ class DelegateGraph(DeviceState):
     Attributes: ``inputs``/``outputs`` (Tensors), ``dispatches`` (recorded in order),
     ``barriers`` (pipeline barriers between dispatches), ``recordings`` (times the main
     command buffer was recorded: 1, once more after ``bind_state``), ``last_profile`` (Profile of the last
-    ``profile=True`` run), ``last_timing`` (total/fence-wait/host seconds of the last
-    run), ``last_transfer`` (bytes written into and read from host-visible memory by
+    ``profile=True`` run), ``last_timing`` (seconds of the last run: ``total_s``,
+    ``fence_wait_s``, ``host_s`` = total - fence wait, and the input copies
+    ``upload_s`` and output reads ``download_s`` within the host part), ``last_transfer`` (bytes written into and read from host-visible memory by
     the last run: ``upload_bytes``, ``download_bytes``), ``state_bindings`` (input
     index -> output index of the state kept on the device, see ``bind_state``).
     """
@@ -307,11 +309,13 @@ class DelegateGraph(DeviceState):
         if self._record_again:
             self._record_with_state()
         uploaded = 0
+        upload_start = time.perf_counter()
         for i, (a, t, view) in enumerate(zip(arrays, self.inputs, self._in_views)):
             if a is not None:
-                data = to_device(a, t.device_dtype, f"input {i}").reshape(-1)
-                view[:a.size] = data
+                data = to_device(a, t.device_dtype, f"input {i}")
+                copy_bytes(view, data)
                 uploaded += data.nbytes
+        upload_s = time.perf_counter() - upload_start
         if self.error_flags:
             self._error_view[:len(self.error_flags)] = 0
         submit = self._submit if not profile else self._profile_submit()
@@ -331,9 +335,10 @@ class DelegateGraph(DeviceState):
                                                      self.dispatches)
         if self.error_flags:
             self._check_error_flags()
-        outputs = [None if j in self._skip_download
-                   else from_device(view[:t.numel], t.dtype).reshape(t.shape)
+        download_start = time.perf_counter()
+        outputs = [None if j in self._skip_download else _download(view, t)
                    for j, (t, view) in enumerate(zip(self.outputs, self._out_views))]
+        download_s = time.perf_counter() - download_start
         self.last_transfer = {
             "upload_bytes": uploaded,
             "download_bytes": sum(Tensor.nbytes_for(t.device_dtype, t.shape)
@@ -341,7 +346,8 @@ class DelegateGraph(DeviceState):
         total = time.perf_counter() - start
         # Host time is everything but the fence wait: what the CPU spends per run.
         self.last_timing = {"total_s": total, "fence_wait_s": wait_s,
-                            "host_s": total - wait_s}
+                            "host_s": total - wait_s, "upload_s": upload_s,
+                            "download_s": download_s}
         return outputs
 
     def resize(self, shapes) -> None:
@@ -415,3 +421,14 @@ class DelegateGraph(DeviceState):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _download(view: np.ndarray, t: Tensor) -> np.ndarray:
+    """Output ``t`` read out of its mapped ``view`` into a new array of its graph dtype
+    and current sizes (one memmove, split across threads when large, where the device
+    stores the graph dtype; a conversion otherwise)."""
+    if t.device_dtype != t.dtype:
+        return from_device(view[:t.numel], t.dtype).reshape(t.shape)
+    out = np.empty(t.shape, dtype=t.dtype)
+    copy_bytes(out, view[:t.numel])
+    return out

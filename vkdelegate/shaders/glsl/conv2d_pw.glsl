@@ -12,7 +12,8 @@
 // sums input channels [s * KC, (s + 1) * KC); slices 1.. hand their partial sums to
 // slice 0 through shared memory, which adds them and stores. Few output blocks and a
 // long reduction (EfficientNet's 1152 -> 192 at 7 x 7: 12 blocks) take KS = 8, so
-// that 8x more invocations work on the reduction; many blocks take KS = 1.
+// that 8x more invocations work on the reduction ((KS - 1) x 4 KiB of shared
+// memory: kernels/conv_pointwise.py caps KS by the device's); many blocks take KS = 1.
 // Adjacent invocations read adjacent pixel quads (one 128-byte row per 8) and share
 // one weight vec4 (an L1 broadcast); accumulation is fp32.
 //
