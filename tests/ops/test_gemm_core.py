@@ -17,7 +17,7 @@ import torch
 from tests.ops import coverage
 from tests.ops.harness import check_op
 from tests.runtime.graphs import GraphMaker, rand
-from vkdelegate.kernels import gemm, gemm_tiles
+from vkdelegate.kernels import gemm, gemm_core, gemm_tiles
 
 MM, BMM, ADDMM, LINEAR = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default",
                           "aten.linear.default")
@@ -60,9 +60,22 @@ class _ConstMM(torch.nn.Module):
         return torch.mm(x, self.w)
 
 
-#: Core blocks besides the table's (benchmarks/gemm.py's H200 sweep): 128 x 256 and
-#: 256 x 128 outputs per workgroup, BK 8 and 16.
+#: Core blocks besides the table's 64 x 64 / 128 x 128 (benchmarks/gemm.py's H200 sweep):
+#: 128 x 256 (the GPU row's fp32 block, large_fp32) and 256 x 128 outputs per workgroup,
+#: BK 8 and 16.
 OTHER = [(8, 16, 16), (16, 8, 16), (8, 16, 8), (16, 8, 8)]
+
+
+def test_gpu_row_blocks_per_dtype():
+    """The GPU row: fp32 takes 128 x 256 blocks where they alone fill the device (256
+    of them), else the 128 x 128 / 64 x 64 choice fp16 makes too."""
+    row = gemm_tiles.DEFAULT
+    assert row.core_block(1, 4096, 4096, "float32") == (8, 16, 16)
+    assert row.core_block(1, 4096, 4096, "float16") == (8, 8, 16)
+    assert row.core_block(1, 2048, 2048, "float32") == (8, 8, 16)  # 128 such blocks
+    assert row.core_block(1, 256, 4096, "float32") == (4, 4, 16)
+    assert row.core_block(4, 1024, 2048, "float32") == (8, 16, 16)  # batch counts
+    assert gemm_tiles.TABLE["cpu"].core_block(1, 4096, 4096, "float32") == (8, 8, 16)
 
 
 @pytest.mark.parametrize("tiles,block", [(gemm_tiles.DEFAULT, (4, 4, 16)),
@@ -72,7 +85,7 @@ OTHER = [(8, 16, 16), (16, 8, 16), (8, 16, 8), (16, 8, 8)]
                          ids=["small", "large"] + ["x".join(map(str, b)) for b in OTHER])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_mm_edge_tiles(monkeypatch, forms, tiles, block, dtype):
-    if block in OTHER:  # benchmark forms, not the table's: never declared
+    if block not in gemm_core._BLOCKS:  # benchmark forms, not the table's: not declared
         monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)
     seen = forms(tiles)
     torch.manual_seed(0)

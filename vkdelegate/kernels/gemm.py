@@ -150,7 +150,7 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
                 return GemmForm(COOPMAT_SHADER, block=block,
                                 threads=coopmat_threads(block, subgroup))
         if m != 1:
-            block = tiles.core_block(batch, m, n)
+            block = tiles.core_block(batch, m, n, dtype)
             return GemmForm(CORE_SHADER, block=block,
                             vec_load=tiles.uses_vec_load(dtype, nk, block),
                             splits=tiles.splits(batch, m, n, k, block))

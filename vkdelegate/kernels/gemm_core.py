@@ -254,7 +254,8 @@ def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
 _ROWS = [GPU_TILES] + [t for t in TABLE.values() if t is not None]  # tile-table rows
-_BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS})
+_BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS}
+                 | {t.large_fp32 for t in _ROWS if t.large_fp32})
 declare_grid(CORE_SHADER, _core_variant, **_GRID, nk=(False, True), bias=(False, True),
              block=_BLOCKS, vec_load=(False, True), split=(False, True))
 declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,

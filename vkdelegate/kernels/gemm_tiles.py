@@ -36,7 +36,10 @@ class GemmTiles:
     cooperative matrices; ``coop_large`` / ``coop_small``: its (BM, BN, BK, WM, WN,
     STAGES) blocks (a BM x BN block per workgroup of (BM / WM) * (BN / WN) subgroups,
     each owning WM x WN outputs; K steps of BK; STAGES 2: double-buffered shared
-    tiles), ``coop_large`` from ``coop_large_min_groups`` such blocks on."""
+    tiles), ``coop_large`` from ``coop_large_min_groups`` such blocks on.
+    ``large_fp32``: where set, float32 products take this block instead of ``large``
+    once it alone gives ``large_min_groups`` blocks (else ``large`` / ``small`` as
+    above)."""
 
     large: tuple = (8, 8, 16)
     small: tuple = (4, 4, 16)
@@ -52,12 +55,17 @@ class GemmTiles:
     coop_large: tuple = (128, 256, 32, 64, 64, 1)
     coop_small: tuple = (64, 64, 32, 32, 32, 2)
     coop_large_min_groups: int = 132
+    large_fp32: "tuple | None" = None
 
-    def core_block(self, batch: int, m: int, n: int) -> tuple:
-        """(TM, TN, BK) for a [batch, m, n] output."""
-        tm, tn, _ = self.large
-        groups = batch * -(-m // (16 * tm)) * -(-n // (16 * tn))
-        return self.large if groups >= self.large_min_groups else self.small
+    def core_block(self, batch: int, m: int, n: int, dtype: str = "float32") -> tuple:
+        """(TM, TN, BK) for a [batch, m, n] output of graph dtype ``dtype``."""
+        def groups(block):
+            return batch * -(-m // (16 * block[0])) * -(-n // (16 * block[1]))
+
+        if dtype == "float32" and self.large_fp32 and \
+                groups(self.large_fp32) >= self.large_min_groups:
+            return self.large_fp32
+        return self.large if groups(self.large) >= self.large_min_groups else self.small
 
     def coop_block(self, batch: int, m: int, n: int) -> tuple:
         """(BM, BN, BK, WM, WN, STAGES) of gemm_coopmat.glsl for a [batch, m, n] output."""
@@ -99,7 +107,13 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: L2 and loading all B fragments before the products changed nothing. From one wave
 #: of 132 such blocks on; below (256 x 4096 x 4096: 32 blocks) 64 x 64 blocks of 4
 #: subgroups, 52 TFLOP/s against 38-40 for the large ones.
-DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264)
+#: fp32 from 256 blocks of 128 x 256 outputs (16 x 16 invocations of 8 x 16, no vec4
+#: loads): 4096^3 linear 46.1 TFLOP/s against 37.3 for 128 x 128 (mm 45.0 / 42.2;
+#: 256 x 128 blocks 42.8 / 42.3; with vec4 loads 36.4 / 38.3); 256 x 4096 x 4096 keeps
+#: the 64 x 64 blocks (29.4 against 11.1: 32 large blocks). Same run: cuBLAS 49.7 / 51.1
+#: (docs/PERF.md, "fp32 GEMM blocks", 2026-12-02 evening).
+DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264,
+                    large_fp32=(8, 16, 16))
 
 
 def tiles_for(device_type: str) -> "GemmTiles | None":
