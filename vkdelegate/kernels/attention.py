@@ -49,8 +49,9 @@ COOP_OPTION = "sdpa_cooperative_matrix"
 #: form gave wrong outputs with boolean masks (98% of a [1, 1, 320, 320] window mask's
 #: outputs off, in the kernel's first and second forms) while the same masks as float
 #: -inf masks, causal and the window op were right: the mask's byte loads are the
-#: suspect. The shader now reads boolean bytes as 32-bit words (MASK_WORDS), not yet
-#: run on the H200: set True and run tests/ops/test_sdpa_coopmat.py there (docs/PERF.md).
+#: suspect. The shader now reads boolean bytes as 32-bit words (MASK_WORDS); on the H200
+#: that was still wrong (2026-12-02 evening: 98.5% of the outputs, 5 boolean-mask tests
+#: failing, docs/PERF.md), so the byte loads are not the cause.
 COOP_BOOL_MASK = False
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
