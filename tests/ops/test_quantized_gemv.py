@@ -35,6 +35,8 @@ def family(monkeypatch, request):
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    if request.param != family.VDIRECT:  # the other form: a --sweep form, not declared
+        monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)
     monkeypatch.setattr(family, "VDIRECT", request.param)
     calls = []
     record = family._record_vector
