@@ -17,6 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def core_groups(batch: int, m: int, n: int, block: tuple) -> int:
+    """Workgroups of the GEMM core's (TM, TN, ...) ``block`` (16 x 16 invocations of
+    TM x TN outputs each) over a [batch, m, n] output."""
+    return batch * -(-m // (16 * block[0])) * -(-n // (16 * block[1]))
+
+
 @dataclass(frozen=True)
 class GemmTiles:
     """One device type's blocks. ``large`` and ``small``: (TM, TN, BK) of the GEMM
@@ -59,13 +65,11 @@ class GemmTiles:
 
     def core_block(self, batch: int, m: int, n: int, dtype: str = "float32") -> tuple:
         """(TM, TN, BK) for a [batch, m, n] output of graph dtype ``dtype``."""
-        def groups(block):
-            return batch * -(-m // (16 * block[0])) * -(-n // (16 * block[1]))
-
         if dtype == "float32" and self.large_fp32 and \
-                groups(self.large_fp32) >= self.large_min_groups:
+                core_groups(batch, m, n, self.large_fp32) >= self.large_min_groups:
             return self.large_fp32
-        return self.large if groups(self.large) >= self.large_min_groups else self.small
+        large = core_groups(batch, m, n, self.large) >= self.large_min_groups
+        return self.large if large else self.small
 
     def coop_block(self, batch: int, m: int, n: int) -> tuple:
         """(BM, BN, BK, WM, WN, STAGES) of gemm_coopmat.glsl for a [batch, m, n] output."""
@@ -75,7 +79,7 @@ class GemmTiles:
 
     def splits(self, batch: int, m: int, n: int, k: int, block: tuple) -> int:
         """How many parts split-K cuts K into for this product and ``block`` (1: none)."""
-        groups = batch * -(-m // (16 * block[0])) * -(-n // (16 * block[1]))
+        groups = core_groups(batch, m, n, block)
         if not self.split_k_groups or groups * 4 > self.split_k_groups or \
                 k < self.split_k_min_k:
             return 1
@@ -111,7 +115,7 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: loads): 4096^3 linear 46.1 TFLOP/s against 37.3 for 128 x 128 (mm 45.0 / 42.2;
 #: 256 x 128 blocks 42.8 / 42.3; with vec4 loads 36.4 / 38.3); 256 x 4096 x 4096 keeps
 #: the 64 x 64 blocks (29.4 against 11.1: 32 large blocks). Same run: cuBLAS 49.7 / 51.1
-#: (docs/PERF.md, "fp32 GEMM blocks", 2026-12-02 evening).
+#: (docs/PERF.md, "The H200, 2026-12-02 evening: fp32 core blocks").
 DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264,
                     large_fp32=(8, 16, 16))
 
