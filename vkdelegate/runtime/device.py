@@ -22,7 +22,7 @@ import vulkan as vk
 
 from vkdelegate.capabilities import MAX_API, Capabilities
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.runtime import device_features
+from vkdelegate.runtime import device_features, pipeline_stats
 from vkdelegate.runtime.device_info import DeviceInfo, describe, select, text
 from vkdelegate.runtime.vkcall import vk_call
 
@@ -125,7 +125,8 @@ class Device:
     """
 
     def __init__(self, selector=None, validation: bool = False,
-                 small_storage: bool = True, params_in_storage: bool | None = None):
+                 small_storage: bool = True, params_in_storage: bool | None = None,
+                 pipeline_statistics: bool | None = None):
         if selector is None:
             selector = os.environ.get("VKDELEGATE_DEVICE")
         if validation and not _validation_available():
@@ -153,6 +154,10 @@ class Device:
         self.physical = physical[self.info.index]
         self.params_in_storage = (uniform_inlining_driver(self.info)
                                   if params_in_storage is None else bool(params_in_storage))
+        if pipeline_statistics is None:
+            pipeline_statistics = pipeline_stats.requested()
+        self.pipeline_statistics = (bool(pipeline_statistics)
+                                    and pipeline_stats.EXTENSION in self.info.extensions)
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self.queue_family, self.timestamp_bits = self._compute_family()
         self.device = self._create_device()
@@ -199,6 +204,10 @@ class Device:
         # feature use the 32-bit fallback, vkdelegate.runtime.dtypes).
         chain, core, keep, extensions = device_features.enable_chain(
             self.capabilities, self.info.extensions)
+        if self.pipeline_statistics:  # a tuning aid outside the capability table
+            chain = pipeline_stats.feature_struct(chain)
+            keep = [chain, *keep]
+            extensions = [*extensions, pipeline_stats.EXTENSION]
         create = vk.VkDeviceCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain,
             queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import vulkan as vk
 
+from vkdelegate.runtime import pipeline_stats
 from vkdelegate.runtime.params import int32_value
 from vkdelegate.runtime.vkcall import vk_call
 from vkdelegate.shaders.bindings import binding_defines
@@ -83,10 +84,16 @@ class Pipeline:
             pSpecializationInfo=spec)
         create = vk.VkComputePipelineCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
-            layout=self.layout)
+            layout=self.layout, flags=pipeline_stats.create_flags(device))
         self.pipeline = vk_call(vk.vkCreateComputePipelines, dev, vk.VK_NULL_HANDLE, 1,
                                 [create], None, what=what)[0]
         del spec_buffer, entries, spec, stage, create
+        self._device = device
+
+    def statistics(self) -> list:
+        """The driver's compiler statistics of this pipeline's executables
+        (runtime/pipeline_stats.py; VkDelegateError where the device captures none)."""
+        return pipeline_stats.executables(self._device, self.pipeline)
 
     def destroy(self, dev) -> None:
         """Destroy the pipeline and the objects it owns on VkDevice ``dev``."""
@@ -111,6 +118,10 @@ class PipelineCache:
             pipe = Pipeline(self.device, shader, defines, binding_types, tuple(spec_constants))
             self._pipelines[key] = pipe
         return pipe
+
+    def items(self) -> list:
+        """(shader name, sorted defines, Pipeline) of every cached pipeline, in creation order."""
+        return [(p.name, p.defines, p) for p in self._pipelines.values()]
 
     def __len__(self) -> int:
         return len(self._pipelines)
