@@ -14,7 +14,7 @@ results are checked against numpy.
     python benchmarks/quant_gemv.py [--runs 10] [--rows 1] [--group 128] [--device NAME]
         [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
         [--rows-per-workgroup 8] [--cases "linear float16,int4"] [--back-to-back]
-        [--stream-mb 128] [--sweep]
+        [--stream-mb 128] [--sweep] [--probe] [--pipeline-stats]
 
 --gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
 form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
@@ -30,6 +30,12 @@ of --runs back-to-back profiled executes after a warm-up, and "best" the fastest
 --sweep: also the GEMV forms under tuning: the fp16 linear's gemv.glsl with
 (rows per workgroup, UNROLL) of FP16_SWEEP and the int8 / int4 cases'
 linear_qw_gemv.glsl forms of QUANT_SWEEP (the case name says which).
+--probe: the int8 / int4 cases also in linear_qw_gemv.glsl's PROBE forms (wrong results,
+timing only): "probe loads" loads as the default form and skips the unpacking, "probe
+math" computes as the default form on weights made from indices (no weight loads).
+--pipeline-stats: after the table, the driver's compiler statistics of every pipeline
+the run created (VK_KHR_pipeline_executable_properties, runtime/pipeline_stats.py;
+e.g. NVIDIA's register count), one row per shader variant.
 """
 from __future__ import annotations
 
@@ -204,12 +210,22 @@ def streamed(node, device, runs: int) -> tuple:
     return statistics.median(times) / 1e6, min(times) / 1e6, out
 
 
-def _forms(sweep: bool, name: str):
+def _forms(sweep: bool, name: str, probe: bool = False):
     """(label, apply) pairs: the forms a case runs in (the default only, or with
-    --sweep the FP16_SWEEP / QUANT_SWEEP forms); apply() sets the module constants."""
+    --sweep the FP16_SWEEP / QUANT_SWEEP forms, with --probe the PROBE forms of the
+    int8 / int4 cases); apply() sets the module constants."""
     from vkdelegate.ops.families import quantized_linear as family
 
     default = ("", lambda: None)
+    probes = []
+    if probe and name.startswith(("int8", "int4")):
+        def probe_form(level, label):
+            def apply():
+                family.VPROBE = level
+            return f" [probe {label}]", apply
+        probes = [probe_form(1, "loads"), probe_form(2, "math")]
+    if probes and not sweep:
+        return [default] + probes
     if not sweep or name.startswith(("linear float32", "8da4w")):
         return [default]
     if name.startswith("linear"):
@@ -226,7 +242,7 @@ def _forms(sweep: bool, name: str):
         def apply():
             family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL = direct, wg, rows, unroll
         return f" [{'direct' if direct else 'staged'} wg{wg} r{rows} u{unroll}]", apply
-    return [default] + [quant(*f) for f in QUANT_SWEEP]
+    return [default] + probes + [quant(*f) for f in QUANT_SWEEP]
 
 
 family_device_type = [""]  # the device type whose tile-table row --sweep replaces
@@ -246,7 +262,12 @@ def main(argv=None) -> int:
     parser.add_argument("--back-to-back", action="store_true")
     parser.add_argument("--stream-mb", type=float, default=0.0)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--pipeline-stats", action="store_true")
     args = parser.parse_args(argv)
+    if args.pipeline_stats:
+        import os
+        os.environ["VKDELEGATE_PIPELINE_STATS"] = "1"  # before the device is created
     from vkdelegate.ops.families import quantized_linear as family
 
     if args.gemv_everywhere:
@@ -256,7 +277,7 @@ def main(argv=None) -> int:
     device = default_device(args.device)
     family_device_type[0] = device.info.type
     saved = (gemm_core.GEMV_UNROLL, dict(gemm_tiles.TABLE), family.VDIRECT, family.VWG,
-             family.VROWS, family.VUNROLL)
+             family.VROWS, family.VUNROLL, family.VPROBE)
     mb, rows = args.stream_mb, []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -275,7 +296,7 @@ def main(argv=None) -> int:
                 continue
             node = make()  # one weight set for all of its forms
             ref = reference(node)
-            for label, apply in _forms(args.sweep, names[i]):
+            for label, apply in _forms(args.sweep, names[i], args.probe):
                 apply()
                 try:
                     if mb:
@@ -291,7 +312,8 @@ def main(argv=None) -> int:
                     gemm_core.GEMV_UNROLL = saved[0]
                     gemm_tiles.TABLE.clear()
                     gemm_tiles.TABLE.update(saved[1])
-                    family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL = saved[2:]
+                    (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL,
+                     family.VPROBE) = saved[2:]
                 print(timed[-1][1:3], node.name, file=sys.stderr, flush=True)
         base = next((ms[0] for node, label, ms, _ in timed
                      if node.name == "linear float16" and not label and
@@ -314,7 +336,34 @@ def main(argv=None) -> int:
     print(f"GPU ms: {what}\n")
     print(tabulate(rows, headers=["K x N", "case", "layers", "GPU ms", "best", "weight GB/s",
                                   "vs fp16", "rel err"]))
+    if args.pipeline_stats:
+        print_pipeline_stats(device)
     return 0
+
+
+#: Defines that tell the forms of one shader apart in --pipeline-stats' table.
+_FORM_DEFINES = ("W4", "W8", "X16", "DIRECT", "WG", "ROWS", "UNROLL", "SVEC", "PROBE",
+                 "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T")
+
+
+def print_pipeline_stats(device) -> None:
+    """A table of the driver's statistics of every pipeline ``device`` created."""
+    if not device.pipeline_statistics:
+        print(f"\npipeline statistics: {device.info.name} lacks "
+              f"VK_KHR_pipeline_executable_properties")
+        return
+    rows, names = [], []
+    for shader, defines, pipe in device.pipelines.items():
+        form = " ".join(f"{k}={v}" if v != "1" else k for k, v in defines
+                        if k in _FORM_DEFINES)
+        for exe in pipe.statistics():
+            for stat in exe.statistics:
+                if stat not in names:
+                    names.append(stat)
+            rows.append((f"{shader} {form}", exe.subgroup_size, exe.statistics))
+    print("\npipeline statistics (the driver's, VK_KHR_pipeline_executable_properties)\n")
+    print(tabulate([[r[0], r[1], *(r[2].get(n, "") for n in names)] for r in rows],
+                   headers=["shader variant", "subgroup", *names]))
 
 
 if __name__ == "__main__":

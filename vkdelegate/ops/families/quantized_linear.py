@@ -47,6 +47,7 @@ VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: the staged form's
 #           sums live in the shared x of a sweep)
 VDIRECT = True  # linear_qw_gemv's DIRECT form: x loaded per invocation, no staging
 VUNROLL = 1  # DIRECT: weight blocks per row per iteration, all loads issued first
+VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE form, wrong results
 # VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
 # --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
 # within 5% of the best form for int4 and int8 at 4096 x 4096 and 4096 x 14336.
@@ -128,6 +129,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     d.update(WG=str(VWG), ROWS=str(VROWS))
     if VDIRECT:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
+    if VPROBE:
+        d["PROBE"] = str(VPROBE)
     if svec and bits == 4:
         spl = scales_per_load(s)
         d.update(SVEC="1", SPL=str(spl), SV_T="uvec4" if spl == 8 else "vec4")

@@ -7,6 +7,9 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
 #include "common.h"
+#ifndef PROBE
+#define PROBE 0
+#endif
 
 // Vectorized GEMV of the weight-only quantized linears (LLM decode: one to a few rows):
 // out[m, n] = sum_k x[m, k] * dequant(w)[n, k] (+ bias[n]), fp32 accumulation, for
@@ -216,7 +219,11 @@ void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS]
   }
 #endif
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
+#if PROBE == 2
+    wv[r] = uvec4(uint(w_row[r]) * 2654435761u + uint(bc)) * uvec4(1u, 3u, 5u, 7u);
+#else
     wv[r] = w_data[w_row[r] * qstrides.z + bc];
+#endif
 #ifndef SVEC
     sv[r] = 1.0;
 #endif
@@ -231,8 +238,24 @@ void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS]
 }
 
 // acc[r] += block's products with row r (x values xv; loads from load_block).
+// PROBE (benchmarks/quant_gemv.py --probe only; wrong results): 1 = every load as in
+// the real form, no unpacking (one XOR-fold of the weight block and one add of the x
+// block per row); 2 = the real arithmetic on the loaded x and a weight block made
+// from the row and block numbers (no weight load): memory against arithmetic.
 void add_block(inout float acc[ROWS], vec4 xv[XV], uvec4 wv[ROWS], float sv[ROWS],
                int zs[ROWS]) {
+#if PROBE == 1
+  vec4 xsum = vec4(0.0);
+  [[unroll]] for (int e = 0; e < XV; ++e) {
+    xsum += xv[e];
+  }
+  const float xt = xsum.x + xsum.y + xsum.z + xsum.w;
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    const uint f = wv[r].x ^ wv[r].y ^ wv[r].z ^ wv[r].w;
+    acc[r] += float(f & 0xFFu) * sv[r] + xt;
+  }
+  return;
+#endif
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
 #ifdef INT_DOT
     float d = block_idot(xv, wv[r]);
