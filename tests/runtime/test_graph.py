@@ -257,7 +257,7 @@ def test_large_grid_folds_into_rows(vk_device, monkeypatch):
     # lowered for the test (it is 65535 on lavapipe but 2^31 - 1 on NVIDIA GPUs).
     counts = vk_device.info.max_workgroup_count
     monkeypatch.setattr(vk_device.info, "max_workgroup_count", (97,) + tuple(counts[1:]))
-    n = 97 * 64 + 4099
+    n = 97 * 256 + 4099  # > 97 workgroups of 64 or of 256 invocations
     m = GraphMaker()
     ix = m.input((n,))
     m.output(m.op("aten.neg.default", [ix], (n,)))
