@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU machine's measurements in one command, each step with its own time limit, its
+# log under $OUT (or ./gpu_suite_out), and a failing or over-time step not stopping the
+# next. Run on the H200 from the project root after `source .gl/env.sh`:
+#   bash benchmarks/gpu_suite.sh STEP [STEP ...]
+# Steps (seconds: the limit):
+#   tests   the whole suite, validation on (pytest -n 8), 240
+#   coop    the cooperative-matrix tests, validation off (they need it off), 120
+#   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 240
+#   effnet  benchmarks/efficientnet.py batch 1 and 8, 120
+#   gemm    benchmarks/gemm.py, 120
+#   gemv    benchmarks/quant_gemv.py streamed, with the probe forms and pipeline statistics, 150
+#   sdpa    benchmarks/sdpa.py (prefill attention), 150
+#   chain   benchmarks/elementwise_chain.py, 60
+# Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
+set -u
+out=${OUT:-gpu_suite_out}
+mkdir -p "$out"
+step() {  # name limit command...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date +%T), limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 60 "$out/$name.log"
+  echo "=== $name rc=$rc ($(date +%T))"
+}
+for s in "$@"; do
+  case $s in
+    tests) step tests 240 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests/ ;;
+    coop) step coop 120 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 8 -p no:cacheprovider \
+            tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py ;;
+    llm) step llm 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
+           --quantization none int8 int4 --json "$out/llm_decode.json" ;;
+    effnet) step effnet 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py ;;
+    gemm) step gemm 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/gemm.py ;;
+    gemv) step gemv 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
+            --shapes 4096x4096,4096x14336 --stream-mb 256 --probe --pipeline-stats ;;
+    sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
+    chain) step chain 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/elementwise_chain.py ;;
+    *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
+  esac
+done
