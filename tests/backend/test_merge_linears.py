@@ -148,3 +148,79 @@ def test_rows_are_not_merged():
     pg = from_exported_program(torch.export.export(m, (torch.randn(1, 5, 64),)),
                                preserve=(aten.linear.default,))
     assert not merge_linears(pg)
+
+
+class Q4Siblings(nn.Module):
+    """Three et_vk.linear_q4gsw of one input (torchao int4 weight-only q/k/v after
+    passes/quantized_linear): packed weights uint8 [N, K/2], scales [K/32, N]."""
+
+    def __init__(self, dtype, bias, k=64, ns=(64, 32, 32), padded=False):
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        for i, n in enumerate(ns):
+            self.register_buffer(f"w{i}", torch.randint(0, 256, (n, k // 2), generator=g,
+                                                        dtype=torch.uint8))
+            # A padded scale row (as ExecuTorch's blobs have) for the first linear.
+            cols = n + 4 if padded and i == 0 else n
+            self.register_buffer(f"s{i}", (torch.rand(k // 32, cols, generator=g) * 0.1
+                                           + 0.01).to(dtype))
+            if bias:
+                self.register_buffer(f"b{i}", torch.randn(n, generator=g).to(dtype))
+        self.count = len(ns)
+
+    def forward(self, x):
+        h = x * 2
+        op = torch.ops.et_vk.linear_q4gsw
+        return tuple(op(h, getattr(self, f"w{i}"), getattr(self, f"s{i}"), 32,
+                        getattr(self, f"b{i}", None)) for i in range(self.count))
+
+
+# fp16: eager's dequantized fp16 weights and fp32 sums against the shader's (same
+# rounding of each dequantized weight, summation order apart).
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_q4gsw_siblings_merge(dtype, bias, tol):
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from vkdelegate.backend import custom_ops
+
+    custom_ops.ensure_defined()
+    torch.manual_seed(5)
+    m, x = Q4Siblings(dtype, bias, padded=True).eval(), torch.randn(1, 1, 64).to(dtype)
+    merged, plain = _lower(m, (x,)), _lower(m, (x,), merge=False)
+    try:
+        q4 = "et_vk.linear_q4gsw.default"
+        ops = _ops(merged)
+        assert ops.count(q4) == 1 and ops.count(NARROW) == 3
+        assert _ops(plain).count(q4) == 3
+        with torch.no_grad():
+            want = m(x)
+        got, ref = merged(x), plain(x)
+        assert_matches_eager(got, want, tol, tol)
+        for a, b in zip(got, ref):
+            assert torch.equal(a, b)
+    finally:
+        merged.close()
+        plain.close()
+
+
+def test_q4gsw_of_other_group_sizes_do_not_merge():
+    from vkdelegate.backend import custom_ops
+
+    custom_ops.ensure_defined()
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = Q4Siblings(torch.float32, False, ns=(32, 32))
+            self.s16 = nn.Buffer(torch.rand(4, 32) * 0.1)
+
+        def forward(self, x):
+            a = torch.ops.et_vk.linear_q4gsw(x, self.q.w0, self.q.s0, 32)
+            b = torch.ops.et_vk.linear_q4gsw(x, self.q.w1, self.s16, 16)
+            return a, b
+
+    pg = from_exported_program(torch.export.export(M().eval(), (torch.randn(1, 1, 64),)),
+                               preserve=(aten.linear.default,))
+    assert not merge_linears(pg)

@@ -23,14 +23,21 @@ The merged weight (and bias) is a new constant, the concatenation along N in gra
 order; the old ones die with their linears (``drop_unused_constants``). Each output
 element is the same K-long dot product as before (the kernels' loop over K does not
 depend on N), so the result is bitwise equal to the unmerged lowering where the
-merged product takes the same shader form. torchao's quantized linears
-(et_vk.linear_q4gsw, aten._weight_int8pack_mm, et_vk.linear_dq8ca_q4gsw) are not
-merged. Runs only when the registry has both ops.
+merged product takes the same shader form.
+
+torchao's int4 weight-only linears (``et_vk.linear_q4gsw``, made by
+passes/quantized_linear, which runs first) merge the same way when they share the
+group size and K: packed weights uint8 [N_i, K/2] concatenated along rows, scales
+[K/gs, N_i] (the first N_i columns where a blob padded them) along columns, biases
+along N. The int8 weight-only form (``aten._weight_int8pack_mm`` of a 2-D view of x)
+and 8da4w (``et_vk.linear_dq8ca_q4gsw``, with per-group weight sums) are not merged.
+Runs only when the registry has ``aten.linear`` and ``narrow_last``.
 """
 from __future__ import annotations
 
 import torch
 
+from vkdelegate.backend.custom_ops import LINEAR_Q4GSW
 from vkdelegate.backend.custom_ops_llm import NARROW_LAST
 from vkdelegate.ops import registry
 
@@ -60,35 +67,78 @@ def _one_row(x) -> bool:
     return all(isinstance(s, int) for s in val.shape) and all(s == 1 for s in val.shape[:-1])
 
 
+def _bias(pg, node, dtype, n):
+    """(ok, bias tensor [n] or None) of bias argument ``node`` of an n-output linear:
+    a constant of ``dtype`` read only there, at least n long (ExecuTorch pads
+    linear_q4gsw's to a multiple of 4: the first n are the linear's)."""
+    if node is None:
+        return True, None
+    bias = _constant(pg, node, dtype, 1)
+    if bias is None or bias.shape[0] < n:
+        return False, None
+    return True, bias[:n]
+
+
 def _member(pg, node, x):
-    """(weight, bias or None) tensors of linear ``node`` of x if it may join a group."""
-    if node.op != "call_function" or node.target != aten.linear.default \
-            or node.kwargs or node.args[0] is not x or len(node.args) > 3:
+    """(group key, [tensors to concatenate]) of linear ``node`` of x if it may join a
+    group: aten.linear (weight [N, K], bias?) or et_vk.linear_q4gsw (packed weight
+    uint8 [N, K/2], scales [K/gs, >= N], group size, bias?); None otherwise."""
+    if node.op != "call_function" or node.kwargs or not node.args \
+            or node.args[0] is not x:
         return None
     dtype, k = _val(x).dtype, _val(x).shape[-1]
-    weight = _constant(pg, node.args[1], dtype, 2)
-    if weight is None or weight.shape[1] != k or weight.shape[0] == 0:
-        return None
-    bias_node = node.args[2] if len(node.args) > 2 else None
-    if bias_node is None:
-        return weight, None
-    bias = _constant(pg, bias_node, dtype, 1)
-    if bias is None or bias.shape[0] != weight.shape[0]:
-        return None
-    return weight, bias
+    if node.target == aten.linear.default and len(node.args) <= 3:
+        weight = _constant(pg, node.args[1], dtype, 2)
+        if weight is None or weight.shape[1] != k or weight.shape[0] == 0:
+            return None
+        ok, bias = _bias(pg, node.args[2] if len(node.args) > 2 else None, dtype,
+                         weight.shape[0])
+        return (("linear", bias is not None), [weight, bias]) if ok else None
+    if node.target == LINEAR_Q4GSW.overload() and len(node.args) in (4, 5):
+        weight = _constant(pg, node.args[1], torch.uint8, 2)
+        scales = _constant(pg, node.args[2], dtype, 2)
+        group = node.args[3]
+        if weight is None or scales is None or not isinstance(group, int) \
+                or isinstance(group, bool) or weight.shape[0] == 0 \
+                or scales.shape[1] < weight.shape[0]:
+            return None
+        n = weight.shape[0]
+        ok, bias = _bias(pg, node.args[4] if len(node.args) > 4 else None, dtype, n)
+        return ((LINEAR_Q4GSW.name, group, tuple(weight.shape[1:]), tuple(scales.shape[:1]),
+                 bias is not None), [weight, scales[:, :n], bias]) if ok else None
+    return None
 
 
 def _groups(pg):
-    """Lists of (linear node, weight, bias), one per mergeable group, in graph order."""
+    """(x, key, [(linear node, tensors)]), one per mergeable group, in graph order."""
     groups = []
     for x in pg.gm.graph.nodes:
         if not _one_row(x):
             continue
-        members = [(n, *m) for n in x.users if (m := _member(pg, n, x)) is not None]
-        with_bias = [m for m in members if m[2] is not None]
-        without = [m for m in members if m[2] is None]
-        groups += [g for g in (with_bias, without) if len(g) >= 2]
+        by_key: dict = {}
+        for n in x.users:
+            found = _member(pg, n, x)
+            if found is not None:
+                by_key.setdefault(found[0], []).append((n, found[1]))
+        groups += [(x, key, g) for key, g in by_key.items() if len(g) >= 2]
     return groups
+
+
+def _merged_args(pg, x, key, group):
+    """The merged node's target and args: the group's tensors concatenated along N as
+    new constants (named after the first's)."""
+    first = group[0][0]
+
+    def cat(i, arg, dim):  # tensors[i], first's argument ``arg``
+        parts = [tensors[i] for _, tensors in group]
+        if parts[0] is None:
+            return None
+        return pg.add_constant(f"{first.args[arg].name}_merged",
+                               torch.cat(parts, dim).contiguous())
+    if key[0] == "linear":
+        return aten.linear.default, (x, cat(0, 1, 0), cat(1, 2, 0))
+    return LINEAR_Q4GSW.overload(), (x, cat(0, 1, 0), cat(1, 2, 1), key[1],
+                                     cat(2, 4, 0))
 
 
 def merge_linears(pg) -> bool:
@@ -100,27 +150,24 @@ def merge_linears(pg) -> bool:
     graph = pg.gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
     changed = False
-    for group in _groups(pg):
+    for x, key, group in _groups(pg):
         group.sort(key=lambda m: order[m[0]])
-        first, x = group[0][0], group[0][0].args[0]
-        weight = pg.add_constant(f"{first.args[1].name}_merged",
-                                 torch.cat([w for _, w, _ in group], 0).contiguous())
-        bias = None
-        if group[0][2] is not None:
-            bias = pg.add_constant(f"{first.args[2].name}_merged",
-                                   torch.cat([b for _, _, b in group], 0).contiguous())
+        first = group[0][0]
+        target, args = _merged_args(pg, x, key, group)
         with graph.inserting_before(first):
-            merged = graph.call_function(aten.linear.default, (x, weight, bias))
+            merged = graph.call_function(target, args)
         merged.meta = dict(first.meta)
+        n_total = sum(tensors[0].shape[0] for _, tensors in group)
         xv = _val(x)
-        merged.meta["val"] = xv.new_empty(tuple(xv.shape[:-1]) + (weight.meta["val"].shape[0],))
+        merged.meta["val"] = xv.new_empty(tuple(xv.shape[:-1]) + (n_total,))
         start = 0
-        for node, w, _ in group:
+        for node, tensors in group:
+            n = tensors[0].shape[0]
             with graph.inserting_before(node):
-                part = graph.call_function(narrow, (merged, start, w.shape[0]))
+                part = graph.call_function(narrow, (merged, start, n))
             part.meta = dict(node.meta)
             node.replace_all_uses_with(part)
             graph.erase_node(node)
-            start += w.shape[0]
+            start += n
         changed = True
     return changed
