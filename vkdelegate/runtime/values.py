@@ -49,9 +49,11 @@ class GraphValues:
         # Staging memory for constant uploads lives only until the copies ran.
         self._upload_allocator = None
 
-    def allocate(self, io_ids, constant_bytes) -> None:
-        """Allocate every VkTensor of the graph and upload the constants."""
-        parts = self._parts(io_ids)
+    def allocate(self, io_ids, constant_bytes, alias_nodes=frozenset()) -> None:
+        """Allocate every VkTensor of the graph and upload the constants.
+        alias_nodes: indexes in the chain of the nodes whose op may alias its input
+        (``RuntimeOp.may_alias``), for ``_parts``."""
+        parts = self._parts(io_ids, alias_nodes)
         groups: dict[int, list[int]] = {}
         for vid, v in enumerate(self.graph.values):
             if isinstance(v, g.VkTensor) and vid not in parts:
@@ -94,7 +96,7 @@ class GraphValues:
             self._values[vid] = Tensor(vid, dt, ddt, s.dims, buf,
                                        self._meta(f"metadata of tensor {vid}"))
 
-    def _parts(self, io_ids) -> dict[int, tuple[int, int]]:
+    def _parts(self, io_ids, alias_nodes) -> dict[int, tuple[int, int]]:
         """Tensors bound inside another's memory: tensor -> (source tensor, element
         offset), in chain order. The output of a ``vkdelegate.narrow_last`` that memory
         planning put in its input's memory object (a contiguous part: every dim but
@@ -102,11 +104,9 @@ class GraphValues:
         alias op (view, clone...) of such a tensor, in the same memory object, at its
         source's place. ``allocate`` binds each there (``Allocator.part``), or gives
         it memory of its own where that fails (then the op copies)."""
-        from vkdelegate.ops.registry import alias_ops
-
-        values, flat, parts = self.graph.values, alias_ops(), {}
-        for op in self.graph.chain:
-            if op.name not in flat or len(op.args) < 2:
+        values, parts = self.graph.values, {}
+        for k, op in enumerate(self.graph.chain):
+            if k not in alias_nodes or len(op.args) < 2:
                 continue
             src, out = op.args[0], op.args[-1]
             if not all(isinstance(v, int) and 0 <= v < len(values)
