@@ -156,3 +156,20 @@ def _sample_meta(logits, sampling):
 SAMPLE = declare_custom_op(
     "vkdelegate.sample.default", "sample(Tensor logits, Tensor sampling) -> Tensor",
     sample_reference, meta=_sample_meta)
+
+
+def _narrow_last(x, start, length):
+    import torch
+
+    return x.narrow(-1, start, length).clone(memory_format=torch.contiguous_format)
+
+
+#: ``x[..., start:start + length]`` as a new contiguous tensor (``narrow`` of the last
+#: dim). Made by ``passes/merge_linears`` for the parts of a merged linear's output
+#: whose rows are statically 1, where the part is a contiguous byte range of ``x``:
+#: there the runtime binds the output inside ``x``'s memory and records no copy
+#: (runtime/values.py); elsewhere it is one affine copy. Vulkan:
+#: ``ops/families/movement.py``.
+NARROW_LAST = declare_custom_op(
+    "vkdelegate.narrow_last.default",
+    "narrow_last(Tensor x, int start, int length) -> Tensor", _narrow_last)

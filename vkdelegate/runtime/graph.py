@@ -152,7 +152,9 @@ class DelegateGraph(DeviceState):
     # ---- load ------------------------------------------------------------------------
     def _load(self, constant_bytes):
         graph = self.graph
-        self.values.allocate(set(graph.input_ids) | set(graph.output_ids), constant_bytes)
+        self.values.allocate(set(graph.input_ids) | set(graph.output_ids), constant_bytes,
+                             {k for k, spec in enumerate(self._specs)
+                              if getattr(spec, "may_alias", False)})
         self.inputs = [self._io_tensor(v, "input") for v in graph.input_ids]
         self.outputs = [self._io_tensor(v, "output") for v in graph.output_ids]
         if self.staging:

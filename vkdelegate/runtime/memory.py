@@ -40,7 +40,8 @@ class Buffer:
 
     region: id of the memory region; buffers that alias share it (used to find
     read/write hazards between dispatches). host: numpy uint8 view of the buffer's
-    bytes when its memory is host-visible, else None.
+    bytes when its memory is host-visible, else None. block, offset: where it is bound
+    (``Allocator.part`` binds another buffer inside it).
     """
 
     handle: object
@@ -48,6 +49,8 @@ class Buffer:
     region: int
     host: np.ndarray | None
     what: str
+    block: object = None
+    offset: int = 0
 
 
 class _Block:
@@ -129,8 +132,35 @@ class Allocator:
             vk_call(vk.vkBindBufferMemory, dev.device, handle, block.memory, offset,
                     what=what)
             host = None if block.host is None else block.host[offset:offset + size]
-            out.append(Buffer(handle, size, self._regions, host, what))
+            out.append(Buffer(handle, size, self._regions, host, what, block, offset))
         return out
+
+    def part(self, parent: Buffer, offset: int, size: int, usage: int,
+             what: str) -> "Buffer | None":
+        """A buffer of ``size`` bytes bound inside ``parent``'s memory at ``offset``
+        bytes from its start, in parent's region (the two alias), or None where that
+        cannot be: the range is not inside parent, the offset does not meet the new
+        buffer's alignment or parent's memory type does not suit it (the caller then
+        takes memory of its own)."""
+        dev = self.device
+        size = max(int(size), 16)
+        if parent.block is None or offset < 0 or offset + size > parent.size:
+            return None
+        info = vk.VkBufferCreateInfo(sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                                     size=size, usage=usage,
+                                     sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+        handle = vk_call(vk.vkCreateBuffer, dev.device, info, None, what=what)
+        req = vk.vkGetBufferMemoryRequirements(dev.device, handle)
+        at = parent.offset + offset
+        if at % req.alignment or not (req.memoryTypeBits >> parent.block.type_index) & 1 \
+                or offset + req.size > parent.size:
+            vk.vkDestroyBuffer(dev.device, handle, None)
+            return None
+        self._buffers.append(handle)
+        vk_call(vk.vkBindBufferMemory, dev.device, handle, parent.block.memory, at,
+                what=what)
+        host = None if parent.block.host is None else parent.block.host[at:at + size]
+        return Buffer(handle, size, parent.region, host, what, parent.block, at)
 
     def _place(self, type_index: int, size: int, alignment: int, what: str):
         for block in self._blocks:

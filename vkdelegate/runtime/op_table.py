@@ -20,7 +20,10 @@ class RuntimeOp(Protocol):
     impl: ``impl(b: NodeBuilder, node: OperatorCall) -> None`` declares the node's
     dispatches at load. shape_fn: ``shape_fn(args) -> tuple | list[tuple]``, the output
     sizes for the node's arguments (tensors with ``.shape``/``.dtype``), run on every
-    resize; None: the op cannot run on resized inputs.
+    resize; None: the op cannot run on resized inputs. An op may also have
+    ``may_alias`` (True: its output may share its input's memory, OpSpec's meaning;
+    absent: False), which the runtime reads to place a ``vkdelegate.narrow_last``
+    part and the views of it inside their source (runtime/values.py).
     """
 
     impl: Callable[[Any, g.OperatorCall], None]

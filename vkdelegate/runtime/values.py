@@ -22,6 +22,7 @@ from vkdelegate.runtime.params import META_BYTES, ParamBuffer
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.serialization import vkgraph as g
 
+NARROW_LAST = "vkdelegate.narrow_last.default"
 _SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
             g.String: "string_val"}
 
@@ -48,11 +49,14 @@ class GraphValues:
         # Staging memory for constant uploads lives only until the copies ran.
         self._upload_allocator = None
 
-    def allocate(self, io_ids, constant_bytes) -> None:
-        """Allocate every VkTensor of the graph and upload the constants."""
+    def allocate(self, io_ids, constant_bytes, alias_nodes=frozenset()) -> None:
+        """Allocate every VkTensor of the graph and upload the constants.
+        alias_nodes: indexes in the chain of the nodes whose op may alias its input
+        (``RuntimeOp.may_alias``), for ``_parts``."""
+        parts = self._parts(io_ids, alias_nodes)
         groups: dict[int, list[int]] = {}
         for vid, v in enumerate(self.graph.values):
-            if isinstance(v, g.VkTensor):
+            if isinstance(v, g.VkTensor) and vid not in parts:
                 key = v.mem_obj_id if v.mem_obj_id >= 0 and v.constant_id < 0 else -1 - vid
                 groups.setdefault(key, []).append(vid)
         for vids in groups.values():
@@ -74,6 +78,55 @@ class GraphValues:
                 self._values[vid] = t
                 if s.constant_id >= 0:
                     self._load_constant(t, s.constant_id, constant_bytes)
+        for vid, (src, start) in parts.items():  # in chain order: sources first
+            s, parent = self.graph.values[vid], self._values[src]
+            dt = g.DTYPE_NAMES.get(s.datatype)
+            if dt is None:
+                raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
+                                      f"{int(s.datatype)})")
+            ddt = device_dtype(dt, self.device.info)
+            size, what = Tensor.nbytes_for(ddt, s.dims), f"tensor {vid}"
+            buf = None
+            if ddt == parent.device_dtype:
+                buf = self.allocator.part(parent.buffer,
+                                          start * Tensor.nbytes_for(ddt, (1,)), size,
+                                          STORAGE_USAGE, what)
+            if buf is None:  # memory of its own: its op then copies
+                buf = self.allocator.buffer(size, STORAGE_USAGE, False, what)
+            self._values[vid] = Tensor(vid, dt, ddt, s.dims, buf,
+                                       self._meta(f"metadata of tensor {vid}"))
+
+    def _parts(self, io_ids, alias_nodes) -> dict[int, tuple[int, int]]:
+        """Tensors bound inside another's memory: tensor -> (source tensor, element
+        offset), in chain order. The output of a ``vkdelegate.narrow_last`` that memory
+        planning put in its input's memory object (a contiguous part: every dim but
+        the last 1) lies in that memory at ``start`` elements; the output of a flat
+        alias op (view, clone...) of such a tensor, in the same memory object, at its
+        source's place. ``allocate`` binds each there (``Allocator.part``), or gives
+        it memory of its own where that fails (then the op copies)."""
+        values, parts = self.graph.values, {}
+        for k, op in enumerate(self.graph.chain):
+            if k not in alias_nodes or len(op.args) < 2:
+                continue
+            src, out = op.args[0], op.args[-1]
+            if not all(isinstance(v, int) and 0 <= v < len(values)
+                       and isinstance(values[v], g.VkTensor) for v in (src, out)):
+                continue
+            a, b = values[src], values[out]
+            if src == out or out in parts or out in io_ids or b.constant_id >= 0 \
+                    or b.mem_obj_id < 0 or a.mem_obj_id != b.mem_obj_id \
+                    or a.constant_id >= 0 or a.datatype != b.datatype:
+                continue
+            if op.name == NARROW_LAST:
+                start = values[op.args[1]] if isinstance(op.args[1], int) \
+                    and 0 <= op.args[1] < len(values) else None
+                if isinstance(start, g.Int) and len(a.dims) == len(b.dims) and a.dims \
+                        and all(d == 1 for d in list(a.dims[:-1]) + list(b.dims[:-1])) \
+                        and 0 <= start.int_val <= a.dims[-1] - b.dims[-1]:
+                    parts[out] = (src, start.int_val)
+            elif src in parts:
+                parts[out] = (src, 0)
+        return parts
 
     def _load_constant(self, t: Tensor, cid: int, constant_bytes):
         if not 0 <= cid < len(self.graph.constants):

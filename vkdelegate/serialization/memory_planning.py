@@ -9,7 +9,9 @@ after that op's own outputs are placed, because an op's output must not alias it
 inputs. Inputs, outputs and constants keep dedicated memory (-1): the host reads and
 writes them between runs. The one exception to "no aliasing of inputs" is a flat copy
 (view, squeeze, unsqueeze, clone: ``alias_ops``), whose output may share its input's
-memory: then there is nothing to copy.
+memory: then there is nothing to copy. ``vkdelegate.narrow_last`` (a contiguous part
+of its input: rows statically 1) joins its input's memory object the same way; the
+runtime binds it at the part's offset.
 """
 from __future__ import annotations
 
@@ -37,6 +39,22 @@ def _expand(graph: vk.VkGraph, ids) -> list[int]:
     return out
 
 
+#: The one alias op whose output is a part of its input (at a byte offset the runtime
+#: takes from the op's ``start``, runtime/values.py), not all of it.
+NARROW_LAST = "vkdelegate.narrow_last.default"
+
+
+def _contiguous_part(graph: vk.VkGraph, op, a: vk.VkTensor, b: vk.VkTensor) -> bool:
+    """Whether narrow_last ``op`` (a -> b) takes one contiguous byte range of ``a``:
+    every dim but the last is 1 in both (upper bounds: static) and the part is
+    inside a."""
+    start = graph.values[op.args[1]] if isinstance(op.args[1], int) else None
+    if not isinstance(start, vk.Int) or len(a.dims) != len(b.dims) or not a.dims \
+            or any(d != 1 for d in list(a.dims[:-1]) + list(b.dims[:-1])):
+        return False
+    return 0 <= start.int_val and start.int_val + b.dims[-1] <= a.dims[-1]
+
+
 def _alias_roots(graph: vk.VkGraph, alias_ops, planned, defined_at) -> dict[int, int]:
     """Tensor -> the tensor whose memory it shares, for each output of an ``alias_ops``
     node (a flat copy: same dtype, same bytes) whose input is planned memory too."""
@@ -49,7 +67,10 @@ def _alias_roots(graph: vk.VkGraph, alias_ops, planned, defined_at) -> dict[int,
                 or defined_at.get(out) != k or defined_at.get(src, k) >= k:
             continue
         a, b = graph.values[src], graph.values[out]
-        if a.datatype == b.datatype and _nbytes(a) == _nbytes(b):
+        if a.datatype != b.datatype:
+            continue
+        if _nbytes(a) == _nbytes(b) if op.name != NARROW_LAST \
+                else _contiguous_part(graph, op, a, b):
             root[out] = root.get(src, src)
     return root
 

@@ -15,6 +15,7 @@ from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
+from vkdelegate.backend.passes.merge_linears import merge_linears
 from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.permute_to_view import permute_to_view
 from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
@@ -39,6 +40,11 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    and into a conv_with_clamp alike.
 # 4c. residual adds into the convolution before them (fuse_conv_add), after the pad
 #    fold, so that a padded conv's add fuses too;
+# 4d. sibling one-row linears (q/k/v, gate/up in decode) -> one linear and its
+#    narrow_last parts (merge_linears), after addmm -> linear and the batch-norm fold,
+#    which need the separate linears; before fuse_elementwise and permute_to_view,
+#    which then see the parts as the linears' outputs (rotary and SwiGLU patterns
+#    start at the parts, whatever made them).
 # 5. RMS-norm and rotary-embedding fusion: independent of the others (their patterns
 #    have no clone in them).
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
@@ -57,8 +63,9 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
-          fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cache_positions,
-          fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
+          fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
+          cache_positions, fuse_elementwise, permute_to_view, symbolic_view_sizes,
+          local_symints)
 
 
 def run_passes(pg) -> list[str]:

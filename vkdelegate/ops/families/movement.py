@@ -266,6 +266,54 @@ _op("aten.repeat.default", _repeat_impl, shape_from_list(repeat_shape),
     notes="tiled copy")
 _op("aten.slice.Tensor", _slice_impl, _slice_shape, _slice_rule, symbolic=(2, 3),
     notes="any step > 0, bounds clamped as ATen (symbolic too); narrow")
+# ---- vkdelegate.narrow_last -----------------------------------------------------------
+NARROW_LAST = "vkdelegate.narrow_last.default"
+
+
+def _narrow_last_shape(args):
+    return tuple(args[0].shape[:-1]) + (args[2],)
+
+
+def _narrow_last_rule(node: NodeSpec):
+    x, start, length = node.args[:3]
+    if x.rank < 1:
+        return "narrow_last of a 0-d tensor"
+    for name, v in (("start", start), ("length", length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            return f"narrow_last {name} {v!r} (must be an int >= 0)"
+    if x.dynamic and x.dynamic[-1]:
+        return "narrow_last of a dynamic last dim"
+    if start + length > x.shape[-1]:
+        return f"narrow_last [{start}, {start + length}) of a last dim of {x.shape[-1]}"
+    return None
+
+
+def _narrow_last_impl(b, node):
+    """No dispatch when the runtime bound the output inside the input's memory at the
+    part's byte offset (``GraphValues`` does that for a contiguous part whose memory
+    planning aliased it, the only way both share a region); else one affine copy."""
+    x_id, start_id, _length_id, out_id = node.args
+    x, out = b.tensor(x_id), b.tensor(out_id)
+    if x.buffer.region == out.buffer.region:
+        return
+    start, dim = b.scalar(start_id), x.ndim - 1
+
+    def plan():
+        in_strides = contiguous_strides(x.shape)
+        out_strides = contiguous_strides(out.shape)
+        dims = [CopyDim(s, out_strides[i], in_strides[i]) for i, s in enumerate(out.shape)]
+        dims[dim].start = start
+        return merged(CopyPlan(dims), around(x.ndim, dim))
+    affine_copy(b, out, x, plan)
+
+
+register(OpSpec(name=NARROW_LAST, dtypes=frozenset({"float32", "float16"}),
+                impl=_narrow_last_impl, shape_fn=_narrow_last_shape,
+                rules=(same_dtype, _narrow_last_rule), may_alias=True,
+                notes="a merged linear's part: alias at an offset (no copy) where "
+                      "contiguous, else copy"))
+
+
 _op("aten.select.int", _select_impl, _select_shape, symbolic=(2,),
     notes="negative index (also on a resized dim), symbolic index")
 _op("aten.flip.default", _flip_impl, same_shape, notes="any set of dims")

@@ -1,0 +1,39 @@
+"""passes/merge_linears in a lowered tiny HF decoder: the decode step runs q/k/v as
+one linear and gate/up as one (7 -> 4 linear dispatches per layer), their parts with
+no dispatch; prefill (rows not statically 1) keeps its 7 GEMMs per layer. Greedy
+tokens against HF are tests/llm/test_hf_greedy.py's."""
+import pytest
+import torch
+
+from tests.llm.models import make_model
+
+pytest.importorskip("transformers")
+
+LAYERS = 2  # tests/llm/models.py
+
+
+def _dispatch_ops(program, method):
+    return [d.op for _, prof in program.last_profiles(method) for d in prof.dispatches]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_decode_runs_four_linears_per_layer(lowered, kind):
+    from vkdelegate.llm import generate
+
+    _, program = lowered(kind)
+    prompt = list(range(1, 9))
+    program.set_profiling(True)
+    try:
+        generate(program, prompt, 2)
+        prefill = _dispatch_ops(program, "prefill")
+        program.decode(torch.tensor([[1]]), torch.tensor([len(prompt) + 1]),
+                       torch.tensor([0.0, 0.0, 1.0, 0.5]))
+        decode = _dispatch_ops(program, "decode")
+    finally:
+        program.set_profiling(False)
+        program.reset_state()
+    # Per layer q/k/v, o, gate/up, down; plus the LM head.
+    assert decode.count("aten.linear.default") == 4 * LAYERS + 1
+    assert "vkdelegate.narrow_last.default" not in decode
+    assert prefill.count("aten.linear.default") == 7 * LAYERS + 1
+    assert "vkdelegate.narrow_last.default" not in prefill

@@ -1,0 +1,173 @@
+"""Merge sibling linears (one input, constant weights) into one linear whose output
+rows are statically 1, followed by ``vkdelegate.narrow_last`` parts of its output.
+
+In an HF Llama/Qwen2/Mistral/Gemma decoder layer q_proj, k_proj and v_proj read the
+same input (the RMS norm's output), and so do gate_proj and up_proj. In a decode step
+each is a GEMV whose cost on a GPU is mostly the dispatch's own (~4 us on the H200):
+one GEMV over the weights concatenated along N does the work of the group, and larger
+GEMVs run nearer the memory bandwidth. A group is the ``aten.linear.default`` nodes
+that read one input node x with:
+
+- every dim of x but the last statically 1 (decode's [1, 1, K]), so that each part
+  of the merged output is a contiguous byte range: memory planning gives the
+  narrow_last's output its input's memory object and the runtime binds it at the
+  part's offset, so the parts cost no dispatch (serialization/memory_planning.py,
+  runtime/values.py). Where x has more rows (prefill's [1, T, K]) each part would be
+  a strided affine copy, one dispatch per part for the two GEMMs saved: not merged.
+- each weight a constant [N_i, K] placeholder of x's dtype (float32 or float16) that
+  nothing else reads (a shared weight would be stored twice), and either every bias a
+  constant [N_i] of that dtype read by nothing else, or none;
+- at least two such linears.
+
+The merged weight (and bias) is a new constant, the concatenation along N in graph
+order; the old ones die with their linears (``drop_unused_constants``). Each output
+element is the same K-long dot product as before (the kernels' loop over K does not
+depend on N), so the result is bitwise equal to the unmerged lowering where the
+merged product takes the same shader form.
+
+torchao's int4 weight-only linears (``et_vk.linear_q4gsw``, made by
+passes/quantized_linear, which runs first) merge the same way when they share the
+group size and K: packed weights uint8 [N_i, K/2] concatenated along rows, scales
+[K/gs, N_i] (the first N_i columns where a blob padded them) along columns, biases
+along N. The int8 weight-only form (``aten._weight_int8pack_mm`` of a 2-D view of x)
+and 8da4w (``et_vk.linear_dq8ca_q4gsw``, with per-group weight sums) are not merged.
+Runs only when the registry has ``aten.linear`` and ``narrow_last``.
+"""
+from __future__ import annotations
+
+import torch
+
+from vkdelegate.backend.custom_ops import LINEAR_Q4GSW
+from vkdelegate.backend.custom_ops_llm import NARROW_LAST
+from vkdelegate.ops import registry
+
+aten = torch.ops.aten
+_DTYPES = (torch.float32, torch.float16)
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _constant(pg, node, dtype, rank):
+    """The tensor of constant placeholder ``node`` of ``dtype`` and ``rank`` that only
+    one node reads, else None."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "placeholder"
+            and node.name in pg.constants and len(node.users) == 1):
+        return None
+    value = pg.constants[node.name]
+    return value if value.dtype == dtype and value.dim() == rank else None
+
+
+def _one_row(x) -> bool:
+    """Whether every dim of x but the last is statically 1 and the last is static."""
+    val = _val(x)
+    if not isinstance(val, torch.Tensor) or val.dim() < 1 or val.dtype not in _DTYPES:
+        return False
+    return all(isinstance(s, int) for s in val.shape) and all(s == 1 for s in val.shape[:-1])
+
+
+def _bias(pg, node, dtype, n):
+    """(ok, bias tensor [n] or None) of bias argument ``node`` of an n-output linear:
+    a constant of ``dtype`` read only there, at least n long (ExecuTorch pads
+    linear_q4gsw's to a multiple of 4: the first n are the linear's)."""
+    if node is None:
+        return True, None
+    bias = _constant(pg, node, dtype, 1)
+    if bias is None or bias.shape[0] < n:
+        return False, None
+    return True, bias[:n]
+
+
+def _member(pg, node, x):
+    """(group key, [tensors to concatenate]) of linear ``node`` of x if it may join a
+    group: aten.linear (weight [N, K], bias?) or et_vk.linear_q4gsw (packed weight
+    uint8 [N, K/2], scales [K/gs, >= N], group size, bias?); None otherwise."""
+    if node.op != "call_function" or node.kwargs or not node.args \
+            or node.args[0] is not x:
+        return None
+    dtype, k = _val(x).dtype, _val(x).shape[-1]
+    if node.target == aten.linear.default and len(node.args) <= 3:
+        weight = _constant(pg, node.args[1], dtype, 2)
+        if weight is None or weight.shape[1] != k or weight.shape[0] == 0:
+            return None
+        ok, bias = _bias(pg, node.args[2] if len(node.args) > 2 else None, dtype,
+                         weight.shape[0])
+        return (("linear", bias is not None), [weight, bias]) if ok else None
+    if node.target == LINEAR_Q4GSW.overload() and len(node.args) in (4, 5):
+        weight = _constant(pg, node.args[1], torch.uint8, 2)
+        scales = _constant(pg, node.args[2], dtype, 2)
+        group = node.args[3]
+        if weight is None or scales is None or not isinstance(group, int) \
+                or isinstance(group, bool) or weight.shape[0] == 0 \
+                or scales.shape[1] < weight.shape[0]:
+            return None
+        n = weight.shape[0]
+        ok, bias = _bias(pg, node.args[4] if len(node.args) > 4 else None, dtype, n)
+        return ((LINEAR_Q4GSW.name, group, tuple(weight.shape[1:]), tuple(scales.shape[:1]),
+                 bias is not None), [weight, scales[:, :n], bias]) if ok else None
+    return None
+
+
+def _groups(pg):
+    """(x, key, [(linear node, tensors)]), one per mergeable group, in graph order."""
+    groups = []
+    for x in pg.gm.graph.nodes:
+        if not _one_row(x):
+            continue
+        by_key: dict = {}
+        for n in x.users:
+            found = _member(pg, n, x)
+            if found is not None:
+                by_key.setdefault(found[0], []).append((n, found[1]))
+        groups += [(x, key, g) for key, g in by_key.items() if len(g) >= 2]
+    return groups
+
+
+def _merged_args(pg, x, key, group):
+    """The merged node's target and args: the group's tensors concatenated along N as
+    new constants (named after the first's)."""
+    first = group[0][0]
+
+    def cat(i, arg, dim):  # tensors[i], first's argument ``arg``
+        parts = [tensors[i] for _, tensors in group]
+        if parts[0] is None:
+            return None
+        return pg.add_constant(f"{first.args[arg].name}_merged",
+                               torch.cat(parts, dim).contiguous())
+    if key[0] == "linear":
+        return aten.linear.default, (x, cat(0, 1, 0), cat(1, 2, 0))
+    return LINEAR_Q4GSW.overload(), (x, cat(0, 1, 0), cat(1, 2, 1), key[1],
+                                     cat(2, 4, 0))
+
+
+def merge_linears(pg) -> bool:
+    """Merge each group of sibling one-row linears (module docstring); True if any."""
+    ops = registry.load_all()
+    if "aten.linear.default" not in ops or NARROW_LAST.name not in ops:
+        return False
+    narrow = NARROW_LAST.overload()
+    graph = pg.gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    changed = False
+    for x, key, group in _groups(pg):
+        group.sort(key=lambda m: order[m[0]])
+        first = group[0][0]
+        target, args = _merged_args(pg, x, key, group)
+        with graph.inserting_before(first):
+            merged = graph.call_function(target, args)
+        merged.meta = dict(first.meta)
+        n_total = sum(tensors[0].shape[0] for _, tensors in group)
+        xv = _val(x)
+        merged.meta["val"] = xv.new_empty(tuple(xv.shape[:-1]) + (n_total,))
+        start = 0
+        for node, tensors in group:
+            n = tensors[0].shape[0]
+            with graph.inserting_before(node):
+                part = graph.call_function(narrow, (merged, start, n))
+            part.meta = dict(node.meta)
+            node.replace_all_uses_with(part)
+            graph.erase_node(node)
+            start += n
+        changed = True
+    return changed
