@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.cache_positions import cache_positions
+from vkdelegate.backend.passes.cse import cse
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
@@ -41,6 +42,14 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    fold, so that a padded conv's add fuses too;
 # 5. RMS-norm and rotary-embedding fusion: independent of the others (their patterns
 #    have no clone in them).
+# 5a. common subexpressions and no-op arithmetic (cse) after the pattern passes above,
+#    whose matches need intermediates that nothing else reads (two equal dequantize
+#    chains of a tied weight, merged, would block both fusions), and before every pass
+#    below: cache_positions and fuse_elementwise then see one position computation per
+#    step instead of one per layer, a fused chain would hide its nodes from it, and
+#    local_symints gives each consumer its own SymInt nodes on purpose (cse never
+#    merges those, nor float elementwise nodes that fuse_elementwise recomputes
+#    inside each chain);
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
@@ -57,7 +66,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
-          fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cache_positions,
+          fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cse,
+          cache_positions,
           fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
 
 
