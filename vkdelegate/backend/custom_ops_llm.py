@@ -104,6 +104,20 @@ ROTARY_HALF = declare_custom_op(
     "rotary_half(Tensor x, Tensor cos, Tensor sin) -> Tensor", _rotary_half)
 
 
+def _rotary_half_pair(q, k, cos, sin):
+    return _rotary_half(q, cos, sin), _rotary_half(k, cos, sin)
+
+
+#: ``(rotary_half(q, cos, sin), rotary_half(k, cos, sin))``: a layer's two rotary
+#: embeddings, which share cos/sin, in one dispatch (each output bitwise what
+#: rotary_half gives it). Made by ``passes/fuse_rotary`` from two rotary_half nodes with
+#: the same cos and sin; Vulkan: ``ops/families/rotary.py``.
+ROTARY_HALF_PAIR = declare_custom_op(
+    "vkdelegate.rotary_half_pair.default",
+    "rotary_half_pair(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
+    _rotary_half_pair)
+
+
 def sample_reference(logits, sampling):
     """The definition of ``vkdelegate.sample`` (its CPU kernel).
 
