@@ -16,6 +16,7 @@ from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
+from vkdelegate.backend.passes.pair_cache_updates import pair_cache_updates
 from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.permute_to_view import permute_to_view
 from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
@@ -53,6 +54,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
+# 5b'. a layer's K and V cache writes (index_put at one positions node) -> one
+#    index_put_pair, after cse, which gives them that one node;
 # 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
 #    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
 #    rotary's mul/add) that a fused chain would hide;
@@ -67,7 +70,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cse,
-          cache_positions,
+          cache_positions, pair_cache_updates,
           fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
 
 
