@@ -130,3 +130,55 @@ def test_positions_on_vulkan_equal_eager():
         p = torch.tensor([p])
         for out, ref in zip(program(x, p), m(x, p)):
             torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+class Prelude(torch.nn.Module):
+    """A HF decode prelude: a mask from arange(S) <= position and the rotary angles
+    position * inv_freq (a float16 buffer read as float32), both from start_pos."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", (1.0 / 500000 ** (torch.arange(0, 8, 2) / 8))
+                             .half(), persistent=False)
+
+    def forward(self, x, start_pos):
+        pos = torch.arange(x.shape[1]) + start_pos[0]
+        mask = torch.arange(16)[None, None, None, :] <= pos[None, None, :, None]
+        ang = pos[None, :, None].float() * self.inv_freq.float()
+        return x + ang.cos().sum(), mask
+
+
+def test_prelude_folds_to_constants_and_unviewed_operands():
+    from vkdelegate.backend.passes import run_passes
+
+    x, pos = torch.randn(1, 1, 4), torch.tensor([5])
+    m = Prelude()
+    pg = from_exported_program(torch.export.export(m, (x, pos)))
+    changed = run_passes(pg)
+    assert "cse" in changed and "fold_constants" in changed
+    # No arange left (the mask's is a constant, the positions are start_pos), no
+    # view of start_pos (the comparison broadcasts it; the cast comes before the
+    # view), no cast of the float16 buffer (a float32 constant).
+    assert _count(pg, aten.arange.start_step) + _count(pg, aten.arange.default) == 0
+    assert _count(pg, aten.unsqueeze.default) == 0
+    casts = [n for n in pg.gm.graph.nodes if n.target == aten._to_copy.default]
+    assert [c.args[0].name for c in casts] == ["start_pos"]
+    folded = [name for name in pg.constants if name.endswith("_folded")]
+    assert any(pg.constants[n].dtype == torch.float32 for n in folded)
+    for p in (0, 5, 15):
+        p = torch.tensor([p])
+        for out, ref in zip(_run(pg, x, p), m(x, p)):
+            assert out.shape == ref.shape and torch.equal(out, ref)
+
+
+def test_prelude_on_vulkan_equal_eager():
+    x, pos = torch.randn(1, 1, 4), torch.tensor([5])
+    m = Prelude()
+    program = to_backend(torch.export.export(m, (x, pos)), VulkanPartitioner())
+    assert " 0 on CPU" in str(program.report), program.report
+    for p in (0, 5, 15):
+        p = torch.tensor([p])
+        out, mask = program(x, p)
+        want, want_mask = m(x, p)
+        assert torch.equal(mask, want_mask)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)  # cos on the device

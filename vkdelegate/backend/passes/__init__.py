@@ -9,6 +9,7 @@ from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.cse import cse
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
+from vkdelegate.backend.passes.fold_constants import fold_constants
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
 from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
@@ -51,6 +52,9 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    local_symints gives each consumer its own SymInt nodes on purpose (cse never
 #    merges those, nor float elementwise nodes that fuse_elementwise recomputes
 #    inside each chain);
+# 5a'. values every call computes alike (an integer arange of static bounds, a dtype
+#    copy of a constant) -> constants (fold_constants), after cse, so that merged
+#    duplicates fold once;
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
@@ -70,7 +74,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, fuse_rms_norm, fuse_rotary, cse,
-          cache_positions, pair_cache_updates,
+          fold_constants, cache_positions, pair_cache_updates,
           fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
 
 

@@ -157,6 +157,94 @@ def _unselect(node) -> bool:
     return changed
 
 
+_VIEWS = (aten.unsqueeze.default, aten.view.default, aten.reshape.default,
+          aten._unsafe_view.default)
+
+
+def _static_shape(v):
+    return tuple(v.shape) if isinstance(v, torch.Tensor) \
+        and all(isinstance(d, int) for d in v.shape) else None
+
+
+def _leading_ones_base(node):
+    """The tensor a chain of views that only add leading size-1 dims starts from
+    (``x.unsqueeze(0).unsqueeze(1)`` -> x), or None."""
+    base, shape = None, _static_shape(_val(node))
+    if shape is None:
+        return None
+    while _is_call(node, *_VIEWS) and isinstance(node.args[0], torch.fx.Node):
+        inner = _static_shape(_val(node.args[0]))
+        if inner is None or len(inner) < 1 or len(inner) > len(shape) \
+                or shape != (1,) * (len(shape) - len(inner)) + inner:
+            break
+        base = node = node.args[0]
+    return base
+
+
+def _unview(node) -> bool:
+    """Rewrite a binary op's operands that are a tensor with leading size-1 dims added
+    (a chain of unsqueeze/view) as that tensor, where the result keeps its sizes:
+    broadcasting adds those dims back (same values; equal dtypes and ranks >= 1, so
+    the same type promotion). Both operands where that keeps the sizes, else one."""
+    if not _is_call(node, *_BINARY) or len(node.args) != 2:
+        return False
+    out = _static_shape(_val(node))
+    if out is None or not all(isinstance(_val(a), torch.Tensor) for a in node.args):
+        return False
+    bases = []
+    for a in node.args:
+        base = _leading_ones_base(a)
+        vb = _val(base) if base is not None else None
+        ok = vb is not None and vb.dtype == _val(a).dtype and vb.dim() >= 1
+        bases.append(base if ok else None)
+
+    def keeps(args) -> bool:
+        shapes = [_static_shape(_val(a)) for a in args]
+        if any(sh is None or len(sh) < 1 for sh in shapes):
+            return False
+        try:
+            return tuple(torch.broadcast_shapes(*shapes)) == out
+        except RuntimeError:
+            return False
+    # One operand alone: prefer the one whose partner has the result's sizes (the
+    # small operand loses its leading dims, the large one keeps them).
+    singles = [(bases[0], node.args[1]), (node.args[0], bases[1])]
+    singles.sort(key=lambda args: _static_shape(_val(args[1] if args[0] is bases[0]
+                                                     else args[0])) != out)
+    choices = [(bases[0], bases[1])] + singles
+    for args in choices:
+        if None in args or tuple(args) == tuple(node.args):
+            continue
+        if keeps(args):
+            node.args = tuple(args)
+            return True
+    return False
+
+
+def _cast_before_view(graph, node) -> bool:
+    """``_to_copy(v)`` (a dtype change only) of a view ``v`` that only adds leading
+    size-1 dims to a graph input becomes ``view(_to_copy(input))``: the same values,
+    and the view of an intermediate shares its memory where a view of a graph input
+    is a copy (a dispatch)."""
+    if not _is_call(node, aten._to_copy.default) or len(node.args) != 1 \
+            or set(node.kwargs) - {"dtype"}:
+        return False
+    view = node.args[0]
+    base = _leading_ones_base(view) if isinstance(view, torch.fx.Node) else None
+    out = _static_shape(_val(node))
+    if base is None or base.op != "placeholder" or out is None:
+        return False
+    with graph.inserting_before(node):
+        cast = graph.call_function(aten._to_copy.default, (base,), dict(node.kwargs))
+        new = graph.call_function(aten.view.default, (cast, list(out)))
+    vb = _val(base)
+    cast.meta = {**node.meta, "val": _val(node).reshape(tuple(vb.shape))}
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return True
+
+
 class _Unhashable(Exception):
     pass
 
@@ -198,6 +286,10 @@ def cse(pg) -> bool:
             continue
         returned = any(u.op == "output" for u in node.users)
         changed |= _unselect(node)
+        changed |= _unview(node)
+        if not returned and _cast_before_view(graph, node):
+            changed = True
+            continue
         out = _val(node)
         if not isinstance(out, torch.Tensor):
             continue
