@@ -182,3 +182,29 @@ def test_prelude_on_vulkan_equal_eager():
         want, want_mask = m(x, p)
         assert torch.equal(mask, want_mask)
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)  # cos on the device
+
+
+class LastToken(torch.nn.Module):
+    """logits[0, -1] of hidden[:, -1:] (one token): select along size-1 dims and a
+    slice keeping the whole dim become views; pos[0] (0-d) stays a select."""
+
+    def forward(self, h, w, pos):
+        logits = (h[:, -1:] @ w)[0, -1]
+        return logits * 2, h[:, :, 1:] + pos[0]
+
+
+def test_selects_of_size_one_dims_and_whole_slices_become_views():
+    h, w, pos = torch.randn(1, 1, 6), torch.randn(6, 5), torch.tensor([3])
+    m = LastToken()
+    pg = from_exported_program(torch.export.export(m, (h, w, pos)))
+    assert cse(pg)
+    pg.gm.graph.eliminate_dead_code()
+    selects = [n for n in pg.gm.graph.nodes if n.target == aten.select.int]
+    assert [n.args[0].name for n in selects] == ["pos"]  # the 0-d one
+    slices = [n for n in pg.gm.graph.nodes if n.target == aten.slice.Tensor]
+    assert len(slices) == 1 and slices[0].args[2] == 1  # h[:, :, 1:] is a real slice
+    for out, ref in zip(_run(pg, h, w, pos), m(h, w, pos)):
+        assert out.shape == ref.shape and torch.equal(out, ref)
+    program = to_backend(torch.export.export(m, (h, w, pos)), VulkanPartitioner())
+    for out, ref in zip(program(h, w, pos), m(h, w, pos)):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -13,7 +13,15 @@ several) per step. This pass, in one walk in graph order:
      one-token decode). Not for float tensors: ``-0.0 + 0`` is ``+0.0``.
    - ``mul``/``div`` by a Python 1 (``x * 1.0`` is ``x`` bitwise for every float,
      -0.0, inf and NaN included; an int ``x / 1`` changes dtype and is not folded).
-   - ``expand`` to the sizes the input already has.
+   - ``expand`` to the sizes the input already has; a step-1 ``slice`` keeping its
+     whole dim (``hidden[:, -1:]`` of one token).
+   - ``select`` along a size-1 dim becomes a ``view`` (a result of rank >= 1 only:
+     ``pos[0]`` stays for cache_positions), and a dtype cast of a view that only adds
+     leading size-1 dims to a graph input is moved before the view: select is a copy
+     on the device, and so is a view of a graph input, where a view of an
+     intermediate shares its memory.
+   - a binary op's operand that only adds leading size-1 dims to a tensor (a chain of
+     unsqueeze/view) reads that tensor, where broadcasting keeps the result's sizes.
    - a binary op's operand ``select(t, 0, 0)`` of a one-element 1-D tensor ``t``
      (``start_pos[0]``) becomes ``t`` where the other operand has rank >= 1 and the
      same dtype: broadcasting gives the same sizes and values, and with equal dtypes
@@ -245,6 +253,43 @@ def _cast_before_view(graph, node) -> bool:
     return True
 
 
+def _copy_free_view(graph, node) -> bool:
+    """``select(x, d, 0 or -1)`` along a size-1 dim (result of rank >= 1) becomes
+    ``view(x, sizes)``, and a step-1 ``slice`` keeping every row of its dim becomes x:
+    the same elements in the same order, where select and slice are copies on the
+    device and a view of an intermediate shares its memory (a decode step's
+    ``logits[0, -1]`` and ``hidden[:, -1:]`` of one token). Static sizes only; a select
+    giving a 0-d tensor (``pos[0]``, which cache_positions reads) and a slice that a
+    slice_scatter or copy reads are left alone."""
+    out = _static_shape(_val(node))
+    x = node.args[0] if node.args else None
+    vx = _static_shape(_val(x))
+    if out is None or vx is None or not isinstance(x, torch.fx.Node):
+        return False
+    if node.target == aten.select.int:
+        if len(out) < 1 or len(node.args) != 3 or type(node.args[1]) is not int:
+            return False
+        d = node.args[1] % len(vx)
+        if vx[d] != 1 or node.args[2] not in (0, -1):
+            return False
+        with graph.inserting_before(node):
+            new = graph.call_function(aten.view.default, (x, list(out)))
+        new.meta = dict(node.meta)
+    elif node.target == aten.slice.Tensor:
+        step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+        if step != 1 or out != vx or not all(type(a) in (int, type(None))
+                                             for a in node.args[1:]) \
+                or any(u.target in (aten.slice_scatter.default, aten.copy.default)
+                       for u in node.users):
+            return False
+        new = x
+    else:
+        return False
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return True
+
+
 class _Unhashable(Exception):
     pass
 
@@ -287,7 +332,7 @@ def cse(pg) -> bool:
         returned = any(u.op == "output" for u in node.users)
         changed |= _unselect(node)
         changed |= _unview(node)
-        if not returned and _cast_before_view(graph, node):
+        if not returned and (_cast_before_view(graph, node) or _copy_free_view(graph, node)):
             changed = True
             continue
         out = _val(node)
