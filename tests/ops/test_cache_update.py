@@ -191,3 +191,87 @@ def test_cache_state_survives_save_and_load(tmp_path, executor):
     loaded = load(tmp_path / "cache.vkdp")
     k = _data((1, 2, 2, 4), torch.float32, 50)
     assert torch.equal(loaded(k, torch.tensor([4])), eager(k, torch.tensor([4])))
+
+
+# ---- vkdelegate.index_put_pair (passes/pair_cache_updates) --------------------------
+def _two_puts(x, x2, i, v, v2):
+    put = torch.ops.aten.index_put
+    return put(x, [None, None, i], v), put(x2, [None, None, i], v2)
+
+
+@pytest.mark.parametrize("dtype", MOVE)
+def test_index_put_pair_is_two_index_puts(dtype):
+    """Two index_puts at one index become one index_put_pair: eager's values, bitwise."""
+    x, x2 = _data((2, 3, 6, 4), dtype, 40), _data((2, 3, 6, 4), dtype, 41)
+    v, v2 = _data((2, 3, 2, 4), dtype, 42), _data((2, 3, 2, 4), dtype, 43)
+    index = torch.tensor([-1, 2])  # wrapped from the end, as index_put does
+    args = (x, x2, index, v, v2)
+    program = check_op(_two_puts, args, ops=["vkdelegate.index_put_pair.default"])
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert "aten.index_put.default" not in ops, ops
+    for got, want in zip(program(*args), _two_puts(*args)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_index_puts_of_other_sizes_are_not_paired():
+    x, x2 = _data((1, 2, 6, 4), torch.float32, 44), _data((1, 2, 6, 8), torch.float32, 45)
+    v, v2 = _data((1, 2, 1, 4), torch.float32, 46), _data((1, 2, 1, 8), torch.float32, 47)
+    program = check_op(_two_puts, (x, x2, torch.tensor([3]), v, v2),
+                       ops=["aten.index_put.default"])
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert ops.count("aten.index_put.default") == 2 and "vkdelegate.index_put_pair.default" \
+        not in ops
+
+
+def test_index_put_pair_rule_refuses_mismatches():
+    from vkdelegate.ops.families.cache_update import _index_put_pair_rule
+    from vkdelegate.ops.registry import NodeSpec, TensorSpec
+
+    def t(shape, dtype="float16"):
+        return TensorSpec(dtype=dtype, shape=tuple(shape))
+
+    def rule(x, x2, indices, v, v2):
+        return _index_put_pair_rule(NodeSpec(op="vkdelegate.index_put_pair.default",
+                                             args=(x, x2, indices, v, v2), outputs=(x, x2)))
+    c, i, v = t((1, 2, 8, 4)), t((1,), "int64"), t((1, 2, 1, 4))
+    assert rule(c, c, [None, None, i], v, v) is None
+    assert "differ" in rule(c, t((1, 2, 8, 2)), [None, None, i], v, v)
+    assert "values" in rule(c, c, [None, None, i], v, t((1, 2, 1, 2)))
+    assert rule(c, c, [None, None, i], t((1, 1, 1, 1)), t((1, 1, 1, 1))) is not None
+    assert rule(c, c, [None, i, i], v, v) is not None
+    assert rule(c, c, [None, None, t((1,), "float32")], v, v) is not None
+
+
+class KVCache(nn.Module):
+    """A layer's K and V buffers written at ``pos`` in place, as HF's StaticLayer does."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, 8, 4, dtype=dtype))
+        self.register_buffer("v", torch.zeros(1, 2, 8, 4, dtype=dtype))
+
+    def forward(self, k, v, pos):
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
+        return self.k * 2 + self.v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@needs_torch_213
+def test_paired_cache_writes_run_in_place_and_persist(dtype):
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    eager = KVCache(dtype)
+    k0, v0 = _data((1, 2, 1, 4), dtype, 50), _data((1, 2, 1, 4), dtype, 51)
+    program = to_backend(torch.export.export(KVCache(dtype), (k0, v0, torch.tensor([0]))))
+    ops = [op for op, _ in delegated_nodes(program)]
+    assert ops.count("vkdelegate.index_put_pair.default") == 1, ops
+    for step, start in enumerate((0, 3, 7)):
+        k, v = _data((1, 2, 1, 4), dtype, 60 + step), _data((1, 2, 1, 4), dtype, 70 + step)
+        pos = torch.tensor([start])
+        assert torch.equal(program(k, v, pos), eager(k, v, pos)), step
+        graph = program.runner("forward").delegates[0].loaded
+        assert graph.last_transfer["upload_bytes"] <= (2 * k.numel() + 1) * 8
+    assert sorted(program.runner("forward").states_on_device) == ["b_k", "b_v"]
+    with pytest.raises(VkDelegateError, match="out of range"):
+        program(k, v, torch.tensor([8]))

@@ -59,11 +59,13 @@ def _hf_inputs(dtype, seed=1):
 # fp16: the fused op rounds once where eager rounds after each of mul, mul and add.
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 4e-3)])
 def test_hf_rotate_half_is_fused(dtype, tol):
-    program = check_op(HFRotary(), _hf_inputs(dtype), ops=["vkdelegate.rotary_half.default"],
-                       rtol=tol, atol=tol)
+    # q's and k's rotary_half share cos and sin: paired into one rotary_half_pair.
+    program = check_op(HFRotary(), _hf_inputs(dtype),
+                       ops=["vkdelegate.rotary_half_pair.default"], rtol=tol, atol=tol)
     assert " 0 on CPU" in str(program.report), program.report
     ops = [op for op, _ in delegated_nodes(program)]
-    assert ops.count("vkdelegate.rotary_half.default") == 2
+    assert ops.count("vkdelegate.rotary_half_pair.default") == 1
+    assert "vkdelegate.rotary_half.default" not in ops
     assert "aten.cat.default" not in ops and "aten.neg.default" not in ops
 
 
@@ -83,6 +85,64 @@ def test_hf_rotate_half_with_a_shared_intermediate_is_not_fused(dtype, tol):
     assert " 0 on CPU" in str(program.report), program.report
     ops = [op for op, _ in delegated_nodes(program)]
     assert ops.count("vkdelegate.rotary_half.default") == 1
+
+
+def _lowered(fn, inputs):
+    from vkdelegate import VulkanPartitioner, to_backend
+
+    class M(nn.Module):
+        def forward(self, *args):
+            return fn(*args)
+    return to_backend(torch.export.export(M(), inputs), VulkanPartitioner())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shapes", [((1, 4, 6, 8), (1, 2, 6, 8), (1, 6, 8)),
+                                    ((1, 32, 1, 64), (1, 8, 1, 64), (1, 1, 64)),
+                                    ((3, 10), (5, 10), (10,))])
+def test_rotary_half_pair_is_bitwise_the_single_op(dtype, shapes):
+    """The paired op's outputs have the bits two unpaired rotary_half dispatches give
+    (each lowered alone, so the pass has nothing to pair) and its CPU kernel's."""
+    from tests.ops.harness import vulkan_unavailable
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    g = torch.Generator().manual_seed(3)
+    qs, ks, fs = shapes
+    q, k = torch.randn(qs, generator=g).to(dtype), torch.randn(ks, generator=g).to(dtype)
+    ang = torch.rand(fs, generator=g) * 6
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    if len(qs) == 4:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    single, pair = torch.ops.vkdelegate.rotary_half, torch.ops.vkdelegate.rotary_half_pair
+    paired = _lowered(lambda a, b, c, s: pair(a, b, c, s), (q, k, cos, sin))
+    ops = [op for op, _ in delegated_nodes(paired)]
+    assert ops == ["vkdelegate.rotary_half_pair.default"], ops
+    out_q, out_k = paired(q, k, cos, sin)
+    for x, out in ((q, out_q), (k, out_k)):
+        alone = _lowered(lambda a, c, s: single(a, c, s), (x, cos, sin))
+        want = alone(x, cos, sin)
+        assert out.dtype == x.dtype and torch.equal(out, want)
+        # the CPU kernel (fp32 math, one rounding): the same up to fp32 contraction
+        torch.testing.assert_close(out, single(x, cos, sin), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_half_pair_rule_refuses_bad_shapes():
+    from vkdelegate.ops.families.rotary import _pair_rule
+    from vkdelegate.ops.registry import NodeSpec, TensorSpec
+
+    def t(shape, dtype="float32"):
+        return TensorSpec(dtype=dtype, shape=tuple(shape))
+
+    def rule(q, k, c, s):
+        return _pair_rule(NodeSpec(op="vkdelegate.rotary_half_pair.default",
+                                   args=(q, k, c, s), outputs=(q, k)))
+    ok = (t((1, 4, 1, 8)), t((1, 2, 1, 8)), t((1, 1, 1, 8)), t((1, 1, 1, 8)))
+    assert rule(*ok) is None
+    assert "even" in rule(t((1, 4, 1, 7)), t((1, 2, 1, 7)), t((1, 1, 1, 7)), t((1, 1, 1, 7)))
+    assert "dtype" in rule(ok[0], t((1, 2, 1, 8), "float16"), ok[2], ok[3])
+    assert "broadcast" in rule(ok[0], ok[1], t((1, 1, 2, 8)), t((1, 1, 2, 8)))
+    assert rule(ok[0], ok[1], ok[2], t((1, 1, 1, 4))) is not None
 
 
 class GatedMLP(nn.Module):

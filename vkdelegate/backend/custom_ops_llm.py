@@ -35,6 +35,30 @@ SLICE_SCATTER_AT = declare_custom_op(
     _slice_scatter_at, meta=_same_as_self)
 
 
+def _index_put_pair(x, x2, indices, values, values2):
+    import torch
+
+    return (torch.ops.aten.index_put.default(x, indices, values),
+            torch.ops.aten.index_put.default(x2, indices, values2))
+
+
+def _index_put_pair_meta(x, x2, indices, values, values2):
+    import torch
+
+    return torch.empty_like(x), torch.empty_like(x2)
+
+
+#: ``(index_put(self, indices, values), index_put(self2, indices, values2))``
+#: (accumulate=False): a decoder layer's K and V cache writes at one set of positions,
+#: in one dispatch. self/self2 of one dtype and sizes, values/values2 too, one index
+#: tensor in indices. Made by ``passes/pair_cache_updates``; Vulkan:
+#: ``ops/families/cache_update.py``.
+INDEX_PUT_PAIR = declare_custom_op(
+    "vkdelegate.index_put_pair.default",
+    "index_put_pair(Tensor self, Tensor self2, Tensor?[] indices, Tensor values, "
+    "Tensor values2) -> (Tensor, Tensor)", _index_put_pair, meta=_index_put_pair_meta)
+
+
 def _update_cache(value, cache, start_pos):
     import torch
 
@@ -102,6 +126,20 @@ def _rotary_half(x, cos, sin):
 ROTARY_HALF = declare_custom_op(
     "vkdelegate.rotary_half.default",
     "rotary_half(Tensor x, Tensor cos, Tensor sin) -> Tensor", _rotary_half)
+
+
+def _rotary_half_pair(q, k, cos, sin):
+    return _rotary_half(q, cos, sin), _rotary_half(k, cos, sin)
+
+
+#: ``(rotary_half(q, cos, sin), rotary_half(k, cos, sin))``: a layer's two rotary
+#: embeddings, which share cos/sin, in one dispatch (each output bitwise what
+#: rotary_half gives it). Made by ``passes/fuse_rotary`` from two rotary_half nodes with
+#: the same cos and sin; Vulkan: ``ops/families/rotary.py``.
+ROTARY_HALF_PAIR = declare_custom_op(
+    "vkdelegate.rotary_half_pair.default",
+    "rotary_half_pair(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
+    _rotary_half_pair)
 
 
 def sample_reference(logits, sampling):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.cache_positions import cache_positions
+from vkdelegate.backend.passes.cse import cse
 from vkdelegate.backend.passes.fold_batch_norm import fold_batch_norm
+from vkdelegate.backend.passes.fold_constants import fold_constants
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
 from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
@@ -16,6 +18,7 @@ from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.merge_linears import merge_linears
+from vkdelegate.backend.passes.pair_cache_updates import pair_cache_updates
 from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.permute_to_view import permute_to_view
 from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
@@ -47,9 +50,22 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    start at the parts, whatever made them).
 # 5. RMS-norm and rotary-embedding fusion: independent of the others (their patterns
 #    have no clone in them).
+# 5a. common subexpressions and no-op arithmetic (cse) after the pattern passes above,
+#    whose matches need intermediates that nothing else reads (two equal dequantize
+#    chains of a tied weight, merged, would block both fusions), and before every pass
+#    below: cache_positions and fuse_elementwise then see one position computation per
+#    step instead of one per layer, a fused chain would hide its nodes from it, and
+#    local_symints gives each consumer its own SymInt nodes on purpose (cse never
+#    merges those, nor float elementwise nodes that fuse_elementwise recomputes
+#    inside each chain);
+# 5a'. values every call computes alike (an integer arange of static bounds, a dtype
+#    copy of a constant) -> constants (fold_constants), after cse, so that merged
+#    duplicates fold once;
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
+# 5b'. a layer's K and V cache writes (index_put at one positions node) -> one
+#    index_put_pair, after cse, which gives them that one node;
 # 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
 #    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
 #    rotary's mul/add) that a fused chain would hide;
@@ -64,8 +80,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
-          cache_positions, fuse_elementwise, permute_to_view, symbolic_view_sizes,
-          local_symints)
+          cse, fold_constants, cache_positions, pair_cache_updates, fuse_elementwise,
+          permute_to_view, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

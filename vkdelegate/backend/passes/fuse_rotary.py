@@ -10,12 +10,21 @@ which exports as ``add(mul(x, C), mul(cat([neg(slice(x, -1, D/2, end)), slice(x,
 when x, C, S and the result share one float dtype, the slices split the last dim in
 halves, C and S have equal sizes broadcasting to x's, and no other node reads an
 intermediate. Runs only when the registry has the op.
+
+Then two rotary_half nodes with the same cos and sin nodes (a layer's q and k) and one
+dtype become ``rotary_half_pair(q, k, cos, sin)`` and its two getitems: one dispatch
+instead of two, each output bitwise the single op's (same expression per element).
+Paired in graph order, each node at most once, only where the second one's input is
+computed before the first node (the pair takes the first one's place, so every user of
+either still comes after it). Runs only when the registry has rotary_half_pair.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
-from vkdelegate.backend.custom_ops_llm import ROTARY_HALF
+from vkdelegate.backend.custom_ops_llm import ROTARY_HALF, ROTARY_HALF_PAIR
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -124,5 +133,49 @@ def fuse_rotary(pg) -> bool:
         graph.erase_node(add)
         for n in inner:  # users first: each is unused once those before it are gone
             graph.erase_node(n)
+        changed = True
+    return pair_rotary(graph) or changed
+
+
+def _before(graph, a, b) -> bool:
+    """Node a comes before node b in graph order (placeholders count as first)."""
+    if not isinstance(a, torch.fx.Node) or a.op == "placeholder":
+        return True
+    for n in graph.nodes:
+        if n is a:
+            return True
+        if n is b:
+            return False
+    return False
+
+
+def pair_rotary(graph) -> bool:
+    """Pair rotary_half nodes sharing cos/sin into rotary_half_pair; True if any."""
+    if ROTARY_HALF_PAIR.name not in registry.load_all():
+        return False
+    single, pair = ROTARY_HALF.overload(), ROTARY_HALF_PAIR.overload()
+    waiting: dict = {}  # (cos, sin, dtype) -> the first rotary_half of a future pair
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not single or len(node.args) != 3 \
+                or node.kwargs:
+            continue
+        x, c, s = node.args
+        v = _val(node)
+        if not isinstance(v, torch.Tensor):
+            continue
+        key = (c, s, v.dtype, v.shape[-1])
+        first = waiting.pop(key, None)
+        if first is None or not _before(graph, x, first):
+            waiting[key] = node
+            continue
+        with graph.inserting_before(first):
+            fused = graph.call_function(pair, (first.args[0], x, c, s))
+            outs = [graph.call_function(operator.getitem, (fused, i)) for i in (0, 1)]
+        fused.meta = {**first.meta, "val": (_val(first), v)}
+        for old, new in zip((first, node), outs):
+            new.meta = dict(old.meta)
+            old.replace_all_uses_with(new)
+            graph.erase_node(old)
         changed = True
     return changed

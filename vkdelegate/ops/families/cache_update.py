@@ -180,6 +180,73 @@ def _index_put_rule(node: NodeSpec):
     return None
 
 
+# ---- vkdelegate.index_put_pair(self, self2, indices, values, values2) ---------------
+PAIR_SHADER = "scatter_rows_pair"
+
+
+@shader_bindings(PAIR_SHADER)
+def _pair_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "out2_data", "error_flags"),
+                    inputs=("src_data", "src2_data", "index_data"), params=(SCATTER_PARAMS,))
+
+
+def _index_put_pair_impl(b, node):
+    x_id, x2_id, indices_id, values_id, values2_id, out_id = node.args
+    x, x2, values, values2 = (b.tensor(i) for i in (x_id, x2_id, values_id, values2_id))
+    outs = b.value(out_id)
+    if not isinstance(outs, list) or len(outs) != 2:
+        raise b.error("index_put_pair has two outputs")
+    out, out2 = outs
+    try:
+        dim, index = _one_index(b.value(indices_id))
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    _copy_destination(b, out, x)
+    _copy_destination(b, out2, x2)
+    flag = b.error_flag(_range(x, dim, True))
+
+    def region():
+        return math.prod(out.shape[:dim]) * max(index.numel, 0) \
+            * math.prod(out.shape[dim + 1:])
+
+    def pack():
+        if math.prod(values.shape) != region() or math.prod(values2.shape) != region():
+            raise VkDelegateError(f"index_put_pair: values of sizes {list(values.shape)} "
+                                  f"and {list(values2.shape)} for a region of {region()} "
+                                  f"elements")
+        inner = math.prod(out.shape[dim + 1:])
+        return SCATTER_PARAMS.pack(info=[region(), max(inner, 1), max(index.numel, 1),
+                                         out.shape[dim]], check=[flag.slot, 1])
+    params = b.params(pack())
+    b.on_resize(lambda: params.write(pack()))
+    grid = 2 * math.prod(out.max_shape[:dim]) * max(index.max_numel, 0) \
+        * math.prod(out.max_shape[dim + 1:])
+    defines = storage_defines(OUT=out, SRC=values, IDX=index)
+    defines["SRC_ACC"] = acc_type(out.dtype)
+    b.dispatch(PAIR_SHADER, defines, outputs=[out, out2, flag], inputs=[values, values2, index],
+               params=[params], global_size=(max(grid, 1),), local_size=b.local_size_1d(grid))
+
+
+def _index_put_pair_rule(node: NodeSpec):
+    x, x2, indices, values, values2 = node.args[:5]
+    if (x.dtype, tuple(x.shape)) != (x2.dtype, tuple(x2.shape)):
+        return (f"destinations {x.dtype}{list(x.shape)} and {x2.dtype}{list(x2.shape)} "
+                f"differ")
+    if (values.dtype, tuple(values.shape)) != (values2.dtype, tuple(values2.shape)):
+        return "values of different dtypes or sizes"
+    if values.dtype != x.dtype:
+        return f"values of dtype {values.dtype} for a destination of {x.dtype}"
+    why = _index_put_rule(NodeSpec(op="aten.index_put.default",
+                                   args=(x, indices, values, False), outputs=node.outputs[:1]))
+    if why:
+        return why
+    dim, index = _one_index(indices)
+    region = math.prod(x.shape[:dim]) * math.prod(index.shape) * math.prod(x.shape[dim + 1:])
+    if math.prod(values.shape) != region:
+        return f"values of sizes {list(values.shape)} (one per element of the region needed)"
+    return None
+
+
 # ---- slice_scatter(self, src, dim, start, end, step), select_scatter(self, src, dim, index)
 def _region_plan(out, src, dim: int, start: int, step: int, drop_dim: bool) -> CopyPlan:
     """The affine copy of ``src`` into ``out``'s region starting at ``start`` along
@@ -333,6 +400,14 @@ _op("vkdelegate.slice_scatter_at.default", _slice_scatter_at_impl, (_slice_scatt
     {3: INDEX_DTYPES})
 
 
+register(OpSpec(name="vkdelegate.index_put_pair.default", dtypes=MOVE_DTYPES,
+                impl=_index_put_pair_impl,
+                shape_fn=lambda args: [tuple(args[0].shape), tuple(args[1].shape)],
+                rules=(_index_put_pair_rule,), arg_dtypes={2: INDEX_DTYPES},
+                notes="two index_puts sharing indices and sizes (a layer's K and V cache "
+                      "writes; paired by passes/pair_cache_updates) in one dispatch"))
+
+
 def _variant(profile, dtype: str, index: str, pos: bool, scalar: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
     return _defines(ddt, ddt, (index, device_dtype(index, profile)), pos, scalar)
@@ -340,3 +415,14 @@ def _variant(profile, dtype: str, index: str, pos: bool, scalar: bool) -> dict:
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=MOVE_DTYPES,
              index=INDEX_DTYPES, pos=(False, True), scalar=(False, True))
+
+
+def _pair_variant(profile, dtype: str, index: str) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    d = storage_defines(OUT=ddt, SRC=ddt, IDX=(index, device_dtype(index, profile)))
+    d["SRC_ACC"] = acc_type(dtype)
+    return d
+
+
+declare_grid(PAIR_SHADER, _pair_variant, profile=STORAGE_PROFILES, dtype=MOVE_DTYPES,
+             index=INDEX_DTYPES)

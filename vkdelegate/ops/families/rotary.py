@@ -135,9 +135,68 @@ register(OpSpec(name="vkdelegate.rotary_half.default", dtypes=FLOATS, impl=_half
                                   "fp32 math"))
 
 
+PAIR_SHADER = "rotary_half_pair"
+PAIR_PARAMS = ParamBlock("rotary_half_pair_block", [
+    ("info", "ivec4"), ("sizes", "ivec4"), ("fstrides", "ivec4"), ("sizes2", "ivec4"),
+    ("fstrides2", "ivec4")])
+
+
+@shader_bindings(PAIR_SHADER)
+def _pair_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "out2_data"),
+                    inputs=("in_data", "in2_data", "cos_data", "sin_data"),
+                    params=(PAIR_PARAMS,))
+
+
+def _pair_impl(b, node):
+    q_id, k_id, cos_id, sin_id, out_id = node.args
+    q, k, cos, sin = (b.tensor(i) for i in (q_id, k_id, cos_id, sin_id))
+    outs = b.value(out_id)
+    if not isinstance(outs, list) or len(outs) != 2:
+        raise b.error("rotary_half_pair has two outputs")
+    out_q, out_k = (b.tensor(o) if isinstance(o, int) else o for o in outs)
+
+    def pack():
+        def padded(x):
+            return list((1,) * (4 - x.ndim) + tuple(x.shape))
+        return PAIR_PARAMS.pack(info=[q.numel, q.shape[-1] // 2, k.numel, 0],
+                                sizes=padded(q), fstrides=broadcast_strides(cos.shape, q.shape),
+                                sizes2=padded(k),
+                                fstrides2=broadcast_strides(cos.shape, k.shape))
+    params = b.params(pack())
+    b.on_resize(lambda: params.write(pack()))
+    total = q.max_numel + k.max_numel
+    b.dispatch(PAIR_SHADER, storage_defines(OUT=out_q, IN=q, F=cos), outputs=[out_q, out_k],
+               inputs=[q, k, cos, sin], params=[params], global_size=(max(total, 1),),
+               local_size=b.local_size_1d(total))
+
+
+def _pair_rule(node: NodeSpec):
+    q, k, cos, sin = node.args[:4]
+    for x in (q, k):
+        if not 1 <= x.rank <= 4 or x.shape[-1] % 2:
+            return f"q/k of sizes {list(x.shape)} (rank 1-4, even last dim)"
+    if q.dtype != k.dtype or q.shape[-1] != k.shape[-1]:
+        return f"q {list(q.shape)} and k {list(k.shape)} need one dtype and last dim"
+    if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.rank > min(q.rank, k.rank):
+        return "cos and sin must have one dtype and sizes of at most q's and k's rank"
+    for x in (q, k):
+        padded = (1,) * (x.rank - cos.rank) + tuple(cos.shape)
+        if any(c not in (1, s) for c, s in zip(padded, x.shape)) or padded[-1] != x.shape[-1]:
+            return f"cos/sin of sizes {list(cos.shape)} do not broadcast to {list(x.shape)}"
+    return None
+
+
+register(OpSpec(name="vkdelegate.rotary_half_pair.default", dtypes=FLOATS, impl=_pair_impl,
+                shape_fn=lambda args: [tuple(args[0].shape), tuple(args[1].shape)],
+                rules=(_pair_rule,), max_rank=4,
+                notes="rotary_half of q and k sharing cos/sin in one dispatch (paired by "
+                      "passes/fuse_rotary); bitwise rotary_half's"))
+
+
 def _variant(profile, dtype: str, freqs: str) -> dict:
     x = (dtype, device_dtype(dtype, profile))
     return storage_defines(OUT=x, IN=x, F=(freqs, device_dtype(freqs, profile)))
 
 
-declare_grid((SHADER, HALF_SHADER), _variant, profile=STORAGE_PROFILES, dtype=FLOATS, freqs=FLOATS)
+declare_grid((SHADER, HALF_SHADER, PAIR_SHADER), _variant, profile=STORAGE_PROFILES, dtype=FLOATS, freqs=FLOATS)
