@@ -4,7 +4,7 @@
 # next. Run on the H200 from the project root after `source .gl/env.sh`:
 #   bash benchmarks/gpu_suite.sh STEP [STEP ...]
 # Steps (seconds: the limit):
-#   tests   the whole suite, validation on (pytest -n 8), 240
+#   tests   the whole suite, validation on (pytest -n 8), 420 (fresh machine: shaders compile)
 #   coop    the cooperative-matrix tests, validation off (they need it off), 120
 #   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 240
 #   effnet  benchmarks/efficientnet.py batch 1 and 8, 120
@@ -26,7 +26,7 @@ step() {  # name limit command...
 }
 for s in "$@"; do
   case $s in
-    tests) step tests 240 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests/ ;;
+    tests) step tests 420 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests/ ;;
     coop) step coop 120 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 8 -p no:cacheprovider \
             tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py ;;
     llm) step llm 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
