@@ -12,6 +12,9 @@
 #   gemv    benchmarks/quant_gemv.py streamed, with the probe forms and pipeline statistics, 150
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
 #   chain   benchmarks/elementwise_chain.py, 60
+#   clocks  the gemv step's fp16 / int4 cases in both orders (one process each) with
+#           nvidia-smi sampling SM / memory clocks, P-state, power and throttle reasons
+#           every 100 ms into clocks.csv (is a GEMV's time the GPU's clock state?), 150
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 set -u
 out=${OUT:-gpu_suite_out}
@@ -37,6 +40,17 @@ for s in "$@"; do
             --shapes 4096x4096,4096x14336 --stream-mb 256 --probe --pipeline-stats ;;
     sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
     chain) step chain 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/elementwise_chain.py ;;
+    clocks)
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
+        --format=csv -lms 100 > "$out/clocks.csv" 2>&1 &
+      smi=$!
+      step clocks_a 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
+        --shapes 4096x4096,4096x14336 --stream-mb 256 --cases int4
+      step clocks_b 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
+        --shapes 4096x14336,4096x4096 --stream-mb 256 --cases int4 --reverse
+      kill $smi
+      awk -F', ' 'NR > 1 {n[$2" MHz "$4]++} END {for (k in n) print n[k], "samples at SM", k}' \
+        "$out/clocks.csv" | sort -rn | head -20 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
   esac
 done

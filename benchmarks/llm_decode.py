@@ -13,7 +13,8 @@ too) at the format's bytes per weight plus K and V up to the mean decode positio
 least a decode step must read; "HBM share": that x tokens/s over ``--hbm-tbps`` (H200:
 4.8 TB/s). "host B / step": bytes the last decode step moved between host and device
 (asserted: no cache state, at most token + position + sampling vector + next id).
-``--profile N`` adds one profiled decode step per format (its N costliest ops). Prints
+Each format also prints the median split of an unprofiled step's time (``step_breakdown``:
+wall, fence wait, delegate host work, interpreter glue). ``--profile N`` adds one profiled decode step per format (its N costliest ops). Prints
 each format's row as it is measured, a table, and writes JSON after each format.
 
     python benchmarks/llm_decode.py [--new-tokens 64] [--prompt 32] [--layers 16]
@@ -122,6 +123,33 @@ def decode_profile(program, prompt, top: int) -> tuple:
     return rows, total, n
 
 
+def step_breakdown(program, prompt, steps: int) -> dict:
+    """Median per-step split of ``steps`` unprofiled greedy decode steps after a prefill
+    of ``prompt`` (microseconds): "wall" (the ``program.decode`` call, as ``generate``
+    times it), "fence wait" (the delegates' ``DelegateGraph.last_timing`` fence waits:
+    the GPU working plus the submit's latency), "delegate host" (the rest of the
+    delegates' execute: input writes, submit, output reads) and "glue" (wall minus the
+    delegates: the method's plan interpreter, tensor conversions, ``int()`` of the id)."""
+    generate(program, prompt, 2)
+    delegates = program.runner("decode").delegates
+    rows = {"wall": [], "fence wait": [], "delegate host": [], "glue": []}
+    sampling = torch.tensor([0.0, 0.0, 1.0, 0.5])
+    token = 1
+    for i in range(steps):
+        pos = torch.tensor([len(prompt) + 1 + i])
+        t0 = time.perf_counter()
+        token = int(program.decode(torch.tensor([[token]]), pos, sampling))
+        wall = time.perf_counter() - t0
+        timing = [d.loaded.last_timing for d in delegates
+                  if getattr(d.loaded, "last_timing", None)]
+        wait = sum(t["fence_wait_s"] for t in timing)
+        host = sum(t["host_s"] for t in timing)
+        for k, v in (("wall", wall), ("fence wait", wait), ("delegate host", host),
+                     ("glue", wall - wait - host)):
+            rows[k].append(v * 1e6)
+    return {k: round(statistics.median(v), 1) for k, v in rows.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -176,7 +204,7 @@ def main() -> None:
               "max_seq_len": args.max_seq_len, "hf_tps": hf, "hf_device": hf_device,
               "ours_tps": {}, "lower_s": {}, "build_s": {}, "step_bytes": {},
               "host_bytes_per_step": {}, "cpu_nodes": {}, "tokens_equal_prefix": {},
-              "profile": {}}
+              "profile": {}, "step_us": {}}
     rows = []
     for scheme in args.quantization:
         m = model if scheme == "none" else copy.deepcopy(model)
@@ -214,6 +242,9 @@ def main() -> None:
                      f"{100 * ours * step_bytes(scheme) / hbm:.1f}%", host))
         print(f"{rows[-1]}; lowering {result['lower_s'][scheme]} s, build "
               f"{result['build_s'][scheme]} s; per step {moved}", flush=True)
+        split = step_breakdown(program, prompt, min(args.new_tokens, 48))
+        result["step_us"][scheme] = split
+        print(f"decode step split ({name}, median us): {split}", flush=True)
         if args.profile:
             prof, total, n = decode_profile(program, prompt, args.profile)
             result["profile"][scheme] = {"gpu_us": total, "dispatches": n, "top": prof}

@@ -14,7 +14,7 @@ results are checked against numpy.
     python benchmarks/quant_gemv.py [--runs 10] [--rows 1] [--group 128] [--device NAME]
         [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
         [--rows-per-workgroup 8] [--cases "linear float16,int4"] [--back-to-back]
-        [--stream-mb 128] [--sweep] [--probe] [--pipeline-stats]
+        [--stream-mb 128] [--sweep] [--probe] [--pipeline-stats] [--reverse]
 
 --gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
 form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
@@ -33,6 +33,7 @@ linear_qw_gemv.glsl forms of QUANT_SWEEP (the case name says which).
 --probe: the int8 / int4 cases also in linear_qw_gemv.glsl's PROBE forms (wrong results,
 timing only): "probe loads" loads as the default form and skips the unpacking, "probe
 math" computes as the default form on weights made from indices (no weight loads).
+--reverse: each shape's cases in reverse order (is a case's time its place in the run?).
 --pipeline-stats: after the table, the driver's compiler statistics of every pipeline
 the run created (VK_KHR_pipeline_executable_properties, runtime/pipeline_stats.py;
 e.g. NVIDIA's register count), one row per shader variant.
@@ -193,8 +194,10 @@ def back_to_back(node, device, runs: int) -> float:
 
 def streamed(node, device, runs: int) -> tuple:
     """(median, best) GPU ms per layer of ``runs`` back-to-back profiled executes of
-    the Layers ``node``, after warm-up executes (at least 10, and 0.1 s), and layer
-    0's output of the first execute."""
+    the Layers ``node``, after warm-up executes (at least 10, and 0.1 s), the median
+    fence wait per layer of ``runs`` unprofiled executes (ms: no timestamps, no
+    barriers added; the GPU's time plus one submit's latency over the layers), and
+    layer 0's output of the first execute."""
     import time
 
     with DelegateGraph(node.built, node.constant_bytes, device=device) as dg:
@@ -207,7 +210,11 @@ def streamed(node, device, runs: int) -> tuple:
         for _ in range(runs):
             dg.execute(node.arrays, profile=True)
             times.append(dg.last_profile.total_ns / node.layers)
-    return statistics.median(times) / 1e6, min(times) / 1e6, out
+        waits = []
+        for _ in range(runs):
+            dg.execute(node.arrays)
+            waits.append(dg.last_timing["fence_wait_s"] * 1e3 / node.layers)
+    return statistics.median(times) / 1e6, min(times) / 1e6, statistics.median(waits), out
 
 
 def _forms(sweep: bool, name: str, probe: bool = False):
@@ -259,6 +266,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gemv-everywhere", action="store_true")
     parser.add_argument("--rows-per-workgroup", type=int, default=None, choices=range(1, 17))
     parser.add_argument("--cases", default="", help="comma-separated name filters")
+    parser.add_argument("--reverse", action="store_true",
+                        help="run each shape's cases in reverse order (clock-state checks)")
     parser.add_argument("--back-to-back", action="store_true")
     parser.add_argument("--stream-mb", type=float, default=0.0)
     parser.add_argument("--sweep", action="store_true")
@@ -291,7 +300,8 @@ def main(argv=None) -> int:
                  f"int4 g{gs} weights, float16 x", f"8da4w g{gs}"]
         keep = [c for c in args.cases.split(",") if c]
         timed = []  # (node, label, (median, best) GPU ms, or the device limit's message)
-        for i, make in enumerate(cases):
+        order = list(enumerate(cases))
+        for i, make in (order[::-1] if args.reverse else order):
             if i != 1 and keep and not any(f in names[i] for f in keep):
                 continue
             node = make()  # one weight set for all of its forms
@@ -304,7 +314,7 @@ def main(argv=None) -> int:
                     else:
                         best = (back_to_back(node, device, args.runs) if args.back_to_back
                                 else measure(node, device, args.runs)[0])
-                        ms, out = (best, best), first_output(node, device)
+                        ms, out = (best, best, None), first_output(node, device)
                     timed.append((node, label, ms, rel_err(out, ref)))
                 except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
                     timed.append((node, label, str(exc).split(',')[0], ""))
@@ -322,20 +332,21 @@ def main(argv=None) -> int:
             name = f"{node.name}{label}"
             if isinstance(ms, str):
                 rows.append([f"{k}x{n}", name, 1, "-", "-", "-", "-",
-                             f"over a device limit ({ms})"])
+                             "-", f"over a device limit ({ms})"])
                 continue
             per_layer = node.moved / node.layers
             rows.append([f"{k}x{n}", name, node.layers, f"{ms[0]:.4f}", f"{ms[1]:.4f}",
                          f"{per_layer / ms[0] / 1e6:.1f}",
                          f"{base / ms[0]:.2f}x" if base and name != "linear float16" else "-",
-                         err])
+                         "-" if ms[2] is None else f"{ms[2]:.4f}", err])
     print(f"device: {device.info.name} ({device.info.type}), driver {device.info.driver}; "
           f"{args.rows} row(s), group {args.group}\n")
     what = (f"median of {args.runs} back-to-back runs, per layer" if mb else
             f"best of {args.runs} runs (both columns)")
-    print(f"GPU ms: {what}\n")
+    print(f"GPU ms: {what}" + ("; wait ms: median unprofiled fence wait per layer"
+                                 if mb else "") + "\n")
     print(tabulate(rows, headers=["K x N", "case", "layers", "GPU ms", "best", "weight GB/s",
-                                  "vs fp16", "rel err"]))
+                                  "vs fp16", "wait ms", "rel err"]))
     if args.pipeline_stats:
         print_pipeline_stats(device)
     return 0
