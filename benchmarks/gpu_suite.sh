@@ -12,19 +12,36 @@
 #   gemv    benchmarks/quant_gemv.py streamed, with the probe forms and pipeline statistics, 150
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
 #   chain   benchmarks/elementwise_chain.py, 60
-#   clocks  the gemv step's fp16 / int4 cases in both orders (one process each) with
-#           nvidia-smi sampling SM / memory clocks, P-state, power and throttle reasons
-#           every 100 ms into clocks.csv (is a GEMV's time the GPU's clock state?), 150
+#   clocks  the gemv step's fp16 / int4 cases in both orders (one process each): is a
+#           GEMV's time the GPU's clock state? 150
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
+# With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
+# every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
+# of SM clocks (the H200 idles down to 345 MHz within seconds; docs/PERF.md).
 set -u
 out=${OUT:-gpu_suite_out}
 mkdir -p "$out"
+smi=
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
+    --format=csv -lms 100 > "$out/clocks.csv" 2>&1 &
+  smi=$!
+  trap 'kill $smi 2> /dev/null' EXIT
+fi
+clock_lines() { if [ -n "$smi" ]; then wc -l < "$out/clocks.csv"; else echo 0; fi; }
+clock_histogram() {  # first last: the SM clocks sampled between those lines
+  [ -n "$smi" ] || return 0
+  sed -n "$(($1 + 1)),$2p" "$out/clocks.csv" | awk -F', ' '{n[$2]++; t++}
+    END {printf "SM clock samples:"; for (k in n) printf " %s x%d (%.0f%%)", k, n[k], 100 * n[k] / t; print ""}'
+}
 step() {  # name limit command...
   local name=$1 limit=$2; shift 2
   echo "=== $name ($(date +%T), limit ${limit}s): $*"
+  local first; first=$(clock_lines)
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   tail -n 60 "$out/$name.log"
+  clock_histogram "$first" "$(clock_lines)"
   echo "=== $name rc=$rc ($(date +%T))"
 }
 for s in "$@"; do
@@ -41,16 +58,10 @@ for s in "$@"; do
     sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
     chain) step chain 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/elementwise_chain.py ;;
     clocks)
-      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
-        --format=csv -lms 100 > "$out/clocks.csv" 2>&1 &
-      smi=$!
       step clocks_a 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
         --shapes 4096x4096,4096x14336 --stream-mb 256 --cases int4
       step clocks_b 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
-        --shapes 4096x14336,4096x4096 --stream-mb 256 --cases int4 --reverse
-      kill $smi
-      awk -F', ' 'NR > 1 {n[$2" MHz "$4]++} END {for (k in n) print n[k], "samples at SM", k}' \
-        "$out/clocks.csv" | sort -rn | head -20 ;;
+        --shapes 4096x14336,4096x4096 --stream-mb 256 --cases int4 --reverse ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
   esac
 done

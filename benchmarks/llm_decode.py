@@ -123,8 +123,18 @@ def decode_profile(program, prompt, top: int) -> tuple:
     return rows, total, n
 
 
+def hold(program, prompt, new_tokens: int, seconds: float) -> None:
+    """Generate back to back for ``seconds``: the GPU's clocks rise to their working
+    level under load (the H200 idles at 345 MHz, docs/PERF.md), so the timed runs
+    measure the program, not the clock ramp."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        generate(program, prompt, new_tokens)
+
+
 def step_breakdown(program, prompt, steps: int) -> dict:
-    """Median per-step split of ``steps`` unprofiled greedy decode steps after a prefill
+    """Median per-step split of ``steps`` unprofiled greedy ``decode`` calls (one per
+    token: the host between steps) after a prefill
     of ``prompt`` (microseconds): "wall" (the ``program.decode`` call, as ``generate``
     times it), "fence wait" (the delegates' ``DelegateGraph.last_timing`` fence waits:
     the GPU working plus the submit's latency), "delegate host" (the rest of the
@@ -170,6 +180,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile one decode step per format: its N costliest ops")
+    ap.add_argument("--decode-chunk", type=int, default=16,
+                    help="generate's decode steps per submit (decode_next)")
+    ap.add_argument("--hold-s", type=float, default=2.0,
+                    help="seconds of back-to-back generation before timing each format "
+                         "(a GPU idles its clocks down between bursts)")
     ap.add_argument("--hbm-tbps", type=float, default=4.8,
                     help="memory bandwidth for the roofline share (H200 HBM3e: 4.8)")
     ap.add_argument("--json", default="llm_decode.json")
@@ -204,7 +219,8 @@ def main() -> None:
               "max_seq_len": args.max_seq_len, "hf_tps": hf, "hf_device": hf_device,
               "ours_tps": {}, "lower_s": {}, "build_s": {}, "step_bytes": {},
               "host_bytes_per_step": {}, "cpu_nodes": {}, "tokens_equal_prefix": {},
-              "profile": {}, "step_us": {}}
+              "profile": {}, "step_us": {}, "per_token_tps": {},
+              "decode_chunk": args.decode_chunk, "hold_s": args.hold_s}
     rows = []
     for scheme in args.quantization:
         m = model if scheme == "none" else copy.deepcopy(model)
@@ -217,11 +233,17 @@ def main() -> None:
         program.build()
         generate(program, prompt, 4)  # warm-up: pipelines, first uploads
         result["build_s"][scheme] = round(time.perf_counter() - t0, 1)
-        tps = []
+        hold(program, prompt, args.new_tokens, args.hold_s)
+        tps, per_token = [], []
         for _ in range(args.runs):
-            timings: dict = {}
-            ids = generate(program, prompt, args.new_tokens, timings=timings)
-            tps.append(timings["decode_tokens"] / timings["decode_s"])
+            for chunk, into in ((args.decode_chunk, tps), (1, per_token)):
+                timings: dict = {}
+                ids = generate(program, prompt, args.new_tokens, timings=timings,
+                               decode_chunk=chunk)
+                into.append(timings["decode_tokens"] / timings["decode_s"])
+        result["per_token_tps"][scheme] = per_token
+        looped = program.last_transfer("decode_next")
+        assert looped["state_upload_bytes"] == looped["state_download_bytes"] == 0, looped
         moved = program.last_transfer("decode")
         host = moved["upload_bytes"] + moved["download_bytes"]
         # No host copy of the cache (or of the logits) in a decode step.
@@ -237,7 +259,9 @@ def main() -> None:
         result["cpu_nodes"][scheme] = {k: len(program.methods[k].report.cpu_nodes)
                                        for k in program.method_names}
         name = scheme if scheme != "none" else args.dtype
-        rows.append((f"vkdelegate (Vulkan), {name}", f"{ours:.1f}", f"{ours / hf:.2f}x",
+        single = statistics.median(per_token)
+        rows.append((f"vkdelegate (Vulkan), {name}", f"{ours:.1f}", f"{single:.1f}",
+                     f"{ours / hf:.2f}x",
                      f"{step_bytes(scheme) / 1e9:.3f}",
                      f"{100 * ours * step_bytes(scheme) / hbm:.1f}%", host))
         print(f"{rows[-1]}; lowering {result['lower_s'][scheme]} s, build "
@@ -256,7 +280,7 @@ def main() -> None:
             json.dump(result, f, indent=2)
         program.close()
         del m
-    rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "1.00x",
+    rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "1.00x",
                  f"{step_bytes('none') / 1e9:.3f}",
                  f"{100 * hf * step_bytes('none') / hbm:.1f}%", "-"))
     print(f"\nLlama-shaped decoder, {n_params / 1e9:.2f} B params {args.dtype}, "
@@ -267,7 +291,9 @@ def main() -> None:
     print(f"roofline at {args.hbm_tbps} TB/s: {hbm / step_bytes('none'):.0f} tokens/s "
           f"({args.dtype}); greedy tokens ({args.dtype}) equal to HF for the first "
           f"{result['tokens_equal_prefix']} of {args.new_tokens}")
-    print(tabulate(rows, headers=("backend", "decode tokens/s", "vs HF eager",
+    print(f"decode tokens/s: {args.decode_chunk} steps per submit (decode_next); "
+          f"per-token: one decode call per token (the host between steps)")
+    print(tabulate(rows, headers=("backend", "decode tokens/s", "per-token", "vs HF eager",
                                   "GB read / token", "HBM share", "host B / step")))
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)

@@ -14,7 +14,7 @@ results are checked against numpy.
     python benchmarks/quant_gemv.py [--runs 10] [--rows 1] [--group 128] [--device NAME]
         [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
         [--rows-per-workgroup 8] [--cases "linear float16,int4"] [--back-to-back]
-        [--stream-mb 128] [--sweep] [--probe] [--pipeline-stats] [--reverse]
+        [--stream-mb 128] [--sweep] [--probe] [--pipeline-stats] [--reverse] [--hold-s 1]
 
 --gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
 form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
@@ -192,9 +192,14 @@ def back_to_back(node, device, runs: int) -> float:
     return min(times) / 1e6
 
 
+#: Seconds of back-to-back executes before each streamed measurement (--hold-s).
+HOLD_S = 1.0
+
+
 def streamed(node, device, runs: int) -> tuple:
     """(median, best) GPU ms per layer of ``runs`` back-to-back profiled executes of
-    the Layers ``node``, after warm-up executes (at least 10, and 0.1 s), the median
+    the Layers ``node``, after warm-up executes (at least 10, and HOLD_S seconds:
+    the GPU's clocks rise under load, the H200 idles at 345 MHz), the median
     fence wait per layer of ``runs`` unprofiled executes (ms: no timestamps, no
     barriers added; the GPU's time plus one submit's latency over the layers), and
     layer 0's output of the first execute."""
@@ -203,7 +208,7 @@ def streamed(node, device, runs: int) -> tuple:
     with DelegateGraph(node.built, node.constant_bytes, device=device) as dg:
         start, warm = time.perf_counter(), 0
         out = dg.execute(node.arrays)[0]
-        while warm < 10 or time.perf_counter() - start < 0.1:
+        while warm < 10 or time.perf_counter() - start < HOLD_S:
             dg.execute(node.arrays, profile=True)
             warm += 1
         times = []
@@ -266,6 +271,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gemv-everywhere", action="store_true")
     parser.add_argument("--rows-per-workgroup", type=int, default=None, choices=range(1, 17))
     parser.add_argument("--cases", default="", help="comma-separated name filters")
+    parser.add_argument("--hold-s", type=float, default=HOLD_S,
+                        help="seconds of back-to-back executes before each streamed case "
+                             "(clocks up)")
     parser.add_argument("--reverse", action="store_true",
                         help="run each shape's cases in reverse order (clock-state checks)")
     parser.add_argument("--back-to-back", action="store_true")
@@ -287,6 +295,7 @@ def main(argv=None) -> int:
     family_device_type[0] = device.info.type
     saved = (gemm_core.GEMV_UNROLL, dict(gemm_tiles.TABLE), family.VDIRECT, family.VWG,
              family.VROWS, family.VUNROLL, family.VPROBE)
+    globals()["HOLD_S"] = args.hold_s
     mb, rows = args.stream_mb, []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))

@@ -23,7 +23,8 @@ def test_reference_decoder_greedy_matches_eager():
     model = ReferenceDecoder(max_seq_len=48).eval()
     prompt = torch.randint(0, 256, (6,), generator=torch.Generator().manual_seed(8)).tolist()
     program = lower(model, 48)
-    assert sorted(program.method_names) == ["decode", "embed_text", "prefill"]
+    assert sorted(program.method_names) == ["decode", "decode_next", "embed_text",
+                                            "prefill"]
     assert generate(program, prompt, 24) == _eager_greedy(model, prompt, 24)
 
 

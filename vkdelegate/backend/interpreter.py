@@ -284,8 +284,9 @@ class MethodRunner:
             return [self._arg(a, env, torch_side) for a in arg]
         return arg
 
-    def run_flat(self, flat_inputs: list) -> list:
-        """Outputs (the full output tuple, leaves) for flattened inputs."""
+    def run_flat(self, flat_inputs: list, repeat: int = 1) -> list:
+        """Outputs (the full output tuple, leaves) for flattened inputs; ``repeat``:
+        runs of the delegate per call (``repeat``, which checks that this is sound)."""
         plan = self.plan
         check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}),
                      plan.get("dim_names"))
@@ -306,7 +307,8 @@ class MethodRunner:
                 args = [None if i in on_device else to_numpy(self._arg(a, env, False))
                         for i, a in enumerate(node["args"])]
                 args = _cast(args, node.get("cast_inputs"))
-                outs = self.delegates[index].execute(args)
+                outs = (self.delegates[index].execute(args) if repeat == 1 else
+                        self.delegates[index].execute(args, repeat=repeat))
                 moved = getattr(self.delegates[index], "last_transfer", None) or {}
                 for key in ("upload_bytes", "download_bytes"):
                     self._moved[key] += moved.get(key, 0)
@@ -342,14 +344,43 @@ class MethodRunner:
 
         Torch tensors in give torch tensors out; numpy arrays in give numpy arrays out.
         """
+        return self._call(args, kwargs, 1)
+
+    def _call(self, args, kwargs, repeat: int):
         args, kwargs = self._bind_arguments(args, kwargs)
         flat = pytree_spec.flatten((tuple(args), dict(kwargs)), self.plan["in_spec"],
                                    "arguments")
         want_torch = any(_is_torch_tensor(v) for v in flat) or (
             not flat and "torch" in sys.modules)
         convert = to_torch if want_torch else to_numpy
-        leaves = [convert(v) for v in self.call_flat(flat)]
+        leaves = [convert(v) for v in self.call_flat(flat, repeat)]
         return pytree_spec.unflatten(leaves, self.plan["out_spec"])
+
+    def repeat(self, times: int, *args, **kwargs):
+        """Call the method ``times`` times on the same arguments, with its one delegate
+        run ``times`` times in a single submit (``DelegateGraph.execute(repeat=)``):
+        equal to ``times`` calls in a row when the method is that delegate alone (no
+        CPU glue ops) with every state kept on the device, which this checks (the
+        first call binds the states, so it runs on its own). Returns the last call's
+        outputs, as ``__call__``. Raises VkDelegateError when the method cannot repeat
+        so (it names why) or ``times`` is not an int >= 1."""
+        if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+            raise VkDelegateError(f"times must be an int >= 1, got {times!r}")
+        ops = [n["op"] for n in self.plan["nodes"] if n["op"] != "getitem"]
+        if ops != ["delegate"] or self.plan.get("input_updates"):
+            raise VkDelegateError(f"method {self.name!r} cannot repeat on the device: it "
+                                  f"is not one delegate alone (nodes: {ops}"
+                                  f"{', input updates' if self.plan.get('input_updates') else ''})")
+        if set(self._bound) != set(self._state_names):
+            out = self(*args, **kwargs)  # binds the states on the device
+            times -= 1
+            host = sorted(set(self._state_names) - set(self._bound))
+            if host:
+                raise VkDelegateError(f"method {self.name!r} cannot repeat on the device: "
+                                      f"its state {host} stays on the host")
+            if times == 0:
+                return out
+        return self._call(args, kwargs, times)
 
     def _signature(self) -> "tuple[list[str], list[str]] | None":
         """(positional input names, keyword-only names) from the plan's in_spec, or
@@ -396,7 +427,7 @@ class MethodRunner:
             raise VkDelegateError(f"{takes}; missing {', '.join(lacking)}")
         return slots, rest
 
-    def call_flat(self, flat: list) -> list:
+    def call_flat(self, flat: list, repeat: int = 1) -> list:
         """Run on flattened user inputs, apply state and input updates, and return the
         flattened user outputs (arrays or tensors, as produced).
 
@@ -409,7 +440,7 @@ class MethodRunner:
         store = self.store
         before = (store.upload_bytes, store.download_bytes)
         self._moved = {"upload_bytes": 0, "download_bytes": 0}
-        outputs = self.run_flat(flat)
+        outputs = self.run_flat(flat, repeat)
         for name, index in self.plan.get("state_updates", {}).items():
             if name not in self._bound:  # the device already holds the new value
                 if not hasattr(outputs[index], "shape"):

@@ -124,12 +124,20 @@ class _LazyDelegate:
                         and isinstance(exc, ResourceLimitError) else "")
                 raise type(exc)(f"{self.where}: {exc}{hint}") from exc
 
-    def execute(self, inputs: list) -> list:
+    def execute(self, inputs: list, repeat: int = 1) -> list:
+        """Run the delegate (built at the first call); ``repeat`` > 1: that many runs
+        in one submit (``DelegateGraph.execute``), Vulkan executor only."""
         with self._lock:
-            return self._execute(inputs)
+            return self._execute(inputs, repeat)
 
-    def _execute(self, inputs: list) -> list:
+    def _execute(self, inputs: list, repeat: int = 1) -> list:
         self._build(False)
+        if repeat != 1:
+            if not getattr(self.loaded, "keeps_state", False) or self.profiling:
+                raise VkDelegateError(f"{self.where}: repeated runs need the Vulkan "
+                                      f"executor{' (' + self.fallback + ')' if self.fallback else ''}"
+                                      f" and profiling off")
+            return self.loaded.execute(inputs, repeat=repeat)
         if not self.profiling:
             return self.loaded.execute(inputs)
         if self.options.executor != "vulkan" or self.fallback is not None:
@@ -265,6 +273,15 @@ class LoweredProgram:
             raise VkDelegateError(f"program has no method {method!r}; it has "
                                   f"{self.method_names}")
         return self._runners[method]
+
+    def run_repeated(self, method: str, times: int, *args, **kwargs):
+        """Call ``method`` ``times`` times in a row on the same arguments with the host
+        out of the loop: one submit of its delegate's command buffer ``times`` times
+        (``MethodRunner.repeat``). Meant for a method whose inputs are the same every
+        call and whose state carries the loop (``decode_next`` of
+        ``vkdelegate.llm.lower``). Returns the last call's outputs. Raises
+        VkDelegateError for an unknown method or one that cannot repeat on the device."""
+        return self.runner(method).repeat(times, *args, **kwargs)
 
     def set_profiling(self, on: bool) -> None:
         """Make the following calls record per-dispatch GPU times (Vulkan executor)."""

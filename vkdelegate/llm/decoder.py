@@ -1,9 +1,19 @@
-"""The exportable modules behind the LLM methods: embed_text, prefill, decode.
+"""The exportable modules behind the LLM methods: embed_text, prefill, decode,
+decode_next.
 
 A decoder (``HFDecoder`` here, or ``reference_decoder.ReferenceDecoder``) has
 ``embed(tokens) -> embeds``, ``logits(embeds, start_pos) -> [V]`` and a ``kv_cache``
-submodule (``KVCache``); ``EmbedText``/``Prefill``/``Decode`` wrap one decoder each
-and hold it as ``decoder``, so the cache's FQNs are the same in every method.
+submodule (``KVCache``); ``EmbedText``/``Prefill``/``Decode``/``DecodeNext`` wrap one
+decoder each and hold it as ``decoder`` (and prefill and the decodes one
+``DecodeLoopState`` as ``loop``), so the cache's and the loop state's FQNs are the
+same in every method.
+
+The decode loop on the device: prefill and decode also record, as program state, the
+token they sampled (``loop.token``), the position it will be fed at (``loop.pos``) and
+``loop.history[pos] = token``; ``decode_next(sampling, draws)`` is decode on that state
+(its draw ``draws[pos]``). Every input of ``decode_next`` is the same at each step, so the host can run N steps in ONE submit
+(``LoweredProgram.run_repeated``) and read the N tokens from ``loop.history``: no host
+round trip, and no idle GPU, between the steps (``vkdelegate.llm.generate``).
 
 ``HFDecoder`` runs a HF transformers causal LM (Llama, Qwen2, Mistral, Gemma, Gemma2,
 ...) on input embeddings with a static KV cache of ``max_seq_len`` positions that is
@@ -115,6 +125,29 @@ class HFDecoder(nn.Module):
         return out.logits[0, -1]
 
 
+class DecodeLoopState(nn.Module):
+    """The state of the decode loop on the device (buffers, so that the program keeps
+    them across calls and methods): ``token`` int64[1, 1], the last sampled token;
+    ``pos`` int64[1], the cache position it is fed at; ``history`` int64[S + 1],
+    ``history[p]`` the token sampled to be fed at position p (S = max_seq_len; S + 1
+    since a prefill of S tokens samples one for position S)."""
+
+    def __init__(self, max_seq_len: int):
+        super().__init__()
+        self.register_buffer("token", torch.zeros(1, 1, dtype=torch.int64))
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.int64))
+        self.register_buffer("history", torch.zeros(max_seq_len + 1, dtype=torch.int64))
+
+    def record(self, token: torch.Tensor, pos: torch.Tensor) -> None:
+        """token int64[1] sampled to be fed at position ``pos`` int64[1]. Written as
+        old + (new - old) (exact in int64) so that every method reads the states it
+        writes: a state the delegate reads is kept on the device in place
+        (``backend.state_bindings``), a write-only one would cross to the host."""
+        self.token.add_(token.reshape(1, 1) - self.token)
+        self.pos.add_(pos - self.pos)
+        self.history.index_copy_(0, pos, token.reshape(1))
+
+
 class EmbedText(nn.Module):
     """embed_text(tokens int64[1, T]) -> float[1, T, D]."""
 
@@ -129,24 +162,55 @@ class EmbedText(nn.Module):
 class Prefill(nn.Module):
     """prefill(inputs_embeds float[1, T, D], start_pos int64[1], sampling float32[4])
     -> int64[1]: writes positions start_pos .. start_pos + T - 1 of the cache and
-    samples the token after the last (``sampler.sample``)."""
+    samples the token after the last (``sampler.sample``), recorded in ``loop`` for
+    position start_pos + T."""
 
-    def __init__(self, decoder: HFDecoder):
+    def __init__(self, decoder: HFDecoder, loop: DecodeLoopState):
         super().__init__()
         self.decoder = decoder
+        self.loop = loop
 
     def forward(self, inputs_embeds, start_pos, sampling):
-        return sampler.sample(self.decoder.logits(inputs_embeds, start_pos), sampling)
+        token = sampler.sample(self.decoder.logits(inputs_embeds, start_pos), sampling)
+        # start_pos + T as a tensor op (arange's last + 1): a SymInt read outside the
+        # delegate would put this add on the CPU.
+        last = torch.arange(inputs_embeds.shape[1], dtype=torch.int64)[-1:] + start_pos
+        self.loop.record(token, last + 1)
+        return token
 
 
 class Decode(nn.Module):
     """decode(tokens int64[1, 1], start_pos int64[1], sampling float32[4]) -> int64[1]:
-    one token at position start_pos."""
+    one token at position start_pos; the next is recorded in ``loop`` for
+    start_pos + 1."""
 
-    def __init__(self, decoder: HFDecoder):
+    def __init__(self, decoder: HFDecoder, loop: DecodeLoopState):
         super().__init__()
         self.decoder = decoder
+        self.loop = loop
 
     def forward(self, tokens, start_pos, sampling):
         embeds = self.decoder.embed(tokens)
-        return sampler.sample(self.decoder.logits(embeds, start_pos), sampling)
+        token = sampler.sample(self.decoder.logits(embeds, start_pos), sampling)
+        self.loop.record(token, start_pos + 1)
+        return token
+
+
+class DecodeNext(nn.Module):
+    """decode_next(sampling float32[4], draws float32[S + 1]) -> int64[1]:
+    ``decode(loop.token, loop.pos, sampling with its draw replaced by draws[loop.pos])``,
+    which records the next token in ``loop``: the same inputs at every step (the
+    host's draws of a whole generation in one table; see the module docstring)."""
+
+    def __init__(self, decoder: HFDecoder, loop: DecodeLoopState):
+        super().__init__()
+        self.decoder = decoder
+        self.loop = loop
+
+    def forward(self, sampling, draws):
+        pos = self.loop.pos.clone()
+        params = torch.cat([sampling[:3], draws.index_select(0, pos)])
+        embeds = self.decoder.embed(self.loop.token.clone())
+        token = sampler.sample(self.decoder.logits(embeds, pos), params)
+        self.loop.record(token, pos + 1)
+        return token

@@ -2,7 +2,12 @@
 
 embed_text on the prompt; with an image, vision_encoder and the splice (one image
 placeholder per VALID soft token, padded rows skipped); prefill at start_pos 0; then
-decode one token at a time, start_pos = the number of tokens already in the cache.
+the decode steps, start_pos = the number of tokens already in the cache: with the
+program's ``decode_next`` method (``vkdelegate.llm.decoder``: the token and position are
+program state on the device), ``decode_chunk`` steps per submit
+(``LoweredProgram.run_repeated``), the new ids read from ``loop.history`` after each
+chunk; else (``decode_chunk=1``, or a program saved without it) one ``decode`` call
+per token.
 The random draw of each sampled token is ``torch.rand((), generator=g)`` of a
 ``torch.Generator`` seeded with ``seed``, one per generated token (also under greedy
 decoding, where it is ignored), so that a run is reproducible and host-side sampling
@@ -14,8 +19,46 @@ import time
 
 import torch
 
+from vkdelegate.backend.interpreter import to_numpy
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.llm.lower import cache_length
+from vkdelegate.llm.lower import LOOP_PREFIX, cache_length
+
+
+#: generate's default decode steps per submit (decode_next).
+DECODE_CHUNK = 16
+_HISTORY = LOOP_PREFIX + "history"
+
+
+def _has_loop(program) -> bool:
+    """Whether ``program`` has ``decode_next`` and its loop state (lower() since the
+    decode loop; a program file saved before it has neither)."""
+    names = getattr(getattr(program, "store", None), "names", ())
+    return "decode_next" in program.method_names and _HISTORY in names
+
+
+def _decode_loop(program, ids, out, max_new_tokens, eos, on_token, chunk, params,
+                 rand) -> None:
+    """The decode steps on the device after prefill (which left ``out[-1]`` in the
+    loop state for position len(ids)): ``chunk`` decode_next steps per submit, until
+    max_new_tokens or an eos id; appends to ``out``. The step feeding position p uses
+    draw number p - len(ids) + 1 (prefill used number 0), as the per-token loop."""
+    first = len(ids)
+    table = torch.zeros(cache_length(program) + 1, dtype=torch.float32)
+    if params[0] > 0:  # greedy ignores the draws
+        for i in range(max_new_tokens - len(out)):
+            table[first + i] = next(rand)
+    sampling = torch.tensor([*params, 0.0], dtype=torch.float32)
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        k = min(chunk, max_new_tokens - len(out))
+        position = first + len(out) - 1  # where out[-1] is fed
+        program.run_repeated("decode_next", k, sampling, table)
+        history = to_numpy(program.store.get(_HISTORY))
+        for token in history[position + 1:position + 1 + k].tolist():
+            out.append(int(token))
+            if on_token is not None:
+                on_token(int(token))
+            if out[-1] in eos:
+                break
 
 
 def draws(seed: int):
@@ -71,7 +114,8 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
 def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              eos_token_id=None, image=None, image_token_id=None,
-             on_token=None, timings: "dict | None" = None) -> list:
+             on_token=None, timings: "dict | None" = None,
+             decode_chunk: int = DECODE_CHUNK) -> list:
     """The NEW token ids (a list of ints, at most ``max_new_tokens``, ending at the
     first ``eos_token_id`` (an int or a collection of ints) if one is generated).
 
@@ -81,7 +125,11 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     ``vkdelegate.llm.sampler``) and draws from ``draws(seed)``.
     image: (pixel_values float[1, P, C*p*p], pixel_position_ids int64[1, P, 2]) for
     the program's vision_encoder; image_token_id: the placeholder it replaces (see
-    ``splice``). on_token: called with each new id as it is made (streaming).
+    ``splice``). on_token: called with each new id as it is made (streaming; with
+    ``decode_chunk`` > 1, the ids of a chunk come together after it has run).
+    decode_chunk: decode steps per submit (int >= 1); a chunk that makes an
+    ``eos_token_id`` stops there, its later steps' tokens discarded (their cache
+    positions are past the returned sequence).
     timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens.
     Raises VkDelegateError for a program without the methods ``lower`` makes, an
     empty prompt, a negative max_new_tokens, sampling settings outside their ranges
@@ -96,6 +144,9 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
             f"method{'s' if len(missing) > 1 else ''} (its methods: "
             f"{', '.join(getattr(program, 'method_names', ())) or 'none'})")
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if isinstance(decode_chunk, bool) or not isinstance(decode_chunk, int) \
+            or decode_chunk < 1:
+        raise VkDelegateError(f"decode_chunk must be an int >= 1, got {decode_chunk!r}")
     ids = [int(t) for t in (prompt_ids.reshape(-1).tolist()
                             if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
     if not ids:
@@ -135,9 +186,12 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     if on_token is not None:
         on_token(token)
     start = time.perf_counter()
-    while len(out) < max_new_tokens and token not in eos:
+    if decode_chunk > 1 and _has_loop(program):
+        _decode_loop(program, ids, out, max_new_tokens, eos, on_token, decode_chunk,
+                     (temperature, top_k, top_p), rand)
+    while len(out) < max_new_tokens and out[-1] not in eos:
         position = len(ids) + len(out) - 1
-        token = int(program.decode(torch.tensor([[token]]), torch.tensor([position]),
+        token = int(program.decode(torch.tensor([[out[-1]]]), torch.tensor([position]),
                                    sampling())[0])
         out.append(token)
         if on_token is not None:

@@ -4,6 +4,8 @@ The methods (the contract of docs/LLM.md):
   embed_text(tokens int64[1, T]) -> float[1, T, D]
   prefill(inputs_embeds float[1, T, D], start_pos int64[1], sampling float32[4]) -> int64[1]
   decode(tokens int64[1, 1], start_pos int64[1], sampling float32[4]) -> int64[1]
+  decode_next(sampling float32[4], draws float32[max_seq_len + 1]) -> int64[1]
+      (decode on the token and position kept as state: vkdelegate.llm.decoder)
   vision_encoder(pixel_values float[1, P, C*p*p], pixel_position_ids int64[1, P, 2])
       -> (image_embeds float[1, S, D], pooler_mask bool[1, S])      (with vision=)
 Each is exported with torch.export and all go through ONE ``to_backend`` call with a
@@ -17,12 +19,15 @@ import torch
 from torch.export import Dim
 
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.llm.decoder import Decode, EmbedText, HFDecoder, Prefill
+from vkdelegate.llm.decoder import (Decode, DecodeLoopState, DecodeNext, EmbedText,
+                                    HFDecoder, Prefill)
 from vkdelegate.llm.reference_decoder import ReferenceDecoder
 from vkdelegate.llm.vision import VisionEncoder
 
 #: FQN prefix of the cache buffers in the lowered program.
 CACHE_PREFIX = "decoder.kv_cache."
+#: FQN prefix of the decode loop's state (decoder.DecodeLoopState).
+LOOP_PREFIX = "loop."
 
 
 def _export(module, args, dynamic_shapes, name: str):
@@ -62,13 +67,17 @@ def export_methods(model, max_seq_len: int, vision=None) -> dict:
     seq = Dim("T", min=1, max=max_seq_len)
     sampling = torch.tensor([0.0, 0.0, 1.0, 0.5])
     start = torch.zeros(1, dtype=torch.int64)
+    loop = DecodeLoopState(max_seq_len)
     programs = {
         "embed_text": _export(EmbedText(decoder), (torch.zeros(1, 2, dtype=torch.int64),),
                               ({1: seq},), "embed_text"),
-        "prefill": _export(Prefill(decoder), (torch.zeros(1, 2, hidden, dtype=dtype), start,
-                                              sampling), ({1: seq}, None, None), "prefill"),
-        "decode": _export(Decode(decoder), (torch.zeros(1, 1, dtype=torch.int64), start,
-                                            sampling), None, "decode"),
+        "prefill": _export(Prefill(decoder, loop), (torch.zeros(1, 2, hidden, dtype=dtype),
+                                                    start, sampling), ({1: seq}, None, None),
+                           "prefill"),
+        "decode": _export(Decode(decoder, loop), (torch.zeros(1, 1, dtype=torch.int64), start,
+                                                  sampling), None, "decode"),
+        "decode_next": _export(DecodeNext(decoder, loop),
+                               (sampling, torch.zeros(max_seq_len + 1)), None, "decode_next"),
     }
     if vision is not None:
         encoder = VisionEncoder(vision).eval()

@@ -89,7 +89,9 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
     state_in_place: a dispatch wrote state in place (DeviceState): the first barrier
     after the dispatches also makes their writes visible to the next run's shaders.
     """
-    cmd = _begin(device, what="the graph")
+    # Simultaneous use: one submit may list the buffer several times (repeats).
+    cmd = _begin(device, what="the graph",
+                 flags=vk.VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT)
     if timestamps is not None:
         vk.vkCmdResetQueryPool(cmd, timestamps, 0, len(dispatches) + 1)
     for t in staged_inputs:
@@ -145,6 +147,21 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
                  vk.VK_ACCESS_HOST_READ_BIT | (_SHADER_RW if state_in_place else 0))
     vk_call(vk.vkEndCommandBuffer, cmd, what="the graph")
     return cmd, barriers
+
+
+def record_join(device):
+    """A command buffer holding one full memory barrier (every earlier command's
+    writes visible to every later command), submitted between two repeats of a
+    graph's command buffer in one vkQueueSubmit (``DelegateGraph.execute(repeat=)``):
+    run k + 1's input copies and shaders then follow run k's as if run k had been a
+    submit of its own that the host waited for."""
+    cmd = _begin(device, what="the repeat barrier",
+                 flags=vk.VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT)
+    _barrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_ACCESS_MEMORY_WRITE_BIT,
+             vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+             vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT)
+    vk_call(vk.vkEndCommandBuffer, cmd, what="the repeat barrier")
+    return cmd
 
 
 def run_once(device, fill, timeout_s: float = 60.0) -> None:

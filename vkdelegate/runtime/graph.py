@@ -50,6 +50,8 @@ from vkdelegate.serialization.tensor_budget import check_tensor_budget
 #: Default fence wait per execute (seconds) on a GPU, and on a CPU (software) device.
 GPU_TIMEOUT_S = 30.0
 CPU_DEVICE_TIMEOUT_S = 300.0
+#: Most runs of one ``execute(repeat=)`` (its fence wait: the timeout times at most 8).
+MAX_REPEAT = 1024
 
 
 class DelegateGraph(DeviceState):
@@ -92,6 +94,7 @@ class DelegateGraph(DeviceState):
     # Owned Vulkan objects and the run lock live in self._res (graph_resources.py).
     _cmd = owned()
     _profile_cmd = owned()
+    _join_cmd = owned()
     _query_pool = owned()
     _fence = owned()
     _pool = owned()
@@ -262,7 +265,8 @@ class DelegateGraph(DeviceState):
                                state_in_place=len(copies) < len(pairs))
 
     # ---- run -------------------------------------------------------------------------
-    def execute(self, inputs: Sequence[np.ndarray], profile: bool = False) -> list[np.ndarray]:
+    def execute(self, inputs: Sequence[np.ndarray], profile: bool = False,
+                repeat: int = 1) -> list[np.ndarray]:
         """Run the graph on ``inputs`` (one numpy array per graph input, in order, with
         the graph's dtypes; sizes up to the serialized upper bounds; None for a state
         input, see ``bind_state``). Returns new arrays, one per graph output (None for
@@ -272,14 +276,25 @@ class DelegateGraph(DeviceState):
         input error a shader flagged (NodeBuilder.error_flag, e.g. an index out of range).
         Thread-safe: concurrent calls on one graph run one after the other, and
         ``close()`` waits for a call in flight; a call after it raises VkDelegateError.
+        repeat: run the graph this many times on the same inputs in ONE submit (a full
+        barrier between runs, one fence wait at the end): with every state bound on the
+        device (``bind_state``), ``repeat`` calls in a row without the host in between
+        (an LLM decode loop whose token and position are state). The outputs are the
+        last run's; an error flag of any run is raised. Not with ``profile``; at most
+        ``MAX_REPEAT``; VkDelegateError otherwise.
         """
         with self._lock:
-            return self._execute(inputs, profile)
+            return self._execute(inputs, profile, repeat)
 
-    def _execute(self, inputs, profile: bool) -> list[np.ndarray]:
+    def _execute(self, inputs, profile: bool, repeat: int = 1) -> list[np.ndarray]:
         start = time.perf_counter()
         if self._closed:
             raise VkDelegateError("execute() on a closed DelegateGraph")
+        if isinstance(repeat, bool) or not isinstance(repeat, int) \
+                or not 1 <= repeat <= MAX_REPEAT:
+            raise VkDelegateError(f"repeat must be an int in 1..{MAX_REPEAT}, got {repeat!r}")
+        if repeat > 1 and profile:
+            raise VkDelegateError("repeat > 1 cannot be profiled (one run per profile)")
         if len(inputs) != len(self.inputs):
             raise VkDelegateError(f"graph takes {len(self.inputs)} inputs, got {len(inputs)}")
         arrays = []
@@ -321,6 +336,8 @@ class DelegateGraph(DeviceState):
         if self.error_flags:
             self._error_view[:len(self.error_flags)] = 0
         submit = self._submit if not profile else self._profile_submit()
+        if repeat > 1:
+            submit = self._repeat_submit(repeat)
         dev = self.device.device
         # The fence is reset just before it is reused rather than right after the
         # wait: a driver may still hold it briefly after signalling (lavapipe's queue
@@ -330,7 +347,7 @@ class DelegateGraph(DeviceState):
             vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence,
                     what="the graph")
         wait_start = time.perf_counter()
-        wait_fence(dev, self._fence, self.timeout_s, "execute")
+        wait_fence(dev, self._fence, self.timeout_s * min(repeat, 8), "execute")
         wait_s = time.perf_counter() - wait_start
         if profile:
             self.last_profile = Profile.from_queries(self.device, self._query_pool,
@@ -388,6 +405,15 @@ class DelegateGraph(DeviceState):
         for hook in self.resize_hooks:
             hook()
         self._shapes = tuple(t.shape for t in self.inputs)
+
+    def _repeat_submit(self, repeat: int):
+        """A submit of the main command buffer ``repeat`` times, the join barrier
+        (commands.record_join) between each two."""
+        if self._join_cmd is None:
+            self._join_cmd = commands.record_join(self.device)
+        cmds = [self._cmd, self._join_cmd] * (repeat - 1) + [self._cmd]
+        return [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                commandBufferCount=len(cmds), pCommandBuffers=cmds)]
 
     def _profile_submit(self):
         if self.device.timestamp_bits == 0:

@@ -32,6 +32,7 @@ class GraphResources:
         self.allocator = allocator
         self.values = None
         self.cmd = self.profile_cmd = self.query_pool = self.fence = self.pool = None
+        self.join_cmd = None  # the barrier between repeats (DelegateGraph.execute)
         self.lock = threading.Lock()
         self.closed = True
         self.released = False
@@ -57,7 +58,7 @@ class GraphResources:
         dev = device.device
         with device.queue_lock:
             vk_call(vk.vkQueueWaitIdle, device.queue, what="closing the graph")
-        cmds = [c for c in (self.cmd, self.profile_cmd) if c is not None]
+        cmds = [c for c in (self.cmd, self.profile_cmd, self.join_cmd) if c is not None]
         if cmds:
             vk.vkFreeCommandBuffers(dev, device.command_pool, len(cmds), cmds)
         if self.query_pool is not None:
@@ -67,6 +68,7 @@ class GraphResources:
         if self.pool is not None:
             vk.vkDestroyDescriptorPool(dev, self.pool, None)
         self.cmd = self.profile_cmd = self.query_pool = self.fence = self.pool = None
+        self.join_cmd = None
         if self.values is not None:
             self.values.close_uploads()
         self.allocator.close()

@@ -1,0 +1,92 @@
+"""The decode loop on the device: ``decode_next`` runs decode on the token and position
+prefill/decode left in the program state, so ``generate`` runs ``decode_chunk`` steps
+per submit (``LoweredProgram.run_repeated``). Its tokens must equal HF eager greedy,
+the one-call-per-token loop (greedy and sampled, chunk boundaries anywhere), and stop
+at an eos inside a chunk."""
+import pytest
+import torch
+
+from tests.llm.models import VOCAB, hf_greedy
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.llm import generate
+
+
+def _prompt(seed=31, n=7):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("chunk", [16, 5])
+def test_greedy_loop_matches_hf(lowered, chunk):
+    model, program = lowered("llama")
+    prompt = _prompt()
+    expected = hf_greedy(model, prompt, 23)  # 22 decode steps: chunks 16 + 6, or 5 x 4 + 2
+    assert generate(program, prompt, 23, decode_chunk=chunk) == expected
+    assert program.num_delegates("decode_next") == 1
+    assert not program.methods["decode_next"].report.cpu_nodes
+    # The loop state: the last token, its position and the history of the run.
+    state = program.state_dict()
+    assert state["loop.token"].tolist() == [[expected[-1]]]
+    assert state["loop.pos"].tolist() == [len(prompt) + 22]
+    assert state["loop.history"][len(prompt):len(prompt) + 23].tolist() == expected
+
+
+def test_sampled_loop_equals_per_token_loop(lowered):
+    _, program = lowered("gemma")
+    prompt = _prompt(9, 5)
+    settings = dict(temperature=0.9, top_k=40, top_p=0.95, seed=77)
+    per_token = generate(program, prompt, 20, decode_chunk=1, **settings)
+    program.reset_state()
+    assert generate(program, prompt, 20, decode_chunk=7, **settings) == per_token
+    assert generate(program, prompt, 20, decode_chunk=7, **dict(settings, seed=78)) \
+        != per_token
+
+
+def test_eos_inside_a_chunk_stops_there(lowered):
+    model, program = lowered("llama")
+    prompt = _prompt(4)
+    full = hf_greedy(model, prompt, 20)
+    eos = full[9]  # the 10th token, the middle of the first 16-step chunk
+    first = full.index(eos)
+    streamed = []
+    got = generate(program, prompt, 20, eos_token_id=eos, on_token=streamed.append)
+    assert got == full[:first + 1] == streamed
+    assert generate(program, prompt, 20, eos_token_id=eos, decode_chunk=1) == got
+
+
+def test_run_repeated_checks(lowered):
+    _, program = lowered("llama")
+    with pytest.raises(VkDelegateError, match="times must be an int >= 1"):
+        program.run_repeated("decode_next", 0, torch.zeros(4))
+    with pytest.raises(VkDelegateError, match="no method"):
+        program.run_repeated("decode_nxt", 2, torch.zeros(4))
+    with pytest.raises(VkDelegateError, match="decode_chunk"):
+        generate(program, [1, 2], 4, decode_chunk=0)
+
+
+def test_run_repeated_equals_calls():
+    """A stateful module: one submit of N runs gives the state N calls give."""
+    from vkdelegate.backend.partitioner import VulkanPartitioner
+    from vkdelegate.backend.to_backend import to_backend
+    from tests.vulkan_skip import vulkan_unavailable
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("acc", torch.zeros(8))
+
+        def forward(self, x):
+            self.acc.mul_(0.5).add_(x)
+            return self.acc * 2.0
+
+    x = torch.arange(8, dtype=torch.float32)
+    eager = Counter()
+    for _ in range(6):
+        want = eager(x)
+    program = to_backend(torch.export.export(Counter(), (x,)), VulkanPartitioner())
+    got = program.run_repeated("forward", 6, x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(program.state_dict()["acc"], eager.acc)
+    torch.testing.assert_close(program.run_repeated("forward", 1, x), eager(x))
