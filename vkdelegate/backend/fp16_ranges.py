@@ -25,6 +25,10 @@ delegate and casts at the edges. The rules, applied in graph order:
    that are bounded again: softmax, sigmoid and tanh (|y| <= 1), sqrt (the root of a
    mean of squares of fp16 values fits) and rsqrt (``rsqrt(m + eps)`` is at most
    ``eps ** -0.5``; it would exceed fp16 only for inputs in (0, 2**-32)).
+3. Fused chains with casts. A ``vkdelegate.fused_elementwise`` node whose steps hold
+   ``aten._to_copy`` (between float32 and float16) names the dtypes it converts to,
+   so it stays as lowered: its float32 tensors stay float32. It is not a seed (its
+   output is no wider than the unfused casts' was).
 
 So ``softmax(scores + (1 - m) * finfo.min)`` and ``softmax(s.masked_fill(m, -1e5))``
 run their mask arithmetic and softmax in float32 and match eager exactly (a fully
