@@ -94,7 +94,8 @@ def _impl(b, node):
 
 
 register(OpSpec(name=NAME, dtypes=FLOATS, impl=_impl, shape_fn=_shape, rules=(_rule,),
-                notes="fused chains of float unary/binary ops (passes/fuse_elementwise)"))
+                notes="fused chains of float unary/binary ops and float32/float16 casts "
+                      "(passes/fuse_elementwise)"))
 
 
 def _example(profile, dtype: str, n: int) -> dict:
