@@ -1,10 +1,14 @@
 """A tiny HF Llama decode step lowered by vkdelegate.llm.lower: the position, rotary
 and cache-write dispatches that passes/cse, fuse_rotary's pairing and
-pair_cache_updates remove are gone, and the greedy tokens are still HF's."""
+pair_cache_updates remove are gone, in float16 the casts around SiLU and cos/sin are
+inside fused chains, and the greedy tokens are still HF's."""
+import pytest
 import torch
 
-from tests.llm.models import VOCAB, hf_greedy
-from vkdelegate.llm import generate
+from tests.llm.conftest import MAX_SEQ_LEN
+from tests.llm.models import VOCAB, hf_greedy, make_model
+from tests.vulkan_skip import vulkan_unavailable
+from vkdelegate.llm import generate, lower
 
 
 def _decode_ops(program, token: int, pos: int) -> list:
@@ -46,13 +50,6 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     one chain with their cast to float16: 43 dispatches per decode step before (per
     layer _to_copy, SiLU, _to_copy, mul; cos, sin and two casts), 35 after. The
     greedy tokens are still HF eager's float16 ones."""
-    import pytest
-
-    from tests.llm.conftest import MAX_SEQ_LEN
-    from tests.llm.models import make_model
-    from tests.vulkan_skip import vulkan_unavailable
-    from vkdelegate.llm import lower
-
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
