@@ -61,6 +61,7 @@ _DICT_WORDS = [
     # fused elementwise chains (kernels/elementwise_chain.py's grammar)
     b"vkdelegate.fused_elementwise.default", b"aten.mul.Tensor(r0,r1)", b"(r0)", b",s0",
     b",'tanh'", b"aten.clamp.default(r0,s0,s1)", b";",
+    b"aten._to_copy.default(r0,'float16')", b",'float32'",
 ]
 
 

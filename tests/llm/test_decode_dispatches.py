@@ -1,10 +1,14 @@
 """A tiny HF Llama decode step lowered by vkdelegate.llm.lower: the position, rotary
 and cache-write dispatches that passes/cse, fuse_rotary's pairing and
-pair_cache_updates remove are gone, and the greedy tokens are still HF's."""
+pair_cache_updates remove are gone, in float16 the casts around SiLU and cos/sin are
+inside fused chains, and the greedy tokens are still HF's."""
+import pytest
 import torch
 
-from tests.llm.models import VOCAB, hf_greedy
-from vkdelegate.llm import generate
+from tests.llm.conftest import MAX_SEQ_LEN
+from tests.llm.models import VOCAB, hf_greedy, make_model
+from tests.vulkan_skip import vulkan_unavailable
+from vkdelegate.llm import generate, lower
 
 
 def _decode_ops(program, token: int, pos: int) -> list:
@@ -37,3 +41,33 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     # The same program still generates HF's tokens after the profiled step.
     program.reset_state()
     assert generate(program, prompt, 12) == expected
+
+
+def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
+    """A float16 tiny HF Llama: ATen's decompositions compute SiLU and the rotary
+    cos/sin in float32 between casts. With the casts joining fused chains
+    (passes/fuse_elementwise), each layer's MLP runs merged gate/up linear -> one
+    chain (cast, SiLU, cast, * up) -> down linear, and the prelude's cos and sin each
+    one chain with their cast to float16: 43 dispatches per decode step before (per
+    layer _to_copy, SiLU, _to_copy, mul; cos, sin and two casts), 35 after. The
+    greedy tokens are still HF eager's float16 ones."""
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("transformers")
+    model = make_model("llama").half()
+    program = lower(model, MAX_SEQ_LEN)
+    layers = model.config.num_hidden_layers
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected = hf_greedy(model, prompt, 12)
+    assert generate(program, prompt, 12) == expected
+    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
+    fused, lin = "vkdelegate.fused_elementwise.default", "aten.linear.default"
+    assert ops.count(fused) == layers + 2, ops
+    assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
+    # Left: the positions' int64 -> float32 cast and their product with inv_freq.
+    assert ops.count("aten._to_copy.default") == 1, ops
+    assert ops.count("aten.mul.Tensor") == 1, ops
+    mlp = [i for i, op in enumerate(ops) if op == fused and ops[i - 1] == lin == ops[i + 1]]
+    assert len(mlp) == layers, ops
+    assert len(ops) <= 43 - 3 * layers - 2, ops

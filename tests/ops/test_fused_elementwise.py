@@ -163,10 +163,13 @@ def test_parse_refuses_too_many_inputs():
 
 def test_render_uses_only_table_expressions():
     steps = chain.parse("aten.clamp.default(r0,s0,s1);aten.add.Tensor(r1,s2,s0)", 1, 3)
-    body = chain.glsl_body(steps, 1, [float("-inf"), 6.0, 0.5])
+    body = chain.glsl_body(steps, 1, [float("-inf"), 6.0, 0.5], ["float32"] * 3)
     assert "uintBitsToFloat(0xff800000u)" in body    # -inf, exact
     assert "uintBitsToFloat(0x40c00000u)" in body    # 6.0
+    assert "round_to_half" not in body               # float32 steps do not round
     assert chain.result_register(steps, 1) == "r2"
+    half = chain.glsl_body(steps, 1, [float("-inf"), 6.0, 0.5], ["float16"] * 3)
+    assert half.count("round_to_half(") == 2         # every float16 step rounds
 
 
 def test_cpu_kernel_matches_eager_and_checks():
@@ -202,4 +205,226 @@ def test_crafted_chain_in_blob_is_refused_at_load():
     assert len(found) == 1
     values[found[0]] = g.String("aten.relu.default(r0);} void evil() {")
     with pytest.raises(VkDelegateError, match="fused elementwise chain step 1"):
+        DelegateGraph(parsed.graph, parsed.constant_bytes)
+
+
+# --- dtype casts inside chains ----------------------------------------------------
+# ATen's decompositions compute a float16 op in float32 between two _to_copy nodes
+# (F.silu of a float16 tensor exports as _to_copy(f32) -> sigmoid, mul -> _to_copy(f16));
+# such casts join a chain, so inputs and output may differ in dtype.
+
+#: One float16 ulp (2**-10 relative at worst): a chain computes each step as its op's
+#: shader does, and eager's fp32 math may round a value the other way.
+HALF_ULP = dict(rtol=1e-3, atol=1e-6)
+SWIGLU = ("aten._to_copy.default(r0,'float32');aten.sigmoid.default(r2);"
+          "aten.mul.Tensor(r2,r3);aten._to_copy.default(r4,'float16');"
+          "aten.mul.Tensor(r5,r1)")
+
+
+def _swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def _geglu(gate, up):
+    return F.gelu(gate) * up + F.gelu(gate, approximate="tanh") * 0.5
+
+
+def _mixed_inputs(x16, y32):
+    """float16 and float32 inputs, float16 output."""
+    return (torch.sigmoid(x16.float() * y32) + y32).half()
+
+
+def _cast_in_middle(x):
+    """float32 in and out, a float16 stretch in between (rounded there)."""
+    return (torch.tanh(x * 3.0).half() * 2.0).float() + x
+
+
+def _scale_to_half(x):
+    return (x * 0.5 + 1.0).half()
+
+
+HALF = torch.float16
+CAST_CASES = {
+    # name: (fn, inputs, ops the report notes, tolerance)
+    "swiglu_fp16": (_swiglu, lambda: (torch.randn(2, 5, 64, dtype=HALF) * 3,
+                                      torch.randn(2, 5, 64, dtype=HALF)),
+                    "_to_copy, sigmoid, mul, _to_copy, mul", HALF_ULP),
+    "geglu_fp16": (_geglu, lambda: (torch.randn(3, 40, dtype=HALF) * 3,
+                                    torch.randn(3, 40, dtype=HALF)), None,
+                   dict(zip(("rtol", "atol"), TOL[HALF]))),
+    "mixed_inputs": (_mixed_inputs, lambda: (torch.randn(4, 9, dtype=HALF),
+                                             torch.randn(9)),
+                     "_to_copy, mul, sigmoid, add, _to_copy", HALF_ULP),
+    "cast_in_middle": (_cast_in_middle, lambda: (torch.randn(6, 7) * 2,),
+                       "mul, tanh, _to_copy, mul, _to_copy, add", dict(rtol=1e-3, atol=2e-3)),
+    "fp32_to_fp16": (_scale_to_half, lambda: (torch.randn(5, 11) * 100,),
+                     "mul, add, _to_copy", dict(rtol=0, atol=0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CAST_CASES))
+def test_chain_with_casts_is_one_node_and_matches_eager(case):
+    torch.manual_seed(0)
+    fn, make, notes, tol = CAST_CASES[case]
+    inputs = make()
+    program = check_op(fn, inputs, ops=[FUSED], **tol)
+    assert _ops(program) == [FUSED]
+    if notes is not None:
+        (decision,) = program.report.decisions
+        assert decision.notes == [f"chain of {len(notes.split(', '))} ops: {notes}"]
+    if case == "cast_in_middle":
+        # The float16 stretch rounds: float32 throughout would be this far off.
+        (x,) = inputs
+        unrounded = torch.tanh(x * 3.0) * 2.0 + x
+        assert (program(x) - unrounded).abs().max() > 1e-4
+    if case == "swiglu_fp16":
+        # silu rounds to float16 before the product, as eager: bitwise equal to eager
+        # for nearly every element (the rest one ulp off, HALF_ULP above).
+        got, want = program(*inputs), fn(*inputs)
+        assert (got != want).float().mean() < 0.01
+
+
+def test_swiglu_of_hf_llama_mlp_fp16_is_one_dispatch():
+    """transformers' LlamaMLP in float16, ``down(silu(gate(x)) * up(x))``: a decode
+    row (gate/up merged by passes/merge_linears, read through narrow_last) and a
+    prefill block each run casts, SiLU and the product as one fused node."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=160)
+    mlp = LlamaMLP(config).half().eval()
+    lin, part = "aten.linear.default", "vkdelegate.narrow_last.default"
+    for rows, expected in ((1, [lin, part, part, FUSED, lin]), (5, [lin, lin, FUSED, lin])):
+        x = torch.randn(1, rows, 64, dtype=HALF)
+        program = check_op(mlp, (x,), ops=[FUSED], rtol=5e-3, atol=5e-4)
+        assert _ops(program) == expected, rows
+        fused = [d for d in program.report.decisions if d.op == FUSED]
+        assert fused[0].notes == ["chain of 5 ops: _to_copy, sigmoid, mul, _to_copy, mul"]
+
+
+def test_only_plain_float_casts_join():
+    """A cast joins only between float32 and float16 with default layout, device and
+    memory format: one to float64 or to channels_last stays a node of its own."""
+    from vkdelegate.backend.passes import run_passes
+    from vkdelegate.backend.program_graph import from_exported_program
+
+    def fn(x):
+        s = torch.sigmoid(x)
+        return (s.half(), torch.exp(x).to(torch.float64),
+                torch.relu(x).to(torch.float16, memory_format=torch.channels_last))
+
+    x = torch.randn(1, 2, 3, 4)
+    pg = from_exported_program(torch.export.export(_Wrap(fn), (x,)))
+    run_passes(pg)
+    nodes = [n for n in pg.gm.graph.nodes if n.op == "call_function"]
+    fused = [n for n in nodes if str(n.target) == FUSED]
+    assert [n.args[1] for n in fused] == ["aten.sigmoid.default(r0);"
+                                          "aten._to_copy.default(r1,'float16')"]
+    kept = [n.kwargs for n in nodes if str(n.target) == "aten._to_copy.default"]
+    assert sorted(str(k["dtype"]) for k in kept) == ["torch.float16", "torch.float64"]
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("aten._to_copy.default(r0,'float64')", "wrong arguments for aten._to_copy.default"),
+    ("aten._to_copy.default(r0)", "wrong arguments for aten._to_copy.default"),
+    ("aten._to_copy.default(r0,s0)", "wrong arguments for aten._to_copy.default"),
+])
+def test_parse_refuses_bad_casts(text, message):
+    with pytest.raises(VkDelegateError, match=message):
+        chain.parse(text, 1, 2)
+
+
+@pytest.mark.parametrize("text, inputs, output, message", [
+    ("aten.mul.Tensor(r0,r1)", ["float16", "float32"], "float32",
+     r"step 0 \(aten.mul.Tensor\): operands of dtypes \['float16', 'float32'\]"),
+    ("aten._to_copy.default(r0,'float16')", ["float16"], "float16",
+     "casts r0 to its own dtype float16"),
+    ("aten.relu.default(r0)", ["int32"], "int32", "input 0 is int32"),
+    (SWIGLU, ["float16", "float16"], "float32",
+     "output tensor of dtype float32, but the chain's last step gives float16"),
+    (SWIGLU, ["float16", "float32"], "float16", r"step 4 .*operands of dtypes"),
+])
+def test_dtypes_refused(text, inputs, output, message):
+    steps = chain.parse(text, len(inputs), 0)
+    with pytest.raises(VkDelegateError, match=message):
+        chain.check_dtypes(steps, inputs, output)
+
+
+def test_register_dtypes_and_render_of_casts():
+    steps = chain.parse(SWIGLU, 2, 0)
+    dtypes = chain.check_dtypes(steps, ["float16", "float16"], "float16")
+    assert dtypes == ["float16", "float16", "float32", "float32", "float32", "float16",
+                      "float16"]
+    body = chain.glsl_body(steps, 2, [], dtypes)
+    assert "const float r2 = (r0);" in body                  # to float32: exact
+    assert "const float r5 = round_to_half(r4);" in body     # to float16: rounds
+    assert body.count("round_to_half(") == 2                 # and the fp16 product
+    with pytest.raises(VkDelegateError, match="register dtypes"):
+        chain.glsl_body(steps, 2, [], dtypes[:-1])
+
+
+def test_cpu_kernel_runs_casts():
+    """The CPU kernel (reference executor, fake tensors at export) runs each cast as
+    ATen's _to_copy: the SwiGLU chain is eager's op sequence bit for bit."""
+    from vkdelegate.backend.custom_ops import FUSED_ELEMENTWISE
+
+    op = FUSED_ELEMENTWISE.overload()
+    torch.manual_seed(0)
+    g, u = torch.randn(4, 33, dtype=HALF) * 3, torch.randn(4, 33, dtype=HALF)
+    got = op([g, u], SWIGLU, [])
+    want = (g.float() * torch.sigmoid(g.float())).half() * u
+    assert got.dtype == HALF
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    mixed = op([g, torch.randn(33)], "aten._to_copy.default(r0,'float32');"
+                                     "aten.add.Tensor(r2,r1,s0)", [1.0])
+    assert mixed.dtype == torch.float32
+    with pytest.raises(VkDelegateError, match="operands of dtypes"):
+        op([g, torch.randn(33)], "aten.mul.Tensor(r0,r1)", [])
+
+
+def _swiglu_blob():
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate.serialization.blob import read_blob
+
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    torch.manual_seed(0)
+    program = check_op(_swiglu, (torch.randn(2, 8, dtype=HALF), torch.randn(2, 8, dtype=HALF)),
+                       ops=[FUSED], **HALF_ULP)
+    return read_blob(program.methods["forward"].delegates[0].blob)
+
+
+def test_crafted_chain_dtypes_in_blob_are_refused_at_load():
+    """A program file whose fused node's tensors disagree with its chain's dtypes
+    fails to load, naming the problem: a chain ending in float32 that writes a
+    float16 tensor, or a float16 step reading an input the file declares float32."""
+    from vkdelegate.runtime.graph import DelegateGraph
+    from vkdelegate.serialization import vkgraph as g
+
+    parsed = _swiglu_blob()
+    values = parsed.graph.values
+    (text,) = [i for i, v in enumerate(values)
+               if isinstance(v, g.String) and v.string_val.startswith("aten.")]
+    assert values[text].string_val == SWIGLU
+    values[text] = g.String(SWIGLU.rsplit(";", 2)[0])   # no cast back, no product
+    with pytest.raises(VkDelegateError, match="output tensor of dtype float16, but the "
+                                              "chain's last step gives float32"):
+        DelegateGraph(parsed.graph, parsed.constant_bytes)
+
+    parsed = _swiglu_blob()
+    (call,) = [c for c in parsed.graph.chain if c.name == FUSED]
+    up = parsed.graph.values[call.args[0]].items[1]
+    parsed.graph.values[up].datatype = g.VkDataType.FLOAT32
+    with pytest.raises(VkDelegateError, match="operands of dtypes"):
         DelegateGraph(parsed.graph, parsed.constant_bytes)

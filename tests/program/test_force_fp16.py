@@ -244,3 +244,24 @@ def test_fused_chains_keep_the_fp16_rules(executor, case):
     assert any(d.op == "vkdelegate.fused_elementwise.default"
                for d in program.methods["forward"].report.decisions)
     torch.testing.assert_close(program(*inputs), module(*inputs), **tol)
+
+
+class HalfStretch(torch.nn.Module):
+    """A float32 model with a float16 stretch of its own: casts that a fused chain
+    holds (passes/fuse_elementwise)."""
+
+    def forward(self, x):
+        return (torch.tanh(x * 3.0).half() * 2.0).float() + x
+
+
+def test_fused_chain_with_casts_keeps_its_dtypes(executor):
+    """A fused chain holding casts names the dtypes it converts to, so force_fp16 keeps
+    it as lowered (fp16_ranges._fused_cast), not as a seed: the model's own float16
+    stretch still rounds, the rest is eager's float32."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16) * 2
+    module = HalfStretch()
+    program = _lower(module, (x,), executor, fuse=True)
+    (note,) = _notes(program).values()
+    assert "dtype casts" in note
+    torch.testing.assert_close(program(x), module(x), rtol=1e-3, atol=2e-3)

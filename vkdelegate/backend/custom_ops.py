@@ -125,14 +125,18 @@ def _fused_elementwise(inputs, steps, scalars):
 
     values = chain.scalar_values(scalars)
     parsed = chain.parse(steps, len(inputs), len(values))
+    chain.register_dtypes(parsed, [str(t.dtype).replace("torch.", "") for t in inputs])
     regs = list(inputs)
     for step in parsed:
         op = getattr(getattr(torch.ops.aten, step.op.split(".")[1]), step.op.split(".")[2])
         args = [regs[v] if k == "r" else (v if k == "str" else values[v])
                 for k, v in step.args]
         if not isinstance(args[0], torch.Tensor):  # a scalar self: a 0-d tensor
-            args[0] = torch.tensor(args[0], dtype=inputs[0].dtype, device=inputs[0].device)
-        if step.args[-1][0] == "str":
+            other = args[1]  # the tensor operand (parse: a step reads a register)
+            args[0] = torch.tensor(args[0], dtype=other.dtype, device=other.device)
+        if step.op == chain.CAST:
+            regs.append(op(args[0], dtype=getattr(torch, args[1])))
+        elif step.args[-1][0] == "str":
             regs.append(op(args[0], approximate=args[1]))
         elif step.op in ("aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar",
                          "aten.sub.Scalar"):

@@ -25,6 +25,10 @@ delegate and casts at the edges. The rules, applied in graph order:
    that are bounded again: softmax, sigmoid and tanh (|y| <= 1), sqrt (the root of a
    mean of squares of fp16 values fits) and rsqrt (``rsqrt(m + eps)`` is at most
    ``eps ** -0.5``; it would exceed fp16 only for inputs in (0, 2**-32)).
+3. Fused chains with casts. A ``vkdelegate.fused_elementwise`` node whose steps hold
+   ``aten._to_copy`` (between float32 and float16) names the dtypes it converts to,
+   so it stays as lowered: its float32 tensors stay float32. It is not a seed (its
+   output is no wider than the unfused casts' was).
 
 So ``softmax(scores + (1 - m) * finfo.min)`` and ``softmax(s.masked_fill(m, -1e5))``
 run their mask arithmetic and softmax in float32 and match eager exactly (a fully
@@ -161,6 +165,19 @@ def _fused_seed(node: torch.fx.Node) -> Optional[str]:
     return None
 
 
+def _fused_cast(node: torch.fx.Node) -> Optional[str]:
+    """Why a fused chain holding a dtype cast (``aten._to_copy`` steps between float32
+    and float16, passes/fuse_elementwise) keeps its dtypes, or None: its steps name
+    the dtypes they convert to, so its float32 tensors stay float32 (fp16_cast casts
+    around it). Not a seed: its output is no wider than the unfused casts' was."""
+    if str(node.target) != "vkdelegate.fused_elementwise.default" or \
+            not isinstance(node.args[1], str) or "aten._to_copy.default(" not in node.args[1] \
+            or not _handles_float(node):
+        return None
+    return ("fused chain with dtype casts keeps its float32 steps (its casts name their "
+            "dtypes)")
+
+
 #: CPU ops whose float32 result is one literal, so a delegate reading it knows its value.
 _LITERALS = {"aten.scalar_tensor.default": 0, "aten.full.default": 1}
 
@@ -221,6 +238,9 @@ def fp32_nodes(gm: torch.fx.GraphModule, known: Mapping[str, np.ndarray],
         if reason is None:
             src = next((a for a in node.all_input_nodes if a.name in wide), None)
             if src is None:
+                cast = _fused_cast(node)
+                if cast is not None:   # kept as it is, its output no wider than before
+                    keep[node.name] = cast
                 continue
             origin = wide[src.name]
             reason = f"reads {src.name}, which may exceed float16 (float32 from {origin})"

@@ -2,11 +2,17 @@
 
 Schema (backend/custom_ops.py): ``fused_elementwise(Tensor[] inputs, str steps,
 float[] scalars) -> Tensor``, written by backend/passes/fuse_elementwise.py. ``inputs``:
-1 to 3 float32 or float16 tensors of one dtype, broadcasting against each other as
-ATen's binary ops do; ``steps``: the chain text of kernels/elementwise_chain.py (parsed
-and checked here again at load: a program file can only compose the registered ops'
-expressions); the output has the inputs' dtype and their broadcast shape. One shader,
-fused_elementwise.glsl, through the broadcast plan of the binary ops.
+1 to 3 float32 or float16 tensors (dtypes may differ: casts inside the chain join
+them), broadcasting against each other as ATen's binary ops do; ``steps``: the chain
+text of kernels/elementwise_chain.py (parsed and checked here again at load: a program
+file can only compose the registered ops' expressions); the output has the last
+step's dtype and the inputs' broadcast shape. The dtypes are those the program file
+gives its input and output tensors and its casts' named dtypes: at load, every
+register is typed from them (``chain.check_dtypes``) and a node whose tensors disagree
+with its chain (an op on two dtypes, a cast to its operand's own dtype, an output
+tensor of another dtype than the last step's) is refused with a VkDelegateError
+before any shader is compiled. One shader, fused_elementwise.glsl, through the
+broadcast plan of the binary ops.
 """
 from __future__ import annotations
 
@@ -23,15 +29,18 @@ SHADER = "fused_elementwise"
 FLOATS = frozenset(chain.DTYPES)
 
 
+def _dtype(t) -> str:
+    return t[0] if isinstance(t, tuple) else t.dtype
+
+
 def chain_defines(out, inputs: list, steps: list, scalars: list) -> dict:
     """Defines of fused_elementwise.glsl for ``out`` and ``inputs`` (Tensors or
-    (graph dtype, device dtype) pairs) computing parsed ``steps`` with ``scalars``."""
+    (graph dtype, device dtype) pairs) computing parsed ``steps`` with ``scalars``.
+    VkDelegateError when their dtypes disagree with the chain (``chain.check_dtypes``)."""
+    dtypes = chain.check_dtypes(steps, [_dtype(t) for t in inputs], _dtype(out))
     d = storage_defines(OUT=out, **{f"IN{k}": t for k, t in enumerate(inputs)})
-    dtype = out[0] if isinstance(out, tuple) else out.dtype
-    if dtype == "float16":
-        d["ROUND_STEPS"] = "1"
     d.update(NUM_INPUTS=str(len(inputs)), ACC_T="float", ACC_FLOAT="1",
-             CHAIN_BODY=chain.glsl_body(steps, len(inputs), scalars),
+             CHAIN_BODY=chain.glsl_body(steps, len(inputs), scalars, dtypes),
              CHAIN_RESULT=chain.result_register(steps, len(inputs)))
     return d
 
@@ -63,11 +72,9 @@ def _rule(node: NodeSpec):
     if not isinstance(inputs, (list, tuple)) or \
             not all(isinstance(t, TensorSpec) for t in inputs):
         return "inputs is not a list of tensors"
-    dtypes = {t.dtype for t in inputs} | {node.outputs[0].dtype}
-    if len(dtypes) != 1:
-        return f"inputs and output of dtypes {sorted(dtypes)} (one float dtype expected)"
     try:
-        _parse(inputs, steps, scalars)
+        parsed, _ = _parse(inputs, steps, scalars)
+        chain.check_dtypes(parsed, [t.dtype for t in inputs], node.outputs[0].dtype)
     except VkDelegateError as exc:
         return str(exc)
     return None
@@ -78,18 +85,17 @@ def _impl(b, node):
     inputs, out = b.value(inputs_id), b.tensor(out_id)
     if not isinstance(inputs, list) or not all(hasattr(t, "buffer") for t in inputs):
         raise b.error("fused_elementwise expects a list of tensors")
-    if any(t.dtype != out.dtype for t in inputs) or out.dtype not in FLOATS:
-        raise b.error(f"inputs {[t.dtype for t in inputs]} and output {out.dtype}: one "
-                      f"float dtype expected")
     try:
         steps, scalars = _parse(inputs, b.value(steps_id), b.value(scalars_id))
+        defines = chain_defines(out, inputs, steps, scalars)
     except VkDelegateError as exc:
         raise b.error(str(exc)) from None
-    plan_dispatch(b, SHADER, chain_defines(out, inputs, steps, scalars), out, inputs)
+    plan_dispatch(b, SHADER, defines, out, inputs)
 
 
 register(OpSpec(name=NAME, dtypes=FLOATS, impl=_impl, shape_fn=_shape, rules=(_rule,),
-                notes="fused chains of float unary/binary ops (passes/fuse_elementwise)"))
+                notes="fused chains of float unary/binary ops and float32/float16 casts "
+                      "(passes/fuse_elementwise)"))
 
 
 def _example(profile, dtype: str, n: int) -> dict:
@@ -103,6 +109,23 @@ def _example(profile, dtype: str, n: int) -> dict:
     return chain_defines(pair, [pair] * n, steps, [])
 
 
+def _example_cast(profile, out: str) -> dict:
+    """A mixed-dtype variant: a float16 SwiGLU gate (float16 gate and up, SiLU in
+    float32, rounded back to float16, times up), or with ``out`` float32 its float32
+    result (SiLU of float(gate), times float(up))."""
+    half = ("float16", device_dtype("float16", profile))
+    if out == "float16":
+        text = ("aten._to_copy.default(r0,'float32');aten.sigmoid.default(r2);"
+                "aten.mul.Tensor(r2,r3);aten._to_copy.default(r4,'float16');"
+                "aten.mul.Tensor(r5,r1)")
+    else:
+        text = ("aten._to_copy.default(r0,'float32');aten._to_copy.default(r1,'float32');"
+                "aten.sigmoid.default(r2);aten.mul.Tensor(r2,r4);aten.mul.Tensor(r5,r3)")
+    steps = chain.parse(text, 2, 0)
+    return chain_defines((out, device_dtype(out, profile)), [half, half], steps, [])
+
+
 declare_open(SHADER, "the chain's steps are the graph's ops")
 declare_grid(SHADER, _example, profile=STORAGE_PROFILES, dtype=sorted(FLOATS),
              n=range(1, chain.MAX_INPUTS + 1))
+declare_grid(SHADER, _example_cast, profile=STORAGE_PROFILES, out=sorted(FLOATS))

@@ -9,16 +9,12 @@
 // plan (broadcast_plan.h), CHAIN_BODY computes every step in fp32 registers, and
 // CHAIN_RESULT (the last register) is stored: one dispatch and one pass over memory
 // where the unfused ops took one of each per op.
-// Defines: OUT_T, OUT_STORE(v), IN0_T .. IN2_T (storage types), NUM_INPUTS (1..3),
-// CHAIN_BODY, CHAIN_RESULT, ACC_T=float and ACC_FLOAT (the expressions' types),
-// ROUND_STEPS (a float16 chain: each step's result is rounded as the unfused op's
-// store to float16 storage would round it, so the chain computes what its ops did).
-
-#ifdef ROUND_STEPS
-#define ROUND_STEP(v) float(OUT_STORE(v))
-#else
-#define ROUND_STEP(v) (v)
-#endif
+// Defines: OUT_T, OUT_STORE(v), IN0_T .. IN2_T (storage types: inputs and output
+// may differ in float dtype, casts inside the chain join them), NUM_INPUTS (1..3),
+// CHAIN_BODY, CHAIN_RESULT, ACC_T=float and ACC_FLOAT (the expressions' types). A
+// step whose register is float16 rounds its value with round_to_half (common.h), as
+// the unfused op's store to float16 storage would, so the chain computes what its ops
+// did one by one.
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(in0_data, IN0_T)
