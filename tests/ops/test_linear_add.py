@@ -271,3 +271,74 @@ def test_int4_gemm_form_then_the_add(spied, dtype):
                        atol=tol)
     assert _ops(program) == [Q4_FUSED]
     assert spied["adds"] == 1
+
+
+# ---- load-time checks of crafted blobs ------------------------------------------------
+def _blob(residual_shape, residual_dtype="float32", out_shape=(1, 1, 6)):
+    """A blob of one linear_add node: x [1, 1, 8], a constant weight [6, 8], no bias,
+    a residual input of ``residual_shape``, the output declared ``out_shape``."""
+    import numpy as np
+
+    from tests.runtime.graphs import GraphMaker
+
+    m = GraphMaker()
+    x = m.input((1, 1, 8))
+    r = m.input(residual_shape, residual_dtype)
+    w = m.constant(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    m.output(m.op(FUSED, [x, w, m.scalar(None), r], out_shape))
+    return m
+
+
+def test_matching_blob_runs(vk_device):
+    import numpy as np
+
+    from vkdelegate.runtime import load_delegate
+
+    m = _blob((1, 1, 6))
+    rng = np.random.default_rng(1)
+    x, r = rng.standard_normal((1, 1, 8), np.float32), rng.standard_normal((1, 1, 6),
+                                                                           np.float32)
+    w = np.frombuffer(m.constants[0], np.float32).reshape(6, 8)
+    with load_delegate(m.blob()) as graph:
+        got = graph.execute([x, r])[0]
+    np.testing.assert_allclose(got, x @ w.T + r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,dtype,match", [
+    ((1, 1, 5), "float32", r"residual \[1, 1, 5\] float32 for an output \[1, 1, 6\] "
+                           r"float32: the residual must have the output's sizes and dtype"),
+    ((1, 6), "float32", r"residual \[1, 6\] float32 for an output \[1, 1, 6\] float32"),
+    ((1, 1, 6), "float16", r"residual \[1, 1, 6\] float16 for an output \[1, 1, 6\] "
+                           r"float32"),
+])
+def test_mismatched_residual_is_refused_at_load(vk_device, shape, dtype, match):
+    """A blob whose residual is not of the output's sizes and dtype (a broadcast
+    the kernels would read past, a narrower type) is refused before anything is built,
+    by the Vulkan loader and the reference executor alike."""
+    from vkdelegate.backend.reference import load_reference
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    blob = _blob(shape, dtype).blob()
+    for load in (load_delegate, load_reference):
+        with pytest.raises(VkDelegateError,
+                           match=r"^node 0 \(vkdelegate.linear_add.default\): .*" + match):
+            load(blob)
+
+
+def test_q4_mismatched_residual_is_refused_at_load(vk_device):
+    import numpy as np
+
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    m = GraphMaker()
+    x, r = m.input((1, 32)), m.input((2, 13))
+    w = m.constant(np.zeros((13, 16), np.uint8))
+    s = m.constant(np.ones((1, 13), np.float32))
+    m.output(m.op(Q4_FUSED, [x, w, s, m.scalar(32), m.scalar(None), r], (1, 13)))
+    with pytest.raises(VkDelegateError, match=r"^node 0 \(vkdelegate.linear_q4gsw_add"
+                                              r".default\): residual \[2, 13\] float32 "
+                                              r"for an output \[1, 13\] float32"):
+        load_delegate(m.blob())
