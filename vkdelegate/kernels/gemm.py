@@ -26,7 +26,8 @@ of a fourth:
   whose K is past the simple shader's loop budget).
 - linear.glsl: a batched product with broadcasting batch dims, an optional bias and
   alpha/beta, 4 x 4 (or 1 x 4) output tiles per invocation and an unrolled LONG_K
-  form for K past llvmpipe's loop budget.
+  form for K past llvmpipe's loop budget; HAS_RESIDUAL adds a residual of the
+  output's shape in the epilogue (vkdelegate.linear_add, as gemv.glsl does).
 - conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
   output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
   budget): chosen here, declared and recorded by ops/families/convolution.py, which

@@ -29,6 +29,8 @@ weight is the program's constant itself, read as 32-bit words on devices with 8-
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; linear_qw.glsl
 rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
 linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
+``_record`` also serves vkdelegate.linear_q4gsw_add (ops/families/linear_add.py):
+linear_qw_gemv.glsl's HAS_RESIDUAL adds the residual in its epilogue.
 """
 from __future__ import annotations
 
