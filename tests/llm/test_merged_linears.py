@@ -1,6 +1,6 @@
 """passes/merge_linears in a lowered tiny HF decoder: the decode step runs q/k/v as
-one linear and gate/up as one (7 -> 4 linear dispatches per layer), their parts with
-no dispatch; prefill (rows not statically 1) keeps its 7 GEMMs per layer. Greedy
+one linear and gate/up as one (7 -> 4 linear dispatches per layer, two of them the
+fused residual adds of o and down), their parts with no dispatch; prefill (rows not statically 1) keeps its 7 GEMMs per layer. Greedy
 tokens against HF are tests/llm/test_hf_greedy.py's."""
 import pytest
 import torch
@@ -32,8 +32,12 @@ def test_decode_runs_four_linears_per_layer(lowered, kind):
     finally:
         program.set_profiling(False)
         program.reset_state()
-    # Per layer q/k/v, o, gate/up, down; plus the LM head.
-    assert decode.count("aten.linear.default") == 4 * LAYERS + 1
+    # Per layer q/k/v, o, gate/up, down; plus the LM head. o and down carry their
+    # residual add (passes/fuse_linear_add: vkdelegate.linear_add, one dispatch in
+    # decode; in prefill one, or on GPUs two: the GEMM core, then the add).
+    assert decode.count("aten.linear.default") == 2 * LAYERS + 1
+    assert decode.count("vkdelegate.linear_add.default") == 2 * LAYERS
     assert "vkdelegate.narrow_last.default" not in decode
-    assert prefill.count("aten.linear.default") == 7 * LAYERS + 1
+    assert prefill.count("aten.linear.default") == 5 * LAYERS + 1
+    assert prefill.count("vkdelegate.linear_add.default") in (2 * LAYERS, 4 * LAYERS)
     assert "vkdelegate.narrow_last.default" not in prefill

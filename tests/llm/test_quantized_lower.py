@@ -11,6 +11,7 @@ from tests.vulkan_skip import vulkan_unavailable
 
 FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw.default",
          "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
+Q4_ADD = "vkdelegate.linear_q4gsw_add.default"
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
@@ -26,11 +27,13 @@ def test_quantized_llama_greedy_matches_eager(scheme):
     assert not decode.cpu_nodes, str(decode)
     ops = [d.op for d in decode.decisions]
     # 2 layers x (q, k, v, o, gate, up, down) + the lm_head; int4 decode merges q/k/v
-    # and gate/up (passes/merge_linears): 2 x (qkv, o, gate_up, down) + the lm_head.
-    assert ops.count(FUSED[scheme]) == (9 if scheme == "int4" else 15), sorted(set(ops))
+    # and gate/up (passes/merge_linears): 2 x (qkv, o, gate_up, down) + the lm_head,
+    # and its o and down take their residual add (passes/fuse_linear_add).
+    assert ops.count(FUSED[scheme]) == (5 if scheme == "int4" else 15), sorted(set(ops))
     if scheme == "int4":
+        assert ops.count(Q4_ADD) == 4, sorted(set(ops))
         prefill = [d.op for d in program.methods["prefill"].report.decisions]
-        assert prefill.count(FUSED[scheme]) == 15
+        assert prefill.count(FUSED[scheme]) == 11 and prefill.count(Q4_ADD) == 4
     assert "aten.mm.default" not in ops and "aten.linear.default" not in ops
     prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(3)).tolist()
     assert generate(program, prompt, 32) == hf_greedy(model, prompt, 32)

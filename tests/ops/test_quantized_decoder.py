@@ -61,7 +61,11 @@ def test_quantized_decoder_greedy(scheme, embeddings):
                          VulkanPartitioner())
     assert not program.report.cpu_nodes, str(program.report)
     ops = [name for name, _ in delegated_nodes(program)]
-    assert ops.count(FUSED[scheme]) == LINEARS, ops  # every linear fused, on Vulkan
+    # Every linear fused, on Vulkan; int4's o_proj and down_proj with their residual
+    # add (passes/fuse_linear_add).
+    adds = ops.count("vkdelegate.linear_q4gsw_add.default")
+    assert adds == (4 if scheme == "int4" else 0), ops
+    assert ops.count(FUSED[scheme]) + adds == LINEARS, ops
     assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)
     with torch.no_grad():
         tol = 2e-3 if scheme == "8da4w" else 1e-5

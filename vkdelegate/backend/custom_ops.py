@@ -428,6 +428,39 @@ LINEAR_Q4GSW = declare_custom_op(
     "Tensor? bias=None) -> Tensor", _linear_q4gsw)
 
 
+def _linear_add(x, weight, bias, residual):
+    import torch
+
+    return residual + torch.nn.functional.linear(x, weight, bias)
+
+
+#: A linear whose result is added to ``residual``: residual + linear(input, weight,
+#: bias), input [..., K], weight [N, K], bias [N]?, residual of the output's shape
+#: [..., N] and dtype (no broadcasting): the residual connection after an LLM layer's
+#: o_proj / down_proj written in the linear's epilogue. The CPU kernel is eager's two
+#: ops (the linear rounded to the dtype, then the add). ``passes/fuse_linear_add``
+#: creates it from aten.linear -> aten.add.Tensor; our own op (ExecuTorch has none),
+#: only in our lowering's blobs. Vulkan: ``ops/families/linear_add.py``.
+LINEAR_ADD = declare_custom_op(
+    "vkdelegate.linear_add.default",
+    "linear_add(Tensor input, Tensor weight, Tensor? bias, Tensor residual) -> Tensor",
+    _linear_add)
+
+
+def _linear_q4gsw_add(x, weights, weight_scales, group_size, bias, residual):
+    return residual + _linear_q4gsw(x, weights, weight_scales, group_size, bias)
+
+
+#: ``linear_q4gsw`` (its arguments, bias required in the schema but may be None) whose
+#: result is added to ``residual`` (the output's shape and dtype): residual +
+#: linear_q4gsw(...), the int4 form of ``linear_add``. ``passes/fuse_linear_add``
+#: creates it from et_vk.linear_q4gsw -> aten.add.Tensor; ours, only in our blobs.
+LINEAR_Q4GSW_ADD = declare_custom_op(
+    "vkdelegate.linear_q4gsw_add.default",
+    "linear_q4gsw_add(Tensor self, Tensor weights, Tensor weight_scales, int group_size, "
+    "Tensor? bias, Tensor residual) -> Tensor", _linear_q4gsw_add)
+
+
 def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,
                         group_size, bias=None):
     import torch

@@ -26,7 +26,8 @@ of a fourth:
   whose K is past the simple shader's loop budget).
 - linear.glsl: a batched product with broadcasting batch dims, an optional bias and
   alpha/beta, 4 x 4 (or 1 x 4) output tiles per invocation and an unrolled LONG_K
-  form for K past llvmpipe's loop budget.
+  form for K past llvmpipe's loop budget; HAS_RESIDUAL adds a residual of the
+  output's shape in the epilogue (vkdelegate.linear_add, as gemv.glsl does).
 - conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
   output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
   budget): chosen here, declared and recorded by ops/families/convolution.py, which
@@ -210,16 +211,21 @@ def mm(b, out, a, w, transposed: bool) -> None:
 
 
 # ---- every other product: linear.glsl -----------------------------------------------
-def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False) -> dict:
+def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False,
+                   residual=None) -> dict:
     """layout: "kn" (b is [..., K, N]), "nk" (a [N, K] weight read in place) or
-    "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K])."""
+    "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K]);
+    residual: None, or the Tensor (pair) HAS_RESIDUAL adds to the output."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
+    if residual is not None:
+        tensors["R"] = residual
     d = storage_defines(**tensors)
     d.update(M_TILE=str(m_tile), **flag_defines(LONG_K=long_k, HAS_BIAS=bias is not None,
                                                 B_NK=layout == "nk",
-                                                B_PACKED=layout == "packed"))
+                                                B_PACKED=layout == "packed",
+                                                HAS_RESIDUAL=residual is not None))
     if layout == "packed":
         # The packed buffer is always fp32 vec4: one variant whatever b's dtype.
         d.pop("B_T")
@@ -238,12 +244,17 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(-1, 4, k).transpose(0, 2, 1))
 
 
-def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 1.0):
-    """Record out = alpha * (a @ mat) + beta * bias on linear.glsl: a [..., M, K],
+def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 1.0,
+           residual=None) -> bool:
+    """Record out = alpha * (a @ mat) + beta * bias on the form ``select`` picks
+    (linear.glsl where the tile table has no row for the device): a [..., M, K],
     mat per ``layout`` (see linear_defines; "packed" prepacks the constant ``mat``
-    here), bias None or broadcasting to out, batch dims broadcasting. Raises
-    VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when K is longer than
-    llvmpipe's loop budget allows even in the LONG_K form."""
+    here), bias None or broadcasting to out, batch dims broadcasting. ``residual``
+    (None, or a Tensor of out's shape and dtype): added in the epilogue by the GEMV
+    path and linear.glsl (HAS_RESIDUAL); the GEMM core and its cooperative-matrix form
+    leave it to the caller. Returns whether the residual was added (False without
+    one). Raises VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when K
+    is longer than llvmpipe's loop budget allows even in the LONG_K form."""
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
     shape = (1, 1) + tuple(out.max_shape)
@@ -252,18 +263,21 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
                           batch=math.prod(shape[:-2]), dtype=out.dtype, nk=layout != "kn")
     if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
         # The core reads a constant [N, K] weight in place: no packing.
+        fused = residual if form.shader == GEMV_SHADER else None
         record_core(b, form, out, a, mat, bias, "kn" if layout == "kn" else "nk",
-                    alpha, beta)
-        return
+                    alpha, beta, fused)
+        return fused is not None
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
-                                             form.long_k),
-               outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
+                                             form.long_k, residual),
+               outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []) +
+               ([residual] if residual is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid))
+    return residual is not None
 
 
 # Every variant ``select`` may pick, for both dtypes and storage profiles.
@@ -274,13 +288,15 @@ def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None)
 
 
 def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
-                    long_k: bool) -> dict:
+                    long_k: bool, residual: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
-    return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k)
+    return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k,
+                          ddt if residual else None)
 
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
 declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
 declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
-             bias=(False, True), m_tile=(1, 4), long_k=(False, True))
+             bias=(False, True), m_tile=(1, 4), long_k=(False, True),
+             residual=(False, True))

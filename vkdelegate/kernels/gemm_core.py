@@ -9,7 +9,8 @@
   devices where ``coopmat_subgroup`` says it runs;
 - gemv.glsl, the GEMV path for one row (``form.tile`` outputs per workgroup for
   b [N, K], GEMV_UNROLL vector loads per row in flight per invocation, subgroupAdd
-  reduction where the device has subgroup arithmetic).
+  reduction where the device has subgroup arithmetic), and its HAS_RESIDUAL form
+  (vkdelegate.linear_add: a residual of out's shape added in the epilogue).
 
 Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
 (layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
@@ -50,7 +51,8 @@ DTYPES = ("float32", "float16")
 def _bindings(inputs: tuple, d) -> Bindings:
     bias = "HAS_BIAS" in d
     metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
-    return Bindings(outputs=("out_data",), inputs=inputs + (("c_data",) if bias else ()),
+    inputs += (("c_data",) if bias else ()) + (("r_data",) if "HAS_RESIDUAL" in d else ())
+    return Bindings(outputs=("out_data",), inputs=inputs,
                     params=tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,))
 
 
@@ -58,8 +60,9 @@ def _bindings(inputs: tuple, d) -> Bindings:
 @shader_bindings(COOPMAT_SHADER)
 @shader_bindings(GEMV_SHADER)
 def product_bindings(d) -> Bindings:
-    """Bindings of gemm.glsl, gemm_coopmat.glsl, gemv.glsl and linear.glsl (defines ``d``): out_data;
-    a_data, b_data (c_data with HAS_BIAS); out/a/b (c) metadata; scalars_block."""
+    """Bindings of gemm.glsl, gemm_coopmat.glsl, gemv.glsl and linear.glsl (defines
+    ``d``): out_data; a_data, b_data (c_data with HAS_BIAS, then r_data with
+    HAS_RESIDUAL); out/a/b (c) metadata; scalars_block."""
     return _bindings(("a_data", "b_data"), d)
 
 
@@ -74,18 +77,23 @@ def _vector_types(d: dict) -> dict:
 
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
-                 vec: int = 1, unroll: int = 1, subgroup: bool = False) -> dict:
+                 vec: int = 1, unroll: int = 1, subgroup: bool = False,
+                 residual=None) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
     BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
     load (1, 4 or 8) and with b [N, K] ``rows`` outputs per workgroup, ``unroll``
     vector loads per row per iteration (UNROLL) and the subgroupAdd reduction
-    (``subgroup``: the device has subgroup arithmetic)."""
+    (``subgroup``: the device has subgroup arithmetic); gemv.glsl's HAS_RESIDUAL
+    with ``residual`` (None, or the residual's Tensor or pair)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
+    if residual is not None:
+        tensors["R"] = residual
     d = storage_defines(**tensors)
-    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None))
+    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None,
+                          HAS_RESIDUAL=residual is not None))
     if block is not None:
         tm, tn, bk = block
         d.update(TM=str(tm), TN=str(tn), BK=str(bk), **flag_defines(SPLIT_K=split))
@@ -156,18 +164,23 @@ def reduce_defines(out, bias) -> dict:
 
 
 def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
-                beta: float = 1.0) -> None:
-    """Record out = alpha * (a @ mat) + beta * bias on the node builder ``b`` with
-    ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path, from
-    kernels/gemm.py's ``select``):
-    a [..., M, K], mat [..., K, N] (layout "kn") or [..., N, K] ("nk")."""
+                beta: float = 1.0, residual=None) -> None:
+    """Record out = alpha * (a @ mat) + beta * bias [+ residual] on the node builder
+    ``b`` with ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path,
+    from kernels/gemm.py's ``select``):
+    a [..., M, K], mat [..., K, N] (layout "kn") or [..., N, K] ("nk"); ``residual``
+    (a Tensor of out's shape and dtype, added in the epilogue) with the GEMV path
+    only (VkDelegateError, b.error, otherwise)."""
+    if residual is not None and form.shader != GEMV_SHADER:
+        raise b.error(f"{form.shader}: only the GEMV path adds a residual")
     nk = layout == "nk"
     shape = (1, 1) + tuple(out.max_shape)
     m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])
     k = a.max_shape[-1] if a.ndim else 1
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
-    inputs = [a, mat] + ([bias] if bias is not None else [])
+    inputs = [a, mat] + ([bias] if bias is not None else []) + \
+        ([residual] if residual is not None else [])
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
@@ -188,7 +201,8 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
             vec = 8
         defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec,
                                unroll=GEMV_UNROLL,
-                               subgroup=nk and has_subgroup_arithmetic(b.device.info))
+                               subgroup=nk and has_subgroup_arithmetic(b.device.info),
+                               residual=residual)
         if nk:
             grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:
@@ -233,13 +247,13 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
-                  subgroup: bool) -> "dict | None":
+                  subgroup: bool, residual: bool) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk:
         return None
     return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
                         rows=GPU_TILES.gemv_rows, vec=vec, unroll=GEMV_UNROLL,
-                        subgroup=subgroup)
+                        subgroup=subgroup, residual=ddt if residual else None)
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -264,4 +278,4 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
              subgroup=COOPMAT_SUBGROUPS)
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
-             vec=(1, 4, 8), subgroup=(False, True))
+             vec=(1, 4, 8), subgroup=(False, True), residual=(False, True))

@@ -13,6 +13,7 @@ from vkdelegate.backend.passes.fold_constants import fold_constants
 from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
 from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
+from vkdelegate.backend.passes.fuse_linear_add import fuse_linear_add
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
@@ -66,6 +67,12 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    sym_size nodes.
 # 5b'. a layer's K and V cache writes (index_put at one positions node) -> one
 #    index_put_pair, after cse, which gives them that one node;
+# 5b''. residual adds into the linear before them (fuse_linear_add): after every
+#    linear pass above (quantized_linear, addmm -> linear, the batch-norm fold and
+#    merge_linears need the plain linears; an o_proj or down_proj is never merged, its
+#    input has no sibling reader) and after cse (two equal linears merged by it have
+#    two readers and keep their add); before fuse_elementwise, which would otherwise
+#    take the add into an elementwise chain;
 # 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
 #    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
 #    rotary's mul/add) that a fused chain would hide;
@@ -80,8 +87,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
-          cse, fold_constants, cache_positions, pair_cache_updates, fuse_elementwise,
-          permute_to_view, symbolic_view_sizes, local_symints)
+          cse, fold_constants, cache_positions, pair_cache_updates, fuse_linear_add,
+          fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

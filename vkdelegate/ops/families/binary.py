@@ -153,6 +153,17 @@ def _make_impl(op: Binary):
     return impl
 
 
+def record_add(bld, out, a, b) -> None:
+    """Record aten.add.Tensor's dispatch out = a + b (alpha 1) for float tensors a, b
+    of out's shape and dtype; ``a`` may be ``out`` itself (each invocation reads its
+    element before writing it). For fused ops whose kernel cannot add in its
+    epilogue (ops/families/linear_add.py)."""
+    op = BINARY_OPS["aten.add.Tensor"]
+    params = bld.params(SCALAR_PARAMS.pack(fscalars=[1.0], iscalars=[0]))
+    plan_dispatch(bld, SHADER, _defines(op.expr, out, a, b, out.dtype), out, [a, b],
+                  extra_params=(params,))
+
+
 def _variants(op: Binary, profile, t: str) -> list[dict]:
     """The variants of ``op`` whose widest operand dtype is ``t``, on storage
     ``profile``: operand dtypes x scalar placement x result dtype x mode."""

@@ -29,6 +29,8 @@ weight is the program's constant itself, read as 32-bit words on devices with 8-
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; linear_qw.glsl
 rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
 linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
+``_record`` also serves vkdelegate.linear_q4gsw_add (ops/families/linear_add.py):
+linear_qw_gemv.glsl's HAS_RESIDUAL adds the residual in its epilogue.
 """
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ def _bindings(d) -> Bindings:
         inputs.append("c_data")
     if "DQ8CA" in d:
         inputs += ["xs_data", "xz_data", "sum_data"]
+    if "HAS_RESIDUAL" in d:
+        inputs.append("r_data")
     return Bindings(outputs=("out_data",), inputs=tuple(inputs),
                     params=(tensor_meta_block("out_meta"), PARAMS))
 
@@ -114,18 +118,22 @@ def vector_scales(s, n: int, s_stride: int) -> bool:
 
 
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
-                   svec: bool = False) -> dict:
+                   svec: bool = False, residual=None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
-    workgroup's rows are read by vector loads (``vector_scales``)."""
+    workgroup's rows are read by vector loads (``vector_scales``); residual: None, or
+    the Tensor (pair) of out's shape that HAS_RESIDUAL adds to the output."""
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
+    if residual is not None:
+        tensors["R"] = residual
     d = storage_defines(**tensors)
     xdev = x.device_dtype if hasattr(x, "device_dtype") else x[1]
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
-                          X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None))
+                          X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
+                          HAS_RESIDUAL=residual is not None))
     d.update(WG=str(VWG), ROWS=str(VROWS))
     if VDIRECT:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
@@ -162,7 +170,12 @@ def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool
     return d
 
 
-def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None:
+def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
+            residual=None) -> bool:
+    """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
+    ``residual`` (None, or a Tensor of out's shape and dtype) is added in the epilogue
+    by linear_qw_gemv.glsl (HAS_RESIDUAL) and left to the caller by linear_qw.glsl.
+    Returns whether it was added (False without one)."""
     n = w.max_shape[0]
     k = x.max_shape[-1] if x.ndim else 1
     if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
@@ -176,7 +189,8 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
     if gemv and vector_gemv(w, k, bits, group, w.max_shape[1]):
-        return _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq)
+        _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual)
+        return residual is not None
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
@@ -203,9 +217,11 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None) -> None
         grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=grid, local_size=local)
+    return False
 
 
-def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None) -> None:
+def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
+                   residual=None) -> None:
     blocks = k // (32 if bits == 4 else 16)
     loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
     if bits == 4 and (s.ndim != 2 or s.max_shape[1] < n or s.max_shape[0] != k // group):
@@ -213,14 +229,15 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None) -> None
                       f"group size {group}")
     s_stride = s.max_shape[1] if bits == 4 else n
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
-                             dq, bits == 4 and vector_scales(s, n, s_stride))
+                             dq, bits == 4 and vector_scales(s, n, s_stride), residual)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
     sums_stride = dq[2].max_shape[1] if dq is not None else 0
     params = [out.meta, b.params(PARAMS.pack(
         qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]
-    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
+    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else []) + \
+        ([residual] if residual is not None else [])
     b.dispatch(VSHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=(-(-n // VROWS) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
@@ -349,9 +366,11 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 
 
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
-                     svec: bool = False):
+                     svec: bool = False, residual: bool = False):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
+    if residual and op != Q4GSW:
+        return None  # vkdelegate.linear_q4gsw_add only
     pair = (dtype, device_dtype(dtype, profile))
     bits = 8 if op == INT8PACK else 4
     wdt = "int8" if bits == 8 else "uint8"
@@ -362,7 +381,8 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
     if svec and VROWS % scales_per_load(pair):
         return None
-    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq, svec)
+    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq, svec,
+                          pair if residual else None)
 
 
 def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
@@ -372,5 +392,6 @@ def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
 
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
               svec=(False, True))
-declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES)
+declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
+             residual=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)

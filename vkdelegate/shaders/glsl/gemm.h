@@ -47,4 +47,13 @@ float epilogue(float acc, int c_off, int m, int n) {
   return v;
 }
 
+// HAS_RESIDUAL (gemv.glsl, linear.glsl: vkdelegate.linear_add): v, an output's value
+// from ``epilogue``, plus element i of r_data (a residual of out's shape, contiguous
+// like out), added in fp32 before the store's one rounding.
+#ifdef HAS_RESIDUAL
+#define WITH_RESIDUAL(v, i) ((v) + float(r_data[i]))
+#else
+#define WITH_RESIDUAL(v, i) (v)
+#endif
+
 #endif

@@ -24,6 +24,8 @@
 // multiples of 4 (the op checks at load), so b_data (and with B_NK a_data) is read as
 // vec4s (B_VT, A_VT: vec4 or f16vec4). VEC8 (B_NK, fp16 data stored as 16 bits, K a
 // multiple of 8): uvec4 loads of 8 fp16 values, unpacked with unpackHalf2x16.
+// HAS_RESIDUAL (vkdelegate.linear_add): r_data (out's shape) is added to each output
+// in fp32 after the bias, one rounding at the store (gemm.h's WITH_RESIDUAL).
 // fp32 accumulation. Grid: x over the output blocks,
 // z the batch index (as gemm.glsl); out's M must be 1.
 
@@ -44,6 +46,9 @@ TENSOR_IN(b_data, B_T)
 #endif
 #ifdef HAS_BIAS
 TENSOR_IN(c_data, C_T)
+#endif
+#ifdef HAS_RESIDUAL
+TENSOR_IN(r_data, R_T)
 #endif
 TENSOR_META(out_meta)
 TENSOR_META(a_meta)
@@ -147,7 +152,8 @@ void main() {
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
       total += partial[t][i];
     }
-    out_data[out_off + n0 + t] = OUT_STORE(epilogue(total, c_off, 0, n0 + t));
+    out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(epilogue(total, c_off, 0, n0 + t),
+                                                       out_off + n0 + t));
   }
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
@@ -163,7 +169,8 @@ void main() {
     barrier();
   }
   if (t < ROWS && n0 + t < N) {
-    out_data[out_off + n0 + t] = OUT_STORE(epilogue(partial[t][0], c_off, 0, n0 + t));
+    out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(
+        epilogue(partial[t][0], c_off, 0, n0 + t), out_off + n0 + t));
   }
 #endif
 #else
@@ -194,7 +201,8 @@ void main() {
   if (ty == 0) {
     [[unroll]] for (int e = 0; e < 4; ++e) {
       if (c + e < N) {
-        out_data[out_off + c + e] = OUT_STORE(epilogue(partial[0][tx][e], c_off, 0, c + e));
+        out_data[out_off + c + e] = OUT_STORE(WITH_RESIDUAL(
+            epilogue(partial[0][tx][e], c_off, 0, c + e), out_off + c + e));
       }
     }
   }

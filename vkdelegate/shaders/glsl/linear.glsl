@@ -16,6 +16,8 @@
 //   B_NK: b is [N, K] (nn.Linear's layout), read in place as its transpose;
 //   neither: b is [..., K, N].
 // HAS_BIAS: bias broadcast against out (any rank <= out's; size-1 dims broadcast).
+// HAS_RESIDUAL (vkdelegate.linear_add): r_data, of out's shape, added to each output
+// in fp32 after the bias, one rounding at the store (gemm.h's WITH_RESIDUAL).
 // Grid: (column tile, row tile, batch index over the dims before the last two).
 // Sizes come from the metadata (read with constant indices only: a run-time index
 // into the metadata block makes llvmpipe copy it to scratch memory).
@@ -29,6 +31,9 @@ TENSOR_IN(b_data, B_T)
 #endif
 #ifdef HAS_BIAS
 TENSOR_IN(c_data, C_T)
+#endif
+#ifdef HAS_RESIDUAL
+TENSOR_IN(r_data, R_T)
 #endif
 TENSOR_META(out_meta)
 TENSOR_META(a_meta)
@@ -115,7 +120,8 @@ void main() {
       if (n >= N) {
         break;
       }
-      out_data[out_row + n] = OUT_STORE(epilogue(acc[j][jj], c_off, m, n));
+      out_data[out_row + n] = OUT_STORE(WITH_RESIDUAL(epilogue(acc[j][jj], c_off, m, n),
+                                                    out_row + n));
     }
   }
 }

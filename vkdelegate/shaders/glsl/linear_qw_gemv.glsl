@@ -36,6 +36,8 @@
 // reduction; each invocation loads its blocks' x values itself (L1-cached) and handles
 // blocks t, t + WG, ... UNROLL per iteration, all loads of an iteration issued first.
 // SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads.
+// HAS_RESIDUAL (vkdelegate.linear_q4gsw_add): r_data (out's shape, [M, N]) added to
+// each output in fp32 after the bias, one rounding at the store.
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
@@ -61,6 +63,9 @@ TENSOR_IN(c_data, C_T)
 TENSOR_IN(xs_data, XS_T)
 TENSOR_IN(xz_data, XZ_T)
 TENSOR_IN(sum_data, int)
+#endif
+#ifdef HAS_RESIDUAL
+TENSOR_IN(r_data, R_T)
 #endif
 TENSOR_META(out_meta)
 // qdims: K, N, group size, weight uvec4 blocks per row used (K / KV); qstrides: the
@@ -182,12 +187,16 @@ float block_idot(vec4 xv[XV], uvec4 w) {
 }
 #endif
 
-float finish(float acc, int n) {
+// Output (m, n) from its sum: W8's scale, the bias, then HAS_RESIDUAL's r[m, n].
+float finish(float acc, int m, int n) {
 #ifdef W8
   acc *= float(s_data[n]);
 #endif
 #ifdef HAS_BIAS
   acc += float(c_data[n]);
+#endif
+#ifdef HAS_RESIDUAL
+  acc += float(r_data[m * qdims.y + n]);
 #endif
   return acc;
 }
@@ -388,7 +397,7 @@ void main() {
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
       total += PARTIAL(t, int(i));
     }
-    out_data[m * N + n0 + t] = OUT_STORE(finish(total, n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish(total, m, n0 + t));
   }
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
@@ -404,7 +413,7 @@ void main() {
     barrier();
   }
   if (live && t < ROWS && n0 + t < N) {
-    out_data[m * N + n0 + t] = OUT_STORE(finish(PARTIAL(t, 0), n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish(PARTIAL(t, 0), m, n0 + t));
   }
 #endif
 }
