@@ -6,7 +6,7 @@
 # Steps (seconds: the limit):
 #   tests   the whole suite, validation on (pytest -n 8), 420 (fresh machine: shaders compile)
 #   coop    the cooperative-matrix tests, validation off (they need it off), 120
-#   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 240
+#   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 330
 #   effnet  benchmarks/efficientnet.py batch 1 and 8, 120
 #   gemm    benchmarks/gemm.py, 120
 #   gemv    benchmarks/quant_gemv.py streamed, with the probe forms and pipeline statistics, 150
@@ -49,7 +49,7 @@ for s in "$@"; do
     tests) step tests 420 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests/ ;;
     coop) step coop 120 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 8 -p no:cacheprovider \
             tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py ;;
-    llm) step llm 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
+    llm) step llm 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
            --quantization none int8 int4 --json "$out/llm_decode.json" ;;
     effnet) step effnet 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py ;;
     gemm) step gemm 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/gemm.py ;;
