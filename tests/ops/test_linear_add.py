@@ -61,10 +61,10 @@ def _inputs(rows, k, n, dtype, rank=3):
 def spied(monkeypatch):
     """Counts of the separate add (the fallback) and the GEMM forms recorded."""
     from vkdelegate.kernels import gemm
-    from vkdelegate.ops.families import linear_add
+    from vkdelegate.kernels import residual
 
     seen = {"adds": 0, "forms": []}
-    record_add, record_core = linear_add.record_add, gemm.record_core
+    record_add, record_core = residual.record_add, gemm.record_core
 
     def add(*args):
         seen["adds"] += 1
@@ -74,7 +74,7 @@ def spied(monkeypatch):
         seen["forms"].append(form.shader)
         return record_core(b, form, *args, **kwargs)
 
-    monkeypatch.setattr(linear_add, "record_add", add)
+    monkeypatch.setattr(residual, "record_add", add)
     monkeypatch.setattr(gemm, "record_core", core)
     return seen
 

@@ -440,7 +440,7 @@ def _linear_add(x, weight, bias, residual):
 #: o_proj / down_proj written in the linear's epilogue. The CPU kernel is eager's two
 #: ops (the linear rounded to the dtype, then the add). ``passes/fuse_linear_add``
 #: creates it from aten.linear -> aten.add.Tensor; our own op (ExecuTorch has none),
-#: only in our lowering's blobs. Vulkan: ``ops/families/linear_add.py``.
+#: only in our lowering's blobs. Vulkan: ``kernels/residual.py``.
 LINEAR_ADD = declare_custom_op(
     "vkdelegate.linear_add.default",
     "linear_add(Tensor input, Tensor weight, Tensor? bias, Tensor residual) -> Tensor",

@@ -35,8 +35,9 @@ import itertools
 
 import numpy as np
 
-from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
-from vkdelegate.kernels.elementwise import load_define, promote
+from vkdelegate.kernels.binary_dispatch import SCALAR_PARAMS, SHADER, binary_defines
+from vkdelegate.kernels.broadcast import broadcast_shape, plan_dispatch
+from vkdelegate.kernels.elementwise import promote
 from vkdelegate.kernels.elementwise_exprs import BINARY_OPS, Binary
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
@@ -45,9 +46,6 @@ from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid
 
-SHADER = "binary_op"
-# x: alpha, as a float (float variants) and as an int (integer variants).
-SCALAR_PARAMS = ParamBlock("scalars_block", [("fscalars", "vec4"), ("iscalars", "ivec4")])
 
 
 def _shape(args):
@@ -108,22 +106,6 @@ def _rule(op: Binary):
     return check
 
 
-def _defines(expr: str, out, a, b, compute: str) -> dict:
-    d = storage_defines(OUT=out, A=a, B=b)
-    d.update(ACC_T=acc_type(compute), OP_EXPR=expr, **{
-        "A_LOAD(v)": load_define(d["A_T"], compute),
-        "B_LOAD(v)": load_define(d["B_T"], compute)})
-    if acc_type(compute) == "float":
-        d["ACC_FLOAT"] = "1"
-    return d
-
-
-@shader_bindings(SHADER)
-def _bindings(_defines) -> Bindings:
-    return Bindings(outputs=("out_data",), inputs=("a_data", "b_data"),
-                    params=(PLAN_PARAMS, SCALAR_PARAMS))
-
-
 def _make_impl(op: Binary):
     def impl(bld, node):
         a_id, b_id, *extra_ids, out_id = node.args
@@ -148,20 +130,9 @@ def _make_impl(op: Binary):
         # The int row is read only by integer variants (a float alpha may exceed int32).
         params = bld.params(SCALAR_PARAMS.pack(
             fscalars=[alpha], iscalars=[int(alpha) if acc_type(compute) == "int" else 0]))
-        plan_dispatch(bld, SHADER, _defines(expr, out, a, b, compute), out, [a, b],
+        plan_dispatch(bld, SHADER, binary_defines(expr, out, a, b, compute), out, [a, b],
                       extra_params=(params,))
     return impl
-
-
-def record_add(bld, out, a, b) -> None:
-    """Record aten.add.Tensor's dispatch out = a + b (alpha 1) for float tensors a, b
-    of out's shape and dtype; ``a`` may be ``out`` itself (each invocation reads its
-    element before writing it). For fused ops whose kernel cannot add in its
-    epilogue (ops/families/linear_add.py)."""
-    op = BINARY_OPS["aten.add.Tensor"]
-    params = bld.params(SCALAR_PARAMS.pack(fscalars=[1.0], iscalars=[0]))
-    plan_dispatch(bld, SHADER, _defines(op.expr, out, a, b, out.dtype), out, [a, b],
-                  extra_params=(params,))
 
 
 def _variants(op: Binary, profile, t: str) -> list[dict]:
@@ -182,7 +153,7 @@ def _variants(op: Binary, profile, t: str) -> list[dict]:
         compute, sdt = result
         a_pair, b_pair = (pair(v if isinstance(v, str) else sdt) for v in (a, b))
         expr = op.expr[mode] if isinstance(op.expr, dict) else op.expr
-        found.append(_defines(expr, pair(out_dtype), a_pair, b_pair, compute))
+        found.append(binary_defines(expr, pair(out_dtype), a_pair, b_pair, compute))
     return found
 
 

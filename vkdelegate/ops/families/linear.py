@@ -23,6 +23,7 @@ from __future__ import annotations
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import gemm
 from vkdelegate.kernels.rules import same_dtype
+from vkdelegate.kernels import residual
 
 DTYPES = gemm.DTYPES
 
@@ -108,3 +109,24 @@ register(OpSpec(name="aten.addmm.default", dtypes=DTYPES, impl=_addmm_impl,
 register(OpSpec(name="aten.bmm.default", dtypes=DTYPES, impl=_bmm_impl,
                 shape_fn=_bmm_shape, rules=(_bmm_rule, same_dtype), max_rank=3,
                 notes="fp32 accumulation"))
+
+
+# ---- vkdelegate.linear_add.default: residual + linear (kernels/residual.py) ----------
+LINEAR_ADD = "vkdelegate.linear_add.default"
+
+
+def _linear_add_impl(b, node):
+    x_id, w_id, bias_id, r_id, out_id = node.args
+    out, r = residual.residual_tensor(b, out_id, r_id)
+    bias, w = b.value(bias_id), b.tensor(w_id)
+    layout = "packed" if b.constant_array(w) is not None else "nk"
+    if not gemm.matmul(b, out, b.tensor(x_id), w, bias, layout, residual=r):
+        residual.add_after(b, out, r)
+
+
+register(OpSpec(name=LINEAR_ADD, dtypes=DTYPES, impl=_linear_add_impl,
+                shape_fn=_linear_shape,
+                rules=(_linear_rule, same_dtype, residual.residual_rule(3)),
+                notes="residual + linear(input, weight, bias?): the add in the GEMV "
+                      "and linear.glsl epilogues, a second dispatch on the GEMM core; "
+                      "fused from aten.add.Tensor"))

@@ -29,13 +29,14 @@ weight is the program's constant itself, read as 32-bit words on devices with 8-
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; linear_qw.glsl
 rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
 linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
-``_record`` also serves vkdelegate.linear_q4gsw_add (ops/families/linear_add.py):
+``_record`` also serves vkdelegate.linear_q4gsw_add (registered below; kernels/residual.py):
 linear_qw_gemv.glsl's HAS_RESIDUAL adds the residual in its epilogue.
 """
 from __future__ import annotations
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import residual
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -395,3 +396,27 @@ _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, Fals
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
+
+
+# ---- vkdelegate.linear_q4gsw_add.default: residual + linear_q4gsw (kernels/residual.py)
+Q4GSW_ADD = "vkdelegate.linear_q4gsw_add.default"
+
+
+def _q4gsw_add_impl(b, node):
+    x_id, w_id, s_id, gs_id, bias_id, r_id, out_id = node.args
+    out, r = residual.residual_tensor(b, out_id, r_id)
+    if not _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
+                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), residual=r):
+        residual.add_after(b, out, r)
+
+
+def _q4_add_shape(args):
+    return tuple(args[0].shape[:-1]) + (args[1].shape[0],)
+
+
+register(OpSpec(name=Q4GSW_ADD, dtypes=DTYPES, impl=_q4gsw_add_impl, shape_fn=_q4_add_shape,
+                rules=(lambda n: _q4_rule(n, 1, 2, 3), residual.residual_rule(5)),
+                arg_dtypes={1: frozenset({"uint8"})},
+                notes="residual + linear_q4gsw(...): the add in the int4 vectorized "
+                      "GEMV's epilogue, a second dispatch on the other forms; fused "
+                      "from aten.add.Tensor"))
