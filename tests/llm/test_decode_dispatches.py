@@ -69,13 +69,17 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     fused, lin = "vkdelegate.fused_elementwise.default", "aten.linear.default"
     assert ops.count(fused) == layers + 2, ops
     assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
-    # Left: the positions' int64 -> float32 cast and their product with inv_freq.
-    assert ops.count("aten._to_copy.default") == 1, ops
-    assert ops.count("aten.mul.Tensor") == 1, ops
+    # Left: the positions' int64 -> float32 cast and their product with inv_freq
+    # (transformers 5.24 + torch 2.13; 5.17 + torch 2.11, the H200 machine's, builds the
+    # prelude differently: two casts, the product inside a chain).
+    casts = ops.count("aten._to_copy.default")
+    assert 1 <= casts <= 2, ops
+    assert ops.count("aten.mul.Tensor") <= 1, ops
     down = (lin, "vkdelegate.linear_add.default")  # down_proj with the residual add
     mlp = [i for i, op in enumerate(ops)
            if op == fused and ops[i - 1] == lin and ops[i + 1] in down]
     assert len(mlp) == layers, ops
     # Also 2 residual adds per layer in linear_add; the decode loop's state records
-    # add 7 small dispatches (decoder.DecodeLoopState.record).
-    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7, ops
+    # add 7 small dispatches (decoder.DecodeLoopState.record); the prelude may hold 2
+    # more under transformers 5.17 + torch 2.11 (a cast and an unsqueeze: 40 there).
+    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 + 2, ops
