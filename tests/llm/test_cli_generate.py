@@ -23,6 +23,10 @@ def test_prompt_ids(saved, capsys):
     assert status == 0, err
     assert out.strip() == " ".join(map(str, hf_greedy(model, [3, 14, 15, 92, 65], 10)))
     assert "prefill: 5 tokens" in err and "decode: 9 tokens" in err and "tokens/s" in err
+    for chunk in ("1", "4"):  # one decode call per token; 4 steps per submit
+        assert main(["generate", str(path), "--prompt-ids", "3,14,15,92,65",
+                     "--max-new-tokens", "10", "--decode-chunk", chunk]) == 0
+        assert capsys.readouterr().out == out
 
 
 def test_prompt_text_with_tokenizer(saved, tmp_path, capsys):
@@ -57,6 +61,7 @@ def test_bad_arguments_exit_2(saved, capsys):
     (["--top-p", "1.5"], "top_p must be a number in [0, 1]"),
     (["--top-k", "-2"], "top_k must be an int >= 0"),
     (["--max-new-tokens", "500"], "need 504 cache positions; the program has 80"),
+    (["--decode-chunk", "0"], "decode_chunk must be an int >= 1, got 0"),
 ])
 def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
     _, path = saved

@@ -55,8 +55,12 @@ def test_eos_inside_a_chunk_stops_there(lowered):
 
 def test_run_repeated_checks(lowered):
     _, program = lowered("llama")
-    with pytest.raises(VkDelegateError, match="times must be an int >= 1"):
+    with pytest.raises(VkDelegateError, match=r"times must be an int in 1\.\.1024"):
         program.run_repeated("decode_next", 0, torch.zeros(4))
+    before = program.state_dict()["loop.pos"].clone()
+    with pytest.raises(VkDelegateError, match=r"times must be an int in 1\.\.1024"):
+        program.run_repeated("decode_next", 10**6, torch.zeros(4), torch.zeros(81))
+    assert torch.equal(program.state_dict()["loop.pos"], before)  # refused before any run
     with pytest.raises(VkDelegateError, match="no method"):
         program.run_repeated("decode_nxt", 2, torch.zeros(4))
     with pytest.raises(VkDelegateError, match="decode_chunk"):

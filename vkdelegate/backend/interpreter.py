@@ -364,8 +364,11 @@ class MethodRunner:
         first call binds the states, so it runs on its own). Returns the last call's
         outputs, as ``__call__``. Raises VkDelegateError when the method cannot repeat
         so (it names why) or ``times`` is not an int >= 1."""
-        if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-            raise VkDelegateError(f"times must be an int >= 1, got {times!r}")
+        from vkdelegate.runtime.graph import MAX_REPEAT
+
+        if isinstance(times, bool) or not isinstance(times, int) \
+                or not 1 <= times <= MAX_REPEAT:
+            raise VkDelegateError(f"times must be an int in 1..{MAX_REPEAT}, got {times!r}")
         ops = [n["op"] for n in self.plan["nodes"] if n["op"] != "getitem"]
         if ops != ["delegate"] or self.plan.get("input_updates"):
             raise VkDelegateError(f"method {self.name!r} cannot repeat on the device: it "

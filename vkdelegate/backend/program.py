@@ -279,8 +279,13 @@ class LoweredProgram:
         out of the loop: one submit of its delegate's command buffer ``times`` times
         (``MethodRunner.repeat``). Meant for a method whose inputs are the same every
         call and whose state carries the loop (``decode_next`` of
-        ``vkdelegate.llm.lower``). Returns the last call's outputs. Raises
-        VkDelegateError for an unknown method or one that cannot repeat on the device."""
+        ``vkdelegate.llm.lower``). times: 1 .. 1024 (runtime.graph.MAX_REPEAT); the
+        first call after the method's states are bound runs on its own (it binds
+        them), the rest in one submit. Returns the last call's outputs. Raises
+        VkDelegateError for an unknown method, a ``times`` out of range, or a method
+        that cannot repeat on the device (not one delegate alone, or state on the
+        host). An error flagged by any run (e.g. an index past the KV cache) is raised
+        after the submit: the state then holds what the runs before it wrote."""
         return self.runner(method).repeat(times, *args, **kwargs)
 
     def set_profiling(self, on: bool) -> None:

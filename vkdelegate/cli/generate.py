@@ -102,7 +102,8 @@ def run(args) -> int:
     generate(program, ids, args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
              eos_token_id=args.eos_token_id, image=image,
-             image_token_id=args.image_token_id, on_token=stream, timings=timings)
+             image_token_id=args.image_token_id, on_token=stream, timings=timings,
+             **({} if args.decode_chunk is None else {"decode_chunk": args.decode_chunk}))
     print(flush=True)
     if not timings["prompt_tokens"]:  # --max-new-tokens 0: nothing ran
         program.close()
@@ -134,4 +135,8 @@ def register(subparsers) -> None:
                    help="nucleus mass to keep, 0..1 (default 1: all tokens)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
     p.add_argument("--eos-token-id", type=int, help="stop after this token")
+    p.add_argument("--decode-chunk", type=int, metavar="N",
+                   help="decode steps per submit on the device (decode_next; tokens "
+                        "stream N at a time; 1: one decode call per token; default: "
+                        "generate's, 16)")
     p.set_defaults(func=run)
