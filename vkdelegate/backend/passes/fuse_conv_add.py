@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from vkdelegate.backend.custom_ops import CONV_ADD, CONV_WITH_CLAMP
+from vkdelegate.backend.passes.residual_add import fuse_adds
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -32,37 +33,14 @@ def _conv_args(node) -> "tuple | None":
     return None
 
 
-def _same_tensor_type(a: torch.fx.Node, b) -> bool:
-    va = a.meta.get("val")
-    vb = b.meta.get("val") if isinstance(b, torch.fx.Node) else None
-    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and
-            va.dtype == vb.dtype and va.dtype.is_floating_point and
-            tuple(va.shape) == tuple(vb.shape))
-
-
 def fuse_conv_add(pg) -> bool:
     """Replace each convolution -> add pair (see the module docstring) by conv_add;
     True if any."""
     if CONV_ADD.name not in registry.load_all():
         return False
     fused_op = CONV_ADD.overload()
-    graph = pg.gm.graph
-    changed = False
-    for add in list(graph.nodes):
-        if add.op != "call_function" or add.target != aten.add.Tensor or \
-                len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
-            continue
-        for conv, other in (add.args, add.args[::-1]):
-            args = _conv_args(conv)
-            if args is None or len(conv.users) != 1 or conv is other or \
-                    not _same_tensor_type(conv, other) or not _same_tensor_type(conv, add):
-                continue
-            with graph.inserting_before(add):
-                fused = graph.call_function(fused_op, args + (other,))
-            fused.meta = dict(add.meta)
-            add.replace_all_uses_with(fused)
-            graph.erase_node(add)
-            graph.erase_node(conv)
-            changed = True
-            break
-    return changed
+
+    def match(node):
+        args = _conv_args(node)
+        return None if args is None else (fused_op, args)
+    return fuse_adds(pg.gm.graph, match)

@@ -23,9 +23,9 @@ fused ops.
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from vkdelegate.backend.custom_ops import LINEAR_ADD, LINEAR_Q4GSW, LINEAR_Q4GSW_ADD
+from vkdelegate.backend.passes.residual_add import fuse_adds
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -46,43 +46,10 @@ def _fused_call(node) -> "tuple | None":
     return None
 
 
-def _same_tensor_type(a: torch.fx.Node, b) -> bool:
-    """Whether a and b are float32/float16 tensors of one dtype and provably equal
-    sizes (symbolic sizes too)."""
-    va = a.meta.get("val")
-    vb = b.meta.get("val") if isinstance(b, torch.fx.Node) else None
-    if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or \
-            va.dtype != vb.dtype or va.dtype not in _DTYPES or va.dim() != vb.dim():
-        return False
-    return all(statically_known_true(x == y) for x, y in zip(va.shape, vb.shape))
-
-
 def fuse_linear_add(pg) -> bool:
     """Replace each linear -> add pair (see the module docstring) by the fused op;
     True if any."""
     ops = registry.load_all()
     if LINEAR_ADD.name not in ops or LINEAR_Q4GSW_ADD.name not in ops:
         return False
-    graph = pg.gm.graph
-    changed = False
-    for add in list(graph.nodes):
-        if add.op != "call_function" or add.target != aten.add.Tensor or \
-                len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1 or \
-                set(add.kwargs) - {"alpha"}:
-            continue
-        for linear, residual in (add.args, add.args[::-1]):
-            found = _fused_call(linear)
-            if found is None or len(linear.users) != 1 or linear is residual or \
-                    not _same_tensor_type(linear, residual) or \
-                    not _same_tensor_type(linear, add):
-                continue
-            target, args = found
-            with graph.inserting_before(add):
-                fused = graph.call_function(target, args + (residual,))
-            fused.meta = dict(add.meta)
-            add.replace_all_uses_with(fused)
-            graph.erase_node(add)
-            graph.erase_node(linear)
-            changed = True
-            break
-    return changed
+    return fuse_adds(pg.gm.graph, _fused_call, _DTYPES)
