@@ -170,3 +170,34 @@ def test_force_fp16_shares_one_float16_buffer():
     value = program.state_dict()["store.acc"]
     assert value.dtype == torch.float32
     torch.testing.assert_close(value, store.acc, rtol=2e-2, atol=2e-2)
+
+
+class Read(nn.Module):
+    """Only reads acc (another method writes it): returns acc * 2 + y."""
+
+    def __init__(self, store):
+        super().__init__()
+        self.store = store
+
+    def forward(self, y):
+        return self.store.acc * 2.0 + y
+
+
+def test_a_method_that_only_reads_sees_the_writes(executor, tmp_path):
+    """A buffer that one method mutates is state in a method that only reads it, not a
+    constant frozen at export (to_backend.mutated_buffers)."""
+    store = Store()
+    modules = {"write": Write(store), "read": Read(store)}
+    examples = {"write": torch.zeros(4, 6), "read": torch.zeros(4, 6)}
+    eps = {name: torch.export.export(m, (examples[name],)) for name, m in modules.items()}
+    store.acc.zero_()
+    program = to_backend(eps, VulkanPartitioner({"executor": executor}))
+    gen = torch.Generator().manual_seed(3)
+    for name in ("read", "write", "read", "write", "write", "read"):
+        x = torch.randn(4, 6, generator=gen)
+        assert_same(program.run(name, x), modules[name](x), 1e-5)
+    program.save(tmp_path / "rw.vkdp")
+    loaded = load(tmp_path / "rw.vkdp", executor=executor)
+    x = torch.randn(4, 6, generator=gen)
+    assert_same(loaded.run("read", x), modules["read"](x), 1e-5)
+    loaded.close()

@@ -181,13 +181,15 @@ class VulkanPartitioner:
                     call_key(node.target, node.args, node.kwargs))
         return {op: keys for op, keys in keep.items() if op in split}
 
-    def prepare(self, ep):
+    def prepare(self, ep, shared_state=frozenset()):
         """The ProgramGraph to_backend partitions: ``ep`` decomposed to core ATen,
-        with the lowering passes applied (a copy; ``ep`` is not modified)."""
+        with the lowering passes applied (a copy; ``ep`` is not modified).
+        shared_state: FQNs other methods mutate (``from_exported_program``)."""
         from vkdelegate.backend.passes import run_passes
         from vkdelegate.backend.program_graph import from_exported_program
 
-        pg = from_exported_program(ep, self.ops_to_preserve(ep), self.calls_to_preserve(ep))
+        pg = from_exported_program(ep, self.ops_to_preserve(ep), self.calls_to_preserve(ep),
+                                   shared_state)
         pg.fusable = self._fusable
         run_passes(pg)
         pg.gm.graph.eliminate_dead_code()

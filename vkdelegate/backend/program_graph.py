@@ -123,7 +123,8 @@ def _keep_calls(op, decompose, keys):
     return decomposition
 
 
-def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
+def from_exported_program(ep, preserve=(), preserve_calls=None,
+                          shared_state=frozenset()) -> ProgramGraph:
     """Decompose ``ep`` to core ATen and read its graph signature.
 
     preserve: OpOverloads to keep whole instead of decomposing (ops a delegate runs
@@ -131,6 +132,9 @@ def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
     preserve_calls: OpOverload -> set of ``call_key``s: the nodes of that op to keep
         whole, the op's other nodes being decomposed (an SDPA the delegate runs next to
         one with dropout that it does not).
+    shared_state: FQNs of buffers another method of the program mutates: here they
+        are state too (read from the program's current value), not constants, even
+        where this method only reads them.
     Raises VkDelegateError for programs we cannot run (higher-order control flow,
     gradients, tokens).
     """
@@ -179,7 +183,10 @@ def from_exported_program(ep, preserve=(), preserve_calls=None) -> ProgramGraph:
                 raise VkDelegateError(f"input {name} ({spec.target}) holds a "
                                       f"{type(value).__name__}, not a tensor")
             value = value.detach()
-            if spec.kind == InputKind.BUFFER and spec.target in mutated:
+            # A buffer another method mutates is state here only where it is read
+            # (export lifts every buffer of the module, used or not).
+            if spec.kind == InputKind.BUFFER and (
+                    spec.target in mutated or (spec.target in shared_state and node.users)):
                 pg.state[name] = value.clone()
                 pg.state_fqn[name] = spec.target
             else:

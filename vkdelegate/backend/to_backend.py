@@ -15,6 +15,7 @@ import operator
 import sympy
 import torch
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+from torch.export.graph_signature import InputKind, OutputKind
 
 from vkdelegate.backend import allowed_ops, fp16_ranges, glue_ops, pytree_spec
 from vkdelegate.backend.node_specs import dtype_name
@@ -49,13 +50,37 @@ def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> Lowe
         if not isinstance(ep, torch.export.ExportedProgram):
             raise VkDelegateError(f"method {name!r}: expected a torch.export."
                                   f"ExportedProgram, got {type(ep).__name__}")
-    methods = {name: lower_method(ep, partitioner) for name, ep in items.items()}
+    # A buffer one method mutates is state in every method that reads it (else a reader
+    # would hold its export-time value as a constant).
+    mutated = frozenset().union(*(mutated_buffers(ep) for ep in items.values()))
+    methods = {name: lower_method(ep, partitioner, mutated) for name, ep in items.items()}
     return LoweredProgram(methods, partitioner.options)
 
 
-def lower_method(ep, partitioner: VulkanPartitioner) -> Method:
-    """One ExportedProgram -> Method (plan, glue constants, state, delegates, report)."""
-    pg = partitioner.prepare(ep)
+def mutated_buffers(ep) -> set:
+    """FQNs of the buffers ``ep`` mutates: its BUFFER_MUTATION outputs, and buffers an
+    in-place op writes (export's IR before decomposition keeps ``copy_`` and friends
+    in the graph; functionalization makes them outputs later)."""
+    sig = ep.graph_signature
+    found = {s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
+    buffers = {s.arg.name: s.target for s in sig.input_specs
+               if s.kind == InputKind.BUFFER}
+    for node in ep.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for arg, value in zip(schema.arguments, node.args):
+            written = arg.alias_info is not None and arg.alias_info.is_write
+            if written and isinstance(value, torch.fx.Node) and value.name in buffers:
+                found.add(buffers[value.name])
+    return found
+
+
+def lower_method(ep, partitioner: VulkanPartitioner,
+                 shared_state=frozenset()) -> Method:
+    """One ExportedProgram -> Method (plan, glue constants, state, delegates, report).
+    shared_state: FQNs of the buffers any method of the program mutates."""
+    pg = partitioner.prepare(ep, shared_state)
     partitions, report = partitioner.propose(pg.gm)
     if partitions:
         fuse_by_partitions(pg.gm, [p.nodes for p in partitions], prefix=_PREFIX,
