@@ -360,10 +360,11 @@ class MethodRunner:
         """Call the method ``times`` times on the same arguments, with its one delegate
         run ``times`` times in a single submit (``DelegateGraph.execute(repeat=)``):
         equal to ``times`` calls in a row when the method is that delegate alone (no
-        CPU glue ops) with every state kept on the device, which this checks (the
-        first call binds the states, so it runs on its own). Returns the last call's
-        outputs, as ``__call__``. Raises VkDelegateError when the method cannot repeat
-        so (it names why) or ``times`` is not an int >= 1."""
+        CPU glue ops) with every state it writes kept on the device (a state it only
+        reads is the same input at every run), which this checks (the first call
+        binds the states, so it runs on its own). Returns the last call's outputs, as
+        ``__call__``. Raises VkDelegateError when the method cannot repeat so (it
+        names why) or ``times`` is not an int in 1..MAX_REPEAT (runtime.graph)."""
         from vkdelegate.runtime.graph import MAX_REPEAT
 
         if isinstance(times, bool) or not isinstance(times, int) \
