@@ -166,3 +166,81 @@ def test_gated_mlp_lowers_with_every_node_on_vulkan(act, dtype, tol):
     program = check_op(mlp, (torch.randn(1, 3, 16).to(dtype),), ops=[], rtol=tol, atol=tol)
     assert " 0 on CPU" in str(program.report), program.report
     assert delegated_nodes(program)
+
+
+class RotaryCacheWrite(nn.Module):
+    """A decoder layer's rotary embedding and K/V cache writes (fuse_rotary's pair, then
+    two index_puts at one position tensor, as HF's StaticLayer exports them); with
+    ``keep_k`` k' is also an output, so pair_cache_updates must not fuse it; ``v_first``
+    writes the values' cache first (the fused op's destinations swapped)."""
+
+    def __init__(self, keep_k=False, v_first=False):
+        super().__init__()
+        self.keep_k, self.v_first = keep_k, v_first
+
+    def forward(self, q, k, v, cos, sin, kc, vc, pos):
+        qr, kr = torch.ops.vkdelegate.rotary_half_pair(q, k, cos, sin)
+        put = torch.ops.aten.index_put
+        if self.v_first:
+            vc2 = put(vc, [None, None, pos], v)
+            kc2 = put(kc, [None, None, pos], kr)
+        else:
+            kc2 = put(kc, [None, None, pos], kr)
+            vc2 = put(vc, [None, None, pos], v)
+        return (qr, kc2, vc2) + ((kr,) if self.keep_k else ())
+
+
+def _rotary_cache_inputs(dtype, t, pos):
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 4, t, 8, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, t, 8, generator=g).to(dtype) for _ in range(2))
+    ang = torch.rand(1, 1, t, 8, generator=g) * 6
+    kc, vc = (torch.randn(1, 2, 10, 8, generator=g).to(dtype) for _ in range(2))
+    return q, k, v, ang.cos().to(dtype), ang.sin().to(dtype), kc, vc, torch.tensor(pos)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("t, pos, v_first", [(1, [4], False), (1, [-1], True),
+                                             (3, [7, 0, 2], False)])
+def test_rotary_and_cache_writes_are_one_dispatch_bitwise(dtype, t, pos, v_first):
+    """rotary_half_pair + index_put_pair -> rotary_index_put_pair: the caches and q'
+    have the bits of the two unfused ops (the same graph with k' also returned, which
+    keeps them apart) and, up to fp32 contraction, of the CPU kernels."""
+    from tests.ops.harness import vulkan_unavailable
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    from vkdelegate import VulkanPartitioner, to_backend
+
+    inputs = _rotary_cache_inputs(dtype, t, pos)
+    fused = to_backend(torch.export.export(RotaryCacheWrite(v_first=v_first), inputs),
+                       VulkanPartitioner())
+    ops = [op for op, _ in delegated_nodes(fused)]
+    assert ops.count("vkdelegate.rotary_index_put_pair.default") == 1, ops
+    assert not {"vkdelegate.rotary_half_pair.default", "vkdelegate.index_put_pair.default",
+                "aten.index_put.default"} & set(ops), ops
+    apart = to_backend(torch.export.export(RotaryCacheWrite(True, v_first), inputs),
+                       VulkanPartitioner())
+    assert "vkdelegate.rotary_index_put_pair.default" not in \
+        [op for op, _ in delegated_nodes(apart)]
+    got, want = fused(*inputs), apart(*inputs)[:3]
+    eager = RotaryCacheWrite(v_first=v_first)(*inputs)
+    for g_, w_, e_ in zip(got, want, eager):
+        assert g_.dtype == e_.dtype and torch.equal(g_, w_)
+        torch.testing.assert_close(g_, e_, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_cache_write_out_of_range_position_raises():
+    from tests.ops.harness import vulkan_unavailable
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    from vkdelegate import VulkanPartitioner, to_backend
+    from vkdelegate.errors import VkDelegateError
+
+    inputs = _rotary_cache_inputs(torch.float32, 1, [4])
+    program = to_backend(torch.export.export(RotaryCacheWrite(), inputs), VulkanPartitioner())
+    assert "vkdelegate.rotary_index_put_pair.default" in \
+        [op for op, _ in delegated_nodes(program)]
+    with pytest.raises(VkDelegateError, match="out of range"):
+        program(*inputs[:-1], torch.tensor([10]))

@@ -1,4 +1,5 @@
 """Crafted blobs of the paired decode ops (vkdelegate.rotary_half_pair,
+vkdelegate.rotary_index_put_pair,
 vkdelegate.index_put_pair): a program file is untrusted, so their rules run at load and
 refuse mismatched arguments before anything is recorded."""
 import pytest
@@ -63,5 +64,32 @@ def test_index_put_pair_blob_checks(vk_device):
             (_index_put(c, c, (1, 2, 2, 4), (1, 2, 2, 4)), "values"),
             (_index_put(c, c, v, v, index_dtype="float32"), "dtype"),
             (_index_put(c, c, v, v, indices=lambda n, i: [n, i, i]), "index tensors")):
+        with pytest.raises(VkDelegateError, match=match):
+            load_delegate(blob)
+
+
+def _rotary_put(q_shape, k_shape, v_shape, c_shape=(1, 2, 8, 4), f_shape=(1, 1, 1, 4)):
+    m = GraphMaker()
+    q, k, c, s = m.input(q_shape), m.input(k_shape), m.input(f_shape), m.input(f_shape)
+    x, x2 = m.input(c_shape), m.input(c_shape)
+    i, v = m.input((1,), "int64"), m.input(v_shape)
+    none = m.scalar(None)
+    m.graph.values.append(g.ValueList([none, none, i]))
+    lst = len(m.graph.values) - 1
+    _pair_node(m, "vkdelegate.rotary_index_put_pair.default", [q, k, c, s, x, x2, lst, v],
+               [q_shape, c_shape, c_shape])
+    return m.blob()
+
+
+def test_rotary_index_put_pair_blob_checks(vk_device):
+    q, kv = (1, 4, 1, 4), (1, 2, 1, 4)
+    load_delegate(_rotary_put(q, kv, kv))
+    for blob, match in (
+            (_rotary_put(q, (1, 2, 2, 4), (1, 2, 2, 4)), "values"),
+            (_rotary_put(q, kv, (1, 2, 1, 2)), "values"),
+            (_rotary_put(q, kv, kv, f_shape=(1, 1, 2, 4)), "do not broadcast"),
+            (_rotary_put((1, 4, 1, 6), (1, 2, 1, 6), (1, 2, 1, 6), c_shape=(1, 2, 8, 6),
+                         f_shape=(1, 1, 1, 5)), "cos"),
+            (_rotary_put(q, kv, kv, c_shape=(1, 2, 8, 2)), "values")):
         with pytest.raises(VkDelegateError, match=match):
             load_delegate(blob)

@@ -142,6 +142,31 @@ ROTARY_HALF_PAIR = declare_custom_op(
     _rotary_half_pair)
 
 
+def _rotary_index_put_pair(q, k, cos, sin, x, x2, indices, values2):
+    q_rot, k_rot = _rotary_half_pair(q, k, cos, sin)
+    cache, cache2 = _index_put_pair(x, x2, indices, k_rot, values2)
+    return q_rot, cache, cache2
+
+
+def _rotary_index_put_pair_meta(q, k, cos, sin, x, x2, indices, values2):
+    import torch
+
+    return torch.empty_like(q), torch.empty_like(x), torch.empty_like(x2)
+
+
+#: ``(q', index_put(self, indices, k'), index_put(self2, indices, values2))`` with
+#: ``q', k' = rotary_half_pair(q, k, cos, sin)``: a decoder layer's rotary embedding
+#: and its K and V cache writes in one dispatch (the rotated keys go straight into the
+#: cache; each output bitwise what the two ops give). Made by
+#: ``passes/pair_cache_updates`` where k' has no other reader; Vulkan:
+#: ``ops/families/cache_update.py``.
+ROTARY_INDEX_PUT_PAIR = declare_custom_op(
+    "vkdelegate.rotary_index_put_pair.default",
+    "rotary_index_put_pair(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor self, "
+    "Tensor self2, Tensor?[] indices, Tensor values2) -> (Tensor, Tensor, Tensor)",
+    _rotary_index_put_pair, meta=_rotary_index_put_pair_meta)
+
+
 def sample_reference(logits, sampling):
     """The definition of ``vkdelegate.sample`` (its CPU kernel).
 

@@ -15,6 +15,13 @@ gave. Paired in graph order, each node at most once; a destination read by both 
 never paired (the second write would need the first's output). Runs after ``cse``,
 which gives every layer's writes one positions node, and only when the registry has
 the op.
+
+Then a pair whose written keys are a ``rotary_half_pair``'s second output (k', read by
+nothing else), and whose first output (q') is read only after the pair, becomes
+``rotary_index_put_pair(q, k, cos, sin, self, self2, indices, values2)`` (values2 the
+other write's values; the two destinations swapped where k' is the second write's):
+the rotary embedding and both cache writes in one dispatch, its outputs q' and the two
+caches (``fuse_rotary_cache_writes``).
 """
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ import operator
 
 import torch
 
-from vkdelegate.backend.custom_ops_llm import INDEX_PUT_PAIR
+from vkdelegate.backend.custom_ops_llm import (INDEX_PUT_PAIR, ROTARY_HALF_PAIR,
+                                               ROTARY_INDEX_PUT_PAIR)
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -89,4 +97,63 @@ def pair_cache_updates(pg) -> bool:
             graph.erase_node(old)
         order = _position(graph)
         changed = True
+    return fuse_rotary_cache_writes(graph) or changed
+
+
+def _getitems(node) -> "dict | None":
+    """index -> the getitem node of a multi-output node, None if another user reads it."""
+    items = {}
+    for user in node.users:
+        if user.op != "call_function" or user.target is not operator.getitem \
+                or not isinstance(user.args[1], int) or user.args[1] in items:
+            return None
+        items[user.args[1]] = user
+    return items
+
+
+def fuse_rotary_cache_writes(graph) -> bool:
+    """index_put_pair of a rotary_half_pair's k' -> rotary_index_put_pair (module
+    docstring); True if any."""
+    if ROTARY_INDEX_PUT_PAIR.name not in registry.load_all():
+        return False
+    pair_op, rotary_op = INDEX_PUT_PAIR.overload(), ROTARY_HALF_PAIR.overload()
+    fused_op = ROTARY_INDEX_PUT_PAIR.overload()
+    changed = False
+    for pair in list(graph.nodes):
+        if pair.op != "call_function" or pair.target is not pair_op or pair.kwargs:
+            continue
+        x, x2, indices, values, values2 = pair.args
+        for k_rot, other, dest, dest2, swap in ((values, values2, x, x2, False),
+                                                (values2, values, x2, x, True)):
+            if not (isinstance(k_rot, torch.fx.Node) and k_rot.target is operator.getitem
+                    and k_rot.args[1] == 1 and len(k_rot.users) == 1):
+                continue
+            rotary = k_rot.args[0]
+            if rotary.op != "call_function" or rotary.target is not rotary_op:
+                continue
+            rot_items, pair_items = _getitems(rotary), _getitems(pair)
+            if rot_items is None or pair_items is None or other is k_rot:
+                continue
+            order = _position(graph)
+            q_rot = rot_items.get(0)
+            if q_rot is not None and any(order[u] <= order[pair] for u in q_rot.users):
+                continue
+            with graph.inserting_before(pair):
+                fused = graph.call_function(fused_op, (*rotary.args, dest, dest2, indices,
+                                                       other))
+                outs = [graph.call_function(operator.getitem, (fused, i)) for i in range(3)]
+            caches = tuple(_val(pair))
+            vals = (tuple(_val(rotary))[0], *(caches[::-1] if swap else caches))
+            fused.meta = {**pair.meta, "val": vals}
+            olds = (q_rot, pair_items.get(1 if swap else 0), pair_items.get(0 if swap else 1))
+            for old, new, val in zip(olds, outs, vals):
+                new.meta = dict(old.meta) if old is not None else {"val": val}
+                if old is not None:
+                    old.replace_all_uses_with(new)
+                    graph.erase_node(old)
+            graph.erase_node(pair)
+            graph.erase_node(k_rot)
+            graph.erase_node(rotary)
+            changed = True
+            break
     return changed

@@ -32,6 +32,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
                                             contiguous_strides, flat_plan)
 from vkdelegate.kernels.dims import slice_bounds, wrap_dim
+from vkdelegate.kernels.rotary_half import broadcast_strides, padded_sizes, pair_reason
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
@@ -247,6 +248,80 @@ def _index_put_pair_rule(node: NodeSpec):
     return None
 
 
+# ---- vkdelegate.rotary_index_put_pair(q, k, cos, sin, self, self2, indices, values2) --
+ROTARY_SHADER = "rotary_scatter_pair"
+ROTARY_PARAMS = ParamBlock("rotary_scatter_block", [
+    ("info", "ivec4"), ("sizes", "ivec4"), ("fstrides", "ivec4"), ("sizes2", "ivec4"),
+    ("fstrides2", "ivec4"), ("scatter", "ivec4"), ("check", "ivec4")])
+ROTARY_DTYPES = frozenset({"float32", "float16"})
+
+
+@shader_bindings(ROTARY_SHADER)
+def _rotary_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("out_data", "cache_data", "cache2_data", "error_flags"),
+                    inputs=("in_data", "in2_data", "cos_data", "sin_data", "src2_data",
+                            "index_data"), params=(ROTARY_PARAMS,))
+
+
+def _rotary_defines(out, x, freqs, idx) -> dict:
+    d = storage_defines(OUT=out, IN=x, F=freqs, IDX=idx)
+    d["SRC_ACC"] = acc_type(out.dtype if hasattr(out, "dtype") else out[0])
+    return d
+
+
+def _rotary_index_put_pair_impl(b, node):
+    q_id, k_id, cos_id, sin_id, x_id, x2_id, indices_id, values2_id, out_id = node.args
+    q, k, cos, sin, x, x2, values2 = (b.tensor(i) for i in (
+        q_id, k_id, cos_id, sin_id, x_id, x2_id, values2_id))
+    outs = b.value(out_id)
+    if not isinstance(outs, list) or len(outs) != 3:
+        raise b.error("rotary_index_put_pair has three outputs")
+    out_q, out, out2 = (b.tensor(o) if isinstance(o, int) else o for o in outs)
+    try:
+        dim, index = _one_index(b.value(indices_id))
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    _copy_destination(b, out, x)
+    _copy_destination(b, out2, x2)
+    flag = b.error_flag(_range(x, dim, True))
+
+    def region():
+        return math.prod(out.shape[:dim]) * max(index.numel, 0) \
+            * math.prod(out.shape[dim + 1:])
+
+    def pack():
+        if k.numel != region() or values2.numel != region():
+            raise VkDelegateError(f"rotary_index_put_pair: keys of sizes {list(k.shape)} "
+                                  f"and values of {list(values2.shape)} for a region of "
+                                  f"{region()} elements")
+        inner = math.prod(out.shape[dim + 1:])
+        return ROTARY_PARAMS.pack(
+            info=[q.numel, q.shape[-1] // 2, region(), 0], sizes=padded_sizes(q.shape),
+            fstrides=broadcast_strides(cos.shape, q.shape), sizes2=padded_sizes(k.shape),
+            fstrides2=broadcast_strides(cos.shape, k.shape),
+            scatter=[region(), max(inner, 1), max(index.numel, 1), out.shape[dim]],
+            check=[flag.slot, 1])
+    params = b.params(pack())
+    b.on_resize(lambda: params.write(pack()))
+    total = q.max_numel + 2 * k.max_numel
+    b.dispatch(ROTARY_SHADER, _rotary_defines(out, k, cos, index),
+               outputs=[out_q, out, out2, flag],
+               inputs=[q, k, cos, sin, values2, index], params=[params],
+               global_size=(max(total, 1),), local_size=b.local_size_1d(total))
+
+
+def _rotary_index_put_pair_rule(node: NodeSpec):
+    q, k, cos, sin, x, x2, indices, values2 = node.args[:8]
+    why = pair_reason(q, k, cos, sin)
+    if why:
+        return why
+    if q.dtype not in ROTARY_DTYPES:
+        return f"q/k of dtype {q.dtype} (float32 or float16)"
+    return _index_put_pair_rule(NodeSpec(op="vkdelegate.index_put_pair.default",
+                                         args=(x, x2, indices, k, values2),
+                                         outputs=node.outputs[1:]))
+
+
 # ---- slice_scatter(self, src, dim, start, end, step), select_scatter(self, src, dim, index)
 def _region_plan(out, src, dim: int, start: int, step: int, drop_dim: bool) -> CopyPlan:
     """The affine copy of ``src`` into ``out``'s region starting at ``start`` along
@@ -408,6 +483,17 @@ register(OpSpec(name="vkdelegate.index_put_pair.default", dtypes=MOVE_DTYPES,
                       "writes; paired by passes/pair_cache_updates) in one dispatch"))
 
 
+register(OpSpec(name="vkdelegate.rotary_index_put_pair.default", dtypes=ROTARY_DTYPES,
+                impl=_rotary_index_put_pair_impl,
+                shape_fn=lambda args: [tuple(args[0].shape), tuple(args[4].shape),
+                                       tuple(args[5].shape)],
+                rules=(_rotary_index_put_pair_rule,), arg_dtypes={6: INDEX_DTYPES},
+                max_rank=4,
+                notes="rotary_half_pair whose k' only index_put_pair writes (a layer's "
+                      "rotary embedding and K/V cache writes; passes/pair_cache_updates) "
+                      "in one dispatch; bitwise the two ops'"))
+
+
 def _variant(profile, dtype: str, index: str, pos: bool, scalar: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
     return _defines(ddt, ddt, (index, device_dtype(index, profile)), pos, scalar)
@@ -426,3 +512,13 @@ def _pair_variant(profile, dtype: str, index: str) -> dict:
 
 declare_grid(PAIR_SHADER, _pair_variant, profile=STORAGE_PROFILES, dtype=MOVE_DTYPES,
              index=INDEX_DTYPES)
+
+
+def _rotary_variant(profile, dtype: str, freqs: str, index: str) -> dict:
+    x = (dtype, device_dtype(dtype, profile))
+    return _rotary_defines(x, x, (freqs, device_dtype(freqs, profile)),
+                           (index, device_dtype(index, profile)))
+
+
+declare_grid(ROTARY_SHADER, _rotary_variant, profile=STORAGE_PROFILES, dtype=ROTARY_DTYPES,
+             freqs=ROTARY_DTYPES, index=INDEX_DTYPES)

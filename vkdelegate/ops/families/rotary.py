@@ -16,6 +16,7 @@ lavapipe, against 2 dispatches, 0.14 ms, for the fused forms).
 """
 from __future__ import annotations
 
+from vkdelegate.kernels.rotary_half import broadcast_strides, padded_sizes, pair_reason
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
@@ -90,18 +91,6 @@ def _half_bindings(_defines) -> Bindings:
                     params=(HALF_PARAMS,))
 
 
-def broadcast_strides(shape, to) -> list:
-    """Element strides of a contiguous tensor of ``shape`` along the 4 dims of ``to``
-    (both padded with leading 1s to rank 4), 0 along a broadcast dim."""
-    shape = (1,) * (4 - len(shape)) + tuple(shape)
-    to = (1,) * (4 - len(to)) + tuple(to)
-    strides, step = [0] * 4, 1
-    for d in range(3, -1, -1):
-        strides[d] = step if shape[d] != 1 or to[d] == 1 else 0
-        step *= shape[d]
-    return strides
-
-
 def _half_impl(b, node):
     x_id, cos_id, sin_id, out_id = node.args
     x, cos, sin, out = (b.tensor(i) for i in (x_id, cos_id, sin_id, out_id))
@@ -157,11 +146,10 @@ def _pair_impl(b, node):
     out_q, out_k = (b.tensor(o) if isinstance(o, int) else o for o in outs)
 
     def pack():
-        def padded(x):
-            return list((1,) * (4 - x.ndim) + tuple(x.shape))
         return PAIR_PARAMS.pack(info=[q.numel, q.shape[-1] // 2, k.numel, 0],
-                                sizes=padded(q), fstrides=broadcast_strides(cos.shape, q.shape),
-                                sizes2=padded(k),
+                                sizes=padded_sizes(q.shape),
+                                fstrides=broadcast_strides(cos.shape, q.shape),
+                                sizes2=padded_sizes(k.shape),
                                 fstrides2=broadcast_strides(cos.shape, k.shape))
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
@@ -172,19 +160,7 @@ def _pair_impl(b, node):
 
 
 def _pair_rule(node: NodeSpec):
-    q, k, cos, sin = node.args[:4]
-    for x in (q, k):
-        if not 1 <= x.rank <= 4 or x.shape[-1] % 2:
-            return f"q/k of sizes {list(x.shape)} (rank 1-4, even last dim)"
-    if q.dtype != k.dtype or q.shape[-1] != k.shape[-1]:
-        return f"q {list(q.shape)} and k {list(k.shape)} need one dtype and last dim"
-    if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.rank > min(q.rank, k.rank):
-        return "cos and sin must have one dtype and sizes of at most q's and k's rank"
-    for x in (q, k):
-        padded = (1,) * (x.rank - cos.rank) + tuple(cos.shape)
-        if any(c not in (1, s) for c, s in zip(padded, x.shape)) or padded[-1] != x.shape[-1]:
-            return f"cos/sin of sizes {list(cos.shape)} do not broadcast to {list(x.shape)}"
-    return None
+    return pair_reason(*node.args[:4])
 
 
 register(OpSpec(name="vkdelegate.rotary_half_pair.default", dtypes=FLOATS, impl=_pair_impl,

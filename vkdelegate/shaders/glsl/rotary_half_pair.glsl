@@ -5,7 +5,7 @@
 // vkdelegate.rotary_half_pair (vkdelegate/ops/families/rotary.py): rotary_half.glsl
 // for two tensors (a layer's q and k) rotated by one cos/sin, in one dispatch:
 // invocations 0 .. numel(q) - 1 compute q's elements, the next numel(k) k's, each with
-// rotary_half.glsl's expression (fp32 math, one rounding), so every element has the
+// rotary_half.h's expression (fp32 math, one rounding), so every element has the
 // bits the unpaired op gives it.
 // Defines: OUT_T, IN_T, F_T (storage types), OUT_STORE(v).
 
@@ -22,33 +22,16 @@ PARAMS(rotary_half_pair_block) {
   ivec4 sizes2;     // k's sizes
   ivec4 fstrides2;  // element strides of cos/sin along k's 4 dims
 };
-
-uint freq_index(uint i, ivec4 sz, ivec4 fs) {
-  const uint d = i % uint(sz.w);
-  const uint r = i / uint(sz.w);
-  const uint c2 = r % uint(sz.z);
-  const uint c1 = (r / uint(sz.z)) % uint(sz.y);
-  const uint c0 = r / uint(sz.z * sz.y);
-  return c0 * uint(fs.x) + c1 * uint(fs.y) + c2 * uint(fs.z) + d * uint(fs.w);
-}
+#include "rotary_half.h"
 
 void main() {
   const uint g = linear_id();
   const uint nq = uint(info.x);
   const uint half_d = uint(info.y);
   if (g < nq) {
-    const uint i = g;
-    const uint d = i % uint(sizes.w);
-    const uint f = freq_index(i, sizes, fstrides);
-    const float x = float(in_data[i]);
-    const float partner = d < half_d ? -float(in_data[i + half_d]) : float(in_data[i - half_d]);
-    out_data[i] = OUT_STORE(x * float(cos_data[f]) + partner * float(sin_data[f]));
+    out_data[g] = OUT_STORE(ROTARY_HALF(in_data, g, sizes, fstrides, half_d));
   } else if (g - nq < uint(info.z)) {
     const uint i = g - nq;
-    const uint d = i % uint(sizes2.w);
-    const uint f = freq_index(i, sizes2, fstrides2);
-    const float x = float(in2_data[i]);
-    const float partner = d < half_d ? -float(in2_data[i + half_d]) : float(in2_data[i - half_d]);
-    out2_data[i] = OUT_STORE(x * float(cos_data[f]) + partner * float(sin_data[f]));
+    out2_data[i] = OUT_STORE(ROTARY_HALF(in2_data, i, sizes2, fstrides2, half_d));
   }
 }
