@@ -224,3 +224,49 @@ def test_q4gsw_of_other_group_sizes_do_not_merge():
     pg = from_exported_program(torch.export.export(M().eval(), (torch.randn(1, 1, 64),)),
                                preserve=(aten.linear.default,))
     assert not merge_linears(pg)
+
+
+class Q8Siblings(nn.Module):
+    """Three int8 weight-only linears of one input as torchao's exports them (each
+    views x as [-1, K] and calls aten._weight_int8pack_mm): int8 [N, K], scales [N]."""
+
+    def __init__(self, dtype, k=64, ns=(64, 32, 32)):
+        super().__init__()
+        g = torch.Generator().manual_seed(6)
+        for i, n in enumerate(ns):
+            self.register_buffer(f"w{i}", torch.randint(-128, 128, (n, k), generator=g,
+                                                        dtype=torch.int8))
+            self.register_buffer(f"s{i}", (torch.rand(n, generator=g) * 0.1 + 0.01).to(dtype))
+        self.count, self.k = len(ns), k
+
+    def forward(self, x):
+        h = x * 2
+        return tuple(torch.ops.aten._weight_int8pack_mm(h.view(-1, self.k),
+                                                         getattr(self, f"w{i}"),
+                                                         getattr(self, f"s{i}"))
+                     for i in range(self.count))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
+def test_int8pack_siblings_merge(dtype, tol):
+    """The three views become one, the three products one, bitwise the unmerged
+    lowering, and eager's values within the int8 GEMV tolerance."""
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    torch.manual_seed(7)
+    m, x = Q8Siblings(dtype).eval(), torch.randn(1, 1, 64).to(dtype)
+    merged, plain = _lower(m, (x,)), _lower(m, (x,), merge=False)
+    try:
+        q8 = "aten._weight_int8pack_mm.default"
+        assert _ops(merged).count(q8) == 1 and _ops(merged).count(NARROW) == 3
+        assert _ops(plain).count(q8) == 3
+        with torch.no_grad():
+            want = m(x)
+        got, ref = merged(x), plain(x)
+        assert_matches_eager(got, want, tol, tol)
+        for a, b in zip(got, ref):
+            assert torch.equal(a, b)
+    finally:
+        merged.close()
+        plain.close()

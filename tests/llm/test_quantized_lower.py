@@ -12,6 +12,7 @@ from tests.vulkan_skip import vulkan_unavailable
 FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw.default",
          "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
 Q4_ADD = "vkdelegate.linear_q4gsw_add.default"
+ADDS = {"int8": "vkdelegate.weight_int8pack_mm_add.default", "int4": Q4_ADD}
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
@@ -26,12 +27,16 @@ def test_quantized_llama_greedy_matches_eager(scheme):
     decode = program.methods["decode"].report
     assert not decode.cpu_nodes, str(decode)
     ops = [d.op for d in decode.decisions]
-    # 2 layers x (q, k, v, o, gate, up, down) + the lm_head; int4 decode merges q/k/v
-    # and gate/up (passes/merge_linears): 2 x (qkv, o, gate_up, down) + the lm_head,
-    # and its o and down take their residual add (passes/fuse_linear_add).
-    assert ops.count(FUSED[scheme]) == (5 if scheme == "int4" else 15), sorted(set(ops))
+    # 2 layers x (q, k, v, o, gate, up, down) + the lm_head; int4 and int8 decode
+    # merge q/k/v and gate/up (passes/merge_linears) and their o and down take the
+    # residual add (passes/fuse_linear_add): 2 x (qkv, gate_up) + the lm_head, and
+    # 2 x (o, down) fused with their add. 8da4w: neither.
+    if scheme in ADDS:
+        assert ops.count(FUSED[scheme]) == 5, sorted(set(ops))
+        assert ops.count(ADDS[scheme]) == 4, sorted(set(ops))
+    else:
+        assert ops.count(FUSED[scheme]) == 15, sorted(set(ops))
     if scheme == "int4":
-        assert ops.count(Q4_ADD) == 4, sorted(set(ops))
         prefill = [d.op for d in program.methods["prefill"].report.decisions]
         assert prefill.count(FUSED[scheme]) == 11 and prefill.count(Q4_ADD) == 4
     assert "aten.mm.default" not in ops and "aten.linear.default" not in ops

@@ -1,6 +1,6 @@
 """A residual ``aten.add.Tensor`` after a linear fuses into ``vkdelegate.linear_add``
-(``vkdelegate.linear_q4gsw_add`` for torchao's int4 weight-only linear;
-passes/fuse_linear_add.py), against eager: fp32 and fp16, bias and none, one row and
+(``vkdelegate.linear_q4gsw_add`` for torchao's int4 weight-only linear,
+``vkdelegate.weight_int8pack_mm_add`` for its int8 one; passes/fuse_linear_add.py), against eager: fp32 and fp16, bias and none, one row and
 several, either operand order, rank 2 and 3, dynamic rows; on the form a CPU driver
 takes (linear.glsl, the add in its epilogue), the GPU forms forced here as
 tests/ops/test_gemm_core.py does (gemv.glsl's epilogue for one row; the GEMM core and
@@ -14,7 +14,7 @@ to fp16 and then rounds the add; the fused epilogue adds in fp32 and rounds once
 two differ by at most one fp16 rounding of the linear's output (2^-11 of it) on top of
 the summation-order difference the fp16 linear tests allow (about one fp16 step of
 the output): inside their rtol = atol = 1e-2 for outputs of magnitude ~1-10.
-int4: tests/ops/test_quantized_gemv.py's (2e-5 fp32, 1e-2 fp16).
+int4 and int8: tests/ops/test_quantized_gemv.py's (2e-5 fp32, 1e-2 fp16).
 """
 import dataclasses
 
@@ -339,6 +339,65 @@ def test_q4_mismatched_residual_is_refused_at_load(vk_device):
     s = m.constant(np.ones((1, 13), np.float32))
     m.output(m.op(Q4_FUSED, [x, w, s, m.scalar(32), m.scalar(None), r], (1, 13)))
     with pytest.raises(VkDelegateError, match=r"^node 0 \(vkdelegate.linear_q4gsw_add"
+                                              r".default\): residual \[2, 13\] float32 "
+                                              r"for an output \[1, 13\] float32"):
+        load_delegate(m.blob())
+
+
+# ---- int8 (aten._weight_int8pack_mm) --------------------------------------------------
+Q8_FUSED = custom_ops.WEIGHT_INT8PACK_MM_ADD.name
+
+
+def _q8_model(k, n, dtype):
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+
+    torch.manual_seed(0)
+    return quantize_for_vulkan(_Residual(k, n, bias=False).to(dtype).eval(), "int8")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_int8_gemv_adds_in_the_epilogue(q4_family, dtype, rank):
+    """torchao's int8 weight-only linear (a 2-D view of x, _weight_int8pack_mm, the
+    view back) and its residual add: one weight_int8pack_mm_add, the add in
+    linear_qw_gemv.glsl's epilogue (K = 4096: 16-byte weight blocks; N = 13 a partial
+    workgroup)."""
+    pytest.importorskip("torchao")
+    model = _q8_model(4096, 13, dtype)
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    program = check_op(model, _inputs(1, 4096, 13, dtype, rank), ops=[Q8_FUSED], rtol=tol,
+                       atol=tol)
+    assert ADD not in _ops(program) and "aten._weight_int8pack_mm.default" not in \
+        _ops(program), _ops(program)
+    assert q4_family["adds"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_int8_gemm_form_then_the_add(spied, dtype):
+    pytest.importorskip("torchao")
+    # Several rows (linear_qw.glsl's GEMM form on every device): the product, then
+    # the in-place add.
+    model = _q8_model(64, 13, dtype)
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    program = check_op(model, _inputs(5, 64, 13, dtype), ops=[Q8_FUSED], rtol=tol,
+                       atol=tol)
+    assert ADD not in _ops(program)
+    assert spied["adds"] == 1
+
+
+def test_q8_mismatched_residual_is_refused_at_load(vk_device):
+    import numpy as np
+
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    m = GraphMaker()
+    x, r = m.input((1, 32)), m.input((2, 13))
+    w = m.constant(np.zeros((13, 32), np.int8))
+    s = m.constant(np.ones((13,), np.float32))
+    m.output(m.op(Q8_FUSED, [x, w, s, r], (1, 13)))
+    with pytest.raises(VkDelegateError, match=r"^node 0 \(vkdelegate.weight_int8pack_mm_add"
                                               r".default\): residual \[2, 13\] float32 "
                                               r"for an output \[1, 13\] float32"):
         load_delegate(m.blob())

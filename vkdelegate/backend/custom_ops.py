@@ -461,6 +461,21 @@ LINEAR_Q4GSW_ADD = declare_custom_op(
     "Tensor? bias, Tensor residual) -> Tensor", _linear_q4gsw_add)
 
 
+def _weight_int8pack_mm_add(x, weight, scales, residual):
+    import torch
+
+    return residual + torch.ops.aten._weight_int8pack_mm.default(x, weight, scales)
+
+
+#: ``residual + aten._weight_int8pack_mm(self, mat2, scales)`` (self [M, K], int8 mat2
+#: [N, K], scales [N]; residual [M, N] of the output's dtype), the int8 weight-only form
+#: of ``linear_add``. ``passes/fuse_linear_add`` creates it; ours, only in our blobs.
+WEIGHT_INT8PACK_MM_ADD = declare_custom_op(
+    "vkdelegate.weight_int8pack_mm_add.default",
+    "weight_int8pack_mm_add(Tensor self, Tensor mat2, Tensor scales, Tensor residual) "
+    "-> Tensor", _weight_int8pack_mm_add)
+
+
 def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,
                         group_size, bias=None):
     import torch

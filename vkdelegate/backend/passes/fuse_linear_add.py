@@ -15,6 +15,13 @@ add. Safe only where the add is exactly that sum, which the pass checks:
 - and a residual tensor of the add's output shape and dtype, float32 or float16 (no
   broadcasting, no type promotion), which is also the linear's output type.
 
+torchao's int8 weight-only linear, ``aten._weight_int8pack_mm(x2, w, scales)`` of a 2-D
+view x2 = [M, K], gives [M, N] where the residual is [..., N] (the view back to x's
+rows, or none: a no-op view before an add is dropped); when the residual has M rows in
+all (and the add's shape, no broadcasting) the add becomes
+``view(weight_int8pack_mm_add(x2, w, scales, view(residual, [M, N])), add's shape)``:
+views are aliases, so still one dispatch (``_fuse_int8_adds``).
+
 Runs after the linear passes (quantized_linear, addmm_to_linear, the batch-norm fold,
 merge_linears: they need the plain linears) and before fuse_elementwise, which would
 otherwise swallow the add into an elementwise chain; only when the registry has the
@@ -24,7 +31,10 @@ from __future__ import annotations
 
 import torch
 
-from vkdelegate.backend.custom_ops import LINEAR_ADD, LINEAR_Q4GSW, LINEAR_Q4GSW_ADD
+import math
+
+from vkdelegate.backend.custom_ops import (LINEAR_ADD, LINEAR_Q4GSW, LINEAR_Q4GSW_ADD,
+                                           WEIGHT_INT8PACK_MM_ADD)
 from vkdelegate.backend.passes.residual_add import fuse_adds
 from vkdelegate.ops import registry
 
@@ -52,4 +62,75 @@ def fuse_linear_add(pg) -> bool:
     ops = registry.load_all()
     if LINEAR_ADD.name not in ops or LINEAR_Q4GSW_ADD.name not in ops:
         return False
-    return fuse_adds(pg.gm.graph, _fused_call, _DTYPES)
+    changed = fuse_adds(pg.gm.graph, _fused_call, _DTYPES)
+    if WEIGHT_INT8PACK_MM_ADD.name in ops:
+        changed = _fuse_int8_adds(pg.gm.graph) or changed
+    return changed
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _int8_product(node):
+    """The _weight_int8pack_mm node behind add operand ``node`` (itself, or a view of
+    it), when only that add reads it; else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
+            or len(node.users) != 1:
+        return None
+    if node.target == aten.view.default:
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
+                or len(node.users) != 1:
+            return None
+    if node.target != aten._weight_int8pack_mm.default or len(node.args) != 3 \
+            or node.kwargs:
+        return None
+    return node
+
+
+def _static(shape) -> bool:
+    return all(isinstance(s, int) for s in shape)
+
+
+def _fuse_int8_adds(graph) -> bool:
+    """The int8 weight-only form of the fusion (module docstring); True if any."""
+    fused_op = WEIGHT_INT8PACK_MM_ADD.overload()
+    # torchao's view of the product back to x's rows is left dead when an earlier
+    # pass dropped it before the add: remove it, so that the product has one reader
+    # (run_passes eliminates dead code after the passes anyway).
+    graph.eliminate_dead_code()
+    changed = False
+    for add in list(graph.nodes):
+        if add.op != "call_function" or add.target != aten.add.Tensor or \
+                len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1 or \
+                set(add.kwargs) - {"alpha"}:
+            continue
+        for operand, other in (add.args, add.args[::-1]):
+            mm = _int8_product(operand)
+            vm, vo, va = _val(mm), _val(other), _val(add)
+            if mm is None or operand is other or not all(
+                    isinstance(v, torch.Tensor) for v in (vm, vo, va)):
+                continue
+            if not (_static(vm.shape) and _static(vo.shape) and _static(va.shape)) or \
+                    vm.dtype not in _DTYPES or vo.dtype != vm.dtype or va.dtype != vm.dtype \
+                    or tuple(vo.shape) != tuple(va.shape) or vo.dim() < 1 \
+                    or vo.shape[-1] != vm.shape[1] \
+                    or math.prod(vo.shape[:-1]) != vm.shape[0]:
+                continue
+            rows = [int(vm.shape[0]), int(vm.shape[1])]
+            with graph.inserting_before(add):
+                r2 = graph.call_function(aten.view.default, (other, rows))
+                fused = graph.call_function(fused_op, tuple(mm.args) + (r2,))
+                out = graph.call_function(aten.view.default, (fused, list(va.shape)))
+            r2.meta = {"val": vo.reshape(rows)}
+            fused.meta = dict(mm.meta)
+            out.meta = dict(add.meta)
+            add.replace_all_uses_with(out)
+            graph.erase_node(add)
+            if operand is not mm:
+                graph.erase_node(operand)
+            graph.erase_node(mm)
+            changed = True
+            break
+    return changed

@@ -29,8 +29,11 @@ torchao's int4 weight-only linears (``et_vk.linear_q4gsw``, made by
 passes/quantized_linear, which runs first) merge the same way when they share the
 group size and K: packed weights uint8 [N_i, K/2] concatenated along rows, scales
 [K/gs, N_i] (the first N_i columns where a blob padded them) along columns, biases
-along N. The int8 weight-only form (``aten._weight_int8pack_mm`` of a 2-D view of x)
-and 8da4w (``et_vk.linear_dq8ca_q4gsw``, with per-group weight sums) are not merged.
+along N. torchao's int8 weight-only linears (``aten._weight_int8pack_mm(x2, w, scales)``
+of one 2-D view x2 = [1, K] of x: equal views of one node are made one first, as cse
+would later) merge too: int8
+weights [N_i, K] along rows, scales [N_i] along N. 8da4w
+(``et_vk.linear_dq8ca_q4gsw``, with per-group weight sums) is not merged.
 Runs only when the registry has ``aten.linear`` and ``narrow_last``.
 """
 from __future__ import annotations
@@ -106,12 +109,36 @@ def _member(pg, node, x):
         ok, bias = _bias(pg, node.args[4] if len(node.args) > 4 else None, dtype, n)
         return ((LINEAR_Q4GSW.name, group, tuple(weight.shape[1:]), tuple(scales.shape[:1]),
                  bias is not None), [weight, scales[:, :n], bias]) if ok else None
+    if node.target == aten._weight_int8pack_mm.default and len(node.args) == 3:
+        weight = _constant(pg, node.args[1], torch.int8, 2)
+        scales = _constant(pg, node.args[2], dtype, 1)
+        if weight is None or scales is None or weight.shape[1] != k \
+                or weight.shape[0] == 0 or scales.shape[0] != weight.shape[0]:
+            return None
+        return ("int8pack",), [weight, scales]
     return None
+
+
+def _share_int8_views(graph) -> None:
+    """Make equal ``aten.view`` nodes of one input that feed _weight_int8pack_mm one node
+    (torchao's int8 linears each view x as [-1, K]; an exact rewrite, as cse's)."""
+    seen: dict = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.view.default or node.kwargs \
+                or not any(u.target == aten._weight_int8pack_mm.default for u in node.users):
+            continue
+        key = (node.args[0], tuple(node.args[1]) if isinstance(node.args[1], (list, tuple))
+               else node.args[1])
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
 
 
 def _groups(pg):
     """(x, key, [(linear node, tensors)]), one per mergeable group, in graph order."""
     groups = []
+    _share_int8_views(pg.gm.graph)
     for x in pg.gm.graph.nodes:
         if not _one_row(x):
             continue
@@ -137,6 +164,8 @@ def _merged_args(pg, x, key, group):
                                torch.cat(parts, dim).contiguous())
     if key[0] == "linear":
         return aten.linear.default, (x, cat(0, 1, 0), cat(1, 2, 0))
+    if key[0] == "int8pack":
+        return aten._weight_int8pack_mm.default, (x, cat(0, 1, 0), cat(1, 2, 0))
     return LINEAR_Q4GSW.overload(), (x, cat(0, 1, 0), cat(1, 2, 1), key[1],
                                      cat(2, 4, 0))
 

@@ -29,8 +29,9 @@ weight is the program's constant itself, read as 32-bit words on devices with 8-
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; linear_qw.glsl
 rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
 linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
-``_record`` also serves vkdelegate.linear_q4gsw_add (registered below; kernels/residual.py):
-linear_qw_gemv.glsl's HAS_RESIDUAL adds the residual in its epilogue.
+``_record`` also serves vkdelegate.linear_q4gsw_add and vkdelegate.weight_int8pack_mm_add
+(registered below; kernels/residual.py): linear_qw_gemv.glsl's HAS_RESIDUAL adds the
+residual in its epilogue.
 """
 from __future__ import annotations
 
@@ -370,8 +371,8 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
-    if residual and op != Q4GSW:
-        return None  # vkdelegate.linear_q4gsw_add only
+    if residual and op == DQ8CA:
+        return None  # vkdelegate.linear_q4gsw_add and weight_int8pack_mm_add only
     pair = (dtype, device_dtype(dtype, profile))
     bits = 8 if op == INT8PACK else 4
     wdt = "int8" if bits == 8 else "uint8"
@@ -420,3 +421,23 @@ register(OpSpec(name=Q4GSW_ADD, dtypes=DTYPES, impl=_q4gsw_add_impl, shape_fn=_q
                 notes="residual + linear_q4gsw(...): the add in the int4 vectorized "
                       "GEMV's epilogue, a second dispatch on the other forms; fused "
                       "from aten.add.Tensor"))
+
+
+# ---- vkdelegate.weight_int8pack_mm_add.default: residual + _weight_int8pack_mm -----
+INT8PACK_ADD = "vkdelegate.weight_int8pack_mm_add.default"
+
+
+def _int8pack_add_impl(b, node):
+    x_id, w_id, s_id, r_id, out_id = node.args
+    out, r = residual.residual_tensor(b, out_id, r_id)
+    if not _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None, out, 8, 0,
+                   residual=r):
+        residual.add_after(b, out, r)
+
+
+register(OpSpec(name=INT8PACK_ADD, dtypes=DTYPES, impl=_int8pack_add_impl,
+                shape_fn=_shape(1), rules=(_int8pack_rule, residual.residual_rule(3)),
+                arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
+                notes="residual + _weight_int8pack_mm(...): the add in the int8 "
+                      "vectorized GEMV's epilogue, a second dispatch on the other forms; "
+                      "fused from aten.add.Tensor"))
