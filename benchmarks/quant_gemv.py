@@ -243,7 +243,7 @@ def _forms(sweep: bool, name: str, probe: bool = False):
     if name.startswith("linear"):
         def fp16(rows, unroll):
             def apply():
-                gemm_core.GEMV_UNROLL = unroll
+                gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K = unroll, 0
                 tiles = gemm_tiles.tiles_for(family_device_type[0])
                 gemm_tiles.TABLE[family_device_type[0]] = dataclasses.replace(
                     tiles, gemv_rows=rows)
@@ -293,7 +293,8 @@ def main(argv=None) -> int:
         family.VROWS = args.rows_per_workgroup
     device = default_device(args.device)
     family_device_type[0] = device.info.type
-    saved = (gemm_core.GEMV_UNROLL, dict(gemm_tiles.TABLE), family.VDIRECT, family.VWG,
+    saved = ((gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K), dict(gemm_tiles.TABLE),
+             family.VDIRECT, family.VWG,
              family.VROWS, family.VUNROLL, family.VPROBE)
     globals()["HOLD_S"] = args.hold_s
     mb, rows = args.stream_mb, []
@@ -328,7 +329,7 @@ def main(argv=None) -> int:
                 except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
                     timed.append((node, label, str(exc).split(',')[0], ""))
                 finally:
-                    gemm_core.GEMV_UNROLL = saved[0]
+                    gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K = saved[0]
                     gemm_tiles.TABLE.clear()
                     gemm_tiles.TABLE.update(saved[1])
                     (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL,

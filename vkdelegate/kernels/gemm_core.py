@@ -42,8 +42,20 @@ GEMV_SHADER = "gemv"
 GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
 #: gemv.glsl's vector steps per row per iteration for b [N, K] (UNROLL): their loads
 #: are all issued before the first product. 4: K = 4096 fp16 is one iteration of 4
-#: uvec4s per row per invocation (H200 numbers in docs/PERF.md).
+#: uvec4s per row per invocation (H200 numbers in docs/PERF.md). Up to GEMV_SHORT_K
+#: (``gemv_unroll``) 1: K = 2048 fp16 is 2 uvec4s per row per invocation, so 4 would
+#: issue 2 clamped duplicate loads; on the H200 (held busy, weights streamed) UNROLL 1
+#: took 2048 x 16384 from 27.8 to 23.0 us and 2048 x 128256 (a Llama-3.2-1B lm_head)
+#: from 149 to 122 us, the other 1B decode shapes 1-5% (docs/PERF.md, 2026-12-03
+#: evening).
 GEMV_UNROLL = 4
+GEMV_SHORT_K = 2048
+
+
+def gemv_unroll(k: int) -> int:
+    """UNROLL of gemv.glsl for b [N, K] with K = ``k``: 1 up to GEMV_SHORT_K, else
+    GEMV_UNROLL."""
+    return 1 if k <= GEMV_SHORT_K else GEMV_UNROLL
 LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
 DTYPES = ("float32", "float16")
 
@@ -200,7 +212,7 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
         if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
             vec = 8
         defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec,
-                               unroll=GEMV_UNROLL,
+                               unroll=gemv_unroll(k) if nk else GEMV_UNROLL,
                                subgroup=nk and has_subgroup_arithmetic(b.device.info),
                                residual=residual)
         if nk:
@@ -247,12 +259,14 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
-                  subgroup: bool, residual: bool) -> "dict | None":
+                  subgroup: bool, residual: bool, short: bool) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
-    if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk:
+    if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk \
+            or short and not nk:
         return None
     return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
-                        rows=GPU_TILES.gemv_rows, vec=vec, unroll=GEMV_UNROLL,
+                        rows=GPU_TILES.gemv_rows, vec=vec,
+                        unroll=gemv_unroll(1 if short else GEMV_SHORT_K + 1),
                         subgroup=subgroup, residual=ddt if residual else None)
 
 
@@ -278,4 +292,5 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
              subgroup=COOPMAT_SUBGROUPS)
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
-             vec=(1, 4, 8), subgroup=(False, True), residual=(False, True))
+             vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),
+             short=(False, True))
