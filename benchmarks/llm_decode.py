@@ -19,7 +19,7 @@ each format's row as it is measured, a table, and writes JSON after each format.
 
     python benchmarks/llm_decode.py [--new-tokens 64] [--prompt 32] [--layers 16]
         [--dtype float16] [--max-seq-len 256] [--quantization none int8 int4]
-        [--profile 12] [--json F]
+        [--profile 12] [--sampled] [--json F]
 """
 from __future__ import annotations
 
@@ -185,6 +185,9 @@ def main() -> None:
     ap.add_argument("--hold-s", type=float, default=2.0,
                     help="seconds of back-to-back generation before timing each format "
                          "(a GPU idles its clocks down between bursts)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="also time sampled generation (temperature 0.8, top_k 50, top_p "
+                         "0.9: the on-device sampler's search over the vocabulary)")
     ap.add_argument("--hbm-tbps", type=float, default=4.8,
                     help="memory bandwidth for the roofline share (H200 HBM3e: 4.8)")
     ap.add_argument("--json", default="llm_decode.json")
@@ -242,6 +245,17 @@ def main() -> None:
                                decode_chunk=chunk)
                 into.append(timings["decode_tokens"] / timings["decode_s"])
         result["per_token_tps"][scheme] = per_token
+        sampled = "-"
+        if args.sampled:
+            runs = []
+            for _ in range(args.runs):
+                timings = {}
+                generate(program, prompt, args.new_tokens, temperature=0.8, top_k=50,
+                         top_p=0.9, seed=0, timings=timings,
+                         decode_chunk=args.decode_chunk)
+                runs.append(timings["decode_tokens"] / timings["decode_s"])
+            result.setdefault("sampled_tps", {})[scheme] = runs
+            sampled = f"{statistics.median(runs):.1f}"
         looped = program.last_transfer("decode_next")
         assert looped["state_upload_bytes"] == looped["state_download_bytes"] == 0, looped
         moved = program.last_transfer("decode")
@@ -261,7 +275,7 @@ def main() -> None:
         name = scheme if scheme != "none" else args.dtype
         single = statistics.median(per_token)
         rows.append((f"vkdelegate (Vulkan), {name}", f"{ours:.1f}", f"{single:.1f}",
-                     f"{ours / hf:.2f}x",
+                     sampled, f"{ours / hf:.2f}x",
                      f"{step_bytes(scheme) / 1e9:.3f}",
                      f"{100 * ours * step_bytes(scheme) / hbm:.1f}%", host))
         print(f"{rows[-1]}; lowering {result['lower_s'][scheme]} s, build "
@@ -280,7 +294,8 @@ def main() -> None:
             json.dump(result, f, indent=2)
         program.close()
         del m
-    rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "1.00x",
+    rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "-",
+                 "1.00x",
                  f"{step_bytes('none') / 1e9:.3f}",
                  f"{100 * hf * step_bytes('none') / hbm:.1f}%", "-"))
     print(f"\nLlama-shaped decoder, {n_params / 1e9:.2f} B params {args.dtype}, "
@@ -293,7 +308,8 @@ def main() -> None:
           f"{result['tokens_equal_prefix']} of {args.new_tokens}")
     print(f"decode tokens/s: {args.decode_chunk} steps per submit (decode_next); "
           f"per-token: one decode call per token (the host between steps)")
-    print(tabulate(rows, headers=("backend", "decode tokens/s", "per-token", "vs HF eager",
+    print(tabulate(rows, headers=("backend", "decode tokens/s", "per-token",
+                                  "sampled (T 0.8, top-k 50, top-p 0.9)", "vs HF eager",
                                   "GB read / token", "HBM share", "host B / step")))
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)
