@@ -188,12 +188,16 @@ def test_q4gsw_siblings_merge(dtype, bias, tol):
     custom_ops.ensure_defined()
     torch.manual_seed(5)
     m, x = Q4Siblings(dtype, bias, padded=True).eval(), torch.randn(1, 1, 64).to(dtype)
+    _check_merged_three(m, x, "et_vk.linear_q4gsw.default", tol)
+
+
+def _check_merged_three(m, x, op, tol):
+    """Three sibling ``op`` nodes merge into one and three narrow_last parts; the
+    outputs are eager's within ``tol`` and bitwise the unmerged lowering's."""
     merged, plain = _lower(m, (x,)), _lower(m, (x,), merge=False)
     try:
-        q4 = "et_vk.linear_q4gsw.default"
-        ops = _ops(merged)
-        assert ops.count(q4) == 1 and ops.count(NARROW) == 3
-        assert _ops(plain).count(q4) == 3
+        assert _ops(merged).count(op) == 1 and _ops(merged).count(NARROW) == 3
+        assert _ops(plain).count(op) == 3
         with torch.no_grad():
             want = m(x)
         got, ref = merged(x), plain(x)
@@ -256,17 +260,4 @@ def test_int8pack_siblings_merge(dtype, tol):
         pytest.skip(reason)
     torch.manual_seed(7)
     m, x = Q8Siblings(dtype).eval(), torch.randn(1, 1, 64).to(dtype)
-    merged, plain = _lower(m, (x,)), _lower(m, (x,), merge=False)
-    try:
-        q8 = "aten._weight_int8pack_mm.default"
-        assert _ops(merged).count(q8) == 1 and _ops(merged).count(NARROW) == 3
-        assert _ops(plain).count(q8) == 3
-        with torch.no_grad():
-            want = m(x)
-        got, ref = merged(x), plain(x)
-        assert_matches_eager(got, want, tol, tol)
-        for a, b in zip(got, ref):
-            assert torch.equal(a, b)
-    finally:
-        merged.close()
-        plain.close()
+    _check_merged_three(m, x, "aten._weight_int8pack_mm.default", tol)

@@ -35,7 +35,7 @@ import math
 
 from vkdelegate.backend.custom_ops import (LINEAR_ADD, LINEAR_Q4GSW, LINEAR_Q4GSW_ADD,
                                            WEIGHT_INT8PACK_MM_ADD)
-from vkdelegate.backend.passes.residual_add import fuse_adds
+from vkdelegate.backend.passes.residual_add import fuse_adds, plain_add
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -102,9 +102,7 @@ def _fuse_int8_adds(graph) -> bool:
     graph.eliminate_dead_code()
     changed = False
     for add in list(graph.nodes):
-        if add.op != "call_function" or add.target != aten.add.Tensor or \
-                len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1 or \
-                set(add.kwargs) - {"alpha"}:
+        if not plain_add(add):
             continue
         for operand, other in (add.args, add.args[::-1]):
             mm = _int8_product(operand)

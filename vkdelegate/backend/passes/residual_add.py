@@ -23,15 +23,20 @@ def same_tensor_type(a: torch.fx.Node, b, dtypes=None) -> bool:
     return all(statically_known_true(x == y) for x, y in zip(va.shape, vb.shape))
 
 
+def plain_add(node) -> bool:
+    """Whether ``node`` is ``aten.add.Tensor(a, b)`` with alpha 1 (no other kwargs)."""
+    return node.op == "call_function" and node.target == aten.add.Tensor and \
+        len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1 and \
+        not set(node.kwargs) - {"alpha"}
+
+
 def fuse_adds(graph: torch.fx.Graph, match, dtypes=None) -> bool:
     """Replace each such add (module docstring) of a producer ``match`` accepts:
     ``match(node)`` gives (fused target, the producer's arguments) or None; the fused
     call gets those arguments plus the other operand. True if any add was fused."""
     changed = False
     for add in list(graph.nodes):
-        if add.op != "call_function" or add.target != aten.add.Tensor or \
-                len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1 or \
-                set(add.kwargs) - {"alpha"}:
+        if not plain_add(add):
             continue
         for producer, other in (add.args, add.args[::-1]):
             found = match(producer)

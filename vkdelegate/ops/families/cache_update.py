@@ -191,6 +191,38 @@ def _pair_bindings(_defines) -> Bindings:
                     inputs=("src_data", "src2_data", "index_data"), params=(SCATTER_PARAMS,))
 
 
+class _PairRegion:
+    """The two destinations of a paired cache write (index_put_pair,
+    rotary_index_put_pair): their whole copies recorded, the error flag, and the
+    written region's sizes for the current shapes (scatter_pair.h's (numel, inner,
+    count, size of the dim))."""
+
+    def __init__(self, b, x, x2, out, out2, indices):
+        try:
+            self.dim, self.index = _one_index(indices)
+        except VkDelegateError as exc:
+            raise b.error(str(exc)) from None
+        _copy_destination(b, out, x)
+        _copy_destination(b, out2, x2)
+        self.flag = b.error_flag(_range(x, self.dim, True))
+        self.out = out
+
+    def numel(self) -> int:
+        out, dim = self.out, self.dim
+        return math.prod(out.shape[:dim]) * max(self.index.numel, 0) \
+            * math.prod(out.shape[dim + 1:])
+
+    def max_numel(self) -> int:
+        out, dim = self.out, self.dim
+        return math.prod(out.max_shape[:dim]) * max(self.index.max_numel, 0) \
+            * math.prod(out.max_shape[dim + 1:])
+
+    def sizes(self) -> list:
+        out, dim = self.out, self.dim
+        return [self.numel(), max(math.prod(out.shape[dim + 1:]), 1),
+                max(self.index.numel, 1), out.shape[dim]]
+
+
 def _index_put_pair_impl(b, node):
     x_id, x2_id, indices_id, values_id, values2_id, out_id = node.args
     x, x2, values, values2 = (b.tensor(i) for i in (x_id, x2_id, values_id, values2_id))
@@ -198,33 +230,23 @@ def _index_put_pair_impl(b, node):
     if not isinstance(outs, list) or len(outs) != 2:
         raise b.error("index_put_pair has two outputs")
     out, out2 = outs
-    try:
-        dim, index = _one_index(b.value(indices_id))
-    except VkDelegateError as exc:
-        raise b.error(str(exc)) from None
-    _copy_destination(b, out, x)
-    _copy_destination(b, out2, x2)
-    flag = b.error_flag(_range(x, dim, True))
-
-    def region():
-        return math.prod(out.shape[:dim]) * max(index.numel, 0) \
-            * math.prod(out.shape[dim + 1:])
+    region = _PairRegion(b, x, x2, out, out2, b.value(indices_id))
+    index = region.index
 
     def pack():
-        if math.prod(values.shape) != region() or math.prod(values2.shape) != region():
+        if math.prod(values.shape) != region.numel() or \
+                math.prod(values2.shape) != region.numel():
             raise VkDelegateError(f"index_put_pair: values of sizes {list(values.shape)} "
-                                  f"and {list(values2.shape)} for a region of {region()} "
-                                  f"elements")
-        inner = math.prod(out.shape[dim + 1:])
-        return SCATTER_PARAMS.pack(info=[region(), max(inner, 1), max(index.numel, 1),
-                                         out.shape[dim]], check=[flag.slot, 1])
+                                  f"and {list(values2.shape)} for a region of "
+                                  f"{region.numel()} elements")
+        return SCATTER_PARAMS.pack(info=region.sizes(), check=[region.flag.slot, 1])
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
-    grid = 2 * math.prod(out.max_shape[:dim]) * max(index.max_numel, 0) \
-        * math.prod(out.max_shape[dim + 1:])
+    grid = 2 * region.max_numel()
     defines = storage_defines(OUT=out, SRC=values, IDX=index)
     defines["SRC_ACC"] = acc_type(out.dtype)
-    b.dispatch(PAIR_SHADER, defines, outputs=[out, out2, flag], inputs=[values, values2, index],
+    b.dispatch(PAIR_SHADER, defines, outputs=[out, out2, region.flag],
+               inputs=[values, values2, index],
                params=[params], global_size=(max(grid, 1),), local_size=b.local_size_1d(grid))
 
 
@@ -277,36 +299,24 @@ def _rotary_index_put_pair_impl(b, node):
     if not isinstance(outs, list) or len(outs) != 3:
         raise b.error("rotary_index_put_pair has three outputs")
     out_q, out, out2 = (b.tensor(o) if isinstance(o, int) else o for o in outs)
-    try:
-        dim, index = _one_index(b.value(indices_id))
-    except VkDelegateError as exc:
-        raise b.error(str(exc)) from None
-    _copy_destination(b, out, x)
-    _copy_destination(b, out2, x2)
-    flag = b.error_flag(_range(x, dim, True))
-
-    def region():
-        return math.prod(out.shape[:dim]) * max(index.numel, 0) \
-            * math.prod(out.shape[dim + 1:])
+    region = _PairRegion(b, x, x2, out, out2, b.value(indices_id))
 
     def pack():
-        if k.numel != region() or values2.numel != region():
+        if k.numel != region.numel() or values2.numel != region.numel():
             raise VkDelegateError(f"rotary_index_put_pair: keys of sizes {list(k.shape)} "
                                   f"and values of {list(values2.shape)} for a region of "
-                                  f"{region()} elements")
-        inner = math.prod(out.shape[dim + 1:])
+                                  f"{region.numel()} elements")
         return ROTARY_PARAMS.pack(
-            info=[q.numel, q.shape[-1] // 2, region(), 0], sizes=padded_sizes(q.shape),
-            fstrides=broadcast_strides(cos.shape, q.shape), sizes2=padded_sizes(k.shape),
-            fstrides2=broadcast_strides(cos.shape, k.shape),
-            scatter=[region(), max(inner, 1), max(index.numel, 1), out.shape[dim]],
-            check=[flag.slot, 1])
+            info=[q.numel, q.shape[-1] // 2, region.numel(), 0],
+            sizes=padded_sizes(q.shape), fstrides=broadcast_strides(cos.shape, q.shape),
+            sizes2=padded_sizes(k.shape), fstrides2=broadcast_strides(cos.shape, k.shape),
+            scatter=region.sizes(), check=[region.flag.slot, 1])
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
     total = q.max_numel + 2 * k.max_numel
-    b.dispatch(ROTARY_SHADER, _rotary_defines(out, k, cos, index),
-               outputs=[out_q, out, out2, flag],
-               inputs=[q, k, cos, sin, values2, index], params=[params],
+    b.dispatch(ROTARY_SHADER, _rotary_defines(out, k, cos, region.index),
+               outputs=[out_q, out, out2, region.flag],
+               inputs=[q, k, cos, sin, values2, region.index], params=[params],
                global_size=(max(total, 1),), local_size=b.local_size_1d(total))
 
 

@@ -34,6 +34,7 @@ PARAMS(rotary_scatter_block) {
   ivec4 check;      // x: error-flag word of this node
 };
 #include "rotary_half.h"
+#include "scatter_pair.h"
 
 void main() {
   const uint g = linear_id();
@@ -49,19 +50,10 @@ void main() {
   }
   const bool second = g - nq >= numel;
   const uint i = second ? g - nq - numel : g - nq;
-  const uint inner = uint(scatter.y);
-  const uint count = uint(scatter.z);
-  const int size = scatter.w;
-  const uint k = i % inner;
-  const uint j = (i / inner) % count;
-  const uint o = i / (inner * count);
-  const int raw = int(index_data[j]);
-  const int row = raw < 0 ? raw + size : raw;
-  if (row < 0 || row >= size) {
-    atomicOr(error_flags[check.x], 1u);
+  uint at;
+  if (!scatter_target(i, scatter, check.x, at)) {
     return;
   }
-  const uint at = (o * uint(size) + uint(row)) * inner + k;
   if (second) {
     cache2_data[at] = OUT_STORE(SRC_ACC(src2_data[i]));
   } else {

@@ -20,6 +20,7 @@ PARAMS(scatter_block) {
   ivec4 info;   // x: region numel (of each), y: inner, z: count, w: size of the dim
   ivec4 check;  // x: error-flag word of this node
 };
+#include "scatter_pair.h"
 
 void main() {
   const uint g = linear_id();
@@ -29,19 +30,10 @@ void main() {
   }
   const bool second = g >= numel;
   const uint i = second ? g - numel : g;
-  const uint inner = uint(info.y);
-  const uint count = uint(info.z);
-  const int size = info.w;
-  const uint k = i % inner;
-  const uint j = (i / inner) % count;
-  const uint o = i / (inner * count);
-  const int raw = int(index_data[j]);
-  const int row = raw < 0 ? raw + size : raw;
-  if (row < 0 || row >= size) {
-    atomicOr(error_flags[check.x], 1u);
+  uint at;
+  if (!scatter_target(i, info, check.x, at)) {
     return;
   }
-  const uint at = (o * uint(size) + uint(row)) * inner + k;
   if (second) {
     out2_data[at] = OUT_STORE(SRC_ACC(src2_data[i]));
   } else {
