@@ -282,6 +282,40 @@ def test_row_past_shared_memory_takes_two_dispatches(gpu_forms, monkeypatch):
     assert gpu_forms == [("norm", False), ("gemv", False)]
 
 
+def test_prologue_option_off_takes_two_dispatches(gpu_forms):
+    """Compile option rms_norm_prologue=False: the unfused pair's dispatches, for
+    comparing the two on one device."""
+    torch.manual_seed(0)
+    check_op(_Block(64, 16), (_x(1, 64, torch.float32),), ops=[FUSED],
+             options={"rms_norm_prologue": False})
+    assert gpu_forms == [("norm", False), ("gemv", False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_prologue_matches_the_two_dispatches(gpu_forms, dtype):
+    """The prologue's normalized row is et_vk.rms_norm's (fp32 math, one rounding to
+    x's dtype): the fused GEMV agrees with the norm's dispatch then the GEMV up to the
+    fp32 order of the sum of squares, a few fp32 ulps of rstd, which in fp16 flips a
+    row element's rounding rarely, moving an output by about one of its fp16 steps."""
+    from vkdelegate.runtime import default_device
+
+    torch.manual_seed(0)
+    k = 2048
+    module = _Block(k, 300, bias=True).to(dtype).eval()
+    x = _x(1, k, dtype) * 3
+    outs = []
+    for on in (True, False):
+        program = to_backend(torch.export.export(module, (x,)),
+                             VulkanPartitioner({"rms_norm_prologue": on}))
+        outs.append(program(x))
+        program.close()
+    if dtype == torch.float32:
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    else:
+        torch.testing.assert_close(outs[0], outs[1], rtol=2 ** -10, atol=2 ** -10)
+    assert [form for form in gpu_forms if form[1]] == [("gemv", True)]
+
+
 # ---- load-time checks of crafted blobs ------------------------------------------------
 def _blob(nw_shape=(8,), w_shape=(6, 8), bias_shape=None, out_shape=(1, 1, 6),
           nw_dtype="float32"):

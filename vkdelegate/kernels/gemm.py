@@ -114,6 +114,10 @@ class RmsPrologue:
     unfused: Callable
 
 
+#: The compile option (backend/options.py) that turns the prologue off (NodeBuilder.option).
+RMS_PROLOGUE_OPTION = "rms_norm_prologue"
+
+
 def use_tiled(info, m: int, n: int, k: int = 0) -> bool:
     """Shared-memory tiles pay off on GPUs (each loaded element is used TILE times).
     On CPU drivers (llvmpipe) a workgroup barrier costs more than the reuse saves: the
@@ -271,7 +275,8 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     leave it to the caller. Returns whether the residual was added (False without
     one). ``norm`` (an RmsPrologue, not with a residual): the product of
     et_vk.rms_norm(a, ...): in the GEMV path's prologue for one row of b [N, K]
-    whose row fits the device's shared memory (gemm_core.rms_norm_fits), else
+    whose row fits the device's shared memory (gemm_core.rms_norm_fits) unless the
+    compile option ``rms_norm_prologue`` is off, else
     ``norm.unfused()`` records the norm first and the product reads its output (two
     dispatches, as unfused). Raises VkDelegateError (b.error) on mixed dtypes,
     DeviceLimitError when K is longer than llvmpipe's loop budget allows even in the
@@ -285,7 +290,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     if norm is not None:
         if residual is not None:
             raise b.error("an RMS norm prologue with a residual")
-        if shape[-2] == 1 and layout != "kn" and \
+        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, True) and \
                 gemm_core.rms_norm_fits(b.device.info, form, mat, k, shape[-1], True):
             record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
                         norm=(norm.weight, norm.eps))
