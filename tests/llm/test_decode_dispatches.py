@@ -1,15 +1,19 @@
 """A tiny HF Llama decode step lowered by vkdelegate.llm.lower: the position, rotary
 and cache-write dispatches that passes/cse, fuse_rotary's pairing and
 pair_cache_updates (which also takes the rotary into the cache write) remove are
-gone, in float16 the casts around SiLU and cos/sin are
-inside fused chains, and the greedy tokens are still HF's."""
+gone, in float16 the casts around SiLU and cos/sin are inside fused chains, each RMS
+norm is folded into the linear after it (passes/fuse_rms_norm_linear: no norm
+dispatch on GPUs), and the greedy tokens are still HF's."""
 import pytest
 import torch
 
 from tests.llm.conftest import MAX_SEQ_LEN
-from tests.llm.models import VOCAB, hf_greedy, make_model
+from tests.llm.models import VOCAB, hf_greedy, make_model, norm_linear_dispatches
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate.llm import generate, lower
+
+
+RMS_NORM_LINEAR = "vkdelegate.rms_norm_linear.default"
 
 
 def _decode_ops(program, token: int, pos: int) -> list:
@@ -44,6 +48,10 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     # old + (new - old) twice; decoder.DecodeLoopState.record).
     assert ops.count("aten.add.Tensor") == 3, ops
     assert ops.count("vkdelegate.linear_add.default") == 2 * layers, ops
+    # Each RMS norm (2 per layer and the final one) is folded into the linear after it
+    # (vkdelegate.rms_norm_linear): on GPUs in the GEMV's prologue, no norm dispatch.
+    assert "et_vk.rms_norm.default" not in ops and "aten.linear.default" not in ops, ops
+    assert ops.count(RMS_NORM_LINEAR) == (2 * layers + 1) * norm_linear_dispatches(), ops
     # The same program still generates HF's tokens after the profiled step.
     program.reset_state()
     assert generate(program, prompt, 12) == expected
@@ -68,7 +76,8 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    fused, lin = "vkdelegate.fused_elementwise.default", "aten.linear.default"
+    # The merged gate/up linear reads the post-attention RMS norm: rms_norm_linear.
+    fused, lin = "vkdelegate.fused_elementwise.default", RMS_NORM_LINEAR
     assert ops.count(fused) == layers + 2, ops
     assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
     # Left: the positions' int64 -> float32 cast and their product with inv_freq
@@ -85,4 +94,34 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     # add 7 small dispatches (decoder.DecodeLoopState.record); the prelude may hold 2
     # more under transformers 5.17 + torch 2.11 (a cast and an unsqueeze: 40 there);
     # the rotary embedding is in the cache write (one dispatch fewer per layer).
-    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 + 2 - layers, ops
+    # The 2 * layers + 1 RMS norms are in their linears' GEMV prologues on GPUs (one
+    # dispatch less each; CPU drivers keep the norm's dispatch).
+    norms = (2 * layers + 1) * (2 - norm_linear_dispatches())
+    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 + 2 - layers - norms, ops
+    assert "et_vk.rms_norm.default" not in ops, ops
+
+
+def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
+    """The GPU forms forced on any device (as tests/ops/test_rms_norm_linear.py does):
+    a float16 tiny HF Llama's decode step runs each RMS norm in its linear's GEMV
+    prologue, one dispatch per rms_norm_linear, and still generates HF eager's
+    float16 greedy tokens."""
+    import dataclasses
+
+    from vkdelegate.kernels import gemm, gemm_tiles
+
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("transformers")
+    portable = dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)
+    monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
+    model = make_model("llama").half()
+    program = lower(model, MAX_SEQ_LEN)
+    layers = model.config.num_hidden_layers
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected = hf_greedy(model, prompt, 12)
+    assert generate(program, prompt, 12) == expected
+    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
+    assert ops.count(RMS_NORM_LINEAR) == 2 * layers + 1, ops
+    assert "et_vk.rms_norm.default" not in ops, ops

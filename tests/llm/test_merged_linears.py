@@ -5,11 +5,12 @@ tokens against HF are tests/llm/test_hf_greedy.py's."""
 import pytest
 import torch
 
-from tests.llm.models import make_model
+from tests.llm.models import make_model, norm_linear_dispatches
 
 pytest.importorskip("transformers")
 
 LAYERS = 2  # tests/llm/models.py
+RMS_NORM_LINEAR = "vkdelegate.rms_norm_linear.default"
 
 
 def _dispatch_ops(program, method):
@@ -35,7 +36,10 @@ def test_decode_runs_four_linears_per_layer(lowered, kind):
     # Per layer q/k/v, o, gate/up, down; plus the LM head. o and down carry their
     # residual add (passes/fuse_linear_add: vkdelegate.linear_add, one dispatch in
     # decode; in prefill one, or on GPUs two: the GEMM core, then the add).
-    assert decode.count("aten.linear.default") == 2 * LAYERS + 1
+    # q/k/v, gate/up and the LM head read an RMS norm, folded into each
+    # (passes/fuse_rms_norm_linear: vkdelegate.rms_norm_linear).
+    assert "aten.linear.default" not in decode and "et_vk.rms_norm.default" not in decode
+    assert decode.count(RMS_NORM_LINEAR) == (2 * LAYERS + 1) * norm_linear_dispatches()
     assert decode.count("vkdelegate.linear_add.default") == 2 * LAYERS
     assert "vkdelegate.narrow_last.default" not in decode
     assert prefill.count("aten.linear.default") == 5 * LAYERS + 1

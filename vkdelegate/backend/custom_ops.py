@@ -249,6 +249,28 @@ RMS_NORM = declare_custom_op(
     _rms_norm)
 
 
+def _rms_norm_linear(x, norm_weight, eps, weight, bias=None):
+    import torch
+
+    return torch.ops.aten.linear.default(RMS_NORM.overload()(x, norm_weight, eps), weight,
+                                         bias)
+
+
+#: A linear of an RMS-normalized input: ``aten.linear(et_vk.rms_norm(x, norm_weight,
+#: eps), weight, bias)``, x [..., K] (fp32 or fp16), norm_weight [K], weight [N, K],
+#: bias [N]?, all of x's dtype -> [..., N]. The CPU kernel is exactly those two ops (the
+#: normalized row rounded to x's dtype, then the linear), so eager, the CPU glue and
+#: the reference executor agree with the unfused pair. ``passes/fuse_rms_norm_linear``
+#: creates it from et_vk.rms_norm -> aten.linear (an LLM layer's input norm and its
+#: merged q/k/v or gate/up linear, the final norm and lm_head); our own op, only in our
+#: lowering's blobs. Vulkan: ``ops/families/norm.py`` (the norm in the GEMV's
+#: prologue, kernels/gemm.py's ``RmsPrologue``).
+RMS_NORM_LINEAR = declare_custom_op(
+    "vkdelegate.rms_norm_linear.default",
+    "rms_norm_linear(Tensor x, Tensor norm_weight, float eps, Tensor weight, "
+    "Tensor? bias=None) -> Tensor", _rms_norm_linear)
+
+
 def _sdpa(q, k, v, attn_mask=None, scale=None):
     import torch
 

@@ -28,6 +28,11 @@ Keys (all optional):
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
+- ``rms_norm_prologue`` (bool, default True): ``vkdelegate.rms_norm_linear`` (an RMS
+  norm fused into the linear reading it, backend/passes/fuse_rms_norm_linear.py)
+  normalizes the row in the GEMV's prologue where it can (one dispatch); False records
+  the norm's own dispatch and then the linear, the unfused pair's two dispatches, to
+  compare the two on one lowered program.
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -60,6 +65,7 @@ class CompileOptions:
     sdpa_skip_masked_tiles: bool = True
     fuse_elementwise: bool = True
     sdpa_cooperative_matrix: bool = True
+    rms_norm_prologue: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -69,7 +75,8 @@ class CompileOptions:
     def kernel_options(self) -> dict:
         """The options op impls read at load (``NodeBuilder.option``)."""
         return {"sdpa_skip_masked_tiles": self.sdpa_skip_masked_tiles,
-                "sdpa_cooperative_matrix": self.sdpa_cooperative_matrix}
+                "sdpa_cooperative_matrix": self.sdpa_cooperative_matrix,
+                "rms_norm_prologue": self.rms_norm_prologue}
 
     @property
     def storage_type(self) -> VkStorageType:
@@ -96,6 +103,7 @@ _SCHEMA = {
     "sdpa_skip_masked_tiles": ((bool,), None, False),
     "fuse_elementwise": ((bool,), None, False),
     "sdpa_cooperative_matrix": ((bool,), None, False),
+    "rms_norm_prologue": ((bool,), None, False),
 }
 
 

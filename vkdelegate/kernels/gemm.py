@@ -13,7 +13,9 @@ shaders,
   fp16 products on devices with VK_KHR_cooperative_matrix (16 x 16 x 16 FLOAT16 ->
   FLOAT32 tiles, one fixed subgroup size: gemm_core.coopmat_subgroup).
 - gemv.glsl, the GEMV path for one-row products (LLM decode): the K reduction split
-  across a workgroup's invocations, vector loads of a constant B.
+  across a workgroup's invocations, vector loads of a constant B; with an
+  ``RmsPrologue`` (vkdelegate.rms_norm_linear) the row RMS-normalized first, in the
+  same dispatch.
 
 kernels/gemm_core.py records those three (``record_core``).
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -96,6 +99,23 @@ class GemmForm:
             # LONG_LOOPS: only the 4-channel loop and its remainder count.
             return k // 4 + 3 if self.long_k else k * (1 + CONV_PX) + 2 * CONV_PX
         return loop_limit.unrolled_iterations(k) if self.long_k else k
+
+
+@dataclass(frozen=True)
+class RmsPrologue:
+    """The RMS norm before a product (vkdelegate.rms_norm_linear): a's rows become
+    et_vk.rms_norm(a, weight, eps). ``weight``: the norm weight Tensor [K] (a's
+    dtype); ``unfused``: ``() -> Tensor``, records the separate norm dispatch of a
+    (norm.glsl, the op family's) and returns its output, for the forms that have no
+    prologue."""
+
+    weight: object
+    eps: float
+    unfused: Callable
+
+
+#: The compile option (backend/options.py) that turns the prologue off (NodeBuilder.option).
+RMS_PROLOGUE_OPTION = "rms_norm_prologue"
 
 
 def use_tiled(info, m: int, n: int, k: int = 0) -> bool:
@@ -245,7 +265,7 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 
 
 def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 1.0,
-           residual=None) -> bool:
+           residual=None, norm: "RmsPrologue | None" = None) -> bool:
     """Record out = alpha * (a @ mat) + beta * bias on the form ``select`` picks
     (linear.glsl where the tile table has no row for the device): a [..., M, K],
     mat per ``layout`` (see linear_defines; "packed" prepacks the constant ``mat``
@@ -253,14 +273,29 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     (None, or a Tensor of out's shape and dtype): added in the epilogue by the GEMV
     path and linear.glsl (HAS_RESIDUAL); the GEMM core and its cooperative-matrix form
     leave it to the caller. Returns whether the residual was added (False without
-    one). Raises VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when K
-    is longer than llvmpipe's loop budget allows even in the LONG_K form."""
+    one). ``norm`` (an RmsPrologue, not with a residual): the product of
+    et_vk.rms_norm(a, ...): in the GEMV path's prologue for one row of b [N, K]
+    whose row fits the device's shared memory (gemm_core.rms_norm_fits) unless the
+    compile option ``rms_norm_prologue`` is off, else
+    ``norm.unfused()`` records the norm first and the product reads its output (two
+    dispatches, as unfused). Raises VkDelegateError (b.error) on mixed dtypes,
+    DeviceLimitError when K is longer than llvmpipe's loop budget allows even in the
+    LONG_K form."""
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
     shape = (1, 1) + tuple(out.max_shape)
     k = a.max_shape[-1] if a.ndim else 1
     form = checked_select(b, shape[-2], shape[-1], k, plain=False,
                           batch=math.prod(shape[:-2]), dtype=out.dtype, nk=layout != "kn")
+    if norm is not None:
+        if residual is not None:
+            raise b.error("an RMS norm prologue with a residual")
+        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, True) and \
+                gemm_core.rms_norm_fits(b.device.info, form, mat, k, shape[-1], True):
+            record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
+                        norm=(norm.weight, norm.eps))
+            return False
+        a = norm.unfused()
     if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
         # The core reads a constant [N, K] weight in place: no packing.
         fused = residual if form.shader == GEMV_SHADER else None

@@ -9,8 +9,10 @@
   devices where ``coopmat_subgroup`` says it runs;
 - gemv.glsl, the GEMV path for one row (``form.tile`` outputs per workgroup for
   b [N, K], GEMV_UNROLL vector loads per row in flight per invocation, subgroupAdd
-  reduction where the device has subgroup arithmetic), and its HAS_RESIDUAL form
-  (vkdelegate.linear_add: a residual of out's shape added in the epilogue).
+  reduction where the device has subgroup arithmetic), its HAS_RESIDUAL form
+  (vkdelegate.linear_add: a residual of out's shape added in the epilogue) and its
+  RMS_NORM form (vkdelegate.rms_norm_linear: the row RMS-normalized in a prologue,
+  ``rms_norm_fits`` bounding K by the device's shared memory).
 
 Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
 (layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
@@ -64,6 +66,7 @@ def _bindings(inputs: tuple, d) -> Bindings:
     bias = "HAS_BIAS" in d
     metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
     inputs += (("c_data",) if bias else ()) + (("r_data",) if "HAS_RESIDUAL" in d else ())
+    inputs += ("n_data",) if "RMS_NORM" in d else ()
     return Bindings(outputs=("out_data",), inputs=inputs,
                     params=tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,))
 
@@ -74,7 +77,7 @@ def _bindings(inputs: tuple, d) -> Bindings:
 def product_bindings(d) -> Bindings:
     """Bindings of gemm.glsl, gemm_coopmat.glsl, gemv.glsl and linear.glsl (defines
     ``d``): out_data; a_data, b_data (c_data with HAS_BIAS, then r_data with
-    HAS_RESIDUAL); out/a/b (c) metadata; scalars_block."""
+    HAS_RESIDUAL, then n_data with RMS_NORM); out/a/b (c) metadata; scalars_block."""
     return _bindings(("a_data", "b_data"), d)
 
 
@@ -90,20 +93,27 @@ def _vector_types(d: dict) -> dict:
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
                  vec: int = 1, unroll: int = 1, subgroup: bool = False,
-                 residual=None) -> dict:
+                 residual=None, norm_weight=None) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
     BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
     load (1, 4 or 8) and with b [N, K] ``rows`` outputs per workgroup, ``unroll``
     vector loads per row per iteration (UNROLL) and the subgroupAdd reduction
     (``subgroup``: the device has subgroup arithmetic); gemv.glsl's HAS_RESIDUAL
-    with ``residual`` (None, or the residual's Tensor or pair)."""
+    with ``residual`` (None, or the residual's Tensor or pair) and its RMS_NORM
+    prologue with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
+    only; NORM_HALF when a's graph dtype is float16)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
     if residual is not None:
         tensors["R"] = residual
+    if norm_weight is not None:
+        tensors["NW"] = norm_weight
     d = storage_defines(**tensors)
+    if norm_weight is not None:
+        a_dtype = a.dtype if hasattr(a, "dtype") else a[0]
+        d.update(flag_defines(RMS_NORM=True, NORM_HALF=a_dtype == "float16"))
     d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None,
                           HAS_RESIDUAL=residual is not None))
     if block is not None:
@@ -175,24 +185,64 @@ def reduce_defines(out, bias) -> dict:
     return dict(storage_defines(**tensors), **flag_defines(HAS_BIAS=bias is not None))
 
 
+def gemv_vec(mat, k: int, n: int, nk: bool) -> int:
+    """Elements per vector load of gemv.glsl for b ``mat`` (a Tensor): 4 when the
+    (constant, so fixed-size) b's innermost dim (``k`` with b [N, K] (``nk``), else
+    ``n``) and so every batch offset is a multiple of 4, 8 when also b is [N, K] and K
+    a multiple of 8 and b fp16 stored as 16 bits, else 1."""
+    vec = 4 if mat.constant and (k if nk else n) % 4 == 0 else 1
+    if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
+        vec = 8
+    return vec
+
+
+def rms_norm_shared_bytes(k: int, vec: int, rows: int) -> int:
+    """Bytes of shared memory of gemv.glsl's RMS_NORM form (b [N, K]) for rows of
+    ``k`` elements read ``vec`` at a time and ``rows`` outputs per workgroup: the row
+    xs (8 fp16 values per uvec4 with vec 8, else fp32) and the partial sums (ROWS x
+    THREADS fp32)."""
+    return (2 if vec == 8 else 4) * k + 4 * rows * GEMV_THREADS[True]
+
+
+def rms_norm_fits(info, form, mat, k: int, n: int, nk: bool) -> bool:
+    """Whether gemv.glsl's RMS_NORM prologue can run ``form`` (kernels/gemm.py's
+    choice) for a one-row product of b ``mat`` ([N, K] when ``nk``) on device
+    ``info``: the GEMV path, b [N, K], and the row's shared memory within the device's
+    maxComputeSharedMemorySize (16 KiB, Vulkan's minimum, where not known): a driver
+    may lose the device on a pipeline past it rather than fail."""
+    if form.shader != GEMV_SHADER or not nk or k < 1:
+        return False
+    shared = getattr(info, "max_shared_memory", 0) or 16384
+    return rms_norm_shared_bytes(k, gemv_vec(mat, k, n, nk), form.tile) <= shared
+
+
 def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
-                beta: float = 1.0, residual=None) -> None:
+                beta: float = 1.0, residual=None, norm=None) -> None:
     """Record out = alpha * (a @ mat) + beta * bias [+ residual] on the node builder
     ``b`` with ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path,
     from kernels/gemm.py's ``select``):
     a [..., M, K], mat [..., K, N] (layout "kn") or [..., N, K] ("nk"); ``residual``
     (a Tensor of out's shape and dtype, added in the epilogue) with the GEMV path
-    only (VkDelegateError, b.error, otherwise)."""
+    only (VkDelegateError, b.error, otherwise); ``norm`` (None, or (norm weight
+    Tensor [K], eps)): a's rows RMS-normalized in the GEMV's prologue (b [N, K], one
+    row, and ``rms_norm_fits``; VkDelegateError otherwise; not with a residual)."""
     if residual is not None and form.shader != GEMV_SHADER:
         raise b.error(f"{form.shader}: only the GEMV path adds a residual")
+    if norm is not None and (residual is not None or layout != "nk"
+                             or not rms_norm_fits(b.device.info, form, mat,
+                                                  a.max_shape[-1], out.max_shape[-1], True)):
+        raise b.error(f"{form.shader}: no RMS norm prologue for this product")
     nk = layout == "nk"
     shape = (1, 1) + tuple(out.max_shape)
     m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])
     k = a.max_shape[-1] if a.ndim else 1
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
-    params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
+    eps = 0.0 if norm is None else float(norm[1])
+    params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta, eps])))
     inputs = [a, mat] + ([bias] if bias is not None else []) + \
-        ([residual] if residual is not None else [])
+        ([residual] if residual is not None else []) + \
+        ([norm[0]] if norm is not None else [])
+    spec = ()
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
@@ -206,21 +256,20 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
                                vec_load=form.vec_load)
         grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
     else:
-        # Vector loads need the innermost dim of the (constant, so fixed-size) b and
-        # every batch offset to be multiples of 4 (8: fp16 stored as 16 bits, [N, K]).
-        vec = 4 if mat.constant and (k if nk else n) % 4 == 0 else 1
-        if vec == 4 and nk and k % 8 == 0 and mat.device_dtype == "float16":
-            vec = 8
+        vec = gemv_vec(mat, k, n, nk)
         defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec,
                                unroll=gemv_unroll(k) if nk else GEMV_UNROLL,
                                subgroup=nk and has_subgroup_arithmetic(b.device.info),
-                               residual=residual)
+                               residual=residual,
+                               norm_weight=None if norm is None else norm[0])
+        if norm is not None:
+            spec = (k // vec,)  # XS_LEN: the row's vector units in shared memory
         if nk:
             grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
     b.dispatch(form.shader, defines, outputs=[out], inputs=inputs, params=params,
-               global_size=grid, local_size=local)
+               global_size=grid, local_size=local, spec_constants=spec)
 
 
 def _record_split_k(b, form, out, a, mat, bias, nk: bool, params: list,
@@ -259,15 +308,19 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
-                  subgroup: bool, residual: bool, short: bool) -> "dict | None":
+                  subgroup: bool, residual: bool, short: bool,
+                  rms: bool) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk \
             or short and not nk:
         return None
+    if rms and (residual or not nk):
+        return None  # the RMS norm prologue: b [N, K], no residual
     return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
                         rows=GPU_TILES.gemv_rows, vec=vec,
                         unroll=gemv_unroll(1 if short else GEMV_SHORT_K + 1),
-                        subgroup=subgroup, residual=ddt if residual else None)
+                        subgroup=subgroup, residual=ddt if residual else None,
+                        norm_weight=ddt if rms else None)
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -293,4 +346,4 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),
-             short=(False, True))
+             short=(False, True), rms=(False, True))

@@ -16,6 +16,7 @@ from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
 from vkdelegate.backend.passes.fuse_linear_add import fuse_linear_add
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
+from vkdelegate.backend.passes.fuse_rms_norm_linear import fuse_rms_norm_linear
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.merge_linears import merge_linears
@@ -73,6 +74,10 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    input has no sibling reader) and after cse (two equal linears merged by it have
 #    two readers and keep their add); before fuse_elementwise, which would otherwise
 #    take the add into an elementwise chain;
+# 5b'''. an RMS norm into the linear(s) reading it (fuse_rms_norm_linear): after
+#    fuse_rms_norm (which makes the norm), merge_linears (one merged q/k/v or gate/up
+#    linear per norm in decode, where several readers would each renormalize) and
+#    cse; after fuse_linear_add, so that a linear_add is never a plain linear here;
 # 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
 #    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
 #    rotary's mul/add) that a fused chain would hide;
@@ -88,7 +93,7 @@ PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
           cse, fold_constants, cache_positions, pair_cache_updates, fuse_linear_add,
-          fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
+          fuse_rms_norm_linear, fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

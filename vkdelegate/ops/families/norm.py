@@ -22,6 +22,15 @@ Forms (kernels/rows.py): one invocation or one workgroup per row (dispatch_rows)
 on GPUs for layer/RMS norm the vector row form (vector_rows: one workgroup per row, the
 row read once into registers, 4-element accesses, subgroup sums), the form of a
 decode step's one-token RMS norms.
+
+- vkdelegate.rms_norm_linear(x [..., K], norm_weight [K], eps, weight [N, K], bias [N]?)
+  -> [..., N] = aten.linear(et_vk.rms_norm(x, norm_weight, eps), weight, bias)
+  (backend/custom_ops.py; made by passes/fuse_rms_norm_linear): where the product
+  takes the GEMV path (one row, GPUs; kernels/gemm.py) with the row in the device's
+  shared memory, one dispatch, gemv.glsl normalizing the row in its prologue (the
+  same fp32 math and one rounding to x's dtype as norm.glsl; only the order of the
+  fp32 sum of squares differs); otherwise (several rows, CPU drivers, a row too long)
+  this family's RMS norm dispatch into a scratch row, then the linear: as unfused.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ import re
 
 import numpy as np
 
+from vkdelegate.kernels import gemm
 from vkdelegate.kernels.rows import (ROW_WG, VEC_PER, dispatch_rows, row_forms,
                                      vector_row_wg, vector_rows)
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
@@ -213,6 +223,69 @@ register(OpSpec(name="aten.rms_norm.default", dtypes=DTYPES, impl=_rms_impl(Fals
 register(OpSpec(name="et_vk.rms_norm.default", dtypes=DTYPES, impl=_rms_impl(True),
                 shape_fn=_same_shape, rules=(_trailing_rule(None, (1,)), same_dtype),
                 notes="ET-VK's fused RMS norm over the last dim (fuse_rms_norm)"))
+
+
+# ---- vkdelegate.rms_norm_linear: RMS norm in the GEMV's prologue -----------------------
+RMS_NORM_LINEAR = "vkdelegate.rms_norm_linear.default"
+
+
+def _rms_linear_rule(node: NodeSpec):
+    """x [..., K] with K static, norm_weight [K], weight [N, K], bias [N]? (what the
+    kernels index: a crafted blob with other sizes is refused at load)."""
+    x, nw, eps, w, bias = node.args[:5]
+    if not all(hasattr(t, "shape") for t in (x, nw, w)):
+        return "x, norm_weight and weight must be tensors"
+    if x.rank < 1:
+        return "input of rank 0"
+    k = x.shape[-1]
+    if x.dynamic and x.dynamic[-1]:
+        return "dynamic normalized dim"
+    if tuple(nw.shape) != (k,):
+        return f"norm_weight of sizes {list(nw.shape)} for an input of sizes " \
+               f"{list(x.shape)}: it must be [{k}]"
+    if w.rank != 2 or w.shape[1] != k:
+        return f"weight of sizes {list(w.shape)} for an input of sizes {list(x.shape)}: " \
+               f"it must be [N, {k}]"
+    if bias is not None and (not hasattr(bias, "shape") or tuple(bias.shape) != (w.shape[0],)):
+        return f"bias of sizes {list(getattr(bias, 'shape', ()))} for {w.shape[0]} " \
+               f"outputs: it must be [{w.shape[0]}]"
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        return f"eps {eps!r} is not a number"
+    return None
+
+
+def _rms_linear_shape(args):
+    return tuple(args[0].shape[:-1]) + (args[3].shape[0],)
+
+
+def _rms_linear_impl(b, node):
+    x_id, nw_id, eps_id, w_id, bias_id, out_id = node.args
+    x, nw, w, out = b.tensor(x_id), b.tensor(nw_id), b.tensor(w_id), b.tensor(out_id)
+    eps = float(b.scalar(eps_id))
+    k = x.max_shape[-1]
+    if nw.max_shape != (k,) or w.ndim != 2 or w.max_shape[1] != k:
+        raise b.error(f"norm_weight {list(nw.max_shape)} and weight {list(w.max_shape)} "
+                      f"for an input {list(x.max_shape)}")
+
+    def unfused():
+        """The separate RMS norm (et_vk.rms_norm's dispatch) into a scratch tensor of
+        x's sizes, which follows x's on resize."""
+        y = b.temporary(x.max_shape, x.dtype)
+        b.on_resize(lambda: y.set_shape(x.shape))
+        _dispatch(b, node, x, [y], nw, None, ROWS, 1, eps, math.prod(x.max_shape[:-1]),
+                  k, f"RMS norm over {k} elements")
+        return y
+
+    bias = _optional(b, bias_id)
+    layout = "packed" if b.constant_array(w) is not None else "nk"
+    gemm.matmul(b, out, x, w, bias, layout, norm=gemm.RmsPrologue(nw, eps, unfused))
+
+
+register(OpSpec(name=RMS_NORM_LINEAR, dtypes=DTYPES, impl=_rms_linear_impl,
+                shape_fn=_rms_linear_shape, rules=(_rms_linear_rule, same_dtype),
+                notes="linear(et_vk.rms_norm(x, w, eps), weight, bias?): the norm in "
+                      "the GEMV's prologue (one dispatch), else two dispatches; fused "
+                      "from et_vk.rms_norm -> aten.linear"))
 
 
 # ---- group norm and batch statistics: (N, C, *) -----------------------------------------

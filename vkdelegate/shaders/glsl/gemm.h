@@ -1,7 +1,7 @@
 // Shared by the GEMM core (gemm.glsl) and the GEMV path (gemv.glsl), whose bindings
 // are the same as linear.glsl's: out_data, a_data, b_data (c_data with HAS_BIAS),
 // their TensorMeta blocks out_meta, a_meta, b_meta (c_meta) and scalars_block
-// (alpha, beta). Products: out[..., m, n] = alpha * sum_k a[..., m, k] * B[..., k, n]
+// (alpha, beta; gemv.glsl's RMS_NORM: eps in z). Products: out[..., m, n] = alpha * sum_k a[..., m, k] * B[..., k, n]
 // + beta * bias[...], B being b ([..., K, N]) or, with B_NK, b's transpose (b is
 // [..., N, K], nn.Linear's weight layout); batch dims broadcast (size 1 in a or b).
 #ifndef VKDELEGATE_GEMM_H

@@ -26,6 +26,15 @@
 // multiple of 8): uvec4 loads of 8 fp16 values, unpacked with unpackHalf2x16.
 // HAS_RESIDUAL (vkdelegate.linear_add): r_data (out's shape) is added to each output
 // in fp32 after the bias, one rounding at the store (gemm.h's WITH_RESIDUAL).
+// RMS_NORM (B_NK only; vkdelegate.rms_norm_linear): the product's row is
+// et_vk.rms_norm(a, n_data, eps) (n_data [K], eps = scalars.z), formed by each
+// workgroup in a prologue: the raw row into shared memory xs (XS_LEN vector units,
+// specialization constant 3: K / 8, K / 4 or K), its sum of squares in fp32
+// (invocations stride over K; subgroupAdd or a tree, as the products' sums), rstd =
+// 1 / sqrt(sum / K + eps), then each invocation rewrites its own elements as
+// (x * rstd) * w, rounded once to a's dtype (NORM_HALF: fp16, round_to_half; as
+// norm.glsl stores et_vk.rms_norm's output), and after a barrier the products read
+// xs in place of a_data. Only the fp32 sum's order differs from norm.glsl's.
 // fp32 accumulation. Grid: x over the output blocks,
 // z the batch index (as gemm.glsl); out's M must be 1.
 
@@ -50,6 +59,9 @@ TENSOR_IN(c_data, C_T)
 #ifdef HAS_RESIDUAL
 TENSOR_IN(r_data, R_T)
 #endif
+#ifdef RMS_NORM
+TENSOR_IN(n_data, NW_T)
+#endif
 TENSOR_META(out_meta)
 TENSOR_META(a_meta)
 TENSOR_META(b_meta)
@@ -61,9 +73,127 @@ TENSOR_META(c_meta)
 #ifdef B_NK
 #define THREADS 128
 shared float partial[ROWS][THREADS];
+#ifdef RMS_NORM
+layout(constant_id = 3) const int XS_LEN = 1;
+#if defined(VEC8)
+shared uvec4 xs[XS_LEN];  // 8 fp16 values each, as a_data's uvec4s
+#define A_VEC8(kk) xs[kk]
+#elif defined(VEC4)
+shared vec4 xs[XS_LEN];
+#define A_VEC4(kk) xs[kk]
 #else
+shared float xs[XS_LEN];
+#define A_SCALAR(k) xs[k]
+#endif
+#ifdef NORM_HALF
+#define NORM_ROUND(v) round_to_half(v)
+#else
+#define NORM_ROUND(v) (v)
+#endif
+
+// The sum of every invocation's v (the same value in each): subgroupAdd and one slot
+// per subgroup, else a tree, in partial[0]; the caller's next barrier must come
+// before partial is written again.
+float sum_threads(float v, int t) {
+#ifdef SUBGROUP
+  const float s = subgroupAdd(v);
+  if (subgroupElect()) {
+    partial[0][gl_SubgroupID] = s;
+  }
+  barrier();
+  float total = 0.0;
+  for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+    total += partial[0][i];
+  }
+  return total;
+#else
+  partial[0][t] = v;
+  barrier();
+  [[unroll]] for (int s = THREADS / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      partial[0][t] += partial[0][t + s];
+    }
+    barrier();
+  }
+  return partial[0][0];
+#endif
+}
+
+// The normalized row of a (K elements from a_off) into xs; ends with a barrier.
+void rms_norm_row(int a_off, int K, int t) {
+  float ss = 0.0;
+#if defined(VEC8)
+  const int KV = K / 8;
+  for (int i = t; i < KV; i += THREADS) {
+    const uvec4 v = a_data[a_off / 8 + i];
+    xs[i] = v;
+    const vec4 x0 = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y));
+    const vec4 x1 = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w));
+    ss += dot(x0, x0) + dot(x1, x1);
+  }
+#elif defined(VEC4)
+  const int KV = K / 4;
+  for (int i = t; i < KV; i += THREADS) {
+    const vec4 v = vec4(a_data[a_off / 4 + i]);
+    xs[i] = v;
+    ss += dot(v, v);
+  }
+#else
+  for (int i = t; i < K; i += THREADS) {
+    const float v = float(a_data[a_off + i]);
+    xs[i] = v;
+    ss += v * v;
+  }
+#endif
+  const float rstd = 1.0 / sqrt(sum_threads(ss, t) / float(K) + scalars.z);
+  // Each invocation rewrites the elements it wrote: no barrier between.
+#if defined(VEC8)
+  for (int i = t; i < KV; i += THREADS) {
+    const uvec4 v = xs[i];
+    vec4 y0 = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y)) * rstd;
+    vec4 y1 = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w)) * rstd;
+    const int k = 8 * i;
+    y0 *= vec4(float(n_data[k]), float(n_data[k + 1]), float(n_data[k + 2]),
+               float(n_data[k + 3]));
+    y1 *= vec4(float(n_data[k + 4]), float(n_data[k + 5]), float(n_data[k + 6]),
+               float(n_data[k + 7]));
+    // round_to_half's results are fp16 values: packHalf2x16 keeps them exactly.
+    xs[i] = uvec4(packHalf2x16(vec2(round_to_half(y0.x), round_to_half(y0.y))),
+                  packHalf2x16(vec2(round_to_half(y0.z), round_to_half(y0.w))),
+                  packHalf2x16(vec2(round_to_half(y1.x), round_to_half(y1.y))),
+                  packHalf2x16(vec2(round_to_half(y1.z), round_to_half(y1.w))));
+  }
+#elif defined(VEC4)
+  for (int i = t; i < KV; i += THREADS) {
+    const int k = 4 * i;
+    const vec4 y = xs[i] * rstd * vec4(float(n_data[k]), float(n_data[k + 1]),
+                                       float(n_data[k + 2]), float(n_data[k + 3]));
+    xs[i] = vec4(NORM_ROUND(y.x), NORM_ROUND(y.y), NORM_ROUND(y.z), NORM_ROUND(y.w));
+  }
+#else
+  for (int i = t; i < K; i += THREADS) {
+    xs[i] = NORM_ROUND(xs[i] * rstd * float(n_data[i]));
+  }
+#endif
+  barrier();  // xs complete, and every invocation has read partial[0]
+}
+#endif
+#else
+#ifdef RMS_NORM
+#error "RMS_NORM needs B_NK"
+#endif
 #define THREADS 16
 shared vec4 partial[THREADS][16];
+#endif
+// The products' row of a (main's a_off): a_data, or xs with RMS_NORM.
+#ifndef A_VEC8
+#define A_VEC8(kk) a_data[a_off / 8 + (kk)]
+#endif
+#ifndef A_VEC4
+#define A_VEC4(kk) vec4(a_data[a_off / 4 + (kk)])
+#endif
+#ifndef A_SCALAR
+#define A_SCALAR(k) float(a_data[a_off + (k)])
 #endif
 
 void main() {
@@ -80,6 +210,9 @@ void main() {
 #ifdef B_NK
   const int t = int(gl_LocalInvocationID.x);
   const int n0 = int(gl_WorkGroupID.x) * ROWS;
+#ifdef RMS_NORM
+  rms_norm_row(a_off, K, t);
+#endif
   float acc[ROWS];
   int w_row[ROWS];
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
@@ -95,7 +228,7 @@ void main() {
     uvec4 w[UNROLL][ROWS];
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       const int kk = min(k8 + u * THREADS, K8 - 1);
-      xa[u] = a_data[a_off / 8 + kk];
+      xa[u] = A_VEC8(kk);
       [[unroll]] for (int r = 0; r < ROWS; ++r) {
         w[u][r] = b_data[w_row[r] / 8 + kk];
       }
@@ -118,7 +251,7 @@ void main() {
     vec4 w[UNROLL][ROWS];
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       const int kk = min(k4 + u * THREADS, K4 - 1);
-      xa[u] = vec4(a_data[a_off / 4 + kk]);
+      xa[u] = A_VEC4(kk);
       [[unroll]] for (int r = 0; r < ROWS; ++r) {
         w[u][r] = vec4(b_data[w_row[r] / 4 + kk]);
       }
@@ -133,7 +266,7 @@ void main() {
   }
 #else
   for (int k = t; k < K; k += THREADS) {
-    const float x = float(a_data[a_off + k]);
+    const float x = A_SCALAR(k);
     [[unroll]] for (int r = 0; r < ROWS; ++r) {
       acc[r] += x * float(b_data[w_row[r] + k]);
     }
