@@ -19,7 +19,7 @@ each format's row as it is measured, a table, and writes JSON after each format.
 
     python benchmarks/llm_decode.py [--new-tokens 64] [--prompt 32] [--layers 16]
         [--dtype float16] [--max-seq-len 256] [--quantization none int8 int4]
-        [--profile 12] [--sampled] [--json F]
+        [--profile 12] [--sampled] [--option NAME=VALUE ...] [--json F]
 """
 from __future__ import annotations
 
@@ -185,6 +185,9 @@ def main() -> None:
     ap.add_argument("--hold-s", type=float, default=2.0,
                     help="seconds of back-to-back generation before timing each format "
                          "(a GPU idles its clocks down between bursts)")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a compile option for every lowering (e.g. "
+                         "rms_norm_prologue=false); repeatable")
     ap.add_argument("--sampled", action="store_true",
                     help="also time sampled generation (temperature 0.8, top_k 50, top_p "
                          "0.9: the on-device sampler's search over the vocabulary)")
@@ -197,6 +200,10 @@ def main() -> None:
 
     from vkdelegate.llm import lower
 
+    options = {}
+    for item in args.option:
+        name, _, value = item.partition("=")
+        options[name] = json.loads(value) if value not in ("", "None") else None
     model = build(args)
     n_params = sum(p.numel() for p in model.parameters())
     n_linear = linear_params(model)
@@ -230,7 +237,7 @@ def main() -> None:
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
                         quantization=None if scheme == "none" else scheme,
-                        group_size=args.group_size)
+                        group_size=args.group_size, options=options or None)
         result["lower_s"][scheme] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         program.build()
