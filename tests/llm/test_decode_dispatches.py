@@ -41,8 +41,13 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     # One single write: the decode loop's loop.history[pos + 1] (decoder.py), no cache's.
     assert ops.count("aten.index_put.default") == 1, ops
     # The cache positions of a one-token step are start_pos itself: no per-layer
-    # arange/add/select; one arange is left (the mask's 0..max_seq_len-1).
-    assert ops.count("aten.arange.start_step") + ops.count("aten.arange.default") <= 1, ops
+    # arange/add/select; and no attention mask: each layer's vkdelegate.sdpa_at reads
+    # start_pos on the device (decoder.uses_position_attention), so the mask prelude
+    # (arange 0..max_seq_len-1, le, expand) is gone.
+    assert ops.count("aten.arange.start_step") + ops.count("aten.arange.default") == 0, ops
+    assert ops.count("vkdelegate.sdpa_at.default") == layers, ops
+    assert not {"aten.scaled_dot_product_attention.default", "aten.le.Tensor",
+                "aten.expand.default"} & set(ops), ops
     # The residual adds are in o_proj's and down_proj's epilogues (linear_add).
     # The int64 adds left record the decode loop's token and position (3: pos + 1,
     # old + (new - old) twice; decoder.DecodeLoopState.record).
@@ -91,13 +96,16 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
            if op == fused and ops[i - 1] == lin and ops[i + 1] in down]
     assert len(mlp) == layers, ops
     # Also 2 residual adds per layer in linear_add; the decode loop's state records
-    # add 7 small dispatches (decoder.DecodeLoopState.record); the prelude may hold 2
-    # more under transformers 5.17 + torch 2.11 (a cast and an unsqueeze: 40 there);
-    # the rotary embedding is in the cache write (one dispatch fewer per layer).
+    # add 7 small dispatches (decoder.DecodeLoopState.record); the attention mask's
+    # le (the one dispatch of its prelude under transformers 5.24 + torch 2.13; more
+    # under 5.17) is gone with the mask; the prelude may hold 2 more under
+    # transformers 5.17 + torch 2.11 (a cast and an unsqueeze); the rotary embedding
+    # is in the cache write (one dispatch fewer per layer).
     # The 2 * layers + 1 RMS norms are in their linears' GEMV prologues on GPUs (one
     # dispatch less each; CPU drivers keep the norm's dispatch).
     norms = (2 * layers + 1) * (2 - norm_linear_dispatches())
-    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 + 2 - layers - norms, ops
+    assert "aten.le.Tensor" not in ops, ops
+    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 - 1 + 2 - layers - norms, ops
     assert "et_vk.rms_norm.default" not in ops, ops
 
 

@@ -40,12 +40,16 @@ def test_a_model_that_ignores_the_cache_raises():
         export_methods(model, 16)
 
 
-def test_repeat_kv_of_the_cache_folds_into_gqa_sdpa():
+def test_repeat_kv_of_the_cache_folds_into_gqa_sdpa(monkeypatch):
     # transformers' repeat_kv (unsqueeze, expand, reshape: a copy of each layer's whole
-    # cache, n_rep times, per step) -> SDPA(enable_gqa=True) on the cache itself.
+    # cache, n_rep times, per step) -> SDPA(enable_gqa=True) on the cache itself. On
+    # the path of models that keep transformers' sdpa and mask (the mask-free
+    # vkdelegate.sdpa_at path, decoder.uses_position_attention, has no repeat_kv: the
+    # op reads the cache itself, test_decode_has_no_repeat_kv).
     from vkdelegate.backend.passes.cache_positions import fold_repeat_kv
-    from vkdelegate.llm import export_methods
+    from vkdelegate.llm import decoder, export_methods
 
+    monkeypatch.setattr(decoder, "uses_position_attention", lambda model: False)
     aten = torch.ops.aten
     graph = export_methods(make_model("llama"), 16)["decode"].graph_module.graph
     assert fold_repeat_kv(graph)
@@ -55,6 +59,19 @@ def test_repeat_kv_of_the_cache_folds_into_gqa_sdpa():
         assert [tuple(a.meta["val"].shape) for a in n.args[1:3]] == [(1, 2, 16, 16)] * 2
     assert not any(n.target == aten.expand.default and n.meta["val"].dim() == 5
                    for n in graph.nodes)
+
+
+def test_decode_has_no_repeat_kv():
+    # vkdelegate.sdpa_at takes the [1, Hk, S, E] cache as it is (grouped-query heads).
+    from vkdelegate.llm import export_methods
+
+    aten = torch.ops.aten
+    graph = export_methods(make_model("llama"), 16)["decode"].graph_module.graph
+    at = [n for n in graph.nodes if n.target == torch.ops.vkdelegate.sdpa_at.default]
+    assert len(at) == 2
+    for n in at:
+        assert [tuple(a.meta["val"].shape) for a in n.args[1:3]] == [(1, 2, 16, 16)] * 2
+    assert not any(n.target == aten.expand.default for n in graph.nodes)
 
 
 class _Cache(torch.nn.Module):

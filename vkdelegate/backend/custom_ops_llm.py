@@ -35,6 +35,57 @@ SLICE_SCATTER_AT = declare_custom_op(
     _slice_scatter_at, meta=_same_as_self)
 
 
+def sdpa_at_reference(query, key, value, start_pos, window=0, scale=None):
+    """The definition of ``vkdelegate.sdpa_at`` (its CPU kernel): plain masked softmax
+    attention in fp32, returned in query's dtype.
+
+    query [B, Hq, L, E], key [Bk, Hk, S, E], value [Bk, Hk, S, Ev] (ATen's layout; Bk 1
+    or B, Hq a multiple of Hk: query head h reads K/V head h // (Hq / Hk)); start_pos a
+    one-element int64/int32 tensor, p = start_pos[0]. Query row i is at position p + i
+    and sees key j (0 <= j < S) iff j <= p + i and (window == 0 or j > p + i - window):
+    transformers' causal and sliding-window masks (masking_utils: ``kv_idx <= q_idx``,
+    ``kv_idx > q_idx - sliding_window``). Any p is data, never an index: a row at a
+    negative position sees no key, one at p + i >= S every key (without a window). A
+    row that sees no key is NaN (0 / 0, as the other attention ops' references).
+    scale: the score scale, default 1 / sqrt(E). ValueError for a negative window.
+    """
+    import torch
+
+    if window < 0:
+        raise ValueError(f"sdpa_at: window {window} (0: none, or a positive key count)")
+    rep = query.size(-3) // key.size(-3)
+    kf = key.float().repeat_interleave(rep, dim=-3)
+    vf = value.float().repeat_interleave(rep, dim=-3)
+    if scale is None:
+        scale = 1.0 / (query.size(-1) ** 0.5)
+    scores = torch.matmul(query.float(), kf.transpose(-2, -1)) * scale
+    p = start_pos.reshape(-1)[:1].to(torch.int64)
+    i = torch.arange(query.size(-2), device=query.device).unsqueeze(-1) + p
+    j = torch.arange(key.size(-2), device=query.device).unsqueeze(0)
+    allowed = j <= i
+    if window:
+        allowed = allowed & (j > i - window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vf).to(query.dtype)
+
+
+def _sdpa_at_meta(query, key, value, start_pos, window=0, scale=None):
+    return query.new_empty(query.shape[:-1] + value.shape[-1:])
+
+
+#: Causal (sliding-window) attention at a position held by a tensor:
+#: ``sdpa_at(query, key, value, start_pos, window=0, scale=None)``, see
+#: ``sdpa_at_reference`` (its definition). start_pos stays a tensor (an LLM's
+#: ``start_pos`` input or the decode loop's ``loop.pos`` state, on the device), so no
+#: mask is built on the host or the device: the Vulkan kernel reads the position and
+#: visits only the key tiles some query row can see. Made by ``vkdelegate.llm.decoder``
+#: (HFDecoder's attention); Vulkan: ``ops/families/sdpa_kv.py``.
+SDPA_AT = declare_custom_op(
+    "vkdelegate.sdpa_at.default",
+    "sdpa_at(Tensor query, Tensor key, Tensor value, Tensor start_pos, int window=0, "
+    "float? scale=None) -> Tensor", sdpa_at_reference, meta=_sdpa_at_meta)
+
+
 def _index_put_pair(x, x2, indices, values, values2):
     import torch
 

@@ -141,7 +141,8 @@ def _bindings(d) -> Bindings:
     mask = "MASK_BOOL" in d or "MASK_FLOAT" in d
     metas = ("out_meta", "q_meta", "k_meta", "v_meta") + (("mask_meta",) if mask else ())
     return Bindings(outputs=("out_data",),
-                    inputs=("q_data", "k_data", "v_data") + (("mask_data",) if mask else ()),
+                    inputs=("q_data", "k_data", "v_data") + (("mask_data",) if mask else ())
+                    + (("start_data",) if "POS_TENSOR" in d else ()),
                     params=tuple(map(tensor_meta_block, metas)) + (SDPA_PARAMS,))
 
 
@@ -158,7 +159,9 @@ class Attention:
     ops) instead of [B, H, L, D]; causal; window: sliding window in keys (0: none);
     positions: ``() -> (query position offset, key count)``, called at build and after
     every resize (start_pos read from a SymInt); nan_rows: fully masked rows are NaN
-    (et_vk.sdpa) instead of 0 (ATen)."""
+    (et_vk.sdpa) instead of 0 (ATen); start: a one-element int64/int32 runtime Tensor
+    whose value, read by the shader on the device (POS_TENSOR), is the query position
+    offset instead of positions()' (vkdelegate.sdpa_at)."""
 
     q: object
     k: object
@@ -171,23 +174,27 @@ class Attention:
     seq_first: bool = False
     nan_rows: bool = False
     positions: Optional[Callable[[], tuple]] = None
+    start: object = None
 
 
 def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: bool,
             skip: bool, nan_rows: bool = False, seq_first: bool = False,
-            split: bool = False) -> dict:
+            split: bool = False, start=None) -> dict:
     """The sdpa.glsl defines of one form (tensors: runtime Tensors or (graph, device)
-    dtype pairs; ``out`` is the fp32 partial buffer when ``split``)."""
+    dtype pairs; ``out`` is the fp32 partial buffer when ``split``; ``start``: the
+    start_pos tensor of POS_TENSOR, or None)."""
     tensors = dict(OUT=out, Q=q, K=k, V=v)
     if mask is not None:
         tensors["MASK"] = mask
+    if start is not None:
+        tensors["START"] = start
     # Nothing to skip without a causal, window or boolean mask: one variant, not two.
     skip = skip and (causal or window or (mask is not None and _dtype(mask) == "bool"))
     d = storage_defines(**tensors)
     d.update(D_MAX=str(d_max), D_STEP=str(d_step(d_max, cpu)), BLOCK_M=str(BLOCK_M),
              BLOCK_N=str(block_n(d_max)), FULLY_MASKED="NAN_F" if nan_rows else "0.0")
     flags = dict(CAUSAL=causal, WINDOW=window, SEQ_FIRST=seq_first, SPLIT_K=split,
-                 SKIP_MASKED_TILES=skip,
+                 SKIP_MASKED_TILES=skip, POS_TENSOR=start is not None,
                  Q_HALF=_dtype(q) == "float16" and d_max >= HALF_Q_D)
     d.update({k: "1" for k, on in flags.items() if on})
     if mask is not None:
@@ -227,13 +234,14 @@ def use_tiled(l_max: int, d_max: int, shared_bytes: int = 0) -> bool:
 
 
 def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
-                  skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
+                  skip: bool, nan_rows: bool = False, seq_first: bool = False,
+                  start=None) -> dict:
     """The sdpa_tiled.glsl defines of one form: sdpa.glsl's (``defines``) without its
     tiling, with the tiled block sizes (WG, BM, BN; SR x SC scores and PR x PC
     accumulator vec4s per invocation: 8 x 8 invocation groups over rows and keys /
     columns)."""
     d = defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max, cpu=False,
-                skip=skip, nan_rows=nan_rows, seq_first=seq_first)
+                skip=skip, nan_rows=nan_rows, seq_first=seq_first, start=start)
     for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF", "SPLIT_K"):
         d.pop(name, None)
     bn = tiled_block_n(d_max)
@@ -243,11 +251,12 @@ def tiled_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
 
 
 def coop_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
-                 skip: bool, nan_rows: bool = False, seq_first: bool = False) -> dict:
+                 skip: bool, nan_rows: bool = False, seq_first: bool = False,
+                 start=None) -> dict:
     """The sdpa_coopmat.glsl defines of one form (float16 tensors; as ``defines``
     without its tiling: the block sizes are the shader's own)."""
     d = tiled_defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
-                      skip=skip, nan_rows=nan_rows, seq_first=seq_first)
+                      skip=skip, nan_rows=nan_rows, seq_first=seq_first, start=start)
     for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
         d.pop(name)
     if d.get("MASK_T") == "uint8_t":  # boolean bytes read as 32-bit words (the shader)
@@ -342,23 +351,24 @@ def dispatch(b, a: Attention) -> None:
         target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
     mask = a.mask
     metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
+    inputs = [q, k, v] + ([mask] if mask else []) + ([a.start] if a.start is not None else [])
     if tiled:
         form = dict(causal=a.causal, window=a.window > 0, d_max=d_max, skip=skip,
-                    nan_rows=a.nan_rows, seq_first=a.seq_first)
+                    nan_rows=a.nan_rows, seq_first=a.seq_first, start=a.start)
         if b.option(COOP_OPTION, True) and coop_fits(b.device.info, q, k, v, mask):
             shader, d, wg, bm = COOP, coop_defines(out, q, k, v, mask, **form), COOP_WG, COOP_BM
         else:
             shader, d = TILED, tiled_defines(out, q, k, v, mask, **form)
             wg, bm = TILED_WG, TILED_BM
-        b.dispatch(shader, d, outputs=[out], inputs=[q, k, v] + ([mask] if mask else []),
-                   params=metas + [params], global_size=(-(-l_max // bm) * wg, heads, batch),
+        b.dispatch(shader, d, outputs=[out], inputs=inputs, params=metas + [params],
+                   global_size=(-(-l_max // bm) * wg, heads, batch),
                    local_size=(wg, 1, 1))
         return
     b.dispatch(SHADER, defines(target, q, k, v, mask, causal=a.causal,
                                window=a.window > 0, d_max=d_max, cpu=cpu, skip=skip,
                                nan_rows=a.nan_rows, seq_first=a.seq_first,
-                               split=splits > 1),
-               outputs=[target], inputs=[q, k, v] + ([mask] if mask else []),
+                               split=splits > 1, start=a.start),
+               outputs=[target], inputs=inputs,
                params=metas + [params],
                global_size=(-(-l_max // (BLOCK_M // group)) * BLOCK_M * splits,
                             heads // group, batch),

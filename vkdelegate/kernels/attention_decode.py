@@ -73,12 +73,12 @@ def iterations(s_max: int, d_max: int) -> int:
 
 def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, skip: bool,
             subgroup: bool, nan_rows: bool = False, seq_first: bool = False,
-            split: bool = False) -> dict:
+            split: bool = False, start=None) -> dict:
     """The sdpa_decode.glsl defines of one form: sdpa.glsl's (``attention.defines``)
     without its tiling, with WG, R_MAX, K4_T / V4_T and SUBGROUP."""
     d = at.defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
                    cpu=False, skip=skip, nan_rows=nan_rows, seq_first=seq_first,
-                   split=split)
+                   split=split, start=start)
     for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF"):
         d.pop(name, None)
     d.update(WG=str(WG), R_MAX=str(rows_max(d_max)))
@@ -112,8 +112,9 @@ def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: i
     d = defines(target, q, k, v, mask, causal=a.causal, window=a.window > 0,
                 d_max=d_max, skip=bool(b.option(at.SKIP_OPTION, True)),
                 subgroup=has_subgroup_arithmetic(b.device.info), nan_rows=a.nan_rows,
-                seq_first=a.seq_first, split=splits > 1)
-    b.dispatch(SHADER, d, outputs=[target], inputs=[q, k, v] + ([mask] if mask else []),
+                seq_first=a.seq_first, split=splits > 1, start=a.start)
+    inputs = [q, k, v] + ([mask] if mask else []) + ([a.start] if a.start is not None else [])
+    b.dispatch(SHADER, d, outputs=[target], inputs=inputs,
                params=metas + [params_for(splits, per_split, group)],
                global_size=(splits * WG, heads // group, batch), local_size=(WG, 1, 1))
     if splits > 1:

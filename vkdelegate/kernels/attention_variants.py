@@ -1,8 +1,10 @@
 """The shader variants of the fused attention (kernels/attention.py) an op family may
 dispatch, declared for ``vkdelegate build-shaders`` and the variant tests.
 
-An op family lists its forms, tuples (mask, causal, window, nan_rows, seq_first) with
-mask None, "bool" or "float" (an additive mask of the query's dtype), and calls
+An op family lists its forms, tuples (mask, causal, window, nan_rows, seq_first[,
+start]) with mask None, "bool" or "float" (an additive mask of the query's dtype) and
+start the dtype of a start_pos tensor (POS_TENSOR, vkdelegate.sdpa_at; absent or None:
+the offset is a parameter), and calls
 ``declare(forms, dtypes)``: every storage profile, dtype and head-dim bucket of sdpa.glsl (the
 early exit on and off, whole and split-K, CPU and GPU head-dim loops), of
 sdpa_decode.glsl (few rows on GPUs: the early exit on and off, whole and split-K,
@@ -23,11 +25,15 @@ def _forms(forms, profile, dtype: str):
     """Per form: the tensors' (graph, device) dtype pair, the mask's (None without a
     mask), the form's keyword flags and its mask kind."""
     t = (dtype, device_dtype(dtype, profile))
-    for mask, causal, window, nan_rows, seq_first in forms:
+    for form in forms:
+        mask, causal, window, nan_rows, seq_first = form[:5]
+        start = form[5] if len(form) > 5 else None
         mdt = {None: None, "bool": "bool", "float": dtype}[mask]
         m = None if mdt is None else (mdt, device_dtype(mdt, profile))
-        yield t, m, dict(causal=causal, window=window, nan_rows=nan_rows,
-                         seq_first=seq_first), mask
+        kw = dict(causal=causal, window=window, nan_rows=nan_rows, seq_first=seq_first)
+        if start is not None:
+            kw["start"] = (start, device_dtype(start, profile))
+        yield t, m, kw, mask
 
 
 def declare(forms, dtypes) -> None:

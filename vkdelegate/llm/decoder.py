@@ -24,16 +24,154 @@ sees them as mutable buffers and the program keeps them (one per FQN,
 Each call points transformers' ``StaticCache`` layers at these buffers and at the
 call's position, and the layers write the new keys/values with ``index_copy_`` at
 ``start_pos + arange(T)``. Sliding-window layers become full-length ``StaticLayer``s
-(as in transformers' own export recipe) whose mask, built by the model from
-``position_ids``, still limits attention to the window.
+(as in transformers' own export recipe).
+
+Attention without a mask: where it is equivalent (``uses_position_attention``), the
+model runs, while HFDecoder calls it, with the attention implementation ATTENTION
+registered in transformers' ``AttentionInterface``. transformers builds no mask for an
+implementation that ``masking_utils.ALL_MASK_ATTENTION_FUNCTIONS`` does not know, so
+the arange / compare / expand prelude of every step is gone, and each layer calls
+``vkdelegate.sdpa_at(query, key, value, start_pos, window)`` over the whole static
+cache: causal at the call's ``start_pos`` (a tensor: the program's input or the decode
+loop's ``loop.pos`` state, read on the device), with the layer's ``sliding_window``
+(the keyword transformers passes each layer's attention for flash attention, which has
+no mask either). Its Vulkan kernels skip the key tiles past the position, so a decode
+step costs what the position needs, not ``max_seq_len``. Other models (attention logit
+soft-capping as Gemma 2, bidirectional or image-token masks as Gemma 3's VLM, no flash
+attention support, chunked attention) keep transformers' mask and "sdpa"/"eager".
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+import contextlib
+import math
+import threading
+
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm import sampler
+
+#: The name under which HFDecoder registers its attention with transformers.
+ATTENTION = "vkdelegate_sdpa"
+#: What the attention function reads while HFDecoder runs the model: start_pos.
+_CALL = threading.local()
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+               sliding_window=None, softcap=None, **kwargs):
+    """transformers' attention interface (``sdpa_attention_forward``'s signature):
+    query [B, Hq, L, E], key/value [B, Hk, S, E] (the whole static cache) -> (out
+    [B, L, Hq, E] contiguous, None), by ``vkdelegate.sdpa_at`` at the position
+    HFDecoder.logits set (``_CALL.start_pos``), with the layer's ``sliding_window``.
+    A mask the model passes anyway (a 4-D mask it built itself) goes to transformers'
+    sdpa with it; soft-capping (not chosen by ``uses_position_attention``, but a model
+    may pass it) to eager math on the causal / window mask built here from the
+    position. VkDelegateError outside HFDecoder, for non-causal attention, dropout or
+    attention sinks, which the caller's choice excludes."""
+    from vkdelegate.backend import custom_ops
+
+    start_pos = getattr(_CALL, "start_pos", None)
+    if start_pos is None:
+        raise VkDelegateError(f"attention {ATTENTION!r} runs only inside HFDecoder.logits")
+    if attention_mask is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      scaling=scaling, dropout=dropout, softcap=softcap,
+                                      sliding_window=sliding_window, **kwargs)
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    unsupported = [name for name, bad in (
+        ("non-causal attention", not causal), (f"dropout {dropout}", bool(dropout)),
+        ("attention sinks", any(kwargs.get(n) is not None for n in ("s_aux", "sinks"))))
+        if bad]
+    if unsupported:
+        raise VkDelegateError(f"{type(module).__name__}: {', '.join(unsupported)} without "
+                              f"a mask ({ATTENTION})")
+    window = int(sliding_window) if sliding_window else 0
+    if softcap is not None:
+        return _masked_attention(query, key, value, start_pos, window, scaling, softcap)
+    custom_ops.ensure_defined()
+    out = torch.ops.vkdelegate.sdpa_at(query, key, value, start_pos, window, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _masked_attention(query, key, value, start_pos, window, scaling, softcap):
+    """Eager attention with soft-capping (Gemma 2's ``eager_attention_forward``) and the
+    causal / window mask of ``start_pos`` built here."""
+    rep = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(rep, dim=1)
+    v = value.repeat_interleave(rep, dim=1)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    w = torch.matmul(query, k.transpose(2, 3)) * scale
+    w = torch.tanh(w / softcap) * softcap
+    i = torch.arange(query.shape[2]).unsqueeze(-1) + start_pos
+    j = torch.arange(key.shape[2]).unsqueeze(0)
+    allowed = j <= i
+    if window:
+        allowed = allowed & (j > i - window)
+    w = w.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(p, v).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> bool:
+    """Register ATTENTION with transformers' AttentionInterface (idempotent); False
+    where this transformers has no attention interface or mask registry."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    except ImportError:
+        return False
+    if ATTENTION in getattr(ALL_MASK_ATTENTION_FUNCTIONS, "_global_mapping", {ATTENTION: 0}):
+        return False  # a mask would be built for it: not the mask-free path
+    AttentionInterface.register(ATTENTION, _attention)
+    return True
+
+
+def uses_position_attention(model: nn.Module) -> bool:
+    """Whether HFDecoder runs ``model`` with ATTENTION (no mask, ``vkdelegate.sdpa_at``)
+    rather than its own implementation: in eval mode, with "sdpa" or "eager" chosen, a
+    model class that supports flash attention (so each layer's attention gets its
+    sliding window as a keyword, the masks are plain causal / sliding-window ones, and
+    no layer relies on a mask flash attention would drop, e.g. Gemma 3's image tokens),
+    no attention logit soft-capping, no bidirectional or chunked attention, every
+    attention module causal, and a transformers with the attention interface."""
+    config = model.config.get_text_config()
+    supports_flash = any(getattr(type(model), n, False)
+                         for n in ("_supports_flash_attn", "_supports_flash_attn_2"))
+    if model.training or not supports_flash:
+        return False
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager", None):
+        return False
+    for name in ("attn_logit_softcapping", "attention_chunk_size"):
+        if getattr(config, name, None) is not None:
+            return False
+    if getattr(config, "use_bidirectional_attention", False):
+        return False
+    if any(getattr(m, "is_causal", True) is not True for m in model.modules()
+           if hasattr(m, "layer_idx") and hasattr(m, "is_causal")):
+        return False
+    return _register_attention()
+
+
+@contextlib.contextmanager
+def _attention_at(model: nn.Module, start_pos: torch.Tensor):
+    """Run ``model`` with ATTENTION at ``start_pos`` inside the block: its (and its
+    text config's) attention implementation switched, restored on exit."""
+    configs = list({id(c): c for c in (model.config, model.config.get_text_config())}
+                   .values())
+    saved = [c._attn_implementation_internal for c in configs]
+    _CALL.start_pos = start_pos
+    try:
+        for c in configs:
+            c._attn_implementation_internal = ATTENTION
+        yield
+    finally:
+        for c, old in zip(configs, saved):
+            c._attn_implementation_internal = old
+        _CALL.start_pos = None
 
 
 class KVCache(nn.Module):
@@ -102,6 +240,8 @@ class HFDecoder(nn.Module):
         # Not a submodule: a Python object whose tensors are replaced at every call.
         self.__dict__["_static"] = cache
         self._cache_kwarg = _cache_kwarg(model)
+        #: The model runs with ATTENTION (no mask, vkdelegate.sdpa_at; module docstring).
+        self.position_attention = uses_position_attention(model)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)
@@ -115,8 +255,11 @@ class HFDecoder(nn.Module):
             layer.cumulative_length = start_pos[0].clone()
         positions = (torch.arange(embeds.shape[1], dtype=torch.int64)
                      + start_pos).unsqueeze(0)
-        out = self.model(inputs_embeds=embeds, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
+        run = _attention_at(self.model, start_pos) if self.position_attention \
+            else contextlib.nullcontext()
+        with run:
+            out = self.model(inputs_embeds=embeds, position_ids=positions, use_cache=True,
+                             logits_to_keep=1, **{self._cache_kwarg: cache})
         used = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         if used is not cache:  # the model made its own cache: ours would stay empty
             raise VkDelegateError(f"{type(self.model).__name__} did not use the static "

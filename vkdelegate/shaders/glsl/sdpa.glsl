@@ -17,7 +17,9 @@
 // Positions: query row i sits at absolute position pos.x + i (pos.x: start_pos of a KV
 // cache, else 0); only keys j < min(S, pos.y) exist. CAUSAL masks keys j > pos.x + i
 // (ATen's top-left aligned tril when pos.x is 0), WINDOW masks keys j <= pos.x + i -
-// pos.z (sliding window of pos.z keys, Mistral / Gemma: i - window < j).
+// pos.z (sliding window of pos.z keys, Mistral / Gemma: i - window < j). POS_TENSOR
+// (vkdelegate.sdpa_at): the offset is start_data[0], a tensor read on the device (an LLM
+// decode loop's position), instead of pos.x (sdpa.h's sdpa_offset clamps it).
 //
 // One workgroup of BLOCK_M invocations per (BLOCK_M query rows, key split, head,
 // batch), or with split.y = pack > 1 (grouped-query attention, pack = Hq / Hk) per
@@ -53,6 +55,7 @@
 // D_STEP; BLOCK_M (the local size x), BLOCK_N (<= 32: a tile's mask bits are one uint);
 // CAUSAL; WINDOW; MASK_BOOL or MASK_FLOAT with MASK_T (mask broadcast over every dim of
 // size 1, rows indexed by i); FULLY_MASKED; SKIP_MASKED_TILES; SEQ_FIRST; SPLIT_K;
+// POS_TENSOR with START_T (the start_pos tensor's storage type);
 // Q_HALF (a float16 query kept as packed fp16 pairs, scaled after the dot: for head
 // dims >= 128, where q and the accumulator of a row no longer fit a GPU's registers).
 // The loops over a tile's keys are not unrolled (unrolled, llvmpipe's LLVM took
@@ -98,6 +101,7 @@ void main() {
   const int B = size_at(q_meta, 3);
   const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
   const int Ev = size_at(v_meta, 0);
+  const int qoff = sdpa_offset(L, S);  // query row 0's position (sdpa.h)
   if (i0 >= L || wy >= (pack > 1 ? Hq / pack : Hq) || bq >= B) {
     return;  // the whole workgroup leaves together (no barrier is skipped)
   }
@@ -105,7 +109,7 @@ void main() {
   const int bk = bq / max(1, B / max(1, size_at(k_meta, 3)));
   const int i = i0 + lane / pack;
   const bool row_ok = i < L;
-  const int qpos = pos.x + i;  // the row's absolute position
+  const int qpos = qoff + i;  // the row's absolute position
   const int k_base = bk * stride_at(k_meta, 3) + hk * stride_at(k_meta, HEAD_DIM);
   const int v_base = bk * stride_at(v_meta, 3) + hk * stride_at(v_meta, HEAD_DIM);
   const int k_row = stride_at(k_meta, SEQ_DIM);
@@ -142,11 +146,11 @@ void main() {
 #ifdef SKIP_MASKED_TILES
 #ifdef CAUSAL
   // Keys past the workgroup's last row's position are masked for all of its rows.
-  t_hi = min(t_hi, (pos.x + min(i0 + rows, L) - 1) / BLOCK_N + 1);
+  t_hi = min(t_hi, (max(-1, qoff + min(i0 + rows, L) - 1) + BLOCK_N) / BLOCK_N);
 #endif
 #ifdef WINDOW
   // Keys at or before the first row's position - window are masked for all rows.
-  t_lo = max(t_lo, max(0, pos.x + i0 - pos.z + 1) / BLOCK_N);
+  t_lo = max(t_lo, max(0, qoff + i0 - pos.z + 1) / BLOCK_N);
 #endif
 #endif
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)

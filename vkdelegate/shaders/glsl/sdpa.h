@@ -21,7 +21,13 @@ TENSOR_META(v_meta)
 #ifdef HAS_MASK
 TENSOR_META(mask_meta)
 #endif
-// scale.x: the score scale; pos: (query position offset, key count, window, splits);
+#ifdef POS_TENSOR
+// vkdelegate.sdpa_at: start_pos read on the device (an int64[1] stored as int32, or
+// int32), in place of pos.x.
+TENSOR_IN(start_data, START_T)
+#endif
+// scale.x: the score scale; pos: (query position offset (unused with POS_TENSOR), key
+// count, window, splits);
 // split: (tiles per split, query heads packed per workgroup).
 PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
 
@@ -41,6 +47,24 @@ PARAMS(sdpa_block) { vec4 scale; ivec4 pos; ivec4 split; };
     (4 * (c) + 1 < (n)) ? float(buf[(base) + 4 * (c) + 1]) : 0.0,    \
     (4 * (c) + 2 < (n)) ? float(buf[(base) + 4 * (c) + 2]) : 0.0,    \
     (4 * (c) + 3 < (n)) ? float(buf[(base) + 4 * (c) + 3]) : 0.0)
+
+// Query row 0's absolute position: pos.x (a start_pos the host knows: 0, or a SymInt),
+// or with POS_TENSOR start_data[0] clamped to [-L, S] (WINDOW: [-L, S + pos.z]). The
+// clamp changes no output: a row at p < 0 sees no key, one at p >= S (without a window)
+// every key, one at p >= S + window none, as at the clamped ends; it keeps every
+// position sum within int32 and every tile bound within 0 .. S whatever the value is.
+int sdpa_offset(int L, int S) {
+#ifdef POS_TENSOR
+#ifdef WINDOW
+  const int hi = S + max(pos.z, 0);
+#else
+  const int hi = S;
+#endif
+  return clamp(int(start_data[0]), -max(L, 0), max(hi, 0));
+#else
+  return pos.x;
+#endif
+}
 
 // Element stride of mask dim d for the broadcast: 0 where the mask has size 1.
 #ifdef HAS_MASK

@@ -34,7 +34,7 @@
 //
 // Defines: OUT_T, Q_T, K_T, V_T, OUT_STORE(v); D_MAX (32, 64 or 128); FULLY_MASKED;
 // CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T (MASK_WORDS: boolean bytes);
-// SKIP_MASKED_TILES; SEQ_FIRST.
+// SKIP_MASKED_TILES; SEQ_FIRST; POS_TENSOR with START_T.
 // Local size 128.
 
 #define NSG 4
@@ -104,6 +104,7 @@ void main() {
   const int B = size_at(q_meta, 3);
   const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
   const int Ev = size_at(v_meta, 0);
+  const int qoff = sdpa_offset(L, S);  // query row 0's position (sdpa.h)
   if (i0 >= L || h >= Hq || bq >= B) {
     return;
   }
@@ -150,7 +151,7 @@ void main() {
   // Softmax: invocation pair (2 r, 2 r + 1) owns row r, keys 16 * (lane % 2) + 0..15.
   const int row = lane / 2;
   const int half_ = lane % 2;
-  const int qpos = pos.x + i0 + row;
+  const int qpos = qoff + i0 + row;
   const float score_scale = scale.x * LOG2E;
   float m = NEG_INF;  // the row's running max, in base-2 units
   float l = 0.0;      // this invocation's part of the row's sum
@@ -164,10 +165,10 @@ void main() {
   int t_hi = (S + BN - 1) / BN;
 #ifdef SKIP_MASKED_TILES
 #ifdef CAUSAL
-  t_hi = min(t_hi, (pos.x + min(i0 + BM, L) - 1) / BN + 1);
+  t_hi = min(t_hi, (max(-1, qoff + min(i0 + BM, L) - 1) + BN) / BN);
 #endif
 #ifdef WINDOW
-  t_lo = max(t_lo, max(0, pos.x + i0 - pos.z + 1) / BN);
+  t_lo = max(t_lo, max(0, qoff + i0 - pos.z + 1) / BN);
 #endif
 #endif
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)

@@ -32,7 +32,8 @@
 // row with no key in a chunk is left as it was, so a fully masked chunk visited and
 // one skipped give the same bits.
 // Defines: sdpa.glsl's OUT_T, Q_T, K_T, V_T, OUT_STORE(v), D_MAX, CAUSAL, WINDOW,
-// MASK_BOOL / MASK_FLOAT (MASK_T), FULLY_MASKED, SKIP_MASKED_TILES, SEQ_FIRST, SPLIT_K;
+// MASK_BOOL / MASK_FLOAT (MASK_T), FULLY_MASKED, SKIP_MASKED_TILES, SEQ_FIRST, SPLIT_K,
+// POS_TENSOR (START_T);
 // K4_T, V4_T (4-element storage types of K and V); WG (the local size x, a power of
 // two >= D4); R_MAX; SUBGROUP.
 
@@ -109,6 +110,7 @@ void main() {
   const int B = size_at(q_meta, 3);
   const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
   const int Ev = size_at(v_meta, 0);
+  const int qoff = sdpa_offset(L, S);  // query row 0's position (sdpa.h)
   const int R = L * pack;
   if (wy * pack >= Hq || bq >= B || R > R_MAX) {
     return;  // the whole workgroup leaves together (no barrier is skipped)
@@ -147,10 +149,10 @@ void main() {
   int ch_hi = splits > 1 ? min(chunks, ch_lo + split.x) : chunks;
 #ifdef SKIP_MASKED_TILES
 #ifdef CAUSAL
-  ch_hi = min(ch_hi, (pos.x + L - 1) / WG + 1);  // keys past the last row's position
+  ch_hi = min(ch_hi, (max(-1, qoff + L - 1) + WG) / WG);  // keys past the last row's position
 #endif
 #ifdef WINDOW
-  ch_lo = max(ch_lo, max(0, pos.x - pos.z + 1) / WG);  // before the first row's window
+  ch_lo = max(ch_lo, max(0, qoff - pos.z + 1) / WG);  // before the first row's window
 #endif
 #endif
   barrier();  // q_s is written
@@ -160,7 +162,7 @@ void main() {
     bool any = false;
     [[unroll]] for (int r = 0; r < R_MAX; ++r) {
       bool live = r < R && j < S;
-      const int qpos = pos.x + r / pack;
+      const int qpos = qoff + r / pack;
 #ifdef CAUSAL
       live = live && j <= qpos;
 #endif

@@ -29,7 +29,7 @@
 // MASK_BOOL skips a tile no row of the workgroup sees (a vote in shared memory).
 //
 // Defines: as sdpa.glsl (OUT_T, Q_T, K_T, V_T, OUT_STORE, D_MAX, FULLY_MASKED, CAUSAL,
-// WINDOW, MASK_*, MASK_T, SKIP_MASKED_TILES, SEQ_FIRST) plus WG (the local size x, 64),
+// WINDOW, MASK_*, MASK_T, SKIP_MASKED_TILES, SEQ_FIRST, POS_TENSOR, START_T) plus WG (the local size x, 64),
 // BM (32), BN (keys per tile, a multiple of 8, <= 32), SR x SC = BM BN / WG scores and
 // PR x PC = BM D_MAX / (4 WG) accumulator vec4s per invocation (attention.py: tiled_*).
 // Shared memory: (BM + BN) (D_MAX / 4 + 1) vec4 + BM (BN / 4 + 1) vec4 + 3 BM floats.
@@ -59,6 +59,7 @@ void main() {
   const int B = size_at(q_meta, 3);
   const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
   const int Ev = size_at(v_meta, 0);
+  const int qoff = sdpa_offset(L, S);  // query row 0's position (sdpa.h)
   if (i0 >= L || h >= Hq || bq >= B) {
     return;  // the whole workgroup leaves together
   }
@@ -97,10 +98,10 @@ void main() {
   int t_hi = (S + BN - 1) / BN;
 #ifdef SKIP_MASKED_TILES
 #ifdef CAUSAL
-  t_hi = min(t_hi, (pos.x + min(i0 + BM, L) - 1) / BN + 1);
+  t_hi = min(t_hi, (max(-1, qoff + min(i0 + BM, L) - 1) + BN) / BN);
 #endif
 #ifdef WINDOW
-  t_lo = max(t_lo, max(0, pos.x + i0 - pos.z + 1) / BN);
+  t_lo = max(t_lo, max(0, qoff + i0 - pos.z + 1) / BN);
 #endif
 #endif
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
@@ -165,7 +166,7 @@ void main() {
       }
     }
     [[unroll]] for (int ii = 0; ii < SR; ++ii) {
-      const int qpos = pos.x + i0 + s_r + 8 * ii;
+      const int qpos = qoff + i0 + s_r + 8 * ii;
       [[unroll]] for (int jj = 0; jj < SC; ++jj) {
         const int j = j0 + s_c + 8 * jj;
         float sc = j < S ? s[ii][jj] : NEG_INF;
