@@ -83,13 +83,14 @@ class TinyVision(nn.Module):
         return pooled, count > 0
 
 
-def norm_linear_dispatches() -> int:
+def norm_linear_dispatches(prologue: bool = False) -> int:
     """Dispatches of one one-row ``vkdelegate.rms_norm_linear`` (an RMS norm fused into
-    the linear reading it) on the default Vulkan device: 1 where the product takes the
-    GEMV path, whose prologue normalizes the row (GPUs), else 2: the norm's dispatch,
-    then the linear (CPU drivers such as lavapipe: no GEMV path)."""
+    the linear reading it) on the default Vulkan device: with compile option
+    rms_norm_prologue (off by default) 1 where the product takes the GEMV path, whose
+    prologue normalizes the row (GPUs); else 2: the norm's dispatch, then the linear
+    (also CPU drivers such as lavapipe: no GEMV path)."""
     from vkdelegate.kernels.gemm_tiles import tiles_for
     from vkdelegate.runtime import default_device
 
     tiles = tiles_for(default_device().info.type)
-    return 1 if tiles is not None and tiles.gemv else 2
+    return 1 if prologue and tiles is not None and tiles.gemv else 2

@@ -101,8 +101,8 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     # under 5.17) is gone with the mask; the prelude may hold 2 more under
     # transformers 5.17 + torch 2.11 (a cast and an unsqueeze); the rotary embedding
     # is in the cache write (one dispatch fewer per layer).
-    # The 2 * layers + 1 RMS norms are in their linears' GEMV prologues on GPUs (one
-    # dispatch less each; CPU drivers keep the norm's dispatch).
+    # The 2 * layers + 1 RMS norms are in their linears' GEMV prologues only with
+    # compile option rms_norm_prologue (off by default: norm_linear_dispatches).
     norms = (2 * layers + 1) * (2 - norm_linear_dispatches())
     assert "aten.le.Tensor" not in ops, ops
     assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 - 1 + 2 - layers - norms, ops
@@ -110,9 +110,9 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
 
 
 def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
-    """The GPU forms forced on any device (as tests/ops/test_rms_norm_linear.py does):
-    a float16 tiny HF Llama's decode step runs each RMS norm in its linear's GEMV
-    prologue, one dispatch per rms_norm_linear, and still generates HF eager's
+    """The GPU forms forced on any device (as tests/ops/test_rms_norm_linear.py does)
+    and compile option rms_norm_prologue on: a float16 tiny HF Llama's decode step
+    runs each RMS norm in its linear's GEMV prologue, one dispatch per rms_norm_linear, and still generates HF eager's
     float16 greedy tokens."""
     import dataclasses
 
@@ -125,7 +125,7 @@ def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     portable = dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)
     monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
     model = make_model("llama").half()
-    program = lower(model, MAX_SEQ_LEN)
+    program = lower(model, MAX_SEQ_LEN, options={"rms_norm_prologue": True})
     layers = model.config.num_hidden_layers
     prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
     expected = hf_greedy(model, prompt, 12)

@@ -28,11 +28,14 @@ Keys (all optional):
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
-- ``rms_norm_prologue`` (bool, default True): ``vkdelegate.rms_norm_linear`` (an RMS
+- ``rms_norm_prologue`` (bool, default False): ``vkdelegate.rms_norm_linear`` (an RMS
   norm fused into the linear reading it, backend/passes/fuse_rms_norm_linear.py)
   normalizes the row in the GEMV's prologue where it can (one dispatch); False records
-  the norm's own dispatch and then the linear, the unfused pair's two dispatches, to
-  compare the two on one lowered program.
+  the norm's own dispatch and then the linear, the unfused pair's two dispatches. Off
+  by default: on the H200 the Llama-3.2-1B-shaped fp16 decode ran at 534 tokens/s with
+  it and 565 without (each of the 33 GEMVs' workgroups re-reads and normalizes the
+  row: the 33 fused GEMVs took 870 us against about 785 for norms and GEMVs;
+  docs/PERF.md, 2026-12-03 evening).
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -65,7 +68,7 @@ class CompileOptions:
     sdpa_skip_masked_tiles: bool = True
     fuse_elementwise: bool = True
     sdpa_cooperative_matrix: bool = True
-    rms_norm_prologue: bool = True
+    rms_norm_prologue: bool = False
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""

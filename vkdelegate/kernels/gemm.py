@@ -290,7 +290,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     if norm is not None:
         if residual is not None:
             raise b.error("an RMS norm prologue with a residual")
-        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, True) and \
+        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, False) and \
                 gemm_core.rms_norm_fits(b.device.info, form, mat, k, shape[-1], True):
             record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
                         norm=(norm.weight, norm.eps))
