@@ -10,8 +10,8 @@ STAMPS := .stamps
 # Vulkan loader, lavapipe (software Vulkan 1.3 driver), shader compiler and tools,
 # the Khronos validation layer the tests run under, and flatc (the tests check that
 # schema.fbs and the Python flatbuffer code agree by compiling the schema).
-SYS_PACKAGES := libvulkan1 mesa-vulkan-drivers glslang-tools spirv-tools \
-                vulkan-validationlayers vulkan-tools flatbuffers-compiler
+SYS_PACKAGES := python3 python3-venv libvulkan1 mesa-vulkan-drivers glslang-tools \
+                spirv-tools vulkan-validationlayers vulkan-tools flatbuffers-compiler
 
 FUZZ_SECONDS ?= 60
 
