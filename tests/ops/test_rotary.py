@@ -244,3 +244,14 @@ def test_rotary_cache_write_out_of_range_position_raises():
         [op for op, _ in delegated_nodes(program)]
     with pytest.raises(VkDelegateError, match="out of range"):
         program(*inputs[:-1], torch.tensor([10]))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_rotary_cache_write_against_eager(dtype, tol, index_dtype):
+    """rotary_index_put_pair against eager (the pair's CPU kernels: fp32 math, one
+    rounding), with int64 and int32 positions."""
+    inputs = list(_rotary_cache_inputs(dtype, 2, [5, 1]))
+    inputs[-1] = inputs[-1].to(index_dtype)
+    check_op(RotaryCacheWrite(), tuple(inputs),
+             ops=["vkdelegate.rotary_index_put_pair.default"], rtol=tol, atol=tol)
