@@ -28,6 +28,7 @@ from torch import nn
 from torch.export import Dim
 
 from tests.ops.harness import check_op, delegated_nodes
+from tests.ops import test_rms_norm_fusion
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import custom_ops
 
@@ -45,20 +46,12 @@ def _tol(dtype):
     return F16 if dtype == torch.float16 else {}
 
 
-class LlamaRMSNorm(nn.Module):
-    """transformers' LlamaRMSNorm.forward, verbatim (weight random, not ones)."""
+class LlamaRMSNorm(test_rms_norm_fusion.LlamaRMSNorm):
+    """transformers' LlamaRMSNorm (test_rms_norm_fusion's copy), weights in 0.5..1.5."""
 
     def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
+        super().__init__(hidden_size, eps)
         self.weight = nn.Parameter(torch.rand(hidden_size) + 0.5)
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
 
 
 class _Block(nn.Module):

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import vkdelegate
 from tests.ops.attention_reference import FP16_TOL, FP32_TOL, OFF
 from tests.ops.harness import check_op
+from tests.ops.test_sdpa_decode import decode  # noqa: F401 (a fixture)
 from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.custom_ops_llm import sdpa_at_reference
 from vkdelegate.kernels import attention_decode as dec
@@ -82,18 +83,7 @@ def _run(q, k, v, p, window=0, positions=(), options=None, scale=None):
     return outs
 
 
-@pytest.fixture
-def decode(monkeypatch):
-    """sdpa_decode.glsl wherever its rows fit, on the CPU driver too (it is GPU-only by
-    default: attention_decode.use_decode); asserts that the test dispatched it."""
-    calls = []
-    dispatch = dec.dispatch
-    monkeypatch.setattr(dec, "use_decode", lambda info, l, hq, hk, d:
-                        dec.pack(l, hq, hk, d) is not None)
-    monkeypatch.setattr(dec, "dispatch", lambda *a, **kw: calls.append(1) or
-                        dispatch(*a, **kw))
-    yield
-    assert calls, "sdpa_decode.glsl was not dispatched"
+# sdpa_decode.glsl forced on any device, asserting that it ran (test_sdpa_decode's).
 
 
 def test_reference_is_eager_masked_attention():
