@@ -52,14 +52,14 @@ GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
 #: evening).
 GEMV_UNROLL = 4
 GEMV_SHORT_K = 2048
+LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta, eps
+DTYPES = ("float32", "float16")
 
 
 def gemv_unroll(k: int) -> int:
     """UNROLL of gemv.glsl for b [N, K] with K = ``k``: 1 up to GEMV_SHORT_K, else
     GEMV_UNROLL."""
     return 1 if k <= GEMV_SHORT_K else GEMV_UNROLL
-LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta
-DTYPES = ("float32", "float16")
 
 
 def _bindings(inputs: tuple, d) -> Bindings:

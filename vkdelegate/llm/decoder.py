@@ -46,7 +46,6 @@ import torch
 from torch import nn
 
 import contextlib
-import math
 import threading
 
 from vkdelegate.errors import VkDelegateError
@@ -65,10 +64,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     [B, L, Hq, E] contiguous, None), by ``vkdelegate.sdpa_at`` at the position
     HFDecoder.logits set (``_CALL.start_pos``), with the layer's ``sliding_window``.
     A mask the model passes anyway (a 4-D mask it built itself) goes to transformers'
-    sdpa with it; soft-capping (not chosen by ``uses_position_attention``, but a model
-    may pass it) to eager math on the causal / window mask built here from the
-    position. VkDelegateError outside HFDecoder, for non-causal attention, dropout or
-    attention sinks, which the caller's choice excludes."""
+    sdpa with it. VkDelegateError outside HFDecoder, and for non-causal attention,
+    dropout, attention sinks or logit soft-capping, which ``uses_position_attention``'s
+    choice of models excludes."""
     from vkdelegate.backend import custom_ops
 
     start_pos = getattr(_CALL, "start_pos", None)
@@ -84,36 +82,16 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     causal = getattr(module, "is_causal", True) if causal is None else causal
     unsupported = [name for name, bad in (
         ("non-causal attention", not causal), (f"dropout {dropout}", bool(dropout)),
-        ("attention sinks", any(kwargs.get(n) is not None for n in ("s_aux", "sinks"))))
+        ("attention sinks", any(kwargs.get(n) is not None for n in ("s_aux", "sinks"))),
+        (f"logit soft-capping {softcap}", softcap is not None))
         if bad]
     if unsupported:
         raise VkDelegateError(f"{type(module).__name__}: {', '.join(unsupported)} without "
                               f"a mask ({ATTENTION})")
     window = int(sliding_window) if sliding_window else 0
-    if softcap is not None:
-        return _masked_attention(query, key, value, start_pos, window, scaling, softcap)
     custom_ops.ensure_defined()
     out = torch.ops.vkdelegate.sdpa_at(query, key, value, start_pos, window, scaling)
     return out.transpose(1, 2).contiguous(), None
-
-
-def _masked_attention(query, key, value, start_pos, window, scaling, softcap):
-    """Eager attention with soft-capping (Gemma 2's ``eager_attention_forward``) and the
-    causal / window mask of ``start_pos`` built here."""
-    rep = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(rep, dim=1)
-    v = value.repeat_interleave(rep, dim=1)
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    w = torch.matmul(query, k.transpose(2, 3)) * scale
-    w = torch.tanh(w / softcap) * softcap
-    i = torch.arange(query.shape[2]).unsqueeze(-1) + start_pos
-    j = torch.arange(key.shape[2]).unsqueeze(0)
-    allowed = j <= i
-    if window:
-        allowed = allowed & (j > i - window)
-    w = w.masked_fill(~allowed, float("-inf"))
-    p = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(p, v).transpose(1, 2).contiguous(), None
 
 
 def _register_attention() -> bool:
