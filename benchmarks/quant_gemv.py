@@ -364,7 +364,7 @@ def main(argv=None) -> int:
 
 #: Defines that tell the forms of one shader apart in --pipeline-stats' table.
 _FORM_DEFINES = ("W4", "W8", "X16", "DIRECT", "WG", "ROWS", "UNROLL", "SVEC", "PROBE",
-                 "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T")
+                 "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T", "K_STEP", "R_MAX")
 
 
 def print_pipeline_stats(device) -> None:

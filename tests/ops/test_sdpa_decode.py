@@ -47,13 +47,35 @@ def _on_off(fn, args, ops, dtype):
     return out
 
 
-def test_kernel_choice():
-    assert dec.pack(1, 32, 8, 64) == 4      # Llama-3.2-1B decode: 4 heads per workgroup
-    assert dec.pack(3, 32, 8, 64) == 1      # 12 rows: one head's 3 rows per workgroup
+def test_kernel_choice(monkeypatch):
+    assert dec.pack(1, 32, 8, 64) == 1      # Llama-3.2-1B decode: one head per workgroup
+    assert dec.pack(3, 32, 8, 64) == 1      # one head's 3 rows per workgroup
     assert dec.pack(9, 4, 4, 64) is None    # 9 rows of one head: sdpa.glsl
     assert dec.pack(2, 8, 2, 256) == 1      # 4 rows at most at head dim 256
-    assert dec.splits_for(8, 256) == 1 and dec.splits_for(8, 4096) == 8
+    monkeypatch.setattr(dec, "PACK_GQA", True)
+    assert dec.pack(1, 32, 8, 64) == 4      # packed: the 4 heads of a K/V head together
+    assert dec.pack(3, 32, 8, 64) == 1      # 12 rows do not fit 8
+    assert [dec.rows_for(r) for r in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert dec.splits_for(8, 256) == 1 and dec.splits_for(8, 4096) == 16
     assert dec.splits_for(256, 4096) == 1
+
+
+@pytest.fixture(params=[False, True], ids=["one_head", "packed"])
+def packed(request, monkeypatch):
+    """Both workgroup forms: one query head per workgroup (the default) and the query
+    heads of one K/V head together (PACK_GQA)."""
+    monkeypatch.setattr(dec, "PACK_GQA", request.param)
+    return request.param
+
+
+def test_llama_decode_step_packed(decode, monkeypatch):
+    # The Llama-3.2-1B step below with its 4 query heads per K/V head in one workgroup.
+    monkeypatch.setattr(dec, "PACK_GQA", True)
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, h, n, 64).to(torch.float16)
+               for h, n in ((32, 1), (8, 256), (8, 256)))
+    mask = (torch.arange(256) <= 77)[None, None, None, :]
+    _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], torch.float16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -72,9 +94,10 @@ def test_llama_decode_step_static_cache(decode, monkeypatch, dtype, subgroup, st
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("mode", ["causal", "float", "none"])
-def test_rows_and_masks(decode, dtype, mode):
-    # 2 query rows x 4 heads per K/V head (8 rows per workgroup), 300 keys (not a
-    # multiple of the 128-key chunk); an additive float mask with -inf entries.
+def test_rows_and_masks(decode, packed, dtype, mode):
+    # 2 query rows x 4 heads per K/V head (8 rows per workgroup packed, else 2), 300
+    # keys (not a multiple of the 128-key chunk); an additive float mask with -inf
+    # entries.
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, h, n, 32).to(dtype) for h, n in ((8, 2), (2, 300), (2, 300)))
     if mode == "float":
@@ -103,9 +126,9 @@ def test_head_dim_256(decode):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_split_k_long_cache(decode, dtype):
-    # 1500 keys over 2 groups: 3 splits and the combine pass; masked blocks, one
-    # whole split masked.
-    assert dec.splits_for(2, 1500) == 3
+    # 1500 keys over 2 groups: 6 splits and the combine pass; masked blocks, whole
+    # splits masked.
+    assert dec.splits_for(2, 1500) == 6
     torch.manual_seed(6)
     q, k, v = (torch.randn(1, h, n, 64).to(dtype) for h, n in ((8, 1), (2, 1500), (2, 1500)))
     mask = torch.rand(1, 1500) > 0.3

@@ -2,8 +2,9 @@
 
 For few query rows (an LLM decode step: one query position of the Hq / Hk query
 heads that share a K/V head) on GPUs: one workgroup of WG invocations per (query-head
-group, batch, key split), its keys spread over the invocations (each K and V row read
-once per workgroup, as 4-element vectors where the head dims allow), subgroup max
+group, batch, key split; a group is one query head unless PACK_GQA), its keys spread
+over the invocations (each K and V row read once per workgroup, as 4-element vectors
+where the head dims allow), the rows' work unrolled R_MAX times, subgroup max
 reductions where the device has subgroup arithmetic. sdpa.glsl gives each query row
 an invocation instead, which leaves a decode workgroup nearly idle (Llama-3.2-1B,
 256 cached positions on the H200: 37 us per call, docs/PERF.md). Long caches split
@@ -23,27 +24,47 @@ SHADER = "sdpa_decode"
 #: Invocations per workgroup and keys per chunk (a power of two >= the largest D4, 64).
 WG = 128
 #: Keys per split once the query-head groups alone leave the GPU idle (< SPLIT_BELOW
-#: workgroups): a 256-position cache is one workgroup per group, 4096 positions 8 splits.
-SPLIT_KEYS = 512
+#: workgroups): a 256-position cache is one workgroup per group, 4096 positions 16
+#: splits (H200, 32/8 heads x 64, 2048 cached, position 1500: 512 keys a split 37.2 us
+#: with the combine pass, 256 keys 26.4 us; docs/PERF.md).
+SPLIT_KEYS = 256
 SPLIT_BELOW = 128
 
 shader_bindings(SHADER)(at._bindings)  # sdpa.glsl's bindings (sdpa.h)
 
 
 def rows_max(d_max: int) -> int:
-    """Query rows per workgroup (R_MAX) for head-dim bucket ``d_max``: 8, or 4 at 256
+    """The most query rows per workgroup for head-dim bucket ``d_max``: 8, or 4 at 256
     (the queries, probabilities and reduction slots within 16 KiB of shared memory)."""
     return 8 if d_max <= 128 else 4
 
 
+#: Whether the query heads that share a K/V head share a workgroup (each K and V row
+#: then read once per group instead of once per head). Off: a decode step's
+#: workgroups are latency-bound, each invocation running its rows' work one
+#: instruction after another with nothing else on its SM to hide it, so one row per
+#: workgroup (4x the workgroups of a Llama-3.2-1B step) is the faster form: on the
+#: H200, 32/8 heads x 64, 97 cached keys, 12.9 us against 20.7 packed (4 rows,
+#: R_MAX 8; docs/PERF.md); K and V, read 4x, come from L2.
+PACK_GQA = False
+
+
 def pack(l_max: int, q_heads: int, kv_heads: int, d_max: int) -> Optional[int]:
     """Query heads per workgroup for ``l_max`` query rows: Hq / Hk (the heads of one
-    K/V head, grouped-query attention) when their rows fit R_MAX, else 1 when the
-    rows of one head do, else None (the kernel does not apply)."""
+    K/V head, grouped-query attention) when PACK_GQA and their rows fit rows_max, else
+    1 when the rows of one head do, else None (the kernel does not apply)."""
     r = rows_max(d_max)
-    if kv_heads >= 1 and q_heads % kv_heads == 0 and l_max * (q_heads // kv_heads) <= r:
+    if PACK_GQA and kv_heads >= 1 and q_heads % kv_heads == 0 \
+            and l_max * (q_heads // kv_heads) <= r:
         return q_heads // kv_heads
     return 1 if l_max <= r else None
+
+
+def rows_for(rows: int) -> int:
+    """The R_MAX define for ``rows`` query rows per workgroup: the next power of two
+    (1, 2, 4 or 8). The shader's per-row work is unrolled R_MAX times and runs
+    predicated for rows past the real count, so R_MAX is kept tight."""
+    return 1 << max(rows - 1, 0).bit_length()
 
 
 def use_decode(info, l_max: int, q_heads: int, kv_heads: int, d_max: int) -> bool:
@@ -73,15 +94,16 @@ def iterations(s_max: int, d_max: int) -> int:
 
 def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, skip: bool,
             subgroup: bool, nan_rows: bool = False, seq_first: bool = False,
-            split: bool = False, start=None) -> dict:
+            split: bool = False, start=None, rows: "int | None" = None) -> dict:
     """The sdpa_decode.glsl defines of one form: sdpa.glsl's (``attention.defines``)
-    without its tiling, with WG, R_MAX, K4_T / V4_T and SUBGROUP."""
+    without its tiling, with WG, R_MAX (``rows_for(rows)``; None: rows_max),
+    K4_T / V4_T and SUBGROUP."""
     d = at.defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
                    cpu=False, skip=skip, nan_rows=nan_rows, seq_first=seq_first,
                    split=split, start=start)
     for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF"):
         d.pop(name, None)
-    d.update(WG=str(WG), R_MAX=str(rows_max(d_max)))
+    d.update(WG=str(WG), R_MAX=str(rows_max(d_max) if rows is None else rows_for(rows)))
     for name in ("K", "V"):
         d[f"{name}4_T"] = "f16vec4" if d[f"{name}_T"] == "float16_t" else "vec4"
     if subgroup:
@@ -112,7 +134,8 @@ def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: i
     d = defines(target, q, k, v, mask, causal=a.causal, window=a.window > 0,
                 d_max=d_max, skip=bool(b.option(at.SKIP_OPTION, True)),
                 subgroup=has_subgroup_arithmetic(b.device.info), nan_rows=a.nan_rows,
-                seq_first=a.seq_first, split=splits > 1, start=a.start)
+                seq_first=a.seq_first, split=splits > 1, start=a.start,
+                rows=l_max * group)
     inputs = [q, k, v] + ([mask] if mask else []) + ([a.start] if a.start is not None else [])
     b.dispatch(SHADER, d, outputs=[target], inputs=inputs,
                params=metas + [params_for(splits, per_split, group)],

@@ -69,10 +69,11 @@ def declare(forms, dtypes) -> None:
     def decode(profile, dtype: str, d_max: int) -> list:
         f32 = ("float32", device_dtype("float32", profile))
         return [dec.defines(f32 if split else t, t, t, t, m, d_max=d_max, skip=skip,
-                            subgroup=subgroup, split=split, **kw)
+                            subgroup=subgroup, split=split, rows=rows, **kw)
                 for t, m, kw, _ in _forms(forms, profile, dtype)
                 for skip in (True, False) for split in (False, True)
-                for subgroup in (True, False)]
+                for subgroup in (True, False)
+                for rows in (1, 2, 4, 8) if rows <= dec.rows_max(d_max)]
 
     declare_grid(dec.SHADER, decode, profile=STORAGE_PROFILES, dtype=dtypes,
                  d_max=at.D_BUCKETS)

@@ -35,15 +35,25 @@
 // MASK_BOOL / MASK_FLOAT (MASK_T), FULLY_MASKED, SKIP_MASKED_TILES, SEQ_FIRST, SPLIT_K,
 // POS_TENSOR (START_T);
 // K4_T, V4_T (4-element storage types of K and V); WG (the local size x, a power of
-// two >= D4); R_MAX; SUBGROUP.
+// two >= D4); R_MAX; SUBGROUP. PROBE (benchmarks/dispatch_floor.py only, wrong results
+// on purpose): 1 no key chunks, 2 no P V step, 3 no K / V loads, 4 no row max, 5 chunks
+// of three barriers alone.
 
 #define D4 (D_MAX / 4)
 #define G (WG / D4)  // key groups of the P V step
-// The scores' loop over the head dim: unrolled up to 32 vec4s (head dim 128).
-#if D4 > 32
-#define D_LOOP [[dont_unroll]]
+// The scores' loop over the head dim: K_STEP vec4s a step (loaded together), rolled
+// unless one step covers it.
+#ifndef K_STEP
+#if D_MAX < 32
+#define K_STEP D4
 #else
-#define D_LOOP [[unroll]]
+#define K_STEP 8
+#endif
+#endif
+#if K_STEP >= D4
+#define K_LOOP [[unroll]]
+#else
+#define K_LOOP [[dont_unroll]]
 #endif
 
 layout(set = 0, binding = BINDING_k_data) readonly buffer k4_buffer { K4_T k4_data[]; };
@@ -51,7 +61,7 @@ layout(set = 0, binding = BINDING_v_data) readonly buffer v4_buffer { V4_T v4_da
 
 shared vec4 q_s[R_MAX * D4];    // row r's query, scaled: q_s[r * D4 + c]
 shared float p_s[R_MAX * WG];   // row r's probability of chunk key k: p_s[r * WG + k]
-shared float red_s[R_MAX * WG]; // the max reduction; the final sums (4 floats each)
+shared float red_s[(R_MAX < 4 ? 4 : R_MAX) * WG]; // the max reduction; the final sums (4 floats each)
 
 // vec4 c of the row at element offset base of a K or V row of n elements, zero past n
 // (vec: n and base are multiples of 4, so the 4-element view can be read).
@@ -63,9 +73,11 @@ shared float red_s[R_MAX * WG]; // the max reduction; the final sums (4 floats e
 void row_max(inout float v[R_MAX], int t, int R) {
 #ifdef SUBGROUP
   [[unroll]] for (int r = 0; r < R_MAX; ++r) {
-    const float m = subgroupMax(v[r]);
-    if (subgroupElect()) {
-      red_s[r * WG + int(gl_SubgroupID)] = m;
+    if (r < R) {  // uniform
+      const float m = subgroupMax(v[r]);
+      if (subgroupElect()) {
+        red_s[r * WG + int(gl_SubgroupID)] = m;
+      }
     }
   }
   barrier();
@@ -155,9 +167,18 @@ void main() {
   ch_lo = max(ch_lo, max(0, qoff - pos.z + 1) / WG);  // before the first row's window
 #endif
 #endif
+#if PROBE == 1
+  ch_hi = ch_lo;
+#endif
   barrier();  // q_s is written
   for (int ch = ch_lo; ch < ch_hi; ++ch) {
     const int j = ch * WG + t;
+#if PROBE == 5
+    barrier();
+    barrier();
+    barrier();
+    continue;
+#endif
     float s[R_MAX];
     bool any = false;
     [[unroll]] for (int r = 0; r < R_MAX; ++r) {
@@ -183,10 +204,35 @@ void main() {
         d[r] = 0.0;
       }
       const int kb = k_base + j * k_row;
-      D_LOOP for (int cc = 0; cc < D4; ++cc) {
-        const vec4 kv = ROW4(k, kb, cc, E, vec);
-        [[unroll]] for (int r = 0; r < R_MAX; ++r) {
-          d[r] += dot(q_s[r * D4 + cc], kv);
+      // Vector loads (uniform); the scalar form in a rolled loop: unrolled, its code
+      // doubled the kernel, and a decode step runs each instruction about once, so the
+      // instruction fetches were most of the time (docs/PERF.md).
+      if (vec) {
+        K_LOOP for (int c0 = 0; c0 < D4; c0 += K_STEP) {
+          vec4 kv[K_STEP];
+          [[unroll]] for (int u = 0; u < K_STEP; ++u) {
+#if PROBE == 3
+            kv[u] = q_s[c0 + u] * float(j);
+#else
+            kv[u] = 4 * (c0 + u) >= E ? vec4(0.0) : vec4(k4_data[kb / 4 + c0 + u]);
+#endif
+          }
+          [[unroll]] for (int u = 0; u < K_STEP; ++u) {
+            [[unroll]] for (int r = 0; r < R_MAX; ++r) {
+              if (r < R) {  // uniform: the rows past R are not computed
+                d[r] += dot(q_s[r * D4 + c0 + u], kv[u]);
+              }
+            }
+          }
+        }
+      } else {
+        [[dont_unroll]] for (int cc = 0; cc < D4; ++cc) {
+          const vec4 kv = LOAD4(k_data, kb, cc, E);
+          [[unroll]] for (int r = 0; r < R_MAX; ++r) {
+            if (r < R) {
+              d[r] += dot(q_s[r * D4 + cc], kv);
+            }
+          }
         }
       }
       [[unroll]] for (int r = 0; r < R_MAX; ++r) {
@@ -202,32 +248,49 @@ void main() {
     [[unroll]] for (int r = 0; r < R_MAX; ++r) {
       top[r] = s[r];
     }
+#if PROBE != 4
     row_max(top, t, R);
+#endif
     bool seen = false;  // uniform: some row has a key in this chunk
     [[unroll]] for (int r = 0; r < R_MAX; ++r) {
-      const float m_new = max(m[r], top[r]);
-      p_s[r * WG + t] = s[r] == NEG_INF ? 0.0 : exp(s[r] - m_new);
-      if (top[r] != NEG_INF) {
-        // m == -inf: acc and l are 0, any finite factor keeps them so.
-        const float alpha = (m_new == m[r]) ? 1.0 : (m[r] == NEG_INF ? 0.0 : exp(m[r] - m_new));
-        acc[r] *= alpha;
-        l[r] *= alpha;
-        m[r] = m_new;
-        seen = true;
+      if (r < R) {
+        const float m_new = max(m[r], top[r]);
+        p_s[r * WG + t] = s[r] == NEG_INF ? 0.0 : exp(s[r] - m_new);
+        if (top[r] != NEG_INF) {
+          // m == -inf: acc and l are 0, any finite factor keeps them so.
+          const float alpha = (m_new == m[r]) ? 1.0
+              : (m[r] == NEG_INF ? 0.0 : exp(m[r] - m_new));
+          acc[r] *= alpha;
+          l[r] *= alpha;
+          m[r] = m_new;
+          seen = true;
+        }
       }
     }
     barrier();  // p_s is written (and red_s read)
+#if PROBE == 2
+    seen = false;
+#endif
     if (seen) {
       const int k0 = g * D4;
-      for (int kk = k0; kk < k0 + D4; kk += 4) {
+      for (int kk = k0; kk < k0 + D4; kk += 4) {  // 4 V rows loaded per step
+        vec4 vv[4];
         [[unroll]] for (int u = 0; u < 4; ++u) {
           // Clamped: a key past S has p = 0 for every row (its V is not used).
-          const int jv = min(ch * WG + kk + u, S - 1);
-          const vec4 vv = ROW4(v, v_base + jv * v_row, c, Ev, vec);
+          const int vb = v_base + min(ch * WG + kk + u, S - 1) * v_row;
+#if PROBE == 3
+          vv[u] = vec4(float(vb));
+#else
+          vv[u] = 4 * c >= Ev ? vec4(0.0) : vec ? vec4(v4_data[vb / 4 + c]) : LOAD4(v_data, vb, c, Ev);
+#endif
+        }
+        [[unroll]] for (int u = 0; u < 4; ++u) {
           [[unroll]] for (int r = 0; r < R_MAX; ++r) {
-            const float p = p_s[r * WG + kk + u];
-            acc[r] = p != 0.0 ? acc[r] + p * vv : acc[r];
-            l[r] += p;
+            if (r < R) {
+              const float p = p_s[r * WG + kk + u];
+              acc[r] = p != 0.0 ? acc[r] + p * vv[u] : acc[r];
+              l[r] += p;
+            }
           }
         }
       }
