@@ -61,13 +61,8 @@ layout(set = 0, binding = BINDING_v_data) readonly buffer v4_buffer { V4_T v4_da
 
 shared vec4 q_s[R_MAX * D4];    // row r's query, scaled: q_s[r * D4 + c]
 shared float p_s[R_MAX * WG];   // row r's probability of chunk key k: p_s[r * WG + k]
-shared float red_s[(R_MAX < 4 ? 4 : R_MAX) * WG]; // the max reduction; the final sums (4 floats each)
-
-// vec4 c of the row at element offset base of a K or V row of n elements, zero past n
-// (vec: n and base are multiples of 4, so the 4-element view can be read).
-#define ROW4(buf, base, c, n, vec) \
-  ((4 * (c) >= (n)) ? vec4(0.0) : (vec) ? vec4(buf##4_data[(base) / 4 + (c)]) \
-                                         : LOAD4(buf##_data, base, c, n))
+// The max reduction; the final sums (4 floats an invocation).
+shared float red_s[(R_MAX < 4 ? 4 : R_MAX) * WG];
 
 // The max over the workgroup of each row's v[r] (every invocation gets the same).
 void row_max(inout float v[R_MAX], int t, int R) {
