@@ -28,6 +28,9 @@ SHADER = "sample"
 LOGIT_DTYPES = frozenset({"float32", "float16"})
 #: The shader's shared arrays hold this many invocations at most (a power of two).
 MAX_WORKGROUP = 1024
+#: The top-k path's shared list (sample.glsl KMAX): top_k in [1, KMAX] sorts the kept
+#: tokens in shared memory; a larger top_k takes the general path.
+KMAX = 1024
 SAMPLE_PARAMS = ParamBlock("sample_block", [("info", "ivec4")])  # x: V
 
 
@@ -48,16 +51,30 @@ def workgroup_size(info) -> int:
     return 1 << (max(limit, 1).bit_length() - 1)
 
 
+def search_levels(v: int) -> int:
+    """The most passes over the logits one threshold search makes (sample.glsl
+    ``search``): level 0, then 8 bits of h a level (4 levels at most), then 8 bits of
+    the index a level for tokens tied in h."""
+    return 1 + 4 + -(-max(v - 1, 1).bit_length() // 8)
+
+
+def loop_iterations(v: int, wg: int) -> int:
+    """A worst-case count of one invocation's loop iterations (LOOP_LIMIT): the max
+    pass and its tree, three searches (each level: its pass, the histogram clear, the
+    bin scans, two 32-step binary searches, the 24-step tie split) and the top-k list
+    (compaction pass, bitonic sort and scan of KMAX keys, binary searches)."""
+    chunks = -(-v // (8 * wg))
+    per_level = chunks + 5 * 256 // wg + 2 * 256 + 2 * 32 + 24 + 2
+    sort = 55 * (KMAX // 2 // wg + 1) + 10 * 2 * (KMAX // wg + 1) + 2 * (KMAX // wg) + 40
+    return chunks + 12 + 3 * search_levels(v) * per_level + chunks + sort
+
+
 def _impl(b, node):
     logits_id, sampling_id, out_id = node.args
     logits, sampling, out = (b.tensor(i) for i in (logits_id, sampling_id, out_id))
     wg = workgroup_size(b.device.info)
     v = logits.max_numel
-    lo_bits = max(v - 1, 1).bit_length()
-    chunks = -(-v // (8 * wg))
-    passes = 1 + 3 * (32 + lo_bits) + 2
-    loop_limit.check(b, passes * (chunks + int(math.log2(wg)) + 1),
-                     f"sampling over {v} logits")
+    loop_limit.check(b, loop_iterations(v, wg), f"sampling over {v} logits")
     params = b.params(SAMPLE_PARAMS.pack(info=[logits.numel]))
     b.on_resize(lambda: params.write(SAMPLE_PARAMS.pack(info=[logits.numel])))
     b.dispatch(SHADER, _defines(out.device_dtype, logits, sampling), outputs=[out],
