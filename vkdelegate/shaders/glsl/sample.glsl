@@ -239,9 +239,9 @@ uint shift_for(uint lo, uint hi) {
 }
 
 // Invocation 0 decides each level and broadcasts through shared memory (after the
-// histogram): BC_LO, BC_HI, BC_S (the next range), BC_STATE (0: go on; 1: the
-// threshold is (BC_TH, BC_TL); 2: none passes; 3: BC_J-th of the tokens tied at h =
-// BC_TH, split by l).
+// histogram): BC_LO, BC_HI, BC_LLO, BC_LHI, BC_S (the next ranges of h and l),
+// BC_STATE (0: go on by h; 1: the threshold is (BC_TH, BC_TL); 2: none passes; 3: go
+// on by l among the tokens at h = BC_TH).
 #define BC 1280u
 #define BC_LO (BC + 0u)
 #define BC_HI (BC + 1u)
@@ -249,20 +249,21 @@ uint shift_for(uint lo, uint hi) {
 #define BC_STATE (BC + 3u)
 #define BC_TH (BC + 4u)
 #define BC_TL (BC + 5u)
-#define BC_J (BC + 6u)
+#define BC_LLO (BC + 6u)
+#define BC_LHI (BC + 7u)
 
 // The largest key T >= the floor (fh, fl) whose F(T) passes the test: mode 0, the
 // count >= kcount; modes 1 and 2, the mass >= / > frac * (the mass of the keys >= the
-// floor). Leaves the floor where none passes.
+// floor). Leaves the floor where none passes. One loop of levels (one copy of the pass:
+// a CPU driver runs a large shader slower): by h in [lo, hi], then, for tokens tied at
+// h = lo, by l in [llo, lhi] (a count search for the j-th largest l).
 void search(uint mode, uint kcount, float frac, inout uint fh, inout uint fl) {
-  const bool mass = mode != 0u;
   uvec2 above = uvec2(0u), target = uvec2(kcount, 0u);  // invocation 0's
-  uint lo = max(fh, NEG_INF_KEY), hi = mh, s = 0u;
-  bool level0 = true;
+  uint lo = max(fh, NEG_INF_KEY), hi = mh, llo = 0u, lhi = nv - 1u, s = 0u;
+  bool level0 = true, by_l = false;
   uint state = 0u;
-  // Split by h.
-  h_mass = mass;
-  while (state == 0u) {
+  h_mass = mode != 0u;
+  while (state == 0u || state == 3u) {
     h_full = !level0;
     clear_hist();
     hist_begin();
@@ -272,11 +273,13 @@ void search(uint mode, uint kcount, float frac, inout uint fh, inout uint fl) {
         if (i < nv) {
           const float z = z_at(i);
           const uint h = fkey(z), l = nv - 1u - i;
-          if (h >= lo && h <= hi && key_ge(h, l, fh, fl)) {
+          if (h >= lo && h <= hi && l >= llo && l <= lhi && key_ge(h, l, fh, fl)) {
             // A token of mass 0 (fixed point) never moves a mass threshold: skipped.
-            const uvec2 m = mass ? mass_q(z) : uvec2(0u);
-            if (!mass || m != uvec2(0u)) {
-              hist_token(level0 ? digit0(z) : min((h - lo) >> s, NBIN - 1u), h, l, m);
+            const uvec2 m = h_mass ? mass_q(z) : uvec2(0u);
+            if (!h_mass || m != uvec2(0u)) {
+              const uint d = by_l ? (l - llo) >> s
+                                  : (level0 ? digit0(z) : min((h - lo) >> s, NBIN - 1u));
+              hist_token(d, h, l, m);
             }
           }
         }
@@ -284,30 +287,32 @@ void search(uint mode, uint kcount, float frac, inout uint fh, inout uint fl) {
     }
     hist_end();
     if (tid == 0u) {
-      if (level0 && mass) {
+      if (level0 && h_mass) {
         uvec2 total = uvec2(0u);
         for (uint d = 0u; d < NBIN; ++d) {
           total = add64(total, bin_value(d, 1u));
         }
         target = frac64(total, frac);
       }
-      const int b = pick_bin(above, target, mode);
-      uint st = 0u, j = 0u;
+      const int b = pick_bin(above, target, h_mass ? mode : 0u);
+      uint st = state;
       if (b < 0) {
         st = 2u;
       } else {
         const uint d = uint(b), cnt = sm[H_CNT + d];
-        sm[BC_TH] = sm[H_MAXH + d];
+        sm[BC_TH] = by_l ? lo : sm[H_MAXH + d];
         sm[BC_TL] = sm[H_MAXL + d];
         if (cnt == 1u && !level0) {
           st = 1u;
+        } else if (by_l) {
+          narrow(d, false, s, llo, lhi);
         } else {
           narrow(d, level0, s, lo, hi);
           if (lo == hi) {
             // cnt tokens share h = lo, each of mass m: the j-th of them (by l, larger
             // first) is the threshold.
-            j = mode == 0u ? kcount - above.x : 1u;
-            if (mass) {
+            uint j = mode == 0u ? kcount - above.x : 1u;
+            if (h_mass) {
               const uvec2 m = mass_q(key_float(lo));
               uint a = 1u, e = level0 ? nv : cnt;  // level 0 has no count
               while (a < e) {
@@ -322,66 +327,35 @@ void search(uint mode, uint kcount, float frac, inout uint fh, inout uint fl) {
             }
             sm[BC_TH] = lo;
             st = j > 1u || level0 ? 3u : 1u;  // level 0 has no largest l
+            above = uvec2(0u);
+            target = uvec2(j, 0u);
+            llo = lo == fh ? fl : 0u;
           }
         }
       }
       sm[BC_LO] = lo;
       sm[BC_HI] = hi;
-      sm[BC_S] = shift_for(lo, hi);
+      sm[BC_LLO] = llo;
+      sm[BC_LHI] = lhi;
+      sm[BC_S] = st == 3u ? shift_for(llo, lhi) : shift_for(lo, hi);
       sm[BC_STATE] = st;
-      sm[BC_J] = j;
     }
     barrier();
     lo = sm[BC_LO];
     hi = sm[BC_HI];
+    llo = sm[BC_LLO];
+    lhi = sm[BC_LHI];
     s = sm[BC_S];
     state = sm[BC_STATE];
     level0 = false;
-  }
-  const uint th = sm[BC_TH];
-  uint tl = sm[BC_TL];
-  if (state == 3u) {
-    // Split the tied tokens by l: a count search for the j-th largest l.
-    const uvec2 jt = uvec2(sm[BC_J], 0u);
-    uvec2 ab = uvec2(0u);
-    uint llo = th == fh ? fl : 0u, lhi = nv - 1u;
-    s = shift_for(llo, lhi);
-    h_full = true;
-    h_mass = false;
-    while (state == 3u) {
-      clear_hist();
-      hist_begin();
-      for (uint c = 0u; c < chunks; ++c) {
-        [[unroll]] for (uint u = 0u; u < 8u; ++u) {
-          const uint i = (c * 8u + u) * wg + tid;
-          if (i < nv) {
-            const uint h = fkey(z_at(i)), l = nv - 1u - i;
-            if (h == th && l >= llo && l <= lhi) {
-              hist_token(min((l - llo) >> s, NBIN - 1u), h, l, uvec2(0u));
-            }
-          }
-        }
-      }
-      hist_end();
-      if (tid == 0u) {
-        const uint d = uint(pick_bin(ab, jt, 0u));
-        sm[BC_TL] = sm[H_MAXL + d];
-        sm[BC_STATE] = sm[H_CNT + d] == 1u ? 1u : 3u;
-        narrow(d, false, s, llo, lhi);
-        sm[BC_LO] = llo;
-        sm[BC_HI] = lhi;
-        sm[BC_S] = shift_for(llo, lhi);
-      }
-      barrier();
-      llo = sm[BC_LO];
-      lhi = sm[BC_HI];
-      s = sm[BC_S];
-      state = sm[BC_STATE];
+    if (state == 3u) {
+      by_l = true;
+      h_mass = false;
     }
-    tl = sm[BC_TL];
   }
+  const uint th = sm[BC_TH], tl = sm[BC_TL];
   barrier();
-  if (state != 2u && key_ge(th, tl, fh, fl)) {
+  if (state == 1u && key_ge(th, tl, fh, fl)) {
     fh = th;
     fl = tl;
   }
