@@ -383,8 +383,10 @@ uint draw_from_list(uint n, uint fh, uint fl, float top_p, float draw) {
         const uint h = fkey(z_at(i)), l = nv - 1u - i;
         if (key_ge(h, l, fh, fl)) {
           const uint slot = atomicAdd(sm[0], 1u);
-          sm[S_H + slot] = h;
-          sm[S_L + slot] = l;
+          if (slot < n) {  // exactly n (the search is exact): a guard only
+            sm[S_H + slot] = h;
+            sm[S_L + slot] = l;
+          }
         }
       }
     }
