@@ -79,10 +79,11 @@ def search_levels(v: int) -> int:
 def loop_iterations(v: int, wg: int) -> int:
     """A worst-case count of one invocation's loop iterations (LOOP_LIMIT): the max
     pass and its tree, three searches (each level: its pass, the histogram clear, the
-    bin scans, two 32-step binary searches, the 24-step tie split) and the top-k list
-    (compaction pass, bitonic sort and scan of KMAX keys, binary searches)."""
+    sums by 16 bins and invocation 0's scans of them, two 32-step binary searches, the
+    24-step tie split) and the top-k list (compaction pass, bitonic sort and scan of
+    KMAX keys, binary searches)."""
     chunks = -(-v // (8 * wg))
-    per_level = chunks + 5 * 256 // wg + 2 * 256 + 2 * 32 + 24 + 2
+    per_level = chunks + 5 * 256 // wg + 4 * 16 + 2 * 32 + 24 + 4
     sort = 55 * (KMAX // 2 // wg + 1) + 10 * 2 * (KMAX // wg + 1) + 2 * (KMAX // wg) + 40
     return chunks + 12 + 3 * search_levels(v) * per_level + chunks + sort
 

@@ -41,8 +41,8 @@ PARAMS(sample_block) {
   ivec4 info;  // x: V (number of logits)
 };
 
-// 16 KB: [0, 2048) the histogram (5 x 256) / the max reduction / the prefix sums
-// (lo, hi); [2048, 4096) the sorted list (h, l).
+// 16 KB: [0, 2048) the histogram (5 x 256), BC, PART / the max reduction / the prefix
+// sums (lo, hi); [2048, 4096) the sorted list (h, l).
 shared uint sm[4096];
 #define H_CNT 0u
 #define H_MLO 256u
@@ -53,6 +53,20 @@ shared uint sm[4096];
 #define C_HI 1024u
 #define S_H 2048u
 #define S_L 3072u
+
+// Invocation 0 decides each level and broadcasts through shared memory (after the
+// histogram): BC_LO, BC_HI, BC_LLO, BC_LHI, BC_S (the next ranges of h and l),
+// BC_STATE (0: go on by h; 1: the threshold is (BC_TH, BC_TL); 2: none passes; 3: go
+// on by l among the tokens at h = BC_TH).
+#define BC 1280u
+#define BC_LO (BC + 0u)
+#define BC_HI (BC + 1u)
+#define BC_S (BC + 2u)
+#define BC_STATE (BC + 3u)
+#define BC_TH (BC + 4u)
+#define BC_TL (BC + 5u)
+#define BC_LLO (BC + 6u)
+#define BC_LHI (BC + 7u)
 
 uint tid, wg, nv, chunks;
 float temp, zmax;
@@ -189,15 +203,43 @@ void hist_end() {
   barrier();
 }
 
+// The bins' sums by 16 (invocations 0..15, after the histogram): PART_LO/HI, so that
+// invocation 0's scans below are short (a serial scan of 256 bins is slow on a GPU).
+#define PART (BC + 8u)
+#define NPART (NBIN / 16u)
+
+void part_sums(uint mode) {
+  if (tid < NPART) {
+    uvec2 acc = uvec2(0u);
+    for (uint j = 0u; j < 16u; ++j) {
+      acc = add64(acc, bin_value(tid * 16u + j, mode));
+    }
+    sm[PART + 2u * tid] = acc.x;
+    sm[PART + 2u * tid + 1u] = acc.y;
+  }
+  barrier();
+}
+
+uvec2 part_value(uint c) {
+  return uvec2(sm[PART + 2u * c], sm[PART + 2u * c + 1u]);
+}
+
 // Picks the largest bin d whose value, with `above` (the keys above the bins), passes;
-// then `above` holds the bins above d. Returns -1 where none passes.
+// then `above` holds the bins above d. Returns -1 where none passes. After part_sums.
 int pick_bin(inout uvec2 above, uvec2 target, uint mode) {
   uvec2 acc = above;
-  for (int d = int(NBIN) - 1; d >= 0; --d) {
-    const uvec2 next = add64(acc, bin_value(uint(d), mode));
+  for (int c = int(NPART) - 1; c >= 0; --c) {
+    const uvec2 next = add64(acc, part_value(uint(c)));
     if (passes(next, target, mode)) {
-      above = acc;
-      return d;
+      for (int d = 16 * c + 15; d >= 16 * c; --d) {
+        const uvec2 nd = add64(acc, bin_value(uint(d), mode));
+        if (passes(nd, target, mode)) {
+          above = acc;
+          return d;
+        }
+        acc = nd;
+      }
+      return -1;  // not reached: the part's bins sum to its value
     }
     acc = next;
   }
@@ -238,19 +280,6 @@ uint shift_for(uint lo, uint hi) {
   return lo == hi ? 0u : uint(max(findMSB(hi - lo) + 1 - 8, 0));
 }
 
-// Invocation 0 decides each level and broadcasts through shared memory (after the
-// histogram): BC_LO, BC_HI, BC_LLO, BC_LHI, BC_S (the next ranges of h and l),
-// BC_STATE (0: go on by h; 1: the threshold is (BC_TH, BC_TL); 2: none passes; 3: go
-// on by l among the tokens at h = BC_TH).
-#define BC 1280u
-#define BC_LO (BC + 0u)
-#define BC_HI (BC + 1u)
-#define BC_S (BC + 2u)
-#define BC_STATE (BC + 3u)
-#define BC_TH (BC + 4u)
-#define BC_TL (BC + 5u)
-#define BC_LLO (BC + 6u)
-#define BC_LHI (BC + 7u)
 
 // The largest key T >= the floor (fh, fl) whose F(T) passes the test: mode 0, the
 // count >= kcount; modes 1 and 2, the mass >= / > frac * (the mass of the keys >= the
@@ -286,11 +315,12 @@ void search(uint mode, uint kcount, float frac, inout uint fh, inout uint fl) {
       }
     }
     hist_end();
+    part_sums(h_mass ? 1u : 0u);
     if (tid == 0u) {
       if (level0 && h_mass) {
         uvec2 total = uvec2(0u);
-        for (uint d = 0u; d < NBIN; ++d) {
-          total = add64(total, bin_value(d, 1u));
+        for (uint c = 0u; c < NPART; ++c) {
+          total = add64(total, part_value(c));
         }
         target = frac64(total, frac);
       }
