@@ -9,7 +9,8 @@ The logits are seeded normal * 3 (fp32 or fp16), the draw a fixed 0.37.
     python benchmarks/sample.py [--runs 10] [--vocab 128256 151936] [--dtype float16]
                                 [--filter top-p]
 
-On lavapipe use small --runs (the general top-p path is the slow one there).
+Runs on lavapipe too (about 10 ms a call there at V = 152k). Run it with the checkout
+to measure on PYTHONPATH (the venv may hold another vkdelegate).
 """
 from __future__ import annotations
 

@@ -23,10 +23,11 @@ one for the draw, each above the previous threshold. About 4 passes over the log
 for top-k 50 + top-p 0.9 (was 150: bit-by-bit searches), 3 for temperature alone, 5-7
 for top-p alone.
 
-On lavapipe (2 shared cores), V = 151,936, median GPU ms (benchmarks/sample.py), before
--> after: greedy 0.7 -> 0.7, temperature only 31-35 -> 5-7, top-k 50 + top-p 0.9 74-95
--> 6.6-7.2, top-p 0.9 alone 48-58 -> 8.3-9.5, top-k 2000 + top-p 0.9 70 -> 14. Level 0
-(one shared atomic a token) is most of a search on a CPU driver.
+On lavapipe (2 cores shared with other work, so ranges over 3-4 runs), V = 151,936,
+median GPU ms (benchmarks/sample.py), before -> after: greedy 0.5-0.9 both, temperature
+only 22-35 -> 5-7.5, top-k 50 + top-p 0.9 66-97 -> 6.5-7.3, top-p 0.9 alone 45-67 ->
+8.3-10, top-k 2000 + top-p 0.9 69-101 -> 14-17. Level 0 (a shared atomic a token) is
+much of a search on a CPU driver.
 """
 from __future__ import annotations
 
