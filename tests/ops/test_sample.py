@@ -1,6 +1,10 @@
 """vkdelegate.sample on Vulkan against its torch definition (custom_ops_llm.
 sample_reference): the chosen token for many seeds, V in {50, 1000, 32000, 151936},
-fp32 and fp16 logits, greedy / temperature / top-k / top-p; greedy equals torch.argmax."""
+fp32 and fp16 logits, greedy / temperature / top-k / top-p; greedy equals torch.argmax.
+Then every path of sample.glsl: the top-k list (top_k in [1, KMAX], or V <= KMAX), the
+general radix searches (top_k 0 or > KMAX; top-p; temperature only), tokens tied in z
+(the split by index), tokens far below the maximum (fixed-point mass 0), V below /
+not a multiple of the workgroup, V = 128256 and 151936."""
 import pytest
 import torch
 from torch import nn
@@ -30,6 +34,33 @@ def _settings(g):
             (1.0, 0, 0.0, draw()), (2.0, 0, 1.0, 0.999999)]
 
 
+def _check(program, logits, setting) -> tuple:
+    """Runs ``program`` on (logits, setting); asserts its id against sample_reference:
+    exact where the draw and top_p are farther than DELTA from a cumulative boundary,
+    else between the picks of the perturbed settings (in sampling order). Returns the
+    id and whether the exact rule applied."""
+    sampling = torch.tensor(setting, dtype=torch.float32)
+    want = int(sample_reference(logits, sampling))
+    got = program(logits, sampling)
+    assert got.dtype == torch.int64 and got.shape == (1,)
+    # The draw (and top_p) moved by DELTA either way: the same token means the draw is
+    # not within fp32 rounding of a boundary, so the pick must be exact.
+    near = {int(sample_reference(logits, sampling + torch.tensor(d)))
+            for d in ([0, 0, 0, DELTA], [0, 0, 0, -DELTA], [0, 0, DELTA, 0],
+                      [0, 0, -DELTA, 0])}
+    if near == {want}:
+        assert int(got) == want, (setting, int(got), want)
+        return int(got), True
+    # Within rounding: between the perturbed picks, in sampling order.
+    vocab = logits.numel()
+    z = logits.float().reshape(-1) / setting[0]
+    rank = torch.empty(vocab, dtype=torch.int64)
+    rank[torch.sort(z, descending=True, stable=True).indices] = torch.arange(vocab)
+    ranks = [int(rank[t]) for t in near | {want}]
+    assert min(ranks) <= int(rank[int(got)]) <= max(ranks), (setting, int(got), want, near)
+    return int(got), False
+
+
 def test_reference_definition_by_hand():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 2.0]])
     s = lambda *a: int(sample_reference(logits, torch.tensor(a)))  # noqa: E731
@@ -56,28 +87,11 @@ def test_sampler_matches_the_definition(vocab, dtype):
         logits = (torch.randn(1, vocab, generator=g) * 3).to(dtype)
         logits[0, int(torch.randint(vocab, (), generator=g))] = logits.max()  # a tie
         for setting in _settings(g):
-            sampling = torch.tensor(setting, dtype=torch.float32)
-            want = int(sample_reference(logits, sampling))
-            got = program(logits, sampling)
-            assert got.dtype == torch.int64 and got.shape == (1,)
-            # The draw (and top_p) moved by DELTA either way: the same token means the
-            # draw is not within fp32 rounding of a boundary, so the pick must be exact.
-            near = {int(sample_reference(logits, sampling + torch.tensor(d)))
-                    for d in ([0, 0, 0, DELTA], [0, 0, 0, -DELTA], [0, 0, DELTA, 0],
-                              [0, 0, -DELTA, 0])}
-            if near == {want}:
-                assert int(got) == want, (setting, int(got), want)
-                exact += 1
-            else:  # within rounding: between the perturbed picks, in sampling order
-                z = logits.float().reshape(-1) / setting[0]
-                rank = torch.empty(vocab, dtype=torch.int64)
-                rank[torch.sort(z, descending=True, stable=True).indices] = torch.arange(vocab)
-                ranks = [int(rank[t]) for t in near | {want}]
-                assert min(ranks) <= int(rank[int(got)]) <= max(ranks), (setting, int(got),
-                                                                        want, near)
-            chosen.add(int(got))
+            got, ok = _check(program, logits, setting)
+            exact += ok
+            chosen.add(got)
             if setting[0] == 0.0:
-                assert int(got) == int(torch.argmax(logits.float()))
+                assert got == int(torch.argmax(logits.float()))
     assert len(chosen) > seeds  # the draws really pick different tokens
     assert exact >= 0.75 * seeds * len(_settings(g))  # most draws are far from one
 
@@ -85,3 +99,43 @@ def test_sampler_matches_the_definition(vocab, dtype):
 def test_argmax_runs_on_vulkan():
     check_op(lambda x: torch.argmax(x, dim=-1), (torch.randn(1, 3000),),
              ops=["aten.argmax.default"])
+
+
+#: (temperature, top_k, top_p): the top-k list below, at and above KMAX (1024), the
+#: general path with top-p alone and temperature alone, top-p <= 0.
+_PATHS = [(0.8, 5, 1.0), (0.8, 50, 0.9), (1.1, 1024, 0.95), (0.8, 1025, 0.9),
+          (1.3, 2000, 1.0), (0.8, 0, 0.9), (1.0, 0, 0.5), (0.7, 0, 1.0), (1.0, 0, -1.0),
+          (0.9, 3, 0.0)]
+
+
+def _logits(kind: str, vocab: int, g) -> torch.Tensor:
+    if kind == "normal":
+        return torch.randn(1, vocab, generator=g) * 3
+    if kind == "ties":  # 40 distinct values: the thresholds fall inside tied runs
+        return torch.randint(-20, 20, (1, vocab), generator=g).float() / 2
+    if kind == "far":  # a few near the top, the rest 1e4 below (mass 0 in fixed point)
+        x = torch.randn(1, vocab, generator=g) - 1e4
+        near = torch.randperm(vocab, generator=g)[:min(vocab, 700)]
+        x[0, near] = torch.randn(near.numel(), generator=g) * 2
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("vocab,kind,dtype", [
+    (300, "normal", torch.float32), (1000, "ties", torch.float16),
+    (5003, "normal", torch.float16), (5003, "ties", torch.float32),
+    (40000, "far", torch.float32), (128256, "normal", torch.float32),
+    (128256, "ties", torch.float16), (151936, "normal", torch.float16),
+    (151936, "far", torch.float16)])
+def test_sampler_paths(vocab, kind, dtype):
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    g = torch.Generator().manual_seed(vocab + len(kind))
+    logits = _logits(kind, vocab, g).to(dtype)
+    program = check_op(Sampler(), (logits, torch.tensor([1.0, 0, 1, 0.5])),
+                       ops=["vkdelegate.sample.default"])
+    exact = 0
+    for t, k, p in _PATHS:
+        for draw in (float(torch.rand((), generator=g)), 0.0, 0.999):
+            exact += _check(program, logits, (t, k, p, draw))[1]
+    assert exact >= 0.75 * 3 * len(_PATHS)

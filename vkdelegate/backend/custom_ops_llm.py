@@ -229,12 +229,13 @@ def sample_reference(logits, sampling):
     w = exp(z - max z), reaches top_p of the kept mass (top_p >= 1: all); then the
     first token whose cumulative mass exceeds draw * (the kept mass), or the last kept
     one (draw clamped to [0, 1]). The issue-14 sampling rule. z is fp32 (as on the
-    device), the masses are summed in fp64; the Vulkan kernel sums in fp32 (a fixed
-    tree), so it may pick a neighbour only when the draw (or top_p) lies within about
-    1e-5 of the kept mass from a cumulative boundary (tests/ops/test_sample.py checks
-    exact equality for every draw farther than that, the neighbour otherwise). With
+    device), the masses are summed in fp64; the Vulkan kernel sums fp32 masses
+    truncated to 64-bit fixed point (2^-40), exactly, so it may pick a neighbour only
+    when the draw (or top_p) lies within about 1e-5 of the kept mass from a cumulative
+    boundary (its exp is not correctly rounded; tests/ops/test_sample.py checks exact
+    equality for every draw farther than that, the neighbour otherwise). With
     temperature > 0 the logits must be finite and the draw a number (an inf logit
-    makes exp(z - max z) NaN here and on the device alike).
+    makes exp(z - max z) NaN here, and the device's pick undefined).
     """
     import torch
 
