@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -193,8 +194,9 @@ def main() -> None:
                          "0.9: the on-device sampler's search over the vocabulary)")
     ap.add_argument("--hbm-tbps", type=float, default=4.8,
                     help="memory bandwidth for the roofline share (H200 HBM3e: 4.8)")
-    ap.add_argument("--json", default="llm_decode.json")
+    ap.add_argument("--json", default="out/llm_decode.json")
     args = ap.parse_args()
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
 
     import copy
 
