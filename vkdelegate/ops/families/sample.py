@@ -73,7 +73,8 @@ def workgroup_size(info) -> int:
 def search_levels(v: int) -> int:
     """The most passes over the logits one threshold search makes (sample.glsl
     ``search``): level 0, then 8 bits of h a level (4 levels at most), then 8 bits of
-    the index a level for tokens tied in h."""
+    the index a level for tokens tied in h (V < 2^24: 3 at most). The shader stops a
+    search at MAX_LEVELS (16) whatever the data, so a search always ends."""
     return 1 + 4 + -(-max(v - 1, 1).bit_length() // 8)
 
 

@@ -32,6 +32,7 @@
 
 #define KMAX 1024u        // the shared list of the top-k path
 #define NBIN 256u
+#define MAX_LEVELS 16u     // a search's levels (see search)
 #define NEG_INF_KEY 0x007fffffu  // fkey(-inf): the smallest non-NaN key
 
 TENSOR_OUT(out_data, OUT_T)
@@ -292,7 +293,10 @@ void search(uint mode, uint kcount, float frac, inout uint fh, inout uint fl) {
   bool level0 = true, by_l = false;
   uint state = 0u;
   h_mass = mode != 0u;
-  while (state == 0u || state == 3u) {
+  // At most 1 + 4 levels by h (8 bits each after level 0) and 3 by l (V < 2^24): the
+  // cap only bounds the loop against data no search can narrow (a hang on a GPU is a
+  // lost device); it leaves the floor as it was, as when no key passes.
+  for (uint level = 0u; level < MAX_LEVELS && (state == 0u || state == 3u); ++level) {
     h_full = !level0;
     clear_hist();
     hist_begin();
