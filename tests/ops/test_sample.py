@@ -139,3 +139,37 @@ def test_sampler_paths(vocab, kind, dtype):
         for draw in (float(torch.rand((), generator=g)), 0.0, 0.999):
             exact += _check(program, logits, (t, k, p, draw))[1]
     assert exact >= 0.75 * 3 * len(_PATHS)
+
+
+def test_non_finite_logits_end_with_an_id_in_range():
+    # Outside the definition (NaN / inf logits, NaN settings): no output is promised,
+    # but every search must end (a GPU loop that does not is a lost device) and the
+    # id must index the vocabulary. The -inf cases are inside it: checked exactly.
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    vocab = 5003
+    g = torch.Generator().manual_seed(9)
+    program = check_op(Sampler(), (torch.randn(1, vocab, generator=g),
+                                   torch.tensor([1.0, 0, 1, 0.5])),
+                       ops=["vkdelegate.sample.default"])
+    cases = {}
+    x = torch.randn(1, vocab, generator=g)
+    x[0, 7] = float("nan")
+    cases["one nan"] = x
+    cases["all nan"] = torch.full((1, vocab), float("nan"))
+    x = torch.randn(1, vocab, generator=g)
+    x[0, 3] = float("inf")
+    cases["+inf"] = x
+    cases["all -inf"] = torch.full((1, vocab), float("-inf"))
+    cases["huge"] = torch.randn(1, vocab, generator=g) * 1e30
+    settings = [(0.8, 50, 0.9, 0.5), (0.8, 0, 0.9, 0.5), (0.8, 0, 1.0, 0.999),
+                (0.8, 2000, 0.5, 0.1), (float("nan"), 5, 0.9, 0.5),
+                (0.8, float("nan"), float("nan"), float("nan"))]
+    for name, logits in cases.items():
+        for setting in settings:
+            got = int(program(logits, torch.tensor(setting)))
+            assert 0 <= got < vocab, (name, setting, got)
+    x = torch.randn(1, vocab, generator=g)
+    x[0, :100] = float("-inf")  # masked tokens: never drawn
+    for setting in settings[:4]:
+        _check(program, x, setting)
