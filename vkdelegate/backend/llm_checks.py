@@ -107,13 +107,19 @@ class MethodGuard:
 
     def check(self, flat: list) -> None:
         index = self.index
+        # Integer inputs only: a crafted program file may declare other dtypes.
         if "tokens" in index:
-            self._tokens(_array(flat[index["tokens"]]))
+            tokens = _array(flat[index["tokens"]])
+            if np.issubdtype(tokens.dtype, np.integer):
+                self._tokens(tokens)
         if "start_pos" in index:
             count = 1
             if "inputs_embeds" in index:
-                count = int(flat[index["inputs_embeds"]].shape[1])
-            self._start_pos(_array(flat[index["start_pos"]]), count)
+                shape = tuple(flat[index["inputs_embeds"]].shape)
+                count = int(shape[1]) if len(shape) > 1 else 1
+            pos = _array(flat[index["start_pos"]])
+            if pos.size and np.issubdtype(pos.dtype, np.integer):
+                self._start_pos(pos, count)
         if "sampling" in index:
             n = 3 if self.method == "decode_next" else 4
             values = _array(flat[index["sampling"]]).reshape(-1)[:n]
