@@ -289,7 +289,8 @@ class LoweredProgram:
         VkDelegateError for an unknown method, a ``times`` out of range, or a method
         that cannot repeat on the device (not one delegate alone, or state on the
         host). An error flagged by any run (e.g. an index past the KV cache) is raised
-        after the submit: the state then holds what the runs before it wrote."""
+        after the submit, whose later runs still ran: the state then holds what every
+        run wrote (a flagged write itself is skipped)."""
         return self.runner(method).repeat(times, *args, **kwargs)
 
     def set_profiling(self, on: bool) -> None:

@@ -114,6 +114,10 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         program matches; each quantized linear lowers to one fused ExecuTorch op
         (docs/LOWERING.md, "Quantized models"). group_size: input features per scale
         for int4 / 8da4w (32, 64, 128 or 256).
+    The program's methods check the values of their inputs on the host before they
+    run (``vkdelegate.backend.llm_checks``: start_pos and T + start_pos within the
+    cache, token ids within the vocabulary, whose size is recorded in the plans,
+    finite sampling values) and raise VkDelegateError naming the argument.
     Raises VkDelegateError when a method does not export or lower, or for an unknown
     quantization scheme or group size.
     """
