@@ -60,12 +60,25 @@ def test_bad_arguments_exit_2(saved, capsys):
     (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["--top-p", "1.5"], "top_p must be a number in [0, 1]"),
     (["--top-k", "-2"], "top_k must be an int >= 0"),
-    (["--max-new-tokens", "500"], "need 504 cache positions; the program has 80"),
+    (["--max-new-tokens", "500"], "max_new_tokens 500 does not fit the KV cache: 5 prompt "
+     "tokens + 500 new need 504 cache positions; the program has 80 (max_seq_len), so at "
+     "most 76 new tokens fit this prompt"),
     (["--decode-chunk", "0"], "decode_chunk must be an int >= 1, got 0"),
 ])
 def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
     _, path = saved
     assert main(["generate", str(path), "--prompt-ids", "1,2,3,4,5"] + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("ids,message", [
+    ("1,2,300", f"prompt_ids[2] is token id 300 >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
+    ("-4,2", f"prompt_ids[0] is token id -4, negative (ids are 0..{VOCAB - 1})"),
+])
+def test_prompt_ids_outside_the_vocabulary_are_one_line(saved, capsys, ids, message):
+    _, path = saved
+    assert main(["generate", str(path), f"--prompt-ids={ids}"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 

@@ -160,6 +160,11 @@ class MethodRunner:
         self._bind_lock = threading.Lock()
         self.last_transfer: dict = {}
         self._moved = {"upload_bytes": 0, "download_bytes": 0}
+        #: Value checks of the method's inputs, or None: an object with
+        #: ``check(flat_inputs)``, run after the dtype/shape checks and before
+        #: anything runs, and ``explain(exc)``, a clearer VkDelegateError (or None)
+        #: for one a run raised (``backend.llm_checks``, for LLM programs).
+        self.guard = None
         ref = weakref.ref(self)
         for index, d in enumerate(delegates):  # a closed delegate binds again
             # A weak reference: no runner <-> delegate cycle, so a dropped program
@@ -290,6 +295,20 @@ class MethodRunner:
         plan = self.plan
         check_inputs(flat_inputs, plan["inputs"], plan.get("ranges", {}),
                      plan.get("dim_names"))
+        guard = self.guard
+        if guard is None:
+            return self._run_plan(flat_inputs, repeat)
+        guard.check(flat_inputs)
+        try:
+            return self._run_plan(flat_inputs, repeat)
+        except VkDelegateError as exc:
+            better = guard.explain(exc)
+            if better is None:
+                raise
+            raise better from exc
+
+    def _run_plan(self, flat_inputs: list, repeat: int) -> list:
+        plan = self.plan
         env = dict(self.constants)
         env.update({k: self.store.get(fqn) for k, fqn in self._fqn.items()
                     if k not in self._bound})

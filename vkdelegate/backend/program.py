@@ -22,6 +22,7 @@ import numpy as np
 
 from vkdelegate.backend.host_budget import (budgeted_methods, check_host_bytes,
                                             glue_tensor_bytes, tensor_ref_bytes)
+from vkdelegate.backend import llm_checks
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.program_state import ProgramState, merge_initial
@@ -228,6 +229,9 @@ class LoweredProgram:
                                                    store=self.store)
             except VkDelegateError as exc:  # keep the subclass (ResourceLimitError)
                 raise type(exc)(f"method {name!r}: {exc}") from exc
+        # An LLM program's methods check start_pos, token ids and sampling values
+        # (backend/llm_checks.py); other programs are left alone.
+        llm_checks.install(self)
 
     @property
     def method_names(self) -> list[str]:
@@ -285,7 +289,8 @@ class LoweredProgram:
         VkDelegateError for an unknown method, a ``times`` out of range, or a method
         that cannot repeat on the device (not one delegate alone, or state on the
         host). An error flagged by any run (e.g. an index past the KV cache) is raised
-        after the submit: the state then holds what the runs before it wrote."""
+        after the submit, whose later runs still ran: the state then holds what every
+        run wrote (a flagged write itself is skipped)."""
         return self.runner(method).repeat(times, *args, **kwargs)
 
     def set_profiling(self, on: bool) -> None:

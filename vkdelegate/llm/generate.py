@@ -111,6 +111,45 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
                               f"got {top_p!r}")
 
 
+def _check_length(prompt: int, max_new_tokens: int, max_seq_len: int, note: str) -> None:
+    """VkDelegateError, before anything runs, unless ``prompt`` tokens and
+    ``max_new_tokens`` new ones fit the cache: prefill writes the prompt's positions,
+    each new token but the last is fed back at the next one (the last is never fed),
+    so they need prompt + max_new_tokens - 1 <= max_seq_len positions. Checked up
+    front because the decode loop on the device keeps its position there
+    (``decode_next``), where the host does not see it step by step."""
+    need = prompt + max_new_tokens - 1
+    if need <= max_seq_len:
+        return
+    if prompt > max_seq_len:
+        raise VkDelegateError(f"the prompt's {prompt} tokens{note} do not fit the KV "
+                              f"cache: {prompt} prompt tokens + {max_new_tokens} new need "
+                              f"{need} cache positions; the program has {max_seq_len} "
+                              f"(max_seq_len)")
+    raise VkDelegateError(f"max_new_tokens {max_new_tokens} does not fit the KV cache: "
+                          f"{prompt} prompt tokens{note} + {max_new_tokens} new need "
+                          f"{need} cache positions; the program has {max_seq_len} "
+                          f"(max_seq_len), so at most {max_seq_len - prompt + 1} new "
+                          f"tokens fit this prompt")
+
+
+def _check_prompt_ids(program, ids: list) -> None:
+    """VkDelegateError naming the first prompt id outside the vocabulary (when the
+    program records its size, ``backend.llm_checks.vocab_size``; else negatives)."""
+    from vkdelegate.backend.llm_checks import vocab_size
+
+    plan = program.methods["embed_text"].plan if hasattr(program, "methods") else {}
+    vocab = vocab_size(plan)
+    valid = f"0..{vocab - 1}" if vocab is not None else "0..vocab size - 1"
+    for i, t in enumerate(ids):
+        if t < 0:
+            raise VkDelegateError(f"prompt_ids[{i}] is token id {t}, negative (ids are "
+                                  f"{valid})")
+        if vocab is not None and t >= vocab:
+            raise VkDelegateError(f"prompt_ids[{i}] is token id {t} >= vocab size {vocab} "
+                                  f"(ids are {valid})")
+
+
 def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              eos_token_id=None, image=None, image_token_id=None,
@@ -133,8 +172,11 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens.
     Raises VkDelegateError for a program without the methods ``lower`` makes, an
     empty prompt, a negative max_new_tokens, sampling settings outside their ranges
-    (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a sequence longer than the cache,
-    an image without image_token_id or a program without vision_encoder.
+    (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a prompt id outside the
+    vocabulary, a prompt + max_new_tokens longer than the cache (prompt +
+    max_new_tokens - 1 > max_seq_len: checked before anything runs, so the decode
+    loop never runs past the cache), an image without image_token_id or a program
+    without vision_encoder.
     """
     missing = [m for m in ("embed_text", "prefill", "decode")
                if m not in getattr(program, "method_names", ())]
@@ -151,14 +193,13 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
                             if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
     if not ids:
         raise VkDelegateError("generate() needs at least one prompt token")
+    _check_prompt_ids(program, ids)
     if timings is not None:
         timings.update(prefill_s=0.0, decode_s=0.0, prompt_tokens=0, decode_tokens=0)
     if max_new_tokens == 0:
         return []
-    if image is None and len(ids) + max_new_tokens - 1 > cache_length(program):
-        raise VkDelegateError(f"{len(ids)} prompt tokens + {max_new_tokens} new need "
-                              f"{len(ids) + max_new_tokens - 1} cache positions; the "
-                              f"program has {cache_length(program)}")
+    if image is None:
+        _check_length(len(ids), max_new_tokens, cache_length(program), "")
     eos = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id)))
     start = time.perf_counter()
@@ -170,11 +211,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
             raise VkDelegateError("the program has no vision_encoder method")
         image_embeds, pooler_mask = program.vision_encoder(*image)
         embeds, ids = splice(embeds, ids, image_embeds, pooler_mask, int(image_token_id))
-    total = len(ids) + max_new_tokens - 1
-    if total > cache_length(program):
-        raise VkDelegateError(f"{len(ids)} prompt tokens + {max_new_tokens} new need "
-                              f"{total} cache positions; the program has "
-                              f"{cache_length(program)}")
+    _check_length(len(ids), max_new_tokens, cache_length(program),
+                  " (image soft tokens included)" if image is not None else "")
     rand = draws(seed)
 
     def sampling():

@@ -18,16 +18,15 @@ from __future__ import annotations
 import torch
 from torch.export import Dim
 
+# CACHE_PREFIX / LOOP_PREFIX: FQN prefixes of the KV cache and of the decode loop's
+# state (decoder.DecodeLoopState), defined with the host-side input checks.
+from vkdelegate.backend.llm_checks import CACHE_PREFIX, LOOP_PREFIX  # noqa: F401
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm.decoder import (Decode, DecodeLoopState, DecodeNext, EmbedText,
                                     HFDecoder, Prefill)
 from vkdelegate.llm.reference_decoder import ReferenceDecoder
 from vkdelegate.llm.vision import VisionEncoder
 
-#: FQN prefix of the cache buffers in the lowered program.
-CACHE_PREFIX = "decoder.kv_cache."
-#: FQN prefix of the decode loop's state (decoder.DecodeLoopState).
-LOOP_PREFIX = "loop."
 
 
 def _export(module, args, dynamic_shapes, name: str):
@@ -115,6 +114,10 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         program matches; each quantized linear lowers to one fused ExecuTorch op
         (docs/LOWERING.md, "Quantized models"). group_size: input features per scale
         for int4 / 8da4w (32, 64, 128 or 256).
+    The program's methods check the values of their inputs on the host before they
+    run (``vkdelegate.backend.llm_checks``: start_pos and T + start_pos within the
+    cache, token ids within the vocabulary, whose size is recorded in the plans,
+    finite sampling values) and raise VkDelegateError naming the argument.
     Raises VkDelegateError when a method does not export or lower, or for an unknown
     quantization scheme or group size.
     """
@@ -126,14 +129,37 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
 
         quantize_for_vulkan(model, quantization, group_size)
     programs = export_methods(model, max_seq_len, vision)
-    return to_backend(programs, VulkanPartitioner(options))
+    program = to_backend(programs, VulkanPartitioner(options))
+    record_vocab_size(program, _vocab_size(model))
+    return program
+
+
+def _vocab_size(model) -> int:
+    embed = model.embed_tokens if isinstance(model, ReferenceDecoder) \
+        else model.get_input_embeddings()
+    return int(embed.weight.shape[0])
+
+
+def record_vocab_size(program, vocab_size: int) -> None:
+    """Record ``vocab_size`` in the plans of ``program``'s LLM methods (plan key
+    ``"llm"``, saved with the program) and (re)install the host-side input checks
+    (``vkdelegate.backend.llm_checks``), so that a token id outside 0..vocab_size-1
+    raises VkDelegateError naming it before anything runs."""
+    from vkdelegate.backend import llm_checks
+
+    for name in llm_checks.METHODS:
+        if name in program.methods:
+            program.methods[name].plan[llm_checks.PLAN_KEY] = {"vocab_size": int(vocab_size)}
+    llm_checks.install(program)
 
 
 def cache_length(program) -> int:
     """Positions of the KV cache of a program ``lower`` made (from its state).
     Raises VkDelegateError for a program without one."""
-    for fqn, value in program.store.initial.items():
-        if fqn.startswith(CACHE_PREFIX):
-            return int(value.shape[2])
+    from vkdelegate.backend.llm_checks import cache_length as length
+
+    found = length(program.store)
+    if found is not None:
+        return found
     raise VkDelegateError("the program has no KV cache state (not made by "
                           "vkdelegate.llm.lower)")
