@@ -152,3 +152,33 @@ def test_plain_linear_producer():
     fused, unfused = _lower(module, x), _lower(module, x, fuse_linear_swiglu=False)
     assert _ops(fused) == [FUSED], _ops(fused)
     assert torch.equal(fused(x), unfused(x))
+
+
+@pytest.mark.parametrize("options", [{"force_fp16": True}, {"executor": "reference"}],
+                         ids=["force_fp16", "reference"])
+def test_force_fp16_and_reference_executor_equal_unfused(options):
+    """A float32 model under force_fp16 (the float32 chain on float16 tensors: every
+    step rounded, as its fused chain rounds it) and the reference executor (the op's
+    CPU kernel): bitwise the unfused program too."""
+    _skip()
+    torch.manual_seed(0)
+    module = _Mlp(64, 40).eval()
+    x = torch.randn(1, 1, 64)
+    fused = _lower(module, x, **options)
+    unfused = _lower(module, x, fuse_linear_swiglu=False, **options)
+    assert FUSED in {d.op for d in fused.report.decisions}
+    assert torch.equal(fused(x), unfused(x))
+
+
+def test_saved_program_loads_and_runs(tmp_path):
+    """The op's steps text travels in the program file and passes the load checks."""
+    _skip()
+    from vkdelegate import load
+
+    torch.manual_seed(0)
+    module = _Mlp(64, 40).half().eval()
+    x = torch.randn(1, 1, 64).half()
+    program = _lower(module, x)
+    program.save(tmp_path / "mlp.vkdp")
+    loaded = load(tmp_path / "mlp.vkdp")
+    assert torch.equal(loaded(x), program(x))
