@@ -1,9 +1,11 @@
 """A tiny HF Llama decode step lowered by vkdelegate.llm.lower: the position, rotary
 and cache-write dispatches that passes/cse, fuse_rotary's pairing and
 pair_cache_updates (which also takes the rotary into the cache write) remove are
-gone, in float16 the casts around SiLU and cos/sin are inside fused chains, each RMS
-norm is folded into the linear after it (passes/fuse_rms_norm_linear: no norm
-dispatch on GPUs), and the greedy tokens are still HF's."""
+gone, in float16 the casts around SiLU and cos/sin are inside fused chains, the
+SwiGLU chain is in the merged gate/up linear's epilogue (passes/fuse_linear_swiglu:
+one dispatch per layer fewer), the RMS norms before q/k/v and lm_head are folded into
+the linear after them (passes/fuse_rms_norm_linear: no norm dispatch on GPUs with
+rms_norm_prologue), and the greedy tokens are still HF's."""
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from vkdelegate.llm import generate, lower
 
 
 RMS_NORM_LINEAR = "vkdelegate.rms_norm_linear.default"
+LINEAR_SWIGLU = "vkdelegate.linear_swiglu.default"
 
 
 def _decode_ops(program, token: int, pos: int) -> list:
@@ -53,10 +56,16 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     # old + (new - old) twice; decoder.DecodeLoopState.record).
     assert ops.count("aten.add.Tensor") == 3, ops
     assert ops.count("vkdelegate.linear_add.default") == 2 * layers, ops
-    # Each RMS norm (2 per layer and the final one) is folded into the linear after it
-    # (vkdelegate.rms_norm_linear): on GPUs in the GEMV's prologue, no norm dispatch.
-    assert "et_vk.rms_norm.default" not in ops and "aten.linear.default" not in ops, ops
-    assert ops.count(RMS_NORM_LINEAR) == (2 * layers + 1) * norm_linear_dispatches(), ops
+    # The input RMS norm of each layer and the final one are folded into the linear
+    # after them (vkdelegate.rms_norm_linear: in the GEMV's prologue with compile
+    # option rms_norm_prologue, else the norm's dispatch, then the linear); the merged
+    # gate/up linear runs the SwiGLU chain in its epilogue (vkdelegate.linear_swiglu,
+    # one dispatch), after the post-attention norm's own dispatch.
+    assert "aten.linear.default" not in ops, ops
+    assert ops.count(RMS_NORM_LINEAR) == (layers + 1) * norm_linear_dispatches(), ops
+    assert ops.count(LINEAR_SWIGLU) == layers, ops
+    assert ops.count("et_vk.rms_norm.default") == layers, ops
+    assert "vkdelegate.fused_elementwise.default" not in ops, ops
     # The same program still generates HF's tokens after the profiled step.
     program.reset_state()
     assert generate(program, prompt, 12) == expected
@@ -68,8 +77,10 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     (passes/fuse_elementwise), each layer's MLP runs merged gate/up linear -> one
     chain (cast, SiLU, cast, * up) -> down linear, and the prelude's cos and sin each
     one chain with their cast to float16: 43 dispatches per decode step before (per
-    layer _to_copy, SiLU, _to_copy, mul; cos, sin and two casts), 35 after. The
-    greedy tokens are still HF eager's float16 ones."""
+    layer _to_copy, SiLU, _to_copy, mul; cos, sin and two casts), 35 after. The MLP's
+    chain then goes into the merged linear's epilogue (passes/fuse_linear_swiglu:
+    vkdelegate.linear_swiglu, one dispatch fewer per layer). The greedy tokens are
+    still HF eager's float16 ones."""
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
@@ -81,9 +92,11 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    # The merged gate/up linear reads the post-attention RMS norm: rms_norm_linear.
-    fused, lin = "vkdelegate.fused_elementwise.default", RMS_NORM_LINEAR
-    assert ops.count(fused) == layers + 2, ops
+    # The merged gate/up linear with its SwiGLU chain reads the post-attention RMS
+    # norm's dispatch; the 2 chains left are the rotary prelude's cos and sin.
+    fused, norm = "vkdelegate.fused_elementwise.default", "et_vk.rms_norm.default"
+    assert ops.count(fused) == 2, ops
+    assert ops.count(LINEAR_SWIGLU) == layers, ops
     assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
     # Left: the positions' int64 -> float32 cast and their product with inv_freq
     # (transformers 5.24 + torch 2.13; 5.17 + torch 2.11, the H200 machine's, builds the
@@ -91,9 +104,9 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     casts = ops.count("aten._to_copy.default")
     assert 1 <= casts <= 2, ops
     assert ops.count("aten.mul.Tensor") <= 1, ops
-    down = (lin, "vkdelegate.linear_add.default")  # down_proj with the residual add
+    down = (RMS_NORM_LINEAR, "vkdelegate.linear_add.default")  # down_proj with the residual add
     mlp = [i for i, op in enumerate(ops)
-           if op == fused and ops[i - 1] == lin and ops[i + 1] in down]
+           if op == LINEAR_SWIGLU and ops[i - 1] == norm and ops[i + 1] in down]
     assert len(mlp) == layers, ops
     # Also 2 residual adds per layer in linear_add; the decode loop's state records
     # add 7 small dispatches (decoder.DecodeLoopState.record); the attention mask's
@@ -101,12 +114,29 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     # under 5.17) is gone with the mask; the prelude may hold 2 more under
     # transformers 5.17 + torch 2.11 (a cast and an unsqueeze); the rotary embedding
     # is in the cache write (one dispatch fewer per layer).
-    # The 2 * layers + 1 RMS norms are in their linears' GEMV prologues only with
-    # compile option rms_norm_prologue (off by default: norm_linear_dispatches).
-    norms = (2 * layers + 1) * (2 - norm_linear_dispatches())
+    # The layers + 1 RMS norms before q/k/v and lm_head are in their linears' GEMV
+    # prologues only with compile option rms_norm_prologue (off by default:
+    # norm_linear_dispatches); the SwiGLU chains are in the gate/up GEMVs' epilogues.
+    norms = (layers + 1) * (2 - norm_linear_dispatches())
     assert "aten.le.Tensor" not in ops, ops
-    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 - 1 + 2 - layers - norms, ops
-    assert "et_vk.rms_norm.default" not in ops, ops
+    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 - 1 + 2 - layers - norms \
+        - layers, ops
+    assert ops.count(norm) == layers, ops
+    # Against the same model lowered without the SwiGLU fusion: one dispatch fewer
+    # per layer, the same tokens, and the same KV caches bit for bit (layer 1's keys
+    # and values are computed from layer 0's MLP output).
+    unfused = lower(model, MAX_SEQ_LEN, options={"fuse_linear_swiglu": False})
+    assert generate(unfused, prompt, 12) == expected
+    before = _decode_ops(unfused, expected[-1], len(prompt) + 12)
+    assert len(before) - len(ops) == layers, (before, ops)
+    for p in (program, unfused):
+        p.reset_state()
+        assert generate(p, prompt, 12) == expected
+    got, want = program.state_dict(), unfused.state_dict()
+    caches = [name for name in want if "cache" in name or "key" in name or "value" in name]
+    assert caches and set(got) == set(want), sorted(want)
+    for name in caches:
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):

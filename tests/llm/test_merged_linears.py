@@ -1,6 +1,7 @@
 """passes/merge_linears in a lowered tiny HF decoder: the decode step runs q/k/v as
 one linear and gate/up as one (7 -> 4 linear dispatches per layer, two of them the
-fused residual adds of o and down), their parts with no dispatch; prefill (rows not statically 1) keeps its 7 GEMMs per layer. Greedy
+fused residual adds of o and down, one gate/up with its SwiGLU chain), their parts
+with no dispatch; prefill (rows not statically 1) keeps its 7 GEMMs per layer. Greedy
 tokens against HF are tests/llm/test_hf_greedy.py's."""
 import pytest
 import torch
@@ -36,10 +37,15 @@ def test_decode_runs_four_linears_per_layer(lowered, kind):
     # Per layer q/k/v, o, gate/up, down; plus the LM head. o and down carry their
     # residual add (passes/fuse_linear_add: vkdelegate.linear_add, one dispatch in
     # decode; in prefill one, or on GPUs two: the GEMM core, then the add).
-    # q/k/v, gate/up and the LM head read an RMS norm, folded into each
-    # (passes/fuse_rms_norm_linear: vkdelegate.rms_norm_linear).
-    assert "aten.linear.default" not in decode and "et_vk.rms_norm.default" not in decode
-    assert decode.count(RMS_NORM_LINEAR) == (2 * LAYERS + 1) * norm_linear_dispatches()
+    # q/k/v and the LM head read an RMS norm, folded into each
+    # (passes/fuse_rms_norm_linear: vkdelegate.rms_norm_linear); gate/up carries the
+    # SwiGLU chain in its epilogue (passes/fuse_linear_swiglu: vkdelegate.linear_swiglu,
+    # one dispatch) after its norm's own dispatch.
+    assert "aten.linear.default" not in decode
+    assert decode.count(RMS_NORM_LINEAR) == (LAYERS + 1) * norm_linear_dispatches()
+    assert decode.count("vkdelegate.linear_swiglu.default") == LAYERS
+    assert decode.count("et_vk.rms_norm.default") == LAYERS
+    assert "vkdelegate.fused_elementwise.default" not in decode
     assert decode.count("vkdelegate.linear_add.default") == 2 * LAYERS
     assert "vkdelegate.narrow_last.default" not in decode
     assert prefill.count("aten.linear.default") == 5 * LAYERS + 1

@@ -23,6 +23,7 @@ installed torch against the rules.
 from __future__ import annotations
 
 from vkdelegate.backend import custom_ops
+from vkdelegate.kernels import swiglu
 from vkdelegate.errors import VkDelegateError
 
 
@@ -150,6 +151,9 @@ MAX_MESSAGE = 4096
 #: kernels/elementwise_chain.py, parsed at load (only its fusable ATen ops).
 CHAIN = "a fused elementwise chain"
 
+#: A linear_swiglu's steps: one of the fixed SwiGLU chains (kernels/swiglu.py).
+SWIGLU_CHAINS = swiglu.CHAINS
+
 #: The only str arguments an allowed op takes: enum-like choices, checked at load, so
 #: that no string from a file reaches an operator as anything but one of these values.
 STR_CHOICES = {
@@ -161,6 +165,7 @@ STR_CHOICES = {
     # of the error the assert raises.
     "aten._assert_scalar.default": {"assert_msg": MESSAGE},
     "vkdelegate.fused_elementwise.default": {"steps": CHAIN},
+    "vkdelegate.linear_swiglu.default": {"steps": SWIGLU_CHAINS},
 }
 
 

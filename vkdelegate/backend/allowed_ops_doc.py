@@ -51,6 +51,9 @@ def render() -> str:
         if values == allowed_ops.CHAIN:
             return ("a chain of fusable ATen ops in the grammar of "
                     "kernels/elementwise_chain.py, parsed at load")
+        if values == allowed_ops.SWIGLU_CHAINS:
+            return (f"one of the {len(values)} SwiGLU chains of kernels/swiglu.py "
+                    f"(`CHAINS`)")
         return ", ".join(f"`{v}`" for v in values)
 
     choices = "; ".join(

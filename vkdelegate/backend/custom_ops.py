@@ -469,6 +469,36 @@ LINEAR_ADD = declare_custom_op(
     _linear_add)
 
 
+def _linear_swiglu(x, weight, bias, steps):
+    import torch
+
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.kernels import swiglu
+
+    if steps not in swiglu.CHAINS:
+        raise VkDelegateError(f"linear_swiglu: {steps!r} is not a SwiGLU chain of "
+                              f"kernels/swiglu.py")
+    y = torch.nn.functional.linear(x, weight, bias)
+    f = weight.shape[0] // 2
+    return _fused_elementwise([y[..., :f].contiguous(), y[..., f:].contiguous()], steps,
+                              [])
+
+
+#: A merged gate/up linear and the SwiGLU chain over its halves: with y = linear(input,
+#: weight, bias), input [..., K], weight [2F, K], bias [2F]?, the output [..., F] is
+#: the fused elementwise chain ``steps`` over (y[..., :F], y[..., F:]) (r0 the gate,
+#: r1 up; one of kernels/swiglu.py's CHAINS). The CPU kernel is those two ops (the
+#: linear rounded to its dtype, then the chain's steps), so eager, the CPU glue and the
+#: reference executor agree with the unfused pair. ``passes/fuse_linear_swiglu``
+#: creates it from the merged linear (passes/merge_linears), its two narrow_last parts
+#: and the fused_elementwise chain reading them; ours, only in our blobs. Vulkan:
+#: ``ops/families/linear.py`` (the chain in the GEMV's or linear.glsl's epilogue).
+LINEAR_SWIGLU = declare_custom_op(
+    "vkdelegate.linear_swiglu.default",
+    "linear_swiglu(Tensor input, Tensor weight, Tensor? bias, str steps) -> Tensor",
+    _linear_swiglu)
+
+
 def _linear_q4gsw_add(x, weights, weight_scales, group_size, bias, residual):
     return residual + _linear_q4gsw(x, weights, weight_scales, group_size, bias)
 

@@ -25,6 +25,11 @@ Keys (all optional):
 - ``fuse_elementwise`` (bool, default True): fold chains of float elementwise ops
   into one ``vkdelegate.fused_elementwise`` node each (backend/passes/fuse_elementwise.py):
   one dispatch and no intermediate tensors in memory. Off: every op is its own node.
+- ``fuse_linear_swiglu`` (bool, default True): a merged gate/up linear and the SwiGLU
+  chain over its halves (an LLM decode step's MLP) become one
+  ``vkdelegate.linear_swiglu`` node (backend/passes/fuse_linear_swiglu.py): the chain
+  in the GEMV's epilogue, one dispatch fewer per layer, the same bits. Off: the linear
+  and its fused_elementwise chain stay two nodes.
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
@@ -69,6 +74,7 @@ class CompileOptions:
     fuse_elementwise: bool = True
     sdpa_cooperative_matrix: bool = True
     rms_norm_prologue: bool = False
+    fuse_linear_swiglu: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -107,6 +113,7 @@ _SCHEMA = {
     "fuse_elementwise": ((bool,), None, False),
     "sdpa_cooperative_matrix": ((bool,), None, False),
     "rms_norm_prologue": ((bool,), None, False),
+    "fuse_linear_swiglu": ((bool,), None, False),
 }
 
 

@@ -191,6 +191,7 @@ class VulkanPartitioner:
         pg = from_exported_program(ep, self.ops_to_preserve(ep), self.calls_to_preserve(ep),
                                    shared_state)
         pg.fusable = self._fusable
+        pg.options = self.options
         run_passes(pg)
         pg.gm.graph.eliminate_dead_code()
         return pg

@@ -44,6 +44,8 @@ class ProgramGraph:
         folded into a fused node; the partitioner sets it (the node would run on
         Vulkan by itself, the ``fuse_elementwise`` option, its allow/block lists), so a
         fused node never delegates an op the user kept on the CPU. None: any node.
+    options: the partitioner's CompileOptions, for passes a compile option switches
+        (passes/fuse_linear_swiglu); None: the defaults.
     """
 
     gm: torch.fx.GraphModule
@@ -59,6 +61,7 @@ class ProgramGraph:
     out_spec: object = None
     range_constraints: dict = field(default_factory=dict)
     fusable: Optional[Callable[[torch.fx.Node], bool]] = None
+    options: object = None
 
     def placeholder(self, name: str) -> torch.fx.Node:
         for node in self.gm.graph.find_nodes(op="placeholder"):

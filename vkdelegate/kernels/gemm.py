@@ -29,7 +29,9 @@ of a fourth:
 - linear.glsl: a batched product with broadcasting batch dims, an optional bias and
   alpha/beta, 4 x 4 (or 1 x 4) output tiles per invocation and an unrolled LONG_K
   form for K past llvmpipe's loop budget; HAS_RESIDUAL adds a residual of the
-  output's shape in the epilogue (vkdelegate.linear_add, as gemv.glsl does).
+  output's shape in the epilogue (vkdelegate.linear_add, as gemv.glsl does); SWIGLU
+  combines a merged gate/up weight's column pairs by the SwiGLU chain in the epilogue
+  (vkdelegate.linear_swiglu, as gemv.glsl does; ``swiglu`` below).
 - conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
   output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
   budget): chosen here, declared and recorded by ops/families/convolution.py, which
@@ -48,6 +50,7 @@ from typing import Callable
 import numpy as np
 
 from vkdelegate.kernels import gemm_core, loop_limit
+from vkdelegate.kernels import swiglu as swiglu_chains
 from vkdelegate.kernels.gemm_core import (COOPMAT_SHADER, CORE_SHADER, GEMV_SHADER,
                                           GEMV_THREADS, LINEAR_SCALARS, coopmat_subgroup,
                                           coopmat_threads, record_core)
@@ -232,10 +235,12 @@ def mm(b, out, a, w, transposed: bool) -> None:
 
 # ---- every other product: linear.glsl -----------------------------------------------
 def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False,
-                   residual=None) -> dict:
+                   residual=None, swiglu=None) -> dict:
     """layout: "kn" (b is [..., K, N]), "nk" (a [N, K] weight read in place) or
     "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K]);
-    residual: None, or the Tensor (pair) HAS_RESIDUAL adds to the output."""
+    residual: None, or the Tensor (pair) HAS_RESIDUAL adds to the output; swiglu:
+    None, or kernels/swiglu.py's defines of the SWIGLU epilogue (layout "nk" or
+    "packed", the gate and up halves packed apart: ``pack_halves``)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -246,6 +251,8 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
                                                 B_NK=layout == "nk",
                                                 B_PACKED=layout == "packed",
                                                 HAS_RESIDUAL=residual is not None))
+    if swiglu is not None:
+        d.update(swiglu)
     if layout == "packed":
         # The packed buffer is always fp32 vec4: one variant whatever b's dtype.
         d.pop("B_T")
@@ -262,6 +269,46 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
     padded = np.zeros((-(-n // 4) * 4, k), np.float32)
     padded[:n] = weight
     return np.ascontiguousarray(padded.reshape(-1, 4, k).transpose(0, 2, 1))
+
+
+def pack_halves(weight: np.ndarray) -> np.ndarray:
+    """A merged gate/up weight [2F, K] -> its halves packed apart (``pack_weight``
+    each, the up half's vec4 rows after the gate half's ceil(F / 4)): linear.glsl's
+    SWIGLU form reads the same 4 columns of both halves for any F."""
+    f = weight.shape[0] // 2
+    return np.concatenate([pack_weight(weight[:f]), pack_weight(weight[f:])])
+
+
+def swiglu(b, out, a, mat, bias, layout: str, chain: dict) -> None:
+    """Record out [..., F] = the SwiGLU chain over (gate, up) halves of linear(a, mat,
+    bias), mat a merged gate/up weight [2F, K] ("nk", or "packed": a constant),
+    bias [2F]? (vkdelegate.linear_swiglu; ``chain``: kernels/swiglu.py's defines). One
+    dispatch: for one row where the tile table has a GEMV path (GPUs) gemv.glsl's
+    SWIGLU epilogue, else linear.glsl's (every product on CPU drivers; on GPUs the
+    several-row products, which the lowering never makes: merge_linears merges only
+    one-row linears). VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when
+    K is past llvmpipe's loop budget even in the LONG_K form."""
+    if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
+        raise b.error("mixed dtypes")
+    shape = (1, 1) + tuple(out.max_shape)
+    m, f, batch = shape[-2], shape[-1], math.prod(shape[:-2])
+    k = a.max_shape[-1] if a.ndim else 1
+    form = checked_select(b, m, 2 * f, k, plain=False, batch=batch, dtype=out.dtype,
+                          nk=True)
+    if form.shader == GEMV_SHADER:
+        record_core(b, form, out, a, mat, bias, "nk", swiglu=chain)
+        return
+    form = GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
+    loop_limit.check(b, form.iterations(k), f"K = {k}")
+    params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
+    params.append(b.params(LINEAR_SCALARS.pack(scalars=[1.0, 1.0])))
+    if layout == "packed":
+        mat = b.prepacked(pack_halves(b.constant_array(mat)), "float32")
+    grid = (-(-f // 4), -(-m // form.tile), batch)
+    b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
+                                             form.long_k, swiglu=chain),
+               outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
+               params=params, global_size=grid, local_size=workgroup_for(grid))
 
 
 def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 1.0,
@@ -323,10 +370,14 @@ def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None)
 
 
 def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
-                    long_k: bool, residual: bool) -> dict:
+                    long_k: bool, residual: bool, chain: "str | None") -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
+    if chain is not None and (layout == "kn" or residual
+                              or chain not in swiglu_chains.CHAINS_FOR[dtype]):
+        return None  # SWIGLU: a [2F, K] weight, no residual
     return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k,
-                          ddt if residual else None)
+                          ddt if residual else None,
+                          None if chain is None else swiglu_chains.defines(chain, dtype))
 
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
@@ -334,4 +385,4 @@ declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
 declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
              bias=(False, True), m_tile=(1, 4), long_k=(False, True),
-             residual=(False, True))
+             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS)

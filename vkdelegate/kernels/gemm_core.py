@@ -12,7 +12,9 @@
   reduction where the device has subgroup arithmetic), its HAS_RESIDUAL form
   (vkdelegate.linear_add: a residual of out's shape added in the epilogue) and its
   RMS_NORM form (vkdelegate.rms_norm_linear: the row RMS-normalized in a prologue,
-  ``rms_norm_fits`` bounding K by the device's shared memory).
+  ``rms_norm_fits`` bounding K by the device's shared memory) and its SWIGLU form
+  (vkdelegate.linear_swiglu: a merged gate/up weight's row pairs combined by the
+  SwiGLU chain in the epilogue, kernels/swiglu.py).
 
 Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
 (layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from vkdelegate.kernels import swiglu
 from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -93,7 +96,7 @@ def _vector_types(d: dict) -> dict:
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
                  vec: int = 1, unroll: int = 1, subgroup: bool = False,
-                 residual=None, norm_weight=None) -> dict:
+                 residual=None, norm_weight=None, swiglu=None) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
     BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
@@ -102,7 +105,8 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     (``subgroup``: the device has subgroup arithmetic); gemv.glsl's HAS_RESIDUAL
     with ``residual`` (None, or the residual's Tensor or pair) and its RMS_NORM
     prologue with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
-    only; NORM_HALF when a's graph dtype is float16)."""
+    only; NORM_HALF when a's graph dtype is float16); its SWIGLU epilogue with
+    ``swiglu`` (None, or kernels/swiglu.py's defines of the chain; b [N, K] only)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -116,6 +120,8 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
         d.update(flag_defines(RMS_NORM=True, NORM_HALF=a_dtype == "float16"))
     d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None,
                           HAS_RESIDUAL=residual is not None))
+    if swiglu is not None:
+        d.update(swiglu)
     if block is not None:
         tm, tn, bk = block
         d.update(TM=str(tm), TN=str(tn), BK=str(bk), **flag_defines(SPLIT_K=split))
@@ -216,8 +222,15 @@ def rms_norm_fits(info, form, mat, k: int, n: int, nk: bool) -> bool:
     return rms_norm_shared_bytes(k, gemv_vec(mat, k, n, nk), form.tile) <= shared
 
 
+def swiglu_rows(rows: int) -> int:
+    """ROWS of gemv.glsl's SWIGLU form for ``rows`` (the tile table's gemv_rows): as
+    many weight rows per workgroup as the plain GEMV's, half of them gate rows and
+    half up rows (at least one pair)."""
+    return 2 * max(1, rows // 2)
+
+
 def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
-                beta: float = 1.0, residual=None, norm=None) -> None:
+                beta: float = 1.0, residual=None, norm=None, swiglu=None) -> None:
     """Record out = alpha * (a @ mat) + beta * bias [+ residual] on the node builder
     ``b`` with ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path,
     from kernels/gemm.py's ``select``):
@@ -225,7 +238,13 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     (a Tensor of out's shape and dtype, added in the epilogue) with the GEMV path
     only (VkDelegateError, b.error, otherwise); ``norm`` (None, or (norm weight
     Tensor [K], eps)): a's rows RMS-normalized in the GEMV's prologue (b [N, K], one
-    row, and ``rms_norm_fits``; VkDelegateError otherwise; not with a residual)."""
+    row, and ``rms_norm_fits``; VkDelegateError otherwise; not with a residual);
+    ``swiglu`` (None, or kernels/swiglu.py's defines): the GEMV path's SWIGLU epilogue,
+    mat the merged gate/up weight [2N, K] of an out of N columns (b [N, K] layout, no
+    residual or norm; VkDelegateError otherwise)."""
+    if swiglu is not None and (form.shader != GEMV_SHADER or layout != "nk"
+                               or residual is not None or norm is not None):
+        raise b.error(f"{form.shader}: no SwiGLU epilogue for this product")
     if residual is not None and form.shader != GEMV_SHADER:
         raise b.error(f"{form.shader}: only the GEMV path adds a residual")
     if norm is not None and (residual is not None or layout != "nk"
@@ -257,15 +276,18 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
         grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
     else:
         vec = gemv_vec(mat, k, n, nk)
-        defines = core_defines(out, a, mat, bias, nk, rows=form.tile, vec=vec,
+        rows = form.tile if swiglu is None else swiglu_rows(form.tile)
+        defines = core_defines(out, a, mat, bias, nk, rows=rows, vec=vec,
                                unroll=gemv_unroll(k) if nk else GEMV_UNROLL,
                                subgroup=nk and has_subgroup_arithmetic(b.device.info),
                                residual=residual,
-                               norm_weight=None if norm is None else norm[0])
+                               norm_weight=None if norm is None else norm[0],
+                               swiglu=swiglu)
         if norm is not None:
             spec = (k // vec,)  # XS_LEN: the row's vector units in shared memory
         if nk:
-            grid, local = (-(-n // form.tile) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
+            out_rows = rows if swiglu is None else rows // 2  # outputs per workgroup
+            grid, local = (-(-n // out_rows) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
     b.dispatch(form.shader, defines, outputs=[out], inputs=inputs, params=params,
@@ -309,18 +331,23 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
                   subgroup: bool, residual: bool, short: bool,
-                  rms: bool) -> "dict | None":
+                  rms: bool, chain: "str | None") -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk \
             or short and not nk:
         return None
     if rms and (residual or not nk):
         return None  # the RMS norm prologue: b [N, K], no residual
+    if chain is not None and (not nk or residual or rms
+                              or chain not in swiglu.CHAINS_FOR[dtype]):
+        return None  # the SwiGLU epilogue: b [N, K], neither residual nor prologue
+    rows = GPU_TILES.gemv_rows
     return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
-                        rows=GPU_TILES.gemv_rows, vec=vec,
+                        rows=rows if chain is None else swiglu_rows(rows), vec=vec,
                         unroll=gemv_unroll(1 if short else GEMV_SHORT_K + 1),
                         subgroup=subgroup, residual=ddt if residual else None,
-                        norm_weight=ddt if rms else None)
+                        norm_weight=ddt if rms else None,
+                        swiglu=None if chain is None else swiglu.defines(chain, dtype))
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -346,4 +373,4 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),
-             short=(False, True), rms=(False, True))
+             short=(False, True), rms=(False, True), chain=(None,) + swiglu.CHAINS)

@@ -14,6 +14,7 @@ from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
 from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
 from vkdelegate.backend.passes.fuse_linear_add import fuse_linear_add
+from vkdelegate.backend.passes.fuse_linear_swiglu import fuse_linear_swiglu
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rms_norm_linear import fuse_rms_norm_linear
@@ -81,6 +82,10 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5c. elementwise chains (fuse_elementwise) after every pattern pass above, which
 #    look for single elementwise nodes (a clamp after a conv, RMS norm's mul/rsqrt,
 #    rotary's mul/add) that a fused chain would hide;
+# 5c'. a merged gate/up linear and the SwiGLU chain over its halves -> one
+#    linear_swiglu (fuse_linear_swiglu) right after fuse_elementwise, which makes the
+#    chain, and after fuse_rms_norm_linear, whose fused norm it splits off again (the
+#    norm's dispatch, recorded anyway unless rms_norm_prologue, which it leaves alone);
 # 5d. permutes that move only size-1 dims -> views (permute_to_view) after every
 #    pattern pass (addmm_to_linear looks for a weight's permute, rotary and attention
 #    patterns for transposes), so that they share their input's memory;
@@ -93,7 +98,7 @@ PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
           cse, fold_constants, cache_positions, pair_cache_updates, fuse_linear_add,
-          fuse_rms_norm_linear, fuse_elementwise, permute_to_view, symbolic_view_sizes, local_symints)
+          fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu, permute_to_view, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

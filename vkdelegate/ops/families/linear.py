@@ -24,6 +24,8 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import gemm
 from vkdelegate.kernels.rules import same_dtype
 from vkdelegate.kernels import residual
+from vkdelegate.kernels import swiglu
+from vkdelegate.errors import VkDelegateError
 
 DTYPES = gemm.DTYPES
 
@@ -130,3 +132,51 @@ register(OpSpec(name=LINEAR_ADD, dtypes=DTYPES, impl=_linear_add_impl,
                 notes="residual + linear(input, weight, bias?): the add in the GEMV "
                       "and linear.glsl epilogues, a second dispatch on the GEMM core; "
                       "fused from aten.add.Tensor"))
+
+
+# ---- vkdelegate.linear_swiglu.default: merged gate/up linear + SwiGLU (kernels/swiglu.py)
+LINEAR_SWIGLU = "vkdelegate.linear_swiglu.default"
+
+
+def _swiglu_shape(args):
+    return tuple(args[0].shape[:-1]) + (args[1].shape[0] // 2,)
+
+
+def _swiglu_rule(node: NodeSpec):
+    """input [..., K] with K static, weight [2F, K], bias [2F]? (exactly: the kernels
+    index its two halves), output [..., F], steps one of the SwiGLU chains for the
+    output's dtype."""
+    x, w, bias, steps = node.args[:4]
+    if not all(hasattr(t, "shape") for t in (x, w)):
+        return "input and weight must be tensors"
+    if x.rank < 1 or w.rank != 2 or x.shape[-1] != w.shape[1]:
+        return f"input {list(x.shape)} and weight {list(w.shape)} do not match"
+    if x.dynamic and x.dynamic[-1]:
+        return "dynamic input features"
+    if w.shape[0] < 2 or w.shape[0] % 2:
+        return f"weight {list(w.shape)}: a merged gate/up weight has an even number of rows"
+    if bias is not None and (not hasattr(bias, "shape") or tuple(bias.shape) != (w.shape[0],)):
+        return f"bias must be [{w.shape[0]}] (the merged linear's)"
+    out = node.outputs[0] if node.outputs else None
+    if out is None or tuple(out.shape) != tuple(x.shape[:-1]) + (w.shape[0] // 2,):
+        return f"output must be {list(x.shape[:-1]) + [w.shape[0] // 2]}"
+    return swiglu.check(steps, out.dtype)
+
+
+def _linear_swiglu_impl(b, node):
+    x_id, w_id, bias_id, steps_id, out_id = node.args
+    out, w = b.tensor(out_id), b.tensor(w_id)
+    try:
+        chain = swiglu.defines(b.value(steps_id), out.dtype)
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    layout = "packed" if b.constant_array(w) is not None else "nk"
+    gemm.swiglu(b, out, b.tensor(x_id), w, b.value(bias_id), layout, chain)
+
+
+register(OpSpec(name=LINEAR_SWIGLU, dtypes=DTYPES, impl=_linear_swiglu_impl,
+                shape_fn=_swiglu_shape, rules=(_swiglu_rule, same_dtype),
+                notes="SwiGLU chain over the halves of a merged gate/up linear(input, "
+                      "weight [2F, K], bias?) -> [..., F]: the chain in the GEMV and "
+                      "linear.glsl epilogues (one dispatch); fused from the linear's "
+                      "narrow_last parts and vkdelegate.fused_elementwise"))

@@ -35,6 +35,13 @@
 // (x * rstd) * w, rounded once to a's dtype (NORM_HALF: fp16, round_to_half; as
 // norm.glsl stores et_vk.rms_norm's output), and after a barrier the products read
 // xs in place of a_data. Only the fp32 sum's order differs from norm.glsl's.
+// SWIGLU (B_NK only; vkdelegate.linear_swiglu, kernels/swiglu.py): b is a merged
+// gate/up weight [2N, K] for an output of N columns; a workgroup's ROWS rows are the
+// gate rows n0 .. n0 + ROWS/2 - 1 and the up rows N + n0 .., so each of its ROWS/2
+// outputs has its pair (n, N + n) of dot products (each computed exactly as the plain
+// GEMV computes that row); the output is CHAIN_BODY (the fused elementwise chain's
+// GLSL) over r0 = gate and r1 = up, each rounded to the output dtype first
+// (SWIGLU_HALF: round_to_half, the value the linear's fp16 store keeps).
 // fp32 accumulation. Grid: x over the output blocks,
 // z the batch index (as gemm.glsl); out's M must be 1.
 
@@ -182,6 +189,9 @@ void rms_norm_row(int a_off, int K, int t) {
 #ifdef RMS_NORM
 #error "RMS_NORM needs B_NK"
 #endif
+#ifdef SWIGLU
+#error "SWIGLU needs B_NK"
+#endif
 #define THREADS 16
 shared vec4 partial[THREADS][16];
 #endif
@@ -194,6 +204,25 @@ shared vec4 partial[THREADS][16];
 #endif
 #ifndef A_SCALAR
 #define A_SCALAR(k) float(a_data[a_off + (k)])
+#endif
+#ifdef SWIGLU
+#define OUT_ROWS (ROWS / 2)  // outputs per workgroup: a gate row and an up row each
+#ifdef SWIGLU_HALF
+#define SWIGLU_ROUND(v) round_to_half(v)
+#else
+#define SWIGLU_ROUND(v) (v)
+#endif
+// Output n's value from its gate and up sums: the linear's epilogue for columns n and
+// N + n of the merged product, each rounded as the linear's store rounds it, then the
+// chain.
+float swiglu_out(float gate_acc, float up_acc, int c_off, int N, int n) {
+  const float r0 = SWIGLU_ROUND(epilogue(gate_acc, c_off, 0, n));
+  const float r1 = SWIGLU_ROUND(epilogue(up_acc, c_off, 0, N + n));
+  CHAIN_BODY
+  return CHAIN_RESULT;
+}
+#else
+#define OUT_ROWS ROWS
 #endif
 
 void main() {
@@ -209,7 +238,7 @@ void main() {
   const int out_off = int(gl_WorkGroupID.z) * N;
 #ifdef B_NK
   const int t = int(gl_LocalInvocationID.x);
-  const int n0 = int(gl_WorkGroupID.x) * ROWS;
+  const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
 #ifdef RMS_NORM
   rms_norm_row(a_off, K, t);
 #endif
@@ -217,7 +246,12 @@ void main() {
   int w_row[ROWS];
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     acc[r] = 0.0;
+#ifdef SWIGLU
+    w_row[r] = b_off + (r < OUT_ROWS ? min(n0 + r, N - 1)
+                                     : N + min(n0 + r - OUT_ROWS, N - 1)) * K;
+#else
     w_row[r] = b_off + min(n0 + r, N - 1) * K;
+#endif
   }
 #if defined(VEC8)
   // UNROLL uvec4s (8 fp16 values each) per row per iteration: x's and every row's
@@ -280,6 +314,16 @@ void main() {
     }
   }
   barrier();
+#ifdef SWIGLU
+  if (t < OUT_ROWS && n0 + t < N) {
+    float gate = 0.0, up = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      gate += partial[t][i];
+      up += partial[t + OUT_ROWS][i];
+    }
+    out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(gate, up, c_off, N, n0 + t));
+  }
+#else
   if (t < ROWS && n0 + t < N) {
     float total = 0.0;
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
@@ -288,6 +332,7 @@ void main() {
     out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(epilogue(total, c_off, 0, n0 + t),
                                                        out_off + n0 + t));
   }
+#endif
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     partial[r][t] = acc[r];
@@ -301,10 +346,18 @@ void main() {
     }
     barrier();
   }
+#ifdef SWIGLU
+  if (t < OUT_ROWS && n0 + t < N) {
+    out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(partial[t][0],
+                                                      partial[t + OUT_ROWS][0], c_off,
+                                                      N, n0 + t));
+  }
+#else
   if (t < ROWS && n0 + t < N) {
     out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(
         epilogue(partial[t][0], c_off, 0, n0 + t), out_off + n0 + t));
   }
+#endif
 #endif
 #else
   const int tx = int(gl_LocalInvocationID.x);

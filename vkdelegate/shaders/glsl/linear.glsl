@@ -18,6 +18,13 @@
 // HAS_BIAS: bias broadcast against out (any rank <= out's; size-1 dims broadcast).
 // HAS_RESIDUAL (vkdelegate.linear_add): r_data, of out's shape, added to each output
 // in fp32 after the bias, one rounding at the store (gemm.h's WITH_RESIDUAL).
+// SWIGLU (vkdelegate.linear_swiglu, kernels/swiglu.py; B_PACKED or B_NK): b is a
+// merged gate/up weight [2N, K] for an output of N columns; an invocation's 4 columns
+// n0.. accumulate the gate columns n0.. and the up columns N + n0.. (B_PACKED: the two
+// halves packed apart, the up half's vec4 rows after the gate half's ceil(N / 4)),
+// each exactly as the plain linear accumulates that column, and store CHAIN_BODY (the
+// fused elementwise chain's GLSL) over r0 = gate, r1 = up, each rounded to the output
+// dtype first (SWIGLU_HALF: round_to_half, the value the linear's fp16 store keeps).
 // Grid: (column tile, row tile, batch index over the dims before the last two).
 // Sizes come from the metadata (read with constant indices only: a run-time index
 // into the metadata block makes llvmpipe copy it to scratch memory).
@@ -56,12 +63,49 @@ TENSOR_META(c_meta)
     float(b_data[b_off + (k) * N + cols[1]]), float(b_data[b_off + (k) * N + cols[2]]), \
     float(b_data[b_off + (k) * N + cols[3]]));
 #endif
+#ifdef SWIGLU
+#if !defined(B_PACKED) && !defined(B_NK)
+#error "SWIGLU needs B_PACKED or B_NK"
+#endif
+#ifdef B_PACKED
+#define LOAD_UP(k) const vec4 bu = b_data[up_row + (k)];
+#else
+#define LOAD_UP(k) const vec4 bu = vec4(float(b_data[b_off + (N + cols[0]) * K + (k)]), \
+    float(b_data[b_off + (N + cols[1]) * K + (k)]), \
+    float(b_data[b_off + (N + cols[2]) * K + (k)]), \
+    float(b_data[b_off + (N + cols[3]) * K + (k)]));
+#endif
+#define ACCUMULATE(k) { \
+    LOAD_B(k) \
+    LOAD_UP(k) \
+    [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
+      const float av = float(a_data[rows[j] + (k)]); \
+      acc[j] += av * bv; \
+      acc_up[j] += av * bu; \
+    } \
+  }
+#ifdef SWIGLU_HALF
+#define SWIGLU_ROUND(v) round_to_half(v)
+#else
+#define SWIGLU_ROUND(v) (v)
+#endif
+// Output (m, n)'s value from its gate and up sums: the linear's epilogue for columns n
+// and N + n of the merged product, each rounded as the linear's store rounds it, then
+// the chain.
+float swiglu_out(float gate_acc, float up_acc, int c_off, int m, int N, int n) {
+  const float r0 = SWIGLU_ROUND(epilogue(gate_acc, c_off, m, n));
+  const float r1 = SWIGLU_ROUND(epilogue(up_acc, c_off, m, N + n));
+  CHAIN_BODY
+  return CHAIN_RESULT;
+}
+#else
 #define ACCUMULATE(k) { \
     LOAD_B(k) \
     [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
       acc[j] += float(a_data[rows[j] + (k)]) * bv; \
     } \
   }
+#endif
 
 void main() {
   if (numel_of(out_meta) == 0) {
@@ -81,9 +125,15 @@ void main() {
   }
   int rows[M_TILE];
   vec4 acc[M_TILE];
+#ifdef SWIGLU
+  vec4 acc_up[M_TILE];
+#endif
   [[unroll]] for (int j = 0; j < M_TILE; ++j) {
     rows[j] = a_off + min(m0 + j, M - 1) * K;
     acc[j] = vec4(0.0);
+#ifdef SWIGLU
+    acc_up[j] = vec4(0.0);
+#endif
   }
   int cols[4];
   [[unroll]] for (int j = 0; j < 4; ++j) {
@@ -91,6 +141,9 @@ void main() {
   }
 #ifdef B_PACKED
   const int packed_row = (n0 >> 2) * K;
+#ifdef SWIGLU
+  const int up_row = (((N + 3) >> 2) + (n0 >> 2)) * K;
+#endif
 #endif
 #ifdef LONG_K
   // 16 k per loop iteration, then the remainder: llvmpipe ends an invocation's loops
@@ -120,8 +173,13 @@ void main() {
       if (n >= N) {
         break;
       }
+#ifdef SWIGLU
+      out_data[out_row + n] = OUT_STORE(swiglu_out(acc[j][jj], acc_up[j][jj], c_off, m,
+                                                   N, n));
+#else
       out_data[out_row + n] = OUT_STORE(WITH_RESIDUAL(epilogue(acc[j][jj], c_off, m, n),
                                                     out_row + n));
+#endif
     }
   }
 }

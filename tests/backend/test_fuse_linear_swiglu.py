@@ -1,0 +1,184 @@
+"""passes/fuse_linear_swiglu on a decode-shaped HF Llama MLP block (post-attention RMS
+norm, merged gate/up linear, SwiGLU, down_proj + residual; one-row input [1, 1, K]):
+the merged linear and its SwiGLU chain become one ``vkdelegate.linear_swiglu`` (its
+norm split off as ``et_vk.rms_norm``), one dispatch fewer, and the outputs are
+torch.equal to the program lowered with compile option ``fuse_linear_swiglu`` off, in
+float32 and float16, on the CPU driver's form (linear.glsl) and on the GPU forms forced
+(gemv.glsl; as tests/ops/test_gemm_core.py forces them). Chains the pass must leave
+alone stay: SiLU of the second half, a GeGLU, a half read twice, the RMS norm
+prologue."""
+import dataclasses
+
+import pytest
+import torch
+
+from tests.ops.harness import delegated_nodes
+from tests.vulkan_skip import vulkan_unavailable
+from vkdelegate import VulkanPartitioner, to_backend
+
+pytest.importorskip("transformers")
+
+FUSED = "vkdelegate.linear_swiglu.default"
+CHAIN = "vkdelegate.fused_elementwise.default"
+
+
+class _Mlp(torch.nn.Module):
+    """h + mlp(norm(h)) as a HF Llama decoder layer's second half (``kind``: "llama";
+    "up_first" computes up_proj before gate_proj, so the merged weight's first half is
+    up's; "geglu" gates with gelu; "gate_out" also returns the gate)."""
+
+    def __init__(self, hidden, inter, kind="llama"):
+        super().__init__()
+        import transformers as tf
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        cfg = tf.LlamaConfig(hidden_size=hidden, intermediate_size=inter,
+                             num_attention_heads=1, num_key_value_heads=1, head_dim=2)
+        self.norm, self.mlp, self.kind = LlamaRMSNorm(hidden), LlamaMLP(cfg), kind
+
+    def forward(self, h):
+        x, mlp = self.norm(h), self.mlp
+        if self.kind == "llama":
+            return h + mlp(x)
+        if self.kind == "up_first":
+            up = mlp.up_proj(x)
+            return h + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * up)
+        if self.kind == "geglu":
+            return h + mlp.down_proj(torch.nn.functional.gelu(mlp.gate_proj(x))
+                                     * mlp.up_proj(x))
+        gate = mlp.gate_proj(x)
+        return h + mlp.down_proj(torch.nn.functional.silu(gate) * mlp.up_proj(x)), gate
+
+
+def _skip():
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+def _lower(module, x, **options):
+    ep = torch.export.export(module, (x,))
+    return to_backend(ep, VulkanPartitioner(options))
+
+
+def _ops(program) -> list:
+    return [name for name, _ in delegated_nodes(program)]
+
+
+def _dispatches(program, x) -> list:
+    program.set_profiling(True)
+    try:
+        program(x)
+    finally:
+        program.set_profiling(False)
+    return [d.op for _, prof in program.last_profiles("forward") for d in prof.dispatches]
+
+
+@pytest.fixture(params=["default", "gpu_forms"])
+def forms(request, monkeypatch):
+    if request.param == "gpu_forms":
+        from vkdelegate.kernels import gemm, gemm_tiles
+
+        portable = dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)
+        monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("hidden,inter", [(64, 40), (37, 13)], ids=["k64", "k37_f13"])
+def test_fused_equals_unfused(forms, dtype, hidden, inter):
+    _skip()
+    torch.manual_seed(0)
+    module = _Mlp(hidden, inter).to(dtype).eval()
+    x = torch.randn(1, 1, hidden).to(dtype)
+    fused, unfused = _lower(module, x), _lower(module, x, fuse_linear_swiglu=False)
+    assert FUSED in _ops(fused) and CHAIN not in _ops(fused), _ops(fused)
+    assert FUSED not in _ops(unfused) and CHAIN in _ops(unfused), _ops(unfused)
+    for scale in (1.0, 4.0, 30.0):  # large values: fp16 rounding and SiLU's tails
+        xi = (torch.randn(1, 1, hidden) * scale).to(dtype)
+        got, want = fused(xi), unfused(xi)
+        assert torch.equal(got, want), (got - want).abs().max()
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else {}
+        with torch.no_grad():
+            torch.testing.assert_close(got, module(xi), **tol)
+    ops, before = _dispatches(fused, x), _dispatches(unfused, x)
+    # The chain's dispatch is gone, and the copies of the parts the unfused program
+    # makes where a part's offset misses the buffer alignment (64 bytes on lavapipe).
+    copies = before.count("vkdelegate.narrow_last.default")
+    assert len(ops) == len(before) - 1 - copies, (ops, before)
+    assert ops.count(FUSED) == 1 and CHAIN not in ops, ops
+
+
+@pytest.mark.parametrize("kind", ["up_first", "geglu", "gate_out"])
+def test_other_chains_are_left_alone(kind):
+    _skip()
+    torch.manual_seed(0)
+    module = _Mlp(64, 40, kind).eval()
+    x = torch.randn(1, 1, 64)
+    program = _lower(module, x)
+    assert FUSED not in _ops(program), _ops(program)
+    with torch.no_grad():
+        want = module(x)
+    torch.testing.assert_close(program(x), want)
+
+
+def test_rms_norm_prologue_is_left_alone():
+    """With compile option rms_norm_prologue the merged linear keeps its norm
+    (rms_norm_linear, the norm in the GEMV's prologue) and its chain."""
+    _skip()
+    torch.manual_seed(0)
+    module = _Mlp(64, 40).eval()
+    x = torch.randn(1, 1, 64)
+    ops = _ops(_lower(module, x, rms_norm_prologue=True))
+    assert FUSED not in ops and CHAIN in ops, ops
+    assert "vkdelegate.rms_norm_linear.default" in ops, ops
+
+
+def test_plain_linear_producer():
+    """A merged gate/up linear without a norm before it (aten.linear) fuses too."""
+    _skip()
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = torch.nn.Linear(24, 11), torch.nn.Linear(24, 11)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.gate(x)) * self.up(x)
+
+    torch.manual_seed(0)
+    module = M().eval()
+    x = torch.randn(1, 1, 24)
+    fused, unfused = _lower(module, x), _lower(module, x, fuse_linear_swiglu=False)
+    assert _ops(fused) == [FUSED], _ops(fused)
+    assert torch.equal(fused(x), unfused(x))
+
+
+@pytest.mark.parametrize("options", [{"force_fp16": True}, {"executor": "reference"}],
+                         ids=["force_fp16", "reference"])
+def test_force_fp16_and_reference_executor_equal_unfused(options):
+    """A float32 model under force_fp16 (the float32 chain on float16 tensors: every
+    step rounded, as its fused chain rounds it) and the reference executor (the op's
+    CPU kernel): bitwise the unfused program too."""
+    _skip()
+    torch.manual_seed(0)
+    module = _Mlp(64, 40).eval()
+    x = torch.randn(1, 1, 64)
+    fused = _lower(module, x, **options)
+    unfused = _lower(module, x, fuse_linear_swiglu=False, **options)
+    assert FUSED in {d.op for d in fused.report.decisions}
+    assert torch.equal(fused(x), unfused(x))
+
+
+def test_saved_program_loads_and_runs(tmp_path):
+    """The op's steps text travels in the program file and passes the load checks."""
+    _skip()
+    from vkdelegate import load
+
+    torch.manual_seed(0)
+    module = _Mlp(64, 40).half().eval()
+    x = torch.randn(1, 1, 64).half()
+    program = _lower(module, x)
+    program.save(tmp_path / "mlp.vkdp")
+    loaded = load(tmp_path / "mlp.vkdp")
+    assert torch.equal(loaded(x), program(x))
