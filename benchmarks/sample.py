@@ -15,8 +15,6 @@ to measure on PYTHONPATH (the venv may hold another vkdelegate).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from tabulate import tabulate
@@ -24,6 +22,8 @@ from tabulate import tabulate
 from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.to_backend import to_backend
+
+from sdpa import measure_program  # benchmarks/sdpa.py (run from benchmarks/ or its path)
 
 #: (name, temperature, top_k, top_p)
 CASES = [
@@ -40,22 +40,6 @@ CASES = [
 class _Sampler(torch.nn.Module):
     def forward(self, logits, sampling):
         return torch.ops.vkdelegate.sample(logits, sampling)
-
-
-def _measure(program, inputs, runs: int) -> tuple[float, float]:
-    program(*inputs)  # build and warm up
-    program.set_profiling(True)
-    gpu = []
-    for _ in range(runs):
-        program(*inputs)
-        gpu.append(sum(p.total_ns for _, p in program.last_profiles()) / 1e6)
-    program.set_profiling(False)
-    wall = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        program(*inputs)
-        wall.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(gpu), statistics.median(wall)
 
 
 def main() -> None:
@@ -77,7 +61,7 @@ def main() -> None:
             if args.filter not in name:
                 continue
             sampling = torch.tensor([t, k, p, 0.37], dtype=torch.float32)
-            gpu, wall = _measure(program, (logits, sampling), args.runs)
+            gpu, wall, _ = measure_program(program, (logits, sampling), args.runs)
             rows.append((vocab, name, f"{gpu:.3f}", f"{wall:.3f}"))
             print(*rows[-1], sep="\t", flush=True)
     print(tabulate(rows, headers=["V", "case", "GPU ms (median)", "wall ms (median)"]))

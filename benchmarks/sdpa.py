@@ -81,7 +81,10 @@ def _inputs(b, hq, hk, lq, s, e, mode, dtype):
     return q, k, v, mask
 
 
-def _measure(program, inputs, runs: int) -> tuple[float, float, torch.Tensor]:
+def measure_program(program, inputs, runs: int) -> tuple[float, float, torch.Tensor]:
+    """(median GPU ms of a call: the sum of its dispatches' timestamps, median wall ms
+    of a call with host inputs and outputs, the output) over ``runs`` calls each;
+    benchmarks/sample.py uses it too."""
     out = program(*inputs)  # build and warm up
     program.set_profiling(True)
     gpu = []
@@ -185,7 +188,7 @@ def prefill(args, dtype) -> list:
         for options in settings:
             program = to_backend(ep, VulkanPartitioner(options))
             try:
-                gpu, _, out = _measure(program, inputs, args.runs)
+                gpu, _, out = measure_program(program, inputs, args.runs)
             finally:
                 program.close()
             ms.append(gpu)
@@ -235,8 +238,8 @@ def main() -> None:
         fused = to_backend(ep, VulkanPartitioner())
         decomposed = to_backend(ep, VulkanPartitioner(operator_blocklist=[SDPA]))
         try:
-            f_gpu, f_wall, f_out = _measure(fused, inputs, args.runs)
-            d_gpu, d_wall, d_out = _measure(decomposed, inputs, args.runs)
+            f_gpu, f_wall, f_out = measure_program(fused, inputs, args.runs)
+            d_gpu, d_wall, d_out = measure_program(decomposed, inputs, args.runs)
         finally:
             fused.close()
             decomposed.close()
