@@ -61,8 +61,8 @@ def test_bad_arguments_exit_2(saved, capsys):
     (["--top-p", "1.5"], "top_p must be a number in [0, 1]"),
     (["--top-k", "-2"], "top_k must be an int >= 0"),
     (["--max-new-tokens", "500"], "max_new_tokens 500 does not fit the KV cache: 5 prompt "
-     "tokens + 500 new need 504 cache positions; the program has 80 (max_seq_len), so at "
-     "most 76 new tokens fit this prompt"),
+     "tokens + 500 new need 504 cache positions (the last new token is not stored); the "
+     "program has 80 (max_seq_len), so at most 76 new tokens fit this prompt"),
     (["--decode-chunk", "0"], "decode_chunk must be an int >= 1, got 0"),
 ])
 def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
@@ -98,3 +98,15 @@ def test_not_an_llm_program(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "not a program of vkdelegate.llm.lower: it has no embed_text, prefill, decode " \
            "methods (its methods: forward)" in err, err
+
+
+def test_default_max_new_tokens_that_does_not_fit_names_the_flag(saved, capsys):
+    # 60 prompt tokens + the default 32 new ones need 91 positions of 80: the message
+    # says the count came from the flag's default.
+    _, path = saved
+    ids = ",".join(str(i % 50 + 1) for i in range(60))
+    assert main(["generate", str(path), "--prompt-ids", ids]) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens 32 does not fit the KV cache" in err
+    assert "--max-new-tokens was not given: its default is 32; pass a smaller N" in err
+    assert err.count("\n") == 1

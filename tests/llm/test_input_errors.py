@@ -131,8 +131,9 @@ def test_generate_refuses_what_does_not_fit_and_fills_the_cache(lowered):
     model, program = lowered("llama")
     prompt = _prompt(S - 10, seed=3)
     with _raises(rf"^max_new_tokens 12 does not fit the KV cache: {S - 10} prompt tokens "
-                 rf"\+ 12 new need {S + 1} cache positions; the program has {S} "
-                 rf"\(max_seq_len\), so at most 11 new tokens fit this prompt$"):
+                 rf"\+ 12 new need {S + 1} cache positions \(the last new token is not "
+                 rf"stored\); the program has {S} \(max_seq_len\), so at most 11 new "
+                 rf"tokens fit this prompt$"):
         generate(program, prompt, 12)
     with _raises(rf"^the prompt's {S + 1} tokens do not fit the KV cache"):
         generate(program, _prompt(S + 1), 1)

@@ -200,6 +200,26 @@ def test_truncated_file_is_refused(tmp_path):
         vkdelegate.load(path)
 
 
+def test_corrupt_header_and_empty_file_messages(tmp_path):
+    # A header field out of range names the field it read, not only the file's size;
+    # an empty file says so.
+    from vkdelegate.serialization import program_file as pf
+
+    path = _saved(tmp_path)
+    raw = bytearray(path.read_bytes())
+    fields = list(pf.HEADER.unpack_from(raw))
+    fields[3] = len(raw) + 100  # the manifest's offset, past the end
+    pf.HEADER.pack_into(raw, 0, *fields)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(VkDelegateError, match=rf"corrupt header \(file size {len(raw)}; "
+                       rf"the header says: .*manifest ends at {len(raw) + 100 + fields[4]}"):
+        vkdelegate.load(path)
+    empty = tmp_path / "empty.vkdp"
+    empty.write_bytes(b"")
+    with pytest.raises(VkDelegateError, match=r"empty.vkdp is empty \(0 bytes\)"):
+        vkdelegate.load(empty)
+
+
 def test_pickle_and_torch_save_files_are_refused(tmp_path):
     marker = tmp_path / "pwned"
 

@@ -125,12 +125,12 @@ class MethodGuard:
             values = _array(flat[index["sampling"]]).reshape(-1)[:n]
             for i, v in enumerate(values.tolist()):
                 if not math.isfinite(v):
-                    ignored = " (decode_next ignores sampling[3])" if n == 3 else ""
+                    ignored = "; decode_next ignores sampling[3]" if n == 3 else ""
                     raise self._error(
                         f"sampling[{i}] ({SAMPLING[i]}) is {v}; sampling must be "
-                        f"float32[4] = (temperature, top_k, top_p, draw), finite values"
-                        f"{ignored} (temperature 0: greedy; top_k 0 and top_p 1: all "
-                        f"tokens; the draw uniform in [0, 1))")
+                        f"float32[4] = (temperature, top_k, top_p, draw), finite values "
+                        f"(temperature 0: greedy; top_k 0 and top_p 1: all tokens; the "
+                        f"draw uniform in [0, 1){ignored})")
         if "draws" in index:
             draws = _array(flat[index["draws"]]).reshape(-1)
             bad = np.flatnonzero(~np.isfinite(draws))

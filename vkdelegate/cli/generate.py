@@ -16,6 +16,9 @@ import sys
 from vkdelegate.cli import help_description
 from vkdelegate.errors import VkDelegateError
 
+#: --max-new-tokens when not given.
+DEFAULT_MAX_NEW = 32
+
 
 def _ids(text: str) -> list[int]:
     try:
@@ -99,11 +102,18 @@ def run(args) -> int:
             shown[0] = text
 
     timings: dict = {}
-    generate(program, ids, args.max_new_tokens, temperature=args.temperature,
-             top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-             eos_token_id=args.eos_token_id, image=image,
-             image_token_id=args.image_token_id, on_token=stream, timings=timings,
-             **({} if args.decode_chunk is None else {"decode_chunk": args.decode_chunk}))
+    max_new = DEFAULT_MAX_NEW if args.max_new_tokens is None else args.max_new_tokens
+    try:
+        generate(program, ids, max_new, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                 eos_token_id=args.eos_token_id, image=image,
+                 image_token_id=args.image_token_id, on_token=stream, timings=timings,
+                 **({} if args.decode_chunk is None else {"decode_chunk": args.decode_chunk}))
+    except VkDelegateError as exc:
+        if args.max_new_tokens is None and str(exc).startswith("max_new_tokens"):
+            raise VkDelegateError(f"{exc} (--max-new-tokens was not given: its default "
+                                  f"is {DEFAULT_MAX_NEW}; pass a smaller N)") from exc
+        raise
     print(flush=True)
     if not timings["prompt_tokens"]:  # --max-new-tokens 0: nothing ran
         program.close()
@@ -126,8 +136,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-ids", metavar="1,2,3", help="prompt token ids")
     p.add_argument("--image", metavar="PATH", help="a picture for the vision_encoder")
     p.add_argument("--image-token-id", type=int, help="the image placeholder token id")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
-                   help="tokens to generate at most (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help=f"tokens to generate at most (default {DEFAULT_MAX_NEW})")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")

@@ -124,13 +124,13 @@ def _check_length(prompt: int, max_new_tokens: int, max_seq_len: int, note: str)
     if prompt > max_seq_len:
         raise VkDelegateError(f"the prompt's {prompt} tokens{note} do not fit the KV "
                               f"cache: {prompt} prompt tokens + {max_new_tokens} new need "
-                              f"{need} cache positions; the program has {max_seq_len} "
-                              f"(max_seq_len)")
+                              f"{need} cache positions (the last new token is not "
+                              f"stored); the program has {max_seq_len} (max_seq_len)")
     raise VkDelegateError(f"max_new_tokens {max_new_tokens} does not fit the KV cache: "
                           f"{prompt} prompt tokens{note} + {max_new_tokens} new need "
-                          f"{need} cache positions; the program has {max_seq_len} "
-                          f"(max_seq_len), so at most {max_seq_len - prompt + 1} new "
-                          f"tokens fit this prompt")
+                          f"{need} cache positions (the last new token is not stored); "
+                          f"the program has {max_seq_len} (max_seq_len), so at most "
+                          f"{max_seq_len - prompt + 1} new tokens fit this prompt")
 
 
 def _check_prompt_ids(program, ids: list) -> None:

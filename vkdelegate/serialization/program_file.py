@@ -161,6 +161,8 @@ def read_program(path, limits: "LoadLimits | None" = None
     if raw[:8] == MAGIC and len(raw) < HEADER_SIZE:
         raise VkDelegateError(f"{where} is truncated: {len(raw)} bytes, the header "
                               f"alone is {HEADER_SIZE}")
+    if not raw:
+        raise VkDelegateError(f"{where} is empty (0 bytes), not a vkdelegate program")
     if raw[:8] != MAGIC:
         hint = " (it looks like a pickle)" if raw[:1] == b"\x80" else ""
         hint = " (it looks like a zip/torch.save file)" if raw[:2] == b"PK" else hint
@@ -168,8 +170,10 @@ def read_program(path, limits: "LoadLimits | None" = None
                               f"{raw[:8]!r}{hint}")
     _, hlen, crc, m_off, m_size, d_off, d_size = HEADER.unpack_from(raw)
     if hlen != HEADER_SIZE or m_off + m_size > len(raw) or d_off + d_size > len(raw):
-        raise VkDelegateError(f"{where} is truncated or has a corrupt header "
-                              f"(file size {len(raw)}, data ends at {d_off + d_size})")
+        raise VkDelegateError(f"{where} is truncated or has a corrupt header (file size "
+                              f"{len(raw)}; the header says: header {hlen} bytes (expected "
+                              f"{HEADER_SIZE}), manifest ends at {m_off + m_size}, data "
+                              f"ends at {d_off + d_size})")
     text = raw[m_off:m_off + m_size]
     if zlib.crc32(text) != crc:
         raise VkDelegateError(f"{where}: manifest checksum mismatch (file corrupted)")
