@@ -110,3 +110,21 @@ def test_default_max_new_tokens_that_does_not_fit_names_the_flag(saved, capsys):
     assert "max_new_tokens 32 does not fit the KV cache" in err
     assert "--max-new-tokens was not given: its default is 32; pass a smaller N" in err
     assert err.count("\n") == 1
+
+
+def test_inspect_shows_the_llm_state(saved, capsys):
+    # `vkdelegate inspect` of a saved LLM program: the cache length, the vocabulary
+    # and each state buffer with the shape the model's config gives it.
+    from tests.llm.conftest import MAX_SEQ_LEN
+
+    model, path = saved
+    cfg = model.config
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"== LLM (vkdelegate.llm): max_seq_len {MAX_SEQ_LEN}, vocab_size {VOCAB}" in out
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    for i in range(cfg.num_hidden_layers):
+        for kv in "kv":
+            assert (f"  decoder.kv_cache.{kv}_{i}: float32[1, {cfg.num_key_value_heads}, "
+                    f"{MAX_SEQ_LEN}, {head_dim}]") in out
+    assert f"  loop.history: int64[{MAX_SEQ_LEN + 1}]" in out

@@ -161,6 +161,38 @@ def method_signatures(path: str) -> list[str]:
     return lines
 
 
+def program_state(path: str) -> dict:
+    """What a program file's methods share: ``{"state": ["fqn: dtype[shape]", ...]}``
+    (its mutable buffers, FQNs as in the module's state_dict) and, for a program of
+    ``vkdelegate.llm.lower``, ``"llm": {"max_seq_len": S, "vocab_size": V}`` (the KV
+    cache's length; the vocabulary recorded at lowering, absent in older files); {}
+    for a bare blob, a .pte or a program without state. Raises VkDelegateError for a
+    malformed manifest."""
+    from vkdelegate.serialization import program_file
+
+    with open(path, "rb") as f:
+        if f.read(len(program_file.MAGIC)) != program_file.MAGIC:
+            return {}
+    manifest, _ = program_file.read_program(path)
+    out: dict = {}
+    try:
+        state = manifest.get("initial_state") or {}
+        if state:
+            out["state"] = [f"{fqn}: {e['dtype']}[{', '.join(str(int(d)) for d in e['shape'])}]"
+                            for fqn, e in state.items()]
+        cache = [e for fqn, e in state.items() if fqn.startswith("decoder.kv_cache.")]
+        vocab = {m.get("plan", {}).get("llm", {}).get("vocab_size")
+                 for m in manifest["methods"].values()} - {None}
+        if cache and len(cache[0]["shape"]) == 4:
+            out["llm"] = {"max_seq_len": int(cache[0]["shape"][2])}
+            if len(vocab) == 1:
+                out["llm"]["vocab_size"] = int(vocab.pop())
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise VkDelegateError(f"program file {path}: malformed state or plan "
+                              f"({type(exc).__name__}: {exc})") from exc
+    return out
+
+
 def run(args) -> int:
     described = [(label, describe_blob(data, named)) for label, data, named in
                  blobs_in_file(args.file)]
@@ -169,7 +201,7 @@ def run(args) -> int:
             else {"blobs": [{"label": label, **d} for label, d in described]}
         methods = method_signatures(args.file)
         if methods:
-            doc = {"methods": methods, **doc}
+            doc = {"methods": methods, **program_state(args.file), **doc}
         json.dump(_json_safe({"file": args.file, **doc}), sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     elif not described:
@@ -180,5 +212,12 @@ def run(args) -> int:
             # Blob dims below are the upper bounds the tensors are allocated for.
             print("== methods (dynamic dims as low..high)\n" +
                   "\n".join(f"  {m}" for m in methods) + "\n")
+            shared = program_state(args.file)
+            if "llm" in shared:
+                print("== LLM (vkdelegate.llm): " + ", ".join(
+                    f"{k} {v}" for k, v in shared["llm"].items()) + "\n")
+            if "state" in shared:
+                print("== state (shared by the methods)\n" +
+                      "\n".join(f"  {line}" for line in shared["state"]) + "\n")
         print("\n\n".join(_text(label, d) for label, d in described))
     return 0
