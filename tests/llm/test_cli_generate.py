@@ -73,8 +73,8 @@ def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
 
 
 @pytest.mark.parametrize("ids,message", [
-    ("1,2,300", f"prompt_ids[2] is token id 300 >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
-    ("-4,2", f"prompt_ids[0] is token id -4, negative (ids are 0..{VOCAB - 1})"),
+    ("1,2,300", f"token id 300 at prompt_ids[2] >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
+    ("-4,2", f"token id -4 at prompt_ids[0] is negative (ids are 0..{VOCAB - 1})"),
 ])
 def test_prompt_ids_outside_the_vocabulary_are_one_line(saved, capsys, ids, message):
     _, path = saved

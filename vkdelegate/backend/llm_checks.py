@@ -82,6 +82,26 @@ def install(program) -> None:
             runner.guard = MethodGuard(name, runner.plan, length, program.store)
 
 
+def token_id_error(ids: np.ndarray, vocab: "int | None", label: str) -> "str | None":
+    """What is wrong with the token ids ``ids`` (an integer array) for a vocabulary of
+    ``vocab`` ids (None: unknown, only negatives are caught), naming the first bad one
+    as ``label[index]``; None when they are all valid. The message of the methods'
+    checks and of ``vkdelegate.llm.generate``'s prompt check."""
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return None
+    valid = f"0..{vocab - 1}" if vocab is not None else "0..vocab size - 1"
+    low = int(ids.argmin())
+    if ids.flat[low] < 0:
+        return (f"token id {int(ids.flat[low])} at {label}[{_at(ids.shape, low)}] is "
+                f"negative (ids are {valid})")
+    high = int(ids.argmax())
+    if vocab is not None and ids.flat[high] >= vocab:
+        return (f"token id {int(ids.flat[high])} at {label}[{_at(ids.shape, high)}] >= "
+                f"vocab size {vocab} (ids are {valid})")
+    return None
+
+
 def _array(value) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (check_inputs made sure it is dense)
         return value.detach().cpu().numpy()
@@ -139,18 +159,9 @@ class MethodGuard:
                                   f"must be finite (uniform in [0, 1))")
 
     def _tokens(self, tokens: np.ndarray) -> None:
-        if tokens.size == 0:
-            return
-        low = int(tokens.argmin())
-        if tokens.flat[low] < 0:
-            raise self._error(f"token id {int(tokens.flat[low])} at tokens"
-                              f"[{_at(tokens.shape, low)}] is negative; ids are "
-                              f"0..{self.vocab - 1 if self.vocab else 'vocab size - 1'}")
-        high = int(tokens.argmax())
-        if self.vocab is not None and tokens.flat[high] >= self.vocab:
-            raise self._error(f"token id {int(tokens.flat[high])} at tokens"
-                              f"[{_at(tokens.shape, high)}] >= vocab size {self.vocab} "
-                              f"(ids are 0..{self.vocab - 1})")
+        text = token_id_error(tokens, self.vocab, "tokens")
+        if text is not None:
+            raise self._error(text)
 
     def _start_pos(self, value: np.ndarray, count: int) -> None:
         pos, size = int(value.reshape(-1)[0]), self.max_seq_len

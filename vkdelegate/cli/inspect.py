@@ -168,6 +168,7 @@ def program_state(path: str) -> dict:
     cache's length; the vocabulary recorded at lowering, absent in older files); {}
     for a bare blob, a .pte or a program without state. Raises VkDelegateError for a
     malformed manifest."""
+    from vkdelegate.backend.llm_checks import CACHE_PREFIX, PLAN_KEY
     from vkdelegate.serialization import program_file
 
     with open(path, "rb") as f:
@@ -180,8 +181,8 @@ def program_state(path: str) -> dict:
         if state:
             out["state"] = [f"{fqn}: {e['dtype']}[{', '.join(str(int(d)) for d in e['shape'])}]"
                             for fqn, e in state.items()]
-        cache = [e for fqn, e in state.items() if fqn.startswith("decoder.kv_cache.")]
-        vocab = {m.get("plan", {}).get("llm", {}).get("vocab_size")
+        cache = [e for fqn, e in state.items() if fqn.startswith(CACHE_PREFIX)]
+        vocab = {m.get("plan", {}).get(PLAN_KEY, {}).get("vocab_size")
                  for m in manifest["methods"].values()} - {None}
         if cache and len(cache[0]["shape"]) == 4:
             out["llm"] = {"max_seq_len": int(cache[0]["shape"][2])}

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from vkdelegate.backend.interpreter import to_numpy
+from vkdelegate.backend.llm_checks import LOOP_PREFIX
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.llm.lower import LOOP_PREFIX, cache_length
+from vkdelegate.llm.lower import cache_length
 
 
 #: generate's default decode steps per submit (decode_next).
@@ -135,19 +137,15 @@ def _check_length(prompt: int, max_new_tokens: int, max_seq_len: int, note: str)
 
 def _check_prompt_ids(program, ids: list) -> None:
     """VkDelegateError naming the first prompt id outside the vocabulary (when the
-    program records its size, ``backend.llm_checks.vocab_size``; else negatives)."""
-    from vkdelegate.backend.llm_checks import vocab_size
+    program records its size, ``backend.llm_checks.vocab_size``; else negatives),
+    before anything runs."""
+    from vkdelegate.backend import llm_checks
 
     plan = program.methods["embed_text"].plan if hasattr(program, "methods") else {}
-    vocab = vocab_size(plan)
-    valid = f"0..{vocab - 1}" if vocab is not None else "0..vocab size - 1"
-    for i, t in enumerate(ids):
-        if t < 0:
-            raise VkDelegateError(f"prompt_ids[{i}] is token id {t}, negative (ids are "
-                                  f"{valid})")
-        if vocab is not None and t >= vocab:
-            raise VkDelegateError(f"prompt_ids[{i}] is token id {t} >= vocab size {vocab} "
-                                  f"(ids are {valid})")
+    text = llm_checks.token_id_error(np.asarray(ids, dtype=np.int64),
+                                     llm_checks.vocab_size(plan), "prompt_ids")
+    if text is not None:
+        raise VkDelegateError(text)
 
 
 def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,

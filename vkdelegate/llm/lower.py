@@ -18,9 +18,6 @@ from __future__ import annotations
 import torch
 from torch.export import Dim
 
-# CACHE_PREFIX / LOOP_PREFIX: FQN prefixes of the KV cache and of the decode loop's
-# state (decoder.DecodeLoopState), defined with the host-side input checks.
-from vkdelegate.backend.llm_checks import CACHE_PREFIX, LOOP_PREFIX  # noqa: F401
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm.decoder import (Decode, DecodeLoopState, DecodeNext, EmbedText,
                                     HFDecoder, Prefill)
