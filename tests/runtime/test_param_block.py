@@ -94,3 +94,15 @@ def test_dispatch_refuses_buffers_other_than_the_declared_bindings():
                                               r"pool_block needs 48"):
         b._check_bindings("pool2d", {"AVG_POOL": "1"}, [buf], [buf], [buf, buf, small])
     b._check_bindings("pool2d", {"AVG_POOL": "1"}, [buf], [buf], [buf, buf, buf])
+
+
+@pytest.mark.parametrize("shape", [(0, 100000, 258710), (3, 1 << 31), (1 << 16, 1 << 16)])
+def test_meta_record_refuses_sizes_and_strides_past_int32(shape):
+    # An empty tensor (a size 0) still has strides: 100000 * 258710 is past int32
+    # (fuzz/findings/blob-tensor-meta-int32-overflow-c.bin).
+    from vkdelegate.errors import DeviceLimitError
+
+    with pytest.raises(DeviceLimitError, match="int32 indexing"):
+        meta_record(shape)
+    rec = meta_record((0, 7, 5))  # an empty tensor within range: its strides kept
+    assert rec[8:11].tolist() == [1, 5, 35] and rec[16] == 0

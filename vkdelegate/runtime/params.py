@@ -58,11 +58,16 @@ def meta_record(shape) -> np.ndarray:
         raise VkDelegateError(f"rank {len(shape)} tensor: the runtime supports rank <= "
                               f"{MAX_META_DIMS}")
     numel = math.prod(shape)
-    if numel > INT32_MAX or any(s > INT32_MAX for s in shape):
+    # The largest stride (the inner sizes' product) counts too: with a zero size the
+    # tensor is empty, but its strides are still int32 shader integers.
+    inner = math.prod(shape[1:])
+    if max(numel, inner) > INT32_MAX or any(s > INT32_MAX for s in shape):
         # Shaders index with int32: a valid tensor this large does not fit the runtime
         # (raised before Allocator checks on devices with buffers over 2 GiB).
-        raise DeviceLimitError(f"tensor of sizes {list(shape)} has {numel} elements, more "
-                               f"than the shaders' int32 indexing reaches ({INT32_MAX})")
+        raise DeviceLimitError(f"tensor of sizes {list(shape)} has {max(numel, inner)} "
+                               f"elements{' in its inner dims' if inner > numel else ''}, "
+                               f"more than the shaders' int32 indexing reaches "
+                               f"({INT32_MAX})")
     rec = np.zeros(META_INTS, dtype=np.int32)
     rec[0:8] = 1
     stride = 1
