@@ -112,16 +112,17 @@ def decode_profile(program, prompt, top: int) -> tuple:
     finally:
         program.set_profiling(False)
     by_op, count = defaultdict(float), defaultdict(int)
-    n = 0
+    n, trace = 0, []
     for _, profile in program.last_profiles("decode"):
         for d in profile.dispatches:
             by_op[d.op] += d.duration_ns / 1e3
             count[d.op] += 1
             n += 1
+            trace.append((d.node_id, d.op, d.shader, round(d.duration_ns / 1e3, 2)))
     total = sum(by_op.values()) or 1.0
     rows = sorted(((op, count[op], round(us, 1), f"{100 * us / total:.1f}%")
                    for op, us in by_op.items()), key=lambda r: -r[2])[:top]
-    return rows, total, n
+    return rows, total, n, trace
 
 
 def hold(program, prompt, new_tokens: int, seconds: float) -> None:
@@ -293,8 +294,9 @@ def main() -> None:
         result["step_us"][scheme] = split
         print(f"decode step split ({name}, median us): {split}", flush=True)
         if args.profile:
-            prof, total, n = decode_profile(program, prompt, args.profile)
-            result["profile"][scheme] = {"gpu_us": total, "dispatches": n, "top": prof}
+            prof, total, n, trace = decode_profile(program, prompt, args.profile)
+            result["profile"][scheme] = {"gpu_us": total, "dispatches": n, "top": prof,
+                                         "trace": trace}
             print(f"decode step ({name}): {n} dispatches, {total:.0f} us GPU time "
                   f"(profiled: a barrier between dispatches)")
             print(tabulate(prof, headers=("op", "dispatches", "GPU us", "share")),

@@ -83,12 +83,13 @@ class TinyVision(nn.Module):
         return pooled, count > 0
 
 
-def norm_linear_dispatches(prologue: bool = False) -> int:
-    """Dispatches of one one-row ``vkdelegate.rms_norm_linear`` (an RMS norm fused into
-    the linear reading it) on the default Vulkan device: with compile option
-    rms_norm_prologue (off by default) 1 where the product takes the GEMV path, whose
-    prologue normalizes the row (GPUs); else 2: the norm's dispatch, then the linear
-    (also CPU drivers such as lavapipe: no GEMV path)."""
+def norm_linear_dispatches(prologue: bool = True) -> int:
+    """Dispatches of one one-row ``vkdelegate.rms_norm_linear`` or
+    ``rms_norm_linear_swiglu`` (an RMS norm fused into the linear reading it) on the
+    default Vulkan device: with compile option rms_norm_prologue (on by default) 1
+    where the product takes the GEMV path, which folds the norm in (GPUs); else 2: the
+    norm's dispatch, then the linear (also CPU drivers such as lavapipe: no GEMV
+    path)."""
     from vkdelegate.kernels.gemm_tiles import tiles_for
     from vkdelegate.runtime import default_device
 

@@ -3,9 +3,10 @@ and cache-write dispatches that passes/cse, fuse_rotary's pairing and
 pair_cache_updates (which also takes the rotary into the cache write) remove are
 gone, in float16 the casts around SiLU and cos/sin are inside fused chains, the
 SwiGLU chain is in the merged gate/up linear's epilogue (passes/fuse_linear_swiglu:
-one dispatch per layer fewer), the RMS norms before q/k/v and lm_head are folded into
-the linear after them (passes/fuse_rms_norm_linear: no norm dispatch on GPUs with
-rms_norm_prologue), and the greedy tokens are still HF's."""
+one dispatch per layer fewer), the RMS norms are folded into the linear after them
+(passes/fuse_rms_norm_linear, and fuse_linear_swiglu for the post-attention norm: no
+norm dispatch on GPUs, where the GEMV path takes them), and the greedy tokens are
+still HF's."""
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from vkdelegate.llm import generate, lower
 
 
 RMS_NORM_LINEAR = "vkdelegate.rms_norm_linear.default"
-LINEAR_SWIGLU = "vkdelegate.linear_swiglu.default"
+LINEAR_SWIGLU = "vkdelegate.rms_norm_linear_swiglu.default"
 
 
 def _decode_ops(program, token: int, pos: int) -> list:
@@ -56,15 +57,15 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     # old + (new - old) twice; decoder.DecodeLoopState.record).
     assert ops.count("aten.add.Tensor") == 3, ops
     assert ops.count("vkdelegate.linear_add.default") == 2 * layers, ops
-    # The input RMS norm of each layer and the final one are folded into the linear
-    # after them (vkdelegate.rms_norm_linear: in the GEMV's prologue with compile
-    # option rms_norm_prologue, else the norm's dispatch, then the linear); the merged
-    # gate/up linear runs the SwiGLU chain in its epilogue (vkdelegate.linear_swiglu,
-    # one dispatch), after the post-attention norm's own dispatch.
+    # Every RMS norm is folded into the linear after it: the input norm of each layer
+    # and the final one (vkdelegate.rms_norm_linear), the post-attention norm with the
+    # merged gate/up linear and its SwiGLU chain (vkdelegate.rms_norm_linear_swiglu):
+    # one dispatch each on the GEMV path (GPUs), else the norm's dispatch, then the
+    # product.
     assert "aten.linear.default" not in ops, ops
     assert ops.count(RMS_NORM_LINEAR) == (layers + 1) * norm_linear_dispatches(), ops
-    assert ops.count(LINEAR_SWIGLU) == layers, ops
-    assert ops.count("et_vk.rms_norm.default") == layers, ops
+    assert ops.count(LINEAR_SWIGLU) == layers * norm_linear_dispatches(), ops
+    assert ops.count("et_vk.rms_norm.default") == 0, ops
     assert "vkdelegate.fused_elementwise.default" not in ops, ops
     # The same program still generates HF's tokens after the profiled step.
     program.reset_state()
@@ -92,11 +93,12 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    # The merged gate/up linear with its SwiGLU chain reads the post-attention RMS
-    # norm's dispatch; the 2 chains left are the rotary prelude's cos and sin.
+    # The post-attention RMS norm, the merged gate/up linear and its SwiGLU chain are
+    # one node; the 2 chains left are the rotary prelude's cos and sin.
     fused, norm = "vkdelegate.fused_elementwise.default", "et_vk.rms_norm.default"
+    per = norm_linear_dispatches()  # dispatches per fused norm + linear
     assert ops.count(fused) == 2, ops
-    assert ops.count(LINEAR_SWIGLU) == layers, ops
+    assert ops.count(LINEAR_SWIGLU) == layers * per, ops
     assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
     # Left: the positions' int64 -> float32 cast and their product with inv_freq
     # (transformers 5.24 + torch 2.13; 5.17 + torch 2.11, the H200 machine's, builds the
@@ -106,7 +108,7 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     assert ops.count("aten.mul.Tensor") <= 1, ops
     down = (RMS_NORM_LINEAR, "vkdelegate.linear_add.default")  # down_proj with the residual add
     mlp = [i for i, op in enumerate(ops)
-           if op == LINEAR_SWIGLU and ops[i - 1] == norm and ops[i + 1] in down]
+           if op == LINEAR_SWIGLU and ops[i - 1] != LINEAR_SWIGLU and ops[i + per] in down]
     assert len(mlp) == layers, ops
     # Also 2 residual adds per layer in linear_add; the decode loop's state records
     # add 7 small dispatches (decoder.DecodeLoopState.record); the attention mask's
@@ -114,14 +116,14 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     # under 5.17) is gone with the mask; the prelude may hold 2 more under
     # transformers 5.17 + torch 2.11 (a cast and an unsqueeze); the rotary embedding
     # is in the cache write (one dispatch fewer per layer).
-    # The layers + 1 RMS norms before q/k/v and lm_head are in their linears' GEMV
-    # prologues only with compile option rms_norm_prologue (off by default:
-    # norm_linear_dispatches); the SwiGLU chains are in the gate/up GEMVs' epilogues.
-    norms = (layers + 1) * (2 - norm_linear_dispatches())
+    # The 2 * layers + 1 RMS norms are in their linears' GEMVs where the GEMV path
+    # runs (norm_linear_dispatches); the SwiGLU chains are in the gate/up GEMVs'
+    # epilogues.
+    norms = (2 * layers + 1) * (2 - per)
     assert "aten.le.Tensor" not in ops, ops
     assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 - 1 + 2 - layers - norms \
         - layers, ops
-    assert ops.count(norm) == layers, ops
+    assert ops.count(norm) == 0, ops
     # Against the same model lowered without the SwiGLU fusion: one dispatch fewer
     # per layer, the same tokens, and the same KV caches bit for bit (layer 1's keys
     # and values are computed from layer 0's MLP output).
@@ -161,5 +163,6 @@ def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    assert ops.count(RMS_NORM_LINEAR) == 2 * layers + 1, ops
+    assert ops.count(RMS_NORM_LINEAR) == layers + 1, ops
+    assert ops.count(LINEAR_SWIGLU) == layers, ops
     assert "et_vk.rms_norm.default" not in ops, ops

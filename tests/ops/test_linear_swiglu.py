@@ -242,3 +242,123 @@ def test_glue_refuses_other_steps():
     check_arguments(FUSED, op, [0, 0, None, swiglu.SILU], {}, "node 0")
     with pytest.raises(VkDelegateError, match="which takes one of"):
         check_arguments(FUSED, op, [0, 0, None, "aten.relu.default(r0)"], {}, "node 0")
+
+
+# ---- vkdelegate.rms_norm_linear_swiglu: the RMS norm, the merged GEMV and the chain ----
+NORM_FUSED = custom_ops.RMS_NORM_LINEAR_SWIGLU.name
+
+
+class _RmsLinearSwiglu(_LinearSwiglu):
+    """rms_norm_linear_swiglu(x, norm_weight [K], 1e-6, weight [2F, K], bias?, steps)
+    on parameters (norm weights in 0.5..1.5, as tests/ops/test_rms_norm_linear.py's)."""
+
+    def __init__(self, k, f, steps, bias=True, dtype=torch.float32):
+        super().__init__(k, f, steps, bias, dtype)
+        self.norm_weight = torch.nn.Parameter((torch.rand(k) + 0.5).to(dtype))
+
+    def forward(self, x):
+        return custom_ops.RMS_NORM_LINEAR_SWIGLU.overload()(
+            x, self.norm_weight, 1e-6, self.weight, self.bias, self.steps)
+
+
+@pytest.mark.parametrize("dtype,steps", CASES, ids=IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("k", [37, 52, 64], ids=["scalar", "vec4", "vec8"])
+def test_norm_gemv_epilogue(gpu_forms, dtype, steps, bias, k):
+    # One row: gemv.glsl's RMS_NORM and SWIGLU together, one dispatch; against the CPU
+    # kernel (the norm rounded to x's dtype, the linear, the chain): tolerances as
+    # tests/ops/test_rms_norm_linear.py's (the fused GEMV never rounds the normalized
+    # row) and the module docstring's.
+    torch.manual_seed(0)
+    module = _RmsLinearSwiglu(k, 13, steps, bias, dtype)
+    program = check_op(module, (torch.randn(1, 1, k).to(dtype) * 3,), ops=[NORM_FUSED],
+                       **_tol(dtype))
+    assert _ops(program) == [NORM_FUSED]
+    assert gpu_forms == ["gemv"]
+
+
+def test_norm_gemv_without_subgroups(gpu_forms, monkeypatch):
+    from vkdelegate.kernels import gemm_core
+
+    monkeypatch.setattr(gemm_core, "has_subgroup_arithmetic", lambda info: False)
+    torch.manual_seed(0)
+    for k in (64, 300):  # 300: more than the 128 invocations' first stride
+        check_op(_RmsLinearSwiglu(k, 7, swiglu.SILU), (torch.randn(1, k),),
+                 ops=[NORM_FUSED])
+    assert gpu_forms == ["gemv", "gemv"]
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_norm_default_form_and_several_rows(forms, rows):
+    # A CPU driver (and several rows anywhere): the norm's dispatch, then linear.glsl's
+    # SWIGLU epilogue.
+    torch.manual_seed(0)
+    module = _RmsLinearSwiglu(37, 13, swiglu.SILU_HALF, True, torch.float16)
+    check_op(module, (torch.randn(1, rows, 37).half(),), ops=[NORM_FUSED], **F16)
+
+
+def test_norm_cpu_kernel_is_the_norm_then_linear_swiglu():
+    torch.manual_seed(0)
+    x, nw, w, b = (torch.randn(*s).half() for s in ((3, 40), (40,), (14, 40), (14,)))
+    got = custom_ops.RMS_NORM_LINEAR_SWIGLU.overload()(x, nw, 1e-5, w, b, swiglu.SILU_HALF)
+    y = custom_ops.RMS_NORM.overload()(x, nw, 1e-5)
+    want = custom_ops.LINEAR_SWIGLU.overload()(y, w, b, swiglu.SILU_HALF)
+    assert torch.equal(got, want)
+
+
+def _norm_blob(norm_elems=8, weight_rows=14, steps=swiglu.SILU, out_cols=7):
+    """A blob of one rms_norm_linear_swiglu node: x [1, 1, 8], constant norm weight
+    [norm_elems] and weight [weight_rows, 8], no bias, the output [1, 1, out_cols]."""
+    import numpy as np
+
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.serialization import vkgraph as g
+
+    rng = np.random.default_rng(0)
+    m = GraphMaker()
+    x = m.input((1, 1, 8))
+    nw = m.constant((rng.random(norm_elems) + 0.5).astype(np.float32))
+    w = m.constant(rng.standard_normal((weight_rows, 8)).astype(np.float32))
+    s = m._add(g.String(steps))
+    m.output(m.op(NORM_FUSED, [x, nw, m.scalar(1e-6), w, m.scalar(None), s],
+                  (1, 1, out_cols)))
+    return m
+
+
+def test_norm_matching_blob_runs(vk_device):
+    import numpy as np
+
+    from vkdelegate.runtime import load_delegate
+
+    m = _norm_blob()
+    x = np.random.default_rng(1).standard_normal((1, 1, 8), np.float32)
+    nw = np.frombuffer(m.constants[0], np.float32)
+    w = np.frombuffer(m.constants[1], np.float32).reshape(14, 8)
+    y = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * nw
+    y = y @ w.T
+    gate, up = y[..., :7], y[..., 7:]
+    with load_delegate(m.blob()) as graph:
+        got = graph.execute([x])[0]
+    np.testing.assert_allclose(got, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(norm_elems=9), r"norm_weight of sizes \[9\] for an input of sizes \[1, 1, 8\]"),
+    (dict(weight_rows=13, out_cols=6), r"weight \[13, 8\]: a merged gate/up weight has an "
+                                       r"even number of rows"),
+    (dict(out_cols=14), r"output must be \[1, 1, 7\]"),
+    (dict(steps=swiglu.SILU_HALF), r"does not apply to float32 tensors"),
+])
+def test_norm_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
+    """A crafted rms_norm_linear_swiglu (a norm weight or weight the kernels would read
+    past, an output of other sizes, a chain for another dtype) is refused before
+    anything is built, by the Vulkan loader and the reference executor alike."""
+    from vkdelegate.backend.reference import load_reference
+    from vkdelegate.runtime import load_delegate
+
+    blob = _norm_blob(**kwargs).blob()
+    for load in (load_delegate, load_reference):
+        with pytest.raises(VkDelegateError,
+                           match=r"^node 0 \(vkdelegate.rms_norm_linear_swiglu.default\): .*"
+                                 + match):
+            load(blob)

@@ -499,6 +499,23 @@ LINEAR_SWIGLU = declare_custom_op(
     _linear_swiglu)
 
 
+def _rms_norm_linear_swiglu(x, norm_weight, eps, weight, bias, steps):
+    return _linear_swiglu(RMS_NORM.overload()(x, norm_weight, eps), weight, bias, steps)
+
+
+#: ``linear_swiglu(et_vk.rms_norm(x, norm_weight, eps), weight, bias, steps)``: an LLM
+#: layer's post-attention norm, its merged gate/up linear and the SwiGLU chain, x
+#: [..., K], norm_weight [K], weight [2F, K], bias [2F]? -> [..., F]. The CPU kernel is
+#: those ops (the normalized row rounded to x's dtype, the linear, the chain).
+#: ``passes/fuse_linear_swiglu`` creates it where the merged linear is a
+#: ``vkdelegate.rms_norm_linear``; ours, only in our blobs. Vulkan:
+#: ``ops/families/norm.py`` (gemv.glsl's RMS_NORM and SWIGLU together).
+RMS_NORM_LINEAR_SWIGLU = declare_custom_op(
+    "vkdelegate.rms_norm_linear_swiglu.default",
+    "rms_norm_linear_swiglu(Tensor x, Tensor norm_weight, float eps, Tensor weight, "
+    "Tensor? bias, str steps) -> Tensor", _rms_norm_linear_swiglu)
+
+
 def _linear_q4gsw_add(x, weights, weight_scales, group_size, bias, residual):
     return residual + _linear_q4gsw(x, weights, weight_scales, group_size, bias)
 

@@ -33,14 +33,15 @@ Keys (all optional):
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
-- ``rms_norm_prologue`` (bool, default False): ``vkdelegate.rms_norm_linear`` (an RMS
-  norm fused into the linear reading it, backend/passes/fuse_rms_norm_linear.py)
-  normalizes the row in the GEMV's prologue where it can (one dispatch); False records
-  the norm's own dispatch and then the linear, the unfused pair's two dispatches. Off
-  by default: on the H200 the Llama-3.2-1B-shaped fp16 decode ran at 534 tokens/s with
-  it and 565 without (each of the 33 GEMVs' workgroups re-reads and normalizes the
-  row: the 33 fused GEMVs took 870 us against about 785 for norms and GEMVs;
-  docs/PERF.md, 2026-12-03 evening).
+- ``rms_norm_prologue`` (bool, default True): ``vkdelegate.rms_norm_linear`` and
+  ``rms_norm_linear_swiglu`` (an RMS norm fused into the linear reading it,
+  backend/passes/fuse_rms_norm_linear.py, fuse_linear_swiglu.py) run the norm inside
+  the GEMV where it takes the GEMV path (gemv.glsl's RMS_NORM: the norm weight
+  applied to the row as it is loaded, its sum of squares reduced with the products,
+  each sum scaled by 1 / rms; one dispatch); False records the norm's dispatch and
+  then the product, the unfused pair's two. (The name is the first form's, a prologue
+  that normalized the row into shared memory first: slower on the H200, docs/PERF.md,
+  2026-12-03 evening; kept so that saved program files load.)
 - ``executor`` (str, default "vulkan"): "vulkan" runs delegates on the Vulkan runtime;
   "reference" runs them with torch ops on the CPU (``vkdelegate.backend.reference``),
   for debugging a divergence and for tests only.
@@ -73,7 +74,7 @@ class CompileOptions:
     sdpa_skip_masked_tiles: bool = True
     fuse_elementwise: bool = True
     sdpa_cooperative_matrix: bool = True
-    rms_norm_prologue: bool = False
+    rms_norm_prologue: bool = True
     fuse_linear_swiglu: bool = True
 
     def to_dict(self) -> dict:

@@ -279,7 +279,8 @@ def pack_halves(weight: np.ndarray) -> np.ndarray:
     return np.concatenate([pack_weight(weight[:f]), pack_weight(weight[f:])])
 
 
-def swiglu(b, out, a, mat, bias, layout: str, chain: dict) -> None:
+def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
+           norm: "RmsPrologue | None" = None) -> None:
     """Record out [..., F] = the SwiGLU chain over (gate, up) halves of linear(a, mat,
     bias), mat a merged gate/up weight [2F, K] ("nk", or "packed": a constant),
     bias [2F]? (vkdelegate.linear_swiglu; ``chain``: kernels/swiglu.py's defines). One
@@ -287,7 +288,10 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict) -> None:
     SWIGLU epilogue, else linear.glsl's (every product on CPU drivers; on GPUs the
     several-row products, which the lowering never makes: merge_linears merges only
     one-row linears). VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when
-    K is past llvmpipe's loop budget even in the LONG_K form."""
+    K is past llvmpipe's loop budget even in the LONG_K form. ``norm`` (an
+    RmsPrologue; vkdelegate.rms_norm_linear_swiglu): the product of et_vk.rms_norm(a,
+    ...), in the GEMV path (gemv.glsl's RMS_NORM with SWIGLU) unless the compile option
+    ``rms_norm_prologue`` is off, else ``norm.unfused()``'s dispatch first."""
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
     shape = (1, 1) + tuple(out.max_shape)
@@ -296,8 +300,14 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict) -> None:
     form = checked_select(b, m, 2 * f, k, plain=False, batch=batch, dtype=out.dtype,
                           nk=True)
     if form.shader == GEMV_SHADER:
-        record_core(b, form, out, a, mat, bias, "nk", swiglu=chain)
+        fused = norm is not None and b.option(RMS_PROLOGUE_OPTION, True)
+        if norm is not None and not fused:
+            a = norm.unfused()
+        record_core(b, form, out, a, mat, bias, "nk", swiglu=chain,
+                    norm=(norm.weight, norm.eps) if fused else None)
         return
+    if norm is not None:
+        a = norm.unfused()
     form = GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
     loop_limit.check(b, form.iterations(k), f"K = {k}")
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
@@ -321,9 +331,8 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     path and linear.glsl (HAS_RESIDUAL); the GEMM core and its cooperative-matrix form
     leave it to the caller. Returns whether the residual was added (False without
     one). ``norm`` (an RmsPrologue, not with a residual): the product of
-    et_vk.rms_norm(a, ...): in the GEMV path's prologue for one row of b [N, K]
-    whose row fits the device's shared memory (gemm_core.rms_norm_fits) unless the
-    compile option ``rms_norm_prologue`` is off, else
+    et_vk.rms_norm(a, ...): in the GEMV path (gemv.glsl's RMS_NORM) for one row of
+    b [N, K] unless the compile option ``rms_norm_prologue`` is off, else
     ``norm.unfused()`` records the norm first and the product reads its output (two
     dispatches, as unfused). Raises VkDelegateError (b.error) on mixed dtypes,
     DeviceLimitError when K is longer than llvmpipe's loop budget allows even in the
@@ -337,8 +346,8 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     if norm is not None:
         if residual is not None:
             raise b.error("an RMS norm prologue with a residual")
-        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, False) and \
-                gemm_core.rms_norm_fits(b.device.info, form, mat, k, shape[-1], True):
+        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, True) and \
+                gemm_core.rms_norm_fits(form, True):
             record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
                         norm=(norm.weight, norm.eps))
             return False

@@ -11,10 +11,11 @@
   b [N, K], GEMV_UNROLL vector loads per row in flight per invocation, subgroupAdd
   reduction where the device has subgroup arithmetic), its HAS_RESIDUAL form
   (vkdelegate.linear_add: a residual of out's shape added in the epilogue) and its
-  RMS_NORM form (vkdelegate.rms_norm_linear: the row RMS-normalized in a prologue,
-  ``rms_norm_fits`` bounding K by the device's shared memory) and its SWIGLU form
-  (vkdelegate.linear_swiglu: a merged gate/up weight's row pairs combined by the
-  SwiGLU chain in the epilogue, kernels/swiglu.py).
+  RMS_NORM form (vkdelegate.rms_norm_linear: the product of the RMS-normalized row,
+  the norm weight applied to a as it is loaded and the 1 / rms scale to each sum) and
+  its SWIGLU form (vkdelegate.linear_swiglu: a merged gate/up weight's row pairs
+  combined by the SwiGLU chain in the epilogue, kernels/swiglu.py; with RMS_NORM,
+  vkdelegate.rms_norm_linear_swiglu).
 
 Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
 (layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
@@ -90,7 +91,8 @@ def _reduce_bindings(d) -> Bindings:
 
 
 def _vector_types(d: dict) -> dict:
-    return {f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4" for n in "AB"}
+    return {f"{n}_VT": "f16vec4" if d[f"{n}_T"] == "float16_t" else "vec4"
+            for n in ("A", "B", "NW") if f"{n}_T" in d}
 
 
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
@@ -104,9 +106,9 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     vector loads per row per iteration (UNROLL) and the subgroupAdd reduction
     (``subgroup``: the device has subgroup arithmetic); gemv.glsl's HAS_RESIDUAL
     with ``residual`` (None, or the residual's Tensor or pair) and its RMS_NORM
-    prologue with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
-    only; NORM_HALF when a's graph dtype is float16); its SWIGLU epilogue with
-    ``swiglu`` (None, or kernels/swiglu.py's defines of the chain; b [N, K] only)."""
+    form with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
+    only); its SWIGLU epilogue with ``swiglu`` (None, or kernels/swiglu.py's defines
+    of the chain; b [N, K] only; with or without RMS_NORM)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -116,8 +118,7 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
         tensors["NW"] = norm_weight
     d = storage_defines(**tensors)
     if norm_weight is not None:
-        a_dtype = a.dtype if hasattr(a, "dtype") else a[0]
-        d.update(flag_defines(RMS_NORM=True, NORM_HALF=a_dtype == "float16"))
+        d["RMS_NORM"] = "1"
     d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None,
                           HAS_RESIDUAL=residual is not None))
     if swiglu is not None:
@@ -202,24 +203,11 @@ def gemv_vec(mat, k: int, n: int, nk: bool) -> int:
     return vec
 
 
-def rms_norm_shared_bytes(k: int, vec: int, rows: int) -> int:
-    """Bytes of shared memory of gemv.glsl's RMS_NORM form (b [N, K]) for rows of
-    ``k`` elements read ``vec`` at a time and ``rows`` outputs per workgroup: the row
-    xs (8 fp16 values per uvec4 with vec 8, else fp32) and the partial sums (ROWS x
-    THREADS fp32)."""
-    return (2 if vec == 8 else 4) * k + 4 * rows * GEMV_THREADS[True]
-
-
-def rms_norm_fits(info, form, mat, k: int, n: int, nk: bool) -> bool:
-    """Whether gemv.glsl's RMS_NORM prologue can run ``form`` (kernels/gemm.py's
-    choice) for a one-row product of b ``mat`` ([N, K] when ``nk``) on device
-    ``info``: the GEMV path, b [N, K], and the row's shared memory within the device's
-    maxComputeSharedMemorySize (16 KiB, Vulkan's minimum, where not known): a driver
-    may lose the device on a pipeline past it rather than fail."""
-    if form.shader != GEMV_SHADER or not nk or k < 1:
-        return False
-    shared = getattr(info, "max_shared_memory", 0) or 16384
-    return rms_norm_shared_bytes(k, gemv_vec(mat, k, n, nk), form.tile) <= shared
+def rms_norm_fits(form, nk: bool) -> bool:
+    """Whether gemv.glsl's RMS_NORM form can run ``form`` (kernels/gemm.py's choice)
+    for a one-row product: the GEMV path with b [N, K] (any K: the form holds nothing
+    of the row in shared memory)."""
+    return form.shader == GEMV_SHADER and nk
 
 
 def swiglu_rows(rows: int) -> int:
@@ -241,16 +229,14 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     row, and ``rms_norm_fits``; VkDelegateError otherwise; not with a residual);
     ``swiglu`` (None, or kernels/swiglu.py's defines): the GEMV path's SWIGLU epilogue,
     mat the merged gate/up weight [2N, K] of an out of N columns (b [N, K] layout, no
-    residual or norm; VkDelegateError otherwise)."""
+    residual; VkDelegateError otherwise), with or without ``norm``."""
     if swiglu is not None and (form.shader != GEMV_SHADER or layout != "nk"
-                               or residual is not None or norm is not None):
+                               or residual is not None):
         raise b.error(f"{form.shader}: no SwiGLU epilogue for this product")
     if residual is not None and form.shader != GEMV_SHADER:
         raise b.error(f"{form.shader}: only the GEMV path adds a residual")
-    if norm is not None and (residual is not None or layout != "nk"
-                             or not rms_norm_fits(b.device.info, form, mat,
-                                                  a.max_shape[-1], out.max_shape[-1], True)):
-        raise b.error(f"{form.shader}: no RMS norm prologue for this product")
+    if norm is not None and (residual is not None or not rms_norm_fits(form, layout == "nk")):
+        raise b.error(f"{form.shader}: no RMS norm in this product")
     nk = layout == "nk"
     shape = (1, 1) + tuple(out.max_shape)
     m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])
@@ -261,7 +247,6 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     inputs = [a, mat] + ([bias] if bias is not None else []) + \
         ([residual] if residual is not None else []) + \
         ([norm[0]] if norm is not None else [])
-    spec = ()
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
@@ -283,15 +268,13 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
                                residual=residual,
                                norm_weight=None if norm is None else norm[0],
                                swiglu=swiglu)
-        if norm is not None:
-            spec = (k // vec,)  # XS_LEN: the row's vector units in shared memory
         if nk:
             out_rows = rows if swiglu is None else rows // 2  # outputs per workgroup
             grid, local = (-(-n // out_rows) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
     b.dispatch(form.shader, defines, outputs=[out], inputs=inputs, params=params,
-               global_size=grid, local_size=local, spec_constants=spec)
+               global_size=grid, local_size=local)
 
 
 def _record_split_k(b, form, out, a, mat, bias, nk: bool, params: list,
@@ -337,10 +320,9 @@ def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
             or short and not nk:
         return None
     if rms and (residual or not nk):
-        return None  # the RMS norm prologue: b [N, K], no residual
-    if chain is not None and (not nk or residual or rms
-                              or chain not in swiglu.CHAINS_FOR[dtype]):
-        return None  # the SwiGLU epilogue: b [N, K], neither residual nor prologue
+        return None  # the RMS norm form: b [N, K], no residual
+    if chain is not None and (not nk or residual or chain not in swiglu.CHAINS_FOR[dtype]):
+        return None  # the SwiGLU epilogue: b [N, K], no residual
     rows = GPU_TILES.gemv_rows
     return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
                         rows=rows if chain is None else swiglu_rows(rows), vec=vec,

@@ -84,8 +84,8 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    rotary's mul/add) that a fused chain would hide;
 # 5c'. a merged gate/up linear and the SwiGLU chain over its halves -> one
 #    linear_swiglu (fuse_linear_swiglu) right after fuse_elementwise, which makes the
-#    chain, and after fuse_rms_norm_linear, whose fused norm it splits off again (the
-#    norm's dispatch, recorded anyway unless rms_norm_prologue, which it leaves alone);
+#    chain, and after fuse_rms_norm_linear, whose fused norm it keeps
+#    (rms_norm_linear_swiglu);
 # 5d. permutes that move only size-1 dims -> views (permute_to_view) after every
 #    pattern pass (addmm_to_linear looks for a weight's permute, rotary and attention
 #    patterns for transposes), so that they share their input's memory;

@@ -17,9 +17,10 @@ around the SiLU). Fused only when exactly that is there:
   only readers;
 - the producer is ``aten.linear.default(x, weight, bias?)`` with a weight [2F, K] and a
   bias [2F] (or none), or ``vkdelegate.rms_norm_linear`` (passes/fuse_rms_norm_linear:
-  the post-attention norm folded into the merged linear), which becomes its
-  ``et_vk.rms_norm`` (the dispatch it records anyway without compile option
-  ``rms_norm_prologue``; with that option on it is left alone, keeping its prologue);
+  the post-attention norm folded into the merged linear), which makes the fused node
+  ``vkdelegate.rms_norm_linear_swiglu(x, norm_weight, eps, weight, bias, steps')``
+  (the norm, the GEMV and the chain in one dispatch; with compile option
+  ``rms_norm_prologue`` off the op records the norm's dispatch first);
 - the producer's output, the parts and the chain's output are float32 or float16 of
   one dtype, and the chain computes exactly one of kernels/swiglu.py's ``CHAINS``
   (``swiglu.match``: SiLU of the first half times the second, with the same rounding
@@ -34,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_SWIGLU, RMS_NORM,
-                                           RMS_NORM_LINEAR)
+from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_SWIGLU,
+                                           RMS_NORM_LINEAR, RMS_NORM_LINEAR_SWIGLU)
 from vkdelegate.backend.custom_ops_llm import NARROW_LAST
 from vkdelegate.kernels import swiglu
 from vkdelegate.ops import registry
@@ -61,21 +62,20 @@ def _part(node):
     return src, start, length
 
 
-def _linear_args(producer, prologue: bool):
+def _linear_args(producer):
     """(x, weight, bias, norm args or None) of a fusable producer, else None."""
     if producer.op != "call_function" or producer.kwargs:
         return None
     if producer.target == aten.linear.default and len(producer.args) in (2, 3):
         x, w = producer.args[:2]
         return x, w, producer.args[2] if len(producer.args) == 3 else None, None
-    if producer.target == RMS_NORM_LINEAR.overload() and len(producer.args) in (4, 5) \
-            and not prologue:
+    if producer.target == RMS_NORM_LINEAR.overload() and len(producer.args) in (4, 5):
         x, nw, eps, w = producer.args[:4]
         return x, w, producer.args[4] if len(producer.args) == 5 else None, (nw, eps)
     return None
 
 
-def _match(node, prologue: bool):
+def _match(node):
     """(producer, x, weight, bias, norm, canonical steps) for a fusable chain ``node``
     (module docstring), else None."""
     if node.op != "call_function" or node.target != FUSED_ELEMENTWISE.overload() \
@@ -101,7 +101,7 @@ def _match(node, prologue: bool):
     if sorted(spans) != [(0, f), (f, f)] or \
             any(_val(p) is None or _val(p).dtype != out.dtype for p in inputs):
         return None
-    args = _linear_args(producer, prologue)
+    args = _linear_args(producer)
     if args is None:
         return None
     x, w, bias, norm = args
@@ -124,23 +124,22 @@ def fuse_linear_swiglu(pg) -> bool:
     options = getattr(pg, "options", None)
     if options is not None and not options.fuse_linear_swiglu:
         return False
-    if LINEAR_SWIGLU.name not in registry.load_all():
+    ops = registry.load_all()
+    if LINEAR_SWIGLU.name not in ops or RMS_NORM_LINEAR_SWIGLU.name not in ops:
         return False
-    prologue = options is not None and options.rms_norm_prologue
     graph = pg.gm.graph
     changed = False
     for node in list(graph.nodes):
-        found = _match(node, prologue)
+        found = _match(node)
         if found is None:
             continue
         producer, x, w, bias, norm, canon = found
         with graph.inserting_before(node):
-            if norm is not None:
-                normed = graph.call_function(RMS_NORM.overload(), (x,) + tuple(norm))
-                xv = _val(x)
-                normed.meta = {"val": xv.new_empty(tuple(xv.shape))}
-                x = normed
-            fused = graph.call_function(LINEAR_SWIGLU.overload(), (x, w, bias, canon))
+            if norm is None:
+                fused = graph.call_function(LINEAR_SWIGLU.overload(), (x, w, bias, canon))
+            else:
+                fused = graph.call_function(RMS_NORM_LINEAR_SWIGLU.overload(),
+                                            (x,) + tuple(norm) + (w, bias, canon))
         fused.meta = dict(node.meta)
         node.replace_all_uses_with(fused)
         parts = list(node.args[0])

@@ -6,24 +6,22 @@ In an HF Llama/Qwen2/Mistral decode step each layer's input norm feeds its merge
 q/k/v linear and its post-attention norm the merged gate/up linear (passes/
 merge_linears), and the final norm feeds lm_head: each norm is a one-row dispatch
 whose cost on a GPU is the dispatch and its barrier, not the arithmetic (5.6 us of
-an H200 step per norm). The fused op normalizes the row in the GEMV's prologue
-(gemv.glsl's RMS_NORM: one dispatch; ops/families/norm.py), and records the two
-dispatches as before where the product takes another form (prefill's several rows,
-CPU drivers, a row past the device's shared memory).
+an H200 step per norm). The fused op runs the norm inside the GEMV (gemv.glsl's
+RMS_NORM: the norm weight applied to the row as it is loaded, its sum of squares
+reduced with the products, each sum scaled by 1 / rms; one dispatch;
+ops/families/norm.py), and records the two dispatches as before where the product
+takes another form (prefill's several rows, CPU drivers) or compile option
+``rms_norm_prologue`` is off.
 
 Fused when:
 
 - the norm is ``et_vk.rms_norm`` (passes/fuse_rms_norm makes it from HF's
-  decomposed RMSNorm) of an x [..., K] of float32 or float16 with K static and at
-  most MAX_K (the longest row the GEMV prologue can hold, 8192 fp16 values = 16 KiB
-  of shared memory, Vulkan's minimum, or 4096 fp32 values on such a device; the op
-  checks the device's limit at load and falls back to two dispatches past it);
+  decomposed RMSNorm) of an x [..., K] of float32 or float16 with K static;
 - every reader of the norm's output is an ``aten.linear.default(y, weight, bias?)``
   with y as its input (not its weight), weight [N, K] and bias [N] of x's dtype, and
   the output is not a graph output;
 - one linear reads it, or several and every dim of x but the last is statically 1
-  (decode): each GEMV then normalizes the row itself, which costs a re-read of a row
-  from cache per workgroup and no dispatch. With several rows (prefill's q/k/v
+  (decode): each GEMV then folds the norm in itself, which costs no dispatch. With several rows (prefill's q/k/v
   linears, not merged there) the op's fallback would repeat the norm's dispatch for
   each linear, so that case keeps the norm.
 
@@ -42,8 +40,6 @@ from vkdelegate.ops import registry
 
 aten = torch.ops.aten
 _DTYPES = (torch.float32, torch.float16)
-#: The longest row fused (see the module docstring).
-MAX_K = 8192
 
 
 def _val(node):
@@ -92,7 +88,7 @@ def _fusable(norm):
             or not isinstance(eps, (int, float)) or isinstance(eps, bool):
         return None
     k = xv.shape[-1]
-    if not isinstance(k, int) or not 1 <= k <= MAX_K or tuple(nv.shape) != (k,):
+    if not isinstance(k, int) or k < 1 or tuple(nv.shape) != (k,):
         return None
     users = list(norm.users)
     if not users or any(u.op == "output" for u in users):

@@ -24,13 +24,16 @@ row read once into registers, 4-element accesses, subgroup sums), the form of a
 decode step's one-token RMS norms.
 
 - vkdelegate.rms_norm_linear(x [..., K], norm_weight [K], eps, weight [N, K], bias [N]?)
-  -> [..., N] = aten.linear(et_vk.rms_norm(x, norm_weight, eps), weight, bias)
-  (backend/custom_ops.py; made by passes/fuse_rms_norm_linear): where the product
-  takes the GEMV path (one row, GPUs; kernels/gemm.py) with the row in the device's
-  shared memory, one dispatch, gemv.glsl normalizing the row in its prologue (the
-  same fp32 math and one rounding to x's dtype as norm.glsl; only the order of the
-  fp32 sum of squares differs); otherwise (several rows, CPU drivers, a row too long)
-  this family's RMS norm dispatch into a scratch row, then the linear: as unfused.
+  -> [..., N] = aten.linear(et_vk.rms_norm(x, norm_weight, eps), weight, bias) and
+  vkdelegate.rms_norm_linear_swiglu(x, norm_weight, eps, weight [2F, K], bias [2F]?,
+  steps) -> [..., F] = linear_swiglu(et_vk.rms_norm(x, ...), weight, bias, steps)
+  (backend/custom_ops.py; made by passes/fuse_rms_norm_linear and fuse_linear_swiglu):
+  where the product takes the GEMV path (one row, GPUs; kernels/gemm.py), one
+  dispatch, gemv.glsl's RMS_NORM form: x times the norm weight as it is loaded, its
+  sum of squares reduced with the products, each sum scaled by 1 / rms (fp32
+  throughout: the normalized row is not rounded to x's dtype, as norm.glsl's output
+  is); otherwise (several rows, CPU drivers, compile option rms_norm_prologue off)
+  this family's RMS norm dispatch into a scratch row, then the product: as unfused.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ import re
 
 import numpy as np
 
-from vkdelegate.kernels import gemm
+from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels import gemm, swiglu
 from vkdelegate.kernels.rows import (ROW_WG, VEC_PER, dispatch_rows, row_forms,
                                      vector_row_wg, vector_rows)
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
@@ -258,9 +262,12 @@ def _rms_linear_shape(args):
     return tuple(args[0].shape[:-1]) + (args[3].shape[0],)
 
 
-def _rms_linear_impl(b, node):
-    x_id, nw_id, eps_id, w_id, bias_id, out_id = node.args
-    x, nw, w, out = b.tensor(x_id), b.tensor(nw_id), b.tensor(w_id), b.tensor(out_id)
+def _rms_prologue(b, node, x, nw_id, eps_id, w) -> gemm.RmsPrologue:
+    """The norm of ``node`` (norm weight value ``nw_id``, eps ``eps_id``) before its
+    product with weight ``w``: fused into the GEMV where kernels/gemm.py can, else
+    this family's RMS norm dispatch into a scratch tensor of x's sizes (which follows
+    x's on resize)."""
+    nw = b.tensor(nw_id)
     eps = float(b.scalar(eps_id))
     k = x.max_shape[-1]
     if nw.max_shape != (k,) or w.ndim != 2 or w.max_shape[1] != k:
@@ -268,24 +275,72 @@ def _rms_linear_impl(b, node):
                       f"for an input {list(x.max_shape)}")
 
     def unfused():
-        """The separate RMS norm (et_vk.rms_norm's dispatch) into a scratch tensor of
-        x's sizes, which follows x's on resize."""
         y = b.temporary(x.max_shape, x.dtype)
         b.on_resize(lambda: y.set_shape(x.shape))
         _dispatch(b, node, x, [y], nw, None, ROWS, 1, eps, math.prod(x.max_shape[:-1]),
                   k, f"RMS norm over {k} elements")
         return y
 
-    bias = _optional(b, bias_id)
+    return gemm.RmsPrologue(nw, eps, unfused)
+
+
+def _rms_linear_impl(b, node):
+    x_id, nw_id, eps_id, w_id, bias_id, out_id = node.args
+    x, w, out = b.tensor(x_id), b.tensor(w_id), b.tensor(out_id)
+    norm = _rms_prologue(b, node, x, nw_id, eps_id, w)
     layout = "packed" if b.constant_array(w) is not None else "nk"
-    gemm.matmul(b, out, x, w, bias, layout, norm=gemm.RmsPrologue(nw, eps, unfused))
+    gemm.matmul(b, out, x, w, _optional(b, bias_id), layout, norm=norm)
 
 
 register(OpSpec(name=RMS_NORM_LINEAR, dtypes=DTYPES, impl=_rms_linear_impl,
                 shape_fn=_rms_linear_shape, rules=(_rms_linear_rule, same_dtype),
                 notes="linear(et_vk.rms_norm(x, w, eps), weight, bias?): the norm in "
-                      "the GEMV's prologue (one dispatch), else two dispatches; fused "
+                      "the GEMV (one dispatch), else two dispatches; fused "
                       "from et_vk.rms_norm -> aten.linear"))
+
+
+# ---- vkdelegate.rms_norm_linear_swiglu: the norm, a merged gate/up GEMV and SwiGLU ------
+RMS_NORM_LINEAR_SWIGLU = "vkdelegate.rms_norm_linear_swiglu.default"
+
+
+def _rms_swiglu_rule(node: NodeSpec):
+    """rms_norm_linear's rule for (x, norm_weight, eps, weight, bias), weight [2F, K]
+    (a merged gate/up weight: an even number of rows), output [..., F], steps one of
+    the SwiGLU chains for the output's dtype."""
+    why = _rms_linear_rule(node)
+    if why is not None:
+        return why
+    x, w, steps = node.args[0], node.args[3], node.args[5]
+    if w.shape[0] < 2 or w.shape[0] % 2:
+        return f"weight {list(w.shape)}: a merged gate/up weight has an even number of rows"
+    out = node.outputs[0] if node.outputs else None
+    if out is None or tuple(out.shape) != tuple(x.shape[:-1]) + (w.shape[0] // 2,):
+        return f"output must be {list(x.shape[:-1]) + [w.shape[0] // 2]}"
+    return swiglu.check(steps, out.dtype)
+
+
+def _rms_swiglu_shape(args):
+    return tuple(args[0].shape[:-1]) + (args[3].shape[0] // 2,)
+
+
+def _rms_swiglu_impl(b, node):
+    x_id, nw_id, eps_id, w_id, bias_id, steps_id, out_id = node.args
+    x, w, out = b.tensor(x_id), b.tensor(w_id), b.tensor(out_id)
+    try:
+        chain = swiglu.defines(b.value(steps_id), out.dtype)
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    norm = _rms_prologue(b, node, x, nw_id, eps_id, w)
+    layout = "packed" if b.constant_array(w) is not None else "nk"
+    gemm.swiglu(b, out, x, w, _optional(b, bias_id), layout, chain, norm=norm)
+
+
+register(OpSpec(name=RMS_NORM_LINEAR_SWIGLU, dtypes=DTYPES, impl=_rms_swiglu_impl,
+                shape_fn=_rms_swiglu_shape, rules=(_rms_swiglu_rule, same_dtype),
+                notes="linear_swiglu(et_vk.rms_norm(x, w, eps), weight [2F, K], bias?, "
+                      "steps) -> [..., F]: the norm, the merged gate/up GEMV and the "
+                      "chain in one dispatch, else the norm's dispatch first; fused from "
+                      "rms_norm_linear and a SwiGLU chain"))
 
 
 # ---- group norm and batch statistics: (N, C, *) -----------------------------------------

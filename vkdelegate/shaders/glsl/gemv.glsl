@@ -26,15 +26,15 @@
 // multiple of 8): uvec4 loads of 8 fp16 values, unpacked with unpackHalf2x16.
 // HAS_RESIDUAL (vkdelegate.linear_add): r_data (out's shape) is added to each output
 // in fp32 after the bias, one rounding at the store (gemm.h's WITH_RESIDUAL).
-// RMS_NORM (B_NK only; vkdelegate.rms_norm_linear): the product's row is
-// et_vk.rms_norm(a, n_data, eps) (n_data [K], eps = scalars.z), formed by each
-// workgroup in a prologue: the raw row into shared memory xs (XS_LEN vector units,
-// specialization constant 3: K / 8, K / 4 or K), its sum of squares in fp32
-// (invocations stride over K; subgroupAdd or a tree, as the products' sums), rstd =
-// 1 / sqrt(sum / K + eps), then each invocation rewrites its own elements as
-// (x * rstd) * w, rounded once to a's dtype (NORM_HALF: fp16, round_to_half; as
-// norm.glsl stores et_vk.rms_norm's output), and after a barrier the products read
-// xs in place of a_data. Only the fp32 sum's order differs from norm.glsl's.
+// RMS_NORM (B_NK only; vkdelegate.rms_norm_linear, vkdelegate.rms_norm_linear_swiglu):
+// the product's row is et_vk.rms_norm(a, n_data, eps) (n_data [K], eps = scalars.z),
+// never formed: each invocation multiplies its elements of a by the norm weight's as
+// it loads them (a * w, fp32) and sums their squares alongside the products; the sum
+// of squares is reduced with the products' sums (one more slot), and each output's
+// sum is scaled by 1 / sqrt(sum / K + eps) before the epilogue. The weight loads start
+// at once (a prologue that normalized the row first delayed them: docs/PERF.md). Not
+// rounded to a's dtype in between (norm.glsl stores the normalized row in a's
+// dtype): in fp16 the products differ from the unfused pair's by that rounding.
 // SWIGLU (B_NK only; vkdelegate.linear_swiglu, kernels/swiglu.py): b is a merged
 // gate/up weight [2N, K] for an output of N columns; a workgroup's ROWS rows are the
 // gate rows n0 .. n0 + ROWS/2 - 1 and the up rows N + n0 .., so each of its ROWS/2
@@ -67,7 +67,13 @@ TENSOR_IN(c_data, C_T)
 TENSOR_IN(r_data, R_T)
 #endif
 #ifdef RMS_NORM
+#if defined(VEC8)
+TENSOR_IN(n_data, uvec4)
+#elif defined(VEC4)
+TENSOR_IN(n_data, NW_VT)
+#else
 TENSOR_IN(n_data, NW_T)
+#endif
 #endif
 TENSOR_META(out_meta)
 TENSOR_META(a_meta)
@@ -79,112 +85,12 @@ TENSOR_META(c_meta)
 
 #ifdef B_NK
 #define THREADS 128
-shared float partial[ROWS][THREADS];
 #ifdef RMS_NORM
-layout(constant_id = 3) const int XS_LEN = 1;
-#if defined(VEC8)
-shared uvec4 xs[XS_LEN];  // 8 fp16 values each, as a_data's uvec4s
-#define A_VEC8(kk) xs[kk]
-#elif defined(VEC4)
-shared vec4 xs[XS_LEN];
-#define A_VEC4(kk) xs[kk]
+#define SLOTS (ROWS + 1)  // the rows' sums, then the sum of squares of a's row
 #else
-shared float xs[XS_LEN];
-#define A_SCALAR(k) xs[k]
+#define SLOTS ROWS
 #endif
-#ifdef NORM_HALF
-#define NORM_ROUND(v) round_to_half(v)
-#else
-#define NORM_ROUND(v) (v)
-#endif
-
-// The sum of every invocation's v (the same value in each): subgroupAdd and one slot
-// per subgroup, else a tree, in partial[0]; the caller's next barrier must come
-// before partial is written again.
-float sum_threads(float v, int t) {
-#ifdef SUBGROUP
-  const float s = subgroupAdd(v);
-  if (subgroupElect()) {
-    partial[0][gl_SubgroupID] = s;
-  }
-  barrier();
-  float total = 0.0;
-  for (uint i = 0u; i < gl_NumSubgroups; ++i) {
-    total += partial[0][i];
-  }
-  return total;
-#else
-  partial[0][t] = v;
-  barrier();
-  [[unroll]] for (int s = THREADS / 2; s > 0; s >>= 1) {
-    if (t < s) {
-      partial[0][t] += partial[0][t + s];
-    }
-    barrier();
-  }
-  return partial[0][0];
-#endif
-}
-
-// The normalized row of a (K elements from a_off) into xs; ends with a barrier.
-void rms_norm_row(int a_off, int K, int t) {
-  float ss = 0.0;
-#if defined(VEC8)
-  const int KV = K / 8;
-  for (int i = t; i < KV; i += THREADS) {
-    const uvec4 v = a_data[a_off / 8 + i];
-    xs[i] = v;
-    const vec4 x0 = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y));
-    const vec4 x1 = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w));
-    ss += dot(x0, x0) + dot(x1, x1);
-  }
-#elif defined(VEC4)
-  const int KV = K / 4;
-  for (int i = t; i < KV; i += THREADS) {
-    const vec4 v = vec4(a_data[a_off / 4 + i]);
-    xs[i] = v;
-    ss += dot(v, v);
-  }
-#else
-  for (int i = t; i < K; i += THREADS) {
-    const float v = float(a_data[a_off + i]);
-    xs[i] = v;
-    ss += v * v;
-  }
-#endif
-  const float rstd = 1.0 / sqrt(sum_threads(ss, t) / float(K) + scalars.z);
-  // Each invocation rewrites the elements it wrote: no barrier between.
-#if defined(VEC8)
-  for (int i = t; i < KV; i += THREADS) {
-    const uvec4 v = xs[i];
-    vec4 y0 = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y)) * rstd;
-    vec4 y1 = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w)) * rstd;
-    const int k = 8 * i;
-    y0 *= vec4(float(n_data[k]), float(n_data[k + 1]), float(n_data[k + 2]),
-               float(n_data[k + 3]));
-    y1 *= vec4(float(n_data[k + 4]), float(n_data[k + 5]), float(n_data[k + 6]),
-               float(n_data[k + 7]));
-    // round_to_half's results are fp16 values: packHalf2x16 keeps them exactly.
-    xs[i] = uvec4(packHalf2x16(vec2(round_to_half(y0.x), round_to_half(y0.y))),
-                  packHalf2x16(vec2(round_to_half(y0.z), round_to_half(y0.w))),
-                  packHalf2x16(vec2(round_to_half(y1.x), round_to_half(y1.y))),
-                  packHalf2x16(vec2(round_to_half(y1.z), round_to_half(y1.w))));
-  }
-#elif defined(VEC4)
-  for (int i = t; i < KV; i += THREADS) {
-    const int k = 4 * i;
-    const vec4 y = xs[i] * rstd * vec4(float(n_data[k]), float(n_data[k + 1]),
-                                       float(n_data[k + 2]), float(n_data[k + 3]));
-    xs[i] = vec4(NORM_ROUND(y.x), NORM_ROUND(y.y), NORM_ROUND(y.z), NORM_ROUND(y.w));
-  }
-#else
-  for (int i = t; i < K; i += THREADS) {
-    xs[i] = NORM_ROUND(xs[i] * rstd * float(n_data[i]));
-  }
-#endif
-  barrier();  // xs complete, and every invocation has read partial[0]
-}
-#endif
+shared float partial[SLOTS][THREADS];
 #else
 #ifdef RMS_NORM
 #error "RMS_NORM needs B_NK"
@@ -195,15 +101,15 @@ void rms_norm_row(int a_off, int K, int t) {
 #define THREADS 16
 shared vec4 partial[THREADS][16];
 #endif
-// The products' row of a (main's a_off): a_data, or xs with RMS_NORM.
-#ifndef A_VEC8
+// The products' row of a (main's a_off).
 #define A_VEC8(kk) a_data[a_off / 8 + (kk)]
-#endif
-#ifndef A_VEC4
 #define A_VEC4(kk) vec4(a_data[a_off / 4 + (kk)])
-#endif
-#ifndef A_SCALAR
 #define A_SCALAR(k) float(a_data[a_off + (k)])
+#ifdef RMS_NORM
+// An output's sum times the row's 1 / sqrt(mean(x^2) + eps) (eps = scalars.z).
+#define NORM_SCALE(v, ss) ((v) * (1.0 / sqrt((ss) / float(K) + scalars.z)))
+#else
+#define NORM_SCALE(v, ss) (v)
 #endif
 #ifdef SWIGLU
 #define OUT_ROWS (ROWS / 2)  // outputs per workgroup: a gate row and an up row each
@@ -239,10 +145,8 @@ void main() {
 #ifdef B_NK
   const int t = int(gl_LocalInvocationID.x);
   const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
-#ifdef RMS_NORM
-  rms_norm_row(a_off, K, t);
-#endif
   float acc[ROWS];
+  float ss = 0.0;  // RMS_NORM: the sum of squares of this invocation's elements of a
   int w_row[ROWS];
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     acc[r] = 0.0;
@@ -260,17 +164,28 @@ void main() {
   for (int k8 = t; k8 < K8; k8 += UNROLL * THREADS) {
     uvec4 xa[UNROLL];
     uvec4 w[UNROLL][ROWS];
+#ifdef RMS_NORM
+    uvec4 nw[UNROLL];
+#endif
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       const int kk = min(k8 + u * THREADS, K8 - 1);
       xa[u] = A_VEC8(kk);
+#ifdef RMS_NORM
+      nw[u] = n_data[kk];
+#endif
       [[unroll]] for (int r = 0; r < ROWS; ++r) {
         w[u][r] = b_data[w_row[r] / 8 + kk];
       }
     }
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       if (k8 + u * THREADS < K8) {
-        const vec4 x0 = vec4(unpackHalf2x16(xa[u].x), unpackHalf2x16(xa[u].y));
-        const vec4 x1 = vec4(unpackHalf2x16(xa[u].z), unpackHalf2x16(xa[u].w));
+        vec4 x0 = vec4(unpackHalf2x16(xa[u].x), unpackHalf2x16(xa[u].y));
+        vec4 x1 = vec4(unpackHalf2x16(xa[u].z), unpackHalf2x16(xa[u].w));
+#ifdef RMS_NORM
+        ss += dot(x0, x0) + dot(x1, x1);
+        x0 *= vec4(unpackHalf2x16(nw[u].x), unpackHalf2x16(nw[u].y));
+        x1 *= vec4(unpackHalf2x16(nw[u].z), unpackHalf2x16(nw[u].w));
+#endif
         [[unroll]] for (int r = 0; r < ROWS; ++r) {
           acc[r] += dot(x0, vec4(unpackHalf2x16(w[u][r].x), unpackHalf2x16(w[u][r].y)))
               + dot(x1, vec4(unpackHalf2x16(w[u][r].z), unpackHalf2x16(w[u][r].w)));
@@ -283,15 +198,25 @@ void main() {
   for (int k4 = t; k4 < K4; k4 += UNROLL * THREADS) {
     vec4 xa[UNROLL];
     vec4 w[UNROLL][ROWS];
+#ifdef RMS_NORM
+    vec4 nw[UNROLL];
+#endif
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       const int kk = min(k4 + u * THREADS, K4 - 1);
       xa[u] = A_VEC4(kk);
+#ifdef RMS_NORM
+      nw[u] = vec4(n_data[kk]);
+#endif
       [[unroll]] for (int r = 0; r < ROWS; ++r) {
         w[u][r] = vec4(b_data[w_row[r] / 4 + kk]);
       }
     }
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       if (k4 + u * THREADS < K4) {
+#ifdef RMS_NORM
+        ss += dot(xa[u], xa[u]);
+        xa[u] *= nw[u];
+#endif
         [[unroll]] for (int r = 0; r < ROWS; ++r) {
           acc[r] += dot(xa[u], w[u][r]);
         }
@@ -300,7 +225,13 @@ void main() {
   }
 #else
   for (int k = t; k < K; k += THREADS) {
+#ifdef RMS_NORM
+    const float xr = A_SCALAR(k);
+    ss += xr * xr;
+    const float x = xr * float(n_data[k]);
+#else
     const float x = A_SCALAR(k);
+#endif
     [[unroll]] for (int r = 0; r < ROWS; ++r) {
       acc[r] += x * float(b_data[w_row[r] + k]);
     }
@@ -313,7 +244,21 @@ void main() {
       partial[r][gl_SubgroupID] = s;
     }
   }
+#ifdef RMS_NORM
+  {
+    const float s = subgroupAdd(ss);
+    if (subgroupElect()) {
+      partial[ROWS][gl_SubgroupID] = s;
+    }
+  }
+#endif
   barrier();
+  float ss_total = 0.0;
+#ifdef RMS_NORM
+  for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+    ss_total += partial[ROWS][i];
+  }
+#endif
 #ifdef SWIGLU
   if (t < OUT_ROWS && n0 + t < N) {
     float gate = 0.0, up = 0.0;
@@ -321,7 +266,9 @@ void main() {
       gate += partial[t][i];
       up += partial[t + OUT_ROWS][i];
     }
-    out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(gate, up, c_off, N, n0 + t));
+    out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(gate, ss_total),
+                                                      NORM_SCALE(up, ss_total), c_off,
+                                                      N, n0 + t));
   }
 #else
   if (t < ROWS && n0 + t < N) {
@@ -329,33 +276,41 @@ void main() {
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
       total += partial[t][i];
     }
-    out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(epilogue(total, c_off, 0, n0 + t),
-                                                       out_off + n0 + t));
+    out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(
+        epilogue(NORM_SCALE(total, ss_total), c_off, 0, n0 + t), out_off + n0 + t));
   }
 #endif
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     partial[r][t] = acc[r];
   }
+#ifdef RMS_NORM
+  partial[ROWS][t] = ss;
+#endif
   barrier();
   [[unroll]] for (int s = THREADS / 2; s > 0; s >>= 1) {
     if (t < s) {
-      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      [[unroll]] for (int r = 0; r < SLOTS; ++r) {
         partial[r][t] += partial[r][t + s];
       }
     }
     barrier();
   }
+#ifdef RMS_NORM
+  const float ss_total = partial[ROWS][0];
+#else
+  const float ss_total = 0.0;
+#endif
 #ifdef SWIGLU
   if (t < OUT_ROWS && n0 + t < N) {
-    out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(partial[t][0],
-                                                      partial[t + OUT_ROWS][0], c_off,
-                                                      N, n0 + t));
+    out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(
+        NORM_SCALE(partial[t][0], ss_total), NORM_SCALE(partial[t + OUT_ROWS][0], ss_total),
+        c_off, N, n0 + t));
   }
 #else
   if (t < ROWS && n0 + t < N) {
     out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(
-        epilogue(partial[t][0], c_off, 0, n0 + t), out_off + n0 + t));
+        epilogue(NORM_SCALE(partial[t][0], ss_total), c_off, 0, n0 + t), out_off + n0 + t));
   }
 #endif
 #endif
