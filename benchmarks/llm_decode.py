@@ -175,9 +175,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--quantization", nargs="+", default=["none"],
-                    choices=["none", "int8", "int4", "8da4w"],
-                    help="weight formats to run (each on a fresh copy of the model; HF "
-                         "eager runs the unquantized model)")
+                    help="weight formats to run (none, int8, int4, 8da4w; each on a fresh "
+                         "copy of the model; HF eager runs the unquantized model); "
+                         "FORMAT+NAME=VALUE[+NAME=VALUE] adds compile options to that "
+                         "row, e.g. none+rms_norm_prologue=false, to compare forms in "
+                         "one run")
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -220,7 +222,7 @@ def main() -> None:
     hbm = args.hbm_tbps * 1e12
 
     def step_bytes(scheme):
-        return n_linear * WEIGHT_BYTES.get(scheme, itemsize) + kv_bytes
+        return n_linear * WEIGHT_BYTES.get(scheme.split("+")[0], itemsize) + kv_bytes
 
     hf_device = "cuda" if torch.cuda.is_available() else "cpu"
     hf, hf_ids = hf_decode_tps(model, prompt, args.new_tokens, hf_device, args.runs)
@@ -236,11 +238,18 @@ def main() -> None:
               "decode_chunk": args.decode_chunk, "hold_s": args.hold_s}
     rows = []
     for scheme in args.quantization:
-        m = model if scheme == "none" else copy.deepcopy(model)
+        fmt, *extra = scheme.split("+")
+        if fmt not in ("none", "int8", "int4", "8da4w"):
+            ap.error(f"--quantization {scheme!r}: unknown format {fmt!r}")
+        row_options = dict(options)
+        for item in extra:
+            name, _, value = item.partition("=")
+            row_options[name] = json.loads(value) if value not in ("", "None") else None
+        m = copy.deepcopy(model)
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
-                        quantization=None if scheme == "none" else scheme,
-                        group_size=args.group_size, options=options or None)
+                        quantization=None if fmt == "none" else fmt,
+                        group_size=args.group_size, options=row_options or None)
         result["lower_s"][scheme] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         program.build()
@@ -274,15 +283,15 @@ def main() -> None:
         assert moved["state_upload_bytes"] == moved["state_download_bytes"] == 0, moved
         assert host <= STEP_HOST_BYTES, moved
         ours = statistics.median(tps)
-        if scheme == "none":  # greedy fp16 tokens vs HF's on the same weights
-            result["tokens_equal_prefix"] = next(
+        if fmt == "none":  # greedy fp16 tokens vs HF's on the same weights
+            result["tokens_equal_prefix"][scheme] = next(
                 (i for i, (a, b) in enumerate(zip(ids, hf_ids)) if a != b), len(ids))
         result["ours_tps"][scheme] = tps
         result["step_bytes"][scheme] = step_bytes(scheme)
         result["host_bytes_per_step"][scheme] = host
         result["cpu_nodes"][scheme] = {k: len(program.methods[k].report.cpu_nodes)
                                        for k in program.method_names}
-        name = scheme if scheme != "none" else args.dtype
+        name = scheme.replace("none", args.dtype, 1) if fmt == "none" else scheme
         single = statistics.median(per_token)
         rows.append((f"vkdelegate (Vulkan), {name}", f"{ours:.1f}", f"{single:.1f}",
                      sampled, f"{ours / hf:.2f}x",
