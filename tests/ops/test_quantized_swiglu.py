@@ -11,11 +11,12 @@ in its kernel's epilogue, one dispatch.
   workgroup's outputs), on each form: a CPU driver's (linear_qw.glsl's GEMM form), the
   vectorized GEMV (linear_qw_gemv.glsl, forced as tests/ops/test_quantized_gemv.py
   forces it; with and without subgroup arithmetic; F = 16 for SVEC's vector scale
-  loads) and linear_qw.glsl's GEMV form (32-bit words: forced by refusing the vector
-  form, and int8's K = 52, no 16-byte blocks). Each sum is finished and rounded as
-  the plain op's store does it, each output's sum is accumulated in the same order as
-  the plain op's, so the bits are the unfused program's; and eager's within the
-  quantized linear tolerances (fp16: 2e-2; the outputs are SiLU(gate) * up).
+  loads; its staged form) and linear_qw.glsl's GEMV form (32-bit words: forced by
+  refusing the vector form, and int8's K = 52, no 16-byte blocks; int8's K = 37: byte
+  loads), and on a device without 8- and 16-bit storage. Each sum is finished and
+  rounded as the plain op's store does it, each output's sum is accumulated in the
+  same order as the plain op's, so the bits are the unfused program's; and eager's
+  within the quantized linear tolerances (fp16: 2e-2; the outputs are SiLU(gate) * up).
 - The ops themselves against their CPU kernel (the product, then the chain): one to
   five rows (the GEMM form past GEMV_ROWS), both fp16 chains.
 - Crafted blobs (an odd or mismatched weight, a bias or output of other sizes, another
