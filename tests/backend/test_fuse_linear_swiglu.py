@@ -223,6 +223,36 @@ def test_force_fp16_and_reference_executor_equal_unfused(options):
     assert torch.equal(fused(x), unfused(x))
 
 
+@pytest.mark.parametrize("options", [{"force_fp16": True}, {"executor": "reference"}],
+                         ids=["force_fp16", "reference"])
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_force_fp16_and_reference_executor_equal_unfused(scheme, options):
+    """The int4 / int8 fused forms under force_fp16 (a float32 model's chain on float16
+    tensors) and on the reference executor (the ops' CPU kernels): bitwise the unfused
+    program too."""
+    _skip()
+    module = _quantized_mlp(scheme)
+    x = torch.randn(1, 1, 64)
+    fused = _lower(module, x, **options)
+    unfused = _lower(module, x, fuse_linear_swiglu=False, **options)
+    assert QUANTIZED[scheme] in {d.op for d in fused.report.decisions}
+    assert torch.equal(fused(x), unfused(x))
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_saved_program_loads_and_runs(tmp_path, scheme):
+    _skip()
+    from vkdelegate import load
+
+    module = _quantized_mlp(scheme, dtype=torch.float16)
+    x = torch.randn(1, 1, 64).half()
+    program = _lower(module, x)
+    assert QUANTIZED[scheme] in _ops(program)
+    program.save(tmp_path / "mlp.vkdp")
+    loaded = load(tmp_path / "mlp.vkdp")
+    assert torch.equal(loaded(x), program(x))
+
+
 def test_saved_program_loads_and_runs(tmp_path):
     """The op's steps text travels in the program file and passes the load checks."""
     _skip()
