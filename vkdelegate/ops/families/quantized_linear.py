@@ -117,10 +117,11 @@ def _half_scales(s) -> bool:
 
 
 def out_rows(swiglu: bool) -> int:
-    """Outputs of a linear_qw_gemv.glsl workgroup: VROWS, or VROWS / 2 in the SWIGLU
-    form (its VROWS weight rows: that many gate rows, then the matching up rows). Also
-    the runs of consecutive weight rows whose scales SVEC reads by vector loads."""
-    return VROWS // 2 if swiglu else VROWS
+    """Outputs of a linear_qw_gemv.glsl workgroup: VROWS, or VROWS / 2 (at least one)
+    in the SWIGLU form (its 2 * out_rows weight rows, as many as the plain GEMV's: that
+    many gate rows, then the matching up rows). Also the runs of consecutive weight
+    rows whose scales SVEC reads by vector loads."""
+    return max(1, VROWS // 2) if swiglu else VROWS
 
 
 def scales_per_load(s, swiglu: bool = False) -> int:
@@ -160,7 +161,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
                           HAS_RESIDUAL=residual is not None))
-    d.update(WG=str(VWG), ROWS=str(VROWS))
+    d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if swiglu is not None else VROWS))
     if VDIRECT:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
     if VPROBE:
