@@ -8,7 +8,9 @@ in float32 and float16, on the CPU driver's form (the norm's dispatch, then
 linear.glsl) and on the GPU forms forced (gemv.glsl's RMS_NORM, with SWIGLU or without;
 as tests/ops/test_gemm_core.py forces them): each gate and up sum is the plain GEMV's
 and the epilogue rounds it as the linear's store does. Chains the pass must leave alone
-stay: SiLU of the second half, a GeGLU, a half read twice."""
+stay: SiLU of the second half, a GeGLU, a half read twice. The same block with
+torchao's int4 / int8 weight-only linears: their fused forms (linear_q4gsw_swiglu,
+weight_int8pack_mm_swiglu), bitwise the unfused program."""
 import dataclasses
 
 import pytest
@@ -124,6 +126,58 @@ def test_fused_equals_unfused(forms, dtype, hidden, inter):
     assert ops.count(FUSED) == (1 if _gemv_path(forms) else 2) and CHAIN not in ops, ops
 
 
+QUANTIZED = {"int4": "vkdelegate.linear_q4gsw_swiglu.default",
+             "int8": "vkdelegate.weight_int8pack_mm_swiglu.default"}
+
+
+def _quantized_mlp(scheme, kind="llama", dtype=torch.float32):
+    pytest.importorskip("torchao")
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+
+    torch.manual_seed(0)
+    return quantize_for_vulkan(_Mlp(64, 96, kind).to(dtype).eval(), scheme, group_size=32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_fused_equals_unfused(scheme, dtype):
+    """The MLP block with torchao's int4 (group size 32) / int8 weight-only linears:
+    the merged gate/up product (et_vk.linear_q4gsw / aten._weight_int8pack_mm, int8's
+    between torchao's views) and its chain become linear_q4gsw_swiglu /
+    weight_int8pack_mm_swiglu, one dispatch fewer, torch.equal to the unfused program
+    (a CPU driver's linear_qw.glsl; every form: tests/ops/test_quantized_swiglu.py)."""
+    _skip()
+    module = _quantized_mlp(scheme, dtype=dtype)
+    x = torch.randn(1, 1, 64).to(dtype)
+    fused, unfused = _lower(module, x), _lower(module, x, fuse_linear_swiglu=False)
+    assert QUANTIZED[scheme] in _ops(fused) and CHAIN not in _ops(fused), _ops(fused)
+    assert QUANTIZED[scheme] not in _ops(unfused) and CHAIN in _ops(unfused), _ops(unfused)
+    for scale in (1.0, 4.0):
+        xi = (torch.randn(1, 1, 64) * scale).to(dtype)
+        got, want = fused(xi), unfused(xi)
+        assert torch.equal(got, want), (got - want).abs().max()
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else {}
+        with torch.no_grad():
+            torch.testing.assert_close(got, module(xi), **tol)
+    ops, before = _dispatches(fused, x), _dispatches(unfused, x)
+    copies = before.count("vkdelegate.narrow_last.default")
+    # int8's op output [1, F] viewed to [1, 1, F] aliases (no copy dispatch).
+    assert len(ops) == len(before) - 1 - copies, (ops, before)
+    assert ops.count(QUANTIZED[scheme]) == 1 and CHAIN not in ops, ops
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_up_first_is_left_alone(scheme):
+    """SiLU of the merged product's second half: no fused op, eager's values."""
+    _skip()
+    module = _quantized_mlp(scheme, "up_first")
+    x = torch.randn(1, 1, 64)
+    program = _lower(module, x)
+    assert QUANTIZED[scheme] not in _ops(program) and CHAIN in _ops(program), _ops(program)
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), module(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["up_first", "geglu", "gate_out"])
 def test_other_chains_are_left_alone(kind):
     _skip()
@@ -188,6 +242,36 @@ def test_force_fp16_and_reference_executor_equal_unfused(options):
     unfused = _lower(module, x, fuse_linear_swiglu=False, **options)
     assert FUSED in {d.op for d in fused.report.decisions}
     assert torch.equal(fused(x), unfused(x))
+
+
+@pytest.mark.parametrize("options", [{"force_fp16": True}, {"executor": "reference"}],
+                         ids=["force_fp16", "reference"])
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_force_fp16_and_reference_executor_equal_unfused(scheme, options):
+    """The int4 / int8 fused forms under force_fp16 (a float32 model's chain on float16
+    tensors) and on the reference executor (the ops' CPU kernels): bitwise the unfused
+    program too."""
+    _skip()
+    module = _quantized_mlp(scheme)
+    x = torch.randn(1, 1, 64)
+    fused = _lower(module, x, **options)
+    unfused = _lower(module, x, fuse_linear_swiglu=False, **options)
+    assert QUANTIZED[scheme] in {d.op for d in fused.report.decisions}
+    assert torch.equal(fused(x), unfused(x))
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_saved_program_loads_and_runs(tmp_path, scheme):
+    _skip()
+    from vkdelegate import load
+
+    module = _quantized_mlp(scheme, dtype=torch.float16)
+    x = torch.randn(1, 1, 64).half()
+    program = _lower(module, x)
+    assert QUANTIZED[scheme] in _ops(program)
+    program.save(tmp_path / "mlp.vkdp")
+    loaded = load(tmp_path / "mlp.vkdp")
+    assert torch.equal(loaded(x), program(x))
 
 
 def test_saved_program_loads_and_runs(tmp_path):

@@ -6,7 +6,8 @@ SwiGLU chain is in the merged gate/up linear's epilogue (passes/fuse_linear_swig
 one dispatch per layer fewer), the RMS norms are folded into the linear after them
 (passes/fuse_rms_norm_linear, and fuse_linear_swiglu for the post-attention norm: no
 norm dispatch on GPUs, where the GEMV path takes them), and the greedy tokens are
-still HF's."""
+still HF's; the same SwiGLU fusion in an int4 / int8 weight-only model's merged gate/up
+product."""
 import pytest
 import torch
 
@@ -139,6 +140,55 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     assert caches and set(got) == set(want), sorted(want)
     for name in caches:
         assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_decode_fuses_swiglu(scheme):
+    """A tiny HF Llama with torchao's int4 (group size 32) / int8 weight-only linears
+    (vkdelegate.llm.lower(..., quantization=scheme)): each layer's merged gate/up
+    product runs the SwiGLU chain in its epilogue (vkdelegate.linear_q4gsw_swiglu /
+    weight_int8pack_mm_swiglu; int8's output view back to [1, 1, F] aliases it): one
+    dispatch per layer fewer than with fuse_linear_swiglu off, HF's greedy tokens of
+    the same quantized model, and the same KV caches bit for bit."""
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchao")
+    fused_op = {"int4": "vkdelegate.linear_q4gsw_swiglu.default",
+                "int8": "vkdelegate.weight_int8pack_mm_swiglu.default"}[scheme]
+    plain = {"int4": "et_vk.linear_q4gsw.default",
+             "int8": "aten._weight_int8pack_mm.default"}[scheme]
+    # lower quantizes the model in place: one (equally seeded) model per program.
+    model, other = make_model("llama"), make_model("llama")
+    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
+    unfused = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=32,
+                    options={"fuse_linear_swiglu": False})
+    layers = model.config.num_hidden_layers
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected = hf_greedy(model, prompt, 12)
+    assert generate(program, prompt, 12) == expected
+    assert generate(unfused, prompt, 12) == expected
+    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
+    before = _decode_ops(unfused, expected[-1], len(prompt) + 12)
+    chain = "vkdelegate.fused_elementwise.default"
+    assert ops.count(fused_op) == layers and fused_op not in before, (ops, before)
+    # The merged q/k/v products per layer and the lm_head stay plain.
+    assert ops.count(plain) == layers + 1 and before.count(plain) == 2 * layers + 1, ops
+    assert ops.count(chain) == before.count(chain) - layers, (ops, before)
+    copies = before.count("vkdelegate.narrow_last.default") \
+        - ops.count("vkdelegate.narrow_last.default")
+    assert len(before) - len(ops) == layers + copies, (before, ops)
+    for p in (program, unfused):
+        p.reset_state()
+        assert generate(p, prompt, 12) == expected
+    got, want = program.state_dict(), unfused.state_dict()
+    caches = [name for name in want if "cache" in name or "key" in name or "value" in name]
+    assert caches and set(got) == set(want), sorted(want)
+    for name in caches:
+        assert torch.equal(got[name], want[name]), name
+    program.close()
+    unfused.close()
 
 
 def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):

@@ -13,6 +13,8 @@ FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw
          "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
 Q4_ADD = "vkdelegate.linear_q4gsw_add.default"
 ADDS = {"int8": "vkdelegate.weight_int8pack_mm_add.default", "int4": Q4_ADD}
+SWIGLU = {"int8": "vkdelegate.weight_int8pack_mm_swiglu.default",
+          "int4": "vkdelegate.linear_q4gsw_swiglu.default"}
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
@@ -28,11 +30,13 @@ def test_quantized_llama_greedy_matches_eager(scheme):
     assert not decode.cpu_nodes, str(decode)
     ops = [d.op for d in decode.decisions]
     # 2 layers x (q, k, v, o, gate, up, down) + the lm_head; int4 and int8 decode
-    # merge q/k/v and gate/up (passes/merge_linears) and their o and down take the
-    # residual add (passes/fuse_linear_add): 2 x (qkv, gate_up) + the lm_head, and
-    # 2 x (o, down) fused with their add. 8da4w: neither.
+    # merge q/k/v and gate/up (passes/merge_linears), their merged gate/up runs the
+    # SwiGLU chain in its epilogue (passes/fuse_linear_swiglu) and their o and down
+    # take the residual add (passes/fuse_linear_add): 2 x qkv + the lm_head, 2 x
+    # gate_up with its SwiGLU, and 2 x (o, down) fused with their add. 8da4w: neither.
     if scheme in ADDS:
-        assert ops.count(FUSED[scheme]) == 5, sorted(set(ops))
+        assert ops.count(FUSED[scheme]) == 3, sorted(set(ops))
+        assert ops.count(SWIGLU[scheme]) == 2, sorted(set(ops))
         assert ops.count(ADDS[scheme]) == 4, sorted(set(ops))
     else:
         assert ops.count(FUSED[scheme]) == 15, sorted(set(ops))

@@ -165,6 +165,12 @@ def test_match_accepts_only_the_swiglu_chains():
                  "aten.gelu.default(r0,'none');aten.mul.Tensor(r2,r1)",
                  "aten.sigmoid.default(r0);aten.mul.Tensor(r0,r2);aten.mul.Tensor(r3,r0)"):
         assert swiglu.match(text, [], "float16", True) is None, text
+    # match_roles: torchao's int8 linear leaves the gate read twice (through a view and
+    # directly; passes/fuse_linear_swiglu resolves both to the first half).
+    three = "aten.sigmoid.default(r0);aten.mul.Tensor(r1,r3);aten.mul.Tensor(r4,r2)"
+    assert swiglu.match_roles(three, [], "float32", ("gate", "gate", "up")) == silu
+    assert swiglu.match_roles(three, [], "float32", ("gate", "up", "up")) is None
+    assert swiglu.match_roles(silu, [], "float32", ("gate", "gate")) is None
 
 
 # ---- load-time checks of crafted blobs ------------------------------------------------

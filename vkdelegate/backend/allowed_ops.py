@@ -151,7 +151,8 @@ MAX_MESSAGE = 4096
 #: kernels/elementwise_chain.py, parsed at load (only its fusable ATen ops).
 CHAIN = "a fused elementwise chain"
 
-#: A (rms_norm_)linear_swiglu's steps: one of the fixed SwiGLU chains (kernels/swiglu.py).
+#: A linear_swiglu's (and its RMS-norm, int4 and int8 forms') steps: one of the fixed
+#: SwiGLU chains (kernels/swiglu.py).
 SWIGLU_CHAINS = swiglu.CHAINS
 
 #: The only str arguments an allowed op takes: enum-like choices, checked at load, so
@@ -167,6 +168,8 @@ STR_CHOICES = {
     "vkdelegate.fused_elementwise.default": {"steps": CHAIN},
     "vkdelegate.linear_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.rms_norm_linear_swiglu.default": {"steps": SWIGLU_CHAINS},
+    "vkdelegate.linear_q4gsw_swiglu.default": {"steps": SWIGLU_CHAINS},
+    "vkdelegate.weight_int8pack_mm_swiglu.default": {"steps": SWIGLU_CHAINS},
 }
 
 

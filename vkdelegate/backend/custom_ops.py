@@ -469,19 +469,29 @@ LINEAR_ADD = declare_custom_op(
     _linear_add)
 
 
-def _linear_swiglu(x, weight, bias, steps):
-    import torch
-
+def _swiglu_chain(op: str, steps):
+    """VkDelegateError unless ``steps`` is one of kernels/swiglu.py's CHAINS."""
     from vkdelegate.errors import VkDelegateError
     from vkdelegate.kernels import swiglu
 
     if steps not in swiglu.CHAINS:
-        raise VkDelegateError(f"linear_swiglu: {steps!r} is not a SwiGLU chain of "
+        raise VkDelegateError(f"{op}: {steps!r} is not a SwiGLU chain of "
                               f"kernels/swiglu.py")
-    y = torch.nn.functional.linear(x, weight, bias)
-    f = weight.shape[0] // 2
+
+
+def _swiglu_halves(y, steps):
+    """The chain ``steps`` over the halves of the merged product y [..., 2F] (each
+    as the linear's output rounded it): r0 = y[..., :F], r1 = y[..., F:]."""
+    f = y.shape[-1] // 2
     return _fused_elementwise([y[..., :f].contiguous(), y[..., f:].contiguous()], steps,
                               [])
+
+
+def _linear_swiglu(x, weight, bias, steps):
+    import torch
+
+    _swiglu_chain("linear_swiglu", steps)
+    return _swiglu_halves(torch.nn.functional.linear(x, weight, bias), steps)
 
 
 #: A merged gate/up linear and the SwiGLU chain over its halves: with y = linear(input,
@@ -543,6 +553,43 @@ WEIGHT_INT8PACK_MM_ADD = declare_custom_op(
     "vkdelegate.weight_int8pack_mm_add.default",
     "weight_int8pack_mm_add(Tensor self, Tensor mat2, Tensor scales, Tensor residual) "
     "-> Tensor", _weight_int8pack_mm_add)
+
+
+def _linear_q4gsw_swiglu(x, weights, weight_scales, group_size, bias, steps):
+    _swiglu_chain("linear_q4gsw_swiglu", steps)
+    return _swiglu_halves(_linear_q4gsw(x, weights, weight_scales, group_size, bias), steps)
+
+
+#: ``linear_q4gsw`` of a merged gate/up weight (its arguments: weights uint8 [2F, K/2],
+#: weight_scales [K / group_size, >= 2F], bias [2F]?) and the SwiGLU chain ``steps``
+#: over the halves of its output: the int4 form of ``linear_swiglu`` (output [..., F];
+#: steps one of kernels/swiglu.py's CHAINS). The CPU kernel is the two ops (the linear
+#: rounded to its dtype, then the chain). ``passes/fuse_linear_swiglu`` creates it
+#: from a merged et_vk.linear_q4gsw (passes/merge_linears), its two narrow_last parts
+#: and the fused_elementwise chain reading them; ours, only in our blobs. Vulkan:
+#: ``ops/families/quantized_linear.py`` (the chain in the kernels' epilogue).
+LINEAR_Q4GSW_SWIGLU = declare_custom_op(
+    "vkdelegate.linear_q4gsw_swiglu.default",
+    "linear_q4gsw_swiglu(Tensor self, Tensor weights, Tensor weight_scales, "
+    "int group_size, Tensor? bias, str steps) -> Tensor", _linear_q4gsw_swiglu)
+
+
+def _weight_int8pack_mm_swiglu(x, weight, scales, steps):
+    import torch
+
+    _swiglu_chain("weight_int8pack_mm_swiglu", steps)
+    return _swiglu_halves(torch.ops.aten._weight_int8pack_mm.default(x, weight, scales),
+                          steps)
+
+
+#: ``aten._weight_int8pack_mm(self [M, K], mat2 int8 [2F, K], scales [2F])`` of a
+#: merged gate/up weight and the SwiGLU chain ``steps`` over the halves of its output
+#: [M, 2F] -> [M, F]: the int8 weight-only form of ``linear_swiglu``, made by
+#: ``passes/fuse_linear_swiglu`` as linear_q4gsw_swiglu is; ours, only in our blobs.
+WEIGHT_INT8PACK_MM_SWIGLU = declare_custom_op(
+    "vkdelegate.weight_int8pack_mm_swiglu.default",
+    "weight_int8pack_mm_swiglu(Tensor self, Tensor mat2, Tensor scales, str steps) "
+    "-> Tensor", _weight_int8pack_mm_swiglu)
 
 
 def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,

@@ -27,9 +27,11 @@ Keys (all optional):
   one dispatch and no intermediate tensors in memory. Off: every op is its own node.
 - ``fuse_linear_swiglu`` (bool, default True): a merged gate/up linear and the SwiGLU
   chain over its halves (an LLM decode step's MLP) become one
-  ``vkdelegate.linear_swiglu`` node (backend/passes/fuse_linear_swiglu.py): the chain
-  in the GEMV's epilogue, one dispatch fewer per layer, the same bits. Off: the linear
-  and its fused_elementwise chain stay two nodes.
+  ``vkdelegate.linear_swiglu`` node (int4 / int8 weight-only:
+  ``vkdelegate.linear_q4gsw_swiglu`` / ``weight_int8pack_mm_swiglu``;
+  backend/passes/fuse_linear_swiglu.py): the chain in the GEMV's epilogue, one
+  dispatch fewer per layer, the same bits. Off: the linear and its fused_elementwise
+  chain stay two nodes.
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.

@@ -1,5 +1,8 @@
-"""The SwiGLU epilogue of ``vkdelegate.linear_swiglu``: a merged gate/up linear's two
-halves combined as the fused elementwise chain after it combined them.
+"""The SwiGLU epilogue of ``vkdelegate.linear_swiglu`` (and of its int4 and int8
+weight-only forms ``vkdelegate.linear_q4gsw_swiglu`` and
+``vkdelegate.weight_int8pack_mm_swiglu``, ops/families/quantized_linear.py: the same
+chains in linear_qw_gemv.glsl's and linear_qw.glsl's epilogues): a merged gate/up
+linear's two halves combined as the fused elementwise chain after it combined them.
 
 ``linear_swiglu(input [..., K], weight [2F, K], bias [2F]?, steps) -> [..., F]``: with
 y = linear(input, weight, bias) rounded to the output's dtype (as the linear's store
@@ -24,7 +27,9 @@ bits are the linear's and the chain's (tests/backend/test_fuse_linear_swiglu.py)
 ``match(steps, gate_first)`` is the pass's test: the canonical text of ``CHAINS`` that
 computes exactly what a fused chain's ``steps`` computes (the same ops, rounding steps
 and dtypes, up to the order of a product's operands, which IEEE multiplication does
-not see), or None. Torch-free; registers no op.
+not see), or None; ``match_roles`` the same for a chain of any number of inputs, each
+the gate or the up half (a chain that reads the gate twice: through a view and
+directly, as torchao's int8 linears leave it). Torch-free; registers no op.
 """
 from __future__ import annotations
 
@@ -69,15 +74,22 @@ def match(steps: str, scalars, dtype: str, gate_first: bool) -> "str | None":
     """The text of ``CHAINS`` that computes exactly what fused chain ``steps`` (with
     ``scalars``) computes over inputs of ``dtype``, its r0 being the gate (the linear's
     first half) when ``gate_first``, else the up half; None when none does."""
-    if scalars or dtype not in CHAINS_FOR:
+    return match_roles(steps, scalars, dtype,
+                       ("gate", "up") if gate_first else ("up", "gate"))
+
+
+def match_roles(steps: str, scalars, dtype: str, roles) -> "str | None":
+    """``match`` for a chain over len(roles) inputs of ``dtype``, input i being the gate
+    (the linear's first half) where roles[i] is "gate", the up half where it is "up"."""
+    if scalars or dtype not in CHAINS_FOR or set(roles) != {"gate", "up"}:
         return None
     try:
-        parsed = chain.parse(steps, 2, 0)
-        dtypes = chain.register_dtypes(parsed, [dtype, dtype])
+        parsed = chain.parse(steps, len(roles), 0)
+        dtypes = chain.register_dtypes(parsed, [dtype] * len(roles))
     except VkDelegateError:
         return None
-    names = (("gate", dtype), ("up", dtype))
-    got = _tree(parsed, names if gate_first else names[::-1], dtypes)
+    names = (("gate", dtype), ("up", dtype))  # CHAINS' r0 and r1
+    got = _tree(parsed, tuple(names[r == "up"] for r in roles), dtypes)
     if got is None or dtypes[-1] != dtype:
         return None
     for text in CHAINS_FOR[dtype]:

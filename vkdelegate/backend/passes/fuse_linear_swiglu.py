@@ -4,39 +4,57 @@ of y = ``aten.linear(x, weight [2F, K], bias?)`` becomes ``vkdelegate.linear_swi
 weight, bias, steps')`` (kernels/swiglu.py): one dispatch instead of two per decode
 layer, the chain computed in the GEMV's epilogue (gemv.glsl's SWIGLU; linear.glsl's on
 CPU drivers) from the gate and up sums rounded as the linear's store rounds them, so
-the output's bits are the unfused pair's.
+the output's bits are the unfused pair's. The quantized linears the same way: y =
+``et_vk.linear_q4gsw(x, weights, scales, group_size, bias?)`` (torchao's int4
+weight-only) becomes ``vkdelegate.linear_q4gsw_swiglu(x, weights, scales, group_size,
+bias, steps')``, y = ``aten._weight_int8pack_mm(x, weight, scales)`` (int8 weight-only)
+``vkdelegate.weight_int8pack_mm_swiglu(x, weight, scales, steps')``
+(ops/families/quantized_linear.py: the chain in linear_qw_gemv.glsl's and linear_qw.glsl's
+epilogues).
 
 In an HF Llama/Qwen2/Mistral decode step, passes/merge_linears merges gate_proj and
 up_proj (one-row input) into one linear whose two ``narrow_last`` parts the SiLU gate
 chain reads (passes/fuse_elementwise: ``silu(gate) * up``, in float16 with ATen's casts
 around the SiLU). Fused only when exactly that is there:
 
-- the fused chain reads exactly two tensors, both ``vkdelegate.narrow_last`` parts of
-  one producer: the first half [0, F) and the second [F, 2F) of its last dim (2F
-  static), the chain is each part's only reader and the two parts are the producer's
-  only readers;
+- the fused chain reads only the two ``vkdelegate.narrow_last`` parts of one producer,
+  the first half [0, F) and the second [F, 2F) of its last dim (2F static), each
+  directly or through ``aten.view`` nodes that only add or drop leading size-1 dims
+  (torchao's int8 linear views its [1, 2F]-row output back to [1, 1, N]: its chain
+  reads the gate through such a view and, after cse, also directly); the chain is the
+  only reader of the parts and views (but for each other), the two parts are the
+  producer's only readers; where views are involved, the parts, the views and the
+  chain's output are equal up to leading size-1 dims (one row's elements: the chain's
+  broadcasting is elementwise), and the fused op's output [..., F] is viewed to the
+  chain's shape where they differ;
 - the producer is ``aten.linear.default(x, weight, bias?)`` with a weight [2F, K] and a
   bias [2F] (or none), or ``vkdelegate.rms_norm_linear`` (passes/fuse_rms_norm_linear:
   the post-attention norm folded into the merged linear), which makes the fused node
   ``vkdelegate.rms_norm_linear_swiglu(x, norm_weight, eps, weight, bias, steps')``
   (the norm, the GEMV and the chain in one dispatch; with compile option
   ``rms_norm_prologue`` off the op records the norm's dispatch first);
+  or ``et_vk.linear_q4gsw`` with weights uint8 [2F, K/2], scales [K/gs, >= 2F] of
+  the output's dtype and a bias [2F] (or none); or ``aten._weight_int8pack_mm`` with
+  an int8 weight [2F, K] and scales [2F] of the output's dtype;
 - the producer's output, the parts and the chain's output are float32 or float16 of
   one dtype, and the chain computes exactly one of kernels/swiglu.py's ``CHAINS``
-  (``swiglu.match``: SiLU of the first half times the second, with the same rounding
-  steps; no scalars), whose canonical text the fused op then carries.
+  (``swiglu.match_roles``: SiLU of the first half times the second, with the same
+  rounding steps; no scalars), whose canonical text the fused op then carries.
 
 A chain over the halves in the other roles (SiLU of the second half), a GeGLU (gemma's
-gelu), a part read elsewhere or a graph output, a merged q/k/v linear: left alone.
+gelu), a part read elsewhere or a graph output, a merged q/k/v linear, 8da4w
+(``et_vk.linear_dq8ca_q4gsw``, which merge_linears does not merge): left alone.
 Runs right after fuse_elementwise (which makes the chain); off with compile option
-``fuse_linear_swiglu`` = False, and where the registry lacks the op.
+``fuse_linear_swiglu`` = False, and where the registry lacks the fused op.
 """
 from __future__ import annotations
 
 import torch
 
-from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_SWIGLU,
-                                           RMS_NORM_LINEAR, RMS_NORM_LINEAR_SWIGLU)
+from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_Q4GSW,
+                                           LINEAR_Q4GSW_SWIGLU, LINEAR_SWIGLU,
+                                           RMS_NORM_LINEAR, RMS_NORM_LINEAR_SWIGLU,
+                                           WEIGHT_INT8PACK_MM_SWIGLU)
 from vkdelegate.backend.custom_ops_llm import NARROW_LAST
 from vkdelegate.kernels import swiglu
 from vkdelegate.ops import registry
@@ -63,33 +81,108 @@ def _part(node):
 
 
 def _linear_args(producer):
-    """(x, weight, bias, norm args or None) of a fusable producer, else None."""
+    """(fused op, [x, ...the fused op's arguments but steps], weight, bias) of a
+    fusable producer, else None."""
     if producer.op != "call_function" or producer.kwargs:
         return None
-    if producer.target == aten.linear.default and len(producer.args) in (2, 3):
-        x, w = producer.args[:2]
-        return x, w, producer.args[2] if len(producer.args) == 3 else None, None
-    if producer.target == RMS_NORM_LINEAR.overload() and len(producer.args) in (4, 5):
-        x, nw, eps, w = producer.args[:4]
-        return x, w, producer.args[4] if len(producer.args) == 5 else None, (nw, eps)
+    args = producer.args
+    if producer.target == aten.linear.default and len(args) in (2, 3):
+        bias = args[2] if len(args) == 3 else None
+        return LINEAR_SWIGLU, [args[0], args[1], bias], args[1], bias
+    if producer.target == RMS_NORM_LINEAR.overload() and len(args) in (4, 5):
+        x, nw, eps, w = args[:4]
+        bias = args[4] if len(args) == 5 else None
+        return RMS_NORM_LINEAR_SWIGLU, [x, nw, eps, w, bias], w, bias
+    if producer.target == LINEAR_Q4GSW.overload() and len(args) in (4, 5):
+        bias = args[4] if len(args) == 5 else None
+        return LINEAR_Q4GSW_SWIGLU, [args[0], args[1], args[2], args[3], bias], args[1], \
+            bias
+    if producer.target == aten._weight_int8pack_mm.default and len(args) == 3:
+        return WEIGHT_INT8PACK_MM_SWIGLU, list(args), args[1], None
     return None
 
 
+def _weight_ok(fused, producer, w, f: int, dtype) -> bool:
+    """Whether the producer's weight (and int4 group size, scales) are a merged gate/up
+    product's of 2F rows for activations of ``dtype``, as the fused op's rules want."""
+    wv = _val(w)
+    if not isinstance(wv, torch.Tensor) or wv.dim() != 2 or wv.shape[0] != 2 * f:
+        return False
+    if fused in (LINEAR_SWIGLU, RMS_NORM_LINEAR_SWIGLU):
+        return wv.dtype == dtype
+    sv = _val(producer.args[2])
+    if not isinstance(sv, torch.Tensor) or sv.dtype != dtype:
+        return False
+    if fused is LINEAR_Q4GSW_SWIGLU:
+        group = producer.args[3]
+        return wv.dtype == torch.uint8 and sv.dim() == 2 and sv.shape[1] >= 2 * f \
+            and isinstance(group, int) and not isinstance(group, bool)
+    return wv.dtype == torch.int8 and tuple(sv.shape) == (2 * f,)
+
+
+def _same_rows(a, b) -> bool:
+    """Whether static shapes a and b are equal up to leading size-1 dims (the same
+    elements in the same order, and broadcasting each against the other changes
+    neither's values)."""
+    def strip(shape):
+        shape = list(shape)
+        while shape and shape[0] == 1:
+            shape.pop(0)
+        return shape
+    return all(isinstance(s, int) for s in tuple(a) + tuple(b)) and strip(a) == strip(b)
+
+
+def _resolve(node, producer):
+    """(part node, [views between it and ``node``]) where ``node`` is a narrow_last part
+    of ``producer`` or a chain of ``aten.view`` nodes of one that only add or drop
+    leading size-1 dims (torchao's int8 linear views its [1, N] output back to
+    [1, 1, N]); None otherwise."""
+    views = []
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" \
+            and node.target == aten.view.default and not node.kwargs and node.args:
+        src = node.args[0]
+        if not isinstance(_val(src), torch.Tensor) or not isinstance(_val(node), torch.Tensor) \
+                or not _same_rows(_val(src).shape, _val(node).shape):
+            return None
+        views.append(node)
+        node = src
+    part = _part(node)
+    if part is None or part[0] is not producer:
+        return None
+    return node, views
+
+
 def _match(node):
-    """(producer, x, weight, bias, norm, canonical steps) for a fusable chain ``node``
-    (module docstring), else None."""
+    """(producer, fused op, its arguments but steps, canonical steps, the nodes
+    the fused op replaces) for a fusable chain ``node`` (module docstring), else
+    None."""
     if node.op != "call_function" or node.target != FUSED_ELEMENTWISE.overload() \
             or node.kwargs or len(node.args) != 3:
         return None
     inputs, steps, scalars = node.args
-    if not isinstance(inputs, (list, tuple)) or len(inputs) != 2 or inputs[0] is inputs[1] \
-            or not isinstance(steps, str):
+    if not isinstance(inputs, (list, tuple)) or len(inputs) < 2 \
+            or len(set(inputs)) != len(inputs) or not isinstance(steps, str):
         return None
-    parts = [_part(p) for p in inputs]
-    if None in parts or parts[0][0] is not parts[1][0]:
+    producer = None
+    # The producer: the one every input resolves to (through views) a part of.
+    for inp in inputs:
+        probe = inp
+        while isinstance(probe, torch.fx.Node) and probe.op == "call_function" \
+                and probe.target == aten.view.default and probe.args:
+            probe = probe.args[0]
+        part = _part(probe)
+        if part is None:
+            return None
+        producer = part[0] if producer is None else producer
+    resolved = [_resolve(inp, producer) for inp in inputs]
+    if None in resolved:
         return None
-    producer = parts[0][0]
-    if set(producer.users) != set(inputs) or any(set(p.users) != {node} for p in inputs):
+    parts = {p for p, _ in resolved}
+    between = parts | {v for _, views in resolved for v in views}
+    # The parts and views feed only the chain (or each other), the producer only the
+    # two parts.
+    if len(parts) != 2 or set(producer.users) != parts \
+            or any(not set(n.users) <= between | {node} for n in between):
         return None
     out, y = _val(node), _val(producer)
     if not isinstance(out, torch.Tensor) or not isinstance(y, torch.Tensor) \
@@ -97,35 +190,39 @@ def _match(node):
             or not isinstance(y.shape[-1], int) or y.shape[-1] < 2 or y.shape[-1] % 2:
         return None
     f = y.shape[-1] // 2
-    spans = [(start, length) for _, start, length in parts]
-    if sorted(spans) != [(0, f), (f, f)] or \
-            any(_val(p) is None or _val(p).dtype != out.dtype for p in inputs):
+    spans = {p: _part(p)[1:] for p in parts}
+    if sorted(spans.values()) != [(0, f), (f, f)] or \
+            any(_val(p) is None or _val(p).dtype != out.dtype for p in between):
         return None
-    args = _linear_args(producer)
-    if args is None:
+    found = _linear_args(producer)
+    if found is None:
         return None
-    x, w, bias, norm = args
-    wv, bv = _val(w), _val(bias)
-    if not isinstance(wv, torch.Tensor) or wv.dim() != 2 or wv.dtype != out.dtype \
-            or tuple(wv.shape)[:1] != (2 * f,):
+    fused, args, w, bias = found
+    if fused.name not in registry.load_all() or not _weight_ok(fused, producer, w, f,
+                                                               out.dtype):
         return None
+    bv = _val(bias)
     if bias is not None and (not isinstance(bv, torch.Tensor) or bv.dtype != out.dtype
                              or tuple(bv.shape) != (2 * f,)):
         return None
-    canon = swiglu.match(steps, list(scalars), _DTYPES[out.dtype], spans[0] == (0, f))
+    part_shape = tuple(_val(next(iter(parts))).shape)
+    if any(v for _, v in resolved) or tuple(out.shape) != part_shape:
+        # Views in between: every tensor of one row's elements (equal up to leading
+        # size-1 dims), so that the chain's broadcasting is elementwise.
+        if not all(_same_rows(_val(n).shape, part_shape) for n in list(between) + [node]):
+            return None
+    roles = ["gate" if spans[p] == (0, f) else "up" for p, _ in resolved]
+    canon = swiglu.match_roles(steps, list(scalars), _DTYPES[out.dtype], roles)
     if canon is None:
         return None
-    return producer, x, w, bias, norm, canon
+    return producer, fused, args, canon, between
 
 
 def fuse_linear_swiglu(pg) -> bool:
     """Replace each merged gate/up linear and its SwiGLU chain (module docstring) by
-    ``vkdelegate.linear_swiglu``; True if any."""
+    ``vkdelegate.linear_swiglu`` (or its int4 / int8 form); True if any."""
     options = getattr(pg, "options", None)
     if options is not None and not options.fuse_linear_swiglu:
-        return False
-    ops = registry.load_all()
-    if LINEAR_SWIGLU.name not in ops or RMS_NORM_LINEAR_SWIGLU.name not in ops:
         return False
     graph = pg.gm.graph
     changed = False
@@ -133,19 +230,29 @@ def fuse_linear_swiglu(pg) -> bool:
         found = _match(node)
         if found is None:
             continue
-        producer, x, w, bias, norm, canon = found
+        producer, fused_op, args, canon, between = found
         with graph.inserting_before(node):
-            if norm is None:
-                fused = graph.call_function(LINEAR_SWIGLU.overload(), (x, w, bias, canon))
-            else:
-                fused = graph.call_function(RMS_NORM_LINEAR_SWIGLU.overload(),
-                                            (x,) + tuple(norm) + (w, bias, canon))
-        fused.meta = dict(node.meta)
-        node.replace_all_uses_with(fused)
-        parts = list(node.args[0])
+            fused = graph.call_function(fused_op.overload(), tuple(args) + (canon,))
+            out = _val(node)
+            xv = _val(args[0])
+            shape = tuple(xv.shape[:-1]) + (out.shape[-1],)
+            fused.meta = dict(node.meta)
+            result = fused
+            if all(isinstance(d, int) for d in shape + tuple(out.shape)) \
+                    and shape != tuple(out.shape):
+                # torchao's int8 linear: the op's [M, F], the chain's [1, 1, F] (views
+                # join only static shapes: _same_rows).
+                fused.meta["val"] = out.new_empty(shape)
+                result = graph.call_function(aten.view.default, (fused, list(out.shape)))
+                result.meta = dict(node.meta)
+        node.replace_all_uses_with(result)
         graph.erase_node(node)
-        for part in parts:
-            graph.erase_node(part)
+        dead = set(between)  # the parts and views: readers first
+        while dead:
+            free = [n for n in dead if not n.users]
+            for n in free:
+                graph.erase_node(n)
+            dead -= set(free)
         graph.erase_node(producer)
         changed = True
     return changed

@@ -31,13 +31,20 @@ rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize 
 linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
 ``_record`` also serves vkdelegate.linear_q4gsw_add and vkdelegate.weight_int8pack_mm_add
 (registered below; kernels/residual.py): linear_qw_gemv.glsl's HAS_RESIDUAL adds the
-residual in its epilogue.
+residual in its epilogue; and vkdelegate.linear_q4gsw_swiglu and
+vkdelegate.weight_int8pack_mm_swiglu (registered below; kernels/swiglu.py): a merged
+gate/up weight [2F, ...] whose SwiGLU chain every form (linear_qw_gemv.glsl, and
+linear_qw.glsl's GEMV and GEMM forms) runs in its epilogue (SWIGLU: row pairs
+(n, F + n), each sum finished and rounded as the plain op's store, then the chain),
+one dispatch on every device.
 """
 from __future__ import annotations
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
+from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels import loop_limit
 from vkdelegate.kernels import residual
+from vkdelegate.kernels import swiglu as swiglu_chains
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -105,27 +112,45 @@ def vector_gemv(w, k: int, bits: int, group: int, row_bytes: int) -> bool:
     return group % 32 == 0 if bits == 4 else k % 16 == 0
 
 
-def scales_per_load(s) -> int:
-    """Int4 scales linear_qw_gemv.glsl's SVEC form reads per 16-byte load: 8 stored
-    as fp16, 4 as fp32 (s a Tensor or (graph dtype, device dtype) pair)."""
-    dev = s.device_dtype if hasattr(s, "device_dtype") else s[1]
-    return 8 if dev == "float16" else 4
+def _half_scales(s) -> bool:
+    return (s.device_dtype if hasattr(s, "device_dtype") else s[1]) == "float16"
 
 
-def vector_scales(s, n: int, s_stride: int) -> bool:
+def out_rows(swiglu: bool) -> int:
+    """Outputs of a linear_qw_gemv.glsl workgroup: VROWS, or VROWS / 2 (at least one)
+    in the SWIGLU form (its 2 * out_rows weight rows, as many as the plain GEMV's: that
+    many gate rows, then the matching up rows). Also the runs of consecutive weight
+    rows whose scales SVEC reads by vector loads."""
+    return max(1, VROWS // 2) if swiglu else VROWS
+
+
+def scales_per_load(s, swiglu: bool = False) -> int:
+    """Int4 scales linear_qw_gemv.glsl's SVEC form reads per vector load: 8 stored as
+    fp16 (a uvec4), 4 as fp32 (a vec4) (s a Tensor or (graph dtype, device dtype)
+    pair); the SWIGLU form's fp16 scales 4 (a uvec2) where its runs of ``out_rows``
+    rows hold no whole uvec4 (VROWS = 8: runs of 4)."""
+    if not _half_scales(s):
+        return 4
+    return 4 if swiglu and out_rows(True) % 8 else 8
+
+
+def vector_scales(s, n: int, s_stride: int, swiglu: bool = False) -> bool:
     """Whether the int4 scales [K / group, >= n] (row stride ``s_stride``) can be read
-    by SVEC's vector loads: VROWS, n and the stride multiples of scales_per_load."""
-    spl = scales_per_load(s)
-    return VROWS % spl == 0 and n % VROWS == 0 and s_stride % spl == 0
+    by SVEC's vector loads: the run (``out_rows``) and the stride multiples of
+    scales_per_load, n (the output columns) one of the run."""
+    run = out_rows(swiglu)
+    spl = scales_per_load(s, swiglu)
+    return run % spl == 0 and n % run == 0 and s_stride % spl == 0
 
 
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
-                   svec: bool = False, residual=None) -> dict:
+                   svec: bool = False, residual=None, swiglu=None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
     workgroup's rows are read by vector loads (``vector_scales``); residual: None, or
-    the Tensor (pair) of out's shape that HAS_RESIDUAL adds to the output."""
+    the Tensor (pair) of out's shape that HAS_RESIDUAL adds to the output; swiglu:
+    None, or kernels/swiglu.py's defines of the SWIGLU epilogue."""
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -136,22 +161,28 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
                           HAS_RESIDUAL=residual is not None))
-    d.update(WG=str(VWG), ROWS=str(VROWS))
+    d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if swiglu is not None else VROWS))
     if VDIRECT:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
     if VPROBE:
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4:
-        spl = scales_per_load(s)
-        d.update(SVEC="1", SPL=str(spl), SV_T="uvec4" if spl == 8 else "vec4")
+        spl = scales_per_load(s, swiglu is not None)
+        half = _half_scales(s)
+        d.update(SVEC="1", SPL=str(spl),
+                 SV_T=("uvec4" if spl == 8 else "uvec2") if half else "vec4",
+                 **flag_defines(SV_HALF=half))
+    if swiglu is not None:
+        d.update(swiglu)
     return d
 
 
 def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
-                    dq=None, int_dot: bool = False, m_tile: int = 4) -> dict:
+                    dq=None, int_dot: bool = False, m_tile: int = 4, swiglu=None) -> dict:
     """Defines of linear_qw.glsl. Tensors as Tensors or (graph dtype, device dtype)
     pairs; dq: (input_scales, input_zp, weight_sums) for DQ8CA; m_tile: the GEMM
-    form's rows per invocation (4, or 1 for fewer than 4 rows)."""
+    form's rows per invocation (4, or 1 for fewer than 4 rows); swiglu: None, or
+    kernels/swiglu.py's defines of the SWIGLU epilogue."""
     tensors = dict(OUT=out, X=x, S=s)
     pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
     words = _words(pair, k, bits)
@@ -169,19 +200,28 @@ def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool
         d.update(WG=str(WG), NPW=str(NPW))
     else:
         d["M_TILE"] = str(m_tile)
+    if swiglu is not None:
+        d.update(swiglu)
     return d
 
 
 def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
-            residual=None) -> bool:
+            residual=None, swiglu=None) -> bool:
     """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
     ``residual`` (None, or a Tensor of out's shape and dtype) is added in the epilogue
     by linear_qw_gemv.glsl (HAS_RESIDUAL) and left to the caller by linear_qw.glsl.
-    Returns whether it was added (False without one)."""
-    n = w.max_shape[0]
+    Returns whether it was added (False without one). ``swiglu`` (None, or
+    kernels/swiglu.py's defines; not with dq or a residual): w is a merged gate/up
+    weight [2F, ...], out [..., F] the chain over the product's halves, in every
+    form's epilogue (SWIGLU)."""
+    rows = w.max_shape[0]  # weight rows: the product's columns
+    n = rows // 2 if swiglu is not None else rows  # output columns
     k = x.max_shape[-1] if x.ndim else 1
+    if swiglu is not None and (dq is not None or residual is not None or rows % 2):
+        raise b.error(f"weights [{rows}, {w.max_shape[1]}]: no SwiGLU epilogue for "
+                      f"this product")
     if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
-        raise b.error(f"int4 weights [{n}, {w.max_shape[1]}] with group size {group} "
+        raise b.error(f"int4 weights [{rows}, {w.max_shape[1]}] with group size {group} "
                       f"for K = {k}: K and the group size must be multiples of 8")
     if out.dtype != x.dtype or s.dtype != x.dtype:
         raise b.error(f"input {x.dtype}, scales {s.dtype}, output {out.dtype}: "
@@ -191,30 +231,31 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
     if gemv and vector_gemv(w, k, bits, group, w.max_shape[1]):
-        _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual)
+        _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu)
         return residual is not None
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
-                           m_tile=m_tile)
+                           m_tile=m_tile, swiglu=swiglu)
     defines = base
     if dq is not None:
         defines = choose(SHADER, [dict(base, INT_DOT="1"), base],
                          b.device.info.capabilities)
     inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
-    s_stride = s.max_shape[1] if bits == 4 else n
+    s_stride = s.max_shape[1] if bits == 4 else rows
     w_stride = w.max_shape[1] // 4 if bits == 4 else chunks  # int4: words per row
     if bits == 4 and w.max_shape[1] % 4:
-        raise b.error(f"int4 weights [{n}, {w.max_shape[1]}]: rows of whole 32-bit words "
-                      f"expected (K padded to a multiple of 8)")
+        raise b.error(f"int4 weights [{rows}, {w.max_shape[1]}]: rows of whole 32-bit "
+                      f"words expected (K padded to a multiple of 8)")
     sums_stride = dq[2].max_shape[1] if dq is not None else 0
-    if bits == 4 and (s.ndim != 2 or s_stride < n or s.max_shape[0] != k // group):
-        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {n} and "
+    if bits == 4 and (s.ndim != 2 or s_stride < rows or s.max_shape[0] != k // group):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
     params = [out.meta, b.params(PARAMS.pack(qdims=[k, n, group, chunks],
                                              qstrides=[s_stride, sums_stride, w_stride, 0]))]
     if gemv:
-        grid, local = (-(-n // NPW) * WG, max(m, 1)), (WG, 1, 1)
+        per_group = NPW // 2 if swiglu is not None else NPW  # outputs per workgroup
+        grid, local = (-(-n // per_group) * WG, max(m, 1)), (WG, 1, 1)
     else:
         grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
@@ -223,15 +264,19 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
 
 
 def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
-                   residual=None) -> None:
+                   residual=None, swiglu=None) -> None:
+    """linear_qw_gemv.glsl's dispatch; n: the output columns (SWIGLU: half the
+    weight's rows)."""
+    rows = w.max_shape[0]
     blocks = k // (32 if bits == 4 else 16)
     loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
-    if bits == 4 and (s.ndim != 2 or s.max_shape[1] < n or s.max_shape[0] != k // group):
-        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {n} and "
+    if bits == 4 and (s.ndim != 2 or s.max_shape[1] < rows or s.max_shape[0] != k // group):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
-    s_stride = s.max_shape[1] if bits == 4 else n
+    s_stride = s.max_shape[1] if bits == 4 else rows
+    svec = bits == 4 and vector_scales(s, n, s_stride, swiglu is not None)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
-                             dq, bits == 4 and vector_scales(s, n, s_stride), residual)
+                             dq, svec, residual, swiglu)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -240,8 +285,9 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]
     inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else []) + \
         ([residual] if residual is not None else [])
+    per_group = out_rows(swiglu is not None)  # outputs per workgroup
     b.dispatch(VSHADER, defines, outputs=[out], inputs=inputs, params=params,
-               global_size=(-(-n // VROWS) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
+               global_size=(-(-n // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
 
 def _int8pack_impl(b, node):
@@ -336,9 +382,11 @@ register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
 
 # ---- variants ---------------------------------------------------------------------
 def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool,
-              m_tile: int = 4):
+              m_tile: int = 4, chain: "str | None" = None):
     if op == DQ8CA and dtype != "float32" or op != INT8PACK and odd_k:
         return None
+    if chain is not None and (op == DQ8CA or chain not in swiglu_chains.CHAINS_FOR[dtype]):
+        return None  # SWIGLU: the int4 and int8 weight-only forms
     if op == INT8PACK and bias:
         return None
     pair = (dtype, device_dtype(dtype, profile))
@@ -352,7 +400,9 @@ def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool,
     if gemv and m_tile != 4:
         return None  # m_tile is the GEMM form's
     return qlinear_defines(pair, pair, w, pair, pair if bias else None, bits, k, gemv,
-                           dtype == "float16", dq, m_tile=m_tile)
+                           dtype == "float16", dq, m_tile=m_tile,
+                           swiglu=None if chain is None else swiglu_chains.defines(chain,
+                                                                                   dtype))
 
 
 def _dq8ca_dot(profile, gemv: bool, bias: bool, m_tile: int):
@@ -363,16 +413,20 @@ def _dq8ca_dot(profile, gemv: bool, bias: bool, m_tile: int):
 _AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True),
              m_tile=(1, 4))
 declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
-             odd_k=(False, True))
+             odd_k=(False, True), chain=(None,) + swiglu_chains.CHAINS)
 declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 
 
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
-                     svec: bool = False, residual: bool = False):
+                     svec: bool = False, residual: bool = False,
+                     chain: "str | None" = None):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
     if residual and op == DQ8CA:
         return None  # vkdelegate.linear_q4gsw_add and weight_int8pack_mm_add only
+    if chain is not None and (op == DQ8CA or residual
+                              or chain not in swiglu_chains.CHAINS_FOR[dtype]):
+        return None  # SWIGLU: linear_q4gsw_swiglu and weight_int8pack_mm_swiglu only
     pair = (dtype, device_dtype(dtype, profile))
     bits = 8 if op == INT8PACK else 4
     wdt = "int8" if bits == 8 else "uint8"
@@ -381,10 +435,11 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     dq = None
     if op == DQ8CA:
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
-    if svec and VROWS % scales_per_load(pair):
+    if svec and out_rows(chain is not None) % scales_per_load(pair, chain is not None):
         return None
     return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq, svec,
-                          pair if residual else None)
+                          pair if residual else None,
+                          None if chain is None else swiglu_chains.defines(chain, dtype))
 
 
 def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
@@ -395,7 +450,7 @@ def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
               svec=(False, True))
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
-             residual=(False, True))
+             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS)
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
 
 
@@ -441,3 +496,77 @@ register(OpSpec(name=INT8PACK_ADD, dtypes=DTYPES, impl=_int8pack_add_impl,
                 notes="residual + _weight_int8pack_mm(...): the add in the int8 "
                       "vectorized GEMV's epilogue, a second dispatch on the other forms; "
                       "fused from aten.add.Tensor"))
+
+
+# ---- the SwiGLU chain in the epilogue (kernels/swiglu.py) -----------------------------
+# vkdelegate.linear_q4gsw_swiglu(self, weights [2F, K/2], weight_scales, group_size,
+# bias?, steps) and vkdelegate.weight_int8pack_mm_swiglu(self, mat2 [2F, K], scales,
+# steps): the merged gate/up product's halves combined by the SwiGLU chain -> [..., F].
+Q4GSW_SWIGLU = "vkdelegate.linear_q4gsw_swiglu.default"
+INT8PACK_SWIGLU = "vkdelegate.weight_int8pack_mm_swiglu.default"
+
+
+def _chain(b, steps_id, dtype: str) -> dict:
+    try:
+        return swiglu_chains.defines(b.value(steps_id), dtype)
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+
+
+def _q4gsw_swiglu_impl(b, node):
+    x_id, w_id, s_id, gs_id, bias_id, steps_id, out_id = node.args
+    out = b.tensor(out_id)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), b.value(bias_id), out,
+            4, int(b.scalar(gs_id)), swiglu=_chain(b, steps_id, out.dtype))
+
+
+def _int8pack_swiglu_impl(b, node):
+    x_id, w_id, s_id, steps_id, out_id = node.args
+    out = b.tensor(out_id)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None, out, 8, 0,
+            swiglu=_chain(b, steps_id, out.dtype))
+
+
+def _swiglu_shape(w_at: int):
+    return lambda args: tuple(args[0].shape[:-1]) + (args[w_at].shape[0] // 2,)
+
+
+def _swiglu_rule(w_at: int, steps_at: int, bias_at: "int | None"):
+    """Load rule of the SwiGLU forms (after the plain op's rule): the weight has an
+    even number of rows 2F (the kernels index its two halves), the bias (if any) is
+    exactly [2F], the output [..., F], steps one of the SwiGLU chains for the
+    output's dtype."""
+    def rule(node: NodeSpec):
+        x, w = node.args[0], node.args[w_at]
+        if not all(hasattr(t, "rank") for t in (x, w)) or x.rank < 1 or w.rank != 2:
+            return None  # the plain op's rule reports it
+        rows = w.shape[0]
+        if rows < 2 or rows % 2:
+            return (f"weights {list(w.shape)}: a merged gate/up weight has an even number "
+                    f"of rows")
+        bias = node.args[bias_at] if bias_at is not None else None
+        if bias is not None and (not hasattr(bias, "shape") or tuple(bias.shape) != (rows,)):
+            return f"bias must be [{rows}] (the merged product's)"
+        out = node.outputs[0] if node.outputs else None
+        want = tuple(x.shape[:-1]) + (rows // 2,)
+        if out is None or tuple(out.shape) != want:
+            return f"output must be {list(want)}"
+        return swiglu_chains.check(node.args[steps_at], out.dtype)
+    return rule
+
+
+register(OpSpec(name=Q4GSW_SWIGLU, dtypes=DTYPES, impl=_q4gsw_swiglu_impl,
+                shape_fn=_swiglu_shape(1),
+                rules=(lambda n: _q4_rule(n, 1, 2, 3), _swiglu_rule(1, 5, 4)),
+                arg_dtypes={1: frozenset({"uint8"})},
+                notes="SwiGLU chain over the halves of a merged gate/up linear_q4gsw "
+                      "(weights [2F, K/2]) -> [..., F]: the chain in every form's "
+                      "epilogue (one dispatch); fused from the linear's narrow_last "
+                      "parts and vkdelegate.fused_elementwise"))
+register(OpSpec(name=INT8PACK_SWIGLU, dtypes=DTYPES, impl=_int8pack_swiglu_impl,
+                shape_fn=_swiglu_shape(1), rules=(_int8pack_rule, _swiglu_rule(1, 3, None)),
+                arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
+                notes="SwiGLU chain over the halves of a merged gate/up "
+                      "_weight_int8pack_mm (mat2 [2F, K]) -> [M, F]: the chain in every "
+                      "form's epilogue (one dispatch); fused from the product's "
+                      "narrow_last parts and vkdelegate.fused_elementwise"))

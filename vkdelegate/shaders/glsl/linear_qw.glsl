@@ -26,6 +26,19 @@
 //     valid part.
 // DQ8CA's zero point is corrected with the precomputed per-group weight sums; INT_DOT:
 // int8 dot products of 4 packed values (dotPacked4x8EXT).
+// SWIGLU (W4 or W8, not DQ8CA; vkdelegate.linear_q4gsw_swiglu /
+// weight_int8pack_mm_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
+// rows for an output of N columns (qdims.y = N; scales and bias index the merged
+// rows). Output n has the sums of rows n (gate) and N + n (up), each accumulated
+// exactly as the plain form accumulates that column (GEMV: a workgroup's NPW rows are
+// NPW / 2 gate rows and the matching up rows, NPW / 2 outputs; GEMM: an invocation's 4
+// columns accumulate their gate and up rows), finished as the plain op finishes them
+// and rounded as its store rounds them (SWIGLU_HALF: round_to_half), then CHAIN_BODY
+// (the fused elementwise chain's GLSL) over r0 = gate and r1 = up.
+
+#if defined(SWIGLU) && defined(DQ8CA)
+#error "SWIGLU takes no DQ8CA"
+#endif
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(x_data, X_T)
@@ -186,8 +199,29 @@ float finish(float acc, int n) {
   return acc;
 }
 
+#ifdef SWIGLU
+#ifdef SWIGLU_HALF
+#define SWIGLU_ROUND(v) round_to_half(v)
+#else
+#define SWIGLU_ROUND(v) (v)
+#endif
+// Output column n from its gate and up sums: finish for merged rows n and N + n, each
+// rounded as the plain op's store rounds it, then the chain.
+float swiglu_out(float gate_acc, float up_acc, int n) {
+  const float r0 = SWIGLU_ROUND(finish(gate_acc, n));
+  const float r1 = SWIGLU_ROUND(finish(up_acc, qdims.y + n));
+  CHAIN_BODY
+  return CHAIN_RESULT;
+}
+#endif
+
 #ifdef GEMV
 shared float partial[NPW * WG];
+#ifdef SWIGLU
+#define OUT_NPW (NPW / 2)  // outputs per workgroup: a gate row and an up row each
+#else
+#define OUT_NPW NPW
+#endif
 
 void main() {
   const ivec4 dims = qdims;
@@ -196,7 +230,7 @@ void main() {
   const int row_chunks = dims.w;
   const int M = N > 0 ? numel_of(out_meta) / N : 0;
   const int lid = int(gl_LocalInvocationID.x);
-  const int n0 = int(gl_WorkGroupID.x) * NPW;
+  const int n0 = int(gl_WorkGroupID.x) * OUT_NPW;
   const int m = int(gl_WorkGroupID.y);
   const bool live = m < M && n0 < N;  // uniform across the workgroup
   float inv = 0.0, xs = 0.0;
@@ -214,7 +248,11 @@ void main() {
     for (int c = lid; c < row_chunks; c += WG) {
       const XChunk xc = load_x(m, c, K, inv, z);
       [[unroll]] for (int j = 0; j < NPW; ++j) {
+#ifdef SWIGLU
+        const int n = j < OUT_NPW ? min(n0 + j, N - 1) : N + min(n0 + j - OUT_NPW, N - 1);
+#else
         const int n = min(n0 + j, N - 1);
+#endif
         acc[j] += chunk_dot(xc, load_word(n, c, qstrides.z), n, c, dims, xs, z);
       }
     }
@@ -231,9 +269,16 @@ void main() {
     }
     barrier();
   }
+#ifdef SWIGLU
+  if (live && lid < OUT_NPW && n0 + lid < N) {
+    out_data[m * N + n0 + lid] = OUT_STORE(swiglu_out(partial[lid * WG],
+                                                      partial[(lid + OUT_NPW) * WG], n0 + lid));
+  }
+#else
   if (live && lid < NPW && n0 + lid < N) {
     out_data[m * N + n0 + lid] = OUT_STORE(finish(partial[lid * WG], n0 + lid));
   }
+#endif
 }
 
 #else  // GEMM: an M_TILE x 4 tile per invocation
@@ -266,9 +311,15 @@ void main() {
 #endif
   }
   float acc[M_TILE][4];
+#ifdef SWIGLU
+  float acc_up[M_TILE][4];  // the up rows N + cols[j]
+#endif
   [[unroll]] for (int i = 0; i < M_TILE; ++i) {
     [[unroll]] for (int j = 0; j < 4; ++j) {
       acc[i][j] = 0.0;
+#ifdef SWIGLU
+      acc_up[i][j] = 0.0;
+#endif
     }
   }
   for (int c = 0; c < row_chunks; ++c) {
@@ -276,17 +327,31 @@ void main() {
     [[unroll]] for (int j = 0; j < 4; ++j) {
       words[j] = load_word(cols[j], c, qstrides.z);
     }
+#ifdef SWIGLU
+    uint words_up[4];
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      words_up[j] = load_word(N + cols[j], c, qstrides.z);
+    }
+#endif
     [[unroll]] for (int i = 0; i < M_TILE; ++i) {
       const XChunk xc = load_x(rows[i], c, K, inv[i], z[i]);
       [[unroll]] for (int j = 0; j < 4; ++j) {
         acc[i][j] += chunk_dot(xc, words[j], cols[j], c, dims, xs[i], z[i]);
+#ifdef SWIGLU
+        acc_up[i][j] += chunk_dot(xc, words_up[j], N + cols[j], c, dims, xs[i], z[i]);
+#endif
       }
     }
   }
   [[unroll]] for (int i = 0; i < M_TILE; ++i) {
     [[unroll]] for (int j = 0; j < 4; ++j) {
       if (m0 + i < M && n0 + j < N) {
+#ifdef SWIGLU
+        out_data[(m0 + i) * N + n0 + j] = OUT_STORE(swiglu_out(acc[i][j], acc_up[i][j],
+                                                               n0 + j));
+#else
         out_data[(m0 + i) * N + n0 + j] = OUT_STORE(finish(acc[i][j], n0 + j));
+#endif
       }
     }
   }

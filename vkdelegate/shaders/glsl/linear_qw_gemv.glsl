@@ -35,14 +35,35 @@
 // for all ROWS rows. DIRECT (the default form): no staging and no barrier before the
 // reduction; each invocation loads its blocks' x values itself (L1-cached) and handles
 // blocks t, t + WG, ... UNROLL per iteration, all loads of an iteration issued first.
-// SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads.
+// SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads (SV_HALF:
+// stored as fp16, two per 32-bit word; SWIGLU: two runs of ROWS / 2 rows).
 // HAS_RESIDUAL (vkdelegate.linear_q4gsw_add): r_data (out's shape, [M, N]) added to
 // each output in fp32 after the bias, one rounding at the store.
+// SWIGLU (W4 or W8, not DQ8CA or HAS_RESIDUAL; vkdelegate.linear_q4gsw_swiglu /
+// weight_int8pack_mm_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
+// rows for an output of N columns (qdims.y = N; the scales and bias index the merged
+// rows); a workgroup's ROWS rows are the gate rows n0 .. n0 + ROWS/2 - 1 and the up
+// rows N + n0 .., so each of its ROWS/2 outputs has its pair (n, N + n) of sums (each
+// computed and reduced exactly as the plain GEMV computes that row), finished as the
+// plain op finishes them (finish: W8's scale, the bias) and rounded as its store
+// rounds them (SWIGLU_HALF: round_to_half, the value an fp16 output keeps); the output
+// is CHAIN_BODY (the fused elementwise chain's GLSL) over r0 = gate and r1 = up.
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
-// Grid: x over ceil(N / ROWS) workgroups, y the row m (rows past M and columns past N
-// compute the last valid one and store nothing).
+// Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2))), y the row m
+// (rows past M and columns past N compute the last valid one and store nothing).
+
+#ifdef SWIGLU
+#if defined(DQ8CA) || defined(HAS_RESIDUAL)
+#error "SWIGLU takes neither DQ8CA nor HAS_RESIDUAL"
+#endif
+#define OUT_ROWS (ROWS / 2)  // outputs per workgroup: a gate row and an up row each
+#define SV_RUNS 2            // SVEC: runs of consecutive rows (gate, up)
+#else
+#define OUT_ROWS ROWS
+#define SV_RUNS 1
+#endif
 
 TENSOR_OUT(out_data, OUT_T)
 #ifdef X16
@@ -201,6 +222,22 @@ float finish(float acc, int m, int n) {
   return acc;
 }
 
+#ifdef SWIGLU
+#ifdef SWIGLU_HALF
+#define SWIGLU_ROUND(v) round_to_half(v)
+#else
+#define SWIGLU_ROUND(v) (v)
+#endif
+// Output (m, n) from its gate and up sums: the plain op's epilogue for rows n and
+// N + n of the merged weight, each rounded as its store rounds it, then the chain.
+float swiglu_out(float gate_acc, float up_acc, int m, int n) {
+  const float r0 = SWIGLU_ROUND(finish(gate_acc, m, n));
+  const float r1 = SWIGLU_ROUND(finish(up_acc, m, qdims.y + n));
+  CHAIN_BODY
+  return CHAIN_RESULT;
+}
+#endif
+
 // Requests block bc's weight blocks (wv), W4 scales (sv, times 8da4w's x scale) and
 // DQ8CA zero-point shares (zs: z * the group's weight sum where bc starts a group)
 // of the ROWS rows w_row.
@@ -210,21 +247,25 @@ void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS]
   const int g = (bc * KV) / qdims.z;
 #endif
 #ifdef SVEC
-  // The ROWS rows' scales of group g in ROWS / SPL vector loads (N and the scales'
-  // row stride are multiples of ROWS and SPL: the op checks).
-  [[unroll]] for (int i = 0; i < ROWS / SPL; ++i) {
-    const SV_T v = s_data[(g * qstrides.x + w_row[0]) / SPL + i];
-#if SPL == 8
-    [[unroll]] for (int j = 0; j < 4; ++j) {
-      const vec2 h = unpackHalf2x16(v[j]);
-      sv[8 * i + 2 * j] = h.x * xscale;
-      sv[8 * i + 2 * j + 1] = h.y * xscale;
-    }
+  // The ROWS rows' scales of group g in ROWS / SPL vector loads, SV_RUNS runs of
+  // consecutive rows (N, ROWS / SV_RUNS and the scales' row stride are multiples of
+  // SPL, N one of ROWS / SV_RUNS: the op checks).
+  [[unroll]] for (int h = 0; h < SV_RUNS; ++h) {
+    [[unroll]] for (int i = 0; i < ROWS / SV_RUNS / SPL; ++i) {
+      const int first = h * (ROWS / SV_RUNS) + SPL * i;  // the load's first row
+      const SV_T v = s_data[(g * qstrides.x + w_row[h * (ROWS / SV_RUNS)]) / SPL + i];
+#ifdef SV_HALF
+      [[unroll]] for (int j = 0; j < SPL / 2; ++j) {
+        const vec2 f = unpackHalf2x16(v[j]);
+        sv[first + 2 * j] = f.x * xscale;
+        sv[first + 2 * j + 1] = f.y * xscale;
+      }
 #else
-    [[unroll]] for (int j = 0; j < 4; ++j) {
-      sv[4 * i + j] = v[j] * xscale;
-    }
+      [[unroll]] for (int j = 0; j < SPL; ++j) {
+        sv[first + j] = v[j] * xscale;
+      }
 #endif
+    }
   }
 #endif
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
@@ -321,7 +362,7 @@ void main() {
   const int blocks = qdims.w;
   const int M = N > 0 ? numel_of(out_meta) / N : 0;
   const int t = int(gl_LocalInvocationID.x);
-  const int n0 = int(gl_WorkGroupID.x) * ROWS;
+  const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
   const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
   const bool live = int(gl_WorkGroupID.y) < M && n0 < N;  // uniform in the workgroup
   float inv = 0.0, xscale = 1.0;
@@ -334,7 +375,11 @@ void main() {
   int w_row[ROWS];
   float acc[ROWS];
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
+#ifdef SWIGLU
+    w_row[r] = r < OUT_ROWS ? min(n0 + r, N - 1) : N + min(n0 + r - OUT_ROWS, N - 1);
+#else
     w_row[r] = min(n0 + r, N - 1);
+#endif
     acc[r] = 0.0;
   }
   if (live) {
@@ -392,6 +437,16 @@ void main() {
     }
   }
   barrier();
+#ifdef SWIGLU
+  if (live && t < OUT_ROWS && n0 + t < N) {
+    float gate = 0.0, up = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      gate += PARTIAL(t, int(i));
+      up += PARTIAL(t + OUT_ROWS, int(i));
+    }
+    out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(gate, up, m, n0 + t));
+  }
+#else
   if (live && t < ROWS && n0 + t < N) {
     float total = 0.0;
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
@@ -399,6 +454,7 @@ void main() {
     }
     out_data[m * N + n0 + t] = OUT_STORE(finish(total, m, n0 + t));
   }
+#endif
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     PARTIAL(r, t) = acc[r];
@@ -412,8 +468,15 @@ void main() {
     }
     barrier();
   }
+#ifdef SWIGLU
+  if (live && t < OUT_ROWS && n0 + t < N) {
+    out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(PARTIAL(t, 0), PARTIAL(t + OUT_ROWS, 0),
+                                                    m, n0 + t));
+  }
+#else
   if (live && t < ROWS && n0 + t < N) {
     out_data[m * N + n0 + t] = OUT_STORE(finish(PARTIAL(t, 0), m, n0 + t));
   }
+#endif
 #endif
 }
