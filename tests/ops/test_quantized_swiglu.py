@@ -386,7 +386,7 @@ def test_matching_blob_runs(vk_device, op):
     (dict(steps="aten.relu.default(r0);aten.mul.Tensor(r2,r1)"),
      r"steps must be one of the SwiGLU chains"),
     (dict(steps=swiglu.SILU_HALF), r"does not apply to float32 tensors"),
-    (dict(weight_rows=13, out_cols=6), r"weights \[13, (16|32)\]: a merged gate/up weight "
+    (dict(weight_rows=13, out_cols=6), r"weight \[13, (16|32)\]: a merged gate/up weight "
                                        r"has an even number of rows"),
     (dict(out_cols=14), r"output must be \[1, (1, )?7\]"),
     (dict(out_cols=8), r"output must be \[1, (1, )?7\]"),

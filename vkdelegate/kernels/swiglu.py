@@ -99,6 +99,33 @@ def match_roles(steps: str, scalars, dtype: str, roles) -> "str | None":
     return None
 
 
+def halves_rule(w_at: int, steps_at: int, bias_at: "int | None"):
+    """A load rule (NodeSpec -> message or None) of an op whose output is a SwiGLU
+    chain over the halves of a merged gate/up product: the weight (argument ``w_at``,
+    2-D) has an even number of rows 2F (the kernels index its two halves), the bias
+    (argument ``bias_at``, if any) is exactly [2F], the output [..., F] of the input
+    (argument 0), the steps (argument ``steps_at``) one of the CHAINS for the output's
+    dtype. Inputs that are not tensors of the ranks the op takes are left to the op's
+    other rules."""
+    def rule(node) -> "str | None":
+        x, w = node.args[0], node.args[w_at]
+        if not all(hasattr(t, "rank") for t in (x, w)) or x.rank < 1 or w.rank != 2:
+            return None
+        rows = w.shape[0]
+        if rows < 2 or rows % 2:
+            return f"weight {list(w.shape)}: a merged gate/up weight has an even number " \
+                   f"of rows"
+        bias = node.args[bias_at] if bias_at is not None else None
+        if bias is not None and (not hasattr(bias, "shape") or tuple(bias.shape) != (rows,)):
+            return f"bias must be [{rows}] (the merged product's)"
+        out = node.outputs[0] if node.outputs else None
+        want = tuple(x.shape[:-1]) + (rows // 2,)
+        if out is None or tuple(out.shape) != want:
+            return f"output must be {list(want)}"
+        return check(node.args[steps_at], out.dtype)
+    return rule
+
+
 def check(steps, dtype: str) -> "str | None":
     """Why ``steps`` cannot be a linear_swiglu chain on graph dtype ``dtype`` (a load
     rule), or None."""

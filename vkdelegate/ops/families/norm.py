@@ -303,22 +303,6 @@ register(OpSpec(name=RMS_NORM_LINEAR, dtypes=DTYPES, impl=_rms_linear_impl,
 RMS_NORM_LINEAR_SWIGLU = "vkdelegate.rms_norm_linear_swiglu.default"
 
 
-def _rms_swiglu_rule(node: NodeSpec):
-    """rms_norm_linear's rule for (x, norm_weight, eps, weight, bias), weight [2F, K]
-    (a merged gate/up weight: an even number of rows), output [..., F], steps one of
-    the SwiGLU chains for the output's dtype."""
-    why = _rms_linear_rule(node)
-    if why is not None:
-        return why
-    x, w, steps = node.args[0], node.args[3], node.args[5]
-    if w.shape[0] < 2 or w.shape[0] % 2:
-        return f"weight {list(w.shape)}: a merged gate/up weight has an even number of rows"
-    out = node.outputs[0] if node.outputs else None
-    if out is None or tuple(out.shape) != tuple(x.shape[:-1]) + (w.shape[0] // 2,):
-        return f"output must be {list(x.shape[:-1]) + [w.shape[0] // 2]}"
-    return swiglu.check(steps, out.dtype)
-
-
 def _rms_swiglu_shape(args):
     return tuple(args[0].shape[:-1]) + (args[3].shape[0] // 2,)
 
@@ -336,7 +320,7 @@ def _rms_swiglu_impl(b, node):
 
 
 register(OpSpec(name=RMS_NORM_LINEAR_SWIGLU, dtypes=DTYPES, impl=_rms_swiglu_impl,
-                shape_fn=_rms_swiglu_shape, rules=(_rms_swiglu_rule, same_dtype),
+                shape_fn=_rms_swiglu_shape, rules=(_rms_linear_rule, swiglu.halves_rule(3, 5, 4), same_dtype),
                 notes="linear_swiglu(et_vk.rms_norm(x, w, eps), weight [2F, K], bias?, "
                       "steps) -> [..., F]: the norm, the merged gate/up GEMV and the "
                       "chain in one dispatch, else the norm's dispatch first; fused from "

@@ -531,40 +531,17 @@ def _swiglu_shape(w_at: int):
     return lambda args: tuple(args[0].shape[:-1]) + (args[w_at].shape[0] // 2,)
 
 
-def _swiglu_rule(w_at: int, steps_at: int, bias_at: "int | None"):
-    """Load rule of the SwiGLU forms (after the plain op's rule): the weight has an
-    even number of rows 2F (the kernels index its two halves), the bias (if any) is
-    exactly [2F], the output [..., F], steps one of the SwiGLU chains for the
-    output's dtype."""
-    def rule(node: NodeSpec):
-        x, w = node.args[0], node.args[w_at]
-        if not all(hasattr(t, "rank") for t in (x, w)) or x.rank < 1 or w.rank != 2:
-            return None  # the plain op's rule reports it
-        rows = w.shape[0]
-        if rows < 2 or rows % 2:
-            return (f"weights {list(w.shape)}: a merged gate/up weight has an even number "
-                    f"of rows")
-        bias = node.args[bias_at] if bias_at is not None else None
-        if bias is not None and (not hasattr(bias, "shape") or tuple(bias.shape) != (rows,)):
-            return f"bias must be [{rows}] (the merged product's)"
-        out = node.outputs[0] if node.outputs else None
-        want = tuple(x.shape[:-1]) + (rows // 2,)
-        if out is None or tuple(out.shape) != want:
-            return f"output must be {list(want)}"
-        return swiglu_chains.check(node.args[steps_at], out.dtype)
-    return rule
-
-
 register(OpSpec(name=Q4GSW_SWIGLU, dtypes=DTYPES, impl=_q4gsw_swiglu_impl,
                 shape_fn=_swiglu_shape(1),
-                rules=(lambda n: _q4_rule(n, 1, 2, 3), _swiglu_rule(1, 5, 4)),
+                rules=(lambda n: _q4_rule(n, 1, 2, 3), swiglu_chains.halves_rule(1, 5, 4)),
                 arg_dtypes={1: frozenset({"uint8"})},
                 notes="SwiGLU chain over the halves of a merged gate/up linear_q4gsw "
                       "(weights [2F, K/2]) -> [..., F]: the chain in every form's "
                       "epilogue (one dispatch); fused from the linear's narrow_last "
                       "parts and vkdelegate.fused_elementwise"))
 register(OpSpec(name=INT8PACK_SWIGLU, dtypes=DTYPES, impl=_int8pack_swiglu_impl,
-                shape_fn=_swiglu_shape(1), rules=(_int8pack_rule, _swiglu_rule(1, 3, None)),
+                shape_fn=_swiglu_shape(1),
+                rules=(_int8pack_rule, swiglu_chains.halves_rule(1, 3, None)),
                 arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
                 notes="SwiGLU chain over the halves of a merged gate/up "
                       "_weight_int8pack_mm (mat2 [2F, K]) -> [M, F]: the chain in every "
