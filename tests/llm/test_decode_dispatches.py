@@ -1,8 +1,9 @@
 """A tiny HF Llama decode step lowered by vkdelegate.llm.lower: the position, rotary
 and cache-write dispatches that passes/cse, fuse_rotary's pairing and
 pair_cache_updates (which also takes the rotary into the cache write) remove are
-gone, in float16 the casts around SiLU and cos/sin are inside fused chains, the
-SwiGLU chain is in the merged gate/up linear's epilogue (passes/fuse_linear_swiglu:
+gone, in float16 the casts around SiLU are inside fused chains, the rotary cos/sin
+are a row of a table computed at lowering (passes/rotary_tables), the decode loop's
+record is in the sampler's dispatch (vkdelegate.sample_record), the SwiGLU chain is in the merged gate/up linear's epilogue (passes/fuse_linear_swiglu:
 one dispatch per layer fewer), the RMS norms before q/k/v and lm_head are folded into
 the linear after them (passes/fuse_rms_norm_linear: no norm dispatch on GPUs with
 rms_norm_prologue), and the greedy tokens are still HF's."""
@@ -69,6 +70,11 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     assert ops.count(LINEAR_SWIGLU) == layers, ops
     assert ops.count("et_vk.rms_norm.default") == layers, ops
     assert "vkdelegate.fused_elementwise.default" not in ops, ops
+    # The rotary cos/sin are one row of a table computed at lowering, read at start_pos
+    # (passes/rotary_tables): no cast, product, cat, cos or sin per step.
+    assert ops.count("aten.index.Tensor") == 1, ops
+    assert not {"aten.cos.default", "aten.sin.default", "aten._to_copy.default",
+                "aten.mul.Tensor", "aten.cat.default"} & set(ops), ops
     # decode_next (the loop generate runs) dispatches exactly what decode does: its
     # draw, draws[loop.pos], is read by the sampler (no slice, index_select or cat).
     assert _decode_next_ops(program) == ops
@@ -96,8 +102,10 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     one chain with their cast to float16: 43 dispatches per decode step before (per
     layer _to_copy, SiLU, _to_copy, mul; cos, sin and two casts), 35 after. The MLP's
     chain then goes into the merged linear's epilogue (passes/fuse_linear_swiglu:
-    vkdelegate.linear_swiglu, one dispatch fewer per layer). The greedy tokens are
-    still HF eager's float16 ones."""
+    vkdelegate.linear_swiglu, one dispatch fewer per layer), and the rotary prelude
+    (cast, product with inv_freq, cat, the cos and sin chains: 6 dispatches) is one row
+    of a table of eager's cos/sin computed at lowering (passes/rotary_tables). The
+    greedy tokens are still HF eager's float16 ones."""
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
@@ -110,17 +118,14 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
     # The merged gate/up linear with its SwiGLU chain reads the post-attention RMS
-    # norm's dispatch; the 2 chains left are the rotary prelude's cos and sin.
+    # norm's dispatch; no chain is left: the rotary prelude's cos and sin are a table
+    # row (one aten.index.Tensor at start_pos, the first dispatch after the embedding).
     fused, norm = "vkdelegate.fused_elementwise.default", "et_vk.rms_norm.default"
-    assert ops.count(fused) == 2, ops
+    assert fused not in ops, ops
     assert ops.count(LINEAR_SWIGLU) == layers, ops
-    assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
-    # Left: the positions' int64 -> float32 cast and their product with inv_freq
-    # (transformers 5.24 + torch 2.13; 5.17 + torch 2.11, the H200 machine's, builds the
-    # prelude differently: two casts, the product inside a chain).
-    casts = ops.count("aten._to_copy.default")
-    assert 1 <= casts <= 2, ops
-    assert ops.count("aten.mul.Tensor") <= 1, ops
+    assert not {"aten.cos.default", "aten.sin.default", "aten._to_copy.default",
+                "aten.mul.Tensor", "aten.cat.default"} & set(ops), ops
+    assert ops.count("aten.index.Tensor") == 1, ops
     down = (RMS_NORM_LINEAR, "vkdelegate.linear_add.default")  # down_proj with the residual add
     mlp = [i for i, op in enumerate(ops)
            if op == LINEAR_SWIGLU and ops[i - 1] == norm and ops[i + 1] in down]
@@ -130,15 +135,15 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     # token + (new - token), pos + 1, pos + (new - pos) and loop.history's index_put
     # are gone; decoder.DecodeLoopState.sample); the attention mask's
     # le (the one dispatch of its prelude under transformers 5.24 + torch 2.13; more
-    # under 5.17) is gone with the mask; the prelude may hold 2 more under
-    # transformers 5.17 + torch 2.11 (a cast and an unsqueeze); the rotary embedding
-    # is in the cache write (one dispatch fewer per layer).
+    # under 5.17) is gone with the mask; the rotary prelude's 6 dispatches (8 under
+    # transformers 5.17 + torch 2.11: a cast and an unsqueeze more) are one table row;
+    # the rotary embedding is in the cache write (one dispatch fewer per layer).
     # The layers + 1 RMS norms before q/k/v and lm_head are in their linears' GEMV
     # prologues only with compile option rms_norm_prologue (off by default:
     # norm_linear_dispatches); the SwiGLU chains are in the gate/up GEMVs' epilogues.
     norms = (layers + 1) * (2 - norm_linear_dispatches())
     assert "aten.le.Tensor" not in ops, ops
-    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers - 1 + 2 - layers - norms \
+    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers - 1 - 5 - layers - norms \
         - layers, ops
     assert ops.count(norm) == layers, ops
     assert _decode_next_ops(program) == ops
