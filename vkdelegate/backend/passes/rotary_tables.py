@@ -22,8 +22,8 @@ the run raises either way.
 
 The position computation is what matters, not its form: any chain of deterministic
 ATen ops with static sizes from P and constant placeholders matches (transformers
-5.24's ``position_ids[..., None].float() * inv_freq`` and older versions' matmul of
-the expanded inv_freq by the positions alike). Not taken: a prefill's positions (T
+5.25's ``position_ids[..., None].float() * inv_freq`` and 5.17's ``bmm`` of the
+expanded inv_freq by the positions alike). Not taken: a prefill's positions (T
 rows: ``arange(T) + start_pos``), cos/sin that read anything else (another input, a
 state other than P, a random op), tables past ``MAX_ROWS`` rows or ``MAX_ELEMENTS``
 elements (a table is a constant, stored in the program file: 2 S x head_dim values).
