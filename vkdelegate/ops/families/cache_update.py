@@ -30,7 +30,7 @@ import math
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
-                                            contiguous_strides, flat_plan)
+                                            contiguous_strides, copy_destination)
 from vkdelegate.kernels.dims import slice_bounds, wrap_dim
 from vkdelegate.kernels.rotary_half import broadcast_strides, padded_sizes, pair_reason
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
@@ -59,15 +59,6 @@ def _defines(out, src, idx, pos: bool, scalar: bool) -> dict:
     d["SRC_ACC"] = acc_type(dtype)
     d.update(flag_defines(POS_FROM_TENSOR=pos, SRC_SCALAR=scalar))
     return d
-
-
-def copy_destination(b, out, x) -> None:
-    """out <- x, element for element (the values the region does not overwrite),
-    marked as a whole copy: where x is device state whose new value is out (a KV
-    cache), the graph drops it and updates the state in place (DeviceState)."""
-    affine_copy(b, out, x, lambda: flat_plan(out.numel))
-    if x.dtype == out.dtype and tuple(x.max_shape) == tuple(out.max_shape):
-        b.mark_whole_copy(x, out)
 
 
 def _scatter(b, out, src, index, dim: int, count_fn, *, pos: bool, wrap: bool,

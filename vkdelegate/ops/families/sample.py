@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 from vkdelegate.kernels import loop_limit
-from vkdelegate.ops.families.cache_update import copy_destination
+from vkdelegate.kernels.affine_copy import copy_destination
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
