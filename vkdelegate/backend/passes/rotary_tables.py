@@ -171,7 +171,8 @@ def rotary_tables(pg) -> bool:
             if nodes is None or rows == 0 or rows > MAX_ROWS \
                     or rows * (cv.numel() + sv.numel()) > MAX_ELEMENTS:
                 continue
-            table = _table(pg, nodes, pos, cos, sin, rows)
+            with torch.no_grad():
+                table = _table(pg, nodes, pos, cos, sin, rows)
             if table is None:
                 continue
             nc, ns = cv.numel(), sv.numel()
