@@ -8,6 +8,17 @@ else top-k, then top-p, then the first token whose cumulative probability exceed
 draw (uniform in [0, 1), made by the host's seeded generator, so a run is reproducible).
 Only the id crosses to the host.
 
+``vkdelegate.sample_record(logits, sampling, draws, pos, token, token_pos, history) ->
+(id, token', pos', history')`` (custom_ops_llm.sample_record_reference) is the decode
+loop's step (vkdelegate.llm.decoder.DecodeLoopState.sample): the same pick, with the
+draw ``draws[pos]`` when a table is given (decode_next), and invocation 0 also writes
+the id as token', pos + 1 as pos' and the id at history'[pos + 1] (sample.glsl's RECORD
+form). history' starts as a copy of history marked as a whole copy, so where the
+history is device state the copy is dropped and the row goes straight into the state
+(runtime/device_state.py): the record costs no dispatch of its own. pos outside the
+draws or pos + 1 outside the history sets the node's error flag (that history row is
+not written; the id, token' and pos' are).
+
 One workgroup (sample.glsl). Greedy (and top_k = 1, top_p <= 0) is one pass, the
 maximum key. Otherwise the masses are 64-bit fixed point (w * 2^40, truncated), summed
 exactly by shared-memory integer atomics, so results do not depend on the order of the
