@@ -1,13 +1,14 @@
 """A tiny HF Llama decode step lowered by vkdelegate.llm.lower: the position, rotary
 and cache-write dispatches that passes/cse, fuse_rotary's pairing and
 pair_cache_updates (which also takes the rotary into the cache write) remove are
-gone, in float16 the casts around SiLU and cos/sin are inside fused chains, the
-SwiGLU chain is in the merged gate/up linear's epilogue (passes/fuse_linear_swiglu:
-one dispatch per layer fewer), the RMS norms are folded into the linear after them
-(passes/fuse_rms_norm_linear, and fuse_linear_swiglu for the post-attention norm: no
-norm dispatch on GPUs, where the GEMV path takes them), and the greedy tokens are
-still HF's; the same SwiGLU fusion in an int4 / int8 weight-only model's merged gate/up
-product."""
+gone, in float16 the casts around SiLU are inside fused chains, the rotary cos/sin
+are a row of a table computed at lowering (passes/rotary_tables), the decode loop's
+record is in the sampler's dispatch (vkdelegate.sample_record), the SwiGLU chain is in
+the merged gate/up linear's epilogue (passes/fuse_linear_swiglu: one dispatch per layer
+fewer), the RMS norms are folded into the linear after them (passes/fuse_rms_norm_linear,
+and fuse_linear_swiglu for the post-attention norm: no norm dispatch on GPUs, where the
+GEMV path takes them), and the greedy tokens are still HF's; the same SwiGLU fusion in
+an int4 / int8 weight-only model's merged gate/up product."""
 import pytest
 import torch
 
@@ -43,8 +44,13 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     assert ops.count("vkdelegate.rotary_index_put_pair.default") == layers, ops
     assert not {"vkdelegate.rotary_half.default", "vkdelegate.rotary_half_pair.default",
                 "vkdelegate.index_put_pair.default"} & set(ops), ops
-    # One single write: the decode loop's loop.history[pos + 1] (decoder.py), no cache's.
-    assert ops.count("aten.index_put.default") == 1, ops
+    # No cache write of its own, and the decode loop's record (loop.token, loop.pos,
+    # loop.history[pos + 1]; decoder.DecodeLoopState.sample) is in the sampler's
+    # dispatch (vkdelegate.sample_record): no index_put, add or sub left.
+    assert "aten.index_put.default" not in ops, ops
+    assert ops.count("vkdelegate.sample_record.default") == 1, ops
+    assert "vkdelegate.sample.default" not in ops, ops
+    assert ops[-1] == "vkdelegate.sample_record.default", ops
     # The cache positions of a one-token step are start_pos itself: no per-layer
     # arange/add/select; and no attention mask: each layer's vkdelegate.sdpa_at reads
     # start_pos on the device (decoder.uses_position_attention), so the mask prelude
@@ -54,9 +60,7 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     assert not {"aten.scaled_dot_product_attention.default", "aten.le.Tensor",
                 "aten.expand.default"} & set(ops), ops
     # The residual adds are in o_proj's and down_proj's epilogues (linear_add).
-    # The int64 adds left record the decode loop's token and position (3: pos + 1,
-    # old + (new - old) twice; decoder.DecodeLoopState.record).
-    assert ops.count("aten.add.Tensor") == 3, ops
+    assert not {"aten.add.Tensor", "aten.sub.Tensor"} & set(ops), ops
     assert ops.count("vkdelegate.linear_add.default") == 2 * layers, ops
     # Every RMS norm is folded into the linear after it: the input norm of each layer
     # and the final one (vkdelegate.rms_norm_linear), the post-attention norm with the
@@ -68,9 +72,28 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     assert ops.count(LINEAR_SWIGLU) == layers * norm_linear_dispatches(), ops
     assert ops.count("et_vk.rms_norm.default") == 0, ops
     assert "vkdelegate.fused_elementwise.default" not in ops, ops
+    # The rotary cos/sin are one row of a table computed at lowering, read at start_pos
+    # (passes/rotary_tables): no cast, product, cat, cos or sin per step.
+    assert ops.count("aten.index.Tensor") == 1, ops
+    assert not {"aten.cos.default", "aten.sin.default", "aten._to_copy.default",
+                "aten.mul.Tensor", "aten.cat.default"} & set(ops), ops
+    # decode_next (the loop generate runs) dispatches exactly what decode does: its
+    # draw, draws[loop.pos], is read by the sampler (no slice, index_select or cat).
+    assert _decode_next_ops(program) == ops
     # The same program still generates HF's tokens after the profiled step.
     program.reset_state()
     assert generate(program, prompt, 12) == expected
+
+
+def _decode_next_ops(program) -> list:
+    program.set_profiling(True)
+    try:
+        program.run("decode_next", torch.tensor([0.0, 0.0, 1.0, 0.0]),
+                    torch.full((MAX_SEQ_LEN + 1,), 0.5))
+    finally:
+        program.set_profiling(False)
+    return [d.op for _, prof in program.last_profiles("decode_next")
+            for d in prof.dispatches]
 
 
 def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
@@ -81,8 +104,10 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     one chain with their cast to float16: 43 dispatches per decode step before (per
     layer _to_copy, SiLU, _to_copy, mul; cos, sin and two casts), 35 after. The MLP's
     chain then goes into the merged linear's epilogue (passes/fuse_linear_swiglu:
-    vkdelegate.linear_swiglu, one dispatch fewer per layer). The greedy tokens are
-    still HF eager's float16 ones."""
+    vkdelegate.linear_swiglu, one dispatch fewer per layer), and the rotary prelude
+    (cast, product with inv_freq, cat, the cos and sin chains: 6 dispatches) is one row
+    of a table of eager's cos/sin computed at lowering (passes/rotary_tables). The
+    greedy tokens are still HF eager's float16 ones."""
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
@@ -95,36 +120,36 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
     # The post-attention RMS norm, the merged gate/up linear and its SwiGLU chain are
-    # one node; the 2 chains left are the rotary prelude's cos and sin.
+    # one node; no chain is left: the rotary prelude's cos and sin are a table row (one
+    # aten.index.Tensor at start_pos, the first dispatch after the embedding).
     fused, norm = "vkdelegate.fused_elementwise.default", "et_vk.rms_norm.default"
     per = norm_linear_dispatches()  # dispatches per fused norm + linear
-    assert ops.count(fused) == 2, ops
+    assert fused not in ops, ops
     assert ops.count(LINEAR_SWIGLU) == layers * per, ops
-    assert "aten.cos.default" not in ops and "aten.sin.default" not in ops, ops
-    # Left: the positions' int64 -> float32 cast and their product with inv_freq
-    # (transformers 5.24 + torch 2.13; 5.17 + torch 2.11, the H200 machine's, builds the
-    # prelude differently: two casts, the product inside a chain).
-    casts = ops.count("aten._to_copy.default")
-    assert 1 <= casts <= 2, ops
-    assert ops.count("aten.mul.Tensor") <= 1, ops
+    assert not {"aten.cos.default", "aten.sin.default", "aten._to_copy.default",
+                "aten.mul.Tensor", "aten.cat.default"} & set(ops), ops
+    assert ops.count("aten.index.Tensor") == 1, ops
     down = (RMS_NORM_LINEAR, "vkdelegate.linear_add.default")  # down_proj with the residual add
     mlp = [i for i, op in enumerate(ops)
            if op == LINEAR_SWIGLU and ops[i - 1] != LINEAR_SWIGLU and ops[i + per] in down]
     assert len(mlp) == layers, ops
-    # Also 2 residual adds per layer in linear_add; the decode loop's state records
-    # add 7 small dispatches (decoder.DecodeLoopState.record); the attention mask's
+    # Also 2 residual adds per layer in linear_add; the decode loop's state record is
+    # in the sampler's dispatch (vkdelegate.sample_record: the 7 small dispatches of
+    # token + (new - token), pos + 1, pos + (new - pos) and loop.history's index_put
+    # are gone; decoder.DecodeLoopState.sample); the attention mask's
     # le (the one dispatch of its prelude under transformers 5.24 + torch 2.13; more
-    # under 5.17) is gone with the mask; the prelude may hold 2 more under
-    # transformers 5.17 + torch 2.11 (a cast and an unsqueeze); the rotary embedding
-    # is in the cache write (one dispatch fewer per layer).
+    # under 5.17) is gone with the mask; the rotary prelude's 6 dispatches (8 under
+    # transformers 5.17 + torch 2.11: a cast and an unsqueeze more) are one table row;
+    # the rotary embedding is in the cache write (one dispatch fewer per layer).
     # The 2 * layers + 1 RMS norms are in their linears' GEMVs where the GEMV path
     # runs (norm_linear_dispatches); the SwiGLU chains are in the gate/up GEMVs'
     # epilogues.
     norms = (2 * layers + 1) * (2 - per)
     assert "aten.le.Tensor" not in ops, ops
-    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers + 7 - 1 + 2 - layers - norms \
+    assert len(ops) <= 43 - 3 * layers - 2 - 2 * layers - 1 - 5 - layers - norms \
         - layers, ops
     assert ops.count(norm) == 0, ops
+    assert _decode_next_ops(program) == ops
     # Against the same model lowered without the SwiGLU fusion: one dispatch fewer
     # per layer, the same tokens, and the same KV caches bit for bit (layer 1's keys
     # and values are computed from layer 0's MLP output).

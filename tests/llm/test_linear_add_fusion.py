@@ -51,7 +51,7 @@ def test_residual_adds_fuse_and_tokens_match_hf(lowered):
         program.reset_state()
     ops = [d.op for _, prof in program.last_profiles("decode") for d in prof.dispatches]
     # One row: the GEMV path (GPUs) or linear.glsl (CPU drivers) adds in its epilogue,
-    # one dispatch per fused add; no separate residual add is left (the 3 int64 adds
-    # are the decode loop's state records, decoder.DecodeLoopState.record).
+    # one dispatch per fused add; no separate residual add is left (nor the decode
+    # loop's int64 adds: its record is in vkdelegate.sample_record).
     assert ops.count(LINEAR_ADD) == 2 * layers, ops
-    assert ops.count("aten.add.Tensor") == 3, ops
+    assert "aten.add.Tensor" not in ops, ops

@@ -1,6 +1,7 @@
-"""The custom ops of LLM decoding: KV-cache writes, ExecuTorch's rotary embedding and
-the on-device sampler (declared through ``custom_ops.declare_custom_op``; imported by
-custom_ops, so ``CUSTOM_OPS`` always holds them). Vulkan kernels:
+"""The custom ops of LLM decoding: KV-cache writes, ExecuTorch's rotary embedding, the
+on-device sampler and the decode loop's sampling step (declared through
+``custom_ops.declare_custom_op``; imported by custom_ops, so ``CUSTOM_OPS`` always
+holds them). Vulkan kernels:
 ``ops/families/cache_update.py``, ``rotary.py``, ``sample.py``.
 """
 from __future__ import annotations
@@ -271,6 +272,56 @@ def _sample_meta(logits, sampling):
 SAMPLE = declare_custom_op(
     "vkdelegate.sample.default", "sample(Tensor logits, Tensor sampling) -> Tensor",
     sample_reference, meta=_sample_meta)
+
+
+def sample_record_reference(logits, sampling, draws, pos, token, token_pos, history):
+    """The definition of ``vkdelegate.sample_record`` (its CPU kernel): the decode
+    loop's sampling step and its record (``vkdelegate.llm.decoder.DecodeLoopState``).
+
+    p = pos[0] (int64 or int32, one element): the position the step fed. The sampling
+    vector is ``sampling`` (float32[4], as ``vkdelegate.sample``), or, with ``draws``
+    (float32[N]), ``sampling`` with its draw replaced by ``draws[p]``. Returns
+    ``(id, token', pos', history')``: id = ``sample_reference(logits, that vector)``,
+    int64[1]; token' = id in ``token``'s sizes (one element); pos' = p + 1 in
+    ``token_pos``'s sizes (one element); history' = ``history`` (rank 1) with
+    ``history[p + 1] = id``. token, token_pos and history are the loop's state (int64):
+    token and token_pos are read only for their sizes, so that a method that records
+    also reads every state it writes (``backend.state_bindings`` keeps such a state on
+    the device). A row outside ``draws`` (p) or ``history`` (p + 1) raises IndexError
+    here; on Vulkan it sets the node's error flag (the run raises VkDelegateError),
+    the draw is clamped into the table and the history row is not written, while id,
+    token' and pos' are still written.
+    """
+    import torch
+
+    p = pos.reshape(-1)[:1].to(torch.int64)
+    if draws is not None:
+        sampling = torch.cat([sampling.reshape(-1)[:3].float(),
+                              draws.reshape(-1).index_select(0, p).float()])
+    tok = sample_reference(logits, sampling)
+    nxt = p + 1
+    return (tok, tok.reshape(token.shape).clone(), nxt.reshape(token_pos.shape),
+            history.index_copy(0, nxt, tok))
+
+
+def _sample_record_meta(logits, sampling, draws, pos, token, token_pos, history):
+    import torch
+
+    return (torch.empty((1,), dtype=torch.int64, device=logits.device),
+            torch.empty_like(token), torch.empty_like(token_pos), torch.empty_like(history))
+
+
+#: The decode loop's sampler and its record in one op:
+#: ``sample_record(logits, sampling, draws, pos, token, token_pos, history) -> (id,
+#: token', pos', history')`` (``sample_record_reference`` is its definition): what
+#: ``vkdelegate.llm.decoder`` calls at the end of prefill, decode and decode_next, so
+#: the id, the loop's new state and the draw of decode_next's table are one dispatch
+#: (sample.glsl with RECORD). Vulkan: ``ops/families/sample.py``.
+SAMPLE_RECORD = declare_custom_op(
+    "vkdelegate.sample_record.default",
+    "sample_record(Tensor logits, Tensor sampling, Tensor? draws, Tensor pos, "
+    "Tensor token, Tensor token_pos, Tensor history) -> (Tensor, Tensor, Tensor, Tensor)",
+    sample_record_reference, meta=_sample_record_meta)
 
 
 def _narrow_last(x, start, length):

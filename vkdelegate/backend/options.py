@@ -32,6 +32,11 @@ Keys (all optional):
   backend/passes/fuse_linear_swiglu.py): the chain in the GEMV's epilogue, one
   dispatch fewer per layer, the same bits. Off: the linear and its fused_elementwise
   chain stay two nodes.
+- ``rotary_tables`` (bool, default True): the rotary cos/sin of a decode step's cache
+  writes at one position are read from a table computed at lowering (eager's values,
+  for every position the cache accepts; backend/passes/rotary_tables.py): one row
+  gather instead of the prelude's dispatches (cast, product, cat, cos, sin). Off: the
+  prelude runs on the device every step.
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
@@ -78,6 +83,7 @@ class CompileOptions:
     sdpa_cooperative_matrix: bool = True
     rms_norm_prologue: bool = True
     fuse_linear_swiglu: bool = True
+    rotary_tables: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -117,6 +123,7 @@ _SCHEMA = {
     "sdpa_cooperative_matrix": ((bool,), None, False),
     "rms_norm_prologue": ((bool,), None, False),
     "fuse_linear_swiglu": ((bool,), None, False),
+    "rotary_tables": ((bool,), None, False),
 }
 
 

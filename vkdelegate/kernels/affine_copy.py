@@ -173,6 +173,16 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
                spec_constants=(len(plan.dims),))
 
 
+def copy_destination(b, out, x) -> None:
+    """out <- x, element for element (the values a functional update's region does
+    not overwrite), marked as a whole copy: where x is device state whose new value is
+    out (a KV cache, the decode loop's history), the graph drops it and updates the
+    state in place (``NodeBuilder.mark_whole_copy``, runtime/device_state.py)."""
+    affine_copy(b, out, x, lambda: flat_plan(out.numel))
+    if x.dtype == out.dtype and tuple(x.max_shape) == tuple(out.max_shape):
+        b.mark_whole_copy(x, out)
+
+
 def flat_impl(b, node):
     """OpSpec impl of ops whose output is the input's elements in order (view, clone,
     _to_copy...): node.args[0] is the input value id, node.args[-1] the output's.

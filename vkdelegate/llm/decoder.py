@@ -259,14 +259,21 @@ class DecodeLoopState(nn.Module):
         self.register_buffer("pos", torch.zeros(1, dtype=torch.int64))
         self.register_buffer("history", torch.zeros(max_seq_len + 1, dtype=torch.int64))
 
-    def record(self, token: torch.Tensor, pos: torch.Tensor) -> None:
-        """token int64[1] sampled to be fed at position ``pos`` int64[1]. Written as
-        old + (new - old) (exact in int64) so that every method reads the states it
-        writes: a state the delegate reads is kept on the device in place
+    def sample(self, logits: torch.Tensor, sampling: torch.Tensor, pos: torch.Tensor,
+               draws: "torch.Tensor | None" = None) -> torch.Tensor:
+        """The token int64[1] sampled from ``logits`` (``sampler.sample``; with
+        ``draws``, its draw is ``draws[pos]``) after the step that fed position ``pos``
+        int64[1], recorded for position pos + 1: ``token``, ``pos`` and
+        ``history[pos + 1]``. One op, ``vkdelegate.sample_record`` (one dispatch); it
+        takes every state it writes as an argument, so that every method reads the
+        states it writes: a state the delegate reads is kept on the device in place
         (``backend.state_bindings``), a write-only one would cross to the host."""
-        self.token.add_(token.reshape(1, 1) - self.token)
-        self.pos.add_(pos - self.pos)
-        self.history.index_copy_(0, pos, token.reshape(1))
+        token, new_token, new_pos, history = sampler.sample_record(
+            logits, sampling, draws, pos, self.token, self.pos, self.history)
+        self.token.copy_(new_token)
+        self.pos.copy_(new_pos)
+        self.history.copy_(history)
+        return token
 
 
 class EmbedText(nn.Module):
@@ -292,12 +299,11 @@ class Prefill(nn.Module):
         self.loop = loop
 
     def forward(self, inputs_embeds, start_pos, sampling):
-        token = sampler.sample(self.decoder.logits(inputs_embeds, start_pos), sampling)
-        # start_pos + T as a tensor op (arange's last + 1): a SymInt read outside the
+        logits = self.decoder.logits(inputs_embeds, start_pos)
+        # start_pos + T - 1 as a tensor op (arange's last): a SymInt read outside the
         # delegate would put this add on the CPU.
         last = torch.arange(inputs_embeds.shape[1], dtype=torch.int64)[-1:] + start_pos
-        self.loop.record(token, last + 1)
-        return token
+        return self.loop.sample(logits, sampling, last)
 
 
 class Decode(nn.Module):
@@ -312,9 +318,7 @@ class Decode(nn.Module):
 
     def forward(self, tokens, start_pos, sampling):
         embeds = self.decoder.embed(tokens)
-        token = sampler.sample(self.decoder.logits(embeds, start_pos), sampling)
-        self.loop.record(token, start_pos + 1)
-        return token
+        return self.loop.sample(self.decoder.logits(embeds, start_pos), sampling, start_pos)
 
 
 class DecodeNext(nn.Module):
@@ -330,8 +334,5 @@ class DecodeNext(nn.Module):
 
     def forward(self, sampling, draws):
         pos = self.loop.pos.clone()
-        params = torch.cat([sampling[:3], draws.index_select(0, pos)])
         embeds = self.decoder.embed(self.loop.token.clone())
-        token = sampler.sample(self.decoder.logits(embeds, pos), params)
-        self.loop.record(token, pos + 1)
-        return token
+        return self.loop.sample(self.decoder.logits(embeds, pos), sampling, pos, draws)

@@ -27,6 +27,7 @@ from vkdelegate.backend.passes.permute_to_view import permute_to_view
 from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
 from vkdelegate.backend.passes.quantized_linear import fuse_quantized_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
+from vkdelegate.backend.passes.rotary_tables import rotary_tables
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 
 # Order matters:
@@ -69,6 +70,11 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 #    sym_size nodes.
 # 5b'. a layer's K and V cache writes (index_put at one positions node) -> one
 #    index_put_pair, after cse, which gives them that one node;
+# 5b'+. the rotary cos/sin of a cache write at one position (a decode step) -> a row
+#    of a table computed at lowering (rotary_tables), after pair_cache_updates, which
+#    makes the rotary cache writes, and cse/fold_constants, which give every layer one
+#    prelude; before fuse_elementwise, which would hide the prelude's ATen ops in
+#    chains;
 # 5b''. residual adds into the linear before them (fuse_linear_add): after every
 #    linear pass above (quantized_linear, addmm -> linear, the batch-norm fold and
 #    merge_linears need the plain linears; an o_proj or down_proj is never merged, its
@@ -97,7 +103,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
-          cse, fold_constants, cache_positions, pair_cache_updates, fuse_linear_add,
+          cse, fold_constants, cache_positions, pair_cache_updates, rotary_tables, fuse_linear_add,
           fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu, permute_to_view, symbolic_view_sizes, local_symints)
 
 

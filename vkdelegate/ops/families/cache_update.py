@@ -30,7 +30,7 @@ import math
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affine_copy,
-                                            contiguous_strides, flat_plan)
+                                            contiguous_strides, copy_destination)
 from vkdelegate.kernels.dims import slice_bounds, wrap_dim
 from vkdelegate.kernels.rotary_half import broadcast_strides, padded_sizes, pair_reason
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
@@ -59,15 +59,6 @@ def _defines(out, src, idx, pos: bool, scalar: bool) -> dict:
     d["SRC_ACC"] = acc_type(dtype)
     d.update(flag_defines(POS_FROM_TENSOR=pos, SRC_SCALAR=scalar))
     return d
-
-
-def _copy_destination(b, out, x) -> None:
-    """out <- x, element for element (the values the region does not overwrite),
-    marked as a whole copy: where x is device state whose new value is out (a KV
-    cache), the graph drops it and updates the state in place (DeviceState)."""
-    affine_copy(b, out, x, lambda: flat_plan(out.numel))
-    if x.dtype == out.dtype and tuple(x.max_shape) == tuple(out.max_shape):
-        b.mark_whole_copy(x, out)
 
 
 def _scatter(b, out, src, index, dim: int, count_fn, *, pos: bool, wrap: bool,
@@ -122,7 +113,7 @@ def _index_copy_impl(b, node):
     x_id, dim_id, index_id, src_id, out_id = node.args
     x, index, src, out = (b.tensor(i) for i in (x_id, index_id, src_id, out_id))
     dim = wrap_dim(b.scalar(dim_id), max(x.ndim, 1))
-    _copy_destination(b, out, x)
+    copy_destination(b, out, x)
     _scatter(b, out, src, index, dim, lambda: max(index.numel, 0), pos=False, wrap=False,
              message=_range(x, dim, False))
 
@@ -154,7 +145,7 @@ def _index_put_impl(b, node):
         dim, index = _one_index(b.value(indices_id))
     except VkDelegateError as exc:
         raise b.error(str(exc)) from None
-    _copy_destination(b, out, x)
+    copy_destination(b, out, x)
     _scatter(b, out, values, index, dim, lambda: max(index.numel, 0), pos=False, wrap=True,
              message=_range(x, dim, True))
 
@@ -202,8 +193,8 @@ class _PairRegion:
             self.dim, self.index = _one_index(indices)
         except VkDelegateError as exc:
             raise b.error(str(exc)) from None
-        _copy_destination(b, out, x)
-        _copy_destination(b, out2, x2)
+        copy_destination(b, out, x)
+        copy_destination(b, out2, x2)
         self.flag = b.error_flag(_range(x, self.dim, True))
         self.out = out
 
@@ -363,7 +354,7 @@ def _slice_scatter_impl(b, node):
     x, src, out = b.tensor(x_id), b.tensor(src_id), b.tensor(out_id)
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
     step = b.scalar(step_id)
-    _copy_destination(b, out, x)
+    copy_destination(b, out, x)
 
     def plan():
         start, length = slice_bounds(out.shape[dim], b.scalar(start_id), b.scalar(end_id),
@@ -379,7 +370,7 @@ def _select_scatter_impl(b, node):
     x_id, src_id, dim_id, index_id, out_id = node.args
     x, src, out = b.tensor(x_id), b.tensor(src_id), b.tensor(out_id)
     dim = wrap_dim(b.scalar(dim_id), x.ndim)
-    _copy_destination(b, out, x)
+    copy_destination(b, out, x)
 
     def plan():
         index, size = b.scalar(index_id), out.shape[dim]
@@ -417,7 +408,7 @@ def _slice_scatter_at_impl(b, node):
     def message():
         return (f"position out of range: start + {src.shape[dim]} rows must be within "
                 f"0..{x.shape[dim]} along dim {dim}")
-    _copy_destination(b, out, x)
+    copy_destination(b, out, x)
     _scatter(b, out, src, pos, dim, lambda: src.shape[dim], pos=True, wrap=False,
              message=message)
 

@@ -8,6 +8,17 @@ else top-k, then top-p, then the first token whose cumulative probability exceed
 draw (uniform in [0, 1), made by the host's seeded generator, so a run is reproducible).
 Only the id crosses to the host.
 
+``vkdelegate.sample_record(logits, sampling, draws, pos, token, token_pos, history) ->
+(id, token', pos', history')`` (custom_ops_llm.sample_record_reference) is the decode
+loop's step (vkdelegate.llm.decoder.DecodeLoopState.sample): the same pick, with the
+draw ``draws[pos]`` when a table is given (decode_next), and invocation 0 also writes
+the id as token', pos + 1 as pos' and the id at history'[pos + 1] (sample.glsl's RECORD
+form). history' starts as a copy of history marked as a whole copy, so where the
+history is device state the copy is dropped and the row goes straight into the state
+(runtime/device_state.py): the record costs no dispatch of its own. pos outside the
+draws or pos + 1 outside the history sets the node's error flag (that history row is
+not written; the id, token' and pos' are).
+
 One workgroup (sample.glsl). Greedy (and top_k = 1, top_p <= 0) is one pass, the
 maximum key. Otherwise the masses are 64-bit fixed point (w * 2^40, truncated), summed
 exactly by shared-memory integer atomics, so results do not depend on the order of the
@@ -36,11 +47,12 @@ from __future__ import annotations
 import math
 
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.affine_copy import copy_destination
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare_grid
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "sample"
 LOGIT_DTYPES = frozenset({"float32", "float16"})
@@ -52,18 +64,32 @@ KMAX = 1024
 #: V must be below this: the token counts and 64-bit fixed-point mass sums (2^40 per
 #: token) of sample.glsl.
 MAX_VOCAB = 1 << 24
-SAMPLE_PARAMS = ParamBlock("sample_block", [("info", "ivec4")])  # x: V
+#: x: V; sample_record: y: the history's rows, z: the node's error-flag word, w: the
+#: draws' rows (0: no table).
+SAMPLE_PARAMS = ParamBlock("sample_block", [("info", "ivec4")])
+POS_DTYPES = frozenset({"int64", "int32"})
 
 
 @shader_bindings(SHADER)
-def _bindings(_defines) -> Bindings:
-    return Bindings(outputs=("out_data",), inputs=("logits", "sampling"),
+def _bindings(defines) -> Bindings:
+    if "RECORD" not in defines:
+        return Bindings(outputs=("out_data",), inputs=("logits", "sampling"),
+                        params=(SAMPLE_PARAMS,))
+    draws = ("draws",) if "DRAWS" in defines else ()
+    return Bindings(outputs=("out_data", "token_out", "pos_out", "history_out",
+                             "error_flags"),
+                    inputs=("logits", "sampling") + draws + ("pos_data",),
                     params=(SAMPLE_PARAMS,))
 
 
-def _defines(out_ddt: str, logits, sampling) -> dict:
+def _defines(out_ddt: str, logits, sampling, pos=None, draws: bool = False) -> dict:
+    """pos: the position's (graph, device) dtypes for sample_record's RECORD form."""
     # int64 ids are int32 on the device (converted at the staging boundary).
-    return storage_defines(OUT=("int32", out_ddt), IN=logits, SAMP=sampling)
+    d = storage_defines(OUT=("int32", out_ddt), IN=logits, SAMP=sampling,
+                        **({"POS": pos} if pos is not None else {}))
+    if pos is not None:
+        d.update(flag_defines(RECORD=True, DRAWS=draws))
+    return d
 
 
 def workgroup_size(info) -> int:
@@ -107,6 +133,10 @@ def _impl(b, node):
 
 def _rule(node: NodeSpec):
     logits, sampling = node.args[:2]
+    return _sample_reason(logits, sampling)
+
+
+def _sample_reason(logits, sampling):
     if logits.rank not in (1, 2) or (logits.rank == 2 and logits.shape[0] != 1):
         return f"logits of sizes {list(logits.shape)} (expected [1, V] or [V])"
     if math.prod(logits.shape) == 0:
@@ -129,9 +159,85 @@ register(OpSpec(name="vkdelegate.sample.default", dtypes=frozenset({"int64"}), i
                       "workgroup, radix searches; int64[1] id"))
 
 
-def _variant(profile, dtype: str) -> dict:
-    return _defines(device_dtype("int64", profile), (dtype, device_dtype(dtype, profile)),
-                    ("float32", "float32"))
+# ---- vkdelegate.sample_record(logits, sampling, draws, pos, token, token_pos, history) --
+def _record_impl(b, node):
+    logits_id, sampling_id, draws_id, pos_id, _tok_id, _tpos_id, hist_id, out_id = node.args
+    logits, sampling, pos, history = (b.tensor(i) for i in (logits_id, sampling_id,
+                                                            pos_id, hist_id))
+    draws = b.value(draws_id)
+    if draws is not None:
+        draws = b.tensor(draws_id)
+    outs = b.value(out_id)
+    if not isinstance(outs, list) or len(outs) != 4:
+        raise b.error("sample_record has four outputs")
+    out, token_out, pos_out, history_out = (b.tensor(o) if isinstance(o, int) else o
+                                            for o in outs)
+    rows = history.max_numel
+    draw_rows = draws.max_numel if draws is not None else 0
+
+    def message():
+        table = f" and pos in 0..{draw_rows - 1} (the draws' rows)" if draws is not None \
+            else ""
+        return (f"position out of range: pos + 1 must be in 0..{rows - 1} (the "
+                f"history's rows){table}")
+    flag = b.error_flag(message)
+    wg = workgroup_size(b.device.info)
+    v = logits.max_numel
+    loop_limit.check(b, loop_iterations(v, wg), f"sampling over {v} logits")
+    # history' starts as history (the rows the record does not write), marked as a
+    # whole copy: bound in place to the loop's state, the copy is dropped (DeviceState).
+    copy_destination(b, history_out, history)
+
+    def pack():
+        return SAMPLE_PARAMS.pack(info=[logits.numel, rows, flag.slot, draw_rows])
+    params = b.params(pack())
+    b.on_resize(lambda: params.write(pack()))
+    inputs = [logits, sampling] + ([draws] if draws is not None else []) + [pos]
+    b.dispatch(SHADER, _defines(out.device_dtype, logits, sampling, pos, draws is not None),
+               outputs=[out, token_out, pos_out, history_out, flag], inputs=inputs,
+               params=[params], global_size=(wg,), local_size=(wg, 1, 1))
 
 
-declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=LOGIT_DTYPES)
+def _one(t) -> bool:
+    return math.prod(t.shape) == 1
+
+
+def _record_rule(node: NodeSpec):
+    logits, sampling, draws, pos, token, token_pos, history = node.args[:7]
+    why = _sample_reason(logits, sampling)
+    if why:
+        return why
+    if draws is not None and (draws.rank != 1 or draws.shape[0] == 0):
+        return f"draws of sizes {list(draws.shape)} (expected [N], N > 0)"
+    for name, t in (("pos", pos), ("token", token), ("token_pos", token_pos)):
+        if not _one(t):
+            return f"{name} of sizes {list(t.shape)} (one element expected)"
+    if history.rank != 1 or history.shape[0] == 0:
+        return f"history of sizes {list(history.shape)} (expected [N], N > 0)"
+    return None
+
+
+def _record_shape(args):
+    return [(1,), tuple(args[4].shape), tuple(args[5].shape), tuple(args[6].shape)]
+
+
+register(OpSpec(name="vkdelegate.sample_record.default", dtypes=frozenset({"int64"}),
+                impl=_record_impl, shape_fn=_record_shape, rules=(_record_rule,),
+                arg_dtypes={0: LOGIT_DTYPES, 1: frozenset({"float32"}),
+                            2: frozenset({"float32"}), 3: POS_DTYPES},
+                notes="the decode loop's step: sample (the draw from a table at pos, "
+                      "optionally) and record the id as the loop's token, pos + 1 and "
+                      "history[pos + 1], in sample's one dispatch"))
+
+
+def _variant(profile, dtype: str, record: "str | None", draws: bool) -> dict:
+    if record is None and draws:
+        return None
+    logits = (dtype, device_dtype(dtype, profile))
+    pos = (record, device_dtype(record, profile)) if record else None
+    return _defines(device_dtype("int64", profile), logits, ("float32", "float32"), pos,
+                    draws)
+
+
+declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=LOGIT_DTYPES,
+             record=(None,) + tuple(sorted(POS_DTYPES)), draws=(False, True))

@@ -28,7 +28,14 @@
 //    sums by a fixed scan, top-p and the draw by binary searches on those sums.
 //    General path: count search (top_k > KMAX), mass search for top_p, mass search
 //    for the draw, each with the previous threshold as the floor.
-// Defines: OUT_T (int storage), IN_T (logit storage), SAMP_T, OUT_STORE(v).
+// RECORD (vkdelegate.sample_record): the decode loop's step. p = pos_data[0], the
+// position the step fed; with DRAWS the draw is draws[p] (not sampling[3]); invocation
+// 0 writes the id to out_data and token_out, p + 1 to pos_out and the id to
+// history_out[p + 1] (history_out already holds the rest of the history). A p outside
+// the draws' rows or a p + 1 outside the history's sets the node's error flag; the
+// draw is then clamped into the table and the history row is not written.
+// Defines: OUT_T (int storage), IN_T (logit storage), SAMP_T, OUT_STORE(v); RECORD:
+// POS_T; DRAWS.
 
 #define KMAX 1024u        // the shared list of the top-k path
 #define NBIN 256u
@@ -38,8 +45,19 @@
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(logits, IN_T)
 TENSOR_IN(sampling, SAMP_T)
+#ifdef RECORD
+#include "index_check.h"
+TENSOR_OUT(token_out, OUT_T)
+TENSOR_OUT(pos_out, OUT_T)
+TENSOR_OUT(history_out, OUT_T)
+TENSOR_IN(pos_data, POS_T)
+#ifdef DRAWS
+TENSOR_IN(draws, SAMP_T)
+#endif
+#endif
 PARAMS(sample_block) {
-  ivec4 info;  // x: V (number of logits)
+  ivec4 info;  // x: V (number of logits); RECORD: y: history rows, z: error-flag word,
+               // w: draws rows
 };
 
 // 16 KB: [0, 2048) the histogram (5 x 256), BC, PART / the max reduction / the prefix
@@ -502,6 +520,17 @@ void main() {
   chunks = (nv + 8u * wg - 1u) / (8u * wg);
   temp = float(sampling[0]);
   greedy = !(temp > 0.0);
+#ifdef RECORD
+  const int p = int(pos_data[0]);
+#endif
+#if defined(RECORD) && defined(DRAWS)
+  if (tid == 0u && (p < 0 || p >= info.w)) {
+    atomicOr(error_flags[info.z], 1u);
+  }
+  const float drawn = float(draws[clamp(p, 0, info.w - 1)]);
+#else
+  const float drawn = float(sampling[3]);
+#endif
   // The maximum key: argmax (greedy) or max z.
   uint bh = 0u, bl = 0u;
   for (uint c = 0u; c < chunks; ++c) {
@@ -534,7 +563,7 @@ void main() {
   if (!greedy) {
     zmax = key_float(mh);
     const float top_p = float(sampling[2]);
-    const float draw = clamp(float(sampling[3]), 0.0, 1.0);
+    const float draw = clamp(drawn, 0.0, 1.0);
     const float kf = float(sampling[1]);
     // top_k as a count: 0 (or less) and >= V keep all; top_p <= 0 keeps one.
     uint k = !(top_p > 0.0) ? 1u : (kf >= 1.0 && kf < float(nv) ? uint(kf) : nv);
@@ -555,6 +584,16 @@ void main() {
     }
   }
   if (tid == 0u) {
-    out_data[0] = OUT_STORE(int(nv - 1u - fl));
+    const int id = int(nv - 1u - fl);
+    out_data[0] = OUT_STORE(id);
+#ifdef RECORD
+    token_out[0] = OUT_STORE(id);
+    pos_out[0] = OUT_STORE(p + 1);
+    if (p >= -1 && p < info.y - 1) {
+      history_out[p + 1] = OUT_STORE(id);
+    } else {
+      atomicOr(error_flags[info.z], 1u);
+    }
+#endif
   }
 }
