@@ -22,9 +22,28 @@ custom_ops.ensure_defined()
 DELTA = 2e-5
 
 
+OP = "vkdelegate.sample.default"
+
+
 class Sampler(nn.Module):
     def forward(self, logits, sampling):
         return torch.ops.vkdelegate.sample(logits, sampling)
+
+
+@pytest.fixture
+def dispatched_shaders(monkeypatch):
+    """The shaders each node dispatched, in order."""
+    from vkdelegate.runtime.builder import NodeBuilder
+
+    seen = []
+    original = NodeBuilder.dispatch
+
+    def spy(self, shader, *args, **kwargs):
+        seen.append(shader)
+        return original(self, shader, *args, **kwargs)
+
+    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
+    return seen
 
 
 def _settings(g):
@@ -173,3 +192,36 @@ def test_non_finite_logits_end_with_an_id_in_range():
     x[0, :100] = float("-inf")  # masked tokens: never drawn
     for setting in settings[:4]:
         _check(program, x, setting)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5], ids=["greedy", "t0.5"])
+def test_first_pass_keeps_the_first_maximum_across_workgroups(dispatched_shaders,
+                                                              temperature):
+    """V > SPAN: sample_max.glsl's workgroups each keep their slice's maximum key and
+    sample.glsl's PARTIALS form the largest of those; with the maximum tied in several
+    slices (the first and last logits among them) the id is the lowest index, as
+    torch.argmax (top_k 1 with a temperature: the same token)."""
+    from vkdelegate.ops.families import sample as family
+
+    vocab = 3 * family.SPAN + 5
+    g = torch.Generator().manual_seed(7)
+    program = check_op(Sampler(), (torch.randn(1, vocab, generator=g),
+                                   torch.tensor([temperature, 1.0, 1.0, 0.5])),
+                       ops=[OP])
+    assert dispatched_shaders[:2] == [family.MAX_SHADER, family.SHADER], dispatched_shaders
+    for ties in ([vocab - 1, 5, 2 * family.SPAN + 3], [family.SPAN, 0, vocab - 1],
+                 [2 * family.SPAN - 1, 2 * family.SPAN]):
+        x = torch.randn(1, vocab, generator=g)
+        x[0, ties] = x.max() + 1.0
+        got = int(program(x, torch.tensor([temperature, 1.0, 1.0, 0.5]))[0])
+        assert got == min(ties), (ties, got)
+
+
+def test_small_vocabulary_is_one_dispatch(dispatched_shaders):
+    """V <= SPAN: no first pass, sample.glsl reads every logit."""
+    from vkdelegate.ops.families import sample as family
+
+    g = torch.Generator().manual_seed(3)
+    check_op(Sampler(), (torch.randn(1, family.SPAN, generator=g),
+                         torch.tensor([0.0, 0.0, 1.0, 0.5])), ops=[OP])
+    assert dispatched_shaders == [family.SHADER], dispatched_shaders

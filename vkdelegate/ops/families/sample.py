@@ -19,7 +19,10 @@ history is device state the copy is dropped and the row goes straight into the s
 draws or pos + 1 outside the history sets the node's error flag (that history row is
 not written; the id, token' and pos' are).
 
-One workgroup (sample.glsl). Greedy (and top_k = 1, top_p <= 0) is one pass, the
+One workgroup (sample.glsl), after a first pass over many (sample_max.glsl, V > SPAN
+= 2048: each workgroup's maximum key of 2048 logits, which sample.glsl then reduces;
+on the H200 a greedy step's sampler over 128256 logits was 54.7 us in one workgroup,
+docs/PERF.md). Greedy (and top_k = 1, top_p <= 0) is one pass, the
 maximum key. Otherwise the masses are 64-bit fixed point (w * 2^40, truncated), summed
 exactly by shared-memory integer atomics, so results do not depend on the order of the
 additions. Each threshold (the k-th token, the top-p cut, the drawn token) is a radix
@@ -68,28 +71,68 @@ MAX_VOCAB = 1 << 24
 #: draws' rows (0: no table).
 SAMPLE_PARAMS = ParamBlock("sample_block", [("info", "ivec4")])
 POS_DTYPES = frozenset({"int64", "int32"})
+#: The first pass (sample_max.glsl): WGM invocations a workgroup, SPAN logits each
+#: (16 an invocation). V > SPAN takes it: ceil(V / SPAN) workgroups find their
+#: maximum keys, and sample.glsl's PARTIALS form reduces those instead of every logit
+#: (a greedy step's one pass, V = 128256: 63 workgroups rather than one).
+MAX_SHADER = "sample_max"
+WGM = 128
+SPAN = 16 * WGM
 
 
 @shader_bindings(SHADER)
 def _bindings(defines) -> Bindings:
+    parts = ("part_data",) if "PARTIALS" in defines else ()
     if "RECORD" not in defines:
-        return Bindings(outputs=("out_data",), inputs=("logits", "sampling"),
+        return Bindings(outputs=("out_data",), inputs=("logits", "sampling") + parts,
                         params=(SAMPLE_PARAMS,))
     draws = ("draws",) if "DRAWS" in defines else ()
     return Bindings(outputs=("out_data", "token_out", "pos_out", "history_out",
                              "error_flags"),
-                    inputs=("logits", "sampling") + draws + ("pos_data",),
+                    inputs=("logits", "sampling") + parts + draws + ("pos_data",),
                     params=(SAMPLE_PARAMS,))
 
 
-def _defines(out_ddt: str, logits, sampling, pos=None, draws: bool = False) -> dict:
-    """pos: the position's (graph, device) dtypes for sample_record's RECORD form."""
+@shader_bindings(MAX_SHADER)
+def _max_bindings(_defines) -> Bindings:
+    return Bindings(outputs=("part_data",), inputs=("logits", "sampling"),
+                    params=(SAMPLE_PARAMS,))
+
+
+def _defines(out_ddt: str, logits, sampling, pos=None, draws: bool = False,
+             partials: bool = False) -> dict:
+    """pos: the position's (graph, device) dtypes for sample_record's RECORD form;
+    partials: the PARTIALS form (after sample_max.glsl)."""
     # int64 ids are int32 on the device (converted at the staging boundary).
     d = storage_defines(OUT=("int32", out_ddt), IN=logits, SAMP=sampling,
                         **({"POS": pos} if pos is not None else {}))
     if pos is not None:
         d.update(flag_defines(RECORD=True, DRAWS=draws))
+    if partials:
+        d.update(PARTIALS="1", SPAN=str(SPAN))
     return d
+
+
+def _max_defines(logits, sampling) -> dict:
+    d = storage_defines(IN=logits, SAMP=sampling)
+    d.update(WGM=str(WGM), SPAN=str(SPAN))
+    return d
+
+
+def _max_pass(b, logits, sampling, params) -> list:
+    """Record sample_max.glsl where the logits may number more than SPAN: the list of
+    the scratch tensor it writes (ceil(V / SPAN) keys of two words, for the largest
+    V), for sample.glsl's PARTIALS form; else []. ``params``: the sample node's
+    parameter buffer (info.x = V, kept current on resize)."""
+    v = logits.max_numel
+    if v <= SPAN:
+        return []
+    parts = -(-v // SPAN)
+    keys = b.temporary((2 * parts,), "int32")
+    b.dispatch(MAX_SHADER, _max_defines(logits, sampling), outputs=[keys],
+               inputs=[logits, sampling], params=[params], global_size=(parts * WGM,),
+               local_size=(WGM, 1, 1))
+    return [keys]
 
 
 def workgroup_size(info) -> int:
@@ -126,9 +169,10 @@ def _impl(b, node):
     loop_limit.check(b, loop_iterations(v, wg), f"sampling over {v} logits")
     params = b.params(SAMPLE_PARAMS.pack(info=[logits.numel]))
     b.on_resize(lambda: params.write(SAMPLE_PARAMS.pack(info=[logits.numel])))
-    b.dispatch(SHADER, _defines(out.device_dtype, logits, sampling), outputs=[out],
-               inputs=[logits, sampling], params=[params], global_size=(wg,),
-               local_size=(wg, 1, 1))
+    keys = _max_pass(b, logits, sampling, params)
+    b.dispatch(SHADER, _defines(out.device_dtype, logits, sampling, partials=bool(keys)),
+               outputs=[out], inputs=[logits, sampling] + keys, params=[params],
+               global_size=(wg,), local_size=(wg, 1, 1))
 
 
 def _rule(node: NodeSpec):
@@ -155,8 +199,9 @@ def _shape(args):
 register(OpSpec(name="vkdelegate.sample.default", dtypes=frozenset({"int64"}), impl=_impl,
                 shape_fn=_shape, rules=(_rule,),
                 arg_dtypes={0: LOGIT_DTYPES, 1: frozenset({"float32"})},
-                notes="greedy / temperature / top-k / top-p with the host's draw; one "
-                      "workgroup, radix searches; int64[1] id"))
+                notes="greedy / temperature / top-k / top-p with the host's draw; the "
+                      "maximum over many workgroups, then one workgroup's radix "
+                      "searches; int64[1] id"))
 
 
 # ---- vkdelegate.sample_record(logits, sampling, draws, pos, token, token_pos, history) --
@@ -192,8 +237,10 @@ def _record_impl(b, node):
         return SAMPLE_PARAMS.pack(info=[logits.numel, rows, flag.slot, draw_rows])
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
-    inputs = [logits, sampling] + ([draws] if draws is not None else []) + [pos]
-    b.dispatch(SHADER, _defines(out.device_dtype, logits, sampling, pos, draws is not None),
+    keys = _max_pass(b, logits, sampling, params)
+    inputs = [logits, sampling] + keys + ([draws] if draws is not None else []) + [pos]
+    b.dispatch(SHADER, _defines(out.device_dtype, logits, sampling, pos, draws is not None,
+                                bool(keys)),
                outputs=[out, token_out, pos_out, history_out, flag], inputs=inputs,
                params=[params], global_size=(wg,), local_size=(wg, 1, 1))
 
@@ -227,17 +274,22 @@ register(OpSpec(name="vkdelegate.sample_record.default", dtypes=frozenset({"int6
                             2: frozenset({"float32"}), 3: POS_DTYPES},
                 notes="the decode loop's step: sample (the draw from a table at pos, "
                       "optionally) and record the id as the loop's token, pos + 1 and "
-                      "history[pos + 1], in sample's one dispatch"))
+                      "history[pos + 1], in sample's dispatch"))
 
 
-def _variant(profile, dtype: str, record: "str | None", draws: bool) -> dict:
+def _variant(profile, dtype: str, record: "str | None", draws: bool,
+             partials: bool) -> dict:
     if record is None and draws:
         return None
     logits = (dtype, device_dtype(dtype, profile))
     pos = (record, device_dtype(record, profile)) if record else None
     return _defines(device_dtype("int64", profile), logits, ("float32", "float32"), pos,
-                    draws)
+                    draws, partials)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=LOGIT_DTYPES,
-             record=(None,) + tuple(sorted(POS_DTYPES)), draws=(False, True))
+             record=(None,) + tuple(sorted(POS_DTYPES)), draws=(False, True),
+             partials=(False, True))
+declare_grid(MAX_SHADER, lambda profile, dtype: _max_defines(
+    (dtype, device_dtype(dtype, profile)), ("float32", "float32")),
+    profile=STORAGE_PROFILES, dtype=LOGIT_DTYPES)

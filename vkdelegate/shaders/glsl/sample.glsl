@@ -34,8 +34,12 @@
 // history_out[p + 1] (history_out already holds the rest of the history). A p outside
 // the draws' rows or a p + 1 outside the history's sets the node's error flag; the
 // draw is then clamped into the table and the history row is not written.
+// PARTIALS (V > SPAN): the maximum key is the largest of part_data's ceil(V / SPAN)
+// keys (h, l), each workgroup's maximum from sample_max.glsl, dispatched first over
+// many workgroups: the one pass a greedy step makes, spread over the GPU instead of
+// one workgroup's invocations.
 // Defines: OUT_T (int storage), IN_T (logit storage), SAMP_T, OUT_STORE(v); RECORD:
-// POS_T; DRAWS.
+// POS_T; DRAWS; PARTIALS: SPAN.
 
 #define KMAX 1024u        // the shared list of the top-k path
 #define NBIN 256u
@@ -45,6 +49,9 @@
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(logits, IN_T)
 TENSOR_IN(sampling, SAMP_T)
+#ifdef PARTIALS
+TENSOR_IN(part_data, uint)
+#endif
 #ifdef RECORD
 #include "index_check.h"
 TENSOR_OUT(token_out, OUT_T)
@@ -92,23 +99,10 @@ float temp, zmax;
 bool greedy;
 uint mh, ml;  // the maximum key
 
-// Orderable bits of a float (larger float, larger uint); -0 is 0.
-uint fkey(float z) {
-  const uint u = floatBitsToUint(z == 0.0 ? 0.0 : z);
-  return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
-}
-
-float key_float(uint k) {
-  return uintBitsToFloat((k & 0x80000000u) != 0u ? (k & 0x7fffffffu) : ~k);
-}
+#include "sample_keys.h"
 
 float z_at(uint i) {
-  const float x = float(logits[i]);
-  return greedy ? x : x / temp;
-}
-
-bool key_ge(uint h, uint l, uint th, uint tl) {
-  return h > th || (h == th && l >= tl);
+  return z_of(float(logits[i]), temp);
 }
 
 // 64-bit unsigned arithmetic on uvec2 (lo, hi).
@@ -533,6 +527,17 @@ void main() {
 #endif
   // The maximum key: argmax (greedy) or max z.
   uint bh = 0u, bl = 0u;
+#ifdef PARTIALS
+  // The maximum of sample_max.glsl's per-workgroup maxima (a total order: the same).
+  for (uint i = tid; i < (nv + SPAN - 1u) / SPAN; i += wg) {
+    const uint h = part_data[2u * i];
+    const uint l = part_data[2u * i + 1u];
+    if (key_ge(h, l, bh, bl)) {
+      bh = h;
+      bl = l;
+    }
+  }
+#else
   for (uint c = 0u; c < chunks; ++c) {
     [[unroll]] for (uint u = 0u; u < 8u; ++u) {
       const uint i = (c * 8u + u) * wg + tid;
@@ -546,6 +551,7 @@ void main() {
       }
     }
   }
+#endif
   sm[tid] = bh;
   sm[KMAX + tid] = bl;
   barrier();
