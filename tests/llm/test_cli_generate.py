@@ -128,3 +128,18 @@ def test_inspect_shows_the_llm_state(saved, capsys):
             assert (f"  decoder.kv_cache.{kv}_{i}: float32[1, {cfg.num_key_value_heads}, "
                     f"{MAX_SEQ_LEN}, {head_dim}]") in out
     assert f"  loop.history: int64[{MAX_SEQ_LEN + 1}]" in out
+
+
+def test_device_option(saved, capsys):
+    """--device N picks the Vulkan device (as `vkdelegate run`); a bad index is one
+    line naming it."""
+    model, path = saved
+    assert main(["generate", str(path), "--prompt-ids", "3,14,15", "--max-new-tokens", "4",
+                 "--device", "0"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.strip() == " ".join(map(str, hf_greedy(model, [3, 14, 15], 4)))
+    with pytest.raises(SystemExit):
+        main(["generate", str(path), "--prompt-ids", "3", "--device", "-1"])
+    assert "device index must be >= 0" in capsys.readouterr().err
+    assert main(["generate", str(path), "--prompt-ids", "3", "--device", "99"]) == 2
+    assert "99" in capsys.readouterr().err

@@ -94,3 +94,24 @@ def test_run_repeated_equals_calls():
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(program.state_dict()["acc"], eager.acc)
     torch.testing.assert_close(program.run_repeated("forward", 1, x), eager(x))
+
+
+def test_reference_executor_takes_the_per_token_loop():
+    """Compile option executor "reference" (torch on the CPU): decode_next cannot
+    repeat in one submit there, so generate takes the one-call-per-token loop with its
+    default decode_chunk, and the tokens are HF's. Its program's report (several
+    methods, no default one) prints every method's."""
+    pytest.importorskip("transformers")
+    from tests.llm.conftest import MAX_SEQ_LEN
+    from tests.llm.models import make_model
+    from vkdelegate.backend.program import MethodReports
+    from vkdelegate.llm import lower
+
+    model = make_model("llama")
+    program = lower(model, MAX_SEQ_LEN, options={"executor": "reference"})
+    prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(2)).tolist()
+    assert generate(program, prompt, 8) == hf_greedy(model, prompt, 8)
+    report = program.report
+    assert isinstance(report, MethodReports) and list(report) == program.method_names
+    assert report["decode"] is program.methods["decode"].report
+    assert "method 'decode':" in str(report)

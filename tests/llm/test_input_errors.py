@@ -149,6 +149,35 @@ def test_generate_names_the_prompt_id(lowered, token, what):
         generate(program, [1, 2, token, 4], 3)
 
 
+@pytest.mark.parametrize("prompt,match", [
+    ([1, 2.5, 3], r"^prompt_ids\[1\] = 2\.5 is not an int token id$"),
+    ([True, 2, 3], r"^prompt_ids\[0\] = True is not an int token id$"),
+    ("12345", r"^prompt_ids must be a list of int token ids or a 1-D tensor, got str$"),
+    (torch.tensor([1.0, 2.0]), r"^prompt_ids must be integer token ids, got a "
+                               r"torch.float32 tensor$"),
+    (torch.tensor([[1, 2], [3, 4]]), r"^prompt_ids must be one sequence .* got sizes "
+                                     r"\[2, 2\]$"),
+])
+def test_generate_refuses_prompts_that_are_not_int_ids(lowered, prompt, match):
+    """What int() would truncate (2.5), take for an id (True), split ("12345") or
+    join (a batch of two rows) is refused, naming the element."""
+    _, program = lowered("llama")
+    with _raises(match):
+        generate(program, prompt, 3)
+
+
+def test_generate_accepts_int_sequences_and_one_row(lowered):
+    import numpy as np
+
+    model, program = lowered("llama")
+    prompt = _prompt(6)
+    want = hf_greedy(model, prompt, 4)
+    for form in (tuple(prompt), torch.tensor(prompt), torch.tensor([prompt]),
+                 [np.int64(t) for t in prompt]):
+        program.reset_state()
+        assert generate(program, form, 4) == want, type(form)
+
+
 def test_decode_next_past_the_cache(lowered):
     """The decode loop keeps its position on the device: a step fed at max_seq_len or
     later is flagged there (the cache write's index check, which skips the write) and

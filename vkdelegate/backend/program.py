@@ -190,6 +190,14 @@ class _LazyDelegate:
             self.fallback = None
 
 
+class MethodReports(dict):
+    """The partition reports of a program's methods (method name -> PartitionReport,
+    in the program's order); ``str`` prints each under its method's name."""
+
+    def __str__(self) -> str:
+        return "\n\n".join(f"method {name!r}:\n{report}" for name, report in self.items())
+
+
 class LoweredProgram:
     """A lowered program with one or more methods.
 
@@ -239,14 +247,13 @@ class LoweredProgram:
 
     @property
     def report(self):
-        """The partition report of the default method (kept in the program file).
-
-        A program with several methods and no "forward" has no default one: its
-        reports are ``program.methods[name].report``; VkDelegateError says so.
-        """
+        """The partition report of the default method (kept in the program file), a
+        PartitionReport. A program with several methods and no "forward" (an LLM
+        program) has no default one: then a MethodReports, each method's report by
+        name (``program.report["decode"]``, the same as
+        ``program.methods["decode"].report``), printed one after the other."""
         if "forward" not in self.methods and len(self.methods) != 1:
-            raise VkDelegateError(f"program has methods {self.method_names} and no "
-                                  f"default one; read program.methods[name].report")
+            return MethodReports((name, m.report) for name, m in self.methods.items())
         return self.methods[self.default_method()].report
 
     def default_method(self) -> str:

@@ -21,6 +21,19 @@ _SUBCOMMANDS = ("demo", "run", "embed", "generate", "inspect", "devices",
                 "build_shaders")
 
 
+def device_index(text: str) -> int:
+    """argparse type of --device: a Vulkan device index, an int >= 0."""
+    try:
+        index = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device index (an integer >= 0), "
+                                         f"got {text!r}") from None
+    if index < 0:
+        raise argparse.ArgumentTypeError(f"device index must be >= 0, got {index} "
+                                         f"(vkdelegate devices lists the devices)")
+    return index
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vkdelegate",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 
-from vkdelegate.cli import help_description
+from vkdelegate.cli import device_index, help_description
 from vkdelegate.errors import VkDelegateError
 
 #: --max-new-tokens when not given.
@@ -83,7 +83,7 @@ def run(args) -> int:
         ids = _ids(args.prompt_ids)
     if args.image and args.image_token_id is None:
         raise VkDelegateError("--image needs --image-token-id (the placeholder id)")
-    program = vkdelegate.load(args.program)
+    program = vkdelegate.load(args.program, device=args.device)
     image = None
     if args.image:
         if "vision_encoder" not in program.method_names:
@@ -134,6 +134,8 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer", metavar="tokenizer.json",
                    help="HF tokenizers file that encodes --prompt and decodes the output")
     p.add_argument("--prompt-ids", metavar="1,2,3", help="prompt token ids")
+    p.add_argument("--device", type=device_index,
+                   help="Vulkan device index (vkdelegate devices)")
     p.add_argument("--image", metavar="PATH", help="a picture for the vision_encoder")
     p.add_argument("--image-token-id", type=int, help="the image placeholder token id")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",

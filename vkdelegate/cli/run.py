@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from vkdelegate.cli import help_description
+from vkdelegate.cli import device_index, help_description
 from vkdelegate.errors import VkDelegateError
 
 TOP_N = 15
@@ -54,19 +54,6 @@ def _load_array(name: str, path: str) -> np.ndarray:
     except OSError as exc:
         raise VkDelegateError(f"input {name!r}: cannot read {path}: "
                               f"{exc.strerror or exc}") from exc
-
-
-def _device_index(text: str) -> int:
-    """argparse type of --device: a Vulkan device index, an int >= 0."""
-    try:
-        index = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a device index (an integer >= 0), "
-                                         f"got {text!r}") from None
-    if index < 0:
-        raise argparse.ArgumentTypeError(f"device index must be >= 0, got {index} "
-                                         f"(vkdelegate devices lists the devices)")
-    return index
 
 
 def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
@@ -217,7 +204,7 @@ def register(subparsers) -> None:
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input by name (repeat for each input)")
     p.add_argument("--method", help="method to run (default: forward or the only one)")
-    p.add_argument("--device", type=_device_index,
+    p.add_argument("--device", type=device_index,
                    help="Vulkan device index (vkdelegate devices)")
     p.add_argument("--output-dir", default=".", help="where output_*.npy go (default .)")
     p.add_argument("--profile", action="store_true",

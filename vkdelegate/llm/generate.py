@@ -38,6 +38,14 @@ def _has_loop(program) -> bool:
     return "decode_next" in program.method_names and _HISTORY in names
 
 
+def _on_device(program) -> bool:
+    """Whether the program's delegates run on the Vulkan runtime (compile option
+    executor "vulkan"): decode_next repeats in one submit only there; the reference
+    executor (torch on the CPU, for debugging) takes the per-token loop."""
+    options = getattr(program, "options", None)
+    return getattr(options, "executor", "vulkan") == "vulkan"
+
+
 def _decode_loop(program, ids, out, max_new_tokens, eos, on_token, chunk, params,
                  rand) -> None:
     """The decode steps on the device after prefill (which left ``out[-1]`` in the
@@ -135,6 +143,39 @@ def _check_length(prompt: int, max_new_tokens: int, max_seq_len: int, note: str)
                           f"{max_seq_len - prompt + 1} new tokens fit this prompt")
 
 
+def _prompt_list(prompt_ids) -> list:
+    """prompt_ids (a list or tuple of ints, or a 1-D integer tensor; [1, T] is taken as
+    its one row) as a list of Python ints; VkDelegateError for anything else (floats,
+    bools, strings, a batch of several rows), which int() would silently truncate or
+    split."""
+    import operator
+
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex \
+                or prompt_ids.dtype == torch.bool:
+            raise VkDelegateError(f"prompt_ids must be integer token ids, got a "
+                                  f"{prompt_ids.dtype} tensor")
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1:
+            raise VkDelegateError(f"prompt_ids must be one sequence (a 1-D tensor or "
+                                  f"[1, T]), got sizes {list(prompt_ids.shape)}")
+        return prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, (list, tuple)):
+        raise VkDelegateError(f"prompt_ids must be a list of int token ids or a 1-D "
+                              f"tensor, got {type(prompt_ids).__name__}")
+    ids = []
+    for i, t in enumerate(prompt_ids):
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            ids.append(operator.index(t))
+        except TypeError:
+            raise VkDelegateError(f"prompt_ids[{i}] = {t!r} is not an int token id") \
+                from None
+    return ids
+
+
 def _check_prompt_ids(program, ids: list) -> None:
     """VkDelegateError naming the first prompt id outside the vocabulary (when the
     program records its size, ``backend.llm_checks.vocab_size``; else negatives),
@@ -187,8 +228,7 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     if isinstance(decode_chunk, bool) or not isinstance(decode_chunk, int) \
             or decode_chunk < 1:
         raise VkDelegateError(f"decode_chunk must be an int >= 1, got {decode_chunk!r}")
-    ids = [int(t) for t in (prompt_ids.reshape(-1).tolist()
-                            if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+    ids = _prompt_list(prompt_ids)
     if not ids:
         raise VkDelegateError("generate() needs at least one prompt token")
     _check_prompt_ids(program, ids)
@@ -222,7 +262,7 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     if on_token is not None:
         on_token(token)
     start = time.perf_counter()
-    if decode_chunk > 1 and _has_loop(program):
+    if decode_chunk > 1 and _has_loop(program) and _on_device(program):
         _decode_loop(program, ids, out, max_new_tokens, eos, on_token, decode_chunk,
                      (temperature, top_k, top_p), rand)
     while len(out) < max_new_tokens and out[-1] not in eos:
