@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.ops.harness import delegated_nodes
+from tests.ops.harness import delegated_nodes, dispatched_ops
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
 
@@ -71,12 +71,7 @@ def _ops(program) -> list:
 
 
 def _dispatches(program, x) -> list:
-    program.set_profiling(True)
-    try:
-        program(x)
-    finally:
-        program.set_profiling(False)
-    return [d.op for _, prof in program.last_profiles("forward") for d in prof.dispatches]
+    return dispatched_ops(program, x)
 
 
 def _gemv_path(forms) -> bool:

@@ -62,6 +62,17 @@ def delegated_nodes(program) -> list[tuple[str, tuple[str, ...]]]:
     return nodes
 
 
+def dispatched_ops(program, *args, method: str = "forward") -> list[str]:
+    """The op name of every dispatch of one profiled run of ``method`` on ``args``, in
+    order (a node may record several)."""
+    program.set_profiling(True)
+    try:
+        program.run(method, *args)
+    finally:
+        program.set_profiling(False)
+    return [d.op for _, prof in program.last_profiles(method) for d in prof.dispatches]
+
+
 def _assert_delegated(program, ops: Sequence[str]) -> None:
     chain_ops = {name for name, _ in delegated_nodes(program)}
     left = []

@@ -28,7 +28,7 @@ import inspect
 import pytest
 import torch
 
-from tests.ops.harness import check_op, delegated_nodes
+from tests.ops.harness import check_op, delegated_nodes, dispatched_ops
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import custom_ops
@@ -117,12 +117,7 @@ def _ops(program) -> list:
 
 
 def _dispatches(program, x) -> list:
-    program.set_profiling(True)
-    try:
-        program(x)
-    finally:
-        program.set_profiling(False)
-    return [d.op for _, prof in program.last_profiles("forward") for d in prof.dispatches]
+    return dispatched_ops(program, x)
 
 
 def _check_fused(scheme, dtype, f, k=256, bias=False, scales=(1.0, 4.0, 30.0)):

@@ -138,8 +138,8 @@ def check(steps, dtype: str) -> "str | None":
 
 def defines(steps: str, dtype: str) -> dict:
     """The defines of the SWIGLU epilogue (gemv.glsl, linear.glsl) for chain ``steps``
-    on graph dtype ``dtype``: SWIGLU, SWIGLU_HALF (gate and up rounded to float16 before
-    the chain, as the linear's store rounds them), CHAIN_BODY and CHAIN_RESULT (the
+    on graph dtype ``dtype``: SWIGLU, SWIGLU_HALF and SWIGLU_ROUND(v) (gate and up
+    rounded to float16 before the chain, as the linear's store rounds them), CHAIN_BODY and CHAIN_RESULT (the
     chain's GLSL over r0 = gate, r1 = up, as fused_elementwise.glsl's).
     VkDelegateError for a chain ``check`` refuses."""
     problem = check(steps, dtype)
@@ -147,6 +147,8 @@ def defines(steps: str, dtype: str) -> dict:
         raise VkDelegateError(problem)
     parsed = chain.parse(steps, 2, 0)
     dtypes = chain.check_dtypes(parsed, [dtype, dtype], dtype)
-    return dict(flag_defines(SWIGLU=True, SWIGLU_HALF=dtype == "float16"),
-                CHAIN_BODY=chain.glsl_body(parsed, 2, [], dtypes),
-                CHAIN_RESULT=chain.result_register(parsed, 2))
+    half = dtype == "float16"
+    return {**flag_defines(SWIGLU=True, SWIGLU_HALF=half),
+            "SWIGLU_ROUND(v)": "round_to_half(v)" if half else "(v)",
+            "CHAIN_BODY": chain.glsl_body(parsed, 2, [], dtypes),
+            "CHAIN_RESULT": chain.result_register(parsed, 2)}

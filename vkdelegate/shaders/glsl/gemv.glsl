@@ -113,11 +113,6 @@ shared vec4 partial[THREADS][16];
 #endif
 #ifdef SWIGLU
 #define OUT_ROWS (ROWS / 2)  // outputs per workgroup: a gate row and an up row each
-#ifdef SWIGLU_HALF
-#define SWIGLU_ROUND(v) round_to_half(v)
-#else
-#define SWIGLU_ROUND(v) (v)
-#endif
 // Output n's value from its gate and up sums: the linear's epilogue for columns n and
 // N + n of the merged product, each rounded as the linear's store rounds it, then the
 // chain.

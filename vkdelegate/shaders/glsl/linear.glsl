@@ -84,11 +84,6 @@ TENSOR_META(c_meta)
       acc_up[j] += av * bu; \
     } \
   }
-#ifdef SWIGLU_HALF
-#define SWIGLU_ROUND(v) round_to_half(v)
-#else
-#define SWIGLU_ROUND(v) (v)
-#endif
 // Output (m, n)'s value from its gate and up sums: the linear's epilogue for columns n
 // and N + n of the merged product, each rounded as the linear's store rounds it, then
 // the chain.

@@ -200,11 +200,6 @@ float finish(float acc, int n) {
 }
 
 #ifdef SWIGLU
-#ifdef SWIGLU_HALF
-#define SWIGLU_ROUND(v) round_to_half(v)
-#else
-#define SWIGLU_ROUND(v) (v)
-#endif
 // Output column n from its gate and up sums: finish for merged rows n and N + n, each
 // rounded as the plain op's store rounds it, then the chain.
 float swiglu_out(float gate_acc, float up_acc, int n) {

@@ -223,11 +223,6 @@ float finish(float acc, int m, int n) {
 }
 
 #ifdef SWIGLU
-#ifdef SWIGLU_HALF
-#define SWIGLU_ROUND(v) round_to_half(v)
-#else
-#define SWIGLU_ROUND(v) (v)
-#endif
 // Output (m, n) from its gate and up sums: the plain op's epilogue for rows n and
 // N + n of the merged weight, each rounded as its store rounds it, then the chain.
 float swiglu_out(float gate_acc, float up_acc, int m, int n) {
