@@ -35,7 +35,12 @@ around the SiLU). Fused only when exactly that is there:
   ``rms_norm_prologue`` off the op records the norm's dispatch first);
   or ``et_vk.linear_q4gsw`` with weights uint8 [2F, K/2], scales [K/gs, >= 2F] of
   the output's dtype and a bias [2F] (or none); or ``aten._weight_int8pack_mm`` with
-  an int8 weight [2F, K] and scales [2F] of the output's dtype;
+  an int8 weight [2F, K] and scales [2F] of the output's dtype; or their forms with
+  the norm folded in (``vkdelegate.rms_norm_linear_q4gsw`` /
+  ``rms_norm_weight_int8pack_mm``, passes/fuse_rms_norm_linear), which make
+  ``vkdelegate.rms_norm_linear_q4gsw_swiglu(x, norm_weight, eps, weights, scales,
+  group_size, bias, steps')`` / ``rms_norm_weight_int8pack_mm_swiglu(x, norm_weight,
+  eps, mat2, scales, steps')``;
 - the producer's output, the parts and the chain's output are float32 or float16 of
   one dtype, and the chain computes exactly one of kernels/swiglu.py's ``CHAINS``
   (``swiglu.match_roles``: SiLU of the first half times the second, with the same
