@@ -9,8 +9,10 @@ linear.glsl) and on the GPU forms forced (gemv.glsl's RMS_NORM, with SWIGLU or w
 as tests/ops/test_gemm_core.py forces them): each gate and up sum is the plain GEMV's
 and the epilogue rounds it as the linear's store does. Chains the pass must leave alone
 stay: SiLU of the second half, a GeGLU, a half read twice. The same block with
-torchao's int4 / int8 weight-only linears: their fused forms (linear_q4gsw_swiglu,
-weight_int8pack_mm_swiglu), bitwise the unfused program."""
+torchao's int4 / int8 weight-only linears: their fused forms with the norm
+(rms_norm_linear_q4gsw_swiglu, rms_norm_weight_int8pack_mm_swiglu: the norm already
+folded into the merged product as rms_norm_linear_q4gsw / rms_norm_weight_int8pack_mm),
+bitwise the unfused program."""
 import dataclasses
 
 import pytest
@@ -121,8 +123,18 @@ def test_fused_equals_unfused(forms, dtype, hidden, inter):
     assert ops.count(FUSED) == (1 if _gemv_path(forms) else 2) and CHAIN not in ops, ops
 
 
-QUANTIZED = {"int4": "vkdelegate.linear_q4gsw_swiglu.default",
-             "int8": "vkdelegate.weight_int8pack_mm_swiglu.default"}
+QUANTIZED = {"int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
+             "int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default"}
+
+
+def _quantized_norm_dispatches() -> int:
+    """Dispatches of a one-row quantized product with the norm folded in on this device:
+    1 where it takes the vectorized GEMV (linear_qw_gemv.glsl's RMS_NORM; GPUs), else 2
+    (the norm's, then linear_qw.glsl's; CPU drivers)."""
+    from vkdelegate.ops.families.quantized_linear import use_gemv
+    from vkdelegate.runtime import default_device
+
+    return 1 if use_gemv(default_device().info, 1) else 2
 
 
 def _quantized_mlp(scheme, kind="llama", dtype=torch.float32):
@@ -137,10 +149,11 @@ def _quantized_mlp(scheme, kind="llama", dtype=torch.float32):
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_quantized_fused_equals_unfused(scheme, dtype):
     """The MLP block with torchao's int4 (group size 32) / int8 weight-only linears:
-    the merged gate/up product (et_vk.linear_q4gsw / aten._weight_int8pack_mm, int8's
-    between torchao's views) and its chain become linear_q4gsw_swiglu /
-    weight_int8pack_mm_swiglu, one dispatch fewer, torch.equal to the unfused program
-    (a CPU driver's linear_qw.glsl; every form: tests/ops/test_quantized_swiglu.py)."""
+    the merged gate/up product with the norm folded in (rms_norm_linear_q4gsw /
+    rms_norm_weight_int8pack_mm, int8's between torchao's views) and its chain become
+    rms_norm_linear_q4gsw_swiglu / rms_norm_weight_int8pack_mm_swiglu, one dispatch
+    fewer, torch.equal to the unfused program (a CPU driver's linear_qw.glsl; every
+    form: tests/ops/test_quantized_swiglu.py, test_quantized_rms_norm.py)."""
     _skip()
     module = _quantized_mlp(scheme, dtype=dtype)
     x = torch.randn(1, 1, 64).to(dtype)
@@ -158,7 +171,8 @@ def test_quantized_fused_equals_unfused(scheme, dtype):
     copies = before.count("vkdelegate.narrow_last.default")
     # int8's op output [1, F] viewed to [1, 1, F] aliases (no copy dispatch).
     assert len(ops) == len(before) - 1 - copies, (ops, before)
-    assert ops.count(QUANTIZED[scheme]) == 1 and CHAIN not in ops, ops
+    assert ops.count(QUANTIZED[scheme]) == _quantized_norm_dispatches() \
+        and CHAIN not in ops, ops
 
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])

@@ -95,3 +95,16 @@ def norm_linear_dispatches(prologue: bool = True) -> int:
 
     tiles = tiles_for(default_device().info.type)
     return 1 if prologue and tiles is not None and tiles.gemv else 2
+
+
+def quantized_norm_dispatches(prologue: bool = True) -> int:
+    """Dispatches of one one-row int4 / int8 product with an RMS norm fused into it
+    (``vkdelegate.rms_norm_linear_q4gsw``, ``rms_norm_weight_int8pack_mm`` and their
+    SwiGLU forms) on the default Vulkan device: with compile option rms_norm_prologue
+    (on by default) 1 where the product takes the vectorized GEMV
+    (linear_qw_gemv.glsl's RMS_NORM: GPUs); else 2: the norm's dispatch, then the
+    product (also CPU drivers such as lavapipe: linear_qw.glsl's GEMM form)."""
+    from vkdelegate.ops.families.quantized_linear import use_gemv
+    from vkdelegate.runtime import default_device
+
+    return 1 if prologue and use_gemv(default_device().info, 1) else 2

@@ -7,13 +7,15 @@ record is in the sampler's dispatch (vkdelegate.sample_record), the SwiGLU chain
 the merged gate/up linear's epilogue (passes/fuse_linear_swiglu: one dispatch per layer
 fewer), the RMS norms are folded into the linear after them (passes/fuse_rms_norm_linear,
 and fuse_linear_swiglu for the post-attention norm: no norm dispatch on GPUs, where the
-GEMV path takes them), and the greedy tokens are still HF's; the same SwiGLU fusion in
-an int4 / int8 weight-only model's merged gate/up product."""
+GEMV path takes them), and the greedy tokens are still HF's; the same SwiGLU and RMS
+norm fusions in an int4 / int8 weight-only model's products (vkdelegate.rms_norm_*_q4gsw
+/ rms_norm_weight_int8pack_mm*: no norm dispatch where the vectorized GEMV runs)."""
 import pytest
 import torch
 
 from tests.llm.conftest import MAX_SEQ_LEN
-from tests.llm.models import VOCAB, hf_greedy, make_model, norm_linear_dispatches
+from tests.llm.models import (VOCAB, hf_greedy, make_model, norm_linear_dispatches,
+                              quantized_norm_dispatches)
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate.llm import generate, lower
 
@@ -171,19 +173,18 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
 def test_quantized_decode_fuses_swiglu(scheme):
     """A tiny HF Llama with torchao's int4 (group size 32) / int8 weight-only linears
     (vkdelegate.llm.lower(..., quantization=scheme)): each layer's merged gate/up
-    product runs the SwiGLU chain in its epilogue (vkdelegate.linear_q4gsw_swiglu /
-    weight_int8pack_mm_swiglu; int8's output view back to [1, 1, F] aliases it): one
-    dispatch per layer fewer than with fuse_linear_swiglu off, HF's greedy tokens of
-    the same quantized model, and the same KV caches bit for bit."""
+    product (with the post-attention norm folded in) runs the SwiGLU chain in its
+    epilogue (vkdelegate.rms_norm_linear_q4gsw_swiglu /
+    rms_norm_weight_int8pack_mm_swiglu; int8's output view back to [1, 1, F] aliases
+    it): one dispatch per layer fewer than with fuse_linear_swiglu off, HF's greedy
+    tokens of the same quantized model, and the same KV caches bit for bit."""
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
     pytest.importorskip("transformers")
     pytest.importorskip("torchao")
-    fused_op = {"int4": "vkdelegate.linear_q4gsw_swiglu.default",
-                "int8": "vkdelegate.weight_int8pack_mm_swiglu.default"}[scheme]
-    plain = {"int4": "et_vk.linear_q4gsw.default",
-             "int8": "aten._weight_int8pack_mm.default"}[scheme]
+    fused_op, plain = QUANTIZED_SWIGLU[scheme], QUANTIZED_NORMED[scheme]
+    per = quantized_norm_dispatches()  # dispatches per op with a norm folded in
     # lower quantizes the model in place: one (equally seeded) model per program.
     model, other = make_model("llama"), make_model("llama")
     program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
@@ -197,9 +198,10 @@ def test_quantized_decode_fuses_swiglu(scheme):
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
     before = _decode_ops(unfused, expected[-1], len(prompt) + 12)
     chain = "vkdelegate.fused_elementwise.default"
-    assert ops.count(fused_op) == layers and fused_op not in before, (ops, before)
-    # The merged q/k/v products per layer and the lm_head stay plain.
-    assert ops.count(plain) == layers + 1 and before.count(plain) == 2 * layers + 1, ops
+    assert ops.count(fused_op) == layers * per and fused_op not in before, (ops, before)
+    # The merged q/k/v products per layer and the lm_head keep their norm only.
+    assert ops.count(plain) == (layers + 1) * per, ops
+    assert before.count(plain) == (2 * layers + 1) * per, before
     assert ops.count(chain) == before.count(chain) - layers, (ops, before)
     copies = before.count("vkdelegate.narrow_last.default") \
         - ops.count("vkdelegate.narrow_last.default")
@@ -214,6 +216,56 @@ def test_quantized_decode_fuses_swiglu(scheme):
         assert torch.equal(got[name], want[name]), name
     program.close()
     unfused.close()
+
+
+QUANTIZED_NORMED = {"int4": "vkdelegate.rms_norm_linear_q4gsw.default",
+                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm.default"}
+QUANTIZED_SWIGLU = {"int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
+                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default"}
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
+    """The int4 / int8 decode step on the GPUs' vectorized GEMV (linear_qw_gemv.glsl,
+    forced on any device as tests/ops/test_quantized_rms_norm.py forces it): every RMS
+    norm is folded into the product after it (each layer's input norm into the merged
+    q/k/v product, the post-attention norm into the gate/up product with its SwiGLU
+    chain, the final norm into lm_head), one dispatch each and no et_vk.rms_norm
+    dispatch left: 2 * layers + 1 dispatches fewer than with compile option
+    rms_norm_prologue off (the norms' own dispatches), HF's greedy tokens of the same
+    quantized model both ways, KV caches equal up to fp32 rounding (the folded GEMV
+    scales each sum by 1 / rms instead of normalizing the row first)."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchao")
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    model, other = make_model("llama"), make_model("llama")
+    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
+    off = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=32,
+                options={"rms_norm_prologue": False})
+    layers = model.config.num_hidden_layers
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected = hf_greedy(model, prompt, 12)
+    assert generate(program, prompt, 12) == expected
+    assert generate(off, prompt, 12) == expected
+    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
+    before = _decode_ops(off, expected[-1], len(prompt) + 12)
+    normed, swiglu = QUANTIZED_NORMED[scheme], QUANTIZED_SWIGLU[scheme]
+    assert ops.count(normed) == layers + 1 and ops.count(swiglu) == layers, ops
+    assert before.count(normed) == 2 * (layers + 1) and before.count(swiglu) == 2 * layers
+    assert "et_vk.rms_norm.default" not in ops + before, ops
+    assert len(before) - len(ops) == 2 * layers + 1, (before, ops)
+    got, want = program.state_dict(), off.state_dict()
+    caches = [name for name in want if "cache" in name or "key" in name or "value" in name]
+    assert caches and set(got) == set(want), sorted(want)
+    for name in caches:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+    program.close()
+    off.close()
 
 
 def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):

@@ -13,8 +13,10 @@ FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw
          "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
 Q4_ADD = "vkdelegate.linear_q4gsw_add.default"
 ADDS = {"int8": "vkdelegate.weight_int8pack_mm_add.default", "int4": Q4_ADD}
-SWIGLU = {"int8": "vkdelegate.weight_int8pack_mm_swiglu.default",
-          "int4": "vkdelegate.linear_q4gsw_swiglu.default"}
+SWIGLU = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default",
+          "int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default"}
+NORMED = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm.default",
+          "int4": "vkdelegate.rms_norm_linear_q4gsw.default"}
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
@@ -30,14 +32,18 @@ def test_quantized_llama_greedy_matches_eager(scheme):
     assert not decode.cpu_nodes, str(decode)
     ops = [d.op for d in decode.decisions]
     # 2 layers x (q, k, v, o, gate, up, down) + the lm_head; int4 and int8 decode
-    # merge q/k/v and gate/up (passes/merge_linears), their merged gate/up runs the
-    # SwiGLU chain in its epilogue (passes/fuse_linear_swiglu) and their o and down
-    # take the residual add (passes/fuse_linear_add): 2 x qkv + the lm_head, 2 x
-    # gate_up with its SwiGLU, and 2 x (o, down) fused with their add. 8da4w: neither.
+    # merge q/k/v and gate/up (passes/merge_linears), fold the RMS norm before each
+    # merged product and lm_head into it (passes/fuse_rms_norm_linear), their merged
+    # gate/up runs the SwiGLU chain in its epilogue (passes/fuse_linear_swiglu) and
+    # their o and down take the residual add (passes/fuse_linear_add): 2 x qkv + the
+    # lm_head with their norm, 2 x gate_up with its norm and SwiGLU, and 2 x (o, down)
+    # fused with their add; no norm node left. 8da4w: none of these.
     if scheme in ADDS:
-        assert ops.count(FUSED[scheme]) == 3, sorted(set(ops))
+        assert ops.count(FUSED[scheme]) == 0, sorted(set(ops))
+        assert ops.count(NORMED[scheme]) == 3, sorted(set(ops))
         assert ops.count(SWIGLU[scheme]) == 2, sorted(set(ops))
         assert ops.count(ADDS[scheme]) == 4, sorted(set(ops))
+        assert "et_vk.rms_norm.default" not in ops, sorted(set(ops))
     else:
         assert ops.count(FUSED[scheme]) == 15, sorted(set(ops))
     if scheme == "int4":

@@ -194,10 +194,10 @@ def test_vector_row_form(monkeypatch, n, rows, subgroup):
     # norm (one token of a decode step: 1 x 2048) and layer norm with its statistics,
     # 4-element accesses (n % 4 == 0, 3000 not a power of two) and scalar ones (2050,
     # 7), fp32 and fp16, with subgroupAdd and with the shared-memory tree.
-    from vkdelegate.ops.families import norm
-    monkeypatch.setattr(norm, "vector_rows", lambda info, n: True)
+    from vkdelegate.kernels import norm_dispatch  # norm.glsl's dispatch (ops/families/norm.py's)
+    monkeypatch.setattr(norm_dispatch, "vector_rows", lambda info, n: True)
     if not subgroup:
-        monkeypatch.setattr(norm, "has_subgroup_arithmetic", lambda info: False)
+        monkeypatch.setattr(norm_dispatch, "has_subgroup_arithmetic", lambda info: False)
     torch.manual_seed(0)
     w, b = _affine((n,), True, True)
     x = torch.randn(*rows, n) * 3 + 2

@@ -27,6 +27,9 @@ pytestmark = [needs_torch_213,  # a dynamic seq: torch 2.11 refuses its own guar
 FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw.default",
          "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
 LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
+# The final norm, read by lm_head alone, folded into it (passes/fuse_rms_norm_linear).
+NORMED = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm.default",
+          "int4": "vkdelegate.rms_norm_linear_q4gsw.default"}
 
 
 class _Logits(torch.nn.Module):
@@ -62,10 +65,14 @@ def test_quantized_decoder_greedy(scheme, embeddings):
     assert not program.report.cpu_nodes, str(program.report)
     ops = [name for name, _ in delegated_nodes(program)]
     # Every linear fused, on Vulkan; int4's o_proj and down_proj with their residual
-    # add (passes/fuse_linear_add).
+    # add (passes/fuse_linear_add); int4's and int8's lm_head with the final norm (the
+    # layers' norms have several readers of several rows: kept).
     adds = ops.count("vkdelegate.linear_q4gsw_add.default")
     assert adds == (4 if scheme == "int4" else 0), ops
-    assert ops.count(FUSED[scheme]) + adds == LINEARS, ops
+    normed = ops.count(NORMED[scheme]) if scheme in NORMED else 0
+    assert normed == (1 if scheme in NORMED else 0), ops
+    assert ops.count(FUSED[scheme]) + adds + normed == LINEARS, ops
+    assert ops.count("et_vk.rms_norm.default") == 2 * 2 + 1 - normed, ops
     assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)
     with torch.no_grad():
         tol = 2e-3 if scheme == "8da4w" else 1e-5

@@ -170,6 +170,8 @@ STR_CHOICES = {
     "vkdelegate.rms_norm_linear_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.linear_q4gsw_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.weight_int8pack_mm_swiglu.default": {"steps": SWIGLU_CHAINS},
+    "vkdelegate.rms_norm_linear_q4gsw_swiglu.default": {"steps": SWIGLU_CHAINS},
+    "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default": {"steps": SWIGLU_CHAINS},
 }
 
 

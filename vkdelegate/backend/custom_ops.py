@@ -592,6 +592,76 @@ WEIGHT_INT8PACK_MM_SWIGLU = declare_custom_op(
     "-> Tensor", _weight_int8pack_mm_swiglu)
 
 
+def _rms_norm_linear_q4gsw(x, norm_weight, eps, weights, weight_scales, group_size,
+                           bias=None):
+    return _linear_q4gsw(RMS_NORM.overload()(x, norm_weight, eps), weights, weight_scales,
+                         group_size, bias)
+
+
+#: ``linear_q4gsw(et_vk.rms_norm(x, norm_weight, eps), weights, weight_scales,
+#: group_size, bias)``: x [..., K], norm_weight [K] (x's dtype), the int4 linear's
+#: arguments -> [..., N]. The CPU kernel is exactly those two ops (the normalized row
+#: rounded to x's dtype, then the int4 linear). ``passes/fuse_rms_norm_linear``
+#: creates it from et_vk.rms_norm -> et_vk.linear_q4gsw (an int4 decoder's input norm
+#: and its merged q/k/v product, the final norm and lm_head); ours, only in our blobs.
+#: Vulkan: ``ops/families/quantized_linear.py`` (linear_qw_gemv.glsl's RMS_NORM).
+RMS_NORM_LINEAR_Q4GSW = declare_custom_op(
+    "vkdelegate.rms_norm_linear_q4gsw.default",
+    "rms_norm_linear_q4gsw(Tensor x, Tensor norm_weight, float eps, Tensor weights, "
+    "Tensor weight_scales, int group_size, Tensor? bias=None) -> Tensor",
+    _rms_norm_linear_q4gsw)
+
+
+def _rms_norm_linear_q4gsw_swiglu(x, norm_weight, eps, weights, weight_scales, group_size,
+                                  bias, steps):
+    return _linear_q4gsw_swiglu(RMS_NORM.overload()(x, norm_weight, eps), weights,
+                                weight_scales, group_size, bias, steps)
+
+
+#: ``linear_q4gsw_swiglu(et_vk.rms_norm(x, norm_weight, eps), weights, weight_scales,
+#: group_size, bias, steps)``: an int4 decoder's post-attention norm, its merged
+#: gate/up product and the SwiGLU chain -> [..., F]. The CPU kernel is those ops.
+#: ``passes/fuse_linear_swiglu`` creates it where the merged product is a
+#: ``vkdelegate.rms_norm_linear_q4gsw``; ours, only in our blobs.
+RMS_NORM_LINEAR_Q4GSW_SWIGLU = declare_custom_op(
+    "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
+    "rms_norm_linear_q4gsw_swiglu(Tensor x, Tensor norm_weight, float eps, "
+    "Tensor weights, Tensor weight_scales, int group_size, Tensor? bias, str steps) "
+    "-> Tensor", _rms_norm_linear_q4gsw_swiglu)
+
+
+def _rms_norm_weight_int8pack_mm(x, norm_weight, eps, weight, scales):
+    import torch
+
+    return torch.ops.aten._weight_int8pack_mm.default(
+        RMS_NORM.overload()(x, norm_weight, eps), weight, scales)
+
+
+#: ``aten._weight_int8pack_mm(et_vk.rms_norm(x, norm_weight, eps), mat2, scales)``: x
+#: [M, K], norm_weight [K] (x's dtype), int8 mat2 [N, K], scales [N] -> [M, N]. The
+#: CPU kernel is exactly those two ops. ``passes/fuse_rms_norm_linear`` creates it
+#: from et_vk.rms_norm -> (a view to [M, K], torchao's) -> _weight_int8pack_mm, the
+#: view moved before the norm; ours, only in our blobs.
+RMS_NORM_WEIGHT_INT8PACK_MM = declare_custom_op(
+    "vkdelegate.rms_norm_weight_int8pack_mm.default",
+    "rms_norm_weight_int8pack_mm(Tensor x, Tensor norm_weight, float eps, Tensor mat2, "
+    "Tensor scales) -> Tensor", _rms_norm_weight_int8pack_mm)
+
+
+def _rms_norm_weight_int8pack_mm_swiglu(x, norm_weight, eps, weight, scales, steps):
+    return _weight_int8pack_mm_swiglu(RMS_NORM.overload()(x, norm_weight, eps), weight,
+                                      scales, steps)
+
+
+#: ``weight_int8pack_mm_swiglu(et_vk.rms_norm(x, norm_weight, eps), mat2, scales,
+#: steps)``: the int8 form of ``rms_norm_linear_q4gsw_swiglu`` -> [M, F].
+RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU = declare_custom_op(
+    "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default",
+    "rms_norm_weight_int8pack_mm_swiglu(Tensor x, Tensor norm_weight, float eps, "
+    "Tensor mat2, Tensor scales, str steps) -> Tensor",
+    _rms_norm_weight_int8pack_mm_swiglu)
+
+
 def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,
                         group_size, bias=None):
     import torch

@@ -42,7 +42,9 @@ Keys (all optional):
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
 - ``rms_norm_prologue`` (bool, default True): ``vkdelegate.rms_norm_linear`` and
   ``rms_norm_linear_swiglu`` (an RMS norm fused into the linear reading it,
-  backend/passes/fuse_rms_norm_linear.py, fuse_linear_swiglu.py) run the norm inside
+  backend/passes/fuse_rms_norm_linear.py, fuse_linear_swiglu.py; and the int4 / int8
+  forms ``rms_norm_linear_q4gsw``, ``rms_norm_weight_int8pack_mm`` and their
+  ``_swiglu`` forms, in linear_qw_gemv.glsl's RMS_NORM) run the norm inside
   the GEMV where it takes the GEMV path (gemv.glsl's RMS_NORM: the norm weight
   applied to the row as it is loaded, its sum of squares reduced with the products,
   each sum scaled by 1 / rms; one dispatch); False records the norm's dispatch and

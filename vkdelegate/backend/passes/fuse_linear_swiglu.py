@@ -35,7 +35,12 @@ around the SiLU). Fused only when exactly that is there:
   ``rms_norm_prologue`` off the op records the norm's dispatch first);
   or ``et_vk.linear_q4gsw`` with weights uint8 [2F, K/2], scales [K/gs, >= 2F] of
   the output's dtype and a bias [2F] (or none); or ``aten._weight_int8pack_mm`` with
-  an int8 weight [2F, K] and scales [2F] of the output's dtype;
+  an int8 weight [2F, K] and scales [2F] of the output's dtype; or their forms with
+  the norm folded in (``vkdelegate.rms_norm_linear_q4gsw`` /
+  ``rms_norm_weight_int8pack_mm``, passes/fuse_rms_norm_linear), which make
+  ``vkdelegate.rms_norm_linear_q4gsw_swiglu(x, norm_weight, eps, weights, scales,
+  group_size, bias, steps')`` / ``rms_norm_weight_int8pack_mm_swiglu(x, norm_weight,
+  eps, mat2, scales, steps')``;
 - the producer's output, the parts and the chain's output are float32 or float16 of
   one dtype, and the chain computes exactly one of kernels/swiglu.py's ``CHAINS``
   (``swiglu.match_roles``: SiLU of the first half times the second, with the same
@@ -53,7 +58,11 @@ import torch
 
 from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_Q4GSW,
                                            LINEAR_Q4GSW_SWIGLU, LINEAR_SWIGLU,
-                                           RMS_NORM_LINEAR, RMS_NORM_LINEAR_SWIGLU,
+                                           RMS_NORM_LINEAR, RMS_NORM_LINEAR_Q4GSW,
+                                           RMS_NORM_LINEAR_Q4GSW_SWIGLU,
+                                           RMS_NORM_LINEAR_SWIGLU,
+                                           RMS_NORM_WEIGHT_INT8PACK_MM,
+                                           RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU,
                                            WEIGHT_INT8PACK_MM_SWIGLU)
 from vkdelegate.backend.custom_ops_llm import NARROW_LAST
 from vkdelegate.kernels import swiglu
@@ -80,7 +89,30 @@ def _part(node):
     return src, start, length
 
 
+#: The quantized products' fused ops, int4 and int8 (with the norm: its x,
+#: norm_weight and eps before the product's weight).
+_Q4 = (LINEAR_Q4GSW_SWIGLU, RMS_NORM_LINEAR_Q4GSW_SWIGLU)
+_Q8 = (WEIGHT_INT8PACK_MM_SWIGLU, RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU)
+
+
 def _linear_args(producer):
+    """(fused op, [x, ...the fused op's arguments but steps], weight, bias, scales,
+    group size) of a fusable producer (scales and group size None where it has
+    none), else None."""
+    found = _producer_args(producer)
+    if found is None:
+        return None
+    fused, args, w, bias = found
+    at = 3 if fused in (RMS_NORM_LINEAR_Q4GSW_SWIGLU, RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU) \
+        else 1  # the weight's position
+    if fused in _Q4:
+        return fused, args, w, bias, args[at + 1], args[at + 2]
+    if fused in _Q8:
+        return fused, args, w, bias, args[at + 1], None
+    return fused, args, w, bias, None, None
+
+
+def _producer_args(producer):
     """(fused op, [x, ...the fused op's arguments but steps], weight, bias) of a
     fusable producer, else None."""
     if producer.op != "call_function" or producer.kwargs:
@@ -99,10 +131,15 @@ def _linear_args(producer):
             bias
     if producer.target == aten._weight_int8pack_mm.default and len(args) == 3:
         return WEIGHT_INT8PACK_MM_SWIGLU, list(args), args[1], None
+    if producer.target == RMS_NORM_LINEAR_Q4GSW.overload() and len(args) in (6, 7):
+        bias = args[6] if len(args) == 7 else None
+        return RMS_NORM_LINEAR_Q4GSW_SWIGLU, list(args[:6]) + [bias], args[3], bias
+    if producer.target == RMS_NORM_WEIGHT_INT8PACK_MM.overload() and len(args) == 5:
+        return RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU, list(args), args[3], None
     return None
 
 
-def _weight_ok(fused, producer, w, f: int, dtype) -> bool:
+def _weight_ok(fused, w, scales, group, f: int, dtype) -> bool:
     """Whether the producer's weight (and int4 group size, scales) are a merged gate/up
     product's of 2F rows for activations of ``dtype``, as the fused op's rules want."""
     wv = _val(w)
@@ -110,11 +147,10 @@ def _weight_ok(fused, producer, w, f: int, dtype) -> bool:
         return False
     if fused in (LINEAR_SWIGLU, RMS_NORM_LINEAR_SWIGLU):
         return wv.dtype == dtype
-    sv = _val(producer.args[2])
+    sv = _val(scales)
     if not isinstance(sv, torch.Tensor) or sv.dtype != dtype:
         return False
-    if fused is LINEAR_Q4GSW_SWIGLU:
-        group = producer.args[3]
+    if fused in _Q4:
         return wv.dtype == torch.uint8 and sv.dim() == 2 and sv.shape[1] >= 2 * f \
             and isinstance(group, int) and not isinstance(group, bool)
     return wv.dtype == torch.int8 and tuple(sv.shape) == (2 * f,)
@@ -197,8 +233,8 @@ def _match(node):
     found = _linear_args(producer)
     if found is None:
         return None
-    fused, args, w, bias = found
-    if fused.name not in registry.load_all() or not _weight_ok(fused, producer, w, f,
+    fused, args, w, bias, scales, group = found
+    if fused.name not in registry.load_all() or not _weight_ok(fused, w, scales, group, f,
                                                                out.dtype):
         return None
     bv = _val(bias)

@@ -33,109 +33,32 @@ decode step's one-token RMS norms.
   sum of squares reduced with the products, each sum scaled by 1 / rms (fp32
   throughout: the normalized row is not rounded to x's dtype, as norm.glsl's output
   is); otherwise (several rows, CPU drivers, compile option rms_norm_prologue off)
-  this family's RMS norm dispatch into a scratch row, then the product: as unfused.
+  the RMS norm's dispatch into a scratch row, then the product: as unfused.
+  (The int4 / int8 weight-only forms, vkdelegate.rms_norm_linear_q4gsw and
+  rms_norm_weight_int8pack_mm with their SwiGLU forms, are ops/families/
+  quantized_linear.py's.)
+norm.glsl's dispatch, defines and bindings, the fused ops' norm rule and their
+fallback norm dispatch (``rms_prologue``) are kernels/norm_dispatch.py's, which the
+quantized linears share.
 """
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels import gemm, swiglu
-from vkdelegate.kernels.rows import (ROW_WG, VEC_PER, dispatch_rows, row_forms,
-                                     vector_row_wg, vector_rows)
-from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
+from vkdelegate.kernels.norm_dispatch import (CHANNELS, DTYPES, GROUPS, ROWS, SHADER,
+                                              dispatch, norm_defines, rms_input_rule,
+                                              rms_prologue, vector_defines)
+from vkdelegate.kernels.rows import row_forms
 from vkdelegate.kernels.rules import same_dtype, static_channels
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
-from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
-from vkdelegate.shaders.bindings import Bindings, shader_bindings
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype
 from vkdelegate.shaders.variants import declare_grid
 
-SHADER = "norm"
-DTYPES = frozenset({"float32", "float16"})
-NORM_PARAMS = ParamBlock("norm_block", [("dims", "ivec4"),  # x: trailing dims / groups
-                                        ("eps", "vec4")])   # x: eps
-ROWS, GROUPS, CHANNELS = 0, 1, 2  # the shader's LAYOUTs
 FP32_EPS = float(np.finfo(np.float32).eps)
-
-
-@shader_bindings(SHADER)
-def _bindings(d) -> Bindings:
-    outputs = ("out_data", "mean_data", "rstd_data") if "STATS" in d else ("out_data",)
-    affine = ("w_data",) if "WEIGHT" in d else ()
-    affine += ("b_data",) if "BIAS" in d else ()
-    return Bindings(outputs=outputs, inputs=("in_data", *affine),
-                    params=(tensor_meta_block("in_meta"), NORM_PARAMS))
-
-
-def _defines(t, layout: int, rms: bool, affine: bool) -> dict:
-    """``t``: the (graph, device) dtype pair of every tensor of the node."""
-    names = dict(OUT=t, IN=t) if rms else dict(OUT=t, IN=t, MEAN=t, RSTD=t)
-    if affine:
-        names.update(W=t) if rms else names.update(W=t, B=t)
-    d = storage_defines(**names)
-    d["LAYOUT"] = str(layout)
-    if rms:
-        d["RMS"] = "1"
-    else:
-        d["STATS"] = "1"
-    if affine:
-        d["WEIGHT"] = "1"
-        if not rms:
-            d["BIAS"] = "1"
-    return d
-
-
-def _vector_defines(d: dict, vec: int, subgroup: bool) -> dict:
-    """``d`` (a LAYOUT 0 form of ``_defines``) as the vector row form: ``vec`` 4 (the
-    row length a multiple of 4: 4-element accesses) or 1 (scalar accesses); subgroup:
-    the device has subgroup arithmetic."""
-    d = dict(d, ROW_VEC=str(vec), ROW_WG=str(ROW_WG), VEC_PER=str(VEC_PER))
-    if vec == 4:
-        for name in ("OUT", "IN", "W", "B"):
-            if f"{name}_T" in d:
-                d[f"{name}4_T"] = "f16vec4" if d[f"{name}_T"] == "float16_t" else "vec4"
-        # A vec4 converted for storing as OUT_STORE converts each element.
-        d["OUT4_STORE(v)"] = "f16vec4(v)" if d["OUT_T"] == "float16_t" else \
-            "vec4(" + ", ".join(re.sub(r"\bv\b", f"v.{c}", d["OUT_STORE(v)"])
-                                for c in "xyzw") + ")"
-    if subgroup:
-        d["SUBGROUP"] = "1"
-    return d
-
-
-def _dispatch(b, node, x, outs, weight, bias, layout: int, dims: int, eps: float,
-              rows: int, n: int, what: str) -> None:
-    """Record the norm.glsl dispatch: ``outs`` [out] (RMS) or [out, mean, rstd]
-    (Tensors), ``rows`` rows of ``n`` elements (upper bounds)."""
-    rms = len(outs) == 1
-    out = outs[0]
-    if any(t.dtype != x.dtype for t in outs) or x.dtype not in DTYPES:
-        raise b.error(f"dtypes {x.dtype} -> {[t.dtype for t in outs]}: every tensor "
-                      f"must have the input's float dtype")
-    affine = [t for t in (weight, bias) if t is not None]
-    if affine:
-        size = (affine[0].max_numel,)
-        weight = weight if weight is not None else \
-            b.prepacked(np.ones(size, dtype=x.dtype), x.dtype)
-        bias = bias if bias is not None or rms else \
-            b.prepacked(np.zeros(size, dtype=x.dtype), x.dtype)
-    inputs = [x] + ([weight] if affine else []) + ([bias] if affine and not rms else [])
-    defines = _defines(out, layout, rms, bool(affine))
-    params = [x.meta, b.params(NORM_PARAMS.pack(dims=[dims], eps=[eps]))]
-    if layout == ROWS and vector_rows(b.device.info, n):
-        # One workgroup per row (LLM decode: one token's row of the hidden size).
-        wg = vector_row_wg(n)
-        defines = _vector_defines(defines, 4 if n % 4 == 0 else 1,
-                                  has_subgroup_arithmetic(b.device.info))
-        b.dispatch(SHADER, defines, outputs=list(outs), inputs=inputs, params=params,
-                   global_size=(rows * wg,), local_size=(wg, 1, 1))
-        return
-    dispatch_rows(b, SHADER, defines, out, x, params, rows, n, 2 if rms else 3, what,
-                  outputs=list(outs), inputs=inputs)
 
 
 def _optional(b, vid):
@@ -188,8 +111,8 @@ def _layer_impl(stats: bool):
             outs = [out, b.temporary(rows_shape, x.dtype), b.temporary(rows_shape, x.dtype)]
         rows = math.prod(x.max_shape[:x.ndim - k])
         n = math.prod(x.max_shape[x.ndim - k:])
-        _dispatch(b, node, x, outs, _optional(b, w_id), _optional(b, b_id), ROWS, k,
-                  float(b.scalar(eps_id)), rows, n, f"layer norm over {n} elements")
+        dispatch(b, node, x, outs, _optional(b, w_id), _optional(b, b_id), ROWS, k,
+                 float(b.scalar(eps_id)), rows, n, f"layer norm over {n} elements")
     return impl
 
 
@@ -203,9 +126,9 @@ def _rms_impl(custom: bool):
                 b.scalar(node.args[3])
         eps = FP32_EPS if eps is None else float(eps)
         n = math.prod(x.max_shape[x.ndim - k:])
-        _dispatch(b, node, x, [b.tensor(node.args[-1])], _optional(b, w_id), None,
-                  ROWS, k, eps, math.prod(x.max_shape[:x.ndim - k]), n,
-                  f"RMS norm over {n} elements")
+        dispatch(b, node, x, [b.tensor(node.args[-1])], _optional(b, w_id), None,
+                 ROWS, k, eps, math.prod(x.max_shape[:x.ndim - k]), n,
+                 f"RMS norm over {n} elements")
     return impl
 
 
@@ -237,24 +160,18 @@ def _rms_linear_rule(node: NodeSpec):
     """x [..., K] with K static, norm_weight [K], weight [N, K], bias [N]? (what the
     kernels index: a crafted blob with other sizes is refused at load)."""
     x, nw, eps, w, bias = node.args[:5]
-    if not all(hasattr(t, "shape") for t in (x, nw, w)):
+    if not hasattr(w, "shape"):
         return "x, norm_weight and weight must be tensors"
-    if x.rank < 1:
-        return "input of rank 0"
+    why = rms_input_rule(node)
+    if why is not None:
+        return why
     k = x.shape[-1]
-    if x.dynamic and x.dynamic[-1]:
-        return "dynamic normalized dim"
-    if tuple(nw.shape) != (k,):
-        return f"norm_weight of sizes {list(nw.shape)} for an input of sizes " \
-               f"{list(x.shape)}: it must be [{k}]"
     if w.rank != 2 or w.shape[1] != k:
         return f"weight of sizes {list(w.shape)} for an input of sizes {list(x.shape)}: " \
                f"it must be [N, {k}]"
     if bias is not None and (not hasattr(bias, "shape") or tuple(bias.shape) != (w.shape[0],)):
         return f"bias of sizes {list(getattr(bias, 'shape', ()))} for {w.shape[0]} " \
                f"outputs: it must be [{w.shape[0]}]"
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        return f"eps {eps!r} is not a number"
     return None
 
 
@@ -263,25 +180,12 @@ def _rms_linear_shape(args):
 
 
 def _rms_prologue(b, node, x, nw_id, eps_id, w) -> gemm.RmsPrologue:
-    """The norm of ``node`` (norm weight value ``nw_id``, eps ``eps_id``) before its
-    product with weight ``w``: fused into the GEMV where kernels/gemm.py can, else
-    this family's RMS norm dispatch into a scratch tensor of x's sizes (which follows
-    x's on resize)."""
-    nw = b.tensor(nw_id)
-    eps = float(b.scalar(eps_id))
+    """``rms_prologue`` before a product with weight ``w`` [N, K]: fused into the GEMV
+    where kernels/gemm.py can, else the norm's own dispatch first."""
     k = x.max_shape[-1]
-    if nw.max_shape != (k,) or w.ndim != 2 or w.max_shape[1] != k:
-        raise b.error(f"norm_weight {list(nw.max_shape)} and weight {list(w.max_shape)} "
-                      f"for an input {list(x.max_shape)}")
-
-    def unfused():
-        y = b.temporary(x.max_shape, x.dtype)
-        b.on_resize(lambda: y.set_shape(x.shape))
-        _dispatch(b, node, x, [y], nw, None, ROWS, 1, eps, math.prod(x.max_shape[:-1]),
-                  k, f"RMS norm over {k} elements")
-        return y
-
-    return gemm.RmsPrologue(nw, eps, unfused)
+    if w.ndim != 2 or w.max_shape[1] != k:
+        raise b.error(f"weight {list(w.max_shape)} for an input {list(x.max_shape)}")
+    return rms_prologue(b, node, x, nw_id, eps_id)
 
 
 def _rms_linear_impl(b, node):
@@ -395,10 +299,10 @@ def _channel_impl(op: str):
         else:  # group_norm: scratch buffers take the statistics
             outs = [b.tensor(node.args[-1]), b.temporary(rows_shape, x.dtype),
                     b.temporary(rows_shape, x.dtype)]
-        _dispatch(b, node, x, outs, _optional(b, node.args[w_at]),
-                  _optional(b, node.args[b_at]), layout, dims,
-                  float(b.scalar(node.args[eps_at])), rows, n,
-                  f"{'group' if layout == GROUPS else 'batch'} norm over {n} elements")
+        dispatch(b, node, x, outs, _optional(b, node.args[w_at]),
+                 _optional(b, node.args[b_at]), layout, dims,
+                 float(b.scalar(node.args[eps_at])), rows, n,
+                 f"{'group' if layout == GROUPS else 'batch'} norm over {n} elements")
     return impl
 
 
@@ -420,9 +324,9 @@ def _variants(profile, dtype: str, affine: bool) -> list[dict]:
     """Both row forms of every layout at one point of the grid (the ROWS layout with and
     without its mean/rstd outputs)."""
     pair = (dtype, device_dtype(dtype, profile))
-    forms = [_defines(pair, ROWS, True, affine)]
-    forms += [_defines(pair, layout, False, affine) for layout in (ROWS, GROUPS, CHANNELS)]
-    vector = [_vector_defines(d, vec, subgroup) for d in forms[:2] for vec in (4, 1)
+    forms = [norm_defines(pair, ROWS, True, affine)]
+    forms += [norm_defines(pair, layout, False, affine) for layout in (ROWS, GROUPS, CHANNELS)]
+    vector = [vector_defines(d, vec, subgroup) for d in forms[:2] for vec in (4, 1)
               for subgroup in (True, False)]
     return [v for d in forms for v in row_forms(d)] + vector
 

@@ -36,15 +36,30 @@ vkdelegate.weight_int8pack_mm_swiglu (registered below; kernels/swiglu.py): a me
 gate/up weight [2F, ...] whose SwiGLU chain every form (linear_qw_gemv.glsl, and
 linear_qw.glsl's GEMV and GEMM forms) runs in its epilogue (SWIGLU: row pairs
 (n, F + n), each sum finished and rounded as the plain op's store, then the chain),
-one dispatch on every device.
+one dispatch on every device; and vkdelegate.rms_norm_linear_q4gsw,
+rms_norm_weight_int8pack_mm and their _swiglu forms (registered below; made by
+backend/passes/fuse_rms_norm_linear.py and fuse_linear_swiglu.py): the product (or its
+SwiGLU form) of et_vk.rms_norm(x, norm_weight, eps), the norm folded into
+linear_qw_gemv.glsl (RMS_NORM: x times the norm weight as it is loaded or staged, the
+squares of x summed alongside and reduced with the products' sums, each row's sum
+scaled by 1 / rms before W8's scale, the bias and the chain; one dispatch, the
+normalized row never rounded to x's dtype) for the rows it takes (up to GEMV_ROWS, on
+GPUs), unless compile option ``rms_norm_prologue`` is off; every other form
+(linear_qw.glsl's GEMV and GEMM forms: CPU drivers, more rows, weights the vectorized
+GEMV cannot read) records the norm's own dispatch first
+(kernels/norm_dispatch.rms_prologue) and reads its output, as the unfused pair does.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels import loop_limit
 from vkdelegate.kernels import residual
 from vkdelegate.kernels import swiglu as swiglu_chains
+from vkdelegate.kernels.gemm import RMS_PROLOGUE_OPTION
+from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
@@ -70,6 +85,8 @@ GEMV_ROWS = 4  # at most this many rows (upper bound) run the GEMV form
 # scales and of the weight sums (ExecuTorch's blobs pad N: scales to a multiple of 4,
 # sums of 8).
 PARAMS = ParamBlock("qlinear_block", [("qdims", "ivec4"), ("qstrides", "ivec4")])
+# RMS_NORM (linear_qw_gemv.glsl): qnorm.x is the norm's eps.
+NORM_PARAMS = ParamBlock("qnorm_block", [("qnorm", "vec4")])
 INT8PACK, Q4GSW, DQ8CA = ("aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.default",
                           "et_vk.linear_dq8ca_q4gsw.default")
 
@@ -84,8 +101,11 @@ def _bindings(d) -> Bindings:
         inputs += ["xs_data", "xz_data", "sum_data"]
     if "HAS_RESIDUAL" in d:
         inputs.append("r_data")
-    return Bindings(outputs=("out_data",), inputs=tuple(inputs),
-                    params=(tensor_meta_block("out_meta"), PARAMS))
+    params = (tensor_meta_block("out_meta"), PARAMS)
+    if "RMS_NORM" in d:
+        inputs.append("n_data")
+        params += (NORM_PARAMS,)
+    return Bindings(outputs=("out_data",), inputs=tuple(inputs), params=params)
 
 
 def use_gemv(info, m: int) -> bool:
@@ -144,13 +164,15 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False) -> bool:
 
 
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
-                   svec: bool = False, residual=None, swiglu=None) -> dict:
+                   svec: bool = False, residual=None, swiglu=None,
+                   norm: bool = False) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
     workgroup's rows are read by vector loads (``vector_scales``); residual: None, or
     the Tensor (pair) of out's shape that HAS_RESIDUAL adds to the output; swiglu:
-    None, or kernels/swiglu.py's defines of the SWIGLU epilogue."""
+    None, or kernels/swiglu.py's defines of the SWIGLU epilogue; norm: the RMS_NORM
+    form (the norm folded in; its weight has x's dtype)."""
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -160,7 +182,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     xdev = x.device_dtype if hasattr(x, "device_dtype") else x[1]
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
-                          HAS_RESIDUAL=residual is not None))
+                          HAS_RESIDUAL=residual is not None, RMS_NORM=norm))
     d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if swiglu is not None else VROWS))
     if VDIRECT:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
@@ -206,20 +228,26 @@ def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool
 
 
 def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
-            residual=None, swiglu=None) -> bool:
+            residual=None, swiglu=None, norm=None) -> bool:
     """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
     ``residual`` (None, or a Tensor of out's shape and dtype) is added in the epilogue
     by linear_qw_gemv.glsl (HAS_RESIDUAL) and left to the caller by linear_qw.glsl.
     Returns whether it was added (False without one). ``swiglu`` (None, or
     kernels/swiglu.py's defines; not with dq or a residual): w is a merged gate/up
     weight [2F, ...], out [..., F] the chain over the product's halves, in every
-    form's epilogue (SWIGLU)."""
+    form's epilogue (SWIGLU). ``norm`` (None, or a kernels/gemm.py RmsPrologue; not
+    with dq or a residual): the product of et_vk.rms_norm(x, norm.weight, norm.eps),
+    folded into linear_qw_gemv.glsl (RMS_NORM) unless compile option
+    ``rms_norm_prologue`` is off; every other form (linear_qw.glsl's GEMV and GEMM)
+    reads the output of ``norm.unfused()``, the norm's own dispatch first."""
     rows = w.max_shape[0]  # weight rows: the product's columns
     n = rows // 2 if swiglu is not None else rows  # output columns
     k = x.max_shape[-1] if x.ndim else 1
     if swiglu is not None and (dq is not None or residual is not None or rows % 2):
         raise b.error(f"weights [{rows}, {w.max_shape[1]}]: no SwiGLU epilogue for "
                       f"this product")
+    if norm is not None and (dq is not None or residual is not None):
+        raise b.error("no RMS norm for this product")
     if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
         raise b.error(f"int4 weights [{rows}, {w.max_shape[1]}] with group size {group} "
                       f"for K = {k}: K and the group size must be multiples of 8")
@@ -231,8 +259,14 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
     if gemv and vector_gemv(w, k, bits, group, w.max_shape[1]):
-        _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu)
+        folded = norm is not None and b.option(RMS_PROLOGUE_OPTION, True)
+        if norm is not None and not folded:
+            x = norm.unfused()
+        _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu,
+                       norm if folded else None)
         return residual is not None
+    if norm is not None:
+        x = norm.unfused()
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
@@ -264,9 +298,9 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
 
 
 def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
-                   residual=None, swiglu=None) -> None:
+                   residual=None, swiglu=None, norm=None) -> None:
     """linear_qw_gemv.glsl's dispatch; n: the output columns (SWIGLU: half the
-    weight's rows)."""
+    weight's rows); norm: None, or the RmsPrologue its RMS_NORM form folds in."""
     rows = w.max_shape[0]
     blocks = k // (32 if bits == 4 else 16)
     loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
@@ -276,7 +310,7 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     s_stride = s.max_shape[1] if bits == 4 else rows
     svec = bits == 4 and vector_scales(s, n, s_stride, swiglu is not None)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
-                             dq, svec, residual, swiglu)
+                             dq, svec, residual, swiglu, norm is not None)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -285,6 +319,9 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]
     inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else []) + \
         ([residual] if residual is not None else [])
+    if norm is not None:
+        inputs.append(norm.weight)
+        params.append(b.params(NORM_PARAMS.pack(qnorm=[norm.eps, 0.0, 0.0, 0.0])))
     per_group = out_rows(swiglu is not None)  # outputs per workgroup
     b.dispatch(VSHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=(-(-n // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
@@ -419,11 +456,13 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
-                     chain: "str | None" = None):
+                     chain: "str | None" = None, norm: bool = False):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
     if residual and op == DQ8CA:
         return None  # vkdelegate.linear_q4gsw_add and weight_int8pack_mm_add only
+    if norm and (op == DQ8CA or residual):
+        return None  # RMS_NORM: the rms_norm_* forms of the weight-only products
     if chain is not None and (op == DQ8CA or residual
                               or chain not in swiglu_chains.CHAINS_FOR[dtype]):
         return None  # SWIGLU: linear_q4gsw_swiglu and weight_int8pack_mm_swiglu only
@@ -439,7 +478,8 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
         return None
     return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq, svec,
                           pair if residual else None,
-                          None if chain is None else swiglu_chains.defines(chain, dtype))
+                          None if chain is None else swiglu_chains.defines(chain, dtype),
+                          norm)
 
 
 def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
@@ -450,7 +490,8 @@ def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
               svec=(False, True))
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
-             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS)
+             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
+             norm=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
 
 
@@ -547,3 +588,81 @@ register(OpSpec(name=INT8PACK_SWIGLU, dtypes=DTYPES, impl=_int8pack_swiglu_impl,
                       "_weight_int8pack_mm (mat2 [2F, K]) -> [M, F]: the chain in every "
                       "form's epilogue (one dispatch); fused from the product's "
                       "narrow_last parts and vkdelegate.fused_elementwise"))
+
+
+# ---- the RMS norm folded into the product (vkdelegate.rms_norm_*) ----------------------
+# vkdelegate.rms_norm_linear_q4gsw(x, norm_weight, eps, weights, weight_scales,
+# group_size, bias?) and vkdelegate.rms_norm_weight_int8pack_mm(x [M, K], norm_weight,
+# eps, mat2, scales): the plain products of et_vk.rms_norm(x, norm_weight, eps);
+# their _swiglu forms (..., steps) the SwiGLU forms' of it. linear_qw_gemv.glsl's
+# RMS_NORM folds the norm in (one dispatch); the other forms record the norm's dispatch
+# (ops/families/norm.py) first.
+RMS_Q4GSW = "vkdelegate.rms_norm_linear_q4gsw.default"
+RMS_Q4GSW_SWIGLU = "vkdelegate.rms_norm_linear_q4gsw_swiglu.default"
+RMS_INT8PACK = "vkdelegate.rms_norm_weight_int8pack_mm.default"
+RMS_INT8PACK_SWIGLU = "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default"
+
+
+def _norm_rule(node: NodeSpec):
+    """The norm's arguments (x, norm_weight [K], eps; ops/families/norm.py's rule) and
+    a norm weight of x's dtype."""
+    why = rms_input_rule(node)
+    if why is not None:
+        return why
+    x, nw = node.args[:2]
+    return None if nw.dtype == x.dtype else f"norm_weight {nw.dtype} for input {x.dtype}"
+
+
+def _rms_int8pack_rule(node: NodeSpec):
+    """_int8pack_rule for (self, mat2, scales), the fused norm's arguments between."""
+    return _int8pack_rule(dataclasses.replace(node, args=(node.args[0],) + node.args[3:5]))
+
+
+def _rms_q4gsw_impl(b, node):
+    x_id, nw_id, eps_id, w_id, s_id, gs_id, bias_id = node.args[:7]
+    x, out = b.tensor(x_id), b.tensor(node.args[-1])
+    swiglu = _chain(b, node.args[7], out.dtype) if len(node.args) == 9 else None
+    _record(b, node, x, b.tensor(w_id), b.tensor(s_id), b.value(bias_id), out, 4,
+            int(b.scalar(gs_id)), swiglu=swiglu,
+            norm=rms_prologue(b, node, x, nw_id, eps_id))
+
+
+def _rms_int8pack_impl(b, node):
+    x_id, nw_id, eps_id, w_id, s_id = node.args[:5]
+    x, out = b.tensor(x_id), b.tensor(node.args[-1])
+    swiglu = _chain(b, node.args[5], out.dtype) if len(node.args) == 7 else None
+    _record(b, node, x, b.tensor(w_id), b.tensor(s_id), None, out, 8, 0, swiglu=swiglu,
+            norm=rms_prologue(b, node, x, nw_id, eps_id))
+
+
+_RMS_NOTE = ("the norm folded into the int{bits} vectorized GEMV (x times the norm "
+             "weight as loaded, its squares summed with the products, each sum scaled "
+             "by 1 / rms; one dispatch), else the norm's dispatch first; fused from "
+             "et_vk.rms_norm -> {source}")
+register(OpSpec(name=RMS_Q4GSW, dtypes=DTYPES, impl=_rms_q4gsw_impl, shape_fn=_shape(3),
+                rules=(_norm_rule, lambda n: _q4_rule(n, 3, 4, 5)),
+                arg_dtypes={3: frozenset({"uint8"})},
+                notes="linear_q4gsw(et_vk.rms_norm(x, w, eps), ...): "
+                      + _RMS_NOTE.format(bits=4, source="et_vk.linear_q4gsw")))
+register(OpSpec(name=RMS_Q4GSW_SWIGLU, dtypes=DTYPES, impl=_rms_q4gsw_impl,
+                shape_fn=_swiglu_shape(3),
+                rules=(_norm_rule, lambda n: _q4_rule(n, 3, 4, 5), swiglu_chains.halves_rule(3, 7, 6)),
+                arg_dtypes={3: frozenset({"uint8"})},
+                notes="linear_q4gsw_swiglu(et_vk.rms_norm(x, w, eps), ...) -> [..., F]: "
+                      "the norm, the merged gate/up int4 product and the chain in one "
+                      "dispatch on the vectorized GEMV, else the norm's dispatch first; "
+                      "fused from rms_norm_linear_q4gsw and a SwiGLU chain"))
+register(OpSpec(name=RMS_INT8PACK, dtypes=DTYPES, impl=_rms_int8pack_impl,
+                shape_fn=_shape(3), rules=(_norm_rule, _rms_int8pack_rule),
+                arg_dtypes={3: frozenset({"int8"})}, max_rank=2,
+                notes="_weight_int8pack_mm(et_vk.rms_norm(x, w, eps), ...): "
+                      + _RMS_NOTE.format(bits=8, source="(view ->) "
+                                                        "aten._weight_int8pack_mm")))
+register(OpSpec(name=RMS_INT8PACK_SWIGLU, dtypes=DTYPES, impl=_rms_int8pack_impl,
+                shape_fn=_swiglu_shape(3),
+                rules=(_norm_rule, _rms_int8pack_rule, swiglu_chains.halves_rule(3, 5, None)),
+                arg_dtypes={3: frozenset({"int8"})}, max_rank=2,
+                notes="weight_int8pack_mm_swiglu(et_vk.rms_norm(x, w, eps), ...) -> "
+                      "[M, F]: the norm, the merged gate/up int8 product and the chain "
+                      "in one dispatch on the vectorized GEMV, else the norm's dispatch "
+                      "first; fused from rms_norm_weight_int8pack_mm and a SwiGLU chain"))

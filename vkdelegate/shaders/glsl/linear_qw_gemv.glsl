@@ -48,6 +48,16 @@
 // plain op finishes them (finish: W8's scale, the bias) and rounded as its store
 // rounds them (SWIGLU_HALF: round_to_half, the value an fp16 output keeps); the output
 // is CHAIN_BODY (the fused elementwise chain's GLSL) over r0 = gate and r1 = up.
+// RMS_NORM (W4 or W8, not DQ8CA or HAS_RESIDUAL; vkdelegate.rms_norm_linear_q4gsw,
+// rms_norm_weight_int8pack_mm and their SWIGLU forms): the product's row is
+// et_vk.rms_norm(x, n_data, eps) (n_data [K] of x's dtype, eps = qnorm.x), never formed:
+// x is multiplied by the norm weight as it is loaded (DIRECT) or staged (each element
+// by the one invocation that stages it), and the squares of the raw x values are
+// summed there (each of the row's K values once per workgroup); that sum is reduced
+// with the rows' sums (one more slot), and each row's sum is scaled by
+// 1 / sqrt(sum / K + eps) before finish (W8's scale, the bias) and SWIGLU's chain. fp32
+// throughout: the normalized row is not rounded to x's dtype, as et_vk.rms_norm's
+// output is.
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
@@ -63,6 +73,14 @@
 #else
 #define OUT_ROWS ROWS
 #define SV_RUNS 1
+#endif
+#ifdef RMS_NORM
+#if defined(DQ8CA) || defined(HAS_RESIDUAL)
+#error "RMS_NORM takes neither DQ8CA nor HAS_RESIDUAL"
+#endif
+#define SLOTS (ROWS + 1)  // the partial sums' rows: the ROWS rows', then x's squares
+#else
+#define SLOTS ROWS
 #endif
 
 TENSOR_OUT(out_data, OUT_T)
@@ -88,11 +106,21 @@ TENSOR_IN(sum_data, int)
 #ifdef HAS_RESIDUAL
 TENSOR_IN(r_data, R_T)
 #endif
+#ifdef RMS_NORM
+#ifdef X16
+TENSOR_IN(n_data, uvec4)  // the norm weight [K], read as x is
+#else
+TENSOR_IN(n_data, vec4)
+#endif
+#endif
 TENSOR_META(out_meta)
 // qdims: K, N, group size, weight uvec4 blocks per row used (K / KV); qstrides: the
 // scales' row stride (W4), the weight sums' row stride (DQ8CA), the weight's row
 // stride in uvec4 blocks, -.
 PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
+#ifdef RMS_NORM
+PARAMS(qnorm_block) { vec4 qnorm; };  // RMS_NORM: eps, -, -, -
+#endif
 #include "qlinear.h"
 
 #ifdef W4
@@ -105,12 +133,31 @@ PARAMS(qlinear_block) { ivec4 qdims; ivec4 qstrides; };
 const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
 
 #ifdef DIRECT
-shared vec4 xs[(ROWS * WG + 3) / 4];  // the partial sums only
+shared vec4 xs[(SLOTS * WG + 3) / 4];  // the partial sums only
 #else
 // Shared x of one sweep: block j's vec4 e at j * XV + (e ^ swizzle(j)), so that the 8
 // invocations of a 128-byte shared-memory phase (j .. j + 7, one vec4 e each) hit 8
-// different 16-byte bank groups. Reused after the last sweep for the partial sums.
+// different 16-byte bank groups. Reused after the last sweep for the partial sums
+// (SLOTS * WG floats: more than a sweep's x only for W8 with RMS_NORM and ROWS = 16).
+#if (SLOTS * WG + 3) / 4 > WG * XV
+shared vec4 xs[(SLOTS * WG + 3) / 4];
+#else
 shared vec4 xs[WG * XV];
+#endif
+#endif
+
+#ifdef RMS_NORM
+// x's values v (raw) -> v * the norm weight's nv, their squares added to ss.
+vec4 norm_x(vec4 v, vec4 nv, inout float ss) {
+  ss += dot(v, v);
+  return v * nv;
+}
+#define NORM_X(v, nv) norm_x(v, nv, ss)
+// A row's sum times 1 / sqrt(mean(x^2) + eps), ss_total the row's sum of squares.
+#define NORM_SCALE(v) ((v) * (1.0 / sqrt(ss_total / float(K) + qnorm.x)))
+#else
+#define NORM_X(v, nv) (v)
+#define NORM_SCALE(v) (v)
 #endif
 
 #ifndef DIRECT
@@ -126,29 +173,41 @@ int swizzle(int j) { return (j / (8 / XV)) & (XV - 1); }
 
 #ifndef DIRECT
 // Stage x[m, KV b0 .. ) (the sweep from block b0; zeros past the row) in xs; DQ8CA:
-// quantized with (1 / scale, zero point) (inv, z), as exact small integers.
-void stage_x(int m, int b0, int K, int blocks, float inv, int z) {
+// quantized with (1 / scale, zero point) (inv, z), as exact small integers; RMS_NORM:
+// times the norm weight, the squares of the staged values added to ss.
+void stage_x(int m, int b0, int K, int blocks, float inv, int z, inout float ss) {
 #ifdef X16
   [[unroll]] for (int i = 0; i < XV / 2; ++i) {
     const int u = i * WG + int(gl_LocalInvocationID.x);  // uvec4 u of the sweep
     const int j = u / (XV / 2), e = 2 * (u % (XV / 2));
     uvec4 h = uvec4(0u);
+    uvec4 nh = uvec4(0u);
     if (b0 + j < blocks) {
       h = x_data[(m * K + b0 * KV) / 8 + u];
+#ifdef RMS_NORM
+      nh = n_data[(b0 * KV) / 8 + u];
+#endif
     }
-    xs[j * XV + (e ^ swizzle(j))] = QX(vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)));
-    xs[j * XV + ((e + 1) ^ swizzle(j))] = QX(vec4(unpackHalf2x16(h.z),
-                                                  unpackHalf2x16(h.w)));
+    xs[j * XV + (e ^ swizzle(j))] = QX(NORM_X(
+        vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)),
+        vec4(unpackHalf2x16(nh.x), unpackHalf2x16(nh.y))));
+    xs[j * XV + ((e + 1) ^ swizzle(j))] = QX(NORM_X(
+        vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w)),
+        vec4(unpackHalf2x16(nh.z), unpackHalf2x16(nh.w))));
   }
 #else
   [[unroll]] for (int i = 0; i < XV; ++i) {
     const int v = i * WG + int(gl_LocalInvocationID.x);  // vec4 v of the sweep
     const int j = v / XV, e = v % XV;
     vec4 x = vec4(0.0);
+    vec4 nv = vec4(0.0);
     if (b0 + j < blocks) {
       x = x_data[(m * K + b0 * KV) / 4 + v];
+#ifdef RMS_NORM
+      nv = n_data[(b0 * KV) / 4 + v];
+#endif
     }
-    xs[j * XV + (e ^ swizzle(j))] = QX(x);
+    xs[j * XV + (e ^ swizzle(j))] = QX(NORM_X(x, nv));
   }
 #endif
 }
@@ -335,20 +394,38 @@ void load_x(int m, int K, int bc, out XRAW xr[XR]) {
   }
 }
 
+#ifdef RMS_NORM
+// The norm weight's values of block bc (as load_x's of x).
+void load_n(int bc, out XRAW nr[XR]) {
+  [[unroll]] for (int i = 0; i < XR; ++i) {
+    nr[i] = n_data[(bc * KV) / (4 * XV / XR) + i];
+  }
+}
+#endif
+
+// RMS_NORM: times the norm weight's values nr, the squares of xr's values added to ss.
+#ifdef RMS_NORM
+void unpack_x(XRAW xr[XR], XRAW nr[XR], float inv, int z, out vec4 xv[XV],
+              inout float ss) {
+#else
 void unpack_x(XRAW xr[XR], float inv, int z, out vec4 xv[XV]) {
+#endif
   [[unroll]] for (int i = 0; i < XR; ++i) {
 #ifdef X16
-    xv[2 * i] = QX(vec4(unpackHalf2x16(xr[i].x), unpackHalf2x16(xr[i].y)));
-    xv[2 * i + 1] = QX(vec4(unpackHalf2x16(xr[i].z), unpackHalf2x16(xr[i].w)));
+    xv[2 * i] = QX(NORM_X(vec4(unpackHalf2x16(xr[i].x), unpackHalf2x16(xr[i].y)),
+                          vec4(unpackHalf2x16(nr[i].x), unpackHalf2x16(nr[i].y))));
+    xv[2 * i + 1] = QX(NORM_X(vec4(unpackHalf2x16(xr[i].z), unpackHalf2x16(xr[i].w)),
+                              vec4(unpackHalf2x16(nr[i].z), unpackHalf2x16(nr[i].w))));
 #else
-    xv[i] = QX(xr[i]);
+    xv[i] = QX(NORM_X(xr[i], nr[i]));
 #endif
   }
 }
 #endif
 
 // The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup
-// id, else the invocation) is float r * WG + i (ROWS * WG <= 4 * WG * XV floats).
+// id, else the invocation) is float r * WG + i, r < SLOTS (RMS_NORM: row ROWS holds
+// the sums of squares).
 #define PARTIAL(r, i) xs[((r) * WG + (i)) / 4][((r) * WG + (i)) % 4]
 
 void main() {
@@ -369,6 +446,7 @@ void main() {
 #endif
   int w_row[ROWS];
   float acc[ROWS];
+  float ss = 0.0;  // RMS_NORM: the sum of squares of the x values this invocation read
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
 #ifdef SWIGLU
     w_row[r] = r < OUT_ROWS ? min(n0 + r, N - 1) : N + min(n0 + r - OUT_ROWS, N - 1);
@@ -383,18 +461,28 @@ void main() {
       // x's, the weights' and the scales' loads of UNROLL blocks first (indices
       // clamped in bounds), then the products.
       XRAW xr[UNROLL][XR];
+#ifdef RMS_NORM
+      XRAW nr[UNROLL][XR];  // the norm weight's values of the blocks
+#endif
       uvec4 wv[UNROLL][ROWS];
       float sv[UNROLL][ROWS];
       int zs[UNROLL][ROWS];
       [[unroll]] for (int u = 0; u < UNROLL; ++u) {
         const int bc = min(b0 + u * WG, blocks - 1);
         load_x(m, K, bc, xr[u]);
+#ifdef RMS_NORM
+        load_n(bc, nr[u]);
+#endif
         load_block(bc, w_row, z, xscale, wv[u], sv[u], zs[u]);
       }
       [[unroll]] for (int u = 0; u < UNROLL; ++u) {
         if (b0 + u * WG < blocks) {
           vec4 xv[XV];
+#ifdef RMS_NORM
+          unpack_x(xr[u], nr[u], inv, z, xv, ss);
+#else
           unpack_x(xr[u], inv, z, xv);
+#endif
           add_block(acc, xv, wv[u], sv[u], zs[u]);
         }
       }
@@ -411,7 +499,7 @@ void main() {
       if (b0 > 0) {
         barrier();  // the previous sweep's reads of xs are done
       }
-      stage_x(m, b0, K, blocks, inv, z);
+      stage_x(m, b0, K, blocks, inv, z, ss);
       barrier();
       if (b < blocks) {
         vec4 xv[XV];
@@ -431,7 +519,21 @@ void main() {
       PARTIAL(r, int(gl_SubgroupID)) = s;
     }
   }
+#ifdef RMS_NORM
+  {
+    const float s = subgroupAdd(ss);
+    if (subgroupElect()) {
+      PARTIAL(ROWS, int(gl_SubgroupID)) = s;
+    }
+  }
+#endif
   barrier();
+  float ss_total = 0.0;
+#ifdef RMS_NORM
+  for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+    ss_total += PARTIAL(ROWS, int(i));
+  }
+#endif
 #ifdef SWIGLU
   if (live && t < OUT_ROWS && n0 + t < N) {
     float gate = 0.0, up = 0.0;
@@ -439,7 +541,8 @@ void main() {
       gate += PARTIAL(t, int(i));
       up += PARTIAL(t + OUT_ROWS, int(i));
     }
-    out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(gate, up, m, n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(gate), NORM_SCALE(up), m,
+                                                    n0 + t));
   }
 #else
   if (live && t < ROWS && n0 + t < N) {
@@ -447,30 +550,37 @@ void main() {
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
       total += PARTIAL(t, int(i));
     }
-    out_data[m * N + n0 + t] = OUT_STORE(finish(total, m, n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish(NORM_SCALE(total), m, n0 + t));
   }
 #endif
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     PARTIAL(r, t) = acc[r];
   }
+#ifdef RMS_NORM
+  PARTIAL(ROWS, t) = ss;
+#endif
   barrier();
   [[unroll]] for (int s = WG / 2; s > 0; s >>= 1) {
     if (t < s) {
-      [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      [[unroll]] for (int r = 0; r < SLOTS; ++r) {
         PARTIAL(r, t) += PARTIAL(r, t + s);
       }
     }
     barrier();
   }
+#ifdef RMS_NORM
+  const float ss_total = PARTIAL(ROWS, 0);
+#endif
 #ifdef SWIGLU
   if (live && t < OUT_ROWS && n0 + t < N) {
-    out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(PARTIAL(t, 0), PARTIAL(t + OUT_ROWS, 0),
+    out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(PARTIAL(t, 0)),
+                                                    NORM_SCALE(PARTIAL(t + OUT_ROWS, 0)),
                                                     m, n0 + t));
   }
 #else
   if (live && t < ROWS && n0 + t < N) {
-    out_data[m * N + n0 + t] = OUT_STORE(finish(PARTIAL(t, 0), m, n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish(NORM_SCALE(PARTIAL(t, 0)), m, n0 + t));
   }
 #endif
 #endif
