@@ -39,12 +39,14 @@ def test_decode_runs_four_linears_per_layer(lowered, kind):
     # decode; in prefill one, or on GPUs two: the GEMM core, then the add).
     # q/k/v and the LM head read an RMS norm, folded into each
     # (passes/fuse_rms_norm_linear: vkdelegate.rms_norm_linear); gate/up carries the
-    # SwiGLU chain in its epilogue (passes/fuse_linear_swiglu: vkdelegate.linear_swiglu,
-    # one dispatch) after its norm's own dispatch.
+    # SwiGLU chain in its epilogue and its norm too (passes/fuse_linear_swiglu:
+    # vkdelegate.rms_norm_linear_swiglu; one dispatch on the GEMV path, else the
+    # norm's, then the product).
     assert "aten.linear.default" not in decode
     assert decode.count(RMS_NORM_LINEAR) == (LAYERS + 1) * norm_linear_dispatches()
-    assert decode.count("vkdelegate.linear_swiglu.default") == LAYERS
-    assert decode.count("et_vk.rms_norm.default") == LAYERS
+    assert decode.count("vkdelegate.rms_norm_linear_swiglu.default") \
+        == LAYERS * norm_linear_dispatches()
+    assert decode.count("et_vk.rms_norm.default") == 0
     assert "vkdelegate.fused_elementwise.default" not in decode
     assert decode.count("vkdelegate.linear_add.default") == 2 * LAYERS
     assert "vkdelegate.narrow_last.default" not in decode

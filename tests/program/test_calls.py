@@ -88,9 +88,10 @@ def test_methods():
         program.run("mul", x)
     with pytest.raises(VkDelegateError, match="call program.run"):
         program(x)
-    with pytest.raises(VkDelegateError, match=r"methods \['add', 'sub'\].*"
-                                              r"program.methods\[name\].report"):
-        program.report
+    # No default method: the report is every method's, by name.
+    assert list(program.report) == ["add", "sub"]
+    assert program.report["sub"] is program.methods["sub"].report
+    assert "method 'add':" in str(program.report)
     assert program.methods["sub"].report.decisions
 
 
