@@ -30,7 +30,7 @@ from vkdelegate.serialization.blob import read_blob
 from vkdelegate.shaders.variants import variant_key
 
 
-class _Fn(torch.nn.Module):
+class FnModule(torch.nn.Module):
     """A plain function as a module (torch.export exports modules)."""
 
     def __init__(self, fn: Callable):
@@ -60,6 +60,22 @@ def delegated_nodes(program) -> list[tuple[str, tuple[str, ...]]]:
             graph = read_blob(delegate.blob).graph
             nodes.extend((call.name, _tensor_dtypes(graph, call)) for call in graph.chain)
     return nodes
+
+
+def spy_dispatches(monkeypatch, record=lambda shader, defines: shader) -> list:
+    """A list that collects ``record(shader, defines)`` for every dispatch a node
+    builder records from now on (the test's monkeypatch undoes the spy)."""
+    from vkdelegate.runtime.builder import NodeBuilder
+
+    seen = []
+    original = NodeBuilder.dispatch
+
+    def spy(self, shader, defines, *args, **kwargs):
+        seen.append(record(shader, defines))
+        return original(self, shader, defines, *args, **kwargs)
+
+    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
+    return seen
 
 
 def dispatched_ops(program, *args, method: str = "forward") -> list[str]:
@@ -154,7 +170,7 @@ def check_op(fn_or_module, inputs: tuple, *, ops: Sequence[str], rtol: float = 1
         dynamic = dynamic_shapes
     else:
         fn = functools.partial(fn_or_module, **kwargs) if kwargs else fn_or_module
-        module, call_kwargs = _Fn(fn).eval(), {}
+        module, call_kwargs = FnModule(fn).eval(), {}
         dynamic = (tuple(dynamic_shapes),) if dynamic_shapes is not None else None
     inputs = tuple(inputs)
     ep = torch.export.export(copy.deepcopy(module), _clone(inputs), _clone(call_kwargs),

@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from tests.ops import coverage
-from tests.ops.harness import check_op, delegated_nodes
+from tests.ops.harness import check_op, delegated_nodes, spy_dispatches
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import custom_ops
@@ -72,21 +72,12 @@ def _force(monkeypatch, form: str) -> list:
     GEMV_ROWS rows), "words" (linear_qw.glsl's GEMV form forced: the vector form
     refused). Returns the list of (shader, RMS_NORM form?) each dispatch recorded."""
     from vkdelegate.ops.families import quantized_linear as family
-    from vkdelegate.runtime.builder import NodeBuilder
 
     if form != "default":
         monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
     if form == "words":
         monkeypatch.setattr(family, "vector_gemv", lambda *args: False)
-    seen = []
-    original = NodeBuilder.dispatch
-
-    def spy(self, shader, defines, *args, **kwargs):
-        seen.append((shader, "RMS_NORM" in defines))
-        return original(self, shader, defines, *args, **kwargs)
-
-    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
-    return seen
+    return spy_dispatches(monkeypatch, lambda shader, defines: (shader, "RMS_NORM" in defines))
 
 
 @pytest.fixture(params=["default", "vector", "words"])

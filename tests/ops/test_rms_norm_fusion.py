@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.ops.harness import assert_matches_eager, check_op
+from tests.ops.harness import FnModule, assert_matches_eager, check_op
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import custom_ops
 
@@ -72,7 +72,7 @@ def test_patterns_left_alone():
         shared = x * torch.rsqrt(var + 1e-5) * w
         other = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w2
         return x * rstd * w, shared, var, other
-    program = to_backend(torch.export.export(_Fn(fn), (torch.randn(3, 8),)),
+    program = to_backend(torch.export.export(FnModule(fn), (torch.randn(3, 8),)),
                          VulkanPartitioner({"executor": "vulkan"}))
     assert FUSED not in _ops(program), _ops(program)
     x = torch.randn(3, 8)
@@ -81,14 +81,6 @@ def test_patterns_left_alone():
     finally:
         program.close()
 
-
-class _Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def test_cpu_kernel_matches_executorch_semantics():

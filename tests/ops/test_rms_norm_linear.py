@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
-from tests.ops.harness import check_op, delegated_nodes
+from tests.ops.harness import check_op, delegated_nodes, spy_dispatches
 from tests.ops import test_rms_norm_fusion
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import custom_ops
@@ -72,17 +72,7 @@ def _ops(program) -> list:
 @pytest.fixture
 def dispatched(monkeypatch):
     """The shaders each node dispatched, in order."""
-    from vkdelegate.runtime.builder import NodeBuilder
-
-    seen = []
-    original = NodeBuilder.dispatch
-
-    def spy(self, shader, defines, *args, **kwargs):
-        seen.append((shader, "RMS_NORM" in defines))
-        return original(self, shader, defines, *args, **kwargs)
-
-    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
-    return seen
+    return spy_dispatches(monkeypatch, lambda shader, defines: (shader, "RMS_NORM" in defines))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from vkdelegate import to_backend
 from vkdelegate.backend import custom_ops
 from vkdelegate.backend.custom_ops_llm import sample_reference
 
-from tests.ops.harness import check_op, delegated_nodes
+from tests.ops.harness import check_op, delegated_nodes, spy_dispatches
 from tests.vulkan_skip import vulkan_unavailable
 
 custom_ops.ensure_defined()
@@ -33,17 +33,7 @@ class Sampler(nn.Module):
 @pytest.fixture
 def dispatched_shaders(monkeypatch):
     """The shaders each node dispatched, in order."""
-    from vkdelegate.runtime.builder import NodeBuilder
-
-    seen = []
-    original = NodeBuilder.dispatch
-
-    def spy(self, shader, *args, **kwargs):
-        seen.append(shader)
-        return original(self, shader, *args, **kwargs)
-
-    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
-    return seen
+    return spy_dispatches(monkeypatch)
 
 
 def _settings(g):

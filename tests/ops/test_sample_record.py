@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.ops.harness import check_op, delegated_nodes
+from tests.ops.harness import FnModule, check_op, delegated_nodes
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
 from vkdelegate.backend import custom_ops
@@ -72,17 +72,9 @@ def test_against_eager(dtype, pos_dtype, with_draws):
 
 
 def _lowered(fn, inputs):
-    program = to_backend(torch.export.export(_Fn(fn), inputs), VulkanPartitioner())
+    program = to_backend(torch.export.export(FnModule(fn), inputs), VulkanPartitioner())
     return program
 
-
-class _Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -184,7 +176,7 @@ def test_out_of_range_position_raises(pos, with_draws):
     logits, sampling = torch.randn(1, 50, generator=g), torch.tensor([0.0, 0, 1, 0.5])
     draws = torch.rand(ROWS - 1 if with_draws else ROWS, generator=g)
     args = (logits, sampling, draws, torch.tensor([0])) + _state(g)
-    program = to_backend(torch.export.export(_Fn(_record), args), VulkanPartitioner())
+    program = to_backend(torch.export.export(FnModule(_record), args), VulkanPartitioner())
     program(*args)  # in range
     bad = args[:3] + (torch.tensor([pos]),) + args[4:]
     with pytest.raises(IndexError):
