@@ -169,6 +169,33 @@ def test_fp16_decode_fuses_casts_swiglu_and_rotary_prelude():
         assert torch.equal(got[name], want[name]), name
 
 
+QUANTIZED_NORMED = {"int4": "vkdelegate.rms_norm_linear_q4gsw.default",
+                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm.default"}
+QUANTIZED_SWIGLU = {"int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
+                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default"}
+
+
+def _quantized_pair(scheme: str, options: dict):
+    """A tiny HF Llama quantized with torchao (``scheme``, group size 32) lowered twice
+    (lower quantizes in place: one equally seeded model per program), with the default
+    options and with ``options``: (model, program, other, layers, prompt, HF's 12
+    greedy tokens of the quantized model, each program's decode step ops), after
+    asserting that both generate those tokens."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchao")
+    model, other = make_model("llama"), make_model("llama")
+    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
+    other = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=32, options=options)
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected = hf_greedy(model, prompt, 12)
+    assert generate(program, prompt, 12) == expected
+    assert generate(other, prompt, 12) == expected
+    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
+    before = _decode_ops(other, expected[-1], len(prompt) + 12)
+    return (model, program, other, model.config.num_hidden_layers, prompt, expected, ops,
+            before)
+
+
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_quantized_decode_fuses_swiglu(scheme):
     """A tiny HF Llama with torchao's int4 (group size 32) / int8 weight-only linears
@@ -181,22 +208,10 @@ def test_quantized_decode_fuses_swiglu(scheme):
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
-    pytest.importorskip("transformers")
-    pytest.importorskip("torchao")
     fused_op, plain = QUANTIZED_SWIGLU[scheme], QUANTIZED_NORMED[scheme]
     per = quantized_norm_dispatches()  # dispatches per op with a norm folded in
-    # lower quantizes the model in place: one (equally seeded) model per program.
-    model, other = make_model("llama"), make_model("llama")
-    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
-    unfused = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=32,
-                    options={"fuse_linear_swiglu": False})
-    layers = model.config.num_hidden_layers
-    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
-    expected = hf_greedy(model, prompt, 12)
-    assert generate(program, prompt, 12) == expected
-    assert generate(unfused, prompt, 12) == expected
-    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    before = _decode_ops(unfused, expected[-1], len(prompt) + 12)
+    _, program, unfused, layers, prompt, expected, ops, before = _quantized_pair(
+        scheme, {"fuse_linear_swiglu": False})
     chain = "vkdelegate.fused_elementwise.default"
     assert ops.count(fused_op) == layers * per and fused_op not in before, (ops, before)
     # The merged q/k/v products per layer and the lm_head keep their norm only.
@@ -218,12 +233,6 @@ def test_quantized_decode_fuses_swiglu(scheme):
     unfused.close()
 
 
-QUANTIZED_NORMED = {"int4": "vkdelegate.rms_norm_linear_q4gsw.default",
-                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm.default"}
-QUANTIZED_SWIGLU = {"int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
-                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default"}
-
-
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
     """The int4 / int8 decode step on the GPUs' vectorized GEMV (linear_qw_gemv.glsl,
@@ -240,20 +249,9 @@ def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
-    pytest.importorskip("transformers")
-    pytest.importorskip("torchao")
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
-    model, other = make_model("llama"), make_model("llama")
-    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
-    off = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=32,
-                options={"rms_norm_prologue": False})
-    layers = model.config.num_hidden_layers
-    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
-    expected = hf_greedy(model, prompt, 12)
-    assert generate(program, prompt, 12) == expected
-    assert generate(off, prompt, 12) == expected
-    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    before = _decode_ops(off, expected[-1], len(prompt) + 12)
+    _, program, off, layers, prompt, expected, ops, before = _quantized_pair(
+        scheme, {"rms_norm_prologue": False})
     normed, swiglu = QUANTIZED_NORMED[scheme], QUANTIZED_SWIGLU[scheme]
     assert ops.count(normed) == layers + 1 and ops.count(swiglu) == layers, ops
     assert before.count(normed) == 2 * (layers + 1) and before.count(swiglu) == 2 * layers
@@ -271,8 +269,8 @@ def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
 def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     """The GPU forms forced on any device (as tests/ops/test_rms_norm_linear.py does)
     and compile option rms_norm_prologue on: a float16 tiny HF Llama's decode step
-    runs each RMS norm in its linear's GEMV prologue, one dispatch per rms_norm_linear, and still generates HF eager's
-    float16 greedy tokens."""
+    folds each RMS norm into the GEMV after it, one dispatch per rms_norm_linear and
+    rms_norm_linear_swiglu, and still generates HF eager's float16 greedy tokens."""
     import dataclasses
 
     from vkdelegate.kernels import gemm, gemm_tiles

@@ -106,19 +106,33 @@ class GemmForm:
 
 @dataclass(frozen=True)
 class RmsPrologue:
-    """The RMS norm before a product (vkdelegate.rms_norm_linear): a's rows become
-    et_vk.rms_norm(a, weight, eps). ``weight``: the norm weight Tensor [K] (a's
-    dtype); ``unfused``: ``() -> Tensor``, records the separate norm dispatch of a
-    (norm.glsl, the op family's) and returns its output, for the forms that have no
-    prologue."""
+    """The RMS norm before a product (vkdelegate.rms_norm_linear and the other
+    rms_norm_* ops): a's rows become et_vk.rms_norm(a, weight, eps). ``weight``: the
+    norm weight Tensor [K] (a's dtype); ``unfused``: ``() -> Tensor``, records the
+    separate norm dispatch of a (norm.glsl; kernels/norm_dispatch.py) and returns its
+    output, for the forms that do not fold the norm in (``norm_input``)."""
 
     weight: object
     eps: float
     unfused: Callable
 
 
-#: The compile option (backend/options.py) that turns the prologue off (NodeBuilder.option).
+#: The compile option (backend/options.py) that turns the fold off (NodeBuilder.option).
 RMS_PROLOGUE_OPTION = "rms_norm_prologue"
+
+
+def norm_input(b, norm: "RmsPrologue | None", x, can_fold: bool):
+    """(the product's input, the norm to fold or None) for a product of
+    et_vk.rms_norm(x, ...) (``norm``; None: of x itself): the norm folds into the
+    product's kernel where the form chosen can (``can_fold``) and compile option
+    ``rms_norm_prologue`` is on; otherwise ``norm.unfused()`` records the norm's own
+    dispatch first and the product reads its output. The one place the three
+    recorders (``matmul``, ``swiglu``, ops/families/quantized_linear.py) decide it."""
+    if norm is None:
+        return x, None
+    if can_fold and b.option(RMS_PROLOGUE_OPTION, True):
+        return x, norm
+    return norm.unfused(), None
 
 
 def use_tiled(info, m: int, n: int, k: int = 0) -> bool:
@@ -299,15 +313,11 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
     k = a.max_shape[-1] if a.ndim else 1
     form = checked_select(b, m, 2 * f, k, plain=False, batch=batch, dtype=out.dtype,
                           nk=True)
+    a, norm = norm_input(b, norm, a, form.shader == GEMV_SHADER)
     if form.shader == GEMV_SHADER:
-        fused = norm is not None and b.option(RMS_PROLOGUE_OPTION, True)
-        if norm is not None and not fused:
-            a = norm.unfused()
         record_core(b, form, out, a, mat, bias, "nk", swiglu=chain,
-                    norm=(norm.weight, norm.eps) if fused else None)
+                    norm=None if norm is None else (norm.weight, norm.eps))
         return
-    if norm is not None:
-        a = norm.unfused()
     form = GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
     loop_limit.check(b, form.iterations(k), f"K = {k}")
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
@@ -343,15 +353,14 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     k = a.max_shape[-1] if a.ndim else 1
     form = checked_select(b, shape[-2], shape[-1], k, plain=False,
                           batch=math.prod(shape[:-2]), dtype=out.dtype, nk=layout != "kn")
+    if norm is not None and residual is not None:
+        raise b.error("an RMS norm with a residual")
+    a, norm = norm_input(b, norm, a, shape[-2] == 1 and layout != "kn"
+                         and gemm_core.rms_norm_fits(form, True))
     if norm is not None:
-        if residual is not None:
-            raise b.error("an RMS norm prologue with a residual")
-        if shape[-2] == 1 and layout != "kn" and b.option(RMS_PROLOGUE_OPTION, True) and \
-                gemm_core.rms_norm_fits(form, True):
-            record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
-                        norm=(norm.weight, norm.eps))
-            return False
-        a = norm.unfused()
+        record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
+                    norm=(norm.weight, norm.eps))
+        return False
     if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
         # The core reads a constant [N, K] weight in place: no packing.
         fused = residual if form.shader == GEMV_SHADER else None

@@ -99,6 +99,21 @@ def match_roles(steps: str, scalars, dtype: str, roles) -> "str | None":
     return None
 
 
+def halves_shape(w_at: int):
+    """The shape function of an op whose output is the SwiGLU chain over the halves of
+    a merged product with 2F-row weight argument ``w_at``: input[..., :-1] + [F]."""
+    return lambda args: tuple(args[0].shape[:-1]) + (args[w_at].shape[0] // 2,)
+
+
+def node_defines(b, steps_id: int, dtype: str) -> dict:
+    """``defines`` of the chain a node passes as value ``steps_id`` (node builder ``b``;
+    output graph dtype ``dtype``), a refused chain raised as the node's error."""
+    try:
+        return defines(b.value(steps_id), dtype)
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+
+
 def halves_rule(w_at: int, steps_at: int, bias_at: "int | None"):
     """A load rule (NodeSpec -> message or None) of an op whose output is a SwiGLU
     chain over the halves of a merged gate/up product: the weight (argument ``w_at``,

@@ -25,7 +25,6 @@ from vkdelegate.kernels import gemm
 from vkdelegate.kernels.rules import same_dtype
 from vkdelegate.kernels import residual
 from vkdelegate.kernels import swiglu
-from vkdelegate.errors import VkDelegateError
 
 DTYPES = gemm.DTYPES
 
@@ -138,10 +137,6 @@ register(OpSpec(name=LINEAR_ADD, dtypes=DTYPES, impl=_linear_add_impl,
 LINEAR_SWIGLU = "vkdelegate.linear_swiglu.default"
 
 
-def _swiglu_shape(args):
-    return tuple(args[0].shape[:-1]) + (args[1].shape[0] // 2,)
-
-
 def _swiglu_rule(node: NodeSpec):
     """input [..., K] with K static, weight [2F, K] (then swiglu.halves_rule: the
     bias, the output, the steps)."""
@@ -158,16 +153,14 @@ def _swiglu_rule(node: NodeSpec):
 def _linear_swiglu_impl(b, node):
     x_id, w_id, bias_id, steps_id, out_id = node.args
     out, w = b.tensor(out_id), b.tensor(w_id)
-    try:
-        chain = swiglu.defines(b.value(steps_id), out.dtype)
-    except VkDelegateError as exc:
-        raise b.error(str(exc)) from None
+    chain = swiglu.node_defines(b, steps_id, out.dtype)
     layout = "packed" if b.constant_array(w) is not None else "nk"
     gemm.swiglu(b, out, b.tensor(x_id), w, b.value(bias_id), layout, chain)
 
 
 register(OpSpec(name=LINEAR_SWIGLU, dtypes=DTYPES, impl=_linear_swiglu_impl,
-                shape_fn=_swiglu_shape, rules=(_swiglu_rule, swiglu.halves_rule(1, 3, 2), same_dtype),
+                shape_fn=swiglu.halves_shape(1),
+                rules=(_swiglu_rule, swiglu.halves_rule(1, 3, 2), same_dtype),
                 notes="SwiGLU chain over the halves of a merged gate/up linear(input, "
                       "weight [2F, K], bias?) -> [..., F]: the chain in the GEMV and "
                       "linear.glsl epilogues (one dispatch); fused from the linear's "

@@ -47,7 +47,6 @@ import math
 
 import numpy as np
 
-from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels import gemm, swiglu
 from vkdelegate.kernels.norm_dispatch import (CHANNELS, DTYPES, GROUPS, ROWS, SHADER,
                                               dispatch, norm_defines, rms_input_rule,
@@ -207,24 +206,18 @@ register(OpSpec(name=RMS_NORM_LINEAR, dtypes=DTYPES, impl=_rms_linear_impl,
 RMS_NORM_LINEAR_SWIGLU = "vkdelegate.rms_norm_linear_swiglu.default"
 
 
-def _rms_swiglu_shape(args):
-    return tuple(args[0].shape[:-1]) + (args[3].shape[0] // 2,)
-
-
 def _rms_swiglu_impl(b, node):
     x_id, nw_id, eps_id, w_id, bias_id, steps_id, out_id = node.args
     x, w, out = b.tensor(x_id), b.tensor(w_id), b.tensor(out_id)
-    try:
-        chain = swiglu.defines(b.value(steps_id), out.dtype)
-    except VkDelegateError as exc:
-        raise b.error(str(exc)) from None
+    chain = swiglu.node_defines(b, steps_id, out.dtype)
     norm = _rms_prologue(b, node, x, nw_id, eps_id, w)
     layout = "packed" if b.constant_array(w) is not None else "nk"
     gemm.swiglu(b, out, x, w, _optional(b, bias_id), layout, chain, norm=norm)
 
 
 register(OpSpec(name=RMS_NORM_LINEAR_SWIGLU, dtypes=DTYPES, impl=_rms_swiglu_impl,
-                shape_fn=_rms_swiglu_shape, rules=(_rms_linear_rule, swiglu.halves_rule(3, 5, 4), same_dtype),
+                shape_fn=swiglu.halves_shape(3),
+                rules=(_rms_linear_rule, swiglu.halves_rule(3, 5, 4), same_dtype),
                 notes="linear_swiglu(et_vk.rms_norm(x, w, eps), weight [2F, K], bias?, "
                       "steps) -> [..., F]: the norm, the merged gate/up GEMV and the "
                       "chain in one dispatch, else the norm's dispatch first; fused from "

@@ -54,11 +54,10 @@ from __future__ import annotations
 import dataclasses
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
-from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels import loop_limit
 from vkdelegate.kernels import residual
 from vkdelegate.kernels import swiglu as swiglu_chains
-from vkdelegate.kernels.gemm import RMS_PROLOGUE_OPTION
+from vkdelegate.kernels.gemm import norm_input
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -258,15 +257,12 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
-    if gemv and vector_gemv(w, k, bits, group, w.max_shape[1]):
-        folded = norm is not None and b.option(RMS_PROLOGUE_OPTION, True)
-        if norm is not None and not folded:
-            x = norm.unfused()
+    vector = gemv and vector_gemv(w, k, bits, group, w.max_shape[1])
+    x, norm = norm_input(b, norm, x, vector)
+    if vector:
         _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu,
-                       norm if folded else None)
+                       norm)
         return residual is not None
-    if norm is not None:
-        x = norm.unfused()
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
@@ -547,33 +543,22 @@ Q4GSW_SWIGLU = "vkdelegate.linear_q4gsw_swiglu.default"
 INT8PACK_SWIGLU = "vkdelegate.weight_int8pack_mm_swiglu.default"
 
 
-def _chain(b, steps_id, dtype: str) -> dict:
-    try:
-        return swiglu_chains.defines(b.value(steps_id), dtype)
-    except VkDelegateError as exc:
-        raise b.error(str(exc)) from None
-
-
 def _q4gsw_swiglu_impl(b, node):
     x_id, w_id, s_id, gs_id, bias_id, steps_id, out_id = node.args
     out = b.tensor(out_id)
     _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), b.value(bias_id), out,
-            4, int(b.scalar(gs_id)), swiglu=_chain(b, steps_id, out.dtype))
+            4, int(b.scalar(gs_id)), swiglu=swiglu_chains.node_defines(b, steps_id, out.dtype))
 
 
 def _int8pack_swiglu_impl(b, node):
     x_id, w_id, s_id, steps_id, out_id = node.args
     out = b.tensor(out_id)
     _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None, out, 8, 0,
-            swiglu=_chain(b, steps_id, out.dtype))
-
-
-def _swiglu_shape(w_at: int):
-    return lambda args: tuple(args[0].shape[:-1]) + (args[w_at].shape[0] // 2,)
+            swiglu=swiglu_chains.node_defines(b, steps_id, out.dtype))
 
 
 register(OpSpec(name=Q4GSW_SWIGLU, dtypes=DTYPES, impl=_q4gsw_swiglu_impl,
-                shape_fn=_swiglu_shape(1),
+                shape_fn=swiglu_chains.halves_shape(1),
                 rules=(lambda n: _q4_rule(n, 1, 2, 3), swiglu_chains.halves_rule(1, 5, 4)),
                 arg_dtypes={1: frozenset({"uint8"})},
                 notes="SwiGLU chain over the halves of a merged gate/up linear_q4gsw "
@@ -581,7 +566,7 @@ register(OpSpec(name=Q4GSW_SWIGLU, dtypes=DTYPES, impl=_q4gsw_swiglu_impl,
                       "epilogue (one dispatch); fused from the linear's narrow_last "
                       "parts and vkdelegate.fused_elementwise"))
 register(OpSpec(name=INT8PACK_SWIGLU, dtypes=DTYPES, impl=_int8pack_swiglu_impl,
-                shape_fn=_swiglu_shape(1),
+                shape_fn=swiglu_chains.halves_shape(1),
                 rules=(_int8pack_rule, swiglu_chains.halves_rule(1, 3, None)),
                 arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
                 notes="SwiGLU chain over the halves of a merged gate/up "
@@ -621,7 +606,7 @@ def _rms_int8pack_rule(node: NodeSpec):
 def _rms_q4gsw_impl(b, node):
     x_id, nw_id, eps_id, w_id, s_id, gs_id, bias_id = node.args[:7]
     x, out = b.tensor(x_id), b.tensor(node.args[-1])
-    swiglu = _chain(b, node.args[7], out.dtype) if len(node.args) == 9 else None
+    swiglu = swiglu_chains.node_defines(b, node.args[7], out.dtype) if len(node.args) == 9 else None
     _record(b, node, x, b.tensor(w_id), b.tensor(s_id), b.value(bias_id), out, 4,
             int(b.scalar(gs_id)), swiglu=swiglu,
             norm=rms_prologue(b, node, x, nw_id, eps_id))
@@ -630,7 +615,7 @@ def _rms_q4gsw_impl(b, node):
 def _rms_int8pack_impl(b, node):
     x_id, nw_id, eps_id, w_id, s_id = node.args[:5]
     x, out = b.tensor(x_id), b.tensor(node.args[-1])
-    swiglu = _chain(b, node.args[5], out.dtype) if len(node.args) == 7 else None
+    swiglu = swiglu_chains.node_defines(b, node.args[5], out.dtype) if len(node.args) == 7 else None
     _record(b, node, x, b.tensor(w_id), b.tensor(s_id), None, out, 8, 0, swiglu=swiglu,
             norm=rms_prologue(b, node, x, nw_id, eps_id))
 
@@ -645,8 +630,9 @@ register(OpSpec(name=RMS_Q4GSW, dtypes=DTYPES, impl=_rms_q4gsw_impl, shape_fn=_s
                 notes="linear_q4gsw(et_vk.rms_norm(x, w, eps), ...): "
                       + _RMS_NOTE.format(bits=4, source="et_vk.linear_q4gsw")))
 register(OpSpec(name=RMS_Q4GSW_SWIGLU, dtypes=DTYPES, impl=_rms_q4gsw_impl,
-                shape_fn=_swiglu_shape(3),
-                rules=(_norm_rule, lambda n: _q4_rule(n, 3, 4, 5), swiglu_chains.halves_rule(3, 7, 6)),
+                shape_fn=swiglu_chains.halves_shape(3),
+                rules=(_norm_rule, lambda n: _q4_rule(n, 3, 4, 5),
+                       swiglu_chains.halves_rule(3, 7, 6)),
                 arg_dtypes={3: frozenset({"uint8"})},
                 notes="linear_q4gsw_swiglu(et_vk.rms_norm(x, w, eps), ...) -> [..., F]: "
                       "the norm, the merged gate/up int4 product and the chain in one "
@@ -659,8 +645,9 @@ register(OpSpec(name=RMS_INT8PACK, dtypes=DTYPES, impl=_rms_int8pack_impl,
                       + _RMS_NOTE.format(bits=8, source="(view ->) "
                                                         "aten._weight_int8pack_mm")))
 register(OpSpec(name=RMS_INT8PACK_SWIGLU, dtypes=DTYPES, impl=_rms_int8pack_impl,
-                shape_fn=_swiglu_shape(3),
-                rules=(_norm_rule, _rms_int8pack_rule, swiglu_chains.halves_rule(3, 5, None)),
+                shape_fn=swiglu_chains.halves_shape(3),
+                rules=(_norm_rule, _rms_int8pack_rule,
+                       swiglu_chains.halves_rule(3, 5, None)),
                 arg_dtypes={3: frozenset({"int8"})}, max_rank=2,
                 notes="weight_int8pack_mm_swiglu(et_vk.rms_norm(x, w, eps), ...) -> "
                       "[M, F]: the norm, the merged gate/up int8 product and the chain "
