@@ -113,3 +113,22 @@ def test_missing_shape_names_the_field(tmp_path_factory, tmp_path):
         assert "method 'forward'" in str(exc) and "plan.inputs[0].shape" in str(exc)
     else:
         raise AssertionError("a plan without an input shape loaded")
+
+
+def test_getitem_index_outside_the_outputs_is_refused_at_load(tmp_path_factory, tmp_path):
+    """A getitem whose index is no output position (2^63 - 1 escaped as a bare
+    ValueError at the call: fuzz/findings/program-getitem-index-int64-overflow.vkp;
+    -1 the lowering never writes) is refused at load, naming the field."""
+    text, segments = _saved(str(tmp_path_factory.getbasetemp()))
+    for bad in (2 ** 63 - 1, 2 ** 31, -1):
+        manifest = json.loads(text)
+        nodes = manifest["methods"]["forward"]["plan"]["nodes"]
+        at = next(i for i, n in enumerate(nodes) if n["op"] == "getitem")
+        nodes[at]["args"][1] = bad
+        program_file.write_program(tmp_path / "p.vkp", manifest, segments)
+        try:
+            vkdelegate.load(tmp_path / "p.vkp")
+        except VkDelegateError as exc:
+            assert f"plan.nodes[{at}].args[1]" in str(exc) and "output position" in str(exc)
+        else:
+            raise AssertionError(f"getitem index {bad} loaded")

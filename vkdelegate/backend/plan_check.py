@@ -94,6 +94,10 @@ def _check_node(node, n: int, path: str) -> None:
         check_arg(args[0], f"{path}.args[0]", refs_only=True)
         if not isinstance(args[1], int) or isinstance(args[1], bool):
             _fail(f"{path}.args[1]", f"must be an int, got {args[1]!r}")
+        if not 0 <= args[1] < 2 ** 31:
+            # The lowering writes the position of an output (export's getitem).
+            _fail(f"{path}.args[1]", f"must be an output position in 0..2^31 - 1, got "
+                                     f"{args[1]}")
     else:
         check_arg(args or [], f"{path}.args")
         kwargs = _need(node, "kwargs", dict, path, optional=True) or {}
