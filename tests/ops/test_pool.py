@@ -166,3 +166,25 @@ def test_window_beyond_the_loop_budget_fails_at_load(monkeypatch, vk_device):
     program = to_backend(ep, VulkanPartitioner())
     with pytest.raises(DeviceLimitError, match="pooling window of 2001 x 2001"):
         program(x)
+
+
+def test_small_windows_unroll_large_ones_loop(monkeypatch):
+    """Windows of up to STATIC_TAPS taps run pool2d.glsl's STATIC_WINDOW form (geometry
+    as specialization constants, taps unrolled), larger ones and adaptive pools the
+    loops; both bit-equal to eager's values and max indices (padding, dilation and
+    ceil_mode clip windows at both borders; eager's adaptive average sums in another
+    order, so that one gets the usual tolerance)."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.ops.families.pool import STATIC_TAPS
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "STATIC_WINDOW" in d))
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 23, 19)
+    check_op(lambda t: (F.max_pool2d(t, (3, 2), (2, 1), (1, 1), (2, 3), ceil_mode=True,
+                                     return_indices=True),
+                        F.avg_pool2d(t, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+                        F.max_pool2d(t, 9, 1, 4, return_indices=True)),
+             (x,), ops=[MAX, AVG], rtol=0, atol=0)
+    check_op(lambda t: F.adaptive_avg_pool2d(t, (4, 3)), (x,), ops=[AAVG])
+    assert 9 * 9 > STATIC_TAPS >= 3 * 3
+    assert [s for s in seen if s[0] == "pool2d"] == [
+        ("pool2d", True), ("pool2d", True), ("pool2d", False), ("pool2d", False)]

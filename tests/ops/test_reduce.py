@@ -5,6 +5,7 @@ import torch
 from torch.export import Dim
 
 from tests.ops.harness import check_op
+from vkdelegate.kernels.rows import THREAD_MAX
 from vkdelegate.ops.registry import NodeSpec, TensorSpec, lookup
 
 # fp16 inputs, fp32 accumulation, one rounding to fp16 at the end: eager (which also
@@ -152,3 +153,32 @@ def test_any_all(dtype):
                         "all": t.any(), "all_dim": t.all(-1), "all_all": t.all(),
                         "empty": t[:, :0].any(1)},
              (x,), ops=["aten.any.dim", "aten.any.dims", "aten.any.default"])
+
+
+def test_consecutive_dims_take_the_run_form(monkeypatch):
+    """Reductions over consecutive dims (kernels/dims.run_defines) index the input as
+    base + r * stride (REDUCED_RUN) instead of a division per dim and element; every
+    other set of dims keeps the general index. Values against eager for runs with
+    stride 1 (inner dims) and stride > 1 (a middle dim, the outer two), the cooperative
+    form (a long row), the general form (dims 0 and 2), the three shaders that share
+    reduced_dims.h, and a resize."""
+    from tests.ops.harness import spy_dispatches
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "REDUCED_RUN" in d))
+    torch.manual_seed(0)
+    x, long_rows = torch.randn(4, 6, 5, 7), torch.randn(3, THREAD_MAX // 2 + 1, 2)
+    check_op(lambda t, y: {"hw": t.mean((-1, -2)), "c": t.amax(1), "nc": t.sum((0, 1)),
+                           "gap": t.var((1, 3)), "all": t.mean(), "row": t.sum(3),
+                           "norm": torch.linalg.vector_norm(t, 2, (2, 3)),
+                           "long": y.mean((1, 2))},
+             (x, long_rows), dynamic_shapes=({0: Dim("b", min=1, max=8)}, None),
+             resize_inputs=(torch.randn(3, 6, 5, 7), long_rows),
+             ops=["aten.mean.dim", "aten.amax.default", "aten.sum.dim_IntList",
+                  "aten.var.correction", "aten.linalg_vector_norm.default"])
+    runs = {shader: [] for shader, _ in seen}
+    for shader, run in seen:
+        runs[shader].append(run)
+    # mean (hw, all, long: past THREAD_MAX elements, so one workgroup per output), amax
+    # (c) and var (gap: dims 1 and 3, not consecutive).
+    assert sorted(runs["reduce"]) == [False, True, True, True, True], runs
+    assert runs["reduce_sum"] == [True, True], runs  # nc, row
+    assert runs["vector_norm"] == [True], runs

@@ -138,12 +138,17 @@ def _output_size_rule(node: NodeSpec):
 
 
 # ---- runtime ------------------------------------------------------------------------
+#: The most taps of a window that pool2d.glsl's STATIC_WINDOW form unrolls.
+STATIC_TAPS = 64
+
+
 def _defines(out, x, kind: str, plane_loop: bool = False,
-             long_window: bool = False) -> dict:
+             long_window: bool = False, static: bool = False) -> dict:
     is_max = kind in ("max", "adaptive_max")
     d = dict(storage_defines(OUT=out, IN=x),
              **flag_defines(PLANE_LOOP=plane_loop, LONG_WINDOW=long_window, MAX_POOL=is_max,
-                            AVG_POOL=not is_max, ADAPTIVE=kind.startswith("adaptive")))
+                            AVG_POOL=not is_max, ADAPTIVE=kind.startswith("adaptive"),
+                            STATIC_WINDOW=static))
     if is_max:
         d["IDX_T"] = "int"  # int64 indices are int32 on the device
     return d
@@ -187,9 +192,14 @@ def _dispatch(b, kind, x, out, idx, k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1),
     if long_window:
         loop_limit.check(b, rows * (cols // 16 + 17) * passes,
                          f"a pooling window of {rows} x {cols}")
-    b.dispatch(SHADER, _defines(out, x, kind, plane_loop, long_window), outputs=outputs,
-               inputs=[x], params=[out.meta, x.meta, params], global_size=grid,
-               local_size=local)
+    # Small fixed windows: the geometry as specialization constants, every tap unrolled
+    # (conv_window.h's order: kernel, stride, padding, dilation, then 2 spatial dims).
+    static = not kind.startswith("adaptive") and k[0] * k[1] <= STATIC_TAPS
+    b.dispatch(SHADER, _defines(out, x, kind, plane_loop, long_window and not static,
+                                static),
+               outputs=outputs, inputs=[x], params=[out.meta, x.meta, params],
+               global_size=grid, local_size=local,
+               spec_constants=(*k, *s, *p, *d, 2) if static else ())
 
 
 def _max_impl(b, node):
@@ -233,11 +243,13 @@ register(OpSpec(name=ADAPTIVE_AVG, dtypes=FLOATS, impl=_adaptive_avg_impl,
 register(OpSpec(name=ADAPTIVE_MAX, impl=_adaptive_max_impl, shape_fn=_adaptive_max_shape,
                 rules=(_rank, _output_size_rule), max_rank=4, **_WITH_INDICES,
                 notes="ATen's floor/ceil windows, int64 indices"))
-def _variant(profile, dtype: str, kind: str, loop: bool, long: bool) -> dict:
+def _variant(profile, dtype: str, kind: str, loop: bool, long: bool, static: bool):
+    if static and (long or kind.startswith("adaptive")):
+        return None
     ddt = (dtype, device_dtype(dtype, profile))
-    return _defines(ddt, ddt, kind, loop, long)
+    return _defines(ddt, ddt, kind, loop, long, static)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=FLOATS,
              kind=("max", "avg", "adaptive_avg", "adaptive_max"), loop=(False, True),
-             long=(False, True))
+             long=(False, True), static=(False, True))

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.kernels.dims import reduced_dims, sum_shape, wrap_dim
+from vkdelegate.kernels.dims import (reduced_dims, reduced_mask, run_defines, run_forms,
+                                     sum_shape, wrap_dim)
 from vkdelegate.kernels.rows import dispatch_rows, row_bindings, row_forms
 from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
                                        storage_defines)
@@ -66,11 +67,9 @@ def _impl(b, node):
     if x.dtype != out.dtype:
         raise b.error(f"sum from {x.dtype} to {out.dtype} is not supported")
     dims = reduced_dims(b.int_list(dim_id), x.ndim)
-    mask = 0
-    for d in dims:
-        mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
+    mask = reduced_mask(dims, x.ndim)
     params = [out.meta, x.meta, b.params(SUM_PARAMS.pack(mask=[mask]))]
-    defines = _defines(out, x, out.dtype)
+    defines = dict(_defines(out, x, out.dtype), **run_defines(mask))
     reduced = math.prod(x.max_shape[d] for d in dims)
     dispatch_rows(b, SHADER, defines, out, x, params, out.max_numel, reduced, 1,
                   f"a sum of {reduced} elements per output",
@@ -81,7 +80,7 @@ register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn
                 rules=(_dtype_arg,), notes="any set of dims, keepdim, fp32 accumulation"))
 def _sum_variants(profile, dtype: str) -> list[dict]:
     ddt = (dtype, device_dtype(dtype, profile))
-    return row_forms(_defines(ddt, ddt, dtype))
+    return run_forms(row_forms(_defines(ddt, ddt, dtype)))
 
 
 declare_grid(SHADER, _sum_variants, profile=STORAGE_PROFILES, dtype=DTYPES)
@@ -201,12 +200,13 @@ def _generic_defines(kind: str, out, x, x_dtype: str) -> dict:
     return d
 
 
-def dispatch_generic(b, kind: str, out, x, reduced: int, params) -> None:
+def dispatch_generic(b, kind: str, out, x, reduced: int, params, mask: int) -> None:
     """One reduce.glsl dispatch of `kind` from x to out, `reduced` elements per output
-    (upper bound): the per-invocation or the cooperative form by the same rule as sum
+    (upper bound) over the dims of ``mask`` (kernels/dims.reduced_mask, also in
+    ``params``): the per-invocation or the cooperative form by the same rule as sum
     (``cooperative``). Raises VkDelegateError (b.error) on llvmpipe for reductions
     longer than its shader loop limit allows even in the cooperative form."""
-    defines = _generic_defines(kind, out, x, x.dtype)
+    defines = dict(_generic_defines(kind, out, x, x.dtype), **run_defines(mask))
     passes = 2 if kind == "var" else 1  # var: the mean, then the squared deviations
     dispatch_rows(b, GENERIC_SHADER, defines, out, x, params, out.max_numel, reduced,
                   passes, f"{kind} of {reduced} elements per output")
@@ -221,20 +221,19 @@ def _make_impl(r: Reduction):
         if out.dtype != expected and (expected, out.dtype) != ("int64", "int32"):
             raise b.error(f"output dtype {out.dtype}, expected {expected}")
         dims, _, correction = parse_args(r.args, [b.value(i) for i in scalar_ids], x.ndim)
-        mask = 0
-        for d in dims:
-            mask |= 1 << (x.ndim - 1 - d)  # metadata dims count from the innermost
+        mask = reduced_mask(dims, x.ndim)
         dispatch_generic(b, r.kind, out, x, math.prod(x.max_shape[d] for d in dims),
                          [out.meta, x.meta, b.params(REDUCE_PARAMS.pack(
-                             mask=[mask], fparams=[correction]))])
+                             mask=[mask], fparams=[correction]))], mask)
     return impl
 
 
 def _generic_variants(profile, dtype: str, kind: str, out_dtype: str) -> list[dict]:
     """The variants ``dispatch_generic`` may ask for: reduction ``kind`` of a ``dtype``
     input into an ``out_dtype`` output, on storage ``profile``."""
-    return row_forms(_generic_defines(kind, (out_dtype, device_dtype(out_dtype, profile)),
-                                      (dtype, device_dtype(dtype, profile)), dtype))
+    return run_forms(row_forms(_generic_defines(
+        kind, (out_dtype, device_dtype(out_dtype, profile)),
+        (dtype, device_dtype(dtype, profile)), dtype)))
 
 
 def _reduction_variants(r: Reduction, profile, dtype: str) -> list[dict]:
@@ -282,13 +281,13 @@ def _make_dim_pair_impl(kind: str):
         if not isinstance(outs, list) or len(outs) != 2:
             raise b.error("expected a (values, indices) output list")
         dims = reduced_dims([b.scalar(dim_id)], x.ndim)
-        mask = sum(1 << (x.ndim - 1 - d) for d in dims)
+        mask = reduced_mask(dims, x.ndim)
         params = b.params(REDUCE_PARAMS.pack(mask=[mask], fparams=[0.0]))
         # Two passes over the same input (the values, then the indices) keep one shader
         # per output; both pick the first NaN, so values and indices agree.
         reduced = math.prod(x.max_shape[d] for d in dims)
         for out, k in zip(outs, (kind, "arg" + kind)):
-            dispatch_generic(b, k, out, x, reduced, [out.meta, x.meta, params])
+            dispatch_generic(b, k, out, x, reduced, [out.meta, x.meta, params], mask)
     return impl
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.kernels.dims import reduced_dims, sum_shape
+from vkdelegate.kernels.dims import reduced_dims, reduced_mask, run_defines, run_forms, sum_shape
 from vkdelegate.kernels.rows import dispatch_rows, row_bindings, row_forms
 from vkdelegate.shaders.variants import declare_grid
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
@@ -86,11 +86,12 @@ def _impl(b, node):
     except VkDelegateError as exc:
         raise b.error(str(exc)) from None
     dims = reduced_dims(dims, x.ndim)
-    mask = sum(1 << (x.ndim - 1 - d) for d in dims)  # metadata dims: innermost first
+    mask = reduced_mask(dims, x.ndim)
     reduced = math.prod(x.max_shape[d] for d in dims)
     params = [out.meta, x.meta, b.params(NORM_PARAMS.pack(
         mask=[mask], fparams=[float(ord_) if kind == POWER else 0.0]))]
-    dispatch_rows(b, SHADER, _defines(out, x, kind), out, x, params, out.max_numel,
+    dispatch_rows(b, SHADER, dict(_defines(out, x, kind), **run_defines(mask)), out, x,
+                  params, out.max_numel,
                   reduced, 1, f"a vector norm of {reduced} elements per output",
                   local_size=b.local_size_1d(out.max_numel))
 
@@ -100,7 +101,7 @@ register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape, rules=(_r
                       "accumulation"))
 def _variants(profile, dtype: str, kind: int) -> list[dict]:
     pair = (dtype, device_dtype(dtype, profile))
-    return row_forms(_defines(pair, pair, kind))
+    return run_forms(row_forms(_defines(pair, pair, kind)))
 
 
 declare_grid(SHADER, _variants, profile=STORAGE_PROFILES, dtype=DTYPES,
