@@ -107,3 +107,30 @@ def test_addmm_resize_with_full_bias():
              (torch.randn(5, 7), torch.randn(5, 11), torch.randn(11, 7)), ops=[ADDMM],
              dynamic_shapes=({0: m}, {0: m}, None),
              resize_inputs=(torch.randn(16, 7), torch.randn(16, 11), torch.randn(11, 7)))
+
+
+def test_rows_read_four_elements_a_load(monkeypatch):
+    """linear.glsl reads a 4 elements a load (A_VEC4) for a prepacked weight whose K is
+    a multiple of 4 (kernels/gemm.a_vec4), in fp32 and fp16, with a batch, a resize,
+    rows past the tile (M = 6 of 4-row tiles) and the LONG_K loop; K = 13 keeps the
+    element loads. The sums keep the order of k, so both forms give eager's values."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.kernels import loop_limit
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "A_VEC4" in d,
+                                                          "LONG_K" in d))
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(16, 9), torch.nn.Linear(13, 5)])
+    n = torch.export.Dim("n", min=1, max=8)
+    check_op(lambda x, y, mods=layers: (mods[0](x), mods[1](y)),
+             (torch.randn(2, 6, 16), torch.randn(6, 13)), ops=[LINEAR],
+             dynamic_shapes=({1: n}, None),
+             resize_inputs=(torch.randn(2, 3, 16), torch.randn(6, 13)))
+    half = torch.nn.Linear(32, 8).half()
+    check_op(half, (torch.randn(5, 32).half(),), ops=[LINEAR], rtol=2e-3, atol=2e-3)
+    long_k = 4 * (loop_limit.LOOP_LIMIT // 4 + 8)
+    assert loop_limit.over_budget(long_k)
+    check_op(torch.nn.Linear(long_k, 4), (torch.randn(2, long_k) / 64,), ops=[LINEAR])
+    linear = [s[1:] for s in seen if s[0] == "linear"]
+    if not linear:
+        pytest.skip("this device runs linears on the GEMM core")
+    assert linear == [(True, False), (False, False), (True, False), (True, True)], linear

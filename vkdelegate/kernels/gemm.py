@@ -249,12 +249,13 @@ def mm(b, out, a, w, transposed: bool) -> None:
 
 # ---- every other product: linear.glsl -----------------------------------------------
 def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False,
-                   residual=None, swiglu=None) -> dict:
+                   residual=None, swiglu=None, a_vec4: bool = False) -> dict:
     """layout: "kn" (b is [..., K, N]), "nk" (a [N, K] weight read in place) or
     "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K]);
     residual: None, or the Tensor (pair) HAS_RESIDUAL adds to the output; swiglu:
     None, or kernels/swiglu.py's defines of the SWIGLU epilogue (layout "nk" or
-    "packed", the gate and up halves packed apart: ``pack_halves``)."""
+    "packed", the gate and up halves packed apart: ``pack_halves``); a_vec4: a read 4
+    elements a load (A_VEC4; ``a_vec4`` says when)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -267,6 +268,8 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
                                                 HAS_RESIDUAL=residual is not None))
     if swiglu is not None:
         d.update(swiglu)
+    if a_vec4:
+        d.update(A_VEC4="1", A4_T="f16vec4" if d["A_T"] == "float16_t" else "vec4")
     if layout == "packed":
         # The packed buffer is always fp32 vec4: one variant whatever b's dtype.
         d.pop("B_T")
@@ -275,6 +278,15 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
 
 
 shader_bindings(LINEAR_SHADER)(gemm_core.product_bindings)  # as the core's
+
+
+def a_vec4(layout: str, k: int) -> bool:
+    """Whether linear.glsl reads a 4 elements a load (A_VEC4): for a constant weight
+    prepacked at load (layout "packed", the CPU drivers' form of every linear), whose K
+    is fixed, when K is a multiple of 4, so that every row of a (contiguous, K elements
+    each) starts on 4 elements. On llvmpipe, where each load is a loop over the SIMD
+    lanes, this is 2 loads per k for a 4-row tile instead of 5."""
+    return layout == "packed" and k % 4 == 0
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -326,7 +338,8 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
         mat = b.prepacked(pack_halves(b.constant_array(mat)), "float32")
     grid = (-(-f // 4), -(-m // form.tile), batch)
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
-                                             form.long_k, swiglu=chain),
+                                             form.long_k, swiglu=chain,
+                                             a_vec4=a_vec4(layout, k)),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid))
 
@@ -373,7 +386,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
-                                             form.long_k, residual),
+                                             form.long_k, residual, a_vec4=a_vec4(layout, k)),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []) +
                ([residual] if residual is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid))
@@ -388,14 +401,18 @@ def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None)
 
 
 def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
-                    long_k: bool, residual: bool, chain: "str | None") -> "dict | None":
+                    long_k: bool, residual: bool, chain: "str | None",
+                    vec4: bool) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if chain is not None and (layout == "kn" or residual
                               or chain not in swiglu_chains.CHAINS_FOR[dtype]):
         return None  # SWIGLU: a [2F, K] weight, no residual
+    if vec4 and layout != "packed":
+        return None
     return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k,
                           ddt if residual else None,
-                          None if chain is None else swiglu_chains.defines(chain, dtype))
+                          None if chain is None else swiglu_chains.defines(chain, dtype),
+                          vec4)
 
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
@@ -403,4 +420,5 @@ declare_grid(SIMPLE_SHADER, _mm_variant, **_GRID, transposed=(False, True))
 declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(1, REG))
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
              bias=(False, True), m_tile=(1, 4), long_k=(False, True),
-             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS)
+             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
+             vec4=(False, True))

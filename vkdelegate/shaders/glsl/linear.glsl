@@ -31,6 +31,13 @@
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(a_data, A_T)
+#ifdef A_VEC4
+// A_VEC4 (K a multiple of 4, so every row of a starts on 4 elements): a read 4
+// elements of a row per load, A4_T (vec4 or f16vec4), through the same binding. On
+// llvmpipe each storage load is a loop over the SIMD lanes whatever its width: a
+// 4-row tile then loads 2 times per k instead of 5 (the sums keep the order of k).
+layout(set = 0, binding = BINDING_a_data) readonly buffer a4_buffer { A4_T a4_data[]; };
+#endif
 #ifdef B_PACKED
 TENSOR_IN(b_data, vec4)
 #else
@@ -75,11 +82,11 @@ TENSOR_META(c_meta)
     float(b_data[b_off + (N + cols[2]) * K + (k)]), \
     float(b_data[b_off + (N + cols[3]) * K + (k)]));
 #endif
-#define ACCUMULATE(k) { \
+#define ACCUMULATE_WITH(k, AV) { \
     LOAD_B(k) \
     LOAD_UP(k) \
     [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
-      const float av = float(a_data[rows[j] + (k)]); \
+      const float av = AV; \
       acc[j] += av * bv; \
       acc_up[j] += av * bu; \
     } \
@@ -94,10 +101,24 @@ float swiglu_out(float gate_acc, float up_acc, int c_off, int m, int N, int n) {
   return CHAIN_RESULT;
 }
 #else
-#define ACCUMULATE(k) { \
+#define ACCUMULATE_WITH(k, AV) { \
     LOAD_B(k) \
     [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
-      acc[j] += float(a_data[rows[j] + (k)]) * bv; \
+      acc[j] += (AV) * bv; \
+    } \
+  }
+#endif
+// AV: row j's a at k (j is the row loop's variable inside ACCUMULATE_WITH).
+#define ACCUMULATE(k) ACCUMULATE_WITH(k, float(a_data[rows[j] + (k)]))
+#ifdef A_VEC4
+// k = 4 k4 .. 4 k4 + 3, in order.
+#define ACCUMULATE4(k4) { \
+    vec4 a4[M_TILE]; \
+    [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
+      a4[j] = vec4(a4_data[(rows[j] >> 2) + (k4)]); \
+    } \
+    [[unroll]] for (int kk = 0; kk < 4; ++kk) { \
+      ACCUMULATE_WITH(4 * (k4) + kk, a4[j][kk]) \
     } \
   }
 #endif
@@ -140,6 +161,22 @@ void main() {
   const int up_row = (((N + 3) >> 2) + (n0 >> 2)) * K;
 #endif
 #endif
+#ifdef A_VEC4
+  const int K4 = K >> 2;
+#ifdef LONG_K
+  const int K16 = K4 & ~3;  // 16 k per iteration, then the rest (as below)
+  for (int k0 = 0; k0 < K16; k0 += 4) {
+    [[unroll]] for (int u = 0; u < 4; ++u) {
+      ACCUMULATE4(k0 + u);
+    }
+  }
+  for (int k4 = K16; k4 < K4; ++k4) {
+#else
+  for (int k4 = 0; k4 < K4; ++k4) {
+#endif
+    ACCUMULATE4(k4);
+  }
+#else
 #ifdef LONG_K
   // 16 k per loop iteration, then the remainder: llvmpipe ends an invocation's loops
   // after LOOP_LIMIT iterations in all (common.h), which a K of 65536 would pass.
@@ -157,6 +194,7 @@ void main() {
 #endif
     ACCUMULATE(k);
   }
+#endif
   [[unroll]] for (int j = 0; j < M_TILE; ++j) {
     const int m = m0 + j;
     if (m >= M) {
