@@ -418,3 +418,36 @@ def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):
     check_op(_conv(w, b), (torch.randn(2, 130, 11, 7),), ops=[CONV],
              dynamic_shapes=({0: n, 2: h},),
              resize_inputs=[(torch.randn(1, 130, 3, 7),), (torch.randn(4, 130, 12, 7),)])
+
+
+def test_pointwise_planes_not_a_multiple_of_four(monkeypatch):
+    """CPU drivers' pointwise form (conv2d.glsl POINTWISE): planes whose size is not a
+    multiple of 4 (7 x 7, after a resize 5 x 3) read as vec4s when the input channels
+    are a multiple of 4 (PW_SHIFTED, the tile's pixels picked out of 3 vec4s; the last
+    batch element's last tile reads past the input's end, clamped, and stores nothing
+    from there), element by element otherwise; both against eager, with bias, clamp
+    and the residual add."""
+    from tests.ops.harness import spy_dispatches
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "PW_SHIFTED" in d,
+                                                          "POINTWISE" in d))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(8, 12, 1), torch.nn.Conv2d(12, 12, 1)
+            self.c = torch.nn.Conv2d(6, 4, 1)
+
+        def forward(self, x, y):
+            h = torch.clamp(self.a(x), 0, 6)
+            return self.b(h) + h, self.c(y)
+
+    torch.manual_seed(0)
+    h, w = torch.export.Dim("h", min=1, max=7), torch.export.Dim("w", min=1, max=7)
+    check_op(Net(), (torch.randn(2, 8, 7, 7), torch.randn(3, 6, 7, 7)),
+             ops=["aten.convolution.default"],
+             dynamic_shapes={"x": {2: h, 3: w}, "y": None},
+             resize_inputs=(torch.randn(2, 8, 5, 3), torch.randn(3, 6, 7, 7)))
+    pointwise = [s[1] for s in seen if s[0] == "conv2d" and s[2]]
+    if not pointwise:
+        pytest.skip("this device runs pointwise convolutions on conv2d_pw.glsl")
+    assert sorted(pointwise) == [False, True, True], seen

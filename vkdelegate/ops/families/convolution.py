@@ -190,14 +190,14 @@ PADDED_RULES = (_padded_rule,) + RULES
 
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
-             long_loops: bool = False, residual=None) -> dict:
+             long_loops: bool = False, residual=None, shifted: bool = False) -> dict:
     tensors = dict(OUT=out, IN=x, W=w, B=bias)
     if residual is not None:
         tensors["R"] = residual
     d = dict(storage_defines(**tensors), OC_TILE=str(tile),
              **flag_defines(LONG_LOOPS=long_loops, W_PACKED=packed, CLAMP=clamp,
                             TRANSPOSED=mode == "transposed", POINTWISE=mode == "pointwise",
-                            RESIDUAL=residual is not None))
+                            RESIDUAL=residual is not None, PW_SHIFTED=shifted))
     if mode == "pointwise":
         d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
     return d
@@ -314,9 +314,13 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
         grid = (-(-(oh * ow) // px), oc // tile, mx[0])
     else:
         grid = (-(-ow // px), oh, mx[0] * (oc // tile))
+    # Pointwise with input channels a multiple of 4: planes that are not a multiple of
+    # 4 (7 x 7) are read as vec4s too (PW_SHIFTED; the input's size is then a multiple
+    # of 4 elements, which the shader's clamp needs).
+    shifted = pointwise and ic % 4 == 0
     b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
                                 clamp=clamp_ids is not None, long_loops=long_loops,
-                                residual=residual),
+                                residual=residual, shifted=shifted),
                outputs=[out], inputs=[x, w, bias] + ([x] if pointwise else []) +
                ([residual] if residual is not None else []),
                params=[out.meta, x.meta, params],
@@ -371,7 +375,7 @@ register(OpSpec(name=CONV_ADD, dtypes=DTYPES, impl=_impl_add, shape_fn=_shape,
 
 
 def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, tile: int,
-             clamp: bool, long_loops: bool, residual: bool):
+             clamp: bool, long_loops: bool, residual: bool, shifted: bool):
     """A constant weight is prepacked fp32 (any tile and path); a weight computed at run
     time is read as stored, by the one-channel direct or transposed path only. A bias
     computed at run time keeps the input dtype; a constant one is fp32."""
@@ -379,13 +383,15 @@ def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, 
         return None
     if residual and (not packed or run_time_bias):
         return None  # the residual add is declared for the usual constant-weight form
+    if shifted and mode != "pointwise":
+        return None
     ddt, f32 = (dtype, device_dtype(dtype, profile)), ("float32", "float32")
     return _defines(ddt, ddt, f32 if packed else ddt, ddt if run_time_bias else f32,
                     tile=tile, packed=packed, mode=mode, clamp=clamp, long_loops=long_loops,
-                    residual=ddt if residual else None)
+                    residual=ddt if residual else None, shifted=shifted)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, packed=(True, False),
              run_time_bias=(False, True), mode=("direct", "transposed", "pointwise"),
              tile=(1, 4), clamp=(False, True), long_loops=(False, True),
-             residual=(False, True))
+             residual=(False, True), shifted=(False, True))

@@ -14,6 +14,8 @@
 //   stored: [OC, IC/groups, KH, KW], or [IC, OC/groups, KH, KW] when TRANSPOSED;
 // TRANSPOSED: transposed convolution, computed as a gather over input positions;
 // POINTWISE: 1x1 kernel, stride 1, no padding, groups 1: a GEMM over flattened pixels;
+//   PW_SHIFTED (input channels a multiple of 4): planes that are not a multiple of 4
+//   read as vec4s too (see there);
 // CLAMP: clamp the result to [conv.clamp.x, conv.clamp.y] (fused ReLU/ReLU6/clamp);
 // RESIDUAL (R_T): then add r_data, a tensor of the output's shape (a fused aten.add).
 // Sizes come from the metadata (innermost first), so resized inputs need no rebuild.
@@ -167,6 +169,41 @@ void main() {
       PW_ALIGNED(ic)
     }
   } else {
+#ifdef PW_SHIFTED
+    // Planes not a multiple of 4 (7 x 7, ...), input channels a multiple of 4 (so the
+    // input's size is, checked at load): the tile's 8 pixels are elements g .. g + 7,
+    // held by the 3 vec4s from g / 4 on, picked by g % 4: 4 loads per channel
+    // instead of 9 (llvmpipe runs each load as a loop over the SIMD lanes). Past the
+    // input's end the vec4 index is clamped: those pixels (a tail tile's, the next
+    // plane's elsewhere) are never stored.
+    const int last4 = ((N * IC * P) >> 2) - 1;
+#define PW_SHIFTED_CHANNEL(ic) { \
+      const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
+      const int g = in_off + p0; \
+      const int q = g >> 2, s = g & 3; \
+      const vec4 v0 = vec4(in4_data[min(q, last4)]); \
+      const vec4 v1 = vec4(in4_data[min(q + 1, last4)]); \
+      const vec4 v2 = vec4(in4_data[min(q + 2, last4)]); \
+      const float e[12] = float[12](v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, \
+                                    v2.x, v2.y, v2.z, v2.w); \
+      [[unroll]] for (int p = 0; p < PX; ++p) { \
+        const float x = s == 0 ? e[p] : (s == 1 ? e[p + 1] : (s == 2 ? e[p + 2] : e[p + 3])); \
+        acc[p] += w * x; \
+      } \
+      in_off += P; \
+    }
+#ifdef LONG_LOOPS
+    for (int ic0 = 0; ic0 < IC4; ic0 += 4) {
+      [[unroll]] for (int u = 0; u < 4; ++u) {
+        PW_SHIFTED_CHANNEL(ic0 + u)
+      }
+    }
+#else
+    for (int ic = 0; ic < IC; ++ic) {
+      PW_SHIFTED_CHANNEL(ic)
+    }
+#endif
+#else
 #define PW_ROWS(ic) { \
       const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
       TAP_FOR (int p = 0; p < PX; ++p) { \
@@ -186,6 +223,7 @@ void main() {
 #endif
       PW_ROWS(ic)
     }
+#endif
   }
   const int out_base = (n * OC + oc) * P + p0;
   const int valid = min(PX, P - p0);
