@@ -223,9 +223,10 @@ def rms_norm_fits(form, nk: bool) -> bool:
 
 
 def swiglu_rows(rows: int) -> int:
-    """ROWS of gemv.glsl's SWIGLU form for ``rows`` (the tile table's gemv_rows): as
-    many weight rows per workgroup as the plain GEMV's, half of them gate rows and
-    half up rows (at least one pair)."""
+    """ROWS of gemv.glsl's SWIGLU and ROTARY forms for ``rows`` (the tile table's
+    gemv_rows): as many weight rows per workgroup as the plain GEMV's, half of them
+    gate rows and half up rows (ROTARY: each unit's first and second row), at least
+    one pair."""
     return 2 * max(1, rows // 2)
 
 

@@ -21,8 +21,8 @@ the input norm into that linear. Fused only when exactly that is there:
 - the parts are q = [0, Nq), k = [Nq, Nq + Nk) and v = [Nq + Nk, Nq + 2 Nk) of the
   producer's last dim of Nq + 2 Nk (merge_linears' order: q_proj, k_proj, v_proj),
   k's and v's sizes equal (kv_sizes), q's sizes q_sizes;
-- the producer is ``vkdelegate.rms_norm_linear`` of an x whose every dim but the last
-  is statically 1 (decode's one row; prefill's linears are never merged);
+- the producer is ``vkdelegate.rms_norm_linear`` of an x of rank 1-4 whose every dim
+  but the last is statically 1 (decode's one row; prefill's linears are never merged);
 - x, the weights, cos, sin and the caches share one dtype, float32 or float16.
 
 Runs after permute_to_view (the heads' transposes are views by then) and
@@ -92,18 +92,19 @@ def _match(rotary):
         return None
     x = producer.args[0]
     qv, kv, vv, xv, yv = (_val(n) for n in (q, k, v, x, producer))
-    if not all(_static(t) for t in (qv, kv, vv, xv, yv)) or xv.dim() < 1 \
+    if not all(_static(t) for t in (qv, kv, vv, xv, yv)) or not 1 <= xv.dim() <= 4 \
             or any(s != 1 for s in xv.shape[:-1]) or tuple(kv.shape) != tuple(vv.shape):
         return None
     nq, nk = qv.numel(), kv.numel()
     if [(p[3], p[4]) for p in parts] != [(0, nq), (nq, nk), (nq + nk, nk)] \
             or yv.shape[-1] != nq + 2 * nk:
         return None
-    floats = (x, cos, sin, cache, cache2, q, k, v, producer)
+    bias = producer.args[4] if len(producer.args) == 5 else None
+    floats = (x, producer.args[1], producer.args[3], cos, sin, cache, cache2, q, k, v,
+              producer) + ((bias,) if bias is not None else ())
     if any(not isinstance(_val(n), torch.Tensor) or _val(n).dtype != xv.dtype
            for n in floats) or xv.dtype not in _DTYPES:
         return None
-    bias = producer.args[4] if len(producer.args) == 5 else None
     args = (*producer.args[:4], bias, cos, sin, cache, cache2, indices,
             list(qv.shape), list(kv.shape))
     dead = [n for p in parts for n in p[1]] + [producer]  # each chain reader first
