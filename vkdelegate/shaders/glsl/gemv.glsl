@@ -51,6 +51,7 @@
 // would (ROTARY_ROUND), rotates a pair (rotary_half.h) into q' (out_data, q's order)
 // or k' (cache_data at the position's row, scatter_pair.h), or writes two v values
 // (cache2_data); an index ATen rejects sets error_flags[rot.w] and writes nothing.
+// Its cos/sin and positions are loaded before the products (``rotary_loads``).
 // Each row's sum is computed exactly as the plain GEMV computes it.
 // fp32 accumulation. Grid: x over the output blocks,
 // z the batch index (as gemm.glsl); out's M must be 1.
@@ -122,9 +123,47 @@ int rotary_row(int u, bool second) {
   return rot.x + rot.y + 2 * (u - pairs) + (second ? 1 : 0);
 }
 
-// Unit u's outputs from its two sums s0 (its first row) and s1: each value as the
-// linear's store would keep it, then q' stored, k' or v written into its cache row.
-void rotary_out(float s0, float s1, int c_off, int u) {
+// What unit u's epilogue reads besides its sums, loaded before the products so that
+// the loads' latency hides behind them: the cos/sin of its two elements (q, k) and
+// their raw positions (k, v).
+struct RotaryLoads {
+  float c0, s0, c1, s1;
+  int p0, p1;
+};
+
+RotaryLoads rotary_loads(int u) {
+  const int r0 = rotary_row(u, false);
+  const int r1 = rotary_row(u, true);
+  const int nq = rot.x;
+  const int nk = rot.y;
+  RotaryLoads l = RotaryLoads(0.0, 0.0, 0.0, 0.0, 0, 0);
+  if (r0 < nq + nk) {
+    const bool is_q = r0 < nq;
+    const uint e0 = uint(is_q ? r0 : r0 - nq);
+    const uint e1 = uint(is_q ? r1 : r1 - nq);
+    const uint f0 = is_q ? rotary_freq_index(e0, sizes, fstrides)
+                         : rotary_freq_index(e0, sizes2, fstrides2);
+    const uint f1 = is_q ? rotary_freq_index(e1, sizes, fstrides)
+                         : rotary_freq_index(e1, sizes2, fstrides2);
+    l.c0 = float(cos_data[f0]);
+    l.s0 = float(sin_data[f0]);
+    l.c1 = float(cos_data[f1]);
+    l.s1 = float(sin_data[f1]);
+    if (is_q) {
+      return l;
+    }
+  }
+  const uint i0 = uint(r0 < nq + nk ? r0 - nq : r0 - nq - nk);
+  const uint i1 = uint(r0 < nq + nk ? r1 - nq : r1 - nq - nk);
+  l.p0 = int(index_data[scatter_index(i0, scatter)]);
+  l.p1 = int(index_data[scatter_index(i1, scatter)]);
+  return l;
+}
+
+// Unit u's outputs from its two sums s0 (its first row) and s1 and its loads l: each
+// value as the linear's store would keep it, then q' stored, k' or v written into its
+// cache row.
+void rotary_out(float s0, float s1, int c_off, int u, RotaryLoads l) {
   const int r0 = rotary_row(u, false);
   const int r1 = rotary_row(u, true);
   const float x0 = ROTARY_ROUND(epilogue(s0, c_off, 0, r0));
@@ -132,31 +171,24 @@ void rotary_out(float s0, float s1, int c_off, int u) {
   const int nq = rot.x;
   const int nk = rot.y;
   if (r0 < nq) {  // x0 is in the first half of its head, x1 its partner
-    const uint f0 = rotary_freq_index(uint(r0), sizes, fstrides);
-    const uint f1 = rotary_freq_index(uint(r1), sizes, fstrides);
-    out_data[r0] = OUT_STORE(rotary_half_value(x0, -x1, f0));
-    out_data[r1] = OUT_STORE(rotary_half_value(x1, x0, f1));
+    out_data[r0] = OUT_STORE(rotary_half_cs(x0, -x1, l.c0, l.s0));
+    out_data[r1] = OUT_STORE(rotary_half_cs(x1, x0, l.c1, l.s1));
     return;
   }
   uint at;
   if (r0 < nq + nk) {
-    const uint i0 = uint(r0 - nq);
-    const uint i1 = uint(r1 - nq);
-    if (scatter_target(i0, scatter, rot.w, at)) {
-      const uint f0 = rotary_freq_index(i0, sizes2, fstrides2);
-      cache_data[at] = OUT_STORE(rotary_half_value(x0, -x1, f0));
+    if (scatter_at(uint(r0 - nq), scatter, rot.w, l.p0, at)) {
+      cache_data[at] = OUT_STORE(rotary_half_cs(x0, -x1, l.c0, l.s0));
     }
-    if (scatter_target(i1, scatter, rot.w, at)) {
-      const uint f1 = rotary_freq_index(i1, sizes2, fstrides2);
-      cache_data[at] = OUT_STORE(rotary_half_value(x1, x0, f1));
+    if (scatter_at(uint(r1 - nq), scatter, rot.w, l.p1, at)) {
+      cache_data[at] = OUT_STORE(rotary_half_cs(x1, x0, l.c1, l.s1));
     }
     return;
   }
-  const uint i0 = uint(r0 - nq - nk);
-  if (scatter_target(i0, scatter, rot.w, at)) {
+  if (scatter_at(uint(r0 - nq - nk), scatter, rot.w, l.p0, at)) {
     cache2_data[at] = OUT_STORE(x0);
   }
-  if (scatter_target(i0 + 1u, scatter, rot.w, at)) {
+  if (scatter_at(uint(r1 - nq - nk), scatter, rot.w, l.p1, at)) {
     cache2_data[at] = OUT_STORE(x1);
   }
 }
@@ -224,6 +256,13 @@ void main() {
 #ifdef B_NK
   const int t = int(gl_LocalInvocationID.x);
   const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
+#ifdef ROTARY
+  // The epilogue's invocations (t < OUT_ROWS, a unit each) load what it reads now.
+  RotaryLoads loads = RotaryLoads(0.0, 0.0, 0.0, 0.0, 0, 0);
+  if (t < OUT_ROWS && n0 + t < N / 2) {
+    loads = rotary_loads(n0 + t);
+  }
+#endif
   float acc[ROWS];
   float ss = 0.0;  // RMS_NORM: the sum of squares of this invocation's elements of a
   int w_row[ROWS];
@@ -358,7 +397,8 @@ void main() {
       first += partial[t][i];
       second += partial[t + OUT_ROWS][i];
     }
-    rotary_out(NORM_SCALE(first, ss_total), NORM_SCALE(second, ss_total), c_off, n0 + t);
+    rotary_out(NORM_SCALE(first, ss_total), NORM_SCALE(second, ss_total), c_off, n0 + t,
+               loads);
   }
 #else
   if (t < ROWS && n0 + t < N) {
@@ -400,7 +440,7 @@ void main() {
 #elif defined(ROTARY)
   if (t < OUT_ROWS && n0 + t < N / 2) {
     rotary_out(NORM_SCALE(partial[t][0], ss_total),
-               NORM_SCALE(partial[t + OUT_ROWS][0], ss_total), c_off, n0 + t);
+               NORM_SCALE(partial[t + OUT_ROWS][0], ss_total), c_off, n0 + t, loads);
   }
 #else
   if (t < ROWS && n0 + t < N) {

@@ -33,9 +33,15 @@ uint rotary_freq_index(uint i, ivec4 sz, ivec4 fs) {
 // computing it (the three above and gemv.glsl's ROTARY epilogue, whose x is in a
 // register rather than loaded) gives the same bits whatever its compiler contracts
 // (and fp32 gives eager's: x * cos, rotate_half(x) * sin and their sum, each rounded).
-float rotary_half_value(float x, float partner, uint f) {
-  precise float r = x * float(cos_data[f]) + partner * float(sin_data[f]);
+// rotary_half_cs: with the cos and sin values given (gemv.glsl's ROTARY loads them
+// before its products).
+float rotary_half_cs(float x, float partner, float c, float s) {
+  precise float r = x * c + partner * s;
   return r;
+}
+
+float rotary_half_value(float x, float partner, uint f) {
+  return rotary_half_cs(x, partner, float(cos_data[f]), float(sin_data[f]));
 }
 
 #endif
