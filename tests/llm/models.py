@@ -97,6 +97,22 @@ def norm_linear_dispatches(prologue: bool = True) -> int:
     return 1 if prologue and tiles is not None and tiles.gemv else 2
 
 
+def rotary_cache_dispatches(prologue: bool = True) -> int:
+    """Dispatches of one ``vkdelegate.rms_norm_linear_rotary_cache`` (a decode layer's
+    input norm, merged q/k/v linear, rotary embedding and K/V cache writes) on the
+    default Vulkan device: 1 where the product takes the GEMV path (GPUs: the rotary
+    and the cache writes in its epilogue, the norm folded in), 2 there with compile
+    option rms_norm_prologue off (the norm's dispatch first); else 3, the unfused
+    pair's: the norm, the product (also CPU drivers such as lavapipe), then
+    rotary_scatter_pair."""
+    from vkdelegate.kernels.gemm_tiles import tiles_for
+    from vkdelegate.runtime import default_device
+
+    tiles = tiles_for(default_device().info.type)
+    gemv = tiles is not None and tiles.gemv
+    return norm_linear_dispatches(prologue) + (0 if gemv else 1)
+
+
 def quantized_norm_dispatches(prologue: bool = True) -> int:
     """Dispatches of one one-row int4 / int8 product with an RMS norm fused into it
     (``vkdelegate.rms_norm_linear_q4gsw``, ``rms_norm_weight_int8pack_mm`` and their

@@ -9,19 +9,24 @@ fewer), the RMS norms are folded into the linear after them (passes/fuse_rms_nor
 and fuse_linear_swiglu for the post-attention norm: no norm dispatch on GPUs, where the
 GEMV path takes them), and the greedy tokens are still HF's; the same SwiGLU and RMS
 norm fusions in an int4 / int8 weight-only model's products (vkdelegate.rms_norm_*_q4gsw
-/ rms_norm_weight_int8pack_mm*: no norm dispatch where the vectorized GEMV runs)."""
+/ rms_norm_weight_int8pack_mm*: no norm dispatch where the vectorized GEMV runs), and
+each layer's input norm, merged q/k/v linear, rotary embedding and K/V cache writes are
+one node (passes/fuse_linear_rotary_cache: vkdelegate.rms_norm_linear_rotary_cache,
+one dispatch on the GEMV path: one per layer fewer than rms_norm_linear then
+rotary_index_put_pair, the same bits)."""
 import pytest
 import torch
 
 from tests.llm.conftest import MAX_SEQ_LEN
 from tests.llm.models import (VOCAB, hf_greedy, make_model, norm_linear_dispatches,
-                              quantized_norm_dispatches)
+                              quantized_norm_dispatches, rotary_cache_dispatches)
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate.llm import generate, lower
 
 
 RMS_NORM_LINEAR = "vkdelegate.rms_norm_linear.default"
 LINEAR_SWIGLU = "vkdelegate.rms_norm_linear_swiglu.default"
+ROTARY_CACHE = "vkdelegate.rms_norm_linear_rotary_cache.default"
 
 
 def _decode_ops(program, token: int, pos: int) -> list:
@@ -41,11 +46,14 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    # One dispatch per layer for the rotary embedding of q and k and the K/V cache
-    # writes (the rotated keys go straight into the cache).
-    assert ops.count("vkdelegate.rotary_index_put_pair.default") == layers, ops
+    # The input norm, the merged q/k/v linear, the rotary embedding of q and k and the
+    # K/V cache writes are one node per layer (the rotated keys go straight into the
+    # cache): one dispatch on the GEMV path (GPUs), else the norm's, the product's and
+    # one for the rotary and the writes.
+    assert ops.count(ROTARY_CACHE) == layers * rotary_cache_dispatches(), ops
     assert not {"vkdelegate.rotary_half.default", "vkdelegate.rotary_half_pair.default",
-                "vkdelegate.index_put_pair.default"} & set(ops), ops
+                "vkdelegate.index_put_pair.default",
+                "vkdelegate.rotary_index_put_pair.default"} & set(ops), ops
     # No cache write of its own, and the decode loop's record (loop.token, loop.pos,
     # loop.history[pos + 1]; decoder.DecodeLoopState.sample) is in the sampler's
     # dispatch (vkdelegate.sample_record): no index_put, add or sub left.
@@ -65,12 +73,12 @@ def test_decode_step_dispatches_and_greedy_tokens(lowered):
     assert not {"aten.add.Tensor", "aten.sub.Tensor"} & set(ops), ops
     assert ops.count("vkdelegate.linear_add.default") == 2 * layers, ops
     # Every RMS norm is folded into the linear after it: the input norm of each layer
-    # and the final one (vkdelegate.rms_norm_linear), the post-attention norm with the
-    # merged gate/up linear and its SwiGLU chain (vkdelegate.rms_norm_linear_swiglu):
-    # one dispatch each on the GEMV path (GPUs), else the norm's dispatch, then the
-    # product.
+    # (with the rotary and the cache writes, above) and the final one
+    # (vkdelegate.rms_norm_linear), the post-attention norm with the merged gate/up
+    # linear and its SwiGLU chain (vkdelegate.rms_norm_linear_swiglu): one dispatch
+    # each on the GEMV path (GPUs), else the norm's dispatch, then the product.
     assert "aten.linear.default" not in ops, ops
-    assert ops.count(RMS_NORM_LINEAR) == (layers + 1) * norm_linear_dispatches(), ops
+    assert ops.count(RMS_NORM_LINEAR) == norm_linear_dispatches(), ops
     assert ops.count(LINEAR_SWIGLU) == layers * norm_linear_dispatches(), ops
     assert ops.count("et_vk.rms_norm.default") == 0, ops
     assert "vkdelegate.fused_elementwise.default" not in ops, ops
@@ -288,6 +296,55 @@ def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected
     ops = _decode_ops(program, expected[-1], len(prompt) + 12)
-    assert ops.count(RMS_NORM_LINEAR) == layers + 1, ops
+    assert ops.count(RMS_NORM_LINEAR) == 1 and ops.count(ROTARY_CACHE) == layers, ops
     assert ops.count(LINEAR_SWIGLU) == layers, ops
     assert "et_vk.rms_norm.default" not in ops, ops
+
+
+@pytest.mark.parametrize("kind, dtype", [("llama", torch.float32), ("llama", torch.float16),
+                                         ("qwen2", torch.float16)],
+                         ids=["llama-fp32", "llama-fp16", "qwen2-fp16"])
+def test_gemv_rotary_cache_epilogue(monkeypatch, kind, dtype):
+    """The GPU forms forced on any device (as above): each layer's input norm, merged
+    q/k/v GEMV, rotary embedding and K/V cache writes are ONE dispatch
+    (vkdelegate.rms_norm_linear_rotary_cache, gemv.glsl's ROTARY epilogue): one per
+    layer fewer than with compile option fuse_linear_rotary_cache off (rms_norm_linear,
+    then rotary_index_put_pair), decode_next dispatching what decode does, HF eager's
+    greedy tokens both ways (Qwen2: q/k/v biases), and the KV caches bit for bit the
+    unfused program's."""
+    import dataclasses
+
+    from vkdelegate.kernels import gemm, gemm_tiles
+
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("transformers")
+    portable = dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)
+    monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
+    model = make_model(kind).to(dtype)
+    layers = model.config.num_hidden_layers
+    program = lower(model, MAX_SEQ_LEN)
+    unfused = lower(model, MAX_SEQ_LEN, options={"fuse_linear_rotary_cache": False})
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
+    expected = hf_greedy(model, prompt, 12)
+    for p in (program, unfused):
+        assert generate(p, prompt, 12) == expected
+    ops = _decode_ops(program, expected[-1], len(prompt) + 12)
+    before = _decode_ops(unfused, expected[-1], len(prompt) + 12)
+    assert ops.count(ROTARY_CACHE) == layers and ROTARY_CACHE not in before, ops
+    assert "vkdelegate.rotary_index_put_pair.default" not in ops, ops
+    assert before.count("vkdelegate.rotary_index_put_pair.default") == layers, before
+    assert ops.count(RMS_NORM_LINEAR) == 1 and before.count(RMS_NORM_LINEAR) == layers + 1
+    assert len(before) - len(ops) == layers, (before, ops)
+    assert _decode_next_ops(program) == ops
+    for p in (program, unfused):
+        p.reset_state()
+        assert generate(p, prompt, 12) == expected
+    got, want = program.state_dict(), unfused.state_dict()
+    caches = [name for name in want if "kv_cache" in name]
+    assert len(caches) == 2 * layers and set(got) == set(want), sorted(want)
+    for name in caches:
+        assert torch.equal(got[name], want[name]), name
+    program.close()
+    unfused.close()

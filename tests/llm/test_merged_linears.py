@@ -6,7 +6,7 @@ tokens against HF are tests/llm/test_hf_greedy.py's."""
 import pytest
 import torch
 
-from tests.llm.models import make_model, norm_linear_dispatches
+from tests.llm.models import make_model, norm_linear_dispatches, rotary_cache_dispatches
 
 pytest.importorskip("transformers")
 
@@ -38,12 +38,16 @@ def test_decode_runs_four_linears_per_layer(lowered, kind):
     # residual add (passes/fuse_linear_add: vkdelegate.linear_add, one dispatch in
     # decode; in prefill one, or on GPUs two: the GEMM core, then the add).
     # q/k/v and the LM head read an RMS norm, folded into each
-    # (passes/fuse_rms_norm_linear: vkdelegate.rms_norm_linear); gate/up carries the
+    # (passes/fuse_rms_norm_linear: vkdelegate.rms_norm_linear), q/k/v with the rotary
+    # embedding and the K/V cache writes (passes/fuse_linear_rotary_cache:
+    # vkdelegate.rms_norm_linear_rotary_cache); gate/up carries the
     # SwiGLU chain in its epilogue and its norm too (passes/fuse_linear_swiglu:
     # vkdelegate.rms_norm_linear_swiglu; one dispatch on the GEMV path, else the
     # norm's, then the product).
     assert "aten.linear.default" not in decode
-    assert decode.count(RMS_NORM_LINEAR) == (LAYERS + 1) * norm_linear_dispatches()
+    assert decode.count(RMS_NORM_LINEAR) == norm_linear_dispatches()
+    assert decode.count("vkdelegate.rms_norm_linear_rotary_cache.default") \
+        == LAYERS * rotary_cache_dispatches()
     assert decode.count("vkdelegate.rms_norm_linear_swiglu.default") \
         == LAYERS * norm_linear_dispatches()
     assert decode.count("et_vk.rms_norm.default") == 0

@@ -224,14 +224,14 @@ def test_index_puts_of_other_sizes_are_not_paired():
 
 
 def test_index_put_pair_rule_refuses_mismatches():
-    from vkdelegate.ops.families.cache_update import _index_put_pair_rule
+    from vkdelegate.ops.families.cache_update import index_put_pair_rule
     from vkdelegate.ops.registry import NodeSpec, TensorSpec
 
     def t(shape, dtype="float16"):
         return TensorSpec(dtype=dtype, shape=tuple(shape))
 
     def rule(x, x2, indices, v, v2):
-        return _index_put_pair_rule(NodeSpec(op="vkdelegate.index_put_pair.default",
+        return index_put_pair_rule(NodeSpec(op="vkdelegate.index_put_pair.default",
                                              args=(x, x2, indices, v, v2), outputs=(x, x2)))
     c, i, v = t((1, 2, 8, 4)), t((1,), "int64"), t((1, 2, 1, 4))
     assert rule(c, c, [None, None, i], v, v) is None

@@ -526,6 +526,51 @@ RMS_NORM_LINEAR_SWIGLU = declare_custom_op(
     "Tensor? bias, str steps) -> Tensor", _rms_norm_linear_swiglu)
 
 
+def _merged_qkv(x, norm_weight, eps, weight, bias, q_sizes, kv_sizes):
+    """(q, k, v) of the merged product rms_norm_linear(x, ...) [.., N] of one row:
+    its first prod(q_sizes) elements viewed to q_sizes, the next prod(kv_sizes) and
+    the rest viewed to kv_sizes each."""
+    import math
+
+    y = _rms_norm_linear(x, norm_weight, eps, weight, bias).reshape(-1)
+    nq, nk = math.prod(q_sizes), math.prod(kv_sizes)
+    return (y[:nq].view(q_sizes), y[nq:nq + nk].view(kv_sizes),
+            y[nq + nk:].view(kv_sizes))
+
+
+def _rms_norm_linear_rotary_cache(x, norm_weight, eps, weight, bias, cos, sin, cache,
+                                  cache2, indices, q_sizes, kv_sizes):
+    q, k, v = _merged_qkv(x, norm_weight, eps, weight, bias, q_sizes, kv_sizes)
+    return custom_ops_llm.ROTARY_INDEX_PUT_PAIR.cpu(q, k, cos, sin, cache, cache2,
+                                                    indices, v)
+
+
+def _rms_norm_linear_rotary_cache_meta(x, norm_weight, eps, weight, bias, cos, sin, cache,
+                                       cache2, indices, q_sizes, kv_sizes):
+    import torch
+
+    return x.new_empty(q_sizes), torch.empty_like(cache), torch.empty_like(cache2)
+
+
+#: A decoder layer's attention input in one op: with y = rms_norm_linear(x,
+#: norm_weight, eps, weight, bias) of ONE row (x [1, .., 1, K], weight [Nq + 2 Nk, K], the
+#: merged q/k/v linear), q = y[:Nq] viewed to ``q_sizes`` (Nq = prod(q_sizes)), k and v
+#: the next Nk elements each viewed to ``kv_sizes``, the outputs are
+#: ``rotary_index_put_pair(q, k, cos, sin, cache, cache2, indices, v)``'s: (q', the K
+#: cache with k' written at ``indices``, the V cache with v written there). The CPU
+#: kernel is exactly those ops. ``passes/fuse_linear_rotary_cache`` creates it from a
+#: merged ``vkdelegate.rms_norm_linear`` whose three narrow_last parts (through their
+#: views) only a rotary_index_put_pair reads (a decode step); ours, only in our blobs.
+#: Vulkan: ``ops/families/rotary_cache.py`` (gemv.glsl's RMS_NORM and ROTARY together:
+#: the rotary pairs and cache writes in the GEMV's epilogue).
+RMS_NORM_LINEAR_ROTARY_CACHE = declare_custom_op(
+    "vkdelegate.rms_norm_linear_rotary_cache.default",
+    "rms_norm_linear_rotary_cache(Tensor x, Tensor norm_weight, float eps, Tensor weight, "
+    "Tensor? bias, Tensor cos, Tensor sin, Tensor cache, Tensor cache2, Tensor?[] indices, "
+    "int[] q_sizes, int[] kv_sizes) -> (Tensor, Tensor, Tensor)",
+    _rms_norm_linear_rotary_cache, meta=_rms_norm_linear_rotary_cache_meta)
+
+
 def _linear_q4gsw_add(x, weights, weight_scales, group_size, bias, residual):
     return residual + _linear_q4gsw(x, weights, weight_scales, group_size, bias)
 

@@ -37,6 +37,13 @@ Keys (all optional):
   for every position the cache accepts; backend/passes/rotary_tables.py): one row
   gather instead of the prelude's dispatches (cast, product, cat, cos, sin). Off: the
   prelude runs on the device every step.
+- ``fuse_linear_rotary_cache`` (bool, default True): a decode layer's merged q/k/v
+  ``rms_norm_linear`` and the ``rotary_index_put_pair`` reading its three parts become
+  one ``vkdelegate.rms_norm_linear_rotary_cache`` node
+  (backend/passes/fuse_linear_rotary_cache.py): where the product takes the GEMV path
+  (GPUs), the rotary embedding of q and k and the K/V cache writes run in the GEMV's
+  epilogue (gemv.glsl's ROTARY), one dispatch fewer per layer, the same bits;
+  elsewhere the node records the two ops' dispatches. Off: the two nodes stay apart.
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
@@ -86,6 +93,7 @@ class CompileOptions:
     rms_norm_prologue: bool = True
     fuse_linear_swiglu: bool = True
     rotary_tables: bool = True
+    fuse_linear_rotary_cache: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -126,6 +134,7 @@ _SCHEMA = {
     "rms_norm_prologue": ((bool,), None, False),
     "fuse_linear_swiglu": ((bool,), None, False),
     "rotary_tables": ((bool,), None, False),
+    "fuse_linear_rotary_cache": ((bool,), None, False),
 }
 
 

@@ -15,7 +15,10 @@
   the norm weight applied to a as it is loaded and the 1 / rms scale to each sum) and
   its SWIGLU form (vkdelegate.linear_swiglu: a merged gate/up weight's row pairs
   combined by the SwiGLU chain in the epilogue, kernels/swiglu.py; with RMS_NORM,
-  vkdelegate.rms_norm_linear_swiglu).
+  vkdelegate.rms_norm_linear_swiglu) and its ROTARY form (vkdelegate.
+  rms_norm_linear_rotary_cache: a merged q/k/v product's rotary pairs rotated in the
+  epilogue, q' stored and k' and v written into their cache rows; kernels/
+  rotary_cache.py).
 
 Products: out = alpha * (a @ B) + beta * bias, a [..., M, K], B = b [..., K, N]
 (layout "kn") or b [..., N, K] read in place ("nk"), bias None or broadcasting to
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from vkdelegate.kernels import swiglu
+from vkdelegate.kernels import rotary_cache, swiglu
 from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -71,8 +74,12 @@ def _bindings(inputs: tuple, d) -> Bindings:
     metas = ("out_meta", "a_meta", "b_meta") + (("c_meta",) if bias else ())
     inputs += (("c_data",) if bias else ()) + (("r_data",) if "HAS_RESIDUAL" in d else ())
     inputs += ("n_data",) if "RMS_NORM" in d else ()
-    return Bindings(outputs=("out_data",), inputs=inputs,
-                    params=tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,))
+    params = tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,)
+    if "ROTARY" in d:
+        return Bindings(outputs=("out_data", "cache_data", "cache2_data", "error_flags"),
+                        inputs=inputs + ("cos_data", "sin_data", "index_data"),
+                        params=params + (rotary_cache.ROTARY_CACHE_PARAMS,))
+    return Bindings(outputs=("out_data",), inputs=inputs, params=params)
 
 
 @shader_bindings(CORE_SHADER)
@@ -81,7 +88,9 @@ def _bindings(inputs: tuple, d) -> Bindings:
 def product_bindings(d) -> Bindings:
     """Bindings of gemm.glsl, gemm_coopmat.glsl, gemv.glsl and linear.glsl (defines
     ``d``): out_data; a_data, b_data (c_data with HAS_BIAS, then r_data with
-    HAS_RESIDUAL, then n_data with RMS_NORM); out/a/b (c) metadata; scalars_block."""
+    HAS_RESIDUAL, then n_data with RMS_NORM); out/a/b (c) metadata; scalars_block.
+    gemv.glsl's ROTARY adds cache_data, cache2_data and error_flags to the outputs,
+    cos_data, sin_data and index_data to the inputs and rotary_cache_block."""
     return _bindings(("a_data", "b_data"), d)
 
 
@@ -98,7 +107,7 @@ def _vector_types(d: dict) -> dict:
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
                  vec: int = 1, unroll: int = 1, subgroup: bool = False,
-                 residual=None, norm_weight=None, swiglu=None) -> dict:
+                 residual=None, norm_weight=None, swiglu=None, rotary=None) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
     BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
@@ -108,7 +117,8 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     with ``residual`` (None, or the residual's Tensor or pair) and its RMS_NORM
     form with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
     only); its SWIGLU epilogue with ``swiglu`` (None, or kernels/swiglu.py's defines
-    of the chain; b [N, K] only; with or without RMS_NORM)."""
+    of the chain; b [N, K] only; with or without RMS_NORM); its ROTARY epilogue with
+    ``rotary`` (None, or kernels/rotary_cache.py's defines; b [N, K] only)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -123,6 +133,8 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                           HAS_RESIDUAL=residual is not None))
     if swiglu is not None:
         d.update(swiglu)
+    if rotary is not None:
+        d.update(rotary)
     if block is not None:
         tm, tn, bk = block
         d.update(TM=str(tm), TN=str(tn), BK=str(bk), **flag_defines(SPLIT_K=split))
@@ -211,14 +223,16 @@ def rms_norm_fits(form, nk: bool) -> bool:
 
 
 def swiglu_rows(rows: int) -> int:
-    """ROWS of gemv.glsl's SWIGLU form for ``rows`` (the tile table's gemv_rows): as
-    many weight rows per workgroup as the plain GEMV's, half of them gate rows and
-    half up rows (at least one pair)."""
+    """ROWS of gemv.glsl's SWIGLU and ROTARY forms for ``rows`` (the tile table's
+    gemv_rows): as many weight rows per workgroup as the plain GEMV's, half of them
+    gate rows and half up rows (ROTARY: each unit's first and second row), at least
+    one pair."""
     return 2 * max(1, rows // 2)
 
 
 def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
-                beta: float = 1.0, residual=None, norm=None, swiglu=None) -> None:
+                beta: float = 1.0, residual=None, norm=None, swiglu=None,
+                rotary=None) -> None:
     """Record out = alpha * (a @ mat) + beta * bias [+ residual] on the node builder
     ``b`` with ``form`` (the GEMM core, its cooperative-matrix form or the GEMV path,
     from kernels/gemm.py's ``select``):
@@ -229,10 +243,17 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     row, and ``rms_norm_fits``; VkDelegateError otherwise; not with a residual);
     ``swiglu`` (None, or kernels/swiglu.py's defines): the GEMV path's SWIGLU epilogue,
     mat the merged gate/up weight [2N, K] of an out of N columns (b [N, K] layout, no
-    residual; VkDelegateError otherwise), with or without ``norm``."""
+    residual; VkDelegateError otherwise), with or without ``norm``; ``rotary`` (None,
+    or a kernels/rotary_cache.py RotaryCache): the GEMV path's ROTARY epilogue, mat a
+    merged q/k/v weight [N, K] (b [N, K] layout, no residual or SwiGLU), ``out`` then
+    the product's ProductShape (never stored: the epilogue writes rotary.outputs),
+    with or without ``norm``."""
     if swiglu is not None and (form.shader != GEMV_SHADER or layout != "nk"
                                or residual is not None):
         raise b.error(f"{form.shader}: no SwiGLU epilogue for this product")
+    if rotary is not None and (form.shader != GEMV_SHADER or layout != "nk"
+                               or residual is not None or swiglu is not None):
+        raise b.error(f"{form.shader}: no rotary epilogue for this product")
     if residual is not None and form.shader != GEMV_SHADER:
         raise b.error(f"{form.shader}: only the GEMV path adds a residual")
     if norm is not None and (residual is not None or not rms_norm_fits(form, layout == "nk")):
@@ -247,6 +268,11 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     inputs = [a, mat] + ([bias] if bias is not None else []) + \
         ([residual] if residual is not None else []) + \
         ([norm[0]] if norm is not None else [])
+    outputs = [out]
+    if rotary is not None:
+        inputs += rotary.inputs
+        params.append(rotary.params)
+        outputs = rotary.outputs
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
@@ -261,19 +287,23 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
         grid, local = (-(-n // tn), -(-m // tm), batch), (16, 16, 1)
     else:
         vec = gemv_vec(mat, k, n, nk)
-        rows = form.tile if swiglu is None else swiglu_rows(form.tile)
+        paired = swiglu is not None or rotary is not None  # two rows per output unit
+        rows = swiglu_rows(form.tile) if paired else form.tile
         defines = core_defines(out, a, mat, bias, nk, rows=rows, vec=vec,
                                unroll=gemv_unroll(k) if nk else GEMV_UNROLL,
                                subgroup=nk and has_subgroup_arithmetic(b.device.info),
                                residual=residual,
                                norm_weight=None if norm is None else norm[0],
-                               swiglu=swiglu)
+                               swiglu=swiglu,
+                               rotary=None if rotary is None else rotary.defines)
         if nk:
-            out_rows = rows if swiglu is None else rows // 2  # outputs per workgroup
-            grid, local = (-(-n // out_rows) * GEMV_THREADS[True], 1, batch), (128, 1, 1)
+            out_rows = rows // 2 if paired else rows  # output units per workgroup
+            units = n // 2 if rotary is not None else n  # ROTARY: N / 2 row pairs
+            grid, local = (-(-units // out_rows) * GEMV_THREADS[True], 1, batch), \
+                (128, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
-    b.dispatch(form.shader, defines, outputs=[out], inputs=inputs, params=params,
+    b.dispatch(form.shader, defines, outputs=outputs, inputs=inputs, params=params,
                global_size=grid, local_size=local)
 
 
@@ -314,7 +344,7 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
                   subgroup: bool, residual: bool, short: bool,
-                  rms: bool, chain: "str | None") -> "dict | None":
+                  rms: bool, chain: "str | None", rotary: bool) -> "list | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk \
             or short and not nk:
@@ -323,13 +353,20 @@ def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
         return None  # the RMS norm form: b [N, K], no residual
     if chain is not None and (not nk or residual or chain not in swiglu.CHAINS_FOR[dtype]):
         return None  # the SwiGLU epilogue: b [N, K], no residual
+    if rotary and (not nk or residual or chain is not None):
+        return None  # the rotary epilogue: b [N, K], no residual or SwiGLU
     rows = GPU_TILES.gemv_rows
-    return core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
-                        rows=rows if chain is None else swiglu_rows(rows), vec=vec,
-                        unroll=gemv_unroll(1 if short else GEMV_SHORT_K + 1),
-                        subgroup=subgroup, residual=ddt if residual else None,
-                        norm_weight=ddt if rms else None,
-                        swiglu=None if chain is None else swiglu.defines(chain, dtype))
+    # The rotary epilogue's cos/sin have the product's dtype, its positions either index
+    # dtype.
+    rotaries = [rotary_cache.defines(ddt, (i, device_dtype(i, profile)), dtype)
+                for i in rotary_cache.INDEX_DTYPES] if rotary else [None]
+    return [core_defines(ddt, ddt, ddt, ddt if bias else None, nk,
+                         rows=swiglu_rows(rows) if chain or rotary else rows, vec=vec,
+                         unroll=gemv_unroll(1 if short else GEMV_SHORT_K + 1),
+                         subgroup=subgroup, residual=ddt if residual else None,
+                         norm_weight=ddt if rms else None,
+                         swiglu=None if chain is None else swiglu.defines(chain, dtype),
+                         rotary=r) for r in rotaries]
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -355,4 +392,5 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),
-             short=(False, True), rms=(False, True), chain=(None,) + swiglu.CHAINS)
+             short=(False, True), rms=(False, True), chain=(None,) + swiglu.CHAINS,
+             rotary=(False, True))

@@ -14,6 +14,7 @@ from vkdelegate.backend.passes.fold_conv_padding import fold_conv_padding
 from vkdelegate.backend.passes.fuse_conv_add import fuse_conv_add
 from vkdelegate.backend.passes.fuse_elementwise import fuse_elementwise
 from vkdelegate.backend.passes.fuse_linear_add import fuse_linear_add
+from vkdelegate.backend.passes.fuse_linear_rotary_cache import fuse_linear_rotary_cache
 from vkdelegate.backend.passes.fuse_linear_swiglu import fuse_linear_swiglu
 from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
@@ -95,6 +96,12 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 5d. permutes that move only size-1 dims -> views (permute_to_view) after every
 #    pattern pass (addmm_to_linear looks for a weight's permute, rotary and attention
 #    patterns for transposes), so that they share their input's memory;
+# 5d'. a merged q/k/v rms_norm_linear whose parts (through views) only a
+#    rotary_index_put_pair reads -> one rms_norm_linear_rotary_cache
+#    (fuse_linear_rotary_cache): after permute_to_view, which turns the heads'
+#    transposes between the parts and the rotary node into views, and after
+#    fuse_rms_norm_linear (the norm in the product) and pair_cache_updates (the
+#    rotary cache writes);
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
@@ -104,7 +111,8 @@ PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
           cse, fold_constants, cache_positions, pair_cache_updates, rotary_tables, fuse_linear_add,
-          fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu, permute_to_view, symbolic_view_sizes, local_symints)
+          fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu, permute_to_view,
+          fuse_linear_rotary_cache, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

@@ -182,9 +182,10 @@ def _pair_bindings(_defines) -> Bindings:
                     inputs=("src_data", "src2_data", "index_data"), params=(SCATTER_PARAMS,))
 
 
-class _PairRegion:
+class PairRegion:
     """The two destinations of a paired cache write (index_put_pair,
-    rotary_index_put_pair): their whole copies recorded, the error flag, and the
+    rotary_index_put_pair, rms_norm_linear_rotary_cache): their whole copies recorded
+    (dropped where the cache is state updated in place), the error flag, and the
     written region's sizes for the current shapes (scatter_pair.h's (numel, inner,
     count, size of the dim))."""
 
@@ -196,7 +197,7 @@ class _PairRegion:
         copy_destination(b, out, x)
         copy_destination(b, out2, x2)
         self.flag = b.error_flag(_range(x, self.dim, True))
-        self.out = out
+        self.out, self.out2 = out, out2
 
     def numel(self) -> int:
         out, dim = self.out, self.dim
@@ -221,7 +222,7 @@ def _index_put_pair_impl(b, node):
     if not isinstance(outs, list) or len(outs) != 2:
         raise b.error("index_put_pair has two outputs")
     out, out2 = outs
-    region = _PairRegion(b, x, x2, out, out2, b.value(indices_id))
+    region = PairRegion(b, x, x2, out, out2, b.value(indices_id))
     index = region.index
 
     def pack():
@@ -241,7 +242,7 @@ def _index_put_pair_impl(b, node):
                params=[params], global_size=(max(grid, 1),), local_size=b.local_size_1d(grid))
 
 
-def _index_put_pair_rule(node: NodeSpec):
+def index_put_pair_rule(node: NodeSpec):
     x, x2, indices, values, values2 = node.args[:5]
     if (x.dtype, tuple(x.shape)) != (x2.dtype, tuple(x2.shape)):
         return (f"destinations {x.dtype}{list(x.shape)} and {x2.dtype}{list(x2.shape)} "
@@ -265,7 +266,7 @@ def _index_put_pair_rule(node: NodeSpec):
 ROTARY_SHADER = "rotary_scatter_pair"
 ROTARY_PARAMS = ParamBlock("rotary_scatter_block", [
     ("info", "ivec4"), ("sizes", "ivec4"), ("fstrides", "ivec4"), ("sizes2", "ivec4"),
-    ("fstrides2", "ivec4"), ("scatter", "ivec4"), ("check", "ivec4")])
+    ("fstrides2", "ivec4"), ("scatter", "ivec4"), ("check", "ivec4"), ("offsets", "ivec4")])
 ROTARY_DTYPES = frozenset({"float32", "float16"})
 
 
@@ -282,6 +283,37 @@ def _rotary_defines(out, x, freqs, idx) -> dict:
     return d
 
 
+def rotary_scatter(b, out_q, region: PairRegion, sources, cos, sin, shapes,
+                   offsets=(0, 0, 0)) -> None:
+    """Record rotary_scatter_pair.glsl: q' = rotary_half(q) into ``out_q``, k rotated
+    and v written into ``region``'s two destinations. ``sources``: the Tensors holding
+    q, k and v (one Tensor three times for a merged product's row), q, k, v starting at
+    elements ``offsets`` of them; ``shapes()``: (q's sizes, k's sizes, v's numel) for
+    the current sizes."""
+    q, k, values2 = sources
+
+    def pack():
+        q_shape, k_shape, v_numel = shapes()
+        k_numel = math.prod(k_shape)
+        if k_numel != region.numel() or v_numel != region.numel():
+            raise VkDelegateError(f"rotary_index_put_pair: keys of sizes {list(k_shape)} "
+                                  f"and {v_numel} values for a region of "
+                                  f"{region.numel()} elements")
+        return ROTARY_PARAMS.pack(
+            info=[math.prod(q_shape), q_shape[-1] // 2, region.numel(), 0],
+            sizes=padded_sizes(q_shape), fstrides=broadcast_strides(cos.shape, q_shape),
+            sizes2=padded_sizes(k_shape), fstrides2=broadcast_strides(cos.shape, k_shape),
+            scatter=region.sizes(), check=[region.flag.slot, 1],
+            offsets=list(offsets) + [0])
+    params = b.params(pack())
+    b.on_resize(lambda: params.write(pack()))
+    total = out_q.max_numel + 2 * region.max_numel()
+    b.dispatch(ROTARY_SHADER, _rotary_defines(region.out, k, cos, region.index),
+               outputs=[out_q, region.out, region.out2, region.flag],
+               inputs=[q, k, cos, sin, values2, region.index], params=[params],
+               global_size=(max(total, 1),), local_size=b.local_size_1d(total))
+
+
 def _rotary_index_put_pair_impl(b, node):
     q_id, k_id, cos_id, sin_id, x_id, x2_id, indices_id, values2_id, out_id = node.args
     q, k, cos, sin, x, x2, values2 = (b.tensor(i) for i in (
@@ -290,25 +322,9 @@ def _rotary_index_put_pair_impl(b, node):
     if not isinstance(outs, list) or len(outs) != 3:
         raise b.error("rotary_index_put_pair has three outputs")
     out_q, out, out2 = (b.tensor(o) if isinstance(o, int) else o for o in outs)
-    region = _PairRegion(b, x, x2, out, out2, b.value(indices_id))
-
-    def pack():
-        if k.numel != region.numel() or values2.numel != region.numel():
-            raise VkDelegateError(f"rotary_index_put_pair: keys of sizes {list(k.shape)} "
-                                  f"and values of {list(values2.shape)} for a region of "
-                                  f"{region.numel()} elements")
-        return ROTARY_PARAMS.pack(
-            info=[q.numel, q.shape[-1] // 2, region.numel(), 0],
-            sizes=padded_sizes(q.shape), fstrides=broadcast_strides(cos.shape, q.shape),
-            sizes2=padded_sizes(k.shape), fstrides2=broadcast_strides(cos.shape, k.shape),
-            scatter=region.sizes(), check=[region.flag.slot, 1])
-    params = b.params(pack())
-    b.on_resize(lambda: params.write(pack()))
-    total = q.max_numel + 2 * k.max_numel
-    b.dispatch(ROTARY_SHADER, _rotary_defines(out, k, cos, region.index),
-               outputs=[out_q, out, out2, region.flag],
-               inputs=[q, k, cos, sin, values2, region.index], params=[params],
-               global_size=(max(total, 1),), local_size=b.local_size_1d(total))
+    region = PairRegion(b, x, x2, out, out2, b.value(indices_id))
+    rotary_scatter(b, out_q, region, (q, k, values2), cos, sin,
+                   lambda: (q.shape, k.shape, values2.numel))
 
 
 def _rotary_index_put_pair_rule(node: NodeSpec):
@@ -318,7 +334,7 @@ def _rotary_index_put_pair_rule(node: NodeSpec):
         return why
     if q.dtype not in ROTARY_DTYPES:
         return f"q/k of dtype {q.dtype} (float32 or float16)"
-    return _index_put_pair_rule(NodeSpec(op="vkdelegate.index_put_pair.default",
+    return index_put_pair_rule(NodeSpec(op="vkdelegate.index_put_pair.default",
                                          args=(x, x2, indices, k, values2),
                                          outputs=node.outputs[1:]))
 
@@ -479,7 +495,7 @@ _op("vkdelegate.slice_scatter_at.default", _slice_scatter_at_impl, (_slice_scatt
 register(OpSpec(name="vkdelegate.index_put_pair.default", dtypes=MOVE_DTYPES,
                 impl=_index_put_pair_impl,
                 shape_fn=lambda args: [tuple(args[0].shape), tuple(args[1].shape)],
-                rules=(_index_put_pair_rule,), arg_dtypes={2: INDEX_DTYPES},
+                rules=(index_put_pair_rule,), arg_dtypes={2: INDEX_DTYPES},
                 notes="two index_puts sharing indices and sizes (a layer's K and V cache "
                       "writes; paired by passes/pair_cache_updates) in one dispatch"))
 

@@ -1,8 +1,9 @@
 // What the HF-style rotary shaders share (rotary_half.glsl, rotary_half_pair.glsl,
-// rotary_scatter_pair.glsl; kernels/rotary_half.py): out = x * cos + rotate_half(x) *
-// sin with rotate_half(x) = cat(-x2, x1) (x1, x2 the halves of the last dim), cos/sin
-// broadcast to x, fp32 math. One expression, so every shader gives an element the
-// same bits. Include after common.h and the cos_data / sin_data bindings.
+// rotary_scatter_pair.glsl, gemv.glsl's ROTARY; kernels/rotary_half.py): out = x * cos
+// + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1) (x1, x2 the halves of the
+// last dim), cos/sin broadcast to x, fp32 math. One expression, so every shader gives
+// an element the same bits. Include after common.h and the cos_data / sin_data
+// bindings.
 #ifndef VKDELEGATE_ROTARY_HALF_H
 #define VKDELEGATE_ROTARY_HALF_H
 
@@ -18,15 +19,29 @@ uint rotary_freq_index(uint i, ivec4 sz, ivec4 fs) {
 }
 
 // The rotated value (fp32) of flat element i of buf, a tensor of sizes sz (last dim
-// sz.w = 2 * half_d) with cos/sin strides fs.
-#define ROTARY_HALF(buf, i, sz, fs, half_d) rotary_half_value(                        \
-    float(buf[i]),                                                                    \
-    ((i) % uint((sz).w) < (half_d)) ? -float(buf[(i) + (half_d)])                     \
-                                    : float(buf[(i) - (half_d)]),                     \
+// sz.w = 2 * half_d) with cos/sin strides fs, stored from element base of buf on
+// (ROTARY_HALF_AT; ROTARY_HALF: from element 0).
+#define ROTARY_HALF_AT(buf, base, i, sz, fs, half_d) rotary_half_value(               \
+    float(buf[(base) + (i)]),                                                         \
+    ((i) % uint((sz).w) < (half_d)) ? -float(buf[(base) + (i) + (half_d)])            \
+                                    : float(buf[(base) + (i) - (half_d)]),            \
     rotary_freq_index(i, sz, fs))
+#define ROTARY_HALF(buf, i, sz, fs, half_d) ROTARY_HALF_AT(buf, 0u, i, sz, fs, half_d)
+
+// x * cos + partner * sin, partner = -x2 (x in the first half) or x1. ``precise``: two
+// products and a sum, each rounded, never contracted into an fma, so that every shader
+// computing it (the three above and gemv.glsl's ROTARY epilogue, whose x is in a
+// register rather than loaded) gives the same bits whatever its compiler contracts
+// (and fp32 gives eager's: x * cos, rotate_half(x) * sin and their sum, each rounded).
+// rotary_half_cs: with the cos and sin values given (gemv.glsl's ROTARY loads them
+// before its products).
+float rotary_half_cs(float x, float partner, float c, float s) {
+  precise float r = x * c + partner * s;
+  return r;
+}
 
 float rotary_half_value(float x, float partner, uint f) {
-  return x * float(cos_data[f]) + partner * float(sin_data[f]);
+  return rotary_half_cs(x, partner, float(cos_data[f]), float(sin_data[f]));
 }
 
 #endif

@@ -12,7 +12,10 @@
 // k and v hold the region's elements in order (the op checks at load). Negative
 // indices wrap; an index ATen rejects sets the node's error flag and the element is
 // not written. Each element gets the bits rotary_half_pair then index_put_pair give
-// it (the rotated key is rounded once, to the cache's dtype, as k' was).
+// it (the rotated key is rounded once, to the cache's dtype, as k' was). q, k and v
+// start at elements offsets.x, .y, .z of their buffers (vkdelegate.
+// rms_norm_linear_rotary_cache's unfused form binds the merged product's row for all
+// three; else 0).
 // Defines: OUT_T, IN_T, F_T, IDX_T (storage types), OUT_STORE(v), SRC_ACC.
 
 TENSOR_OUT(out_data, OUT_T)
@@ -32,6 +35,7 @@ PARAMS(rotary_scatter_block) {
   ivec4 fstrides2;  // element strides of cos/sin along k's 4 dims
   ivec4 scatter;    // x: region numel, y: inner, z: count, w: size of the dim
   ivec4 check;      // x: error-flag word of this node
+  ivec4 offsets;    // x, y, z: where q, k, v start in in_data, in2_data, src2_data
 };
 #include "rotary_half.h"
 #include "scatter_pair.h"
@@ -42,7 +46,8 @@ void main() {
   const uint half_d = uint(info.y);
   const uint numel = uint(scatter.x);
   if (g < nq) {
-    out_data[g] = OUT_STORE(ROTARY_HALF(in_data, g, sizes, fstrides, half_d));
+    out_data[g] = OUT_STORE(ROTARY_HALF_AT(in_data, uint(offsets.x), g, sizes, fstrides,
+                                          half_d));
     return;
   }
   if (g - nq >= 2u * numel) {
@@ -55,8 +60,9 @@ void main() {
     return;
   }
   if (second) {
-    cache2_data[at] = OUT_STORE(SRC_ACC(src2_data[i]));
+    cache2_data[at] = OUT_STORE(SRC_ACC(src2_data[uint(offsets.z) + i]));
   } else {
-    cache_data[at] = OUT_STORE(ROTARY_HALF(in2_data, i, sizes2, fstrides2, half_d));
+    cache_data[at] = OUT_STORE(ROTARY_HALF_AT(in2_data, uint(offsets.y), i, sizes2,
+                                              fstrides2, half_d));
   }
 }

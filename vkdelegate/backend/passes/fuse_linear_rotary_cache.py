@@ -1,0 +1,142 @@
+"""Fold a decode layer's rotary embedding and K/V cache writes into its merged q/k/v
+GEMV: ``rotary_index_put_pair(q, k, cos, sin, cache, cache2, indices, v)`` whose q, k
+and v are the three ``narrow_last`` parts of one ``rms_norm_linear(x, norm_weight,
+eps, weight, bias)`` (through ``aten.view`` nodes) becomes
+``vkdelegate.rms_norm_linear_rotary_cache(x, norm_weight, eps, weight, bias, cos, sin,
+cache, cache2, indices, q_sizes, kv_sizes)`` (ops/families/rotary_cache.py): on the
+GEMV path one dispatch where there were two (the rotary pairs rotated and the caches
+written in gemv.glsl's epilogue, the product's row never stored), with the bits of the
+two; elsewhere the op records the two ops' dispatches.
+
+In an HF Llama/Qwen2/Mistral decode step passes/merge_linears merges q_proj, k_proj
+and v_proj (a one-row input) into one linear whose parts, viewed to [1, H, 1, D] (the
+heads' transposes become views: permute_to_view), feed the layer's
+rotary_index_put_pair (fuse_rotary, pair_cache_updates); fuse_rms_norm_linear folds
+the input norm into that linear. Fused only when exactly that is there:
+
+- the rotary node's q, k and v are each a ``narrow_last`` part of one producer,
+  directly or through a chain of ``aten.view`` nodes (a view keeps the elements'
+  order), each part and view read only by the next node of its chain, and the parts
+  are the producer's only readers;
+- the parts are q = [0, Nq), k = [Nq, Nq + Nk) and v = [Nq + Nk, Nq + 2 Nk) of the
+  producer's last dim of Nq + 2 Nk (merge_linears' order: q_proj, k_proj, v_proj),
+  k's and v's sizes equal (kv_sizes), q's sizes q_sizes;
+- the producer is ``vkdelegate.rms_norm_linear`` of an x of rank 1-4 whose every dim
+  but the last is statically 1 (decode's one row; prefill's linears are never merged);
+- x, the weights, cos, sin and the caches share one dtype, float32 or float16.
+
+Runs after permute_to_view (the heads' transposes are views by then) and
+fuse_rms_norm_linear; off with compile option ``fuse_linear_rotary_cache`` = False
+(the graph then keeps rms_norm_linear, its parts and rotary_index_put_pair), and where
+the registry lacks the op.
+"""
+from __future__ import annotations
+
+import torch
+
+from vkdelegate.backend.custom_ops import RMS_NORM_LINEAR, RMS_NORM_LINEAR_ROTARY_CACHE
+from vkdelegate.backend.custom_ops_llm import NARROW_LAST, ROTARY_INDEX_PUT_PAIR
+from vkdelegate.ops import registry
+
+aten = torch.ops.aten
+_DTYPES = (torch.float32, torch.float16)
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _static(v) -> bool:
+    return isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape)
+
+
+def _part(node, reader):
+    """(part node, [the chain's nodes, ``node`` first, the part last], producer,
+    start, length) where ``node`` is a narrow_last part (int bounds) of a producer,
+    directly or through aten.view nodes, each read only by the next (``node`` by
+    ``reader``); None otherwise."""
+    chain = []
+    while True:
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" \
+                or node.kwargs or set(node.users) != {reader} or not node.args:
+            return None
+        chain.append(node)
+        if node.target != aten.view.default:
+            break
+        reader, node = node, node.args[0]
+    if node.target != NARROW_LAST.overload() or len(node.args) != 3:
+        return None
+    producer, start, length = node.args
+    if not isinstance(producer, torch.fx.Node) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (start, length)):
+        return None
+    return node, chain, producer, start, length
+
+
+def _match(rotary):
+    """(the fused op's arguments, the nodes it replaces but the rotary node, readers
+    first) for a fusable rotary_index_put_pair (module docstring), else None."""
+    if rotary.kwargs or len(rotary.args) != 8:
+        return None
+    q, k, cos, sin, cache, cache2, indices, v = rotary.args
+    if len({q, k, v}) != 3:
+        return None
+    parts = [_part(t, rotary) for t in (q, k, v)]
+    if any(p is None for p in parts):
+        return None
+    producer = parts[0][2]
+    if any(p[2] is not producer for p in parts) or producer.op != "call_function" \
+            or producer.target != RMS_NORM_LINEAR.overload() or producer.kwargs \
+            or len(producer.args) not in (4, 5) \
+            or set(producer.users) != {p[0] for p in parts}:
+        return None
+    x = producer.args[0]
+    qv, kv, vv, xv, yv = (_val(n) for n in (q, k, v, x, producer))
+    if not all(_static(t) for t in (qv, kv, vv, xv, yv)) or not 1 <= xv.dim() <= 4 \
+            or any(s != 1 for s in xv.shape[:-1]) or tuple(kv.shape) != tuple(vv.shape):
+        return None
+    nq, nk = qv.numel(), kv.numel()
+    if [(p[3], p[4]) for p in parts] != [(0, nq), (nq, nk), (nq + nk, nk)] \
+            or yv.shape[-1] != nq + 2 * nk:
+        return None
+    bias = producer.args[4] if len(producer.args) == 5 else None
+    floats = (x, producer.args[1], producer.args[3], cos, sin, cache, cache2, q, k, v,
+              producer) + ((bias,) if bias is not None else ())
+    if any(not isinstance(_val(n), torch.Tensor) or _val(n).dtype != xv.dtype
+           for n in floats) or xv.dtype not in _DTYPES:
+        return None
+    args = (*producer.args[:4], bias, cos, sin, cache, cache2, indices,
+            list(qv.shape), list(kv.shape))
+    dead = [n for p in parts for n in p[1]] + [producer]  # each chain reader first
+    return args, dead
+
+
+def fuse_linear_rotary_cache(pg) -> bool:
+    """Replace each fusable rms_norm_linear -> parts -> rotary_index_put_pair by
+    ``vkdelegate.rms_norm_linear_rotary_cache`` (module docstring); True if any."""
+    options = getattr(pg, "options", None)
+    if options is not None and not options.fuse_linear_rotary_cache:
+        return False
+    if RMS_NORM_LINEAR_ROTARY_CACHE.name not in registry.load_all():
+        return False
+    graph = pg.gm.graph
+    rotary_op = ROTARY_INDEX_PUT_PAIR.overload()
+    fused_op = RMS_NORM_LINEAR_ROTARY_CACHE.overload()
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not rotary_op:
+            continue
+        found = _match(node)
+        if found is None:
+            continue
+        args, dead = found
+        with graph.inserting_before(node):
+            fused = graph.call_function(fused_op, args)
+        fused.meta = dict(node.meta)
+        node.replace_all_uses_with(fused)
+        graph.erase_node(node)
+        for n in dead:
+            graph.erase_node(n)
+        changed = True
+    return changed
+
