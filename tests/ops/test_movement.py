@@ -311,3 +311,34 @@ def test_unsafe_view_every_dtype(dtype):
     check_op(lambda x: torch.ops.aten._unsafe_view.default(x * 1 if dtype != "bool" else x,
                                                             [3, 4]),
              (rand(2, 6, dtype=dtype),), ops=["aten._unsafe_view.default"], rtol=0, atol=0)
+
+
+def test_copy_modes_are_specialization_constants(monkeypatch):
+    """affine_copy.glsl takes the plan's rank and which dims are MODULO (repeat) or
+    PAD (constant_pad_nd) as specialization constants (NDIM, MODULO_DIMS, PAD_DIMS,
+    bit d for plan dim d counted from the innermost): llvmpipe runs every branch, so
+    a mode read from the plan cost each dim a modulo. Values against eager at the
+    export sizes and after a resize (the modes stay)."""
+    from vkdelegate.runtime.builder import NodeBuilder
+
+    seen = {}
+    original = NodeBuilder.dispatch
+
+    def spy(self, shader, defines, *args, **kwargs):
+        if shader == "affine_copy":
+            seen.setdefault(self.node.name, []).append(tuple(kwargs["spec_constants"]))
+        return original(self, shader, defines, *args, **kwargs)
+    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
+
+    def fn(x):
+        return (x.permute(0, 2, 1), x.repeat(1, 2, 3),
+                torch.nn.functional.pad(x, (1, 2, 0, 0, 0, 0), value=-1.5))
+    batch = Dim("batch", min=1, max=11)
+    check_op(fn, (rand(11, 3, 5),), ops=[PERMUTE, "aten.repeat.default",
+                                         "aten.constant_pad_nd.default"],
+             dynamic_shapes=({0: batch},), resize_inputs=[(rand(4, 3, 5, seed=1),)])
+    # permute: 3 affine dims; repeat: every dim MODULO; pad: the last dim PAD, the
+    # unpadded outer two merged into one affine dim.
+    assert set(seen["aten.permute.default"]) == {(3, 0, 0)}, seen
+    assert set(seen["aten.repeat.default"]) == {(3, 0b111, 0)}, seen
+    assert set(seen["aten.constant_pad_nd.default"]) == {(2, 0, 0b1)}, seen

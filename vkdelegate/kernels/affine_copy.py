@@ -137,6 +137,14 @@ def plan_record(plan: CopyPlan, fill=0) -> bytes:
                                           int_fill], ffill=[float(fill)])
 
 
+def plan_shape(plan: CopyPlan) -> tuple[int, int, int]:
+    """The plan's specialization constants: (rank, MODULO dims, PAD dims), a dim's bit
+    counting from the innermost (affine_copy.glsl NDIM, MODULO_DIMS, PAD_DIMS)."""
+    dims = list(reversed(plan.dims))
+    return (len(dims), sum(1 << d for d, c in enumerate(dims) if c.mode == MODULO),
+            sum(1 << d for d, c in enumerate(dims) if c.mode == PAD))
+
+
 def out_kind(dtype: str) -> str:
     """The shader's OUT_* define for an output of graph dtype ``dtype``."""
     if acc_type(dtype) == "float":
@@ -165,12 +173,20 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
     """
     plan = plan_fn()
     params = b.params(plan_record(plan, fill))
-    b.on_resize(lambda: params.write(plan_record(plan_fn(), fill)))
+    shape = plan_shape(plan)
+
+    def replan() -> None:
+        again = plan_fn()
+        if plan_shape(again) != shape:
+            raise VkDelegateError(f"a resize changed the copy's rank or modes: "
+                                  f"{shape} -> {plan_shape(again)}")
+        params.write(plan_record(again, fill))
+    b.on_resize(replan)
     defines = copy_defines(out.device_dtype, x.device_dtype, out.dtype, x.dtype)
-    # The plan's rank is the specialization constant NDIM (id 3): resizes keep it.
+    # The plan's rank and modes are the specialization constants NDIM, MODULO_DIMS
+    # and PAD_DIMS (ids 3..5): resizes keep them.
     b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=[params],
-               global_size=(plan.numel,), local_size=(64, 1, 1),
-               spec_constants=(len(plan.dims),))
+               global_size=(plan.numel,), local_size=(64, 1, 1), spec_constants=shape)
 
 
 def copy_destination(b, out, x) -> None:

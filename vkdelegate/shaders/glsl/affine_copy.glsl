@@ -28,7 +28,7 @@ PARAMS(plan_block) {
   ivec4 start[2];
   ivec4 in_stride[2];
   ivec4 bound[2];
-  ivec4 mode[2];
+  ivec4 mode[2];        // (the shader reads MODULO_DIMS and PAD_DIMS instead)
   ivec4 info;           // x: domain numel, y: out offset, z: in offset, w: int fill
   vec4 ffill;           // x: float fill
 };
@@ -54,6 +54,12 @@ PARAMS(plan_block) {
 // (llvmpipe scalarizes it), so every division saved counts: the outermost dim needs
 // none, and a flat copy (view, clone, _to_copy) none at all.
 layout(constant_id = 3) const int NDIM = 8;
+// Which dims are MODULO and which PAD (bit d for dim d, innermost first), fixed per
+// node like the rank: llvmpipe runs both sides of every branch under a lane mask, so
+// a mode read from the plan made every dim of every copy pay a modulo (lane by lane):
+// as constants, an AFFINE dim costs a multiply-add.
+layout(constant_id = 4) const int MODULO_DIMS = 0;
+layout(constant_id = 5) const int PAD_DIMS = 0;
 
 void main() {
   const uint i = linear_id();
@@ -75,13 +81,14 @@ void main() {
       rem = q;
     }
     o += c * out_stride[d >> 2][d & 3];
-    const int m = mode[d >> 2][d & 3];
-    const int b = bound[d >> 2][d & 3];
-    int s = start[d >> 2][d & 3] + c * step[d >> 2][d & 3];
-    if (m == 1) {
-      s = c % b;
-    } else if (m == 2) {
-      inside = inside && s >= 0 && s < b;
+    int s;
+    if (((MODULO_DIMS >> d) & 1) != 0) {
+      s = c % bound[d >> 2][d & 3];
+    } else {
+      s = start[d >> 2][d & 3] + c * step[d >> 2][d & 3];
+      if (((PAD_DIMS >> d) & 1) != 0) {
+        inside = inside && s >= 0 && s < bound[d >> 2][d & 3];
+      }
     }
     src += s * in_stride[d >> 2][d & 3];
   }
