@@ -97,3 +97,40 @@ def test_fp16_broadcast_rank6():
     b = torch.randn(3, 1, 4, 1, 3).half()
     # fp16 result of one rounding of an exact fp32 product: half an fp16 ulp.
     check_op(lambda x, y: x * y, (a, b), ops=["aten.mul.Tensor"], rtol=1e-3, atol=1e-3)
+
+
+def test_cpu_drivers_take_chunks_of_the_innermost_plan_dim(monkeypatch):
+    """On CPU drivers a binary_op / ternary_op / fused_elementwise invocation computes
+    CHUNK (specialization constant 4) consecutive elements of the innermost plan dim
+    (kernels/broadcast.chunk_for: 8, or the power of two covering a shorter dim; 1 on
+    GPUs), walking the plan once for them. Values against eager for innermost dims
+    that are not multiples of the chunk (5, 11, 3), broadcasting along the innermost
+    dim (stride 0) and outside it, a scalar operand, a fused chain, and a resize of
+    the innermost dim itself."""
+    from vkdelegate.runtime.device import default_device
+    seen = []
+    original = NodeBuilder.dispatch
+
+    def spy(self, shader, defines, *args, spec_constants=(), **kw):
+        if shader in ("binary_op", "ternary_op", "fused_elementwise"):
+            seen.append((shader, tuple(spec_constants)))
+        return original(self, shader, defines, *args, spec_constants=spec_constants, **kw)
+    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
+
+    def fn(x, row, col, c):
+        return (x + row, x * col, torch.where(x > 0, row, col), x - 2.5,
+                torch.relu(x * col + row) * 0.5)
+    torch.manual_seed(0)
+    n = Dim("n", min=2, max=11)
+    x, row, col = torch.randn(3, 5, 11), torch.randn(11), torch.randn(3, 5, 1)
+    check_op(fn, (x, row, col, torch.randn(3)), rtol=0, atol=0,
+             ops=["aten.add.Tensor", "aten.mul.Tensor", "aten.where.self",
+                  "aten.sub.Tensor"],
+             dynamic_shapes=({2: n}, {0: n}, None, None),
+             resize_inputs=[(torch.randn(3, 5, 6), torch.randn(6), col, torch.randn(3)),
+                            (torch.randn(3, 5, 3), torch.randn(3), col, torch.randn(3))])
+    cpu = default_device().info.type == "cpu"
+    chunks = {c[1] for _, c in seen}
+    assert chunks == ({8} if cpu else {1}), seen
+    assert {shader for shader, _ in seen} == {"binary_op", "ternary_op",
+                                              "fused_elementwise"}, seen

@@ -311,3 +311,78 @@ def test_unsafe_view_every_dtype(dtype):
     check_op(lambda x: torch.ops.aten._unsafe_view.default(x * 1 if dtype != "bool" else x,
                                                             [3, 4]),
              (rand(2, 6, dtype=dtype),), ops=["aten._unsafe_view.default"], rtol=0, atol=0)
+
+
+def _copy_spec_constants(monkeypatch) -> dict:
+    """node name -> the specialization constants (NDIM, MODULO_DIMS, PAD_DIMS, CHUNK)
+    of each affine_copy dispatch recorded from now on."""
+    from vkdelegate.runtime.builder import NodeBuilder
+
+    seen: dict = {}
+    original = NodeBuilder.dispatch
+
+    def spy(self, shader, defines, *args, **kwargs):
+        if shader == "affine_copy":
+            seen.setdefault(self.node.name, set()).add(tuple(kwargs["spec_constants"]))
+        return original(self, shader, defines, *args, **kwargs)
+    monkeypatch.setattr(NodeBuilder, "dispatch", spy)
+    return seen
+
+
+def _on_cpu_driver() -> bool:
+    from vkdelegate.runtime.device import default_device
+    return default_device().info.type == "cpu"
+
+
+def test_copy_modes_are_specialization_constants(monkeypatch):
+    """affine_copy.glsl takes the plan's rank and which dims are MODULO (repeat) or
+    PAD (constant_pad_nd) as specialization constants (NDIM, MODULO_DIMS, PAD_DIMS,
+    bit d for plan dim d counted from the innermost): llvmpipe runs every branch, so
+    a mode read from the plan cost each dim a modulo. Values against eager at the
+    export sizes and after a resize (the modes stay)."""
+    seen = _copy_spec_constants(monkeypatch)
+
+    def fn(x):
+        return (x.permute(0, 2, 1), x.repeat(1, 2, 3),
+                torch.nn.functional.pad(x, (1, 2, 0, 0, 0, 0), value=-1.5))
+    batch = Dim("batch", min=1, max=11)
+    check_op(fn, (rand(11, 3, 5),), ops=[PERMUTE, "aten.repeat.default",
+                                         "aten.constant_pad_nd.default"],
+             dynamic_shapes=({0: batch},), resize_inputs=[(rand(4, 3, 5, seed=1),)])
+    # permute: 3 affine dims; repeat: every dim MODULO; pad: the last dim PAD, the
+    # unpadded outer two merged into one affine dim.
+    modes = {name: {c[:3] for c in consts} for name, consts in seen.items()}
+    assert modes["aten.permute.default"] == {(3, 0, 0)}, seen
+    assert modes["aten.repeat.default"] == {(3, 0b111, 0)}, seen
+    assert modes["aten.constant_pad_nd.default"] == {(2, 0, 0b1)}, seen
+
+
+def test_copies_on_cpu_drivers_take_chunks_of_the_innermost_dim(monkeypatch):
+    """On CPU drivers an affine_copy invocation copies CHUNK consecutive elements of
+    the innermost dim (kernels/affine_copy.chunk_for: 8, or the power of two that
+    covers a shorter dim; 1 for a MODULO innermost dim and on GPUs), walking the outer
+    dims once. Values against eager (bit-exact: copies) for innermost dims that are
+    not multiples of the chunk, strided (slice step 3, flip), padded on both sides,
+    cat into the middle of a row, and a resize of the innermost dim itself."""
+    seen = _copy_spec_constants(monkeypatch)
+
+    def fn(x, y, z):
+        return (x.permute(0, 2, 1), z[..., 1::3], x.flip(-1),
+                torch.nn.functional.pad(x, (3, 2), value=2.5), torch.cat([x, y], -1),
+                x.repeat(1, 1, 2))
+    s = Dim("s", min=2, max=19)
+    y, z = rand(3, 5, 4, seed=3), rand(3, 23, seed=4)  # z[..., 1::3]: 8 of 23
+    check_op(fn, (rand(3, 5, 19), y, z), rtol=0, atol=0,
+             ops=[PERMUTE, "aten.slice.Tensor", "aten.flip.default",
+                  "aten.constant_pad_nd.default", "aten.cat.default",
+                  "aten.repeat.default"],
+             dynamic_shapes=({2: s}, None, None),
+             resize_inputs=[(rand(3, 5, 6, seed=1), y, z), (rand(3, 5, 2, seed=2), y, z)])
+    chunk = {name: {c[3] for c in consts} for name, consts in seen.items()}
+    cpu = _on_cpu_driver()
+    assert chunk["aten.permute.default"] == {8 if cpu else 1}, seen  # innermost: 5
+    assert chunk["aten.slice.Tensor"] == {8 if cpu else 1}, seen
+    assert chunk["aten.flip.default"] == {8 if cpu else 1}, seen
+    assert chunk["aten.constant_pad_nd.default"] == {8 if cpu else 1}, seen
+    assert chunk["aten.cat.default"] == ({8, 4} if cpu else {1}), seen  # 19, 4 wide
+    assert chunk["aten.repeat.default"] == {1}, seen                 # MODULO innermost

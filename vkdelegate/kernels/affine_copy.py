@@ -117,14 +117,46 @@ def merged(plan: CopyPlan, groups) -> CopyPlan:
 _PLAN_ROWS = (("size", 1), ("out_stride", 0), ("step", 0), ("start", 0),
               ("in_stride", 0), ("bound", 1), ("mode", AFFINE))
 #: Per domain dim (innermost first) its CopyDim fields (``domain`` holds the sizes);
-#: info x: domain numel, y: out offset, z: in offset, w: int fill; ffill x: float fill.
+#: info x: invocations (``invocations``), y: out offset, z: in offset, w: int fill;
+#: ffill x: float fill; chunks x: chunks per row of the innermost dim (CHUNK > 1).
 PLAN_PARAMS = ParamBlock("plan_block", [
     ("domain" if attr == "size" else attr, f"ivec4[{MAX_DOMAIN // 4}]")
-    for attr, _ in _PLAN_ROWS] + [("info", "ivec4"), ("ffill", "vec4")])
+    for attr, _ in _PLAN_ROWS] + [("info", "ivec4"), ("ffill", "vec4"), ("chunks", "ivec4")])
 
 
-def plan_record(plan: CopyPlan, fill=0) -> bytes:
-    """The std140 bytes of ``plan_block`` in affine_copy.glsl."""
+#: affine_copy.glsl's largest CHUNK on CPU drivers: innermost-dim elements per
+#: invocation (llvmpipe, MiniLM's head permute + clone of 1.5 M floats, process CPU:
+#: 38.5 ms at 1, 17-24 at 4, 16-19 at 8).
+CPU_CHUNK = 8
+
+
+def chunk_for(plan: CopyPlan, cpu: bool) -> int:
+    """affine_copy.glsl's CHUNK for ``plan`` (a specialization constant, fixed per
+    node): CPU_CHUNK on CPU drivers, where the index walk costs more than the element
+    it finds (llvmpipe: parameter loads, a division per dim, all lane by lane in
+    SIMD8) and one walk then serves CPU_CHUNK consecutive elements; 1 on GPUs (which
+    keep one element per invocation, coalesced) and for a MODULO innermost dim.
+    A shorter innermost dim (at the load-time sizes) takes the power of two that
+    covers it: the shader runs every element slot of a chunk, used or not."""
+    if not cpu or not plan.dims or plan.dims[-1].mode == MODULO:
+        return 1
+    inner = plan.dims[-1].size
+    return min(CPU_CHUNK, 1 << max(inner - 1, 0).bit_length())
+
+
+def invocations(plan: CopyPlan, chunk: int) -> tuple[int, int]:
+    """(invocations, chunks per row) of ``plan`` at ``chunk`` elements per invocation:
+    each row of the innermost dim takes ceil(size / chunk) invocations."""
+    if chunk == 1 or not plan.dims:
+        return plan.numel, 0
+    inner = plan.dims[-1].size
+    per_row = -(-inner // chunk)
+    return (plan.numel // inner) * per_row if inner else 0, per_row
+
+
+def plan_record(plan: CopyPlan, fill=0, chunk: int = 1) -> bytes:
+    """The std140 bytes of ``plan_block`` in affine_copy.glsl for a shader of CHUNK
+    ``chunk``."""
     dims = list(reversed(plan.dims))  # the shader counts from the innermost dim
     if len(dims) > MAX_DOMAIN:
         raise VkDelegateError(f"copy of rank {len(dims)} > {MAX_DOMAIN}")
@@ -133,8 +165,17 @@ def plan_record(plan: CopyPlan, fill=0) -> bytes:
             [getattr(d, attr) for d in dims] + [default] * pad
             for attr, default in _PLAN_ROWS}
     int_fill = int(fill) if not isinstance(fill, float) or math.isfinite(fill) else 0
-    return PLAN_PARAMS.pack(**rows, info=[plan.numel, plan.out_offset, plan.in_offset,
-                                          int_fill], ffill=[float(fill)])
+    count, per_row = invocations(plan, chunk)
+    return PLAN_PARAMS.pack(**rows, info=[count, plan.out_offset, plan.in_offset,
+                                          int_fill], ffill=[float(fill)], chunks=[per_row])
+
+
+def plan_shape(plan: CopyPlan) -> tuple[int, int, int]:
+    """The plan's specialization constants: (rank, MODULO dims, PAD dims), a dim's bit
+    counting from the innermost (affine_copy.glsl NDIM, MODULO_DIMS, PAD_DIMS)."""
+    dims = list(reversed(plan.dims))
+    return (len(dims), sum(1 << d for d, c in enumerate(dims) if c.mode == MODULO),
+            sum(1 << d for d, c in enumerate(dims) if c.mode == PAD))
 
 
 def out_kind(dtype: str) -> str:
@@ -164,13 +205,24 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
     resize. fill: value written where a PAD dim falls outside the input.
     """
     plan = plan_fn()
-    params = b.params(plan_record(plan, fill))
-    b.on_resize(lambda: params.write(plan_record(plan_fn(), fill)))
+    chunk = chunk_for(plan, b.device.info.type == "cpu")
+    params = b.params(plan_record(plan, fill, chunk))
+    shape = plan_shape(plan)
+
+    def replan() -> None:
+        again = plan_fn()
+        if plan_shape(again) != shape:
+            raise VkDelegateError(f"a resize changed the copy's rank or modes: "
+                                  f"{shape} -> {plan_shape(again)}")
+        params.write(plan_record(again, fill, chunk))
+    b.on_resize(replan)
     defines = copy_defines(out.device_dtype, x.device_dtype, out.dtype, x.dtype)
-    # The plan's rank is the specialization constant NDIM (id 3): resizes keep it.
+    # The plan's rank and modes are the specialization constants NDIM, MODULO_DIMS
+    # and PAD_DIMS (ids 3..5), resizes keep them; CHUNK is id 6. A resize only
+    # shrinks sizes, so the load-time grid covers every later plan's invocations.
     b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=[params],
-               global_size=(plan.numel,), local_size=(64, 1, 1),
-               spec_constants=(len(plan.dims),))
+               global_size=(invocations(plan, chunk)[0],), local_size=(64, 1, 1),
+               spec_constants=shape + (chunk,))
 
 
 def copy_destination(b, out, x) -> None:

@@ -9,6 +9,9 @@ broadcasts both) merge into one. Each operand gets a stride per plan dim, 0 wher
 broadcasts. Same-shape operands give a rank-1 plan (no division at all); a per-channel
 bias on NCHW gives rank 2 or 3.
 
+On CPU drivers an invocation computes up to 8 consecutive elements of the innermost
+plan dim (``CHUNK``, id 4, ``chunk_for``), walking the plan once for them.
+
 The plan's rank is a specialization constant (``NDIM``, id 3, see broadcast_plan.h),
 fixed when the node is built from the upper-bound sizes; the sizes and strides live in
 an op-owned uniform buffer rewritten after every resize. A resize only shrinks sizes,
@@ -112,13 +115,39 @@ def broadcast_plan(out_shape, operand_shapes) -> BroadcastPlan:
 PLAN_PARAMS = ParamBlock("broadcast_plan_block", [
     ("bp_size", f"ivec4[{MAX_PLAN_DIMS // 4}]"),  # plan dim sizes, innermost first
     ("bp_stride", f"ivec4[{MAX_OPERANDS * MAX_PLAN_DIMS // 4}]"),  # per operand
-    ("bp_info", "ivec4")])  # x: output numel
+    ("bp_info", "ivec4")])  # x: output numel; CHUNK > 1: y invocations, z per row
 
 
-def plan_record(plan: BroadcastPlan, ndim: int) -> bytes:
+#: broadcast_plan.h's largest CHUNK on CPU drivers: output elements per invocation.
+CPU_CHUNK = 8
+
+
+def chunk_for(plan: BroadcastPlan, cpu: bool) -> int:
+    """broadcast_plan.h's CHUNK (a specialization constant, fixed per node) for the
+    load-time ``plan``: on CPU drivers CPU_CHUNK, or the power of two that covers a
+    shorter innermost plan dim (the shader runs every slot of a chunk, used or not);
+    1 on GPUs, which keep one element per invocation (coalesced)."""
+    inner = plan.sizes[0]
+    if not cpu or inner <= 1:
+        return 1
+    return min(CPU_CHUNK, 1 << (inner - 1).bit_length())
+
+
+def invocations(plan: BroadcastPlan, chunk: int) -> tuple[int, int]:
+    """(invocations, invocations per row of the innermost plan dim) of ``plan`` at
+    ``chunk`` elements per invocation (chunk 1: one per element, per row unused)."""
+    if chunk == 1:
+        return plan.numel, 0
+    inner = plan.sizes[0]
+    per_row = -(-inner // chunk)
+    return (plan.numel // inner * per_row if inner else 0), per_row
+
+
+def plan_record(plan: BroadcastPlan, ndim: int, chunk: int = 1) -> bytes:
     """The std140 bytes of ``broadcast_plan_block`` (broadcast_plan.h) for a shader
-    specialized to ``ndim`` plan dims: ``plan`` padded with outer dims of size 1.
-    Raises VkDelegateError if the plan needs more than ``ndim`` dims."""
+    specialized to ``ndim`` plan dims and ``chunk`` (CHUNK): ``plan`` padded with
+    outer dims of size 1. Raises VkDelegateError if the plan needs more than ``ndim``
+    dims."""
     if plan.ndim > ndim:
         raise VkDelegateError(f"the operand sizes need a {plan.ndim}-dim broadcast plan; "
                               f"the node was built for {ndim} (an operand shrank where "
@@ -130,8 +159,9 @@ def plan_record(plan: BroadcastPlan, ndim: int) -> bytes:
     strides = []
     for s in plan.strides:  # operand k's strides at rows 2k, 2k + 1 (0: broadcast)
         strides += list(s) + [0] * pad
+    count, per_row = invocations(plan, chunk)
     return PLAN_PARAMS.pack(bp_size=list(plan.sizes) + [1] * pad, bp_stride=strides,
-                            bp_info=[plan.numel])
+                            bp_info=[plan.numel, count, per_row])
 
 
 def plan_dispatch(b, shader: str, defines: dict, out, operands: list,
@@ -143,11 +173,21 @@ def plan_dispatch(b, shader: str, defines: dict, out, operands: list,
     def current() -> BroadcastPlan:
         return broadcast_plan(out.shape, [t.shape for t in operands])
 
-    ndim = max(1, broadcast_plan(out.max_shape, [t.max_shape for t in operands]).ndim)
+    largest = broadcast_plan(out.max_shape, [t.max_shape for t in operands])
+    ndim = max(1, largest.ndim)
     if ndim > MAX_PLAN_DIMS:
         raise b.error(f"broadcast over {ndim} unmergeable dims (at most {MAX_PLAN_DIMS})")
-    params = b.params(plan_record(current(), ndim))
-    b.on_resize(lambda: params.write(plan_record(current(), ndim)))
+    chunk = chunk_for(largest, b.device.info.type == "cpu")
+    grid = invocations(largest, chunk)[0]
+    params = b.params(plan_record(current(), ndim, chunk))
+
+    def replan() -> None:
+        plan = current()
+        if invocations(plan, chunk)[0] > grid:  # sizes only shrink: not expected
+            raise VkDelegateError(f"the operand sizes need {invocations(plan, chunk)[0]} "
+                                  f"invocations; the node was built for {grid}")
+        params.write(plan_record(plan, ndim, chunk))
+    b.on_resize(replan)
     b.dispatch(shader, defines, outputs=[out], inputs=list(operands),
-               params=[params, *extra_params], global_size=(out.max_numel,),
-               local_size=b.local_size_1d(out.max_numel), spec_constants=(ndim,))
+               params=[params, *extra_params], global_size=(grid,),
+               local_size=b.local_size_1d(grid), spec_constants=(ndim, chunk))

@@ -28,9 +28,11 @@ PARAMS(plan_block) {
   ivec4 start[2];
   ivec4 in_stride[2];
   ivec4 bound[2];
-  ivec4 mode[2];
-  ivec4 info;           // x: domain numel, y: out offset, z: in offset, w: int fill
+  ivec4 mode[2];        // (the shader reads MODULO_DIMS and PAD_DIMS instead)
+  ivec4 info;           // x: invocations (CHUNK 1: the domain's numel), y: out
+                        // offset, z: in offset, w: int fill
   vec4 ffill;           // x: float fill
+  ivec4 chunks;         // x: CHUNK > 1: chunks per row of the innermost dim
 };
 
 // CONVERT: input ACC value -> output ACC value; OUT_STORE (from storage_defines) then
@@ -54,6 +56,19 @@ PARAMS(plan_block) {
 // (llvmpipe scalarizes it), so every division saved counts: the outermost dim needs
 // none, and a flat copy (view, clone, _to_copy) none at all.
 layout(constant_id = 3) const int NDIM = 8;
+// Which dims are MODULO and which PAD (bit d for dim d, innermost first), fixed per
+// node like the rank: llvmpipe runs both sides of every branch under a lane mask, so
+// a mode read from the plan made every dim of every copy pay a modulo (lane by lane):
+// as constants, an AFFINE dim costs a multiply-add.
+layout(constant_id = 4) const int MODULO_DIMS = 0;
+layout(constant_id = 5) const int PAD_DIMS = 0;
+
+// CHUNK (kernels/affine_copy.py chunk_for): domain elements per invocation along the
+// innermost dim, 1 or, on CPU drivers, 4 consecutive ones (never for a MODULO
+// innermost dim): an invocation then walks the outer dims (divisions, parameter
+// loads, multiply-adds) once for all of them, and dim 0 counts chunks
+// (chunks.x per row of the innermost dim).
+layout(constant_id = 6) const int CHUNK = 1;
 
 void main() {
   const uint i = linear_id();
@@ -64,32 +79,62 @@ void main() {
   int o = info.y;
   int src = info.z;
   bool inside = true;
+  int c0 = 0;  // CHUNK > 1: the innermost coordinate of the invocation's first element
   [[unroll]] for (int d = 0; d < NDIM; ++d) {
+    const bool chunked = CHUNK > 1 && d == 0;
     int c;
     if (d == NDIM - 1) {
       c = int(rem);
     } else {
-      const uint size = uint(domain[d >> 2][d & 3]);
+      const uint size = uint(chunked ? chunks.x : domain[d >> 2][d & 3]);
       const uint q = rem / size;
       c = int(rem - q * size);
       rem = q;
     }
-    o += c * out_stride[d >> 2][d & 3];
-    const int m = mode[d >> 2][d & 3];
-    const int b = bound[d >> 2][d & 3];
-    int s = start[d >> 2][d & 3] + c * step[d >> 2][d & 3];
-    if (m == 1) {
-      s = c % b;
-    } else if (m == 2) {
-      inside = inside && s >= 0 && s < b;
+    if (chunked) {
+      c0 = c * CHUNK;
+    } else {
+      o += c * out_stride[d >> 2][d & 3];
+      int s;
+      if (((MODULO_DIMS >> d) & 1) != 0) {
+        s = c % bound[d >> 2][d & 3];
+      } else {
+        s = start[d >> 2][d & 3] + c * step[d >> 2][d & 3];
+        if (((PAD_DIMS >> d) & 1) != 0) {
+          inside = inside && s >= 0 && s < bound[d >> 2][d & 3];
+        }
+      }
+      src += s * in_stride[d >> 2][d & 3];
     }
-    src += s * in_stride[d >> 2][d & 3];
   }
-  OUT_ACC v;
-  if (inside) {
-    v = CONVERT(IN_ACC(in_data[src]));
+  if (CHUNK == 1) {
+    OUT_ACC v;
+    if (inside) {
+      v = CONVERT(IN_ACC(in_data[src]));
+    } else {
+      v = FILL;
+    }
+    out_data[o] = OUT_STORE(v);
   } else {
-    v = FILL;
+    // Dim 0 is AFFINE or PAD here: element j's source coordinate is s0 + j * step.
+    const int size0 = domain[0].x, step0 = step[0].x, in_stride0 = in_stride[0].x;
+    const int s0 = start[0].x + c0 * step0;
+    o += c0 * out_stride[0].x;
+    [[unroll]] for (int j = 0; j < CHUNK; ++j) {
+      if (c0 + j < size0) {
+        const int s = s0 + j * step0;
+        bool in_j = inside;
+        if ((PAD_DIMS & 1) != 0) {
+          in_j = in_j && s >= 0 && s < bound[0].x;
+        }
+        OUT_ACC v;
+        if (in_j) {
+          v = CONVERT(IN_ACC(in_data[src + s * in_stride0]));
+        } else {
+          v = FILL;
+        }
+        out_data[o + j * out_stride[0].x] = OUT_STORE(v);
+      }
+    }
   }
-  out_data[o] = OUT_STORE(v);
 }

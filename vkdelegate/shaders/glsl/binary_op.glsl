@@ -12,8 +12,9 @@
 // ALPHA, e.g. "a + ALPHA * b"; one entry per op in vkdelegate/ops/families/binary.py).
 // Inputs broadcast on any axis: a dim of size 1 (or missing) repeats; the host's
 // broadcast plan (broadcast_plan.h) maps the output index to input offsets. One
-// invocation per output element; the grid is sized for the upper bound, the current
-// numel comes from the plan.
+// invocation per output element, or per CHUNK consecutive ones on CPU drivers
+// (broadcast_plan.h); the grid is sized for the upper bound, the current numel comes
+// from the plan.
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(a_data, A_T)
@@ -27,12 +28,19 @@ PARAMS(scalars_block) { vec4 fscalars; ivec4 iscalars; };
 #endif
 
 void main() {
-  const uint i = linear_id();
-  if (i >= uint(plan_numel())) {
+  uint i;
+  ivec3 o0;
+  int count;
+  if (!plan_chunk(linear_id(), i, o0, count)) {
     return;
   }
-  const ivec3 o = plan_offsets(i);
-  const ACC_T a = A_LOAD(a_data[o.x]);
-  const ACC_T b = B_LOAD(b_data[o.y]);
-  out_data[i] = OUT_STORE(OP_EXPR);
+  const ivec3 step = dim_strides(0);
+  [[unroll]] for (int j = 0; j < CHUNK; ++j) {
+    if (j < count) {
+      const ivec3 o = o0 + j * step;
+      const ACC_T a = A_LOAD(a_data[o.x]);
+      const ACC_T b = B_LOAD(b_data[o.y]);
+      out_data[i + j] = OUT_STORE(OP_EXPR);
+    }
+  }
 }

@@ -26,18 +26,25 @@ TENSOR_IN(in2_data, IN2_T)
 #endif
 
 void main() {
-  const uint i = linear_id();
-  if (i >= uint(plan_numel())) {
+  uint i;
+  ivec3 o0;
+  int count;
+  if (!plan_chunk(linear_id(), i, o0, count)) {
     return;
   }
-  const ivec3 o = plan_offsets(i);
-  const float r0 = float(in0_data[o.x]);
+  const ivec3 step = dim_strides(0);
+  [[unroll]] for (int j = 0; j < CHUNK; ++j) {
+    if (j < count) {
+      const ivec3 o = o0 + j * step;
+      const float r0 = float(in0_data[o.x]);
 #if NUM_INPUTS > 1
-  const float r1 = float(in1_data[o.y]);
+      const float r1 = float(in1_data[o.y]);
 #endif
 #if NUM_INPUTS > 2
-  const float r2 = float(in2_data[o.z]);
+      const float r2 = float(in2_data[o.z]);
 #endif
-  CHAIN_BODY
-  out_data[i] = OUT_STORE(CHAIN_RESULT);
+      CHAIN_BODY
+      out_data[i + j] = OUT_STORE(CHAIN_RESULT);
+    }
+  }
 }

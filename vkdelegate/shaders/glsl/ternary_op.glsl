@@ -5,7 +5,8 @@
 #include "broadcast_plan.h"
 
 // Elementwise op of three broadcast operands: out = OP_EXPR(c, a, b) (where.self:
-// c ? a : b; clamp.Tensor: a clamped to [b, c]). One invocation per output element.
+// c ? a : b; clamp.Tensor: a clamped to [b, c]). One invocation per output element
+// (per CHUNK of them on CPU drivers, broadcast_plan.h).
 // Defines: OUT_T, C_T, A_T, B_T (storage types), OUT_STORE(v), ACC_T (a and b's
 // computation type; ACC_FLOAT for float), C_TYPE (c's computation type), C_LOAD(v),
 // A_LOAD(v), B_LOAD(v) (storage -> computation type), OP_EXPR. Operands broadcast on
@@ -18,13 +19,20 @@ TENSOR_IN(a_data, A_T)
 TENSOR_IN(b_data, B_T)
 
 void main() {
-  const uint i = linear_id();
-  if (i >= uint(plan_numel())) {
+  uint i;
+  ivec3 o0;
+  int count;
+  if (!plan_chunk(linear_id(), i, o0, count)) {
     return;
   }
-  const ivec3 o = plan_offsets(i);
-  const C_TYPE c = C_LOAD(c_data[o.x]);
-  const ACC_T a = A_LOAD(a_data[o.y]);
-  const ACC_T b = B_LOAD(b_data[o.z]);
-  out_data[i] = OUT_STORE(OP_EXPR);
+  const ivec3 step = dim_strides(0);
+  [[unroll]] for (int j = 0; j < CHUNK; ++j) {
+    if (j < count) {
+      const ivec3 o = o0 + j * step;
+      const C_TYPE c = C_LOAD(c_data[o.x]);
+      const ACC_T a = A_LOAD(a_data[o.y]);
+      const ACC_T b = B_LOAD(b_data[o.z]);
+      out_data[i + j] = OUT_STORE(OP_EXPR);
+    }
+  }
 }
