@@ -1,6 +1,6 @@
 """A decode layer's input RMS norm, merged q/k/v linear, rotary embedding and K/V cache
 writes fuse into ``vkdelegate.rms_norm_linear_rotary_cache``
-(passes/fuse_linear_rotary_cache.py; ops/families/rotary_cache.py), against eager
+(passes/fuse_linear_rotary_cache.py; ops/families/cache_update.py), against eager
 PyTorch and bit for bit against the unfused pair (compile option
 fuse_linear_rotary_cache off: vkdelegate.rms_norm_linear, its parts and
 vkdelegate.rotary_index_put_pair), fp32 and fp16, bias and none, int64 and int32

@@ -561,7 +561,7 @@ def _rms_norm_linear_rotary_cache_meta(x, norm_weight, eps, weight, bias, cos, s
 #: kernel is exactly those ops. ``passes/fuse_linear_rotary_cache`` creates it from a
 #: merged ``vkdelegate.rms_norm_linear`` whose three narrow_last parts (through their
 #: views) only a rotary_index_put_pair reads (a decode step); ours, only in our blobs.
-#: Vulkan: ``ops/families/rotary_cache.py`` (gemv.glsl's RMS_NORM and ROTARY together:
+#: Vulkan: ``ops/families/cache_update.py`` (gemv.glsl's RMS_NORM and ROTARY together:
 #: the rotary pairs and cache writes in the GEMV's epilogue).
 RMS_NORM_LINEAR_ROTARY_CACHE = declare_custom_op(
     "vkdelegate.rms_norm_linear_rotary_cache.default",

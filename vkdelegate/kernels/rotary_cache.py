@@ -1,5 +1,5 @@
 """The rotary + cache-write epilogue of a merged q/k/v GEMV (gemv.glsl's ROTARY form;
-vkdelegate.rms_norm_linear_rotary_cache, ops/families/rotary_cache.py).
+vkdelegate.rms_norm_linear_rotary_cache, ops/families/cache_update.py).
 
 The merged product y [N] of one row is q | k | v: q the first Nq rows, k the next Nk,
 v the last Nk (passes/merge_linears concatenates q_proj, k_proj and v_proj in that

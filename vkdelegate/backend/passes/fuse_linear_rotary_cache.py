@@ -3,7 +3,7 @@ GEMV: ``rotary_index_put_pair(q, k, cos, sin, cache, cache2, indices, v)`` whose
 and v are the three ``narrow_last`` parts of one ``rms_norm_linear(x, norm_weight,
 eps, weight, bias)`` (through ``aten.view`` nodes) becomes
 ``vkdelegate.rms_norm_linear_rotary_cache(x, norm_weight, eps, weight, bias, cos, sin,
-cache, cache2, indices, q_sizes, kv_sizes)`` (ops/families/rotary_cache.py): on the
+cache, cache2, indices, q_sizes, kv_sizes)`` (ops/families/cache_update.py): on the
 GEMV path one dispatch where there were two (the rotary pairs rotated and the caches
 written in gemv.glsl's epilogue, the product's row never stored), with the bits of the
 two; elsewhere the op records the two ops' dispatches.
