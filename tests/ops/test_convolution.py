@@ -451,3 +451,38 @@ def test_pointwise_planes_not_a_multiple_of_four(monkeypatch):
     if not pointwise:
         pytest.skip("this device runs pointwise convolutions on conv2d_pw.glsl")
     assert sorted(pointwise) == [False, True, True], seen
+
+
+def test_pointwise_texel_form(monkeypatch):
+    """CPU drivers read the pointwise path's packed weights and input vec4s as uniform
+    texel buffers (conv2d.glsl PW_TEXEL, runtime/texel.py): against eager with clamp
+    and the residual add, 7 x 7 planes (PW_SHIFTED) resized to 8 x 8 (aligned) and
+    3 x 5, and fp16 with one output channel per invocation (an r32f weight view).
+    GPUs never take it (conv2d_pw.glsl)."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.runtime import default_device
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "POINTWISE" in d,
+                                                          "PW_TEXEL" in d))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(16, 12, 1), torch.nn.Conv2d(12, 12, 1)
+
+        def forward(self, x):
+            h = torch.clamp(self.a(x), 0, 6)
+            return self.b(h) + h
+
+    torch.manual_seed(0)
+    h, w = torch.export.Dim("h", min=1, max=8), torch.export.Dim("w", min=1, max=8)
+    check_op(Net(), (torch.randn(2, 16, 7, 7),), ops=[CLAMP, "vkdelegate.conv_add.default"],
+             dynamic_shapes=({2: h, 3: w},),
+             resize_inputs=[(torch.randn(2, 16, 8, 8),), (torch.randn(2, 16, 3, 5),)])
+    wh, bh = torch.randn(6, 8, 1, 1).half(), torch.randn(6).half()
+    check_op(_conv(wh, bh), (torch.randn(1, 8, 5, 5).half(),), ops=[CONV],
+             rtol=1e-2, atol=1e-2)
+    texel = [s[2] for s in seen if s[0] == "conv2d" and s[1]]
+    if default_device().texel_inputs:
+        assert texel == [True] * 3, seen
+    else:
+        assert not any(s[2] for s in seen), seen
