@@ -1,7 +1,8 @@
 """Inputs read as uniform texel buffers (runtime/texel.py, issue 12).
 
-On CPU drivers the pointwise convolution (conv2d.glsl PW_TEXEL) and the prepacked
-linear (linear.glsl B_TEXEL, A_TEXEL) read their weights and vec4 inputs through
+On CPU drivers the pointwise convolution (conv2d.glsl PW_TEXEL), the column
+convolution (conv2d_col.glsl COL_TEXEL: depthwise and small dense kernels) and the
+prepacked linear (linear.glsl B_TEXEL, A_TEXEL) read their weights and inputs through
 VkBufferViews. Their outputs are bit-identical to the storage-buffer forms' (same
 values, same order of the sums); a tensor the device cannot view (over
 maxTexelBufferElements, forced here with a small limit) keeps the storage form; the
@@ -19,7 +20,7 @@ from vkdelegate.runtime import Device
 from vkdelegate.shaders.bindings import Bindings
 
 #: Texel flags of the variants and the views each binds (PW_TEXEL: weights, input).
-VIEWS = {"PW_TEXEL": 2, "A_TEXEL": 1, "B_TEXEL": 1}
+VIEWS = {"PW_TEXEL": 2, "COL_TEXEL": 2, "A_TEXEL": 1, "B_TEXEL": 1}
 
 
 def test_bindings_declare_texel_inputs():
@@ -32,15 +33,26 @@ def test_bindings_declare_texel_inputs():
         Bindings(outputs=("o",), inputs=("x",), texels=(("x", "rgb8"),)).defines()
 
 
-def _conv(m, rng, x_shape, oc, dtype="float32"):
-    """A 1x1 convolution with a constant weight and bias (the pointwise path)."""
-    ic = x_shape[1]
+def _conv(m, rng, x_shape, oc, dtype="float32", k=1, stride=1, groups=1):
+    """A convolution with a constant weight and bias, padding k // 2 (1x1: the
+    pointwise path; else conv2d_col.glsl)."""
+    ic, pad = x_shape[1], k // 2
+    out = [(s + 2 * pad - k) // stride + 1 for s in x_shape[2:]]
     ix = m.input(x_shape, dtype)
-    args = [ix, m.constant(rand(rng, (oc, ic, 1, 1), dtype)), m.constant(rand(rng, (oc,), dtype)),
-            m.scalar([1, 1]), m.scalar([0, 0]), m.scalar([1, 1]), m.scalar(False),
-            m.scalar([0, 0]), m.scalar(1)]
-    m.output(m.op("aten.convolution.default", args, (x_shape[0], oc) + x_shape[2:], dtype))
+    args = [ix, m.constant(rand(rng, (oc, ic // groups, k, k), dtype)),
+            m.constant(rand(rng, (oc,), dtype)), m.scalar([stride] * 2),
+            m.scalar([pad] * 2), m.scalar([1, 1]), m.scalar(False), m.scalar([0, 0]),
+            m.scalar(groups)]
+    m.output(m.op("aten.convolution.default", args, [x_shape[0], oc] + out, dtype))
     return [rand(rng, x_shape, dtype)]
+
+
+def _depthwise(m, rng, x_shape, k, dtype="float32"):
+    return _conv(m, rng, x_shape, x_shape[1], dtype, k=k, stride=2, groups=x_shape[1])
+
+
+def _dense3x3(m, rng, x_shape, oc, dtype="float32"):
+    return _conv(m, rng, x_shape, oc, dtype, k=3)
 
 
 def _linear(m, rng, x_shape, n, dtype="float32"):
@@ -56,6 +68,9 @@ CASES = {
     "pw_aligned_8x8": (_conv, (1, 6, 8, 8), 8, "float32", {"PW_TEXEL"}),
     "pw_tile1_fp16": (_conv, (1, 8, 5, 5), 6, "float16", {"PW_TEXEL"}),
     "pw_rows": (_conv, (1, 5, 3, 3), 4, "float32", set()),  # input not whole texels
+    "depthwise_3x3_s2": (_depthwise, (2, 6, 11, 9), 3, "float32", {"COL_TEXEL"}),
+    "depthwise_5x5_fp16": (_depthwise, (1, 4, 9, 9), 5, "float16", {"COL_TEXEL"}),
+    "dense_3x3_tile4": (_dense3x3, (1, 3, 13, 11), 8, "float32", {"COL_TEXEL"}),
     "linear_vec4": (_linear, (6, 32), 9, "float32", {"A_TEXEL", "B_TEXEL"}),
     "linear_k13": (_linear, (5, 13), 7, "float32", {"B_TEXEL"}),
     "linear_fp16": (_linear, (2, 3, 16), 5, "float16", {"A_TEXEL", "B_TEXEL"}),
