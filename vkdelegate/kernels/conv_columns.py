@@ -6,7 +6,9 @@ A non-transposed 2-D (or 1-D) convolution with a constant weight, depthwise laye
 or 4 output channels, adjacent
 invocations on adjacent columns, the filter taps of one input channel in registers
 (see the shader's header). Measured on llvmpipe it took about half of conv2d.glsl's
-direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md).
+direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md). On CPU
+drivers the input and weights are read as uniform texel buffers where the device can
+view them (COL_TEXEL; runtime/texel.py): depthwise layers 20-30% faster on llvmpipe.
 Torch-free; registers no op (ops/families/convolution.py records it, prepacking the
 weight with kernels/conv_geometry.py's ``pack_weight``, and keeps conv2d.glsl for
 transposed convolutions, weights computed at run time, pointwise layers and windows

@@ -31,7 +31,9 @@ of a fourth:
   form for K past llvmpipe's loop budget; HAS_RESIDUAL adds a residual of the
   output's shape in the epilogue (vkdelegate.linear_add, as gemv.glsl does); SWIGLU
   combines a merged gate/up weight's column pairs by the SwiGLU chain in the epilogue
-  (vkdelegate.linear_swiglu, as gemv.glsl does; ``swiglu`` below).
+  (vkdelegate.linear_swiglu, as gemv.glsl does; ``swiglu`` below). A prepacked weight
+  and the A_VEC4 rows are read as uniform texel buffers where the device can view
+  them (B_TEXEL, A_TEXEL; ``texel_operands``, runtime/texel.py).
 - conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
   output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
   budget): chosen here, declared and recorded by ops/families/convolution.py, which

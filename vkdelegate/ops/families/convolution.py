@@ -12,7 +12,9 @@ dilation and groups, transposed with output_padding, bias or none; fp32 and fp16
 (accumulated in fp32). Shaders chosen at load: pointwise convolutions (1x1, stride 1,
 no padding, groups 1, constant weight) run kernels/conv_pointwise.py's implicit GEMM
 (conv2d_pw.glsl) on GPUs; everything else, and pointwise on CPU drivers, runs
-conv2d.glsl with three paths: pointwise (a tiled GEMM over pixels), direct (general,
+conv2d.glsl with three paths: pointwise (a tiled GEMM over pixels; on CPU drivers its
+weights and vec4 input loads through uniform texel buffers where the device can view
+them, PW_TEXEL: runtime/texel.py), direct (general,
 depthwise included: one channel per invocation when the output channels per group are
 not a multiple of 4) and transposed (a gather over input positions).
 Constant weights are prepacked once at load as fp32 [OC/T, IC/groups, KH, KW, T]
