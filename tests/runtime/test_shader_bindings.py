@@ -5,8 +5,9 @@ declares them in Python (shaders.bindings.shader_bindings, runtime.param_block):
 the SPIR-V's binding numbers, descriptor kinds, access and every parameter block's
 member names, types and offsets must equal the declaration, for uniform blocks (GPUs)
 and with PARAMS_IN_STORAGE (lavapipe); inputs declared as texel buffers must be
-``uniform samplerBuffer`` variables of their name. Variants that differ only in define values
-(dtypes, expressions) share their bindings, so one per set of define names is compiled.
+``uniform samplerBuffer`` variables of their name. Variants that differ only in define
+values (dtypes, expressions) share their bindings, so one per set of define names is
+compiled.
 """
 from __future__ import annotations
 

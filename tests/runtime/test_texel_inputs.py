@@ -57,7 +57,8 @@ def _dense3x3(m, rng, x_shape, oc, dtype="float32"):
 
 def _linear(m, rng, x_shape, n, dtype="float32"):
     ix = m.input(x_shape, dtype)
-    args = [ix, m.constant(rand(rng, (n, x_shape[-1]), dtype)), m.constant(rand(rng, (n,), dtype))]
+    args = [ix, m.constant(rand(rng, (n, x_shape[-1]), dtype)),
+            m.constant(rand(rng, (n,), dtype))]
     m.output(m.op("aten.linear.default", args, x_shape[:-1] + (n,), dtype))
     return [rand(rng, x_shape, dtype)]
 

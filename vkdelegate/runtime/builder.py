@@ -190,10 +190,10 @@ class NodeBuilder:
         Bindings, numbered from 0: ``outputs`` (Tensors written, storage buffers), then
         ``inputs`` (Tensors read; uniform texel buffers where the variant declares
         them so, ``texel_input`` having said the tensor can be), then ``params``
-        (ParamBuffers, e.g. ``t.meta``, as uniform buffers, or readonly storage buffers
-        on a device with ``params_in_storage``), in the order of the variant's declared bindings
-        (``shaders.bindings.shader_bindings``; VkDelegateError naming them when the
-        counts differ or a parameter buffer is smaller than its block).
+        (ParamBuffers, e.g. ``t.meta``, as uniform buffers, or readonly storage
+        buffers on a device with ``params_in_storage``), in the order of the variant's
+        declared bindings (``shaders.bindings.shader_bindings``; VkDelegateError naming
+        them when the counts differ or a parameter buffer is smaller than its block).
         global_size: invocations (x, y, z), sized for the upper-bound shapes; the grid
         is rounded up to whole workgroups, so shaders bounds-check.
         A 1-D global size beyond the device's workgroup-count limit is folded into y
