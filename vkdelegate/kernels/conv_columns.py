@@ -123,9 +123,7 @@ def record(b, out, x, w, bias, channels: tuple, lo: float, hi: float, clamp: boo
 
 
 def _variant(profile, dtype: str, oc_tile: int, clamp: bool, residual: bool,
-             rows: int, texel: bool) -> "dict | None":
-    if texel and rows != ROWS:
-        return None  # COL_TEXEL: CPU drivers only
+             rows: int, texel: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
     return defines(ddt, ddt, ("float32", "float32"), oc_tile, clamp,
                    ddt if residual else None, rows, texel)
