@@ -451,3 +451,63 @@ def test_pointwise_planes_not_a_multiple_of_four(monkeypatch):
     if not pointwise:
         pytest.skip("this device runs pointwise convolutions on conv2d_pw.glsl")
     assert sorted(pointwise) == [False, True, True], seen
+
+
+def test_pointwise_texel_form(monkeypatch):
+    """CPU drivers read the pointwise path's packed weights and input vec4s as uniform
+    texel buffers (conv2d.glsl PW_TEXEL, runtime/texel.py): against eager with clamp
+    and the residual add, 7 x 7 planes (PW_SHIFTED) resized to 8 x 8 (aligned) and
+    3 x 5, and fp16 with one output channel per invocation (an r32f weight view).
+    GPUs never take it (conv2d_pw.glsl)."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.runtime import default_device
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "POINTWISE" in d,
+                                                          "PW_TEXEL" in d))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(16, 12, 1), torch.nn.Conv2d(12, 12, 1)
+
+        def forward(self, x):
+            h = torch.clamp(self.a(x), 0, 6)
+            return self.b(h) + h
+
+    torch.manual_seed(0)
+    h, w = torch.export.Dim("h", min=1, max=8), torch.export.Dim("w", min=1, max=8)
+    check_op(Net(), (torch.randn(2, 16, 7, 7),), ops=[CLAMP, "vkdelegate.conv_add.default"],
+             dynamic_shapes=({2: h, 3: w},),
+             resize_inputs=[(torch.randn(2, 16, 8, 8),), (torch.randn(2, 16, 3, 5),)])
+    wh, bh = torch.randn(6, 8, 1, 1).half(), torch.randn(6).half()
+    check_op(_conv(wh, bh), (torch.randn(1, 8, 5, 5).half(),), ops=[CONV],
+             rtol=1e-2, atol=1e-2)
+    texel = [s[2] for s in seen if s[0] == "conv2d" and s[1]]
+    if default_device().texel_inputs:
+        assert texel == [True] * 3, seen
+    else:
+        assert not any(s[2] for s in seen), seen
+
+
+def test_column_texel_form(monkeypatch):
+    """CPU drivers read conv2d_col.glsl's input and packed weights as uniform texel
+    buffers (COL_TEXEL; an input load outside the plane reads a clamped index and
+    keeps 0): depthwise 3 x 3 at stride 2 resized, a dense 3 x 3 with 4 output
+    channels per invocation, fp16 depthwise 5 x 5 (an r16f input view), against eager.
+    GPUs never take it."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.runtime import default_device
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "COL_TEXEL" in d))
+    torch.manual_seed(0)
+    wd, bd = torch.randn(6, 1, 3, 3), torch.randn(6)
+    h = torch.export.Dim("h", min=3, max=13)
+    check_op(_conv(wd, bd, stride=2, padding=1, groups=6), (torch.randn(2, 6, 11, 9),),
+             ops=[CONV], dynamic_shapes=({2: h},),
+             resize_inputs=[(torch.randn(2, 6, 13, 9),), (torch.randn(2, 6, 3, 9),)])
+    check_op(_conv(torch.randn(8, 3, 3, 3), None, padding=1), (torch.randn(1, 3, 7, 5),),
+             ops=[CONV])
+    wh = torch.randn(4, 1, 5, 5).half()
+    check_op(_conv(wh, None, padding=2, groups=4), (torch.randn(1, 4, 9, 9).half(),),
+             ops=[CONV], rtol=1e-2, atol=1e-2)
+    col = [s[1] for s in seen if s[0] == "conv2d_col"]
+    assert len(col) == 3, seen
+    assert all(col) if default_device().texel_inputs else not any(col), seen

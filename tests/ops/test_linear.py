@@ -134,3 +134,28 @@ def test_rows_read_four_elements_a_load(monkeypatch):
     if not linear:
         pytest.skip("this device runs linears on the GEMM core")
     assert linear == [(True, False), (False, False), (True, False), (True, True)], linear
+
+
+def test_linear_texel_form(monkeypatch):
+    """CPU drivers read a prepacked weight (B_TEXEL) and, when K is a multiple of 4,
+    the rows of a (A_TEXEL) as uniform texel buffers (linear.glsl, runtime/texel.py):
+    against eager with a resize, K = 13 (the weight only) and fp16 (an rgba16f view of
+    a). GPUs never take it (the GEMM core)."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.runtime import default_device
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "A_TEXEL" in d,
+                                                          "B_TEXEL" in d))
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(24, 10), torch.nn.Linear(13, 5)])
+    n = torch.export.Dim("n", min=1, max=9)
+    check_op(lambda x, y, mods=layers: (mods[0](x), mods[1](y)),
+             (torch.randn(2, 7, 24), torch.randn(6, 13)), ops=[LINEAR],
+             dynamic_shapes=({1: n}, None),
+             resize_inputs=(torch.randn(2, 9, 24), torch.randn(6, 13)))
+    check_op(torch.nn.Linear(32, 8).half(), (torch.randn(5, 32).half(),), ops=[LINEAR],
+             rtol=2e-3, atol=2e-3)
+    linear = [s[1:] for s in seen if s[0] == "linear"]
+    if default_device().texel_inputs:
+        assert linear == [(True, True), (False, True), (True, True)], seen
+    else:
+        assert not any(a or b for a, b in linear), seen

@@ -2,7 +2,9 @@
 of the blocks behind them, read from the binary (no spirv-cross needed).
 
 Only what tests/runtime/test_shader_bindings.py compares with the Python declarations:
-each (set, binding)'s descriptor kind, access and block members (name, type, offset).
+each (set, binding)'s descriptor kind, access and block members (name, type, offset);
+a uniform texel buffer (``uniform samplerBuffer``) as kind "texel" whose one member is
+the variable.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ MAGIC = 0x07230203
 # Opcodes (SPIR-V spec, section 3.49).
 OP_NAME, OP_MEMBER_NAME = 5, 6
 OP_TYPE_INT, OP_TYPE_FLOAT, OP_TYPE_VECTOR = 21, 22, 23
+OP_TYPE_IMAGE, OP_TYPE_SAMPLED_IMAGE = 25, 27
+DIM_BUFFER = 5
 OP_TYPE_ARRAY, OP_TYPE_RUNTIME_ARRAY, OP_TYPE_STRUCT, OP_TYPE_POINTER = 28, 29, 30, 32
 OP_CONSTANT, OP_VARIABLE, OP_DECORATE, OP_MEMBER_DECORATE = 43, 59, 71, 72
 # Decorations and storage classes.
@@ -24,7 +28,7 @@ SC_UNIFORM, SC_STORAGE_BUFFER = 2, 12
 
 @dataclass
 class Binding:
-    """One descriptor binding. kind: "storage" or "uniform"; members: the block's
+    """One descriptor binding. kind: "storage", "uniform" or "texel"; members: the block's
     members as (name, type, offset) (type as in runtime.param_block, a struct by its
     name); structs: every struct member type by name -> its members likewise;
     non_writable / non_readable: the access decorations of member 0."""
@@ -68,7 +72,8 @@ class Module:
                 self.member_decorations.setdefault((args[0], args[1]), {})[args[2]] = \
                     args[3:]
             elif op in (OP_TYPE_INT, OP_TYPE_FLOAT, OP_TYPE_VECTOR, OP_TYPE_ARRAY,
-                        OP_TYPE_RUNTIME_ARRAY, OP_TYPE_STRUCT, OP_TYPE_POINTER):
+                        OP_TYPE_RUNTIME_ARRAY, OP_TYPE_STRUCT, OP_TYPE_POINTER,
+                        OP_TYPE_IMAGE, OP_TYPE_SAMPLED_IMAGE):
                 self.types[args[0]] = (op, args[1:])
             elif op == OP_CONSTANT:
                 self.constants[args[1]] = args[2]
@@ -109,6 +114,14 @@ class Module:
                  self.member_decorations.get((struct_id, k), {}).get(OFFSET, [None])[0])
                 for k, t in enumerate(member_types)]
 
+    def _texel_buffer(self, tid: int) -> bool:
+        """Whether type ``tid`` is a sampled image of dimension Buffer (samplerBuffer)."""
+        op, args = self.types.get(tid, (None, ()))
+        if op != OP_TYPE_SAMPLED_IMAGE:
+            return False
+        image_op, image = self.types.get(args[0], (None, ()))
+        return image_op == OP_TYPE_IMAGE and image[1] == DIM_BUFFER and image[5] == 1
+
     def bindings(self) -> dict[int, Binding]:
         """Binding number -> Binding of every descriptor-set variable."""
         out = {}
@@ -117,6 +130,14 @@ class Module:
             if BINDING not in deco:
                 continue
             struct_id = self.types[ptr_type][1][1]
+            if self._texel_buffer(struct_id):
+                # Sampled (1) buffer image: read-only by nature.
+                out[deco[BINDING][0]] = Binding(
+                    set=deco.get(DESCRIPTOR_SET, [None])[0], binding=deco[BINDING][0],
+                    kind="texel", block="", members=[(self.names.get(var, ""),
+                                                      "samplerBuffer", None)],
+                    structs={}, non_writable=True, non_readable=False)
+                continue
             struct_deco = self.decorations.get(struct_id, {})
             if storage == SC_STORAGE_BUFFER or BUFFER_BLOCK in struct_deco:
                 kind = "storage"

@@ -4,8 +4,10 @@ The GLSL names its bindings (TENSOR_OUT/TENSOR_IN/TENSOR_META/PARAMS) and the op
 declares them in Python (shaders.bindings.shader_bindings, runtime.param_block): here
 the SPIR-V's binding numbers, descriptor kinds, access and every parameter block's
 member names, types and offsets must equal the declaration, for uniform blocks (GPUs)
-and with PARAMS_IN_STORAGE (lavapipe). Variants that differ only in define values
-(dtypes, expressions) share their bindings, so one per set of define names is compiled.
+and with PARAMS_IN_STORAGE (lavapipe); inputs declared as texel buffers must be
+``uniform samplerBuffer`` variables of their name. Variants that differ only in define
+values (dtypes, expressions) share their bindings, so one per set of define names is
+compiled.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def _mismatches(shader: str, defines: dict, in_storage: bool, spirv: bytes) -> l
             continue
         is_output = index < len(declared.outputs)
         is_param = index >= len(declared.outputs) + len(declared.inputs)
-        want_kind = param_kind if is_param else "storage"
+        want_kind = param_kind if is_param else \
+            ("texel" if declared.texel_format(name) else "storage")
         if got.set != 0 or got.kind != want_kind:
             problems.append(f"binding {index} ({name}): set {got.set} {got.kind}, "
                             f"expected set 0 {want_kind}")

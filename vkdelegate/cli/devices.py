@@ -48,7 +48,9 @@ def run(args) -> int:
         rows = _capability_rows(d.capabilities) + [
             ["subgroup operations", ", ".join(d.subgroup_ops) or "-"],
             ["maxComputeWorkGroupInvocations", str(d.max_workgroup_invocations)],
-            ["maxComputeWorkGroupCount", "x".join(map(str, d.max_workgroup_count))]]
+            ["maxComputeWorkGroupCount", "x".join(map(str, d.max_workgroup_count))],
+            ["uniform texel buffers", f"{', '.join(sorted(d.texel_formats)) or '-'} "
+             f"(maxTexelBufferElements {d.max_texel_buffer_elements})"]]
         print(tabulate(rows, headers=["capability", "value"]))
     return 0
 
@@ -71,7 +73,8 @@ def _capability_rows(caps) -> list:
 def _as_json(d, chosen: int) -> dict:
     """One device as JSON: DeviceInfo's fields, its flags and the capability table."""
     out = {k: v for k, v in asdict(d).items() if k != "capabilities"}
-    out.update(extensions=sorted(d.extensions), default=d.index == chosen,
+    out.update(extensions=sorted(d.extensions), texel_formats=sorted(d.texel_formats),
+               default=d.index == chosen,
                capabilities=d.capabilities.as_dict(),
                **{k: getattr(d, k) for k in ("storage_8bit", "storage_16bit",
                                              "float16_arith", "int8_arith",

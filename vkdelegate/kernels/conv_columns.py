@@ -6,7 +6,9 @@ A non-transposed 2-D (or 1-D) convolution with a constant weight, depthwise laye
 or 4 output channels, adjacent
 invocations on adjacent columns, the filter taps of one input channel in registers
 (see the shader's header). Measured on llvmpipe it took about half of conv2d.glsl's
-direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md).
+direct-path time for EfficientNet-Lite0's depthwise layers (docs/PERF.md). On CPU
+drivers the input and weights are read as uniform texel buffers where the device can
+view them (COL_TEXEL; runtime/texel.py): depthwise layers 20-30% faster on llvmpipe.
 Torch-free; registers no op (ops/families/convolution.py records it, prepacking the
 weight with kernels/conv_geometry.py's ``pack_weight``, and keeps conv2d.glsl for
 transposed convolutions, weights computed at run time, pointwise layers and windows
@@ -62,15 +64,25 @@ def tile(ocg: int) -> int:
 
 
 def defines(out, x, bias, oc_tile: int, clamp: bool, residual=None,
-            rows: int = ROWS) -> dict:
+            rows: int = ROWS, texel: bool = False) -> dict:
     """Defines for out, x, bias (Tensors or (graph dtype, device dtype) pairs; the bias
     fp32), ``oc_tile`` output channels and ``rows`` outputs per invocation, with CLAMP
-    and RESIDUAL (``residual``: its tensor or pair)."""
+    and RESIDUAL (``residual``: its tensor or pair); ``texel``: COL_TEXEL, the input
+    and the weights read as uniform texel buffers (``texel_formats``)."""
     tensors = dict(OUT=out, IN=x, B=bias)
     if residual is not None:
         tensors["R"] = residual
     return dict(storage_defines(**tensors), ROWS=str(rows), OC_TILE=str(oc_tile),
-                **flag_defines(CLAMP=clamp, RESIDUAL=residual is not None))
+                **flag_defines(CLAMP=clamp, RESIDUAL=residual is not None,
+                               COL_TEXEL=texel))
+
+
+def texel_formats(d) -> tuple:
+    """(binding, texel format) of COL_TEXEL's inputs (defines ``d``): the input, one
+    element a texel (fp16 where it is stored so), the packed fp32 weights (a vec4 of 4
+    output channels, or one)."""
+    return (("in_data", "r16f" if d["IN_T"] == "float16_t" else "r32f"),
+            ("w_data", "rgba32f" if d["OC_TILE"] == "4" else "r32f"))
 
 
 @shader_bindings(SHADER)
@@ -79,7 +91,8 @@ def _bindings(d) -> Bindings:
                     inputs=("in_data", "w_data", "b_data") +
                     (("r_data",) if "RESIDUAL" in d else ()),
                     params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
-                            PARAMS))
+                            PARAMS),
+                    texels=texel_formats(d) if "COL_TEXEL" in d else ())
 
 
 def record(b, out, x, w, bias, channels: tuple, lo: float, hi: float, clamp: bool,
@@ -98,7 +111,11 @@ def record(b, out, x, w, bias, channels: tuple, lo: float, hi: float, clamp: boo
     oh, ow = (mx[2], mx[3]) if len(mx) == 4 else (1, mx[2])
     rows = rows_for(b.device.info)
     grid = (ow, -(-oh // rows), mx[0] * (mx[1] // oc_tile))
-    b.dispatch(SHADER, defines(out, x, bias, oc_tile, clamp, residual, rows),
+    d = defines(out, x, bias, oc_tile, clamp, residual, rows)
+    # CPU drivers: the input and weights through texel views where the device can view
+    # both (NodeBuilder.texel_input), else storage buffers.
+    texel = all(b.texel_input(t, fmt) for t, (_, fmt) in zip((x, w), texel_formats(d)))
+    b.dispatch(SHADER, defines(out, x, bias, oc_tile, clamp, residual, rows, texel),
                outputs=[out],
                inputs=[x, w, bias] + ([residual] if residual is not None else []),
                params=[out.meta, x.meta, params], global_size=grid,
@@ -106,11 +123,12 @@ def record(b, out, x, w, bias, channels: tuple, lo: float, hi: float, clamp: boo
 
 
 def _variant(profile, dtype: str, oc_tile: int, clamp: bool, residual: bool,
-             rows: int) -> dict:
+             rows: int, texel: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
     return defines(ddt, ddt, ("float32", "float32"), oc_tile, clamp,
-                   ddt if residual else None, rows)
+                   ddt if residual else None, rows, texel)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, oc_tile=(1, 4),
-             clamp=(False, True), residual=(False, True), rows=(ROWS, GPU_ROWS))
+             clamp=(False, True), residual=(False, True), rows=(ROWS, GPU_ROWS),
+             texel=(False, True))

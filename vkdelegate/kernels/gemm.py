@@ -31,7 +31,9 @@ of a fourth:
   form for K past llvmpipe's loop budget; HAS_RESIDUAL adds a residual of the
   output's shape in the epilogue (vkdelegate.linear_add, as gemv.glsl does); SWIGLU
   combines a merged gate/up weight's column pairs by the SwiGLU chain in the epilogue
-  (vkdelegate.linear_swiglu, as gemv.glsl does; ``swiglu`` below).
+  (vkdelegate.linear_swiglu, as gemv.glsl does; ``swiglu`` below). A prepacked weight
+  and the A_VEC4 rows are read as uniform texel buffers where the device can view
+  them (B_TEXEL, A_TEXEL; ``texel_operands``, runtime/texel.py).
 - conv2d.glsl's POINTWISE path (pixels x input channels x output channels, OC_TILE
   output channels and PX pixels per invocation, an unrolled LONG_LOOPS form past the
   budget): chosen here, declared and recorded by ops/families/convolution.py, which
@@ -43,6 +45,7 @@ registers no op (the op families in ops/families/matmul.py and linear.py do).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -249,13 +252,16 @@ def mm(b, out, a, w, transposed: bool) -> None:
 
 # ---- every other product: linear.glsl -----------------------------------------------
 def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = False,
-                   residual=None, swiglu=None, a_vec4: bool = False) -> dict:
+                   residual=None, swiglu=None, a_vec4: bool = False,
+                   texels: tuple = ()) -> dict:
     """layout: "kn" (b is [..., K, N]), "nk" (a [N, K] weight read in place) or
     "packed" (a constant [N, K] weight prepacked as fp32 vec4 [ceil(N/4), K]);
     residual: None, or the Tensor (pair) HAS_RESIDUAL adds to the output; swiglu:
     None, or kernels/swiglu.py's defines of the SWIGLU epilogue (layout "nk" or
     "packed", the gate and up halves packed apart: ``pack_halves``); a_vec4: a read 4
-    elements a load (A_VEC4; ``a_vec4`` says when)."""
+    elements a load (A_VEC4; ``a_vec4`` says when); texels: the operands read as
+    uniform texel buffers, "b" (B_TEXEL, layout "packed") and "a" (A_TEXEL, with
+    a_vec4): ``texel_operands`` says which."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -270,6 +276,7 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
         d.update(swiglu)
     if a_vec4:
         d.update(A_VEC4="1", A4_T="f16vec4" if d["A_T"] == "float16_t" else "vec4")
+    d.update(flag_defines(A_TEXEL="a" in texels, B_TEXEL="b" in texels))
     if layout == "packed":
         # The packed buffer is always fp32 vec4: one variant whatever b's dtype.
         d.pop("B_T")
@@ -277,7 +284,30 @@ def linear_defines(out, a, b, bias, layout: str, m_tile: int, long_k: bool = Fal
     return d
 
 
-shader_bindings(LINEAR_SHADER)(gemm_core.product_bindings)  # as the core's
+def _linear_texels(d) -> tuple:
+    """(binding, texel format) of linear.glsl's texel inputs (defines ``d``)."""
+    a_format = "rgba16f" if d.get("A4_T") == "f16vec4" else "rgba32f"
+    return ((("a_data", a_format),) if "A_TEXEL" in d else ()) + \
+        ((("b_data", "rgba32f"),) if "B_TEXEL" in d else ())
+
+
+@shader_bindings(LINEAR_SHADER)
+def _linear_bindings(d) -> Bindings:
+    """The core's bindings (gemm_core.product_bindings), a and b as uniform texel
+    buffers in the A_TEXEL / B_TEXEL forms."""
+    return dataclasses.replace(gemm_core.product_bindings(d), texels=_linear_texels(d))
+
+
+def texel_operands(b, a, packed, vec4: bool) -> tuple:
+    """The operands linear.glsl reads as uniform texel buffers (``linear_defines``'s
+    ``texels``) on the node builder ``b``'s device, for the product of ``a`` and the
+    prepacked weight ``packed`` (None for another layout), a read as vec4s when
+    ``vec4`` (A_VEC4): CPU drivers only (NodeBuilder.texel_input: the device's formats
+    and limits), b when packed, a too when read as vec4s; neither where b cannot be."""
+    if packed is None or not b.texel_input(packed, "rgba32f"):
+        return ()
+    fmt = "rgba16f" if a.device_dtype == "float16" else "rgba32f"
+    return ("b", "a") if vec4 and b.texel_input(a, fmt) else ("b",)
 
 
 def a_vec4(layout: str, k: int) -> bool:
@@ -337,9 +367,11 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
     if layout == "packed":
         mat = b.prepacked(pack_halves(b.constant_array(mat)), "float32")
     grid = (-(-f // 4), -(-m // form.tile), batch)
+    vec4 = a_vec4(layout, k)
+    texels = texel_operands(b, a, mat if layout == "packed" else None, vec4)
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
-                                             form.long_k, swiglu=chain,
-                                             a_vec4=a_vec4(layout, k)),
+                                             form.long_k, swiglu=chain, a_vec4=vec4,
+                                             texels=texels),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid))
 
@@ -385,8 +417,11 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
     grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
+    vec4 = a_vec4(layout, k)
+    texels = texel_operands(b, a, mat if layout == "packed" else None, vec4)
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
-                                             form.long_k, residual, a_vec4=a_vec4(layout, k)),
+                                             form.long_k, residual, a_vec4=vec4,
+                                             texels=texels),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []) +
                ([residual] if residual is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid))
@@ -402,17 +437,17 @@ def _mm_variant(profile, dtype: str, transposed: bool, reg: "int | None" = None)
 
 def _linear_variant(profile, dtype: str, layout: str, bias: bool, m_tile: int,
                     long_k: bool, residual: bool, chain: "str | None",
-                    vec4: bool) -> "dict | None":
+                    vec4: bool, texels: tuple) -> "dict | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if chain is not None and (layout == "kn" or residual
                               or chain not in swiglu_chains.CHAINS_FOR[dtype]):
         return None  # SWIGLU: a [2F, K] weight, no residual
-    if vec4 and layout != "packed":
+    if (vec4 or texels) and layout != "packed" or "a" in texels and not vec4:
         return None
     return linear_defines(ddt, ddt, ddt, ddt if bias else None, layout, m_tile, long_k,
                           ddt if residual else None,
                           None if chain is None else swiglu_chains.defines(chain, dtype),
-                          vec4)
+                          vec4, texels)
 
 
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
@@ -421,4 +456,4 @@ declare_grid(TILED_SHADER, _mm_variant, **_GRID, transposed=(False, True), reg=(
 declare_grid(LINEAR_SHADER, _linear_variant, **_GRID, layout=("kn", "nk", "packed"),
              bias=(False, True), m_tile=(1, 4), long_k=(False, True),
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
-             vec4=(False, True))
+             vec4=(False, True), texels=((), ("b",), ("b", "a")))

@@ -16,7 +16,8 @@ import numpy as np
 
 from vkdelegate.errors import DeviceLimitError, VkDelegateError
 from vkdelegate.runtime.params import ParamBuffer
-from vkdelegate.runtime.pipeline import STORAGE, UNIFORM
+from vkdelegate.runtime import texel
+from vkdelegate.runtime.pipeline import STORAGE, TEXEL, UNIFORM
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.shaders.bindings import bindings_of
 from vkdelegate.serialization import vkgraph as g
@@ -34,6 +35,9 @@ class Dispatch:
     reads: set = field(default_factory=set)   # memory regions read
     writes: set = field(default_factory=set)  # memory regions written
     descriptor_set: object = None
+    #: per binding, the texel format of a uniform texel buffer binding, else None
+    #: (empty when the dispatch has none)
+    formats: tuple = ()
     #: (src Tensor, dst Tensor) when the dispatch only copies src whole into dst
     #: (NodeBuilder.mark_whole_copy): DeviceState may drop it for an in-place state.
     whole_copy: tuple = ()
@@ -152,6 +156,15 @@ class NodeBuilder:
         """
         return self._graph.error_flag(self.node, message)
 
+    def texel_input(self, t: Tensor, fmt: str) -> bool:
+        """Whether a dispatch may read tensor ``t`` as a uniform texel buffer of format
+        ``fmt`` (a key of shaders.bindings.TEXEL_FORMATS) on this device: CPU drivers
+        (``Device.texel_inputs``) whose format and limits allow a view of t's whole
+        buffer (runtime.texel.unfit). The op then picks the variant declaring that
+        input a texel binding; otherwise its storage-buffer form. Decided at load,
+        for t's upper-bound size (a resize never outgrows the view)."""
+        return texel.unfit(self.device, t.buffer, fmt) is None
+
     # ---- dispatches ------------------------------------------------------------------
     def local_size_1d(self, invocations: int) -> tuple:
         """Workgroup size for a 1-D dispatch of ``invocations`` (upper bound).
@@ -175,11 +188,12 @@ class NodeBuilder:
         """Declare one dispatch of shader variant (``shader``, ``defines``).
 
         Bindings, numbered from 0: ``outputs`` (Tensors written, storage buffers), then
-        ``inputs`` (Tensors read), then ``params`` (ParamBuffers, e.g. ``t.meta``, as
-        uniform buffers, or readonly storage buffers on a device with
-        ``params_in_storage``), in the order of the variant's declared bindings
-        (``shaders.bindings.shader_bindings``; VkDelegateError naming them when the
-        counts differ or a parameter buffer is smaller than its block).
+        ``inputs`` (Tensors read; uniform texel buffers where the variant declares
+        them so, ``texel_input`` having said the tensor can be), then ``params``
+        (ParamBuffers, e.g. ``t.meta``, as uniform buffers, or readonly storage
+        buffers on a device with ``params_in_storage``), in the order of the variant's
+        declared bindings (``shaders.bindings.shader_bindings``; VkDelegateError naming
+        them when the counts differ or a parameter buffer is smaller than its block).
         global_size: invocations (x, y, z), sized for the upper-bound shapes; the grid
         is rounded up to whole workgroups, so shaders bounds-check.
         A 1-D global size beyond the device's workgroup-count limit is folded into y
@@ -198,9 +212,16 @@ class NodeBuilder:
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
                              f"exceeds this device's compute limits", limit=True)
-        self._check_bindings(shader, defines, outputs, inputs, params)
+        declared = self._check_bindings(shader, defines, outputs, inputs, params)
+        formats = (None,) * len(outputs) + tuple(
+            declared.texel_format(name) for name in declared.inputs) + (None,) * len(params)
+        for t, fmt in zip(inputs, formats[len(outputs):]):
+            if fmt is not None:  # created now: a view the device refuses fails the load
+                self._graph.allocator.texel_view(t.buffer, fmt)
         param_type = STORAGE if self.device.params_in_storage else UNIFORM
-        types = (STORAGE,) * (len(outputs) + len(inputs)) + (param_type,) * len(params)
+        types = tuple(TEXEL if f is not None else STORAGE
+                      for f in formats[:len(outputs) + len(inputs)]) + \
+            (param_type,) * len(params)
         pipeline = self.device.pipelines.get(shader, defines, types,
                                              ls + tuple(spec_constants))
         buffers = [t.buffer for t in outputs] + [t.buffer for t in inputs] + \
@@ -209,6 +230,7 @@ class NodeBuilder:
             node_id=self.node.node_id if self.node else -1,
             op=self.node.name if self.node else shader,
             pipeline=pipeline, buffers=buffers, groups=tuple(groups),
+            formats=formats if any(formats) else (),
             reads={t.buffer.region for t in inputs},
             # Error-flag words are only set (atomicOr, order-free) and read by the host
             # after the final barrier: they need no barrier between dispatches.
@@ -224,8 +246,9 @@ class NodeBuilder:
         if src.buffer.region in last.reads and dst.buffer.region in last.writes:
             last.whole_copy = (src, dst)
 
-    def _check_bindings(self, shader: str, defines: dict, outputs, inputs, params) -> None:
-        """The buffers of a dispatch against the variant's declared bindings."""
+    def _check_bindings(self, shader: str, defines: dict, outputs, inputs, params):
+        """The buffers of a dispatch against the variant's declared bindings; returns
+        those Bindings."""
         declared = bindings_of(shader, defines)
         got = (len(outputs), len(inputs), len(params))
         want = (len(declared.outputs), len(declared.inputs), len(declared.params))
@@ -238,3 +261,4 @@ class NodeBuilder:
                 raise self.error(f"dispatch of {shader}: {param.what} has "
                                  f"{param.buffer.size} bytes, block {block.name} needs "
                                  f"{block.size}")
+        return declared

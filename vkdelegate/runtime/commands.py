@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import vulkan as vk
 
-from vkdelegate.runtime.pipeline import STORAGE, UNIFORM
+from vkdelegate.runtime.pipeline import STORAGE, TEXEL, UNIFORM
 from vkdelegate.runtime.vkcall import vk_call
 
 _COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
@@ -22,14 +22,16 @@ _TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 _SHADER_RW = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
 
 
-def create_descriptor_sets(device, dispatches):
+def create_descriptor_sets(device, dispatches, views=None):
     """Allocate and write one descriptor set per dispatch; return the pool (owned by
-    the caller, destroyed with vkDestroyDescriptorPool)."""
+    the caller, destroyed with vkDestroyDescriptorPool). views: ``(Buffer, format)
+    -> VkBufferView`` for the uniform texel buffer bindings (the graph allocator's
+    ``texel_view``, which owns the views)."""
     dev = device.device
-    n_storage = sum(d.pipeline.binding_types.count(STORAGE) for d in dispatches)
-    n_uniform = sum(d.pipeline.binding_types.count(UNIFORM) for d in dispatches)
+    counts = {t: sum(d.pipeline.binding_types.count(t) for d in dispatches)
+              for t in (STORAGE, UNIFORM, TEXEL)}
     sizes = [vk.VkDescriptorPoolSize(type=t, descriptorCount=max(1, n))
-             for t, n in ((STORAGE, n_storage), (UNIFORM, n_uniform))]
+             for t, n in counts.items() if n or t != TEXEL]
     pool_info = vk.VkDescriptorPoolCreateInfo(
         sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
         maxSets=max(1, len(dispatches)), poolSizeCount=len(sizes), pPoolSizes=sizes)
@@ -41,12 +43,19 @@ def create_descriptor_sets(device, dispatches):
             descriptorSetCount=1, pSetLayouts=[d.pipeline.set_layout])
         d.descriptor_set = vk_call(vk.vkAllocateDescriptorSets, dev, alloc,
                                    what=f"node {d.node_id} ({d.op})")[0]
-        infos = [vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size)
-                 for b in d.buffers]
-        writes = [vk.VkWriteDescriptorSet(
-            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=d.descriptor_set,
-            dstBinding=i, descriptorCount=1, descriptorType=t, pBufferInfo=[infos[i]])
-            for i, t in enumerate(d.pipeline.binding_types)]
+        infos, writes = [], []
+        for i, (t, b) in enumerate(zip(d.pipeline.binding_types, d.buffers)):
+            write = dict(sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                         dstSet=d.descriptor_set, dstBinding=i, descriptorCount=1,
+                         descriptorType=t)
+            if t == TEXEL:
+                infos.append([views(b, d.formats[i])])
+                write["pTexelBufferView"] = infos[-1]
+            else:
+                infos.append([vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0,
+                                                        range=b.size)])
+                write["pBufferInfo"] = infos[-1]
+            writes.append(vk.VkWriteDescriptorSet(**write))
         vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
         del infos, writes
     return pool

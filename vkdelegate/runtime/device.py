@@ -109,6 +109,14 @@ def uniform_inlining_driver(info: DeviceInfo) -> bool:
     return info.name.startswith("llvmpipe")
 
 
+def uses_texel_inputs(info: DeviceInfo) -> bool:
+    """Whether kernels read their large inputs as uniform texel buffers on the device
+    ``info`` by default: on CPU drivers (lavapipe, where a texel fetch is a vectorised
+    gather and a storage-buffer load a loop over the SIMD lanes; runtime/texel.py) that
+    can read some texel format. GPUs keep their storage-buffer forms."""
+    return info.type == "cpu" and bool(info.texel_formats)
+
+
 class Device:
     """One logical Vulkan device with a compute queue.
 
@@ -120,13 +128,18 @@ class Device:
     params_in_storage: bind parameter blocks (tensor metadata, op parameters) as
     readonly storage buffers instead of uniform buffers; None (default) does so on
     lavapipe only (``params_in_storage`` attribute; see ``uniform_inlining_driver``).
+    texel_inputs: create tensor buffers for texel views, so that kernels may read
+    their large inputs as uniform texel buffers (runtime/texel.py); None (default) on
+    CPU drivers that can read any texel format, where it pays (``texel_inputs``
+    attribute; ``uses_texel_inputs``).
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
     ``close()`` when done: it first closes the graphs still open on the device.
     """
 
     def __init__(self, selector=None, validation: bool = False,
                  small_storage: bool = True, params_in_storage: bool | None = None,
-                 pipeline_statistics: bool | None = None):
+                 pipeline_statistics: bool | None = None,
+                 texel_inputs: bool | None = None):
         if selector is None:
             selector = os.environ.get("VKDELEGATE_DEVICE")
         if validation and not _validation_available():
@@ -154,6 +167,8 @@ class Device:
         self.physical = physical[self.info.index]
         self.params_in_storage = (uniform_inlining_driver(self.info)
                                   if params_in_storage is None else bool(params_in_storage))
+        self.texel_inputs = (uses_texel_inputs(self.info) if texel_inputs is None
+                             else bool(texel_inputs) and bool(self.info.texel_formats))
         if pipeline_statistics is None:
             pipeline_statistics = pipeline_stats.requested()
         self.pipeline_statistics = (bool(pipeline_statistics)

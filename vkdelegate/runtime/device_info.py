@@ -14,7 +14,7 @@ import vulkan as vk
 
 from vkdelegate.capabilities import Capabilities
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.runtime import device_features
+from vkdelegate.runtime import device_features, texel
 from vkdelegate.runtime.vkcall import vk_call
 
 _TYPE_NAMES = {
@@ -61,6 +61,11 @@ class DeviceInfo:
     max_push_constants: int = 0
     max_shared_memory: int = 0  # maxComputeSharedMemorySize, bytes
     min_storage_offset_alignment: int = 0
+    # Uniform texel buffers (runtime/texel.py): texels per view, view offset alignment,
+    # and the texel formats (runtime.texel.VK_FORMATS names) the device can read so.
+    max_texel_buffer_elements: int = 0
+    min_texel_offset_alignment: int = 0
+    texel_formats: frozenset = frozenset()
     timestamp_period_ns: float = 0.0
     extensions: frozenset = frozenset()
 
@@ -108,6 +113,9 @@ def describe(index: int, pd, instance) -> DeviceInfo:
         max_push_constants=limits.maxPushConstantsSize,
         max_shared_memory=limits.maxComputeSharedMemorySize,
         min_storage_offset_alignment=limits.minStorageBufferOffsetAlignment,
+        max_texel_buffer_elements=limits.maxTexelBufferElements,
+        min_texel_offset_alignment=limits.minTexelBufferOffsetAlignment,
+        texel_formats=texel.supported_formats(pd),
         timestamp_period_ns=limits.timestampPeriod,
         extensions=exts,
     )

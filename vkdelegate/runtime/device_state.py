@@ -175,7 +175,8 @@ class DeviceState:
         if self._pool is not None:
             vk.vkDestroyDescriptorPool(self.device.device, self._pool, None)
             self._pool = None
-        self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
+        self._pool = commands.create_descriptor_sets(self.device, self.dispatches,
+                                                     self.allocator.texel_view)
 
     def read_state(self, input_index: int) -> np.ndarray:
         """The current value (a new array, graph dtype) of state input ``input_index``

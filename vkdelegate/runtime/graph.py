@@ -165,7 +165,8 @@ class DelegateGraph(DeviceState):
                 t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
                                                   f"staging of {t.name}", cached=True)
         self._build_nodes()
-        self._pool = commands.create_descriptor_sets(self.device, self.dispatches)
+        self._pool = commands.create_descriptor_sets(self.device, self.dispatches,
+                                                     self.allocator.texel_view)
         self.values.flush_uploads(self.timeout_s)
         self._cmd, self.barriers = self._record()
         self.recordings += 1

@@ -10,8 +10,10 @@ as the largest and uses a memory type allowed by the intersection of all their
 memory-type bits.
 
 Host-visible blocks are mapped once for their whole size; a ``Buffer`` in such a block
-exposes ``host`` (a writable numpy uint8 view of exactly its bytes). Everything is freed
-by ``Allocator.close()``: an allocator belongs to one graph and lives as long as it.
+exposes ``host`` (a writable numpy uint8 view of exactly its bytes). ``texel_view``
+makes (once per buffer and format) the VkBufferViews that bind a buffer as a uniform
+texel buffer (runtime/texel.py). Everything is freed by ``Allocator.close()``, the
+views first: an allocator belongs to one graph and lives as long as it.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import vulkan as vk
 
 from vkdelegate.errors import DeviceLimitError, VkDelegateError
+from vkdelegate.runtime import texel
 from vkdelegate.runtime.vkcall import vk_call
 
 DEFAULT_BLOCK_SIZE = 64 << 20
@@ -34,6 +37,13 @@ UNIFORM_USAGE = vk.VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT | vk.VK_BUFFER_USAGE_STORA
 STAGING_USAGE = vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
 
 
+def tensor_usage(device) -> int:
+    """Usage flags of a tensor's buffer on ``device``: STORAGE_USAGE, plus uniform texel
+    buffer use where kernels may read tensors through texel views
+    (``Device.texel_inputs``)."""
+    return STORAGE_USAGE | (texel.USAGE if getattr(device, "texel_inputs", False) else 0)
+
+
 @dataclass
 class Buffer:
     """A VkBuffer bound to ``size`` bytes at ``offset`` in a memory block.
@@ -41,7 +51,7 @@ class Buffer:
     region: id of the memory region; buffers that alias share it (used to find
     read/write hazards between dispatches). host: numpy uint8 view of the buffer's
     bytes when its memory is host-visible, else None. block, offset: where it is bound
-    (``Allocator.part`` binds another buffer inside it).
+    (``Allocator.part`` binds another buffer inside it). usage: its VkBufferUsageFlags.
     """
 
     handle: object
@@ -51,6 +61,7 @@ class Buffer:
     what: str
     block: object = None
     offset: int = 0
+    usage: int = 0
 
 
 class _Block:
@@ -91,6 +102,7 @@ class Allocator:
         self.block_size = block_size
         self._blocks: list[_Block] = []
         self._buffers: list = []
+        self._views: dict = {}  # (id(Buffer), format) -> (Buffer, VkBufferView)
         self._regions = 0
 
     def buffer(self, size: int, usage: int, host_visible: bool, what: str,
@@ -132,7 +144,8 @@ class Allocator:
             vk_call(vk.vkBindBufferMemory, dev.device, handle, block.memory, offset,
                     what=what)
             host = None if block.host is None else block.host[offset:offset + size]
-            out.append(Buffer(handle, size, self._regions, host, what, block, offset))
+            out.append(Buffer(handle, size, self._regions, host, what, block, offset,
+                              usage))
         return out
 
     def part(self, parent: Buffer, offset: int, size: int, usage: int,
@@ -160,7 +173,25 @@ class Allocator:
         vk_call(vk.vkBindBufferMemory, dev.device, handle, parent.block.memory, at,
                 what=what)
         host = None if parent.block.host is None else parent.block.host[at:at + size]
-        return Buffer(handle, size, parent.region, host, what, parent.block, at)
+        return Buffer(handle, size, parent.region, host, what, parent.block, at, usage)
+
+    def texel_view(self, buffer: Buffer, fmt: str):
+        """The VkBufferView of format ``fmt`` (runtime.texel.VK_FORMATS) over the whole
+        of ``buffer``, made on first request and destroyed by ``close``. The buffer may
+        belong to another allocator (a shared state's) that outlives this one.
+        DeviceLimitError when the device cannot view it so (runtime.texel.unfit)."""
+        key = (id(buffer), fmt)
+        if key not in self._views:
+            why = texel.unfit(self.device, buffer, fmt)
+            if why is not None:
+                raise DeviceLimitError(f"no {fmt} texel view of {buffer.what}: {why}")
+            self._views[key] = (buffer, texel.create_view(self.device, buffer, fmt))
+        return self._views[key][1]
+
+    @property
+    def texel_views(self) -> int:
+        """How many texel views this allocator holds (0 after ``close``)."""
+        return len(self._views)
 
     def _place(self, type_index: int, size: int, alignment: int, what: str):
         for block in self._blocks:
@@ -195,6 +226,9 @@ class Allocator:
     def close(self) -> None:
         """Destroy every buffer and free every block (the GPU must be done with them)."""
         dev = self.device.device
+        for _, view in self._views.values():
+            vk.vkDestroyBufferView(dev, view, None)
+        self._views = {}
         for handle in self._buffers:
             vk.vkDestroyBuffer(dev, handle, None)
         for block in self._blocks:

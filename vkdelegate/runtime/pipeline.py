@@ -3,7 +3,8 @@
 A ``Pipeline`` owns its shader module, descriptor set layout, pipeline layout and
 VkPipeline. The descriptor layout follows the variant's declared bindings
 (vkdelegate.shaders.bindings, checked by ``NodeBuilder.dispatch``): storage buffers for
-the tensors written, then for the tensors read, then the parameter blocks (uniform
+the tensors written, then for the tensors read (uniform texel buffers for the inputs
+the variant declares so: runtime/texel.py), then the parameter blocks (uniform
 buffers; storage buffers on lavapipe, see ``compile_defines``), numbered from 0 in that
 order.
 Specialization constants 0, 1, 2 are the workgroup size (``local_size_x_id`` ... in
@@ -23,6 +24,7 @@ from vkdelegate.shaders.variants import check, variant_key
 
 STORAGE = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 UNIFORM = vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+TEXEL = vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
 
 
 def compile_defines(device, shader: str, defines: dict) -> dict:

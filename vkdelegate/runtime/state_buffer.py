@@ -22,7 +22,7 @@ import numpy as np
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.dtypes import from_device, to_device
-from vkdelegate.runtime.memory import STAGING_USAGE, STORAGE_USAGE, Allocator
+from vkdelegate.runtime.memory import STAGING_USAGE, Allocator, tensor_usage
 from vkdelegate.runtime.tensor import Tensor
 
 #: Region ids of state buffers: negative, so that they never equal a graph's own
@@ -71,7 +71,7 @@ class StateBuffer:
         self._memory = _Memory(device, self.allocator)
         self._finalizer = weakref.finalize(self, self._memory.release)
         self._finalizer.atexit = False
-        self.buffer = self.allocator.buffer(self.nbytes, STORAGE_USAGE, not staging,
+        self.buffer = self.allocator.buffer(self.nbytes, tensor_usage(device), not staging,
                                             "a shared state")
         self.buffer.region = next(_REGIONS)
         self._staging = (self.allocator.buffer(self.nbytes, STAGING_USAGE, True,

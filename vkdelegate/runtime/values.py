@@ -16,8 +16,8 @@ import vulkan as vk
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.commands import run_once
 from vkdelegate.runtime.dtypes import device_dtype, to_device
-from vkdelegate.runtime.memory import (STAGING_USAGE, STORAGE_USAGE, UNIFORM_USAGE,
-                                       Allocator)
+from vkdelegate.runtime.memory import (STAGING_USAGE, UNIFORM_USAGE, Allocator,
+                                       tensor_usage)
 from vkdelegate.runtime.params import META_BYTES, ParamBuffer
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.serialization import vkgraph as g
@@ -71,7 +71,7 @@ class GraphValues:
                                             for v, s in zip(vids, specs))
             bufs = self.allocator.aliased(
                 [Tensor.nbytes_for(d, s.dims) for d, s in zip(dev_dtypes, specs)],
-                STORAGE_USAGE, host, [f"tensor {v}" for v in vids])
+                tensor_usage(self.device), host, [f"tensor {v}" for v in vids])
             for vid, s, dt, ddt, buf in zip(vids, specs, dtypes, dev_dtypes, bufs):
                 t = Tensor(vid, dt, ddt, s.dims, buf, self._meta(f"metadata of tensor {vid}"),
                            constant=s.constant_id >= 0)
@@ -90,9 +90,9 @@ class GraphValues:
             if ddt == parent.device_dtype:
                 buf = self.allocator.part(parent.buffer,
                                           start * Tensor.nbytes_for(ddt, (1,)), size,
-                                          STORAGE_USAGE, what)
+                                          tensor_usage(self.device), what)
             if buf is None:  # memory of its own: its op then copies
-                buf = self.allocator.buffer(size, STORAGE_USAGE, False, what)
+                buf = self.allocator.buffer(size, tensor_usage(self.device), False, what)
             self._values[vid] = Tensor(vid, dt, ddt, s.dims, buf,
                                        self._meta(f"metadata of tensor {vid}"))
 
@@ -148,8 +148,9 @@ class GraphValues:
         """A tensor outside the VkGraph values (op temporaries, prepacked weights)."""
         ddt = device_dtype(dtype, self.device.info)
         what = "prepacked constant" if constant else "temporary tensor"
-        buf = self.allocator.buffer(Tensor.nbytes_for(ddt, shape), STORAGE_USAGE,
-                                    constant and not self.staging, what)
+        buf = self.allocator.buffer(Tensor.nbytes_for(ddt, shape),
+                                    tensor_usage(self.device), constant and not self.staging,
+                                    what)
         return Tensor(vid, dtype, ddt, shape, buf, self._meta(f"metadata of {what}"),
                       constant=constant)
 

@@ -12,7 +12,9 @@ dilation and groups, transposed with output_padding, bias or none; fp32 and fp16
 (accumulated in fp32). Shaders chosen at load: pointwise convolutions (1x1, stride 1,
 no padding, groups 1, constant weight) run kernels/conv_pointwise.py's implicit GEMM
 (conv2d_pw.glsl) on GPUs; everything else, and pointwise on CPU drivers, runs
-conv2d.glsl with three paths: pointwise (a tiled GEMM over pixels), direct (general,
+conv2d.glsl with three paths: pointwise (a tiled GEMM over pixels; on CPU drivers its
+weights and vec4 input loads through uniform texel buffers where the device can view
+them, PW_TEXEL: runtime/texel.py), direct (general,
 depthwise included: one channel per invocation when the output channels per group are
 not a multiple of 4) and transposed (a gather over input positions).
 Constant weights are prepacked once at load as fp32 [OC/T, IC/groups, KH, KW, T]
@@ -190,14 +192,16 @@ PADDED_RULES = (_padded_rule,) + RULES
 
 # ---- runtime ------------------------------------------------------------------------
 def _defines(out, x, w, bias, *, tile: int, packed: bool, mode: str, clamp: bool,
-             long_loops: bool = False, residual=None, shifted: bool = False) -> dict:
+             long_loops: bool = False, residual=None, shifted: bool = False,
+             texel: bool = False) -> dict:
     tensors = dict(OUT=out, IN=x, W=w, B=bias)
     if residual is not None:
         tensors["R"] = residual
     d = dict(storage_defines(**tensors), OC_TILE=str(tile),
              **flag_defines(LONG_LOOPS=long_loops, W_PACKED=packed, CLAMP=clamp,
                             TRANSPOSED=mode == "transposed", POINTWISE=mode == "pointwise",
-                            RESIDUAL=residual is not None, PW_SHIFTED=shifted))
+                            RESIDUAL=residual is not None, PW_SHIFTED=shifted,
+                            PW_TEXEL=texel))
     if mode == "pointwise":
         d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
     return d
@@ -208,6 +212,14 @@ CONV_PARAMS = ParamBlock("conv_block", [
     ("clamp", "vec4")])     # output min, output max (CLAMP only)
 
 
+def _texel_formats(d) -> tuple:
+    """(binding, texel format) of the pointwise form's PW_TEXEL inputs (defines ``d``
+    without PW_TEXEL are enough): the packed fp32 weights (a vec4 of 4 output channels,
+    or one), the input's vec4s (fp16 where the input is stored so)."""
+    return (("w_data", "rgba32f" if d["OC_TILE"] == "4" else "r32f"),
+            ("in4_data", "rgba16f" if d["IN4_T"] == "f16vec4" else "rgba32f"))
+
+
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
     # The pointwise form reads the input a second time as in4_data, 4 elements a load.
@@ -216,7 +228,8 @@ def _bindings(d) -> Bindings:
                     (("in4_data",) if "POINTWISE" in d else ()) +
                     (("r_data",) if "RESIDUAL" in d else ()),
                     params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
-                            CONV_PARAMS))
+                            CONV_PARAMS),
+                    texels=_texel_formats(d) if "PW_TEXEL" in d else ())
 
 
 def _plain_loop_iterations(transposed: bool, icg: int, kernel, stride, dilation,
@@ -318,9 +331,15 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
     # 4 (7 x 7) are read as vec4s too (PW_SHIFTED; the input's size is then a multiple
     # of 4 elements, which the shader's clamp needs).
     shifted = pointwise and ic % 4 == 0
-    b.dispatch(SHADER, _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
-                                clamp=clamp_ids is not None, long_loops=long_loops,
-                                residual=residual, shifted=shifted),
+    defines = _defines(out, x, w, bias, tile=tile, packed=packed, mode=mode,
+                       clamp=clamp_ids is not None, long_loops=long_loops,
+                       residual=residual, shifted=shifted)
+    # CPU drivers: the weights and the input's vec4s through texel views (PW_TEXEL)
+    # where the device can view both, else storage buffers.
+    if pointwise and all(b.texel_input(t, fmt) for t, (_, fmt) in
+                         zip((w, x), _texel_formats(defines))):
+        defines["PW_TEXEL"] = "1"
+    b.dispatch(SHADER, defines,
                outputs=[out], inputs=[x, w, bias] + ([x] if pointwise else []) +
                ([residual] if residual is not None else []),
                params=[out.meta, x.meta, params],
@@ -375,23 +394,26 @@ register(OpSpec(name=CONV_ADD, dtypes=DTYPES, impl=_impl_add, shape_fn=_shape,
 
 
 def _variant(profile, dtype: str, packed: bool, run_time_bias: bool, mode: str, tile: int,
-             clamp: bool, long_loops: bool, residual: bool, shifted: bool):
+             clamp: bool, long_loops: bool, residual: bool, shifted: bool, texel: bool):
     """A constant weight is prepacked fp32 (any tile and path); a weight computed at run
     time is read as stored, by the one-channel direct or transposed path only. A bias
-    computed at run time keeps the input dtype; a constant one is fp32."""
+    computed at run time keeps the input dtype; a constant one is fp32. PW_TEXEL: the
+    pointwise path's form on CPU drivers."""
     if not packed and (tile != 1 or mode == "pointwise"):
         return None
     if residual and (not packed or run_time_bias):
         return None  # the residual add is declared for the usual constant-weight form
     if shifted and mode != "pointwise":
         return None
+    if texel and mode != "pointwise":
+        return None
     ddt, f32 = (dtype, device_dtype(dtype, profile)), ("float32", "float32")
     return _defines(ddt, ddt, f32 if packed else ddt, ddt if run_time_bias else f32,
                     tile=tile, packed=packed, mode=mode, clamp=clamp, long_loops=long_loops,
-                    residual=ddt if residual else None, shifted=shifted)
+                    residual=ddt if residual else None, shifted=shifted, texel=texel)
 
 
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES, packed=(True, False),
              run_time_bias=(False, True), mode=("direct", "transposed", "pointwise"),
              tile=(1, 4), clamp=(False, True), long_loops=(False, True),
-             residual=(False, True), shifted=(False, True))
+             residual=(False, True), shifted=(False, True), texel=(False, True))

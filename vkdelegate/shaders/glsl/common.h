@@ -38,6 +38,13 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
   layout(set = 0, binding = BINDING_##name) writeonly buffer name##_buffer { T name[]; };
 #define TENSOR_IN(name, T) \
   layout(set = 0, binding = BINDING_##name) readonly buffer name##_buffer { T name[]; };
+// An input read as a uniform texel buffer (the variant's Bindings list it in
+// ``texels`` with its format; vkdelegate/runtime/texel.py): texelFetch(name, i) gives
+// texel i as a vec4 of fp32 (.x for the one-channel formats; fp16 formats converted
+// exactly). On llvmpipe a texel fetch is one vectorised gather where a storage-buffer
+// load at a run-time address is a loop over the SIMD lanes.
+#define TEXEL_IN(name) \
+  layout(set = 0, binding = BINDING_##name) uniform samplerBuffer name;
 // An op-owned parameter block, followed by its members in braces; the members mirror
 // the op's ParamBlock declaration (a test compares the compiled offsets with it).
 #define PARAMS(name) layout(set = 0, binding = BINDING_##name) PARAM_BLOCK name

@@ -15,7 +15,10 @@
 // TRANSPOSED: transposed convolution, computed as a gather over input positions;
 // POINTWISE: 1x1 kernel, stride 1, no padding, groups 1: a GEMM over flattened pixels;
 //   PW_SHIFTED (input channels a multiple of 4): planes that are not a multiple of 4
-//   read as vec4s too (see there);
+//   read as vec4s too (see there); PW_TEXEL (CPU drivers, with W_PACKED): the packed
+//   weights w_data and the input's vec4s in4_data are uniform texel buffers
+//   (TEXEL_IN: one vectorised gather per load on llvmpipe instead of a loop over the
+//   SIMD lanes), same values in the same order as the storage-buffer form;
 // CLAMP: clamp the result to [conv.clamp.x, conv.clamp.y] (fused ReLU/ReLU6/clamp);
 // RESIDUAL (R_T): then add r_data, a tensor of the output's shape (a fused aten.add).
 // Sizes come from the metadata (innermost first), so resized inputs need no rebuild.
@@ -46,7 +49,12 @@
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(in_data, IN_T)
-#if defined(W_PACKED) && OC_TILE == 4
+#ifdef PW_TEXEL
+#if !defined(POINTWISE) || !defined(W_PACKED)
+#error "PW_TEXEL needs POINTWISE and W_PACKED"
+#endif
+TEXEL_IN(w_data)  // rgba32f (OC_TILE 4) or r32f: the prepacked fp32 weights
+#elif defined(W_PACKED) && OC_TILE == 4
 TENSOR_IN(w_data, vec4)  // prepacked fp32: the 4 channels' weights of a tap at once
 #else
 TENSOR_IN(w_data, W_T)
@@ -57,7 +65,13 @@ TENSOR_IN(r_data, R_T)
 #endif
 #ifdef POINTWISE
 // The input again, 4 elements per load (used when a channel plane is a multiple of 4).
+#ifdef PW_TEXEL
+TEXEL_IN(in4_data)  // rgba32f, or rgba16f for an fp16 input
+#define LOAD_IN4(i) texelFetch(in4_data, i)
+#else
 TENSOR_IN(in4_data, IN4_T)
+#define LOAD_IN4(i) vec4(in4_data[i])
+#endif
 #endif
 TENSOR_META(out_meta)
 TENSOR_META(in_meta)
@@ -76,7 +90,11 @@ PARAMS(conv_block) {
 ACC_VEC load_w(int oc, int icg, int kh, int kw, int ICg, int OCg) {
 #ifdef W_PACKED
   const int i = (((oc / OC_TILE) * ICg + icg) * KH + kh) * KW + kw;
-#if OC_TILE == 4
+#if defined(PW_TEXEL) && OC_TILE == 4
+  return texelFetch(w_data, i);
+#elif defined(PW_TEXEL)
+  return texelFetch(w_data, i).x;
+#elif OC_TILE == 4
   return w_data[i];
 #else
   return float(w_data[i]);
@@ -144,8 +162,8 @@ void main() {
     int q_off = in_off >> 2;
 #define PW_ALIGNED(ic) { \
       const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
-      const vec4 lo = vec4(in4_data[q_off + q0]); \
-      const vec4 hi = vec4(in4_data[q_off + q1]); \
+      const vec4 lo = LOAD_IN4(q_off + q0); \
+      const vec4 hi = LOAD_IN4(q_off + q1); \
       q_off += P >> 2; \
       acc[0] += w * lo.x; \
       acc[1] += w * lo.y; \
@@ -181,9 +199,9 @@ void main() {
       const ACC_VEC w = load_w(oc, ic, 0, 0, IC, OC); \
       const int g = in_off + p0; \
       const int q = g >> 2, s = g & 3; \
-      const vec4 v0 = vec4(in4_data[min(q, last4)]); \
-      const vec4 v1 = vec4(in4_data[min(q + 1, last4)]); \
-      const vec4 v2 = vec4(in4_data[min(q + 2, last4)]); \
+      const vec4 v0 = LOAD_IN4(min(q, last4)); \
+      const vec4 v1 = LOAD_IN4(min(q + 1, last4)); \
+      const vec4 v2 = LOAD_IN4(min(q + 2, last4)); \
       const float e[12] = float[12](v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, \
                                     v2.x, v2.y, v2.z, v2.w); \
       [[unroll]] for (int p = 0; p < PX; ++p) { \

@@ -19,20 +19,39 @@
 // [OC / OC_TILE, IC / groups, KH, KW, OC_TILE] (conv2d.glsl's W_PACKED layout);
 // CLAMP (clamp to [conv.clamp.x, conv.clamp.y], ATen keeps NaN); RESIDUAL (R_T): add
 // r_data, a tensor of out's shape, after the clamp. Window geometry: specialization
-// constants 3..11 (conv2d.glsl's). The tap loops are unrolled; only the input-channel
+// constants 3..11 (conv2d.glsl's). COL_TEXEL (CPU drivers): the weights and the input
+// are uniform texel buffers (r32f / rgba32f weights, r32f or r16f input; TEXEL_IN):
+// one vectorised gather per load on llvmpipe instead of a loop over the SIMD lanes.
+// An input load outside the plane still reads 0 (its index is clamped into the
+// buffer, its value not used). The tap loops are unrolled; only the input-channel
 // loop counts against llvmpipe's loop budget. Sizes from the metadata: resizable in
 // batch and spatial sizes.
 
 #include "conv_window.h"
 
 TENSOR_OUT(out_data, OUT_T)
+#ifdef COL_TEXEL
+TEXEL_IN(in_data)
+TEXEL_IN(w_data)
+#define LOAD_IN(i) texelFetch(in_data, i).x
+#if OC_TILE == 4
+#define ACC_VEC vec4
+#define LOAD_W(i) texelFetch(w_data, i)
+#else
+#define ACC_VEC float
+#define LOAD_W(i) texelFetch(w_data, i).x
+#endif
+#else
 TENSOR_IN(in_data, IN_T)
+#define LOAD_IN(i) float(in_data[i])
 #if OC_TILE == 4
 TENSOR_IN(w_data, vec4)
 #define ACC_VEC vec4
 #else
 TENSOR_IN(w_data, float)
 #define ACC_VEC float
+#endif
+#define LOAD_W(i) w_data[i]
 #endif
 TENSOR_IN(b_data, B_T)
 #ifdef RESIDUAL
@@ -80,7 +99,7 @@ void main() {
     ACC_VEC w[KH * KW];
     const int w0 = (ocb * ICg + icg) * KH * KW;
     [[unroll]] for (int i = 0; i < KH * KW; ++i) {
-      w[i] = w_data[w0 + i];
+      w[i] = LOAD_W(w0 + i);
     }
     [[unroll]] for (int j = 0; j < IN_ROWS; ++j) {
       const int ih = ih0 + j;
@@ -90,7 +109,13 @@ void main() {
       float x[KW];
       [[unroll]] for (int kw = 0; kw < KW; ++kw) {
         const int iw = iw0 + kw * DW;
-        x[kw] = (iw >= 0 && iw < IW) ? float(in_data[plane + ih * IW + iw]) : 0.0;
+#ifdef COL_TEXEL
+        const bool inside = iw >= 0 && iw < IW;
+        const float v = LOAD_IN(plane + ih * IW + (inside ? iw : 0));
+        x[kw] = inside ? v : 0.0;
+#else
+        x[kw] = (iw >= 0 && iw < IW) ? LOAD_IN(plane + ih * IW + iw) : 0.0;
+#endif
       }
       // Output r's window holds input row j at tap kh = (j - r * SH) / DH.
       [[unroll]] for (int r = 0; r < ROWS; ++r) {

@@ -12,7 +12,8 @@
 // Defines: OUT_T, OUT_STORE(v), A_T, B_T (C_T with HAS_BIAS), M_TILE, LONG_K (K past
 // llvmpipe's loop budget); one layout of b:
 //   B_PACKED: a constant [N, K] weight prepacked at load as fp32 vec4 [ceil(N/4), K]
-//     (the 4 columns of a tile at each k are one load);
+//     (the 4 columns of a tile at each k are one load); B_TEXEL: read as a uniform
+//     texel buffer (CPU drivers; A_TEXEL likewise a, with A_VEC4);
 //   B_NK: b is [N, K] (nn.Linear's layout), read in place as its transpose;
 //   neither: b is [..., K, N].
 // HAS_BIAS: bias broadcast against out (any rank <= out's; size-1 dims broadcast).
@@ -30,6 +31,16 @@
 // into the metadata block makes llvmpipe copy it to scratch memory).
 
 TENSOR_OUT(out_data, OUT_T)
+#ifdef A_TEXEL
+// A_TEXEL (CPU drivers, with A_VEC4): a is a uniform texel buffer of vec4s (rgba32f,
+// or rgba16f for an fp16 a; common.h TEXEL_IN): on llvmpipe one vectorised gather a
+// load instead of a loop over the SIMD lanes. Same values, same order of k.
+#ifndef A_VEC4
+#error "A_TEXEL needs A_VEC4"
+#endif
+TEXEL_IN(a_data)
+#define LOAD_A4(i) texelFetch(a_data, i)
+#else
 TENSOR_IN(a_data, A_T)
 #ifdef A_VEC4
 // A_VEC4 (K a multiple of 4, so every row of a starts on 4 elements): a read 4
@@ -37,9 +48,20 @@ TENSOR_IN(a_data, A_T)
 // llvmpipe each storage load is a loop over the SIMD lanes whatever its width: a
 // 4-row tile then loads 2 times per k instead of 5 (the sums keep the order of k).
 layout(set = 0, binding = BINDING_a_data) readonly buffer a4_buffer { A4_T a4_data[]; };
+#define LOAD_A4(i) vec4(a4_data[i])
 #endif
-#ifdef B_PACKED
+#endif
+#ifdef B_TEXEL
+// B_TEXEL (CPU drivers, with B_PACKED): the packed weight is a uniform texel buffer of
+// fp32 vec4s (rgba32f), as A_TEXEL.
+#ifndef B_PACKED
+#error "B_TEXEL needs B_PACKED"
+#endif
+TEXEL_IN(b_data)
+#define LOAD_PACKED(i) texelFetch(b_data, i)
+#elif defined(B_PACKED)
 TENSOR_IN(b_data, vec4)
+#define LOAD_PACKED(i) b_data[i]
 #else
 TENSOR_IN(b_data, B_T)
 #endif
@@ -60,7 +82,7 @@ TENSOR_META(c_meta)
 
 // acc[j] += a[row j, k] * b[k, the tile's 4 columns], for every row j of the tile.
 #ifdef B_PACKED
-#define LOAD_B(k) const vec4 bv = b_data[packed_row + (k)];
+#define LOAD_B(k) const vec4 bv = LOAD_PACKED(packed_row + (k));
 #elif defined(B_NK)
 #define LOAD_B(k) const vec4 bv = vec4(float(b_data[b_off + cols[0] * K + (k)]), \
     float(b_data[b_off + cols[1] * K + (k)]), float(b_data[b_off + cols[2] * K + (k)]), \
@@ -75,7 +97,7 @@ TENSOR_META(c_meta)
 #error "SWIGLU needs B_PACKED or B_NK"
 #endif
 #ifdef B_PACKED
-#define LOAD_UP(k) const vec4 bu = b_data[up_row + (k)];
+#define LOAD_UP(k) const vec4 bu = LOAD_PACKED(up_row + (k));
 #else
 #define LOAD_UP(k) const vec4 bu = vec4(float(b_data[b_off + (N + cols[0]) * K + (k)]), \
     float(b_data[b_off + (N + cols[1]) * K + (k)]), \
@@ -115,7 +137,7 @@ float swiglu_out(float gate_acc, float up_acc, int c_off, int m, int N, int n) {
 #define ACCUMULATE4(k4) { \
     vec4 a4[M_TILE]; \
     [[unroll]] for (int j = 0; j < M_TILE; ++j) { \
-      a4[j] = vec4(a4_data[(rows[j] >> 2) + (k4)]); \
+      a4[j] = LOAD_A4((rows[j] >> 2) + (k4)); \
     } \
     [[unroll]] for (int kk = 0; kk < 4; ++kk) { \
       ACCUMULATE_WITH(4 * (k4) + kk, a4[j][kk]) \
