@@ -274,11 +274,9 @@ def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
     off.close()
 
 
-def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
-    """The GPU forms forced on any device (as tests/ops/test_rms_norm_linear.py does)
-    and compile option rms_norm_prologue on: a float16 tiny HF Llama's decode step
-    folds each RMS norm into the GEMV after it, one dispatch per rms_norm_linear and
-    rms_norm_linear_swiglu, and still generates HF eager's float16 greedy tokens."""
+def _force_gpu_forms(monkeypatch) -> None:
+    """The GPUs' product forms (the GEMV path, kernels/gemm_tiles.DEFAULT without
+    cooperative matrices) on any device; skips without Vulkan or transformers."""
     import dataclasses
 
     from vkdelegate.kernels import gemm, gemm_tiles
@@ -289,6 +287,14 @@ def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     pytest.importorskip("transformers")
     portable = dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)
     monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
+
+
+def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
+    """The GPU forms forced on any device (as tests/ops/test_rms_norm_linear.py does)
+    and compile option rms_norm_prologue on: a float16 tiny HF Llama's decode step
+    folds each RMS norm into the GEMV after it, one dispatch per rms_norm_linear and
+    rms_norm_linear_swiglu, and still generates HF eager's float16 greedy tokens."""
+    _force_gpu_forms(monkeypatch)
     model = make_model("llama").half()
     program = lower(model, MAX_SEQ_LEN, options={"rms_norm_prologue": True})
     layers = model.config.num_hidden_layers
@@ -312,16 +318,7 @@ def test_gemv_rotary_cache_epilogue(monkeypatch, kind, dtype):
     then rotary_index_put_pair), decode_next dispatching what decode does, HF eager's
     greedy tokens both ways (Qwen2: q/k/v biases), and the KV caches bit for bit the
     unfused program's."""
-    import dataclasses
-
-    from vkdelegate.kernels import gemm, gemm_tiles
-
-    reason = vulkan_unavailable()
-    if reason:
-        pytest.skip(reason)
-    pytest.importorskip("transformers")
-    portable = dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)
-    monkeypatch.setattr(gemm, "tiles_for", lambda _type: portable)
+    _force_gpu_forms(monkeypatch)
     model = make_model(kind).to(dtype)
     layers = model.config.num_hidden_layers
     program = lower(model, MAX_SEQ_LEN)

@@ -25,22 +25,27 @@ ivec3 dim_strides(int d) {
                bp_stride[4 + (d >> 2)][d & 3]);
 }
 
+// Adds to `o` the operand offsets of plan dims D0 .. NDIM - 1 whose coordinates,
+// row-major, are `rem` (a uint variable, consumed); D0 a literal, so the loop unrolls.
+#define WALK_PLAN_DIMS(D0, rem, o)                               \
+  [[unroll]] for (int d = D0; d < NDIM; ++d) {                   \
+    uint c;                                                      \
+    if (d == NDIM - 1) {                                         \
+      c = rem;                                                   \
+    } else {                                                     \
+      const uint size = uint(bp_size[d >> 2][d & 3]);            \
+      const uint q = rem / size;                                 \
+      c = rem - q * size;                                        \
+      rem = q;                                                   \
+    }                                                            \
+    o += int(c) * dim_strides(d);                                \
+  }
+
 // Offsets of operands 0..2 for output element i.
 ivec3 plan_offsets(uint i) {
   uint rem = i;
   ivec3 o = ivec3(0);
-  [[unroll]] for (int d = 0; d < NDIM; ++d) {
-    uint c;
-    if (d == NDIM - 1) {
-      c = rem;
-    } else {
-      const uint size = uint(bp_size[d >> 2][d & 3]);
-      const uint q = rem / size;
-      c = rem - q * size;
-      rem = q;
-    }
-    o += int(c) * dim_strides(d);
-  }
+  WALK_PLAN_DIMS(0, rem, o)
   return o;
 }
 
@@ -75,18 +80,7 @@ bool plan_chunk(uint t, out uint first, out ivec3 o, out int count) {
   first = rem * uint(size0) + uint(c0);
   count = min(CHUNK, size0 - c0);
   o = c0 * dim_strides(0);
-  [[unroll]] for (int d = 1; d < NDIM; ++d) {
-    uint c;
-    if (d == NDIM - 1) {
-      c = rem;
-    } else {
-      const uint size = uint(bp_size[d >> 2][d & 3]);
-      const uint q = rem / size;
-      c = rem - q * size;
-      rem = q;
-    }
-    o += int(c) * dim_strides(d);
-  }
+  WALK_PLAN_DIMS(1, rem, o)
   return true;
 }
 
