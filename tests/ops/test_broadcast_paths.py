@@ -106,7 +106,9 @@ def test_cpu_drivers_take_chunks_of_the_innermost_plan_dim(monkeypatch):
     GPUs), walking the plan once for them. Values against eager for innermost dims
     that are not multiples of the chunk (5, 11, 3), broadcasting along the innermost
     dim (stride 0) and outside it, a scalar operand, a fused chain, and a resize of
-    the innermost dim itself."""
+    the innermost dim itself. Bit-equal to eager on CPU drivers; GPUs may contract
+    the fused chain's x * col + row into one fused multiply-add (one rounding instead
+    of two; the H200 does), so one ulp of tolerance there."""
     from vkdelegate.runtime.device import default_device
     seen = []
     original = NodeBuilder.dispatch
@@ -123,7 +125,9 @@ def test_cpu_drivers_take_chunks_of_the_innermost_plan_dim(monkeypatch):
     torch.manual_seed(0)
     n = Dim("n", min=2, max=11)
     x, row, col = torch.randn(3, 5, 11), torch.randn(11), torch.randn(3, 5, 1)
-    check_op(fn, (x, row, col, torch.randn(3)), rtol=0, atol=0,
+    exact = default_device().info.type == "cpu"
+    check_op(fn, (x, row, col, torch.randn(3)), rtol=0 if exact else 2.0 ** -23,
+             atol=0 if exact else 2.0 ** -24,
              ops=["aten.add.Tensor", "aten.mul.Tensor", "aten.where.self",
                   "aten.sub.Tensor"],
              dynamic_shapes=({2: n}, {0: n}, None, None),

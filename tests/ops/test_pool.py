@@ -168,12 +168,15 @@ def test_window_beyond_the_loop_budget_fails_at_load(monkeypatch, vk_device):
         program(x)
 
 
-def test_small_windows_unroll_large_ones_loop(monkeypatch):
+def test_small_windows_unroll_large_ones_loop(monkeypatch, vk_device):
     """Windows of up to STATIC_TAPS taps run pool2d.glsl's STATIC_WINDOW form (geometry
     as specialization constants, taps unrolled), larger ones and adaptive pools the
-    loops; both bit-equal to eager's values and max indices (padding, dilation and
-    ceil_mode clip windows at both borders; eager's adaptive average sums in another
-    order, so that one gets the usual tolerance)."""
+    loops; both bit-equal to eager's values and max indices on CPU drivers (padding,
+    dilation and ceil_mode clip windows at both borders; eager's adaptive average sums
+    in another order, so that one gets the usual tolerance). GPUs may round the
+    average's division by up to 2.5 ulp (the Vulkan spec's precision of a float
+    division; the H200 is 1 ulp off in about a sixth of them): one ulp of tolerance
+    there, which a wrong window or a wrong maximum still exceeds by far."""
     from tests.ops.harness import spy_dispatches
     from vkdelegate.ops.families.pool import STATIC_TAPS
     seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "STATIC_WINDOW" in d))
@@ -183,7 +186,8 @@ def test_small_windows_unroll_large_ones_loop(monkeypatch):
                                      return_indices=True),
                         F.avg_pool2d(t, 3, 2, 1, ceil_mode=True, count_include_pad=False),
                         F.max_pool2d(t, 9, 1, 4, return_indices=True)),
-             (x,), ops=[MAX, AVG], rtol=0, atol=0)
+             (x,), ops=[MAX, AVG], atol=0,
+             rtol=0 if vk_device.info.type == "cpu" else 3 * 2.0 ** -24)
     check_op(lambda t: F.adaptive_avg_pool2d(t, (4, 3)), (x,), ops=[AAVG])
     assert 9 * 9 > STATIC_TAPS >= 3 * 3
     assert [s for s in seen if s[0] == "pool2d"] == [

@@ -52,14 +52,16 @@ def _skip():
 
 def _force(monkeypatch, form: str) -> list:
     """Make each quantized product take ``form``: "default" (a CPU driver's:
-    linear_qw.glsl's GEMM form), "vector" (linear_qw_gemv.glsl forced for up to
+    linear_qw.glsl's GEMM form, forced on every device), "vector" (linear_qw_gemv.glsl forced for up to
     GEMV_ROWS rows), "words" (linear_qw.glsl's GEMV form forced: the vector form
     refused). Returns the list of (form, SwiGLU epilogue?) each recorded product
     takes."""
     from vkdelegate.ops.families import quantized_linear as family
 
     seen = []
-    if form != "default":
+    if form == "default":  # a GPU's own choice is the vector form for few rows
+        monkeypatch.setattr(family, "use_gemv", lambda info, m: False)
+    else:
         monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
     if form == "words":
         monkeypatch.setattr(family, "vector_gemv", lambda *args: False)
