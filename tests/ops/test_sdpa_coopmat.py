@@ -33,6 +33,38 @@ def test_coopmat_forms_match_eager():
     assert "all cases passed" in run.stdout
 
 
+def test_shared_arrays_are_whole_16_byte_units():
+    # coopMatLoad / coopMatStore need 16-byte aligned shared addresses, and the driver
+    # lays the shared arrays out in an order of its own: a 12-byte tile_live[3] (boolean
+    # masks with the early exit) put the arrays after it off that alignment on the H200
+    # (wrong outputs). Every form's shared arrays, boolean masks included whatever
+    # COOP_BOOL_MASK says, must be whole 16-byte units. Compiles only: runs on lavapipe.
+    from tests.runtime.spirv_reflect import Module
+    from vkdelegate.shaders.bindings import binding_defines
+    from vkdelegate.shaders.compiler import default_compiler
+    from vkdelegate.kernels import attention
+
+    compiler = default_compiler()
+    if not compiler.supports("GL_KHR_cooperative_matrix"):
+        pytest.skip("glslang cannot compile GL_KHR_cooperative_matrix")
+    half = ("float16", "float16")
+    masks = {"none": None, "bool": ("bool", "bool"), "float": half}
+    for name, mask in masks.items():
+        for d_max in (32, 64, 128):
+            for skip in (True, False):
+                for causal in (False, True) if mask is None else (False,):
+                    d = attention.coop_defines(half, half, half, half, mask, causal=causal,
+                                               window=False, d_max=d_max, skip=skip)
+                    spirv = compiler.compile(attention.COOP,
+                                             binding_defines(attention.COOP, d), "vulkan1.3")
+                    sizes = Module(spirv).workgroup_bytes()
+                    assert "k_sh" in sizes and "p_sh" in sizes, sizes
+                    if mask is not None and mask[0] == "bool" and skip:
+                        assert "tile_live" in sizes, sizes
+                    odd = {k: n for k, n in sizes.items() if n % 16}
+                    assert not odd, f"mask {name}, D {d_max}, skip {skip}: {odd}"
+
+
 def run_cases() -> None:
     """The cases (in the subprocess): exit NO_COOP when the device cannot run
     sdpa_coopmat.glsl for float16, else raise on the first mismatch."""

@@ -4,7 +4,8 @@ of the blocks behind them, read from the binary (no spirv-cross needed).
 Only what tests/runtime/test_shader_bindings.py compares with the Python declarations:
 each (set, binding)'s descriptor kind, access and block members (name, type, offset);
 a uniform texel buffer (``uniform samplerBuffer``) as kind "texel" whose one member is
-the variable.
+the variable. And the shared (Workgroup) variables' sizes (``workgroup_bytes``), which
+tests/ops/test_sdpa_coopmat.py checks.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ OP_CONSTANT, OP_VARIABLE, OP_DECORATE, OP_MEMBER_DECORATE = 43, 59, 71, 72
 # Decorations and storage classes.
 BLOCK, BUFFER_BLOCK, ARRAY_STRIDE, NON_WRITABLE, NON_READABLE = 2, 3, 6, 24, 25
 BINDING, DESCRIPTOR_SET, OFFSET = 33, 34, 35
-SC_UNIFORM, SC_STORAGE_BUFFER = 2, 12
+SC_UNIFORM, SC_WORKGROUP, SC_STORAGE_BUFFER = 2, 4, 12
 
 
 @dataclass
@@ -153,3 +154,23 @@ class Module:
                 members=self.members(struct_id, structs), structs=structs,
                 non_writable=NON_WRITABLE in access, non_readable=NON_READABLE in access)
         return out
+
+    def byte_size(self, tid: int) -> int:
+        """Bytes of scalar, vector, array or struct type ``tid``, elements packed
+        without padding (shared variables carry no layout decorations)."""
+        op, args = self.types[tid]
+        if op in (OP_TYPE_INT, OP_TYPE_FLOAT):
+            return args[0] // 8
+        if op == OP_TYPE_VECTOR:
+            return args[1] * self.byte_size(args[0])
+        if op == OP_TYPE_ARRAY:
+            return self.constants[args[1]] * self.byte_size(args[0])
+        if op == OP_TYPE_STRUCT:
+            return sum(self.byte_size(t) for t in args)
+        raise ValueError(f"type {tid} (opcode {op}) has no fixed size")
+
+    def workgroup_bytes(self) -> dict[str, int]:
+        """Name -> bytes of every shared (Workgroup storage class) variable."""
+        return {self.names.get(var, f"var{var}"): self.byte_size(self.types[ptr][1][1])
+                for var, (ptr, storage) in self.variables.items()
+                if storage == SC_WORKGROUP}

@@ -16,6 +16,7 @@ kernels/attention_variants.py. Torch-free; registers no op.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -45,14 +46,14 @@ COOP_WG = 128
 COOP_BM = 64
 COOP_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess")
 COOP_OPTION = "sdpa_cooperative_matrix"
-#: Boolean masks stay on sdpa_tiled.glsl: on the H200 (driver 580.159) the cooperative
-#: form gave wrong outputs with boolean masks (98% of a [1, 1, 320, 320] window mask's
-#: outputs off, in the kernel's first and second forms) while the same masks as float
-#: -inf masks, causal and the window op were right: the mask's byte loads are the
-#: suspect. The shader now reads boolean bytes as 32-bit words (MASK_WORDS); on the H200
-#: that was still wrong (2026-12-02 evening: 98.5% of the outputs, 5 boolean-mask tests
-#: failing, docs/PERF.md), so the byte loads are not the cause.
-COOP_BOOL_MASK = False
+#: Whether boolean masks may run sdpa_coopmat.glsl (else sdpa_tiled.glsl). Its boolean
+#: forms with the early exit were wrong on the H200 (driver 580.159: 98.5% of a
+#: [1, 1, 320, 320] window mask's outputs) because the 12-byte shared vote array
+#: tile_live[3] left the shared arrays after it off the 16-byte alignment cooperative-
+#: matrix loads and stores need; it is 16 bytes now (the shader's comment, docs/PERF.md).
+#: Off until the test files of the attention kernels pass on such a device with it on:
+#: VKDELEGATE_COOP_BOOL_MASK=1 in the environment switches it on (read at import).
+COOP_BOOL_MASK = os.environ.get("VKDELEGATE_COOP_BOOL_MASK", "0") == "1"
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]

@@ -67,9 +67,9 @@ layout(set = 0, binding = BINDING_v_data) readonly buffer v_vec_buffer { uvec4 v
     uvec4(H2(buf, off, e0, n, 0), H2(buf, off, e0, n, 2), H2(buf, off, e0, n, 4),      \
           H2(buf, off, e0, n, 6)))
 
-// A boolean mask of bytes (MASK_WORDS) is read as the 32-bit words holding them: with
-// byte loads this kernel gave wrong masks on the H200 (driver 580.159), where
-// sdpa_tiled.glsl's byte loads are right.
+// A boolean mask of bytes (MASK_WORDS) is read as the 32-bit words holding them. Byte
+// loads were first suspected of the wrong boolean-mask outputs on the H200; the cause
+// was tile_live's size (below), and word loads are what was checked there since.
 #ifdef MASK_WORDS
 layout(set = 0, binding = BINDING_mask_data) readonly buffer mask_word_buffer {
   uint mask_words[];
@@ -81,6 +81,14 @@ layout(set = 0, binding = BINDING_mask_data) readonly buffer mask_word_buffer {
 #define MASK_ON(i) (int(mask_data[i]) != 0)
 #endif
 
+// Every shared array is a whole number of 16-byte units: coopMatLoad / coopMatStore
+// need 16-byte aligned addresses (k_sh, v_sh, s_sh, p_sh), and where the driver places
+// each array is its own choice (glslang emits them in the order of first use, so
+// tile_live comes before p_sh). With a 12-byte tile_live[3] (arrays placed after it no
+// longer 16-byte aligned) every boolean-mask form with the early exit gave wrong outputs
+// on the H200, driver 580.159 (98.5% of them for a [1, 1, 320, 320] window mask), while
+// the same forms without the early exit, which have no tile_live, were right; with 16
+// bytes they are right too (docs/PERF.md).
 shared uvec4 k_sh[BN * KS];  // K of the tile (query rows 0..31 at the start)
 shared uvec4 v_sh[BN * KS];  // V of the tile (query rows 32..63 at the start)
 shared float s_sh[BM * SS];
@@ -88,7 +96,7 @@ shared uvec4 p_sh[BM * PS];
 shared float row_alpha[BM];
 shared float row_l[BM];
 #if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-shared uint tile_live[3];
+shared uint tile_live[4];  // the vote of tiles t % 3 (slot 3 unused: 16 bytes, above)
 #endif
 
 void main() {
