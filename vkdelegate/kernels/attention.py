@@ -16,7 +16,6 @@ kernels/attention_variants.py. Torch-free; registers no op.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -51,9 +50,9 @@ COOP_OPTION = "sdpa_cooperative_matrix"
 #: [1, 1, 320, 320] window mask's outputs) because the 12-byte shared vote array
 #: tile_live[3] left the shared arrays after it off the 16-byte alignment cooperative-
 #: matrix loads and stores need; it is 16 bytes now (the shader's comment, docs/PERF.md).
-#: Off until the test files of the attention kernels pass on such a device with it on:
-#: VKDELEGATE_COOP_BOOL_MASK=1 in the environment switches it on (read at import).
-COOP_BOOL_MASK = os.environ.get("VKDELEGATE_COOP_BOOL_MASK", "0") == "1"
+#: On: with that fix the attention kernels' test files passed on the H200 with the
+#: boolean forms on cooperative matrices (74 tests, 2026-12-05).
+COOP_BOOL_MASK = True
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]
