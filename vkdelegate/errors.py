@@ -46,3 +46,11 @@ def printable(text) -> str:
     """
     text = str(text)
     return text if text.isprintable() else repr(text)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, ``printable``: for a VkDelegateError that
+    wraps another library's error (torch's run over several lines: the schema, the
+    values); the whole message stays on the chain (``raise ... from exc``)."""
+    lines = str(exc).splitlines()
+    return printable(lines[0]) if lines else ""

@@ -1,7 +1,11 @@
-"""Strings of a program file's manifest (method, input and state names, dtypes, glue op
-names) reach error messages and ``vkdelegate inspect`` with their control characters
-escaped (``vkdelegate.errors.printable``): one message, one line. The blob side and
-the fuzz finding: tests/serialization/test_control_characters.py."""
+"""Strings of a program file's manifest (method, input, state and value names, dtypes,
+glue op names) reach error messages and ``vkdelegate inspect`` with their control
+characters escaped (``vkdelegate.errors.printable``), and a wrapped torch error keeps
+its first line (``first_line``): one message, one line. The blob side and the inspect
+finding: tests/serialization/test_control_characters.py."""
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 import vkdelegate
@@ -11,6 +15,7 @@ from vkdelegate.cli import main
 from . import crafted
 
 ODD = "\x1c\n\x00"
+FINDINGS = Path(__file__).resolve().parents[2] / "fuzz" / "findings"
 
 
 def _message(call) -> str:
@@ -67,3 +72,30 @@ def test_inspect_escapes_method_input_and_state_strings(tmp_path, capsys):
     assert main(["inspect", path, "--json"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and all(line.isprintable() for line in out.split("\n"))
+
+
+def test_a_failing_glue_op_names_its_output_escaped(tmp_path):
+    m = crafted.manifest()
+    nodes = m["methods"]["forward"]["plan"]["nodes"]
+    nodes[2]["out"] = "sort" + ODD  # aten.sort.default, then asked for dim 5 of 2
+    nodes[2]["args"].append(5)
+    nodes[3]["args"][0] = {"v": "sort" + ODD}
+    with vkdelegate.load(crafted.write_raw(tmp_path / "p.vkp", m)) as program:
+        message = _message(lambda: program.run("forward", crafted.example()))
+    assert message.startswith("CPU op aten.sort.default (node 'sort\\x1c\\n\\x00') failed: "
+                              "IndexError: Dimension out of range")
+
+
+def test_torch_error_of_a_glue_op_gives_one_line():
+    """fuzz/findings/program-cpu-op-error-multiline.vkp (program target, the message
+    check): torch's error for a list where aten.add takes a tensor runs over several
+    lines (position, value, declaration); the message keeps its first, the chain the
+    rest."""
+    with vkdelegate.load(FINDINGS / "program-cpu-op-error-multiline.vkp") as program:
+        runner = program.runner("forward")
+        with pytest.raises(VkDelegateError) as info:
+            runner.call_flat([np.ones((3, 9), np.float32)])
+    assert str(info.value) == ("CPU op aten.add.Tensor (node getitem_2) failed: "
+                               "RuntimeError: aten::add() Expected a value of type "
+                               "'Tensor' for argument 'self' but instead found type 'list'.")
+    assert "Declaration: aten::add.Tensor" in str(info.value.__cause__)
