@@ -29,7 +29,9 @@ EDGE_FLOATS = [float("inf"), float("-inf"), float("nan"), 1e38, -0.0, 65505.0, 1
 STRINGS = ["aten.from_file.default", "aten.full.default", "aten.empty.memory_format",
            "aten.add.Tensor", "aten.relu.default", "delegate", "getitem", "bfloat16",
            "float16", "int64", "bool", "float32", "uint64", "object", "reference",
-           "vulkan", "", "x" * 300]
+           "vulkan", "", "x" * 300,
+           # Control characters, which an error or inspect must show escaped.
+           "aten.add.Tensor\x1c\n\x00\u2028"]
 
 
 def decode(data: bytes):

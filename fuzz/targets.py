@@ -2,9 +2,11 @@
 
 Each target takes the fuzzer's bytes and drives one public entry point the way a user
 would. A ``VkDelegateError`` (subclasses included) is the accepted answer to bad input
-and is swallowed here; anything else propagates to the harness (``fuzz.checks``),
-which reports it as a finding. ``InspectOutputError`` is raised here when the CLI
-fails in a way that is not one error line with exit status 2.
+and is swallowed here, provided its message is one printable line (``check_message``;
+else ``MessageTextError``: a string from the input echoed with its control
+characters); anything else propagates to the harness (``fuzz.checks``), which reports
+it as a finding. ``InspectOutputError`` is raised here when the CLI fails in a way
+that is not one error line with exit status 2, or prints a line that is not printable.
 
 - ``blob``: ``read_blob`` then ``vkdelegate.runtime.load_delegate`` with the named
   constants of every seed, then one ``execute`` on inputs of the declared shapes.
@@ -43,7 +45,25 @@ _MAX_INPUT_ELEMENTS = 1 << 22
 
 
 class InspectOutputError(AssertionError):
-    """``vkdelegate inspect`` ended other than with status 0 or one error line + 2."""
+    """``vkdelegate inspect`` ended other than with status 0 or one error line + 2, or
+    printed a line with a control character in it."""
+
+
+class MessageTextError(AssertionError):
+    """A VkDelegateError whose message is not one line of printable text (a string of
+    the input echoed raw: the CLI would print it as several lines or garble the
+    terminal); strings from a file go through ``vkdelegate.errors.printable``."""
+
+
+def check_message(exc: VkDelegateError) -> None:
+    """Return if the message of ``exc`` (the accepted answer to bad input) is one
+    printable line; else raise MessageTextError with ``exc``'s traceback, so that the
+    finding's signature is the frame that formed the message."""
+    text = str(exc)
+    if not text.isprintable():
+        raise MessageTextError(f"{type(exc).__name__} message is not one printable "
+                               f"line: {text[:300]!r}").with_traceback(
+                                   exc.__traceback__) from exc
 
 
 def _rng(data: bytes) -> np.random.Generator:
@@ -83,7 +103,8 @@ class BlobTarget:
         try:
             read_blob(data)
             graph = load_delegate(data, self.named_data, limits=FUZZ_LIMITS)
-        except VkDelegateError:
+        except VkDelegateError as exc:
+            check_message(exc)
             return
         with graph:
             rng = _rng(data)
@@ -92,8 +113,8 @@ class BlobTarget:
                 return
             try:
                 graph.execute(inputs)
-            except VkDelegateError:
-                pass
+            except VkDelegateError as exc:
+                check_message(exc)
 
 
 def _method_inputs(plan: dict, rng: np.random.Generator):
@@ -142,7 +163,8 @@ class ProgramTarget:
             f.write(data)
         try:
             program = vkdelegate.load(self.path, limits=FUZZ_LIMITS)
-        except VkDelegateError:
+        except VkDelegateError as exc:
+            check_message(exc)
             return
         rng = _rng(data)
         try:
@@ -156,11 +178,12 @@ class ProgramTarget:
                     continue
                 try:
                     program.run(name, *flat)  # the public call, pytree spec included
-                except VkDelegateError:
+                except VkDelegateError as exc:
+                    check_message(exc)
                     try:
                         runner.call_flat(flat)
-                    except VkDelegateError:
-                        pass
+                    except VkDelegateError as again:
+                        check_message(again)
         finally:
             program.close()
 
@@ -194,8 +217,13 @@ class InspectTarget:
                     status = exc.code
             lines = err.getvalue().splitlines()
             if status == 0:
-                continue
-            if status == 2 and len(lines) == 1 and \
+                bad = next((line for line in out.getvalue().split("\n")
+                            if not line.isprintable()), None)
+                if bad is None:
+                    continue
+                raise InspectOutputError(f"{' '.join(argv[:1] + argv[2:])}: a line that "
+                                         f"is not printable: {bad[:300]!r}")
+            if status == 2 and len(lines) == 1 and lines[0].isprintable() and \
                     lines[0].startswith("vkdelegate inspect: error: "):
                 continue
             raise InspectOutputError(f"{' '.join(argv[:1] + argv[2:])}: exit status "

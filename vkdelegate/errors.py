@@ -31,3 +31,26 @@ class ResourceLimitError(VkDelegateError):
     Raised at load, before anything is allocated or compiled; the message names the
     limit, where it was exceeded and by what value.
     """
+
+
+def printable(text) -> str:
+    """``text`` as a message or a table may show it: unchanged when every character
+    is printable, else its ``repr`` (quoted, with ``\\x1c``, ``\\n``, ``\\x00``, ...
+    escaped).
+
+    For any string read from an untrusted file (an op name, a method, input or value
+    name, a dtype, a constant key) that goes into an error message or ``vkdelegate
+    inspect`` output: a raw control character would split one message into several
+    lines (``str.splitlines`` splits on ``\\x1c``..``\\x1e``, ``\\x85``, ``\\u2028``
+    too) or garble a terminal. Normal names keep their unquoted form.
+    """
+    text = str(text)
+    return text if text.isprintable() else repr(text)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, ``printable``: for a VkDelegateError that
+    wraps another library's error (torch's run over several lines: the schema, the
+    values); the whole message stays on the chain (``raise ... from exc``)."""
+    lines = str(exc).splitlines()
+    return printable(lines[0]) if lines else ""

@@ -15,7 +15,7 @@ from fuzz import mutate
 from fuzz.checks import GiB, Guard
 from fuzz.corpus import PROGRAMS, build_corpus
 from fuzz.run import replay
-from fuzz.targets import TARGETS
+from fuzz.targets import TARGETS, check_message
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VkDelegateError
 from vkdelegate.serialization import program_file
@@ -70,6 +70,27 @@ def test_an_escaping_exception_is_a_finding_saved_with_its_input(tmp_path):
     assert "KeyError: 'missing'" in saved.with_suffix(".txt").read_text()
     with pytest.raises(KeyError):  # fail-fast mode raises it for atheris to report
         Guard("demo").run(target, b"bad")
+
+
+def _refuse(name: str):
+    raise VkDelegateError(f"operator {name} is not supported")
+
+
+def test_an_error_message_that_is_not_one_printable_line_is_a_finding():
+    """A string from the input echoed raw into a VkDelegateError (here \\x1c, which
+    str.splitlines splits on): the finding is signed by the frame that raised it."""
+    def target(data):
+        try:
+            _refuse(data.decode())
+        except VkDelegateError as exc:
+            check_message(exc)
+
+    guard = Guard("demo", keep_going=True, quiet=True)
+    for data in (b"aten.add.Tensor", b"'aten.add\\x1c'", b"aten.add\x1c", b"a\nb"):
+        guard.run(target, data)
+    (sig, times), = guard.findings.items()
+    assert times == 2 and sig == (f"MessageTextError at test_fuzz_harness.py:"
+                                  f"{_refuse.__code__.co_firstlineno + 1}")
 
 
 def test_an_input_over_the_memory_budget_is_a_finding():

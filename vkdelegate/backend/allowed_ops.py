@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from vkdelegate.backend import custom_ops
 from vkdelegate.kernels import swiglu
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -232,4 +232,5 @@ def refusal(name, where: str, caller: str = "a program's CPU part") -> VkDelegat
     which ``caller`` may not call; names the refusal class where one is known."""
     why = refusal_class(name)
     detail = "not on the glue allow-list" + (f": {why}" if why else "")
-    return VkDelegateError(f"{where} calls {name}, which {caller} may not call ({detail})")
+    return VkDelegateError(f"{where} calls {printable(name)}, which {caller} may not call "
+                           f"({detail})")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vkdelegate import dtypes
 from vkdelegate.backend.program_state import state_fqn
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 from vkdelegate.limits import LoadLimits, check_limit
 
 #: dtypes a program file may hold -> bytes per element ("bfloat16" only with torch).
@@ -36,7 +36,7 @@ def tensor_ref_bytes(ref, where: str) -> int:
         raise VkDelegateError(f"{where}: tensor reference segment must be an int, got "
                               f"{str(seg)[:40]}")
     if not isinstance(dtype, str) or dtype not in FILE_DTYPES:
-        raise VkDelegateError(f"{where}: dtype {str(dtype)[:40]} not allowed")
+        raise VkDelegateError(f"{where}: dtype {printable(str(dtype)[:40])} not allowed")
     if not isinstance(shape, list) or not all(
             isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= _MAX_DIM
             for s in shape):

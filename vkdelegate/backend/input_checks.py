@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 
 _DENSE_ONLY = "only dense (strided) tensors can be passed"
 
@@ -57,13 +57,14 @@ def describe(spec: dict, ranges: dict) -> str:
         elif "sym" in want:
             dims.append(_range_text(*ranges.get(want["sym"], (0, None))))
         else:
-            dims.append(want["expr"])
-    return f"{spec['dtype']}[{', '.join(dims)}]"
+            dims.append(printable(want["expr"]))
+    return f"{printable(spec['dtype'])}[{', '.join(dims)}]"
 
 
 def _sym_text(sym: str, dim_names: dict) -> str:
     """``batch (s77)`` for a symbol of a named ``Dim``, else the symbol."""
-    return f"{dim_names[sym]} ({sym})" if sym in dim_names else sym
+    return (f"{printable(dim_names[sym])} ({printable(sym)})" if sym in dim_names
+            else printable(sym))
 
 
 def check_inputs(values: list, specs: list[dict], ranges: dict,

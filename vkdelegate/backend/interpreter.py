@@ -25,7 +25,7 @@ from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.program_state import ProgramState, state_fqn
 from vkdelegate.backend.state_bindings import plan_bindings
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, first_line, printable
 from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 from vkdelegate.runtime import host_copy
 
@@ -341,7 +341,7 @@ class MethodRunner:
                 try:
                     env[node["out"]] = env[seq["v"]][index]
                 except (IndexError, TypeError, KeyError) as exc:
-                    raise VkDelegateError(f"node {node['out']}: item {index} of "
+                    raise VkDelegateError(f"node {printable(node['out'])}: item {index} of "
                                           f"{seq['v']!r} does not exist") from exc
             else:
                 torch_side = op not in glue_ops.BUILTINS and op not in glue_ops.TORCH_FREE
@@ -354,8 +354,9 @@ class MethodRunner:
                 try:
                     env[node["out"]] = fn(*args, **kwargs)
                 except Exception as exc:
-                    raise VkDelegateError(f"CPU op {op} (node {node['out']}) failed: "
-                                          f"{type(exc).__name__}: {exc}") from exc
+                    raise VkDelegateError(f"CPU op {op} (node {printable(node['out'])}) "
+                                          f"failed: {type(exc).__name__}: "
+                                          f"{first_line(exc)}") from exc
         return [self._arg(a, env, False) for a in plan["outputs"]]
 
     def __call__(self, *args, **kwargs):
@@ -430,8 +431,10 @@ class MethodRunner:
         if signature is None:
             return list(args), kwargs
         names, keywords = signature
-        takes = (f"{self.name} takes {len(names)} input(s) ({', '.join(names)})"
-                 + (f" and keyword input(s) ({', '.join(keywords)})" if keywords else ""))
+        takes = (f"{printable(self.name)} takes {len(names)} input(s) "
+                 f"({', '.join(map(printable, names))})"
+                 + (f" and keyword input(s) ({', '.join(map(printable, keywords))})"
+                    if keywords else ""))
         if len(args) > len(names):
             raise VkDelegateError(f"{takes}; got {len(args)} positional")
         missing = object()
@@ -450,7 +453,7 @@ class MethodRunner:
         lacking = [n for n, v in zip(names, slots) if v is missing] + [
             k for k in keywords if k not in rest]
         if lacking:
-            raise VkDelegateError(f"{takes}; missing {', '.join(lacking)}")
+            raise VkDelegateError(f"{takes}; missing {', '.join(map(printable, lacking))}")
         return slots, rest
 
     def call_flat(self, flat: list, repeat: int = 1) -> list:

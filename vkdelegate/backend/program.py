@@ -27,7 +27,7 @@ from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.program_state import ProgramState, merge_initial
 from vkdelegate.backend.report import PartitionReport
-from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError
+from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError, printable
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import program_file
 
@@ -370,7 +370,7 @@ class LoweredProgram:
         self.close()
 
     def __repr__(self) -> str:
-        parts = [f"{name}: {len(m.delegates)} delegate(s), "
+        parts = [f"{printable(name)}: {len(m.delegates)} delegate(s), "
                  f"{sum(n['op'] not in ('delegate', 'getitem') for n in m.plan['nodes'])} "
                  f"CPU op(s)"
                  for name, m in self.methods.items()]

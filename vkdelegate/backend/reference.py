@@ -24,7 +24,7 @@ from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
 from vkdelegate.ops.load_checks import DeclaredValues, check_node
 from vkdelegate.ops.registry import load_all
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, first_line
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.graph_checks import check_graph
@@ -153,7 +153,7 @@ class ReferenceGraph:
             call = self._node
             where = f"node {call.node_id} ({call.name})" if call else "graph inputs"
             raise VkDelegateError(f"reference executor, {where}: {type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                                  f"{first_line(exc)}") from exc
 
     def _run(self, inputs: list) -> list:
         if len(inputs) != len(self.graph.input_ids):
@@ -296,7 +296,8 @@ def _call(where: str, op, args: list, kwargs: dict):
     try:
         return op(*args, **kwargs)
     except Exception as exc:
-        raise VkDelegateError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+        raise VkDelegateError(f"{where} failed: {type(exc).__name__}: "
+                              f"{first_line(exc)}") from exc
 
 
 def resolve(name: str, where: str = "a node of the delegate"):

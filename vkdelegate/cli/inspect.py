@@ -21,7 +21,7 @@ import sys
 from tabulate import tabulate
 
 from vkdelegate.cli import help_description
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 from vkdelegate.serialization.describe import describe_blob
 from vkdelegate.serialization.header import HEADER_LENGTH, MAGIC
 
@@ -90,6 +90,12 @@ def _placement(row: dict) -> str:
     return f"{storage}/{layout}"
 
 
+def _cell(value):
+    """A table cell: a string from the file (a String value, a named key) with its
+    control characters escaped (``printable``); anything else as it is."""
+    return printable(value) if isinstance(value, str) else value
+
+
 def _text(label: str, d: dict) -> str:
     h, g = d["header"], d["graph"]
     out = [f"== {label}: delegate blob, {d['size']} bytes",
@@ -104,11 +110,11 @@ def _text(label: str, d: dict) -> str:
            "", "Values"]
     rows = [[v["id"], v["kind"], v.get("dtype", ""), v.get("dims", ""),
              v.get("constant_id", ""), v.get("mem_obj_id", ""), _placement(v),
-             v.get("items", v.get("value", ""))] for v in d["values"]]
+             _cell(v.get("items", v.get("value", "")))] for v in d["values"]]
     out.append(tabulate(rows, headers=["id", "kind", "dtype", "dims", "constant",
                                        "mem_obj", "storage/layout", "value / items"]))
     out += ["", "Op chain"]
-    chain = [[op["node_id"], op["name"],
+    chain = [[op["node_id"], printable(op["name"]),
               ", ".join(op["readable"][:-1]) + " -> " + (op["readable"][-1] if op["readable"] else "")]
              for op in d["chain"]]
     out.append(tabulate(chain, headers=["node", "op", "args -> output"]))
@@ -118,7 +124,7 @@ def _text(label: str, d: dict) -> str:
                 f"{c['named']['count']} ({c['named']['bytes']} bytes)"]
     if c["items"]:
         out.append(tabulate([[e["id"], e["storage"], e.get("offset", ""), e["length"],
-                              e.get("named_key", "")] for e in c["items"]],
+                              _cell(e.get("named_key", ""))] for e in c["items"]],
                             headers=["id", "storage", "offset", "length", "named key"]))
     return "\n".join(out)
 
@@ -152,9 +158,9 @@ def method_signatures(path: str) -> list[str]:
             if plan is None:  # not loadable, but its blobs can still be listed
                 continue
             ranges = plan.get("ranges", {})
-            args = [f"{spec.get('name', i)}: {describe(spec, ranges)}"
+            args = [f"{printable(spec.get('name', i))}: {describe(spec, ranges)}"
                     for i, spec in enumerate(plan["inputs"])]
-            lines.append(f"{name}({', '.join(args)})")
+            lines.append(f"{printable(name)}({', '.join(args)})")
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise VkDelegateError(f"program file {path}: malformed method plan "
                               f"({type(exc).__name__}: {exc})") from exc
@@ -179,7 +185,8 @@ def program_state(path: str) -> dict:
     try:
         state = manifest.get("initial_state") or {}
         if state:
-            out["state"] = [f"{fqn}: {e['dtype']}[{', '.join(str(int(d)) for d in e['shape'])}]"
+            out["state"] = [f"{printable(fqn)}: {printable(e['dtype'])}"
+                            f"[{', '.join(str(int(d)) for d in e['shape'])}]"
                             for fqn, e in state.items()]
         cache = [e for fqn, e in state.items() if fqn.startswith(CACHE_PREFIX)]
         vocab = {m.get("plan", {}).get(PLAN_KEY, {}).get("vocab_size")

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from vkdelegate.cli import device_index, help_description
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 
 TOP_N = 15
 _NPY_MAGIC = b"\x93NUMPY"
@@ -74,7 +74,7 @@ def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
         if spec["name"] not in given:
             raise VkDelegateError(f"missing input {spec['name']!r} "
                                   f"({describe(spec, ranges)}); give --input "
-                                  f"{spec['name']}=FILE.npy")
+                                  f"{printable(spec['name'])}=FILE.npy")
         flat.append(_load_array(spec["name"], given[spec["name"]]))
     return flat
 
@@ -172,8 +172,8 @@ def run(args) -> int:
     if method is None:
         if "forward" not in program.methods and len(program.methods) > 1:
             raise VkDelegateError(f"the program has methods "
-                                  f"{', '.join(program.method_names)}; choose one with "
-                                  f"--method")
+                                  f"{', '.join(map(printable, program.method_names))}; "
+                                  f"choose one with --method")
         method = program.default_method()
     runner = program.runner(method)
     flat = _flat_inputs(runner.plan, _parse_inputs(args.input or []))

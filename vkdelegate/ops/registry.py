@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from vkdelegate import dtypes
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 
 #: dtype names used across vkdelegate (numpy's names).
 ALL_DTYPES = dtypes.GRAPH_DTYPES
@@ -166,8 +166,8 @@ def lookup(name: str) -> OpSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise VkDelegateError(f"operator {name} is not supported by the vkdelegate "
-                              f"runtime") from None
+        raise VkDelegateError(f"operator {printable(name)} is not supported by the "
+                              f"vkdelegate runtime") from None
 
 
 def alias_ops() -> frozenset:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from vkdelegate.errors import DeviceLimitError, VkDelegateError
+from vkdelegate.errors import DeviceLimitError, VkDelegateError, printable
 from vkdelegate.runtime.params import ParamBuffer
 from vkdelegate.runtime import texel
 from vkdelegate.runtime.pipeline import STORAGE, TEXEL, UNIFORM
@@ -116,7 +116,8 @@ class NodeBuilder:
     def error(self, message: str, limit: bool = False) -> VkDelegateError:
         """A VkDelegateError naming the node being built; with ``limit`` a
         DeviceLimitError (the node is valid but over a limit of this device)."""
-        where = f"node {self.node.node_id} ({self.node.name})" if self.node else "graph"
+        where = (f"node {self.node.node_id} ({printable(self.node.name)})" if self.node
+                 else "graph")
         return (DeviceLimitError if limit else VkDelegateError)(f"{where}: {message}")
 
     # ---- memory ----------------------------------------------------------------------

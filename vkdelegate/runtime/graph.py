@@ -27,7 +27,7 @@ import numpy as np
 import vulkan as vk
 
 from vkdelegate.dtypes import ITEMSIZE
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 from vkdelegate.limits import resolve_limits
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
@@ -233,7 +233,7 @@ class DelegateGraph(DeviceState):
                          leave=False, disable=None)  # None: off without a TTY
         for call, spec in zip(chain, self._specs):
             builder.node = call
-            where = f"node {call.node_id} ({call.name})"
+            where = f"node {call.node_id} ({printable(call.name)})"
             try:
                 spec.impl(builder, call)
             except VkDelegateError as exc:
@@ -381,7 +381,7 @@ class DelegateGraph(DeviceState):
         for call, spec in zip(self.graph.chain, self._specs):
             out = self.resolve(call.args[-1])
             args = [self.resolve(a) for a in call.args[:-1]]
-            where = f"node {call.node_id} ({call.name})"
+            where = f"node {call.node_id} ({printable(call.name)})"
             if spec.returns == "symint":  # a SymInt's new number, on the host
                 try:
                     self.values.set_symint(call.args[-1], spec.shape_fn(args))

@@ -8,7 +8,7 @@ whether an op's arguments have the right kinds is the op's own business at load 
 """
 from __future__ import annotations
 
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
 
@@ -86,11 +86,12 @@ def check_graph(graph: vk.VkGraph, limits: LoadLimits | None = None) -> None:
     for k, op in enumerate(graph.chain):
         if not op.name:
             raise VkDelegateError(f"chain[{k}] (node {op.node_id}) has no operator name")
+        where = f"node {op.node_id} ({printable(op.name)}, chain[{k}])"
         if not op.args:
-            raise VkDelegateError(f"node {op.node_id} ({op.name}, chain[{k}]) has no args; "
-                                  f"its output value id must be the last arg")
+            raise VkDelegateError(f"{where} has no args; its output value id must be the "
+                                  f"last arg")
         for j, vid in enumerate(op.args):
-            _in_range(vid, n, f"node {op.node_id} ({op.name}, chain[{k}]) arg {j}")
+            _in_range(vid, n, f"{where} arg {j}")
     n_const = len(graph.constants)
     for vid, value in enumerate(graph.values):
         if isinstance(value, vk.ValueList):
@@ -127,7 +128,7 @@ def check_symint_order(graph: vk.VkGraph) -> None:
     values = graph.values
     defined = {v for v in graph.input_ids if isinstance(values[v], vk.SymInt)}
     for k, op in enumerate(graph.chain):
-        where = f"node {op.node_id} ({op.name}, chain[{k}])"
+        where = f"node {op.node_id} ({printable(op.name)}, chain[{k}])"
         for j, vid in enumerate(op.args[:-1]):
             for sym in _symints_in(values, vid):
                 if sym not in defined:
