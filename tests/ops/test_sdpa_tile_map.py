@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 from tests.ops.attention_reference import (CUSTOM, FP16_TOL, FP32_TOL, OFF, SDPA,
-                                           custom_fn, sdpa_fn, window_mask)
+                                           SLIDING, sdpa_fn, sliding_fn, window_mask)
 from tests.ops.harness import check_op
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate.backend.custom_ops import ensure_defined
@@ -296,6 +296,14 @@ def test_custom_sdpa_bool_mask_exact():
     def fn(q, k, v, m):
         return torch.ops.llama.custom_sdpa(q, k, v, 60, m, 0.0, False, None)
     _exact(fn, (q, k, v, mask), FP32_TOL, ops=(CUSTOM,))
+
+
+def test_sliding_window_op_with_bool_mask_exact():
+    # vkdelegate.sliding_window_sdpa with a 2-D mask at prefill size: the causal and
+    # window bounds narrow the tile range, then the map narrows it further.
+    q, k, v = _qkv(1, 4, 2, 100, 130, 32, seed=15)
+    mask = block_mask((100, 130), seed=15)
+    _exact(sliding_fn(40, 30), (q, k, v, mask), FP32_TOL, ops=(SLIDING,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
