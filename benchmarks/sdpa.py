@@ -24,7 +24,9 @@ For float16 also the portable tiled kernel (compile option sdpa_cooperative_matr
 where the device has cooperative matrices), the effective TFLOP/s (the scores the mask
 lets through, 4 E FLOPs each) and the largest difference from PyTorch's output.
 
-The larger cases are sized for a GPU (the H200); on lavapipe use --filter lavapipe.
+The larger cases are sized for a GPU (the H200); on lavapipe use --filter lavapipe
+(``--filter "lavapipe 1024"``: a boolean window of 128 keys at 1024 tokens and the same
+window as the op, the block map's case, docs/PERF.md).
 """
 from __future__ import annotations
 
@@ -100,9 +102,12 @@ def measure_program(program, inputs, runs: int) -> tuple[float, float, torch.Ten
     return statistics.median(gpu), statistics.median(wall), out
 
 
-#: (name, q heads, kv heads, tokens, head dim, mode): Llama-3-8B-shaped attention.
+#: (name, q heads, kv heads, tokens, head dim, mode[, window]): Llama-3-8B-shaped
+#: attention; the window (bool and op modes) is WINDOW keys unless given.
 PREFILL = [
     ("prefill lavapipe", 2, 1, 256, 64, "causal"),
+    ("prefill lavapipe 1024 window 128 bool", 4, 2, 1024, 64, "bool", 128),
+    ("prefill lavapipe 1024 window 128 op", 4, 2, 1024, 64, "op", 128),
     ("prefill 512 causal", 32, 8, 512, 128, "causal"),
     ("prefill 2048 causal", 32, 8, 2048, 128, "causal"),
     ("prefill 8192 causal", 32, 8, 8192, 128, "causal"),
@@ -114,29 +119,29 @@ WINDOW = 1024
 
 
 class _Prefill(torch.nn.Module):
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, window: int = WINDOW):
         super().__init__()
-        self.mode = mode
+        self.mode, self.window = mode, window
 
     def forward(self, q, k, v, mask):
         if self.mode == "op":
-            return torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, WINDOW)
+            return torch.ops.vkdelegate.sliding_window_sdpa(q, k, v, self.window)
         if self.mode == "bool":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
-def _window_mask(n: int) -> torch.Tensor:
+def _window_mask(n: int, window: int = WINDOW) -> torch.Tensor:
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    return ((j <= i) & (j > i - WINDOW))[None, None]
+    return ((j <= i) & (j > i - window))[None, None]
 
 
 def _torch_ms(module, inputs, runs: int, cpu_max: int):
     """PyTorch SDPA's time and output: on CUDA (device tensors, CUDA events) when
     available; else on the CPU (one run) up to ``cpu_max`` tokens; else ("-", ..., None)."""
     if module.mode == "op":  # the same attention as the bool mask, eager spells it so
-        module = _Prefill("bool")
-        inputs = inputs[:3] + (_window_mask(inputs[0].shape[-2]),)
+        module = _Prefill("bool", module.window)
+        inputs = inputs[:3] + (_window_mask(inputs[0].shape[-2], module.window),)
     if torch.cuda.is_available():
         dev = [t.cuda() for t in inputs]
         times = []
@@ -155,10 +160,10 @@ def _torch_ms(module, inputs, runs: int, cpu_max: int):
     return f"{(time.perf_counter() - t0) * 1e3:.1f}", "cpu (1 run)", out
 
 
-def _flops(hq: int, n: int, e: int, mode: str) -> float:
+def _flops(hq: int, n: int, e: int, mode: str, window: int = WINDOW) -> float:
     """FLOPs of the attention a mask lets through (Q K^T and P V: 4 E per score):
-    causal n (n + 1) / 2 scores per head, the window of WINDOW keys fewer."""
-    w = min(WINDOW, n) if mode in ("bool", "op") else n
+    causal n (n + 1) / 2 scores per head, the window of ``window`` keys fewer."""
+    w = min(window, n) if mode in ("bool", "op") else n
     scores = n * w - w * (w - 1) / 2
     return 4.0 * hq * e * scores
 
@@ -173,16 +178,17 @@ def prefill(args, dtype) -> list:
     settings = [{"sdpa_skip_masked_tiles": True}, {"sdpa_skip_masked_tiles": False}]
     if dtype == torch.float16:
         settings.append({"sdpa_cooperative_matrix": False})
-    for name, hq, hk, n, e, mode in PREFILL:
+    for name, hq, hk, n, e, mode, *rest in PREFILL:
         if args.filter not in name:
             continue
+        window = rest[0] if rest else WINDOW
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, h, n, e).to(dtype) for h in (hq, hk, hk))
-        mask = _window_mask(n) if mode == "bool" else torch.zeros(1)
+        mask = _window_mask(n, window) if mode == "bool" else torch.zeros(1)
         if mode == "op":  # vkdelegate.sliding_window_sdpa takes Hq % Hk heads as GQA
             mask = torch.zeros(1)
         inputs = (q, k, v, mask)
-        module = _Prefill(mode)
+        module = _Prefill(mode, window)
         ep = torch.export.export(module, inputs)
         ms, outs = [], []
         for options in settings:
@@ -199,7 +205,7 @@ def prefill(args, dtype) -> list:
         portable = f"{ms[2]:.3f}" if len(ms) > 2 else "-"
         rows.append((name, f"{hq}/{hk}x{n}x{e}", f"{ms[0]:.3f}", f"{ms[1]:.3f}",
                      f"{ms[1] / ms[0]:.2f}x", torch.equal(outs[0], outs[1]), portable,
-                     f"{_flops(hq, n, e, mode) / ms[0] / 1e9:.2f}", t_ms, t_dev, diff))
+                     f"{_flops(hq, n, e, mode, window) / ms[0] / 1e9:.2f}", t_ms, t_dev, diff))
     return rows
 
 

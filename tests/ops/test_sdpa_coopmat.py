@@ -35,10 +35,11 @@ def test_coopmat_forms_match_eager():
 
 def test_shared_arrays_are_whole_16_byte_units():
     # coopMatLoad / coopMatStore need 16-byte aligned shared addresses, and the driver
-    # lays the shared arrays out in an order of its own: a 12-byte tile_live[3] (boolean
-    # masks with the early exit) put the arrays after it off that alignment on the H200
-    # (wrong outputs). Every form's shared arrays, boolean masks included whatever
-    # COOP_BOOL_MASK says, must be whole 16-byte units. Compiles only: runs on lavapipe.
+    # lays the shared arrays out in an order of its own: a 12-byte tile_live[3] (the
+    # per-tile vote of boolean masks with the early exit, replaced by the block map
+    # since) put the arrays after it off that alignment on the H200 (wrong outputs).
+    # Every form's shared arrays, boolean masks included whatever COOP_BOOL_MASK says,
+    # must be whole 16-byte units. Compiles only: runs on lavapipe.
     from tests.runtime.spirv_reflect import Module
     from vkdelegate.shaders.bindings import binding_defines
     from vkdelegate.shaders.compiler import default_compiler
@@ -59,8 +60,9 @@ def test_shared_arrays_are_whole_16_byte_units():
                                              binding_defines(attention.COOP, d), "vulkan1.3")
                     sizes = Module(spirv).workgroup_bytes()
                     assert "k_sh" in sizes and "p_sh" in sizes, sizes
-                    if mask is not None and mask[0] == "bool" and skip:
-                        assert "tile_live" in sizes, sizes
+                    # boolean masks with the early exit read the block map: no vote
+                    assert ("TILE_MAP" in d) == (mask == masks["bool"] and skip), d
+                    assert "tile_live" not in sizes, sizes
                     odd = {k: n for k, n in sizes.items() if n % 16}
                     assert not odd, f"mask {name}, D {d_max}, skip {skip}: {odd}"
 
@@ -128,6 +130,14 @@ def run_cases() -> None:
         bmask[5] = False
         q, k, v = qkv(2, 2, 200, 200, 64, seed=6)
         case("bool blocks 200, a fully masked row", sdpa_fn(), (q, k, v, bmask), exact=True)
+        # The block map (64 x 32 blocks): per-head and broadcast block-sparse masks with
+        # dead query blocks, full and partial tiles, lengths not multiples of the tiles.
+        from tests.ops.test_sdpa_tile_map import block_mask
+        q, k, v = qkv(4, 2, 141, 203, 128, seed=8)
+        case("bool per-head block mask 141 x 203, E 128", sdpa_fn(enable_gqa=True),
+             (q, k, v, block_mask((1, 4, 141, 203), seed=8)), exact=True)
+        case("bool broadcast block mask 141 x 203, E 128", sdpa_fn(enable_gqa=True),
+             (q, k, v, block_mask((1, 1, 141, 203), seed=9)), exact=True)
     q, k, v = qkv(2, 2, 90, 75, 36, 20, seed=7)  # head dims not multiples of 8: scalar loads
     case("causal 90 x 75, E 36, Ev 20", sdpa_fn(is_causal=True), (q, k, v))
     q, k, v = qkv(2, 2, 1024, 1024, 128, seed=5)

@@ -101,7 +101,8 @@ def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, skip:
     d = at.defines(out, q, k, v, mask, causal=causal, window=window, d_max=d_max,
                    cpu=False, skip=skip, nan_rows=nan_rows, seq_first=seq_first,
                    split=split, start=start)
-    for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF"):
+    # TILE_MAP: sdpa_decode.glsl reads its mask per key in chunks, without a block map.
+    for name in ("D_STEP", "BLOCK_M", "BLOCK_N", "Q_HALF", "TILE_MAP"):
         d.pop(name, None)
     d.update(WG=str(WG), R_MAX=str(rows_max(d_max) if rows is None else rows_for(rows)))
     for name in ("K", "V"):

@@ -11,12 +11,14 @@ sdpa_decode.glsl (few rows on GPUs: the early exit on and off, whole and split-K
 with and without subgroup arithmetic), of
 sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
 16-bit storage; declared with COOP_REQUIRES, so only devices with cooperative matrices
-build it) and of sdpa_combine.glsl. Torch-free; registers no op.
+build it), of sdpa_combine.glsl and, for boolean masks, of sdpa_tile_map.glsl (the
+block map the early exit reads, kernels/attention_map.py). Torch-free; registers no op.
 """
 from __future__ import annotations
 
 from vkdelegate.kernels import attention as at
 from vkdelegate.kernels import attention_decode as dec
+from vkdelegate.kernels import attention_map as amap
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype
 from vkdelegate.shaders.variants import declare_grid
 
@@ -75,6 +77,12 @@ def declare(forms, dtypes) -> None:
                 for subgroup in (True, False)
                 for rows in (1, 2, 4, 8) if rows <= dec.rows_max(d_max)]
 
+    def tile_map(profile, seq_first: bool):
+        if not any(form[0] == "bool" and form[4] == seq_first for form in forms):
+            return None
+        return amap.defines(("bool", device_dtype("bool", profile)), seq_first)
+
+    declare_grid(amap.SHADER, tile_map, profile=STORAGE_PROFILES, seq_first=(False, True))
     declare_grid(dec.SHADER, decode, profile=STORAGE_PROFILES, dtype=dtypes,
                  d_max=at.D_BUCKETS)
     declare_grid(at.SHADER, whole, profile=STORAGE_PROFILES, dtype=dtypes,

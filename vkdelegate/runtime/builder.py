@@ -15,6 +15,8 @@ from typing import Callable
 import numpy as np
 
 from vkdelegate.errors import DeviceLimitError, VkDelegateError, printable
+from vkdelegate.limits import check_limit
+from vkdelegate.runtime.dtypes import device_dtype
 from vkdelegate.runtime.params import ParamBuffer
 from vkdelegate.runtime import texel
 from vkdelegate.runtime.pipeline import STORAGE, TEXEL, UNIFORM
@@ -122,7 +124,17 @@ class NodeBuilder:
 
     # ---- memory ----------------------------------------------------------------------
     def temporary(self, shape, dtype: str) -> Tensor:
-        """A new device tensor of ``shape`` and graph dtype ``dtype`` (e.g. scratch)."""
+        """A new device tensor of ``shape`` and graph dtype ``dtype`` (e.g. scratch).
+        Its sizes derive from the blob's declared ones, so a crafted blob may ask for a
+        large one: ResourceLimitError when it is over the graph's
+        ``LoadLimits.max_tensor_bytes``."""
+        limits = getattr(self._graph, "limits", None)
+        if limits is not None:
+            nbytes = Tensor.nbytes_for(device_dtype(dtype, self.device.info), shape)
+            check_limit(f"scratch tensor {dtype}{list(shape)} in bytes", nbytes,
+                        limits.max_tensor_bytes, "max_tensor_bytes",
+                        f"node {self.node.node_id} ({self.node.name})" if self.node
+                        else "graph")
         return self._graph.values.new_tensor(-1, dtype, shape)
 
     def constant_array(self, t: Tensor) -> np.ndarray | None:

@@ -38,9 +38,11 @@
 // computed as a multiply by exp(0) and an add of 0), so a fully masked tile processed
 // and a fully masked tile skipped give the same bits. SKIP_MASKED_TILES narrows the
 // tile range to the tiles some row of the workgroup can see (CAUSAL: up to the last
-// row's position; WINDOW: from the first row's window start) and, with MASK_BOOL,
-// skips a tile whose mask is false for every row (a per-tile vote in shared memory,
-// from the mask bits each row reads anyway).
+// row's position; WINDOW: from the first row's window start) and, with MASK_BOOL
+// (TILE_MAP), to the first and last tiles the mask's block map (sdpa.h,
+// sdpa_tile_map.glsl, made for the workgroup's rows and packed heads) marks live for the
+// workgroup, skipping the dead ones between; a row reads no mask bytes of a tile the
+// map marks full.
 //
 // SPLIT_K (flash decoding, for few queries and many keys): pos.w is the number of key
 // splits, split.x the tiles per split; workgroup x = query block * splits + split. A
@@ -54,8 +56,8 @@
 // Defines: OUT_T, Q_T, K_T, V_T, OUT_STORE(v); D_MAX (a multiple of 4 >= E and Ev);
 // D_STEP; BLOCK_M (the local size x), BLOCK_N (<= 32: a tile's mask bits are one uint);
 // CAUSAL; WINDOW; MASK_BOOL or MASK_FLOAT with MASK_T (mask broadcast over every dim of
-// size 1, rows indexed by i); FULLY_MASKED; SKIP_MASKED_TILES; SEQ_FIRST; SPLIT_K;
-// POS_TENSOR with START_T (the start_pos tensor's storage type);
+// size 1, rows indexed by i); FULLY_MASKED; SKIP_MASKED_TILES; TILE_MAP; SEQ_FIRST;
+// SPLIT_K; POS_TENSOR with START_T (the start_pos tensor's storage type);
 // Q_HALF (a float16 query kept as packed fp16 pairs, scaled after the dot: for head
 // dims >= 128, where q and the accumulator of a row no longer fit a GPU's registers).
 // The loops over a tile's keys are not unrolled (unrolled, llvmpipe's LLVM took
@@ -77,11 +79,6 @@
 
 shared vec4 k_tile[BLOCK_N * D4];
 shared vec4 v_tile[BLOCK_N * D4];
-#if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-// Per-tile vote: some row sees a key of tile t when tile_live[t % 3] != 0. Three slots:
-// lane 0 clears the next tile's slot while others may still read this one.
-shared uint tile_live[3];
-#endif
 
 void main() {
   const int lane = int(gl_LocalInvocationID.x);
@@ -153,17 +150,27 @@ void main() {
   t_lo = max(t_lo, max(0, qoff + i0 - pos.z + 1) / BLOCK_N);
 #endif
 #endif
-#if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-  if (lane == 0) {
-    tile_live[t_lo % 3] = 0u;
-  }
-  barrier();
+#ifdef TILE_MAP
+  // The map's blocks are this workgroup's: rows i0 .. i0 + rows - 1 of the pack heads
+  // from wy * pack (map_block is (rows, BLOCK_N, pack, -)).
+  const int map_row = tile_map_row(bq, pack > 1 ? wy * pack : wy, i0,
+                                   ((S + BLOCK_N - 1) / BLOCK_N + 31) / 32);
+  tile_map_range(map_row, t_lo, t_hi);
 #endif
   for (int t = t_lo; t < t_hi; ++t) {
     const int j0 = t * BLOCK_N;
 #ifdef MASK_BOOL
     // The row's mask bits for this tile (bit jj: key j0 + jj is attended).
     uint bits = 0u;
+#ifdef TILE_MAP
+    const uvec2 tile = tile_map_bits(map_row, t);  // uniform in the workgroup
+    if (tile.x == 0u) {
+      continue;  // no row of the workgroup attends a key of the tile
+    }
+    if (tile.y != 0u) {
+      bits = ~0u >> (32 - BLOCK_N);  // every key attended (keys past S: -inf below)
+    } else
+#endif
     if (row_ok) {
       [[dont_unroll]] for (int jj = 0; jj < BLOCK_N; ++jj) {
         const int j = j0 + jj;
@@ -172,18 +179,6 @@ void main() {
         }
       }
     }
-#ifdef SKIP_MASKED_TILES
-    if (bits != 0u) {
-      atomicOr(tile_live[t % 3], 1u);  // atomic: several rows vote at once
-    }
-    if (lane == 0) {
-      tile_live[(t + 1) % 3] = 0u;
-    }
-    barrier();
-    if (tile_live[t % 3] == 0u) {
-      continue;  // uniform: every lane read the same vote after the barrier
-    }
-#endif
 #endif
     // Stage the tile: BLOCK_N * D4 vec4s of K and of V, spread over the workgroup.
     [[unroll]] for (int r = 0; r < (BLOCK_N * D4 + BLOCK_M - 1) / BLOCK_M; ++r) {

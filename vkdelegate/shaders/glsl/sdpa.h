@@ -73,6 +73,68 @@ int mask_stride(int d) {
 }
 #endif
 
+#ifdef TILE_MAP
+// The block map of the boolean mask (MASK_BOOL with SKIP_MASKED_TILES), written by
+// sdpa_tile_map.glsl before this dispatch (its header has the layout): per (mask
+// plane, query block, key tile) a "live" bit (some row of the workgroup attends some
+// key of the tile) and a "full" bit (every row attends every key, so no mask byte need
+// be read). It replaces a per-tile vote (every invocation's mask bytes and a barrier
+// for every tile, dead or not); skipping a dead tile stays exact (see each kernel).
+TENSOR_IN(map_data, uint)
+PARAMS(tile_map_block) { ivec4 map_block; ivec4 map_extent; };
+
+// The first word of the map row of the workgroup at query row i0 of batch bq and
+// (first) query head h, or -1 when that row would lie outside the map (then every tile
+// counts as live and not full: the mask bytes decide, as without the map).
+int tile_map_row(int bq, int h, int i0, int nwords) {
+  const int hg = max(map_block.z, 1);
+  const int hm = size_at(mask_meta, 2);
+  const int pb = size_at(mask_meta, 3) == 1 ? 0 : bq;
+  const int ph = hm == 1 ? 0 : h / hg;
+  const int qb = i0 / max(map_block.x, 1);
+  const int row = ((pb * ((hm + hg - 1) / hg) + ph) * map_extent.x + qb)
+      * map_extent.y * 2;
+  const bool ok = qb < map_extent.x && nwords <= map_extent.y
+      && row >= 0 && row + 2 * nwords <= int(map_data.length());
+  return ok ? row : -1;
+}
+
+// Narrows the tile range [t_lo, t_hi) to its first and last live tiles (map row
+// `row`, uniform in the workgroup); no change without a map row.
+void tile_map_range(int row, inout int t_lo, inout int t_hi) {
+  if (row < 0 || t_lo >= t_hi) {
+    return;
+  }
+  int first = t_hi;
+  int last = t_lo - 1;
+  for (int w = t_lo >> 5; w <= (t_hi - 1) >> 5; ++w) {
+    uint live = map_data[row + 2 * w];
+    if (w == t_lo >> 5) {
+      live &= ~0u << uint(t_lo & 31);
+    }
+    if (w == (t_hi - 1) >> 5) {
+      live &= ~0u >> uint(31 - ((t_hi - 1) & 31));
+    }
+    if (live != 0u) {
+      first = min(first, 32 * w + findLSB(live));
+      last = 32 * w + findMSB(live);
+    }
+  }
+  t_lo = first;
+  t_hi = max(last + 1, first);
+}
+
+// Tile t's bits: x = live, y = full (live and not full without a map row).
+uvec2 tile_map_bits(int row, int t) {
+  if (row < 0) {
+    return uvec2(1u, 0u);
+  }
+  const uint s = uint(t & 31);
+  return uvec2((map_data[row + 2 * (t >> 5)] >> s) & 1u,
+               (map_data[row + 2 * (t >> 5) + 1] >> s) & 1u);
+}
+#endif
+
 // The element offsets of query head h of batch bq (of Hq heads, B batches) and of the
 // K/V head and batch it reads (grouped-query heads h / (Hq / Hk), broadcast batches),
 // and the row strides: declares hk, bk, q_base, k_base, v_base, q_row, k_row, v_row.

@@ -31,10 +31,15 @@
 // its rescale factor stays 1 (x * 1 keeps every bit), so its accumulator gets + 0
 // (unchanged: an accumulator starts at +0 and never becomes -0, for finite V); a skipped
 // tile is one that no row of the workgroup sees, so skipping it gives the same bits.
+// With a boolean mask (TILE_MAP) the tiles that are dead for the workgroup come from
+// the mask's block map (sdpa.h, sdpa_tile_map.glsl, made for 64 x 32 blocks): the range
+// is narrowed to the first and last live tiles, dead tiles between are skipped with one
+// uniform branch, and a tile the map marks full reads no mask bytes.
 //
 // Defines: OUT_T, Q_T, K_T, V_T, OUT_STORE(v); D_MAX (32, 64 or 128); FULLY_MASKED;
 // CAUSAL; WINDOW; MASK_BOOL / MASK_FLOAT with MASK_T (MASK_WORDS: boolean bytes);
-// SKIP_MASKED_TILES; SEQ_FIRST; POS_TENSOR with START_T.
+// SKIP_MASKED_TILES; TILE_MAP (MASK_BOOL with SKIP_MASKED_TILES); SEQ_FIRST; POS_TENSOR
+// with START_T.
 // Local size 128.
 
 #define NSG 4
@@ -83,21 +88,16 @@ layout(set = 0, binding = BINDING_mask_data) readonly buffer mask_word_buffer {
 
 // Every shared array is a whole number of 16-byte units: coopMatLoad / coopMatStore
 // need 16-byte aligned addresses (k_sh, v_sh, s_sh, p_sh), and where the driver places
-// each array is its own choice (glslang emits them in the order of first use, so
-// tile_live comes before p_sh). With a 12-byte tile_live[3] (arrays placed after it no
-// longer 16-byte aligned) every boolean-mask form with the early exit gave wrong outputs
-// on the H200, driver 580.159 (98.5% of them for a [1, 1, 320, 320] window mask), while
-// the same forms without the early exit, which have no tile_live, were right; with 16
-// bytes they are right too (docs/PERF.md).
+// each array is its own choice (glslang emits them in the order of first use). A
+// 12-byte vote array tile_live[3] of the boolean forms with the early exit (before the
+// block map replaced the vote) put the arrays after it off that alignment: wrong
+// outputs on the H200, driver 580.159 (docs/PERF.md). A test checks every form.
 shared uvec4 k_sh[BN * KS];  // K of the tile (query rows 0..31 at the start)
 shared uvec4 v_sh[BN * KS];  // V of the tile (query rows 32..63 at the start)
 shared float s_sh[BM * SS];
 shared uvec4 p_sh[BM * PS];
 shared float row_alpha[BM];
 shared float row_l[BM];
-#if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-shared uint tile_live[4];  // the vote of tiles t % 3 (slot 3 unused: 16 bytes, above)
-#endif
 
 void main() {
   const int lane = int(gl_LocalInvocationID.x);
@@ -179,10 +179,9 @@ void main() {
   t_lo = max(t_lo, max(0, qoff + i0 - pos.z + 1) / BN);
 #endif
 #endif
-#if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-  if (lane == 0) {
-    tile_live[t_lo % 3] = 0u;
-  }
+#ifdef TILE_MAP
+  const int map_row = tile_map_row(bq, h, i0, ((S + BN - 1) / BN + 31) / 32);
+  tile_map_range(map_row, t_lo, t_hi);
 #endif
   barrier();  // q fragments and the row-index matrix loaded before k_sh, v_sh, s_sh change
 
@@ -191,24 +190,23 @@ void main() {
     const int jh = j0 + 16 * half_;  // this invocation's first key
 #ifdef MASK_BOOL
     uint bits = 0u;
-    [[unroll]] for (int u = 0; u < 16; ++u) {
-      const int j = jh + u;
-      if (j < S && MASK_ON(m_base + j * m_col)) {
-        bits |= 1u << u;
+#ifdef TILE_MAP
+    const uvec2 tile = tile_map_bits(map_row, t);  // uniform in the workgroup
+    if (tile.x == 0u) {
+      continue;  // no row of the workgroup attends a key of the tile
+    }
+    if (tile.y != 0u) {
+      bits = 0xffffu;  // every key attended (keys past S: -inf below)
+    } else
+#endif
+    {
+      [[unroll]] for (int u = 0; u < 16; ++u) {
+        const int j = jh + u;
+        if (j < S && MASK_ON(m_base + j * m_col)) {
+          bits |= 1u << u;
+        }
       }
     }
-#ifdef SKIP_MASKED_TILES
-    if (bits != 0u) {
-      atomicOr(tile_live[t % 3], 1u);
-    }
-    if (lane == 0) {
-      tile_live[(t + 1) % 3] = 0u;
-    }
-    barrier();
-    if (tile_live[t % 3] == 0u) {
-      continue;
-    }
-#endif
 #endif
     // K and V of the tile (zero past S and the head dims).
     [[unroll]] for (int u = 0; u < BN * D8 / WG; ++u) {

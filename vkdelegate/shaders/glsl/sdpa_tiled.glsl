@@ -26,13 +26,16 @@
 // scores are all -inf for a row leaves that row's m, l and accumulator untouched (no
 // multiply by 1, no add of 0), so processing a fully masked tile and skipping it give
 // the same bits; SKIP_MASKED_TILES narrows the tile range (CAUSAL, WINDOW) and with
-// MASK_BOOL skips a tile no row of the workgroup sees (a vote in shared memory).
+// MASK_BOOL (TILE_MAP) to the first and last tiles the mask's block map (sdpa.h,
+// sdpa_tile_map.glsl, made for BM x BN blocks) marks live for the workgroup, and skips
+// the dead ones between; a tile the map marks full needs no mask bytes.
 //
 // Defines: as sdpa.glsl (OUT_T, Q_T, K_T, V_T, OUT_STORE, D_MAX, FULLY_MASKED, CAUSAL,
-// WINDOW, MASK_*, MASK_T, SKIP_MASKED_TILES, SEQ_FIRST, POS_TENSOR, START_T) plus WG (the local size x, 64),
-// BM (32), BN (keys per tile, a multiple of 8, <= 32), SR x SC = BM BN / WG scores and
-// PR x PC = BM D_MAX / (4 WG) accumulator vec4s per invocation (attention.py: tiled_*).
-// Shared memory: (BM + BN) (D_MAX / 4 + 1) vec4 + BM (BN / 4 + 1) vec4 + 3 BM floats.
+// WINDOW, MASK_*, MASK_T, SKIP_MASKED_TILES, TILE_MAP, SEQ_FIRST, POS_TENSOR, START_T)
+// plus WG (the local size x, 64), BM (32), BN (keys per tile, a multiple of 8, <= 32),
+// SR x SC = BM BN / WG scores and PR x PC = BM D_MAX / (4 WG) accumulator vec4s per
+// invocation (attention.py: tiled_*).
+// Shared memory: (BM + BN) (D_MAX / 4 + 1) vec4 + BM (BN / 4 + 1) vec4 + 2 BM floats.
 
 #define D4 (D_MAX / 4)
 #define DP (D4 + 1)       // padded shared row of Q / K / V, in vec4
@@ -44,9 +47,6 @@ shared vec4 kv_tile[BN * DP];  // K, then V, of the current tile
 shared vec4 p_tile[BM * PP];   // scores, then probabilities
 shared float row_alpha[BM];    // the row's rescale factor; < 0: tile dead for the row
 shared float row_l[BM];
-#if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-shared uint tile_live[3];
-#endif
 
 void main() {
   const int lane = int(gl_LocalInvocationID.x);
@@ -104,37 +104,35 @@ void main() {
   t_lo = max(t_lo, max(0, qoff + i0 - pos.z + 1) / BN);
 #endif
 #endif
-#if defined(MASK_BOOL) && defined(SKIP_MASKED_TILES)
-  if (lane == 0) {
-    tile_live[t_lo % 3] = 0u;
-  }
+#ifdef TILE_MAP
+  const int map_row = tile_map_row(bq, h, i0, ((S + BN - 1) / BN + 31) / 32);
+  tile_map_range(map_row, t_lo, t_hi);
 #endif
-  barrier();  // q_tile (and the vote slot) written
+  barrier();  // q_tile written
 
   for (int t = t_lo; t < t_hi; ++t) {
     const int j0 = t * BN;
 #ifdef MASK_BOOL
     uint bits = 0u;  // bit ii * SC + jj: (row s_r + 8 ii, key s_c + 8 jj) attended
-    [[unroll]] for (int ii = 0; ii < SR; ++ii) {
-      [[unroll]] for (int jj = 0; jj < SC; ++jj) {
-        const int j = j0 + s_c + 8 * jj;
-        if (j < S && int(mask_data[m_base[ii] + j * m_col]) != 0) {
-          bits |= 1u << (ii * SC + jj);
+#ifdef TILE_MAP
+    const uvec2 tile = tile_map_bits(map_row, t);  // uniform in the workgroup
+    if (tile.x == 0u) {
+      continue;  // no row of the workgroup attends a key of the tile
+    }
+    if (tile.y != 0u) {
+      bits = (1u << (SR * SC)) - 1u;  // every key attended (keys past S: -inf below)
+    } else
+#endif
+    {
+      [[unroll]] for (int ii = 0; ii < SR; ++ii) {
+        [[unroll]] for (int jj = 0; jj < SC; ++jj) {
+          const int j = j0 + s_c + 8 * jj;
+          if (j < S && int(mask_data[m_base[ii] + j * m_col]) != 0) {
+            bits |= 1u << (ii * SC + jj);
+          }
         }
       }
     }
-#ifdef SKIP_MASKED_TILES
-    if (bits != 0u) {
-      atomicOr(tile_live[t % 3], 1u);
-    }
-    if (lane == 0) {
-      tile_live[(t + 1) % 3] = 0u;
-    }
-    barrier();
-    if (tile_live[t % 3] == 0u) {
-      continue;  // uniform after the barrier
-    }
-#endif
 #endif
     // (1) K rows of the tile.
     [[unroll]] for (int r = 0; r < (BN * D4 + WG - 1) / WG; ++r) {
