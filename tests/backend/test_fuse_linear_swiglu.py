@@ -129,12 +129,13 @@ QUANTIZED = {"int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
 
 def _quantized_norm_dispatches() -> int:
     """Dispatches of a one-row quantized product with the norm folded in on this device:
-    1 where it takes the vectorized GEMV (linear_qw_gemv.glsl's RMS_NORM; GPUs), else 2
-    (the norm's, then linear_qw.glsl's; CPU drivers)."""
-    from vkdelegate.ops.families.quantized_linear import use_gemv
+    1 where its form folds the norm in (linear_qw_gemv.glsl's RMS_NORM on GPUs,
+    linear_qw_texel.glsl's on CPU drivers: quantized_linear.folds_rms_norm), else 2
+    (the norm's, then linear_qw.glsl's)."""
+    from vkdelegate.ops.families.quantized_linear import folds_rms_norm
     from vkdelegate.runtime import default_device
 
-    return 1 if use_gemv(default_device().info, 1) else 2
+    return 1 if folds_rms_norm(default_device(), 1) else 2
 
 
 def _quantized_mlp(scheme, kind="llama", dtype=torch.float32):
@@ -152,8 +153,8 @@ def test_quantized_fused_equals_unfused(scheme, dtype):
     the merged gate/up product with the norm folded in (rms_norm_linear_q4gsw /
     rms_norm_weight_int8pack_mm, int8's between torchao's views) and its chain become
     rms_norm_linear_q4gsw_swiglu / rms_norm_weight_int8pack_mm_swiglu, one dispatch
-    fewer, torch.equal to the unfused program (a CPU driver's linear_qw.glsl; every
-    form: tests/ops/test_quantized_swiglu.py, test_quantized_rms_norm.py)."""
+    fewer, torch.equal to the unfused program (the device's own forms; every form:
+    tests/ops/test_quantized_swiglu.py, test_quantized_rms_norm.py)."""
     _skip()
     module = _quantized_mlp(scheme, dtype=dtype)
     x = torch.randn(1, 1, 64).to(dtype)

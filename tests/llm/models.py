@@ -117,10 +117,10 @@ def quantized_norm_dispatches(prologue: bool = True) -> int:
     """Dispatches of one one-row int4 / int8 product with an RMS norm fused into it
     (``vkdelegate.rms_norm_linear_q4gsw``, ``rms_norm_weight_int8pack_mm`` and their
     SwiGLU forms) on the default Vulkan device: with compile option rms_norm_prologue
-    (on by default) 1 where the product takes the vectorized GEMV
-    (linear_qw_gemv.glsl's RMS_NORM: GPUs); else 2: the norm's dispatch, then the
-    product (also CPU drivers such as lavapipe: linear_qw.glsl's GEMM form)."""
-    from vkdelegate.ops.families.quantized_linear import use_gemv
+    (on by default) 1 where the product's form folds the norm in (the vectorized
+    GEMV's RMS_NORM on GPUs, linear_qw_texel.glsl's on CPU drivers such as lavapipe:
+    quantized_linear.folds_rms_norm); else 2: the norm's dispatch, then the product."""
+    from vkdelegate.ops.families.quantized_linear import folds_rms_norm
     from vkdelegate.runtime import default_device
 
-    return 1 if prologue and use_gemv(default_device().info, 1) else 2
+    return 1 if prologue and folds_rms_norm(default_device(), 1) else 2

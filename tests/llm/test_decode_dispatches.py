@@ -242,9 +242,12 @@ def test_quantized_decode_fuses_swiglu(scheme):
 
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
-def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
+@pytest.mark.parametrize("form", ["vector", "own"])
+def test_quantized_decode_folds_the_norms(monkeypatch, form, scheme):
     """The int4 / int8 decode step on the GPUs' vectorized GEMV (linear_qw_gemv.glsl,
-    forced on any device as tests/ops/test_quantized_rms_norm.py forces it): every RMS
+    forced on any device as tests/ops/test_quantized_rms_norm.py forces it; "vector")
+    and on the device's own form ("own": the same on GPUs, linear_qw_texel.glsl's
+    RMS_NORM on CPU drivers): every RMS
     norm is folded into the product after it (each layer's input norm into the merged
     q/k/v product, the post-attention norm into the gate/up product with its SwiGLU
     chain, the final norm into lm_head), one dispatch each and no et_vk.rms_norm
@@ -257,7 +260,8 @@ def test_quantized_decode_folds_the_norms(monkeypatch, scheme):
     reason = vulkan_unavailable()
     if reason:
         pytest.skip(reason)
-    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    if form == "vector":
+        monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
     _, program, off, layers, prompt, expected, ops, before = _quantized_pair(
         scheme, {"rms_norm_prologue": False})
     normed, swiglu = QUANTIZED_NORMED[scheme], QUANTIZED_SWIGLU[scheme]

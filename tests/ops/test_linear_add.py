@@ -4,8 +4,9 @@
 several, either operand order, rank 2 and 3, dynamic rows; on the form a CPU driver
 takes (linear.glsl, the add in its epilogue), the GPU forms forced here as
 tests/ops/test_gemm_core.py does (gemv.glsl's epilogue for one row; the GEMM core and
-split-K then an in-place add for several) and the int4 forms (linear_qw_gemv.glsl's
-epilogue; linear_qw.glsl then the add). The add is gone from the delegate; adds the
+split-K then an in-place add for several) and the int4 / int8 forms
+(linear_qw_gemv.glsl's epilogue; a CPU driver's linear_qw_texel.glsl's epilogue;
+linear_qw.glsl then the add). The add is gone from the delegate; adds the
 pass must leave alone (alpha != 1, broadcasting, type promotion, a linear read twice)
 stay; the CPU kernel (reference executor) agrees.
 
@@ -260,17 +261,31 @@ def test_int4_gemv_adds_in_the_epilogue(q4_family, dtype, bias):
     assert q4_family["adds"] == 0
 
 
+def _texel_adds() -> int:
+    """The adds recorded after a 5-row quantized product on the default device: none
+    where it takes linear_qw_texel.glsl (CPU drivers: the residual in its epilogue),
+    else one (linear_qw.glsl's GEMM form)."""
+    from vkdelegate.runtime import default_device
+
+    return 0 if default_device().texel_inputs else 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_int4_gemm_form_then_the_add(spied, dtype):
+@pytest.mark.parametrize("texel", [False, True], ids=["gemm", "default"])
+def test_int4_gemm_form_then_the_add(monkeypatch, spied, dtype, texel):
     pytest.importorskip("torchao")
-    # A CPU driver's linear_qw.glsl GEMM form (and, for 5 rows, every device's): the
-    # linear then the in-place add.
+    # linear_qw.glsl's GEMM form (5 rows, every device; forced on CPU drivers): the
+    # linear then the in-place add; a CPU driver's own texel form adds in its epilogue.
+    from vkdelegate.ops.families import quantized_linear as family
+
+    if not texel:
+        monkeypatch.setattr(family, "texel_form", lambda *args: False)
     model = _q4_model(64, 13, dtype)
     tol = 2e-5 if dtype == torch.float32 else 1e-2
     program = check_op(model, _inputs(5, 64, 13, dtype), ops=[Q4_FUSED], rtol=tol,
                        atol=tol)
     assert _ops(program) == [Q4_FUSED]
-    assert spied["adds"] == 1
+    assert spied["adds"] == (_texel_adds() if texel else 1)
 
 
 # ---- load-time checks of crafted blobs ------------------------------------------------
@@ -373,16 +388,22 @@ def test_int8_gemv_adds_in_the_epilogue(q4_family, dtype, rank):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_int8_gemm_form_then_the_add(spied, dtype):
+@pytest.mark.parametrize("texel", [False, True], ids=["gemm", "default"])
+def test_int8_gemm_form_then_the_add(monkeypatch, spied, dtype, texel):
     pytest.importorskip("torchao")
-    # Several rows (linear_qw.glsl's GEMM form on every device): the product, then
-    # the in-place add.
+    # Several rows (linear_qw.glsl's GEMM form on every device; forced on CPU drivers):
+    # the product, then the in-place add; a CPU driver's texel form adds in its
+    # epilogue.
+    from vkdelegate.ops.families import quantized_linear as family
+
+    if not texel:
+        monkeypatch.setattr(family, "texel_form", lambda *args: False)
     model = _q8_model(64, 13, dtype)
     tol = 2e-5 if dtype == torch.float32 else 1e-2
     program = check_op(model, _inputs(5, 64, 13, dtype), ops=[Q8_FUSED], rtol=tol,
                        atol=tol)
     assert ADD not in _ops(program)
-    assert spied["adds"] == 1
+    assert spied["adds"] == (_texel_adds() if texel else 1)
 
 
 def test_q8_mismatched_residual_is_refused_at_load(vk_device):

@@ -27,11 +27,13 @@ UNFUSED = {"aten.mm.default", "aten.addmm.default", "aten.linear.default"}
 
 @pytest.fixture(autouse=True)
 def _forms_by_rows(monkeypatch):
-    """The GEMV form for up to GEMV_ROWS rows on every device (a CPU driver gets the
-    GEMM form by default), so that both forms run here."""
+    """The GEMV form for up to GEMV_ROWS rows on every device, linear_qw.glsl's GEMM
+    form past them (a CPU driver's own texel form refused: it has its tests in
+    test_quantized_texel.py), so that both forms run here."""
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    monkeypatch.setattr(family, "texel_form", lambda *args: False)
 
 
 def _mlp(k, hidden, n, dtype=torch.float32, bias=True):
@@ -189,8 +191,8 @@ def test_pt2e_static_int8():
 @pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gemm_form_of_few_rows(monkeypatch, scheme, rows):
-    # What a CPU driver runs for a decode step: the GEMM form with one row per
-    # invocation (M_TILE 1). Tolerances as above.
+    # linear_qw.glsl's GEMM form with one row per invocation (M_TILE 1; what a CPU
+    # driver ran for a decode step before its texel form). Tolerances as above.
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: False)

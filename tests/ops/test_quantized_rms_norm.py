@@ -10,13 +10,16 @@ passes/fuse_rms_norm_linear.py and fuse_linear_swiglu.py).
   GEMV forced as tests/ops/test_quantized_swiglu.py forces it (its DIRECT form folds
   the norm in, one dispatch, for the up to GEMV_ROWS rows it takes; five rows:
   linear_qw.glsl's GEMM form after the norm's dispatch), linear_qw.glsl's GEMV form
-  (the vector form refused: the norm's dispatch, then the GEMV) and a CPU driver's
-  (the norm's dispatch, then the GEMM form). Also the vector form's other variants:
+  (the vector form refused: the norm's dispatch, then the GEMV), its GEMM form
+  (forced: the norm's dispatch, then the GEMM) and a CPU driver's own
+  (linear_qw_texel.glsl's RMS_NORM: the norm folded in, one dispatch, any rows; CPU
+  drivers only). Also the vector form's other variants:
   the staged form (x staged in shared memory: the squares summed as staged), SVEC's
   vector scale loads, no subgroup arithmetic (the shared-memory tree), K past one
   stride of the 128 invocations.
 - Compile option ``rms_norm_prologue`` off (and every form that does not fold): the
-  program is bitwise the unfused one (et_vk.rms_norm's node, then the plain op).
+  program is bitwise the unfused one (et_vk.rms_norm's node, then the plain op), on
+  the vector and texel forms too.
 - The pass: a norm before an int4 / int8 linear (int8 through torchao's view to
   [-1, K]) and before a gated MLP fuses into the ops; several readers of several rows
   and a norm read elsewhere are left alone.
@@ -67,13 +70,19 @@ def _skip():
 
 
 def _force(monkeypatch, form: str) -> list:
-    """Make each quantized product take ``form``: "default" (a CPU driver's
-    linear_qw.glsl GEMM form, forced on every device), "vector" (linear_qw_gemv.glsl forced for up to
+    """Make each quantized product take ``form``: "default" (linear_qw.glsl's GEMM
+    form, forced on every device), "vector" (linear_qw_gemv.glsl forced for up to
     GEMV_ROWS rows), "words" (linear_qw.glsl's GEMV form forced: the vector form
-    refused). Returns the list of (shader, RMS_NORM form?) each dispatch recorded."""
+    refused), "texel" (a CPU driver's own: linear_qw_texel.glsl; skipped on GPUs). The
+    first three refuse the texel form. Returns the list of (shader, RMS_NORM form?)
+    each dispatch recorded."""
     from vkdelegate.ops.families import quantized_linear as family
 
-    if form == "default":  # a GPU's own choice is the vector form for few rows
+    if form == "texel":
+        _skip_without_texel_inputs()
+    else:
+        monkeypatch.setattr(family, "texel_form", lambda *args: False)
+    if form in ("default", "texel"):  # a GPU's own choice is the vector form for few rows
         monkeypatch.setattr(family, "use_gemv", lambda info, m: False)
     else:
         monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
@@ -82,14 +91,24 @@ def _force(monkeypatch, form: str) -> list:
     return spy_dispatches(monkeypatch, lambda shader, defines: (shader, "RMS_NORM" in defines))
 
 
-@pytest.fixture(params=["default", "vector", "words"])
+def _skip_without_texel_inputs():
+    from vkdelegate.runtime import default_device
+
+    _skip()
+    if not default_device().texel_inputs:
+        pytest.skip("linear_qw_texel.glsl is the CPU drivers' form (Device.texel_inputs)")
+
+
+@pytest.fixture(params=["default", "vector", "words", "texel"])
 def forms(request, monkeypatch):
-    """(form, the list ``_force`` returns) for each of the three forms."""
+    """(form, the list ``_force`` returns) for each of the four forms."""
     return request.param, _force(monkeypatch, request.param)
 
 
-#: The fused dispatch, and the two of every form that does not fold the norm in.
+#: The fused dispatch (vector and texel forms), and the two of every form that does
+#: not fold the norm in.
 FOLDED = [("linear_qw_gemv", True)]
+FOLDED_TEXEL = [("linear_qw_texel", True)]
 
 
 def _two(product="linear_qw") -> list:
@@ -194,8 +213,9 @@ def _steps(steps, dtype):
 def test_op_against_its_cpu_kernel(forms, scheme, steps, bias, dtype):
     # K = 256 (8 int4 blocks of 32, 2 groups of 128; 16 int8 blocks of 16), N = F = 13
     # (not a multiple of a workgroup's outputs). Rows 1 and 3: the forced vector form
-    # folds the norm in; 5 (past GEMV_ROWS): every form records the norm's dispatch,
-    # then linear_qw.glsl's GEMM form.
+    # folds the norm in; 5 (past GEMV_ROWS): every other form records the norm's
+    # dispatch, then linear_qw.glsl's GEMM form. The texel form folds it in for every
+    # row count (5: its 4-row tiles).
     form, seen = forms
     module = _Op(scheme, 256, 13, dtype, _steps(steps, dtype), bias)
     torch.manual_seed(1)
@@ -204,7 +224,9 @@ def test_op_against_its_cpu_kernel(forms, scheme, steps, bias, dtype):
         program = check_op(module, (_x(scheme, rows, 256, dtype),), ops=[module.op],
                            **_tol(dtype))
         assert _ops(program) == [module.op]
-        if form == "vector" and rows <= 4:
+        if form == "texel":
+            assert seen == FOLDED_TEXEL, (rows, seen)
+        elif form == "vector" and rows <= 4:
             assert seen == FOLDED, (rows, seen)
         else:
             assert seen == _two(), (rows, seen)
@@ -259,25 +281,27 @@ def test_other_vector_forms(monkeypatch, variant, scheme, steps, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("scheme,steps,bias", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("form", ["vector_option_off", "default", "words"])
+@pytest.mark.parametrize("form", ["vector_option_off", "texel_option_off", "default",
+                                  "words"])
 def test_unfolded_forms_are_the_unfused_program(monkeypatch, form, scheme, steps, bias,
                                                  dtype):
     """Where the norm is not folded in (compile option rms_norm_prologue off on the
-    vector form; a CPU driver's GEMM form; linear_qw.glsl's GEMV form), the fused op
+    vector and texel forms; linear_qw.glsl's GEMM and GEMV forms), the fused op
     records the norm's dispatch and then the plain op's: bitwise the program of the
     two ops as separate nodes."""
     _skip()
-    seen = _force(monkeypatch, "vector" if form.startswith("vector") else form)
+    seen = _force(monkeypatch, form.partition("_option")[0])
     module = _Op(scheme, 256, 13, dtype, _steps(steps, dtype), bias).eval()
     x = _x(scheme, 1, 256, dtype)
-    options = {"rms_norm_prologue": False} if form.startswith("vector") else {}
+    options = {"rms_norm_prologue": False} if form.endswith("option_off") else {}
     fused, unfused = _lower(module, x, **options), _lower(_Unfused(module), x, **options)
     assert _ops(fused) == [module.op] and NORM in _ops(unfused), (_ops(fused), _ops(unfused))
     for scale in (1.0, 4.0, 30.0):
         xi = _x(scheme, 1, 256, dtype, scale)
         got, want = fused(xi), unfused(xi)[0]
         assert torch.equal(got, want), (scale, (got - want).abs().max())
-    product = "linear_qw_gemv" if form.startswith("vector") else "linear_qw"
+    product = {"vector": "linear_qw_gemv", "texel": "linear_qw_texel"}.get(
+        form.partition("_option")[0], "linear_qw")
     assert seen == _two(product) * 2, seen  # recorded as each program is built
     fused.close()
     unfused.close()
@@ -286,8 +310,10 @@ def test_unfolded_forms_are_the_unfused_program(monkeypatch, form, scheme, steps
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("scheme,steps", [("int4_g32", None), ("int8", swiglu.SILU)],
                          ids=["int4", "int8_swiglu"])
-def test_folded_matches_the_two_dispatches(monkeypatch, scheme, steps, dtype):
-    """The folded GEMV against the norm's dispatch then the GEMV (option off) on K =
+@pytest.mark.parametrize("form", ["vector", "texel"])
+def test_folded_matches_the_two_dispatches(monkeypatch, form, scheme, steps, dtype):
+    """The folded GEMV (or texel form) against the norm's dispatch then the same form
+    (option off) on K =
     2048, scales giving outputs of about unit size: fp32 a few ulps apart (the order of
     the sums); fp16 each normalized element of the two-dispatch form is rounded to
     fp16 (2^-11 relative), which over K = 2048 random terms moves a sum by about
@@ -295,12 +321,16 @@ def test_folded_matches_the_two_dispatches(monkeypatch, scheme, steps, dtype):
     relative): rtol = atol = 2^-9 (SwiGLU: gate and up each a step apart, then the
     chain's roundings: 2^-8)."""
     _skip()
-    seen = _force(monkeypatch, "vector")
+    seen = _force(monkeypatch, form)
     module = _Op(scheme, 2048, 40, dtype, _steps(steps, dtype),
                  s_scale=0.1 if scheme == "int8" else 0.3).eval()
+    torch.manual_seed(2)  # x's values, whatever ran before (the spread check below)
     x = _x(scheme, 1, 2048, dtype, 3.0)
     outs = [_lower(module, x, rms_norm_prologue=on)(x) for on in (True, False)]
-    assert seen == FOLDED + _two("linear_qw_gemv"), seen
+    if form == "vector":
+        assert seen == FOLDED + _two("linear_qw_gemv"), seen
+    else:
+        assert seen == FOLDED_TEXEL + _two("linear_qw_texel"), seen
     assert 0.5 < outs[1].float().std() < 4, outs[1].float().std()
     if dtype == torch.float32:
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)

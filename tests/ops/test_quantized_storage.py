@@ -68,7 +68,9 @@ def test_bytes_per_weight(tmp_path, scheme, group, dtype, limit):
     assert total / weights <= limit, sizes
     assert sizes["uint8" if scheme != "int8" else "int8"] == weights // (2 if scheme != "int8" else 1)
     # Device memory: the shader reads the program's constant buffer itself (no
-    # prepacked copy), and the device holds the constants at their stored size.
+    # prepacked copy; a CPU driver's texel form repacks the weights and scales over
+    # their own buffers, NodeBuilder.repacked), and the device holds the constants at
+    # their stored size.
     loaded = load_delegate(delegate.blob, delegate.named_data)
     try:
         op = {"int4": Q4GSW, "int8": INT8PACK, "8da4w": DQ8CA}[scheme]
@@ -89,11 +91,12 @@ def test_bytes_per_weight(tmp_path, scheme, group, dtype, limit):
 
 @pytest.fixture
 def forms_by_rows(monkeypatch):
-    """The GEMV form for up to GEMV_ROWS rows on every device (see
-    test_quantized_linear)."""
+    """The GEMV form for up to GEMV_ROWS rows on every device, linear_qw.glsl's GEMM
+    form past them (a CPU driver's texel form refused; see test_quantized_linear)."""
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    monkeypatch.setattr(family, "texel_form", lambda *args: False)
 
 
 def _device(vk_device, small_storage=True, without=()):

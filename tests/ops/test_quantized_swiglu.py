@@ -8,17 +8,19 @@ in its kernel's epilogue, one dispatch.
   product, its narrow_last parts, the fused_elementwise chain): torch.equal, int4 with
   group sizes 32 and 128 (and a bias), int8 (through the views torchao's int8 linear
   puts around its product), fp32 and fp16 activations, F = 13 (not a multiple of a
-  workgroup's outputs), on each form: a CPU driver's (linear_qw.glsl's GEMM form), the
-  vectorized GEMV (linear_qw_gemv.glsl, forced as tests/ops/test_quantized_gemv.py
+  workgroup's outputs), on each form: a CPU driver's (linear_qw_texel.glsl: the
+  prepacked gate and up rows of each lane; CPU drivers only), linear_qw.glsl's GEMM
+  form (forced), the vectorized GEMV (linear_qw_gemv.glsl, forced as tests/ops/test_quantized_gemv.py
   forces it; with and without subgroup arithmetic; F = 16 for SVEC's vector scale
   loads; its staged form) and linear_qw.glsl's GEMV form (32-bit words: forced by
   refusing the vector form, and int8's K = 52, no 16-byte blocks; int8's K = 37: byte
-  loads), and on a device without 8- and 16-bit storage. Each sum is finished and
+  loads), and on a device without 8- and 16-bit storage (the texel form there too). Each sum is finished and
   rounded as the plain op's store does it, each output's sum is accumulated in the
   same order as the plain op's, so the bits are the unfused program's; and eager's
   within the quantized linear tolerances (fp16: 2e-2; the outputs are SiLU(gate) * up).
 - The ops themselves against their CPU kernel (the product, then the chain): one to
-  five rows (the GEMM form past GEMV_ROWS), both fp16 chains.
+  five rows (the GEMM form past GEMV_ROWS; the texel form's 4-row tiles), both fp16
+  chains.
 - Crafted blobs (an odd or mismatched weight, a bias or output of other sizes, another
   chain) refused at load by the Vulkan loader and the reference executor alike; the
   CPU glue passes them only the SwiGLU chains.
@@ -51,15 +53,24 @@ def _skip():
 
 
 def _force(monkeypatch, form: str) -> list:
-    """Make each quantized product take ``form``: "default" (a CPU driver's:
-    linear_qw.glsl's GEMM form, forced on every device), "vector" (linear_qw_gemv.glsl forced for up to
+    """Make each quantized product take ``form``: "default" (linear_qw.glsl's GEMM
+    form, forced on every device), "vector" (linear_qw_gemv.glsl forced for up to
     GEMV_ROWS rows), "words" (linear_qw.glsl's GEMV form forced: the vector form
-    refused). Returns the list of (form, SwiGLU epilogue?) each recorded product
-    takes."""
+    refused), "texel" (a CPU driver's own: linear_qw_texel.glsl; skipped on GPUs). The
+    first three refuse the texel form. Returns the list of (form, SwiGLU epilogue?)
+    each recorded product takes."""
     from vkdelegate.ops.families import quantized_linear as family
 
     seen = []
-    if form == "default":  # a GPU's own choice is the vector form for few rows
+    if form == "texel":
+        _skip()
+        from vkdelegate.runtime import default_device
+
+        if not default_device().texel_inputs:
+            pytest.skip("linear_qw_texel.glsl is the CPU drivers' form (Device.texel_inputs)")
+    else:
+        monkeypatch.setattr(family, "texel_form", lambda *args: False)
+    if form in ("default", "texel"):  # a GPU's own choice is the vector form for few rows
         monkeypatch.setattr(family, "use_gemv", lambda info, m: False)
     else:
         monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
@@ -78,12 +89,17 @@ def _force(monkeypatch, form: str) -> list:
 
     monkeypatch.setattr(family, "vector_defines", spy("vector", family.vector_defines))
     monkeypatch.setattr(family, "qlinear_defines", spy("plain", family.qlinear_defines))
+    monkeypatch.setattr(family, "texel_defines", spy("texel", family.texel_defines))
     return seen
 
 
-@pytest.fixture(params=["default", "vector", "words"])
+#: The form each product takes (``_force``'s record) under each forced form.
+TAKES = {"default": "gemm", "vector": "vector", "words": "words", "texel": "texel"}
+
+
+@pytest.fixture(params=["default", "vector", "words", "texel"])
 def forms(request, monkeypatch):
-    """(form, the list ``_force`` returns) for each of the three forms."""
+    """(form, the list ``_force`` returns) for each of the four forms."""
     return request.param, _force(monkeypatch, request.param)
 
 
@@ -164,7 +180,7 @@ def test_fused_equals_unfused(forms, scheme, dtype):
     # size 32 also with a bias (the bias of rows n and F + n).
     form, seen = forms
     _check_fused(scheme, dtype, 13, bias=scheme == "int4_g32")
-    want = {"default": "gemm", "vector": "vector", "words": "words"}[form]
+    want = TAKES[form]
     assert (want, True) in seen and {f for f, _ in seen} == {want}, seen
 
 
@@ -226,14 +242,16 @@ def test_int8_word_and_byte_forms(monkeypatch, gemv, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("scheme", ["int4_g32", "int8"])
-@pytest.mark.parametrize("gemv", [False, True], ids=["gemm", "gemv"])
-def test_device_without_small_storage(vk_device, monkeypatch, gemv, scheme, dtype):
+@pytest.mark.parametrize("form", ["gemm", "gemv", "texel"])
+def test_device_without_small_storage(vk_device, monkeypatch, form, scheme, dtype):
     """A device without 8- and 16-bit storage (each weight byte an int32 the shader
     assembles words from, fp16 tensors stored as fp32): linear_qw.glsl's GEMM form
-    and its GEMV form (forced), the fused program bitwise the unfused one there too."""
+    and its GEMV form (forced), and a CPU driver's texel form (which prepacks the
+    weights whatever their storage and reads fp16 x stored as fp32 4 values a texel),
+    the fused program bitwise the unfused one there too."""
     from vkdelegate.runtime import Device, load_delegate
 
-    seen = _force(monkeypatch, "vector" if gemv else "default")
+    seen = _force(monkeypatch, {"gemm": "default", "gemv": "vector"}.get(form, form))
     module = _quantized(scheme, 256, 13, dtype)
     torch.manual_seed(1)
     x = torch.randn(1, 1, 256).to(dtype)
@@ -247,8 +265,8 @@ def test_device_without_small_storage(vk_device, monkeypatch, gemv, scheme, dtyp
         assert not dev.validation_messages
     finally:
         dev.close()
-    form = "words" if gemv else "gemm"
-    assert seen == [(form, True), (form, False)], seen
+    took = "words" if form == "gemv" else form
+    assert seen == [(took, True), (took, False)], seen
     assert torch.equal(outs[0], outs[1]), (outs[0] - outs[1]).abs().max()
     with torch.no_grad():
         want = module(x)
@@ -301,8 +319,10 @@ def test_op_against_its_cpu_kernel(forms, op, dtype, steps):
         shape = (rows, 128) if op == Q8 else (1, rows, 128)
         x = torch.randn(*shape).to(dtype)
         assert _ops(check_op(module, (x,), ops=[op], **tol)) == [op]
-    want = {"default": "gemm", "vector": "vector", "words": "words"}[form]
-    assert {f for f, _ in seen} == ({want, "gemm"} if form != "default" else {"gemm"})
+    want = TAKES[form]
+    # Past GEMV_ROWS the forced GEMV forms leave the product to the GEMM form.
+    assert {f for f, _ in seen} == ({want, "gemm"} if form in ("vector", "words")
+                                    else {want}), seen
     assert all(swiglu_on for _, swiglu_on in seen), seen
 
 

@@ -150,6 +150,43 @@ class NodeBuilder:
         values.upload(t, array)
         return t
 
+    def repacked(self, t: Tensor, array: np.ndarray, dtype: str | None = None) -> Tensor:
+        """``prepacked(array, dtype)`` for an array that is constant ``t`` in another
+        layout, written over t's own device buffer where that loses nothing: this node
+        is t's only reader (one argument of one node of the graph; not a graph output)
+        and the array, stored as ``dtype``, fits t's buffer. The device then holds the
+        constant once; t itself must not be bound any more (its host copy,
+        ``constant_array``, keeps the original). Otherwise a new constant, as
+        ``prepacked``. Returns the tensor to bind: the array's shape and dtype."""
+        array = np.asarray(array)
+        dtype = dtype or array.dtype.name
+        values = self._graph.values
+        if not (t.constant and self._sole_reader(t.value_id)):
+            return self.prepacked(array, dtype)
+        ddt = device_dtype(dtype, self.device.info)
+        if Tensor.nbytes_for(ddt, array.shape) > t.buffer.size:
+            return self.prepacked(array, dtype)
+        packed = Tensor(-1, dtype, ddt, array.shape, t.buffer,
+                        values.new_meta(f"metadata of {t.name} repacked"), constant=True)
+        values.upload(packed, array)
+        return packed
+
+    def _sole_reader(self, vid: int) -> bool:
+        """Whether value ``vid`` is read by this node alone, once, and is no graph
+        output (ValueList arguments counted by their items)."""
+        graph = self._graph.graph
+        if vid < 0 or vid in graph.output_ids:
+            return False
+        uses = 0
+        for call in graph.chain:
+            for a in call.args:
+                item = graph.values[a] if 0 <= a < len(graph.values) else None
+                if isinstance(item, g.ValueList):
+                    uses += sum(1 for i in item.items if i == vid)
+                elif a == vid:
+                    uses += 1 if call is self.node else 2
+        return uses == 1
+
     def params(self, data: bytes, what: str = "") -> ParamBuffer:
         """An op-owned uniform buffer holding ``data`` (std140 bytes, see params.py)."""
         return self._graph.values.new_params(

@@ -141,6 +141,11 @@ class GraphValues:
         self.constant_arrays[t.value_id] = array
         self.upload(t, array)
 
+    def new_meta(self, what: str) -> ParamBuffer:
+        """A tensor metadata buffer (TensorMeta), for a Tensor an op makes over existing
+        memory (NodeBuilder.repacked)."""
+        return self._meta(what)
+
     def _meta(self, what: str) -> ParamBuffer:
         return ParamBuffer(self.allocator.buffer(META_BYTES, UNIFORM_USAGE, True, what), what)
 

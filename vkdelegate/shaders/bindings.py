@@ -66,8 +66,10 @@ class Bindings:
 
 #: Formats a texel input may have: name -> bytes per texel. The texel is what one
 #: ``texelFetch`` returns (a vec4; .x of the one-channel formats): "rgba32f" a vec4 of
-#: fp32, "r32f" one fp32, "rgba16f" / "r16f" the same of fp16 (converted to fp32 exactly).
-TEXEL_FORMATS = {"rgba32f": 16, "r32f": 4, "rgba16f": 8, "r16f": 2}
+#: fp32, "r32f" one fp32, "rgba16f" / "r16f" the same of fp16 (converted to fp32 exactly);
+#: "rgba32ui" a uvec4 of the raw 16 bytes (GLSL ``TEXEL_IN_UINT``, a usamplerBuffer:
+#: packed integer weights).
+TEXEL_FORMATS = {"rgba32f": 16, "r32f": 4, "rgba16f": 8, "r16f": 2, "rgba32ui": 16}
 
 
 _LAYOUTS: dict[str, Callable[[Mapping[str, str]], Bindings]] = {}

@@ -24,11 +24,22 @@ quantizes x as it loads it) where the weight allows it
 of 16); else linear_qw.glsl, whose
 GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
 words, shared-memory reduction) takes the rest, and whose GEMM form (4 x 4 tiles) the
-rows past GEMV_ROWS and CPU drivers. The packed
+rows past GEMV_ROWS. On CPU drivers (``Device.texel_inputs``; ``texel_form``) the
+weight-only products of any rows take linear_qw_texel.glsl instead, where their
+weights allow it (constant weights and scales, int4 groups of 32k, int8 K a multiple
+of 16; 8da4w keeps the GEMM form): no barrier, no shared memory; each invocation
+(lane l of a tile of 8) computes TROWS columns (TROWS_SWIGLU for the SwiGLU form) of
+one or four rows over the whole K, reading x, the weight and the scales as uniform
+texel buffers (llvmpipe's vectorised gathers), the weight repacked at load into
+16-byte blocks so that a SIMD vector's 8 lanes read 8 adjacent blocks, the scales
+into vec4s of 4 rows, both over their own constants' buffers where this node is
+their only reader (``NodeBuilder.repacked``); the residual, the SwiGLU chain and the
+RMS norm (folded in as linear_qw_gemv.glsl folds it) in the same dispatch. The packed
 weight is the program's constant itself, read as 32-bit words on devices with 8-bit
 storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; linear_qw.glsl
 rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
-linear_qw_gemv.glsl scales each block's sum instead (at most 2^-12 of each product).
+linear_qw_gemv.glsl and linear_qw_texel.glsl scale each block's or group's sum instead
+(at most 2^-12 of each product).
 ``_record`` also serves vkdelegate.linear_q4gsw_add and vkdelegate.weight_int8pack_mm_add
 (registered below; kernels/residual.py): linear_qw_gemv.glsl's HAS_RESIDUAL adds the
 residual in its epilogue; and vkdelegate.linear_q4gsw_swiglu and
@@ -44,14 +55,17 @@ linear_qw_gemv.glsl (RMS_NORM: x times the norm weight as it is loaded or staged
 squares of x summed alongside and reduced with the products' sums, each row's sum
 scaled by 1 / rms before W8's scale, the bias and the chain; one dispatch, the
 normalized row never rounded to x's dtype) for the rows it takes (up to GEMV_ROWS, on
-GPUs), unless compile option ``rms_norm_prologue`` is off; every other form
-(linear_qw.glsl's GEMV and GEMM forms: CPU drivers, more rows, weights the vectorized
-GEMV cannot read) records the norm's own dispatch first
+GPUs), and likewise into linear_qw_texel.glsl (CPU drivers, any rows; each invocation
+sums the squares of the whole row), unless compile option ``rms_norm_prologue`` is
+off; every other form (linear_qw.glsl's GEMV and GEMM forms: more rows on GPUs,
+weights the vectorized GEMV cannot read) records the norm's own dispatch first
 (kernels/norm_dispatch.rms_prologue) and reads its output, as the unfused pair does.
 """
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import loop_limit
@@ -67,6 +81,16 @@ from vkdelegate.shaders.variants import choose, declare_grid, flag_defines
 
 SHADER = "linear_qw"
 VSHADER = "linear_qw_gemv"
+TSHADER = "linear_qw_texel"
+# linear_qw_texel: output columns per invocation (R) by rows of x per invocation
+# (M_TILE), for the plain and the SWIGLU form (2R weight rows); invocations per
+# workgroup (one SIMD vector of llvmpipe: as many workgroups as its threads can share).
+# From benchmarks/quant_gemv.py-style one-node timings on lavapipe (docs/PERF.md,
+# "lavapipe: quantized decode"): R = 16 best for one row (8: +20% time, 32: register
+# spills), 8 for the SwiGLU form and for 4-row tiles.
+TROWS = {1: 16, 4: 8}
+TROWS_SWIGLU = {1: 8, 4: 4}
+TWG = 8
 VWG = 128  # linear_qw_gemv invocations per workgroup (a power of two, >= subgroups)
 VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: the staged form's partial
 #           sums live in the shared x of a sweep)
@@ -107,11 +131,39 @@ def _bindings(d) -> Bindings:
     return Bindings(outputs=("out_data",), inputs=tuple(inputs), params=params)
 
 
+@shader_bindings(TSHADER)
+def _texel_bindings(d) -> Bindings:
+    x_format = "rgba32ui" if "X16" in d else "rgba32f"
+    inputs = ["x_data", "w_data", "s_data"]
+    texels = (("x_data", x_format), ("w_data", "rgba32ui"),
+              ("s_data", "rgba16f" if "S16" in d else "rgba32f"))
+    params = (tensor_meta_block("out_meta"), PARAMS)
+    if "HAS_BIAS" in d:
+        inputs.append("c_data")
+    if "HAS_RESIDUAL" in d:
+        inputs.append("r_data")
+    if "RMS_NORM" in d:
+        inputs.append("n_data")
+        texels += (("n_data", x_format),)
+        params += (NORM_PARAMS,)
+    return Bindings(outputs=("out_data",), inputs=tuple(inputs), params=params,
+                    texels=texels)
+
+
 def use_gemv(info, m: int) -> bool:
     """The GEMV form for at most GEMV_ROWS rows (the upper bound) on GPUs. CPU drivers
     (llvmpipe) get the GEMM form: a workgroup barrier costs more there than splitting
     K saves (4096 x 4096, one row, int8: 89 ms GEMV, 30 ms GEMM on lavapipe)."""
     return m <= GEMV_ROWS and info.type != "cpu"
+
+
+def folds_rms_norm(device, m: int) -> bool:
+    """Whether a weight-only product of ``m`` rows (upper bound) with an RMS norm fused
+    into it (vkdelegate.rms_norm_linear_q4gsw, ...) folds the norm into its one
+    dispatch on ``device`` (its weights permitting: int4 groups of 32k, int8 K a
+    multiple of 16): the vectorized GEMV's RMS_NORM (GPUs, up to GEMV_ROWS rows) or
+    linear_qw_texel.glsl's (CPU drivers, ``Device.texel_inputs``, any rows)."""
+    return use_gemv(device.info, m) or bool(getattr(device, "texel_inputs", False))
 
 
 def _words(w, k: int, bits: int) -> bool:
@@ -131,8 +183,12 @@ def vector_gemv(w, k: int, bits: int, group: int, row_bytes: int) -> bool:
     return group % 32 == 0 if bits == 4 else k % 16 == 0
 
 
-def _half_scales(s) -> bool:
-    return (s.device_dtype if hasattr(s, "device_dtype") else s[1]) == "float16"
+def _half(t) -> bool:
+    """Whether t (a Tensor or (graph dtype, device dtype) pair) is stored as fp16."""
+    return (t.device_dtype if hasattr(t, "device_dtype") else t[1]) == "float16"
+
+
+_half_scales = _half
 
 
 def out_rows(swiglu: bool) -> int:
@@ -226,6 +282,143 @@ def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool
     return d
 
 
+def _x_format(x) -> str:
+    """The texel format linear_qw_texel.glsl reads x (and the norm weight) through:
+    fp16 stored as fp16 8 values a texel (X16), else fp32 4 a texel."""
+    return "rgba32ui" if _half(x) else "rgba32f"
+
+
+def texel_rows(swiglu: bool, m_tile: int) -> int:
+    """linear_qw_texel.glsl's output columns per invocation (R) for ``m_tile`` rows of
+    x per invocation: TROWS, or TROWS_SWIGLU (twice as many weight rows)."""
+    return (TROWS_SWIGLU if swiglu else TROWS)[m_tile]
+
+
+def texel_defines(out, x, s, bias, bits: int, m_tile: int, residual=None, swiglu=None,
+                  norm: bool = False) -> dict:
+    """Defines of linear_qw_texel.glsl (tensors as for ``qlinear_defines``, s the
+    scales (their device dtype: S16, read as fp16); m_tile:
+    rows of x per invocation, 1 or 4; residual: None, or the Tensor (pair) of out's
+    shape HAS_RESIDUAL adds; swiglu: None, or kernels/swiglu.py's defines; norm: the
+    RMS_NORM form, the norm folded in, its weight of x's dtype)."""
+    tensors = dict(OUT=out)
+    if bias is not None:
+        tensors["C"] = bias
+    if residual is not None:
+        tensors["R"] = residual
+    d = storage_defines(**tensors)
+    d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
+                          HAS_RESIDUAL=residual is not None, RMS_NORM=norm,
+                          X16=_x_format(x) == "rgba32ui", S16=_half(s)))
+    d.update(R=str(texel_rows(swiglu is not None, m_tile)), M_TILE=str(m_tile))
+    if swiglu is not None:
+        d.update(swiglu)
+    return d
+
+
+def texel_form(b, w, s, k: int, bits: int, group: int, dq=None, m: int = 1,
+               swiglu: bool = False) -> bool:
+    """Whether linear_qw_texel.glsl can take the product of ``m`` rows (x permitting:
+    the caller checks that it can be read as a texel buffer): devices that read inputs
+    through texel views (``Device.texel_inputs``: CPU drivers; GPUs keep their forms),
+    the weight-only formats (not 8da4w) with a constant weight and scales, which it
+    repacks, int4 groups of 32k values (a block in one group), int8 K a multiple of 16,
+    the repacked weight within the device's texel limit."""
+    if dq is not None or not getattr(b.device, "texel_inputs", False):
+        return False
+    info = b.device.info
+    if not {"rgba32ui", "rgba32f", "rgba16f"} <= info.texel_formats:
+        return False
+    if group % 32 if bits == 4 else k % 16:
+        return False
+    r = texel_rows(swiglu, 4 if m >= 4 else 1)
+    n = w.max_shape[0] // 2 if swiglu else w.max_shape[0]
+    texels = -(-n // (8 * r)) * 8 * r * (2 if swiglu else 1) * (k * bits // 128)
+    if texels > info.max_texel_buffer_elements:
+        return False
+    return b.constant_array(w) is not None and b.constant_array(s) is not None
+
+
+def _texel_row_map(n: int, r: int, swiglu: bool) -> np.ndarray:
+    """Weight rows [tiles, RW, 8] of linear_qw_texel.glsl's invocations: lane l of tile
+    t has columns c = min(8r t + 8q + l, n - 1), q < r, then (``swiglu``: a merged
+    gate/up weight) the up rows n + c."""
+    tiles = -(-n // (8 * r))
+    cols = np.minimum(np.arange(tiles)[:, None, None] * (8 * r)
+                      + np.arange(r)[None, :, None] * 8 + np.arange(8)[None, None, :], n - 1)
+    return np.concatenate([cols, cols + n], axis=1) if swiglu else cols
+
+
+def pack_texel_weight(w: np.ndarray, k: int, bits: int, r: int, swiglu: bool) -> np.ndarray:
+    """The weight bytes w [rows, >= K * bits / 8] (the program's constant) as
+    linear_qw_texel.glsl reads them: uint32 [tiles, K / KV, RW, 8, 4], the 16-byte
+    blocks (KV = 32 int4 / 16 int8 values of k, bytes as stored) of the rows
+    ``_texel_row_map`` gives (n = rows, or rows / 2 with ``swiglu``)."""
+    rows = w.shape[0]
+    kbytes = k * bits // 8
+    blocks = np.ascontiguousarray(w[:, :kbytes]).view(np.uint32).reshape(rows, -1, 4)
+    row_map = _texel_row_map(rows // 2 if swiglu else rows, r, swiglu)
+    return np.ascontiguousarray(blocks[row_map].transpose(0, 3, 1, 2, 4))
+
+
+def pack_texel_scales(s: np.ndarray, rows: int, r: int, swiglu: bool) -> np.ndarray:
+    """The scales (int4: [K / group, >= rows]; int8: [>= rows], one group) as
+    linear_qw_texel.glsl reads them: [tiles, groups, RW / 4, 8, 4] of s's dtype, the
+    scales of rows 4q .. 4q + 3 of each lane (``_texel_row_map``) as one vec4."""
+    s = np.asarray(s).reshape(-1, s.shape[-1])[:, :rows]
+    row_map = _texel_row_map(rows // 2 if swiglu else rows, r, swiglu)  # [T, RW, 8]
+    packed = s[:, row_map]  # [G, T, RW, 8]
+    tiles, rw = row_map.shape[:2]
+    packed = packed.reshape(s.shape[0], tiles, rw // 4, 4, 8).transpose(1, 0, 2, 4, 3)
+    return np.ascontiguousarray(packed)
+
+
+def _texel_constant(b, t, array: np.ndarray, dtype: str, fmt: str):
+    """Constant ``t`` in the shader's layout ``array`` (of 4-value texels), over t's
+    own buffer where it fits (NodeBuilder.repacked: the device holds it once) and that
+    buffer can be viewed as ``fmt`` (whole texels), else a new constant."""
+    array = array.reshape(-1, 4)
+    packed = b.repacked(t, array, dtype)
+    if packed.buffer is t.buffer and not b.texel_input(packed, fmt):
+        packed = b.prepacked(array, dtype)
+    return packed
+
+
+def _record_texel(b, x, w, s, bias, out, bits, group, k, n, m, residual=None,
+                  swiglu=None, norm=None) -> None:
+    """linear_qw_texel.glsl's dispatch (``texel_form`` said it can take the product,
+    x is viewable); n: the output columns (SWIGLU: half the weight's rows); norm: None,
+    or the RmsPrologue its RMS_NORM form folds in."""
+    m_tile = 4 if m >= 4 else 1
+    r = texel_rows(swiglu is not None, m_tile)
+    kv = 32 if bits == 4 else 16
+    group = group if bits == 4 else k
+    rows = w.max_shape[0]
+    loop_limit.check(b, k // kv + k // group + 8, f"K = {k}")
+    if s.max_shape[-1] < rows or (s.ndim != 2 or s.max_shape[0] != k // group
+                                  if bits == 4 else s.ndim != 1):
+        raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
+                      f"group size {group}")
+    swiglu_rows = swiglu is not None
+    wt = _texel_constant(b, w, pack_texel_weight(b.constant_array(w), k, bits, r,
+                                                 swiglu_rows).view(np.int32), "int32",
+                         "rgba32ui")
+    st = _texel_constant(b, s, pack_texel_scales(b.constant_array(s), rows, r, swiglu_rows),
+                         s.dtype, "rgba16f" if _half(s) else "rgba32f")
+    tiles = -(-n // (8 * r))
+    params = [out.meta, b.params(PARAMS.pack(
+        qdims=[k, n, 0, k // kv], qstrides=[0, group // kv, k // group, 0]))]
+    inputs = [x, wt, st] + ([bias] if bias is not None else []) + \
+        ([residual] if residual is not None else [])
+    if norm is not None:
+        inputs.append(norm.weight)
+        params.append(b.params(NORM_PARAMS.pack(qnorm=[norm.eps, 0.0, 0.0, 0.0])))
+    b.dispatch(TSHADER, texel_defines(out, x, st, bias, bits, m_tile, residual, swiglu,
+                                      norm is not None),
+               outputs=[out], inputs=inputs, params=params,
+               global_size=(tiles * 8, -(-max(m, 1) // m_tile)), local_size=(TWG, 1, 1))
+
+
 def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
             residual=None, swiglu=None, norm=None) -> bool:
     """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
@@ -258,7 +451,14 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
     vector = gemv and vector_gemv(w, k, bits, group, w.max_shape[1])
-    x, norm = norm_input(b, norm, x, vector)
+    texel = not gemv and texel_form(b, w, s, k, bits, group, dq, m, swiglu is not None)
+    xfmt = _x_format(x)
+    fold = texel and norm is not None and b.texel_input(x, xfmt) \
+        and b.texel_input(norm.weight, xfmt)
+    x, norm = norm_input(b, norm, x, vector or fold)
+    if texel and b.texel_input(x, xfmt):
+        _record_texel(b, x, w, s, bias, out, bits, group, k, n, m, residual, swiglu, norm)
+        return residual is not None
     if vector:
         _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu,
                        norm)
@@ -398,12 +598,14 @@ def _shape(w_at: int):
 register(OpSpec(name=INT8PACK, dtypes=DTYPES, impl=_int8pack_impl, shape_fn=_shape(1),
                 rules=(_int8pack_rule,), arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
                 notes="int8 per-channel weight-only linear; GEMV (16-byte weight blocks "
-                      "where K % 16 == 0, else 32-bit words) / GEMM forms"))
+                      "where K % 16 == 0, else 32-bit words) / GEMM forms; CPU drivers: "
+                      "texel-buffer form (K % 16 == 0)"))
 register(OpSpec(name=Q4GSW, dtypes=DTYPES, impl=_q4gsw_impl, shape_fn=_shape(1),
                 rules=(lambda n: _q4_rule(n, 1, 2, 3),),
                 arg_dtypes={1: frozenset({"uint8"})},
                 notes="int4 group-wise weights two per byte (ET packing), groups of "
-                      "8k; GEMV (16-byte blocks for groups of 32k) / GEMM forms"))
+                      "8k; GEMV (16-byte blocks for groups of 32k) / GEMM forms; CPU "
+                      "drivers: texel-buffer form (groups of 32k)"))
 register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
                 shape_fn=_shape(3), rules=(_dq8ca_rule,),
                 arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
@@ -491,6 +693,26 @@ declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), d
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
 
 
+def _texel_variants(profile, op: str, dtype: str, bias: bool, m_tile: int,
+                    residual: bool = False, chain: "str | None" = None, norm: bool = False):
+    if op == INT8PACK and bias:
+        return None
+    if residual and (chain is not None or norm):
+        return None  # the fused forms: _add, rms_norm_*, *_swiglu, rms_norm_*_swiglu
+    if chain is not None and chain not in swiglu_chains.CHAINS_FOR[dtype]:
+        return None
+    pair = (dtype, device_dtype(dtype, profile))
+    return texel_defines(pair, pair, pair, pair if bias else None, 8 if op == INT8PACK else 4,
+                         m_tile, pair if residual else None,
+                         None if chain is None else swiglu_chains.defines(chain, dtype),
+                         norm)
+
+
+declare_grid(TSHADER, _texel_variants, profile=STORAGE_PROFILES, op=(INT8PACK, Q4GSW),
+             dtype=DTYPES, bias=(False, True), m_tile=(1, 4), residual=(False, True),
+             chain=(None,) + swiglu_chains.CHAINS, norm=(False, True))
+
+
 # ---- vkdelegate.linear_q4gsw_add.default: residual + linear_q4gsw (kernels/residual.py)
 Q4GSW_ADD = "vkdelegate.linear_q4gsw_add.default"
 
@@ -511,8 +733,8 @@ register(OpSpec(name=Q4GSW_ADD, dtypes=DTYPES, impl=_q4gsw_add_impl, shape_fn=_q
                 rules=(lambda n: _q4_rule(n, 1, 2, 3), residual.residual_rule(5)),
                 arg_dtypes={1: frozenset({"uint8"})},
                 notes="residual + linear_q4gsw(...): the add in the int4 vectorized "
-                      "GEMV's epilogue, a second dispatch on the other forms; fused "
-                      "from aten.add.Tensor"))
+                      "GEMV's and the texel-buffer form's epilogue, a second dispatch on "
+                      "the other forms; fused from aten.add.Tensor"))
 
 
 # ---- vkdelegate.weight_int8pack_mm_add.default: residual + _weight_int8pack_mm -----
@@ -531,8 +753,8 @@ register(OpSpec(name=INT8PACK_ADD, dtypes=DTYPES, impl=_int8pack_add_impl,
                 shape_fn=_shape(1), rules=(_int8pack_rule, residual.residual_rule(3)),
                 arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
                 notes="residual + _weight_int8pack_mm(...): the add in the int8 "
-                      "vectorized GEMV's epilogue, a second dispatch on the other forms; "
-                      "fused from aten.add.Tensor"))
+                      "vectorized GEMV's and the texel-buffer form's epilogue, a second "
+                      "dispatch on the other forms; fused from aten.add.Tensor"))
 
 
 # ---- the SwiGLU chain in the epilogue (kernels/swiglu.py) -----------------------------
@@ -620,10 +842,10 @@ def _rms_int8pack_impl(b, node):
             norm=rms_prologue(b, node, x, nw_id, eps_id))
 
 
-_RMS_NOTE = ("the norm folded into the int{bits} vectorized GEMV (x times the norm "
-             "weight as loaded, its squares summed with the products, each sum scaled "
-             "by 1 / rms; one dispatch), else the norm's dispatch first; fused from "
-             "et_vk.rms_norm -> {source}")
+_RMS_NOTE = ("the norm folded into the int{bits} vectorized GEMV and the texel-buffer "
+             "form (x times the norm weight as loaded, its squares summed with the "
+             "products, each sum scaled by 1 / rms; one dispatch), else the norm's "
+             "dispatch first; fused from et_vk.rms_norm -> {source}")
 register(OpSpec(name=RMS_Q4GSW, dtypes=DTYPES, impl=_rms_q4gsw_impl, shape_fn=_shape(3),
                 rules=(_norm_rule, lambda n: _q4_rule(n, 3, 4, 5)),
                 arg_dtypes={3: frozenset({"uint8"})},
@@ -636,8 +858,9 @@ register(OpSpec(name=RMS_Q4GSW_SWIGLU, dtypes=DTYPES, impl=_rms_q4gsw_impl,
                 arg_dtypes={3: frozenset({"uint8"})},
                 notes="linear_q4gsw_swiglu(et_vk.rms_norm(x, w, eps), ...) -> [..., F]: "
                       "the norm, the merged gate/up int4 product and the chain in one "
-                      "dispatch on the vectorized GEMV, else the norm's dispatch first; "
-                      "fused from rms_norm_linear_q4gsw and a SwiGLU chain"))
+                      "dispatch on the vectorized GEMV and the texel-buffer form, else "
+                      "the norm's dispatch first; fused from rms_norm_linear_q4gsw and a "
+                      "SwiGLU chain"))
 register(OpSpec(name=RMS_INT8PACK, dtypes=DTYPES, impl=_rms_int8pack_impl,
                 shape_fn=_shape(3), rules=(_norm_rule, _rms_int8pack_rule),
                 arg_dtypes={3: frozenset({"int8"})}, max_rank=2,
@@ -651,5 +874,6 @@ register(OpSpec(name=RMS_INT8PACK_SWIGLU, dtypes=DTYPES, impl=_rms_int8pack_impl
                 arg_dtypes={3: frozenset({"int8"})}, max_rank=2,
                 notes="weight_int8pack_mm_swiglu(et_vk.rms_norm(x, w, eps), ...) -> "
                       "[M, F]: the norm, the merged gate/up int8 product and the chain "
-                      "in one dispatch on the vectorized GEMV, else the norm's dispatch "
-                      "first; fused from rms_norm_weight_int8pack_mm and a SwiGLU chain"))
+                      "in one dispatch on the vectorized GEMV and the texel-buffer form, "
+                      "else the norm's dispatch first; fused from "
+                      "rms_norm_weight_int8pack_mm and a SwiGLU chain"))

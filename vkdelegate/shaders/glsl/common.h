@@ -45,6 +45,9 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 // load at a run-time address is a loop over the SIMD lanes.
 #define TEXEL_IN(name) \
   layout(set = 0, binding = BINDING_##name) uniform samplerBuffer name;
+// The same for an integer format (rgba32ui): texelFetch gives the raw bits as a uvec4.
+#define TEXEL_IN_UINT(name) \
+  layout(set = 0, binding = BINDING_##name) uniform usamplerBuffer name;
 // An op-owned parameter block, followed by its members in braces; the members mirror
 // the op's ParamBlock declaration (a test compares the compiled offsets with it).
 #define PARAMS(name) layout(set = 0, binding = BINDING_##name) PARAM_BLOCK name
