@@ -48,6 +48,12 @@ def printable(text) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def node_label(node_id, name) -> str:
+    """How errors name a node of a delegate graph: ``node 3 (aten.add.Tensor)``, the op
+    name ``printable`` (it comes from the blob)."""
+    return f"node {node_id} ({printable(name)})"
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message, ``printable``: for a VkDelegateError that
     wraps another library's error (torch's run over several lines: the schema, the

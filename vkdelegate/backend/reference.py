@@ -24,7 +24,7 @@ from vkdelegate.backend.creation_ops import UNKNOWN
 from vkdelegate.backend.glue_checks import CreationBudget, Named, check_arguments
 from vkdelegate.ops.load_checks import DeclaredValues, check_node
 from vkdelegate.ops.registry import load_all
-from vkdelegate.errors import VkDelegateError, first_line
+from vkdelegate.errors import VkDelegateError, first_line, node_label
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.graph_checks import check_graph
@@ -151,7 +151,7 @@ class ReferenceGraph:
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError,
                 NotImplementedError, OverflowError) as exc:
             call = self._node
-            where = f"node {call.node_id} ({call.name})" if call else "graph inputs"
+            where = node_label(call.node_id, call.name) if call else "graph inputs"
             raise VkDelegateError(f"reference executor, {where}: {type(exc).__name__}: "
                                   f"{first_line(exc)}") from exc
 
@@ -164,7 +164,7 @@ class ReferenceGraph:
             env[vid] = _input(k, vid, self.graph.values[vid], arr)
         created = 0  # bytes this run's run-time-sized creation ops made
         for call, op in zip(self.graph.chain, self.ops):
-            where = f"node {call.node_id} ({call.name})"
+            where = node_label(call.node_id, call.name)
             self._node = call
             *arg_ids, out_id = call.args
             if not hasattr(op, "_schema"):  # size arithmetic on SymInts: positional

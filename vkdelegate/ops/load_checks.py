@@ -15,7 +15,7 @@ import dataclasses
 from typing import Callable
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, lookup
-from vkdelegate.errors import VkDelegateError, printable
+from vkdelegate.errors import VkDelegateError, node_label
 from vkdelegate.serialization import vkgraph as g
 
 _SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
@@ -78,7 +78,7 @@ def _kind(graph: g.VkGraph, vid: int) -> str:
 def _malformed(graph, call, args, exc) -> VkDelegateError:
     """The error for a rule or shape function that failed on the node's arguments:
     names the argument and value id when a non-tensor sat where a tensor belongs."""
-    where = f"node {call.node_id} ({printable(call.name)})"
+    where = node_label(call.node_id, call.name)
     obj = getattr(exc, "obj", None)
     if isinstance(exc, AttributeError) and getattr(exc, "name", None) in _TENSOR_ATTRIBUTES:
         for i, (vid, a) in enumerate(zip(call.args, args)):
@@ -93,7 +93,7 @@ def _dims(t) -> str:
 
 
 def _check_sizes(call, spec: OpSpec, args, outs) -> None:
-    where = f"node {call.node_id} ({printable(call.name)})"
+    where = node_label(call.node_id, call.name)
     fn = spec.shape_fn
     if fn is None:
         raise VkDelegateError(f"{where}: the op has no shape function, so its declared "
@@ -140,7 +140,7 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
     rules' reasons, or declared output sizes that differ from the shape function's.
     """
     spec = lookup(call.name)
-    where = f"node {call.node_id} ({printable(call.name)})"
+    where = node_label(call.node_id, call.name)
     if spec.returns == "symint":
         return _check_symint_node(graph, call, spec, values)
     out_id = call.args[-1]
@@ -182,7 +182,7 @@ def _symbolic(values: DeclaredValues, call: g.OperatorCall) -> frozenset:
 def _check_symint_node(graph, call, spec: OpSpec, values: DeclaredValues) -> OpSpec:
     """A node returning a SymInt: its output is a SymInt value, its rules accept the
     arguments, and its number at the declared sizes is what later nodes see."""
-    where = f"node {call.node_id} ({printable(call.name)})"
+    where = node_label(call.node_id, call.name)
     out_id = call.args[-1]
     if not isinstance(graph.values[out_id], g.SymInt):
         raise VkDelegateError(f"{where}: output value {out_id} is {_kind(graph, out_id)}, "

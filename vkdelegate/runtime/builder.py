@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from vkdelegate.errors import DeviceLimitError, VkDelegateError, printable
+from vkdelegate.errors import DeviceLimitError, VkDelegateError, node_label
 from vkdelegate.limits import check_limit
 from vkdelegate.runtime.dtypes import device_dtype
 from vkdelegate.runtime.params import ParamBuffer
@@ -118,9 +118,12 @@ class NodeBuilder:
     def error(self, message: str, limit: bool = False) -> VkDelegateError:
         """A VkDelegateError naming the node being built; with ``limit`` a
         DeviceLimitError (the node is valid but over a limit of this device)."""
-        where = (f"node {self.node.node_id} ({printable(self.node.name)})" if self.node
-                 else "graph")
-        return (DeviceLimitError if limit else VkDelegateError)(f"{where}: {message}")
+        return (DeviceLimitError if limit else VkDelegateError)(f"{self._where()}: {message}")
+
+    def _where(self) -> str:
+        """The node being built, as errors name it (its op name escaped: it comes from
+        the blob), or "graph"."""
+        return node_label(self.node.node_id, self.node.name) if self.node else "graph"
 
     # ---- memory ----------------------------------------------------------------------
     def temporary(self, shape, dtype: str) -> Tensor:
@@ -132,9 +135,7 @@ class NodeBuilder:
         if limits is not None:
             nbytes = Tensor.nbytes_for(device_dtype(dtype, self.device.info), shape)
             check_limit(f"scratch tensor {dtype}{list(shape)} in bytes", nbytes,
-                        limits.max_tensor_bytes, "max_tensor_bytes",
-                        f"node {self.node.node_id} ({self.node.name})" if self.node
-                        else "graph")
+                        limits.max_tensor_bytes, "max_tensor_bytes", self._where())
         return self._graph.values.new_tensor(-1, dtype, shape)
 
     def constant_array(self, t: Tensor) -> np.ndarray | None:

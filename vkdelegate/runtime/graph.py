@@ -27,7 +27,7 @@ import numpy as np
 import vulkan as vk
 
 from vkdelegate.dtypes import ITEMSIZE
-from vkdelegate.errors import VkDelegateError, printable
+from vkdelegate.errors import VkDelegateError, node_label
 from vkdelegate.limits import resolve_limits
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
@@ -211,7 +211,7 @@ class DelegateGraph(DeviceState):
             return
         flag = self.error_flags[int(np.flatnonzero(words)[0])]
         message = flag.message() if callable(flag.message) else flag.message
-        raise VkDelegateError(f"node {flag.node_id} ({flag.op}): {message}")
+        raise VkDelegateError(f"{node_label(flag.node_id, flag.op)}: {message}")
 
     def resolve(self, vid: int):
         """Value ``vid`` as a Tensor or Python value (see NodeBuilder.value)."""
@@ -233,7 +233,7 @@ class DelegateGraph(DeviceState):
                          leave=False, disable=None)  # None: off without a TTY
         for call, spec in zip(chain, self._specs):
             builder.node = call
-            where = f"node {call.node_id} ({printable(call.name)})"
+            where = node_label(call.node_id, call.name)
             try:
                 spec.impl(builder, call)
             except VkDelegateError as exc:
@@ -381,7 +381,7 @@ class DelegateGraph(DeviceState):
         for call, spec in zip(self.graph.chain, self._specs):
             out = self.resolve(call.args[-1])
             args = [self.resolve(a) for a in call.args[:-1]]
-            where = f"node {call.node_id} ({printable(call.name)})"
+            where = node_label(call.node_id, call.name)
             if spec.returns == "symint":  # a SymInt's new number, on the host
                 try:
                     self.values.set_symint(call.args[-1], spec.shape_fn(args))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import flatbuffers
 import numpy as np
 
-from vkdelegate.errors import VkDelegateError, printable
+from vkdelegate.errors import VkDelegateError, node_label
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.schema_slots import FILE_IDENTIFIER, TABLE_FIELDS, slot
 
@@ -131,7 +131,7 @@ def graph_to_flatbuffer(graph: vk.VkGraph) -> bytes:
     version = _string(b, graph.version, "graph version")
     ops = []
     for op in graph.chain:
-        what = f"node {op.node_id} ({printable(op.name)})"
+        what = node_label(op.node_id, op.name)
         name = _string(b, op.name, f"{what} name")
         args = _vector(b, op.args, np.int32, f"{what} args")
         b.StartObject(len(TABLE_FIELDS["OperatorCall"]))

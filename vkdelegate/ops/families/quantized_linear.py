@@ -188,8 +188,6 @@ def _half(t) -> bool:
     return (t.device_dtype if hasattr(t, "device_dtype") else t[1]) == "float16"
 
 
-_half_scales = _half
-
 
 def out_rows(swiglu: bool) -> int:
     """Outputs of a linear_qw_gemv.glsl workgroup: VROWS, or VROWS / 2 (at least one)
@@ -204,7 +202,7 @@ def scales_per_load(s, swiglu: bool = False) -> int:
     fp16 (a uvec4), 4 as fp32 (a vec4) (s a Tensor or (graph dtype, device dtype)
     pair); the SWIGLU form's fp16 scales 4 (a uvec2) where its runs of ``out_rows``
     rows hold no whole uvec4 (VROWS = 8: runs of 4)."""
-    if not _half_scales(s):
+    if not _half(s):
         return 4
     return 4 if swiglu and out_rows(True) % 8 else 8
 
@@ -245,7 +243,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4:
         spl = scales_per_load(s, swiglu is not None)
-        half = _half_scales(s)
+        half = _half(s)
         d.update(SVEC="1", SPL=str(spl),
                  SV_T=("uvec4" if spl == 8 else "uvec2") if half else "vec4",
                  **flag_defines(SV_HALF=half))

@@ -267,30 +267,10 @@ float block_idot(vec4 xv[XV], uvec4 w) {
 }
 #endif
 
-// Output (m, n) from its sum: W8's scale, the bias, then HAS_RESIDUAL's r[m, n].
-float finish(float acc, int m, int n) {
 #ifdef W8
-  acc *= float(s_data[n]);
+#define SCALE_LAST  // the int8 scale once per output, after the sum
 #endif
-#ifdef HAS_BIAS
-  acc += float(c_data[n]);
-#endif
-#ifdef HAS_RESIDUAL
-  acc += float(r_data[m * qdims.y + n]);
-#endif
-  return acc;
-}
-
-#ifdef SWIGLU
-// Output (m, n) from its gate and up sums: the plain op's epilogue for rows n and
-// N + n of the merged weight, each rounded as its store rounds it, then the chain.
-float swiglu_out(float gate_acc, float up_acc, int m, int n) {
-  const float r0 = SWIGLU_ROUND(finish(gate_acc, m, n));
-  const float r1 = SWIGLU_ROUND(finish(up_acc, m, qdims.y + n));
-  CHAIN_BODY
-  return CHAIN_RESULT;
-}
-#endif
+#include "qlinear_out.h"
 
 // Requests block bc's weight blocks (wv), W4 scales (sv, times 8da4w's x scale) and
 // DQ8CA zero-point shares (zs: z * the group's weight sum where bc starts a group)

@@ -165,24 +165,7 @@ void load_x(int xr, int xb, vec4 nv[XV], out vec4 xv[XV], inout float ss) {
   }
 }
 
-float finish(float acc, int m, int n) {
-#ifdef HAS_BIAS
-  acc += float(c_data[n]);
-#endif
-#ifdef HAS_RESIDUAL
-  acc += float(r_data[m * qdims.y + n]);
-#endif
-  return acc;
-}
-
-#ifdef SWIGLU
-float swiglu_out(float gate_acc, float up_acc, int m, int n) {
-  const float r0 = SWIGLU_ROUND(finish(gate_acc, m, n));
-  const float r1 = SWIGLU_ROUND(finish(up_acc, m, qdims.y + n));
-  CHAIN_BODY
-  return CHAIN_RESULT;
-}
-#endif
+#include "qlinear_out.h"
 
 void main() {
   const int K = qdims.x;
