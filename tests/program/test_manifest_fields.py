@@ -132,3 +132,37 @@ def test_getitem_index_outside_the_outputs_is_refused_at_load(tmp_path_factory, 
             assert f"plan.nodes[{at}].args[1]" in str(exc) and "output position" in str(exc)
         else:
             raise AssertionError(f"getitem index {bad} loaded")
+
+
+def test_input_dtype_and_size_outside_what_a_lowering_writes(tmp_path_factory, tmp_path):
+    """An input dtype outside the dtype table ("float99" loaded and blamed the user's
+    tensor at the call) and a static size of 2^31 or more are refused at load, naming
+    the field (a new user's crafted manifests, 2026-12-05)."""
+    text, segments = _saved(str(tmp_path_factory.getbasetemp()))
+    for field, bad, words in (("dtype", "float99", "not one of the dtypes"),
+                              ("dtype", "complex64", "not one of the dtypes"),
+                              ("shape", [3, 2 ** 31], "below 2^31"),
+                              ("shape", [3, 32_000_000_000_000], "below 2^31")):
+        manifest = json.loads(text)
+        manifest["methods"]["forward"]["plan"]["inputs"][0][field] = bad
+        program_file.write_program(tmp_path / "p.vkp", manifest, segments)
+        try:
+            vkdelegate.load(tmp_path / "p.vkp")
+        except VkDelegateError as exc:
+            assert f"plan.inputs[0].{field}" in str(exc) and words in str(exc), str(exc)
+        else:
+            raise AssertionError(f"input {field} {bad!r} loaded")
+
+
+def test_lowering_refuses_an_input_dtype_a_program_cannot_hold():
+    class ViewAsReal(torch.nn.Module):
+        def forward(self, x):
+            return torch.view_as_real(x) * 2
+
+    ep = torch.export.export(ViewAsReal(), (torch.randn(4, dtype=torch.complex64),))
+    try:
+        to_backend(ep, VulkanPartitioner())
+    except VkDelegateError as exc:
+        assert "complex64" in str(exc) and "input 'x'" in str(exc)
+    else:
+        raise AssertionError("a complex64 input lowered")

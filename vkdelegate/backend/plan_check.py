@@ -9,9 +9,13 @@ clear error instead of a KeyError or TypeError at some later call.
 from __future__ import annotations
 
 from vkdelegate.backend import pytree_spec
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.dtypes import TABLE
+from vkdelegate.errors import VkDelegateError, printable
 
 _SPECIAL_KEYS = ("dtype", "device", "layout", "memory_format")
+#: A static input size must be below this: the device addresses elements with 32-bit
+#: ints, so no lowered program has a larger dimension.
+MAX_DIM = 2 ** 31
 _SCALARS = (type(None), bool, int, float, str)
 
 
@@ -66,14 +70,19 @@ def _check_input(spec, path: str) -> None:
         if not isinstance(spec["const"], _SCALARS):
             _fail(f"{path}.const", "must be a JSON scalar")
         return
-    _need(spec, "dtype", str, path)
+    dtype = _need(spec, "dtype", str, path)
+    if dtype not in TABLE:
+        # The lowering writes only the dtype table's names (to_backend.py refuses others).
+        _fail(f"{path}.dtype", f"is {printable(dtype)}, not one of the dtypes a program "
+                               f"holds ({', '.join(sorted(TABLE))})")
     for d, dim in enumerate(_need(spec, "shape", list, path)):
         where = f"{path}.shape[{d}]"
         if isinstance(dim, dict) and len(dim) == 1 and isinstance(
                 dim.get("sym", dim.get("expr")), str):
             continue
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
-            _fail(where, f"must be a size, {{'sym': s}} or {{'expr': e}}, got {dim!r}")
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < MAX_DIM:
+            _fail(where, f"must be a size below 2^31, {{'sym': s}} or {{'expr': e}}, "
+                         f"got {printable(str(dim)[:40])}")
 
 
 def _check_node(node, n: int, path: str) -> None:

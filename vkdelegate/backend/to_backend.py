@@ -19,6 +19,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from vkdelegate.backend import allowed_ops, fp16_ranges, glue_ops, pytree_spec
 from vkdelegate.backend.node_specs import dtype_name
+from vkdelegate.dtypes import TABLE as DTYPE_TABLE
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.program import Delegate, LoweredProgram, Method
@@ -306,6 +307,10 @@ class _GlueEncoder:
             if not isinstance(val, torch.Tensor):
                 raise VkDelegateError(f"input {name!r} of type {type(val).__name__} is not "
                                       f"supported (tensors and Python scalars are)")
+            if dtype_name(val.dtype) not in DTYPE_TABLE:
+                raise VkDelegateError(
+                    f"input {label!r} has dtype {dtype_name(val.dtype)}, which a program "
+                    f"cannot hold (inputs may be {', '.join(sorted(DTYPE_TABLE))})")
             # "name": what users call the input; "value": the glue value it binds.
             inputs.append({"name": label, "value": name, "dtype": dtype_name(val.dtype),
                            "shape": [_dim_spec(d) for d in val.shape]})
