@@ -51,6 +51,9 @@ def test_bad_arguments_exit_2(saved, capsys):
     assert "--prompt-ids" in capsys.readouterr().err
     assert main(["generate", str(path), "--prompt-ids", "1,x"]) == 2
     assert "expected integers" in capsys.readouterr().err
+    # An empty id between commas was dropped silently (a new user's trial).
+    assert main(["generate", str(path), "--prompt-ids", "1,,2"]) == 2
+    assert "expected integers" in capsys.readouterr().err
     assert main(["generate", str(path), "--prompt-ids", "1", "--image", "a.png"]) == 2
     assert "--image-token-id" in capsys.readouterr().err
 
@@ -73,14 +76,34 @@ def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
 
 
 @pytest.mark.parametrize("ids,message", [
+    ("1,2 --eos-token-id 999",
+     f"token id 999 at eos_token_id[0] >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
     ("1,2,300", f"token id 300 at prompt_ids[2] >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
     ("-4,2", f"token id -4 at prompt_ids[0] is negative (ids are 0..{VOCAB - 1})"),
 ])
 def test_prompt_ids_outside_the_vocabulary_are_one_line(saved, capsys, ids, message):
     _, path = saved
-    assert main(["generate", str(path), f"--prompt-ids={ids}"]) == 2
+    ids, *rest = ids.split(" ")
+    assert main(["generate", str(path), f"--prompt-ids={ids}"] + rest) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_a_missing_package_names_the_extra(saved, capsys, monkeypatch):
+    """Without torch (a program-only install), generate said ModuleNotFoundError in a
+    bare traceback: now one line naming the package and the extra that installs it."""
+    import vkdelegate.llm
+
+    def missing(*_args, **_kwargs):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(vkdelegate.llm, "generate", missing)
+    _, path = saved
+    assert main(["generate", str(path), "--prompt-ids", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("vkdelegate generate: error: this command needs the Python package "
+                   "'torch', which is not installed: pip install 'vkdelegate[torch]' "
+                   "(torch==2.13.0)\n"), err
 
 
 def test_zero_new_tokens(saved, capsys):

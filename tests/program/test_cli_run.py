@@ -111,6 +111,12 @@ def test_unwritable_paths_fail_before_running(saved, capsys):
                  "--trace", str(d / "missing" / "t.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not list((d / "out").glob("output_*.npy"))
+    # A folder that cannot be made names the flag (was "[Errno 2] ...: 'path'").
+    assert main(["run", str(d / "p.vkp"), *inputs, "--output-dir",
+                 str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vkdelegate run: error: --output-dir {blocker / 'sub'}: cannot "
+                          f"create it") and err.count("\n") == 1, err
 
 
 def _profile(tmp_path, capsys, module, inputs, dynamic_shapes=None, run_inputs=None):

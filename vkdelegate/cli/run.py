@@ -178,7 +178,11 @@ def run(args) -> int:
     runner = program.runner(method)
     flat = _flat_inputs(runner.plan, _parse_inputs(args.input or []))
     # Paths are checked before the program runs: a bad one fails fast, not after.
-    os.makedirs(args.output_dir, exist_ok=True)
+    try:
+        os.makedirs(args.output_dir, exist_ok=True)
+    except OSError as exc:
+        raise VkDelegateError(f"--output-dir {args.output_dir}: cannot create it "
+                              f"({exc.strerror or exc})") from exc
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         raise VkDelegateError(f"--trace {args.trace}: folder "
                               f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
@@ -186,7 +190,11 @@ def run(args) -> int:
     for path, value in zip(_leaf_paths(runner.plan["out_spec"]), outputs):
         array = to_numpy(value)
         target = os.path.join(args.output_dir, f"output_{path}.npy")
-        np.save(target, array)
+        try:
+            np.save(target, array)
+        except OSError as exc:
+            raise VkDelegateError(f"--output-dir {args.output_dir}: cannot write "
+                                  f"{target} ({exc.strerror or exc})") from exc
         print(f"{path}: {array.dtype}{list(array.shape)} -> {target}")
     if args.profile or args.trace:
         program.set_profiling(True)

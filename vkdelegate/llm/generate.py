@@ -176,15 +176,15 @@ def _prompt_list(prompt_ids) -> list:
     return ids
 
 
-def _check_prompt_ids(program, ids: list) -> None:
-    """VkDelegateError naming the first prompt id outside the vocabulary (when the
-    program records its size, ``backend.llm_checks.vocab_size``; else negatives),
-    before anything runs."""
+def _check_token_ids(program, ids: list, name: str = "prompt_ids") -> None:
+    """VkDelegateError naming the first id of ``ids`` (``name`` in the message)
+    outside the vocabulary (when the program records its size,
+    ``backend.llm_checks.vocab_size``; else negatives), before anything runs."""
     from vkdelegate.backend import llm_checks
 
     plan = program.methods["embed_text"].plan if hasattr(program, "methods") else {}
     text = llm_checks.token_id_error(np.asarray(ids, dtype=np.int64),
-                                     llm_checks.vocab_size(plan), "prompt_ids")
+                                     llm_checks.vocab_size(plan), name)
     if text is not None:
         raise VkDelegateError(text)
 
@@ -211,8 +211,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens.
     Raises VkDelegateError for a program without the methods ``lower`` makes, an
     empty prompt, a negative max_new_tokens, sampling settings outside their ranges
-    (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a prompt id outside the
-    vocabulary, a prompt + max_new_tokens longer than the cache (prompt +
+    (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a prompt id or an
+    ``eos_token_id`` outside the vocabulary, a prompt + max_new_tokens longer than the cache (prompt +
     max_new_tokens - 1 > max_seq_len: checked before anything runs, so the decode
     loop never runs past the cache), an image without image_token_id or a program
     without vision_encoder.
@@ -231,7 +231,7 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     ids = _prompt_list(prompt_ids)
     if not ids:
         raise VkDelegateError("generate() needs at least one prompt token")
-    _check_prompt_ids(program, ids)
+    _check_token_ids(program, ids)
     if timings is not None:
         timings.update(prefill_s=0.0, decode_s=0.0, prompt_tokens=0, decode_tokens=0)
     if max_new_tokens == 0:
@@ -240,6 +240,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
         _check_length(len(ids), max_new_tokens, cache_length(program), "")
     eos = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id)))
+    if eos:  # an id no step can make would never stop the loop: a mistake, said now
+        _check_token_ids(program, sorted(eos), "eos_token_id")
     start = time.perf_counter()
     embeds = program.embed_text(torch.tensor([ids], dtype=torch.int64))
     if image is not None:
