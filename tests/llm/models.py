@@ -18,7 +18,8 @@ def _common(**extra):
 
 
 def make_model(kind: str, seed: int = 0):
-    """A HF *ForCausalLM of ``kind`` (llama, qwen2, mistral, gemma, gemma2), eval."""
+    """A HF *ForCausalLM of ``kind`` (llama, qwen2, qwen3, mistral, gemma, gemma2,
+    gemma3), eval."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -34,6 +35,11 @@ def make_model(kind: str, seed: int = 0):
         model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**_common(
             head_dim=16, sliding_window=16, final_logit_softcapping=30.0,
             attn_logit_softcapping=50.0, query_pre_attn_scalar=16)))
+    elif kind == "qwen3":  # per-head RMS norms of q and k
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**_common(head_dim=16)))
+    elif kind == "gemma3":  # local (sliding 8) and global layers, q/k norms
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**_common(
+            head_dim=16, sliding_window=8, query_pre_attn_scalar=16)))
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None

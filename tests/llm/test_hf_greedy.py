@@ -1,7 +1,8 @@
 """Greedy tokens of a lowered program equal HF ``generate`` (eager, same model, same
-prompt) for 64 new tokens, on tiny Llama, Qwen2, Mistral (sliding window 16, shorter
-than the 72-token sequence), Gemma (sqrt(hidden) embedding scale) and Gemma2 (sliding
-window, soft-capping) configs with seeded random weights, on Vulkan."""
+prompt) for 64 new tokens, on tiny Llama, Qwen2, Qwen3 (q/k norms), Mistral (sliding
+window 16, shorter than the 72-token sequence), Gemma (sqrt(hidden) embedding scale),
+Gemma2 (sliding window, soft-capping) and Gemma3 (local and global layers) configs with
+seeded random weights, on Vulkan."""
 import pytest
 import torch
 
@@ -13,7 +14,8 @@ def _prompt(seed: int, n: int = 8) -> list:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gemma", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2",
+                                  "gemma3"])
 def test_greedy_matches_hf_generate(lowered, kind):
     model, program = lowered(kind)
     prompt = _prompt(1)
