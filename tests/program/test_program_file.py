@@ -182,11 +182,13 @@ def _rewrite(path, edit):
     program_file.write_program(path, manifest, [bytes(s) for s in segments])
 
 
-@pytest.mark.parametrize("where", ["manifest", "data", "header"])
+@pytest.mark.parametrize("where", ["manifest", "data", "header", "reserved"])
 def test_flipped_byte_is_refused(tmp_path, where):
     path = _saved(tmp_path)
     raw = bytearray(path.read_bytes())
-    offset = {"header": 20, "manifest": 100, "data": len(raw) - 100}[where]
+    # reserved: bytes 48..64 of the header, zero in every file we write (a flip there
+    # loaded until a new user's trial).
+    offset = {"header": 20, "manifest": 100, "data": len(raw) - 100, "reserved": 57}[where]
     raw[offset] ^= 0x40
     path.write_bytes(bytes(raw))
     with pytest.raises(VkDelegateError, match="corrupt|checksum|truncated"):

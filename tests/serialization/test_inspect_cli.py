@@ -61,8 +61,10 @@ def test_json_output(blob_path, capsys):
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read {path}: No such file or directory"),
     (b"\0\0\0\0VH00", "delegate blob is 8 bytes, shorter than its 30-byte VH00 header"),
-    (b"PK\3\4" + bytes(60), "{path}: not a delegate blob (bytes 4..8 are b'\\x00\\x00\\x00\\x00', "
-                            "expected b'VH00')"),
+    (b"PK\3\4" + bytes(60), "{path}: not a delegate blob, program file or .pte (bytes 4..8 "
+                            "are b'\\x00\\x00\\x00\\x00', a blob's b'VH00'; bytes 0..8 "
+                            "b'PK\\x03\\x04\\x00\\x00\\x00\\x00', a program file's "
+                            "b'VKDPROG1')"),
 ])
 def test_errors_are_one_line_and_status_2(tmp_path, capsys, content, message):
     path = tmp_path / "bad.bin"

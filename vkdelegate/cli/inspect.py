@@ -63,8 +63,9 @@ def blobs_in_file(path: str) -> list[tuple[str, bytes, dict | None]]:
         _, segments = program_file.read_program(path)
         return [(f"{path} segment {i}", bytes(seg), None)
                 for i, seg in enumerate(segments) if bytes(seg[4:8]) == MAGIC]
-    raise VkDelegateError(f"{path}: not a delegate blob (bytes 4..8 are {data[4:8]!r}, "
-                          f"expected {MAGIC!r})")
+    raise VkDelegateError(f"{path}: not a delegate blob, program file or .pte (bytes "
+                          f"4..8 are {data[4:8]!r}, a blob's {MAGIC!r}; bytes 0..8 "
+                          f"{data[:8]!r}, a program file's {program_file.MAGIC!r})")
 
 
 def _pte_blobs(path: str, program) -> list[tuple[str, bytes, dict]]:

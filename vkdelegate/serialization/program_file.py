@@ -169,6 +169,9 @@ def read_program(path, limits: "LoadLimits | None" = None
         raise VkDelegateError(f"{where} is not a vkdelegate program: bad magic "
                               f"{raw[:8]!r}{hint}")
     _, hlen, crc, m_off, m_size, d_off, d_size = HEADER.unpack_from(raw)
+    if any(raw[48:HEADER_SIZE]):
+        raise VkDelegateError(f"{where} has a corrupt header: its reserved bytes 48..64 "
+                              f"are not zero")
     if hlen != HEADER_SIZE or m_off + m_size > len(raw) or d_off + d_size > len(raw):
         raise VkDelegateError(f"{where} is truncated or has a corrupt header (file size "
                               f"{len(raw)}; the header says: header {hlen} bytes (expected "
