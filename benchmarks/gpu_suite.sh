@@ -14,6 +14,13 @@
 #   chain   benchmarks/elementwise_chain.py, 60
 #   clocks  the gemv step's fp16 / int4 cases in both orders (one process each): is a
 #           GEMV's time the GPU's clock state? 150
+#   attn    the attention, block-map, pool, broadcast and quantized-norm / SwiGLU / texel
+#           tests, validation on (what landed on lavapipe only since the last lease), 240
+#   coopbool  boolean masks on cooperative matrices with the block map: the coopmat and
+#           block-sparse tests with attention.COOP_BOOL_MASK switched on in this copy
+#           only (validation off), then benchmarks/sdpa.py's boolean cases, 240
+#   decode  llm_decode.py fp16 with and without the fused rotary + cache write, int4,
+#           int8, with --profile 14, 330
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
@@ -62,6 +69,25 @@ for s in "$@"; do
         --shapes 4096x4096,4096x14336 --stream-mb 256 --cases int4
       step clocks_b 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
         --shapes 4096x14336,4096x4096 --stream-mb 256 --cases int4 --reverse ;;
+    attn) step attn 240 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 -p no:cacheprovider \
+            tests/ops/test_sdpa_tile_map.py tests/ops/test_sdpa_block_sparse.py \
+            tests/ops/test_sdpa.py tests/ops/test_sdpa_kv.py tests/ops/test_sdpa_at.py \
+            tests/ops/test_sdpa_decode.py tests/ops/test_pool.py \
+            tests/ops/test_broadcast_paths.py tests/ops/test_quantized_rms_norm.py \
+            tests/ops/test_quantized_swiglu.py tests/ops/test_quantized_texel.py \
+            tests/runtime/test_texel_inputs.py tests/llm/test_hf_greedy.py ;;
+    coopbool)
+      sed -i 's/^COOP_BOOL_MASK = False/COOP_BOOL_MASK = True/' vkdelegate/kernels/attention.py
+      grep -n '^COOP_BOOL_MASK' vkdelegate/kernels/attention.py
+      step coopbool 150 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 12 -p no:cacheprovider \
+        tests/ops/test_sdpa_coopmat.py tests/ops/test_sdpa_tile_map.py \
+        tests/ops/test_sdpa_block_sparse.py tests/ops/test_sdpa.py
+      step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
+        --dtype float16 --filter bool --runs 5
+      sed -i 's/^COOP_BOOL_MASK = True/COOP_BOOL_MASK = False/' vkdelegate/kernels/attention.py ;;
+    decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+              --quantization none none+fuse_linear_rotary_cache=false int4 int8 --runs 3 \
+              --hold-s 1 --profile 14 --json "$out/llm_decode.json" ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
   esac
 done
