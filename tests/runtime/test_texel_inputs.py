@@ -1,9 +1,9 @@
 """Inputs read as uniform texel buffers (runtime/texel.py, issue 12).
 
 On CPU drivers the pointwise convolution (conv2d.glsl PW_TEXEL), the column
-convolution (conv2d_col.glsl COL_TEXEL: depthwise and small dense kernels) and the
-prepacked linear (linear.glsl B_TEXEL, A_TEXEL) read their weights and inputs through
-VkBufferViews. Their outputs are bit-identical to the storage-buffer forms' (same
+convolution (conv2d_col.glsl COL_TEXEL: depthwise and small dense kernels), the
+prepacked linear (linear.glsl B_TEXEL, A_TEXEL) and the few-query attention (sdpa.glsl
+KV_TEXEL: keys and values) read their weights and inputs through VkBufferViews. Their outputs are bit-identical to the storage-buffer forms' (same
 values, same order of the sums); a tensor the device cannot view (over
 maxTexelBufferElements, forced here with a small limit) keeps the storage form; the
 views are destroyed with the graph. On GPUs nothing changes: no texel form is taken.
@@ -19,8 +19,9 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import Device
 from vkdelegate.shaders.bindings import Bindings
 
-#: Texel flags of the variants and the views each binds (PW_TEXEL: weights, input).
-VIEWS = {"PW_TEXEL": 2, "COL_TEXEL": 2, "A_TEXEL": 1, "B_TEXEL": 1}
+#: Texel flags of the variants and the views each binds (PW_TEXEL: weights, input;
+#: KV_TEXEL: the keys and the values).
+VIEWS = {"PW_TEXEL": 2, "COL_TEXEL": 2, "A_TEXEL": 1, "B_TEXEL": 1, "KV_TEXEL": 2}
 
 
 def test_bindings_declare_texel_inputs():
@@ -63,6 +64,25 @@ def _linear(m, rng, x_shape, n, dtype="float32"):
     return [rand(rng, x_shape, dtype)]
 
 
+def _sdpa(m, rng, q_shape, kv_len, dtype="float32", mask=None, causal=True):
+    """Attention (ATen's SDPA, enable_gqa) of q [B, Hq, L, E] over keys and values
+    [B, Hq / 2, kv_len, E] (constants), causal (bottom-right rows here: L < S), or a
+    mask ("bool" / "float", [L, S])."""
+    b, hq, l, e = q_shape
+    iq = m.input(q_shape, dtype)
+    k = m.constant(rand(rng, (b, hq // 2, kv_len, e), dtype))
+    v = m.constant(rand(rng, (b, hq // 2, kv_len, e), dtype))
+    mk = m.scalar(None)
+    if mask == "bool":
+        mk = m.constant(rng.random((l, kv_len)) < 0.7)
+    elif mask == "float":
+        mk = m.constant(rand(rng, (l, kv_len), dtype))
+    args = [iq, k, v, mk, m.scalar(0.0), m.scalar(causal and mask is None),
+            m.scalar(None), m.scalar(True)]
+    m.output(m.op("aten.scaled_dot_product_attention.default", args, q_shape, dtype))
+    return [rand(rng, q_shape, dtype)]
+
+
 # (graph maker, input shape, output channels / features, dtype, texel flags expected)
 CASES = {
     "pw_shifted_7x7": (_conv, (2, 16, 7, 7), 12, "float32", {"PW_TEXEL"}),
@@ -76,6 +96,15 @@ CASES = {
     "linear_k13": (_linear, (5, 13), 7, "float32", {"B_TEXEL"}),
     "linear_fp16": (_linear, (2, 3, 16), 5, "float16", {"A_TEXEL", "B_TEXEL"}),
     "linear_small_weight": (_linear, (16, 8), 4, "float32", {"A_TEXEL", "B_TEXEL"}),
+    # sdpa.glsl (few queries: decode), K and V read as texel buffers: split-K over 160
+    # keys (5 tiles, 2 splits), fp16, head dim 40 (a partial vec4 of the 48-wide bucket),
+    # an additive and a boolean mask (its block map, TILE_MAP).
+    "sdpa_decode_split": (_sdpa, (1, 8, 1, 64), 160, "float32", {"KV_TEXEL"}),
+    "sdpa_fp16_d40": (_sdpa, (2, 4, 3, 40), 37, "float16", {"KV_TEXEL"}),
+    "sdpa_float_mask": (lambda *a: _sdpa(*a, mask="float"), (1, 4, 2, 16), 20, "float32",
+                        {"KV_TEXEL"}),
+    "sdpa_bool_mask": (lambda *a: _sdpa(*a, mask="bool"), (1, 4, 2, 16), 70, "float32",
+                       {"KV_TEXEL"}),
 }
 
 

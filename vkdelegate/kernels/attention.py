@@ -156,12 +156,35 @@ def _bindings(d) -> Bindings:
     mask = "MASK_BOOL" in d or "MASK_FLOAT" in d
     tile_map = "TILE_MAP" in d
     metas = ("out_meta", "q_meta", "k_meta", "v_meta") + (("mask_meta",) if mask else ())
+    texels = ()
+    if "KV_TEXEL" in d:
+        texels = (("k_data", _kv_format(d["K_T"])), ("v_data", _kv_format(d["V_T"])))
     return Bindings(outputs=("out_data",),
                     inputs=("q_data", "k_data", "v_data") + (("mask_data",) if mask else ())
                     + (("start_data",) if "POS_TENSOR" in d else ())
                     + (("map_data",) if tile_map else ()),
                     params=tuple(map(tensor_meta_block, metas)) + (SDPA_PARAMS,)
-                    + ((MAP_PARAMS,) if tile_map else ()))
+                    + ((MAP_PARAMS,) if tile_map else ()),
+                    texels=texels)
+
+
+def _kv_format(glsl_type: str) -> str:
+    """The texel format KV_TEXEL reads K or V through, by its GLSL storage type."""
+    return "rgba16f" if glsl_type == "float16_t" else "rgba32f"
+
+
+def kv_texel_fits(b, k, v) -> bool:
+    """Whether sdpa.glsl's KV_TEXEL form can read K and V on the node builder ``b``'s
+    device: CPU drivers (texel views: NodeBuilder.texel_input; GPUs keep the staged
+    form), both stored as fp32 or fp16, head dims and row strides multiples of 4
+    (contiguous tensors: their last dims)."""
+    if not getattr(b.device, "texel_inputs", False):
+        return False
+    if any(t.max_shape[-1] % 4 for t in (k, v)):
+        return False
+    return all(t.device_dtype in ("float16", "float32")
+               and b.texel_input(t, "rgba16f" if t.device_dtype == "float16" else "rgba32f")
+               for t in (k, v))
 
 
 @shader_bindings(COMBINE)
@@ -197,10 +220,11 @@ class Attention:
 
 def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: bool,
             skip: bool, nan_rows: bool = False, seq_first: bool = False,
-            split: bool = False, start=None) -> dict:
+            split: bool = False, start=None, kv_texel: bool = False) -> dict:
     """The sdpa.glsl defines of one form (tensors: runtime Tensors or (graph, device)
     dtype pairs; ``out`` is the fp32 partial buffer when ``split``; ``start``: the
-    start_pos tensor of POS_TENSOR, or None)."""
+    start_pos tensor of POS_TENSOR, or None; ``kv_texel``: KV_TEXEL, K and V read as
+    uniform texel buffers, CPU drivers: ``kv_texel_fits``)."""
     tensors = dict(OUT=out, Q=q, K=k, V=v)
     if mask is not None:
         tensors["MASK"] = mask
@@ -216,7 +240,7 @@ def defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int, cpu: 
     flags = dict(CAUSAL=causal, WINDOW=window, SEQ_FIRST=seq_first, SPLIT_K=split,
                  SKIP_MASKED_TILES=skip, TILE_MAP=skip and boolean,
                  POS_TENSOR=start is not None,
-                 Q_HALF=_dtype(q) == "float16" and d_max >= HALF_Q_D)
+                 Q_HALF=_dtype(q) == "float16" and d_max >= HALF_Q_D, KV_TEXEL=kv_texel)
     d.update({k: "1" for k, on in flags.items() if on})
     if mask is not None:
         d["MASK_BOOL" if _dtype(mask) == "bool" else "MASK_FLOAT"] = "1"
@@ -392,7 +416,7 @@ def dispatch(b, a: Attention) -> None:
         return
     d = defines(target, q, k, v, mask, causal=a.causal, window=a.window > 0, d_max=d_max,
                 cpu=cpu, skip=skip, nan_rows=a.nan_rows, seq_first=a.seq_first,
-                split=splits > 1, start=a.start)
+                split=splits > 1, start=a.start, kv_texel=cpu and kv_texel_fits(b, k, v))
     map_inputs, map_params = _tile_map(b, a, d, params, rows=BLOCK_M // group,
                                        keys=block_n(d_max), heads=group)
     b.dispatch(SHADER, d, outputs=[target], inputs=inputs + map_inputs,

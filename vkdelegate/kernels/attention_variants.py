@@ -6,7 +6,8 @@ start]) with mask None, "bool" or "float" (an additive mask of the query's dtype
 start the dtype of a start_pos tensor (POS_TENSOR, vkdelegate.sdpa_at; absent or None:
 the offset is a parameter), and calls
 ``declare(forms, dtypes)``: every storage profile, dtype and head-dim bucket of sdpa.glsl (the
-early exit on and off, whole and split-K, CPU and GPU head-dim loops), of
+early exit on and off, whole and split-K, CPU and GPU head-dim loops, the CPU drivers'
+K and V as texel buffers or staged), of
 sdpa_decode.glsl (few rows on GPUs: the early exit on and off, whole and split-K,
 with and without subgroup arithmetic), of
 sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
@@ -46,9 +47,10 @@ def declare(forms, dtypes) -> None:
     def whole(profile, dtype: str, cpu: bool, d_max: int) -> list:
         f32 = ("float32", device_dtype("float32", profile))
         return [at.defines(f32 if split else t, t, t, t, m, d_max=d_max, cpu=cpu,
-                           skip=skip, split=split, **kw)
+                           skip=skip, split=split, kv_texel=kv_texel, **kw)
                 for t, m, kw, _ in _forms(forms, profile, dtype)
-                for skip in (True, False) for split in (False, True)]
+                for skip in (True, False) for split in (False, True)
+                for kv_texel in ((False, True) if cpu else (False,))]
 
     def tiled(profile, dtype: str, d_max: int):
         if d_max > at.TILED_MAX_D:

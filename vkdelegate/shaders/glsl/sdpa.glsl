@@ -57,7 +57,8 @@
 // D_STEP; BLOCK_M (the local size x), BLOCK_N (<= 32: a tile's mask bits are one uint);
 // CAUSAL; WINDOW; MASK_BOOL or MASK_FLOAT with MASK_T (mask broadcast over every dim of
 // size 1, rows indexed by i); FULLY_MASKED; SKIP_MASKED_TILES; TILE_MAP; SEQ_FIRST;
-// SPLIT_K; POS_TENSOR with START_T (the start_pos tensor's storage type);
+// SPLIT_K; POS_TENSOR with START_T (the start_pos tensor's storage type); KV_TEXEL
+// (CPU drivers: K and V read as texel buffers, see below);
 // Q_HALF (a float16 query kept as packed fp16 pairs, scaled after the dot: for head
 // dims >= 128, where q and the accumulator of a row no longer fit a GPU's registers).
 // The loops over a tile's keys are not unrolled (unrolled, llvmpipe's LLVM took
@@ -77,8 +78,22 @@
 #define FOR_D(c) D_LOOP for (int c##0 = 0; c##0 < D4; c##0 += D_STEP) \
   [[unroll]] for (int c = c##0; c < c##0 + D_STEP; ++c)
 
+#ifdef KV_TEXEL
+// KV_TEXEL (CPU drivers): K and V are uniform texel buffers (rgba16f / rgba32f, 4
+// elements a texel), read by each row where the staged form reads its shared tile: no
+// shared memory and no barrier (on llvmpipe a shared-memory access is a loop over the
+// SIMD lanes and a barrier a coroutine switch). The same values in the same order: the
+// same bits as the staged form. Needs E, Ev and the K/V strides multiples of 4.
+#define K_AT(jj, c) ((4 * (c) < E) ? texelFetch(k_data, (k_base + (j0 + (jj)) * k_row) / 4 + (c)) \
+                                   : vec4(0.0))
+#define V_AT(jj, c) ((4 * (c) < Ev && j0 + (jj) < S)                                      \
+                     ? texelFetch(v_data, (v_base + (j0 + (jj)) * v_row) / 4 + (c)) : vec4(0.0))
+#else
 shared vec4 k_tile[BLOCK_N * D4];
 shared vec4 v_tile[BLOCK_N * D4];
+#define K_AT(jj, c) k_tile[(jj) * D4 + (c)]
+#define V_AT(jj, c) v_tile[(jj) * D4 + (c)]
+#endif
 
 void main() {
   const int lane = int(gl_LocalInvocationID.x);
@@ -180,6 +195,7 @@ void main() {
       }
     }
 #endif
+#ifndef KV_TEXEL
     // Stage the tile: BLOCK_N * D4 vec4s of K and of V, spread over the workgroup.
     [[unroll]] for (int r = 0; r < (BLOCK_N * D4 + BLOCK_M - 1) / BLOCK_M; ++r) {
       const int idx = r * BLOCK_M + lane;
@@ -192,6 +208,7 @@ void main() {
       }
     }
     barrier();
+#endif
     if (row_ok) {
       float s[BLOCK_N];
       float tile_max = NEG_INF;
@@ -203,9 +220,9 @@ void main() {
           FOR_D(c) {
 #ifdef Q_HALF
             d += dot(vec4(unpackHalf2x16(q[c].x), unpackHalf2x16(q[c].y)),
-                     k_tile[jj * D4 + c]);
+                     K_AT(jj, c));
 #else
-            d += dot(q[c], k_tile[jj * D4 + c]);
+            d += dot(q[c], K_AT(jj, c));
 #endif
           }
 #ifdef Q_HALF
@@ -248,13 +265,15 @@ void main() {
           const float p = (s[jj] == NEG_INF) ? 0.0 : exp(s[jj] - m_new);
           l += p;
           FOR_D(c) {
-            acc[c] += p * v_tile[jj * D4 + c];
+            acc[c] += p * V_AT(jj, c);
           }
         }
         m = m_new;
       }
     }
+#ifndef KV_TEXEL
     barrier();  // every row has read the tile before the next one overwrites it
+#endif
   }
 
   if (!row_ok) {

@@ -8,8 +8,13 @@
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(q_data, Q_T)
+#ifdef KV_TEXEL
+TEXEL_IN(k_data)  // sdpa.glsl's KV_TEXEL (CPU drivers): 4 elements a texel
+TEXEL_IN(v_data)
+#else
 TENSOR_IN(k_data, K_T)
 TENSOR_IN(v_data, V_T)
+#endif
 #if defined(MASK_BOOL) || defined(MASK_FLOAT)
 #define HAS_MASK 1
 TENSOR_IN(mask_data, MASK_T)
