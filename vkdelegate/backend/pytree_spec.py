@@ -6,12 +6,77 @@ torch. torch's TreeSpec is converted once, at lowering, to a small JSON tree:
 
     {"t": "leaf"} | {"t": "none"} | {"t": "tuple"|"list", "c": [...]}
     | {"t": "dict", "k": [str keys], "c": [...]}
+    | {"t": "record", "n": class name, "k": [str keys], "c": [...]}
+    | {"t": "namedtuple", "n": class name, "k": [field names], "c": [...]}
+
+"record" is a dict subclass that torch's pytree flattens to its keys, as HF
+transformers' ModelOutput (``BaseModelOutputWithPooling``, ``CausalLMOutput``...): a
+loaded program returns it as a ``Record`` (keys, attributes and int indices, as
+ModelOutput allows), since the class itself (and transformers) need not be importable
+where the program runs, and a program file names no code to import. "namedtuple" is
+rebuilt as a ``collections.namedtuple`` of the same name and fields.
 """
 from __future__ import annotations
 
-from vkdelegate.errors import VkDelegateError
+import collections
+import functools
+import keyword
+
+from vkdelegate.errors import VkDelegateError, printable
 
 _SEQUENCES = {"tuple": tuple, "list": list}
+_KINDS = ("leaf", "none", "tuple", "list", "dict", "record", "namedtuple")
+_KEYED = ("dict", "record", "namedtuple")
+#: The longest class name a record or namedtuple may carry.
+MAX_NAME = 200
+
+
+class Record(dict):
+    """A method output that was a ModelOutput-like record (see the module docstring):
+    a dict of its fields in order, also readable as attributes (``out.logits``) and by
+    int index or slice over the values (``out[0]``, as ModelOutput's ``to_tuple``).
+    ``record_name``: the class name the lowered module returned."""
+
+    __slots__ = ("record_name",)
+
+    def __init__(self, name: str, items):
+        super().__init__(items)
+        self.record_name = name
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"{self.record_name} has no field {key!r} (its fields: "
+                                 f"{', '.join(self)})") from None
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, slice)):
+            return self.to_tuple()[key]
+        return super().__getitem__(key)
+
+    def to_tuple(self) -> tuple:
+        """The values, in field order."""
+        return tuple(self.values())
+
+    def __repr__(self) -> str:
+        return f"{self.record_name}({', '.join(f'{k}={v!r}' for k, v in self.items())})"
+
+
+@functools.lru_cache(maxsize=64)
+def _namedtuple(name: str, fields: tuple):
+    return collections.namedtuple(name, fields)
+
+
+def _name_ok(name) -> bool:
+    return isinstance(name, str) and len(name) <= MAX_NAME and name.isidentifier() \
+        and not keyword.iskeyword(name)
+
+
+def _str_keys(keys, what: str) -> list:
+    if not all(isinstance(k, str) for k in keys):
+        raise VkDelegateError(f"{what} keys must be strings to be saved, got {keys}")
+    return list(keys)
 
 
 def from_treespec(spec) -> dict:
@@ -24,31 +89,52 @@ def from_treespec(spec) -> dict:
         return {"t": "none"}
     if kind in (tuple, list):
         return {"t": kind.__name__, "c": children}
-    if kind is dict:
-        keys = list(spec.context)
-        if not all(isinstance(k, str) for k in keys):
-            raise VkDelegateError(f"dict keys must be strings to be saved, got {keys}")
-        return {"t": "dict", "k": keys, "c": children}
-    raise VkDelegateError(f"container type {kind.__name__} in a method's inputs or "
-                          f"outputs is not supported (use tuple, list or dict)")
+    if kind in (dict, collections.OrderedDict):
+        return {"t": "dict", "k": _str_keys(spec.context, "dict"), "c": children}
+    context = spec.context
+    if kind is collections.namedtuple and isinstance(context, type) \
+            and _name_ok(context.__name__):
+        return {"t": "namedtuple", "n": context.__name__,
+                "k": _str_keys(context._fields, "namedtuple"), "c": children}
+    if isinstance(kind, type) and issubclass(kind, dict) and _name_ok(kind.__name__) \
+            and isinstance(context, (list, tuple)) and len(context) == len(children):
+        return {"t": "record", "n": kind.__name__, "k": _str_keys(context, kind.__name__),
+                "c": children}
+    name = getattr(context, "__name__", None) if kind is collections.namedtuple \
+        else getattr(kind, "__name__", str(kind))
+    raise VkDelegateError(f"container type {name} in a method's inputs or outputs is not "
+                          f"supported (tuple, list, dict, namedtuple and dict-like "
+                          f"records such as HF ModelOutput are)")
 
 
 def validate(spec) -> None:
     """Raise VkDelegateError unless ``spec`` is a well-formed tree (read from a file)."""
-    if not isinstance(spec, dict) or spec.get("t") not in ("leaf", "none", "tuple",
-                                                            "list", "dict"):
-        raise VkDelegateError(f"malformed tree spec {str(spec)[:80]}")
-    if spec["t"] in ("tuple", "list", "dict"):
-        children = spec.get("c")
-        if not isinstance(children, list):
-            raise VkDelegateError("malformed tree spec: children must be a list")
-        if spec["t"] == "dict":
-            keys = spec.get("k")
-            if not isinstance(keys, list) or len(keys) != len(children) or not all(
-                    isinstance(k, str) for k in keys):
-                raise VkDelegateError("malformed tree spec: bad dict keys")
-        for child in children:
-            validate(child)
+    if not isinstance(spec, dict) or spec.get("t") not in _KINDS:
+        raise VkDelegateError(f"malformed tree spec {printable(str(spec)[:80])}")
+    kind = spec["t"]
+    if kind in ("leaf", "none"):
+        return
+    children = spec.get("c")
+    if not isinstance(children, list):
+        raise VkDelegateError("malformed tree spec: children must be a list")
+    if kind in _KEYED:
+        keys = spec.get("k")
+        if not isinstance(keys, list) or len(keys) != len(children) or not all(
+                isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+            raise VkDelegateError(f"malformed tree spec: bad {kind} keys")
+    if kind in ("record", "namedtuple"):
+        name = spec.get("n")
+        if not _name_ok(name):
+            raise VkDelegateError(f"malformed tree spec: {kind} name "
+                                  f"{printable(str(name)[:80])} is not a Python identifier")
+        if kind == "namedtuple":
+            try:
+                _namedtuple(name, tuple(keys))
+            except (ValueError, TypeError) as exc:
+                raise VkDelegateError(f"malformed tree spec: namedtuple {name} fields: "
+                                      f"{printable(str(exc)[:120])}") from None
+    for child in children:
+        validate(child)
 
 
 def num_leaves(spec: dict) -> int:
@@ -66,12 +152,12 @@ def flatten(value, spec: dict, where: str = "input") -> list:
         if value is not None:
             raise VkDelegateError(f"{where}: expected None, got {type(value).__name__}")
         return []
-    if kind == "dict":
+    if kind in ("dict", "record"):
         if not isinstance(value, dict) or set(value) != set(spec["k"]):
             got = sorted(value) if isinstance(value, dict) else type(value).__name__
             raise VkDelegateError(f"{where}: expected a dict with keys {spec['k']}, "
                                   f"got {got}")
-        items = [(f"{where}[{k!r}]", value[k]) for k in spec["k"]]
+        items = [(f"{where}[{k!r}]", dict.__getitem__(value, k)) for k in spec["k"]]
     else:
         if not isinstance(value, (tuple, list)) or len(value) != len(spec["c"]):
             got = (f"{len(value)} items" if isinstance(value, (tuple, list))
@@ -97,6 +183,10 @@ def unflatten(leaves: list, spec: dict):
         children = [build(c) for c in s["c"]]
         if kind == "dict":
             return dict(zip(s["k"], children))
+        if kind == "record":
+            return Record(s["n"], zip(s["k"], children))
+        if kind == "namedtuple":
+            return _namedtuple(s["n"], tuple(s["k"]))(*children)
         return _SEQUENCES[kind](children)
 
     return build(spec)

@@ -80,16 +80,38 @@ def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
 
 
 def _leaf_paths(spec: dict, prefix: str = "") -> list[str]:
+    """The output leaves' paths ("0", "logits", "1.past.0"), dict / record keys as
+    file-name-safe text (``_file_part``): each names an output_PATH.npy."""
     kind = spec["t"]
     if kind == "leaf":
         return [prefix or "0"]
     if kind == "none":
         return []
-    keys = spec["k"] if kind == "dict" else [str(i) for i in range(len(spec["c"]))]
+    keys = [_file_part(k) for k in spec["k"]] if "k" in spec \
+        else [str(i) for i in range(len(spec["c"]))]
     paths = []
     for key, child in zip(keys, spec["c"]):
         paths.extend(_leaf_paths(child, f"{prefix}.{key}" if prefix else str(key)))
     return paths
+
+
+def _file_part(key: str) -> str:
+    """An output key as part of a file name: letters, digits, '_' and '-' kept, any
+    other character (a '/' or '.' of a key read from the program file included) '_',
+    at most 64 characters, so output files stay inside --output-dir."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_"
+                   for c in key[:64]) or "_"
+
+
+def _unique(paths: list[str]) -> list[str]:
+    """``paths`` with a "~N" suffix on every repeat (keys that map to the same text)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in paths:
+        n = seen.get(p, 0)
+        seen[p] = n + 1
+        out.append(p if n == 0 else f"{p}~{n}")
+    return out
 
 
 def _value_shapes(graph, loaded, vid: int) -> "tuple[list[str], bool]":
@@ -187,7 +209,7 @@ def run(args) -> int:
         raise VkDelegateError(f"--trace {args.trace}: folder "
                               f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
     outputs = runner.call_flat(flat)
-    for path, value in zip(_leaf_paths(runner.plan["out_spec"]), outputs):
+    for path, value in zip(_unique(_leaf_paths(runner.plan["out_spec"])), outputs):
         array = to_numpy(value)
         target = os.path.join(args.output_dir, f"output_{path}.npy")
         try:
