@@ -57,6 +57,9 @@ def test_hf_model_output_record(tmp_path):
                                    atol=1e-5)
         torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
         assert len(got[:2]) == 2
+        # A pytree node of torch's: tree_leaves reaches the tensors.
+        from torch.utils import _pytree
+        assert len(_pytree.tree_leaves(got)) == len(want.keys())
         with pytest.raises(AttributeError, match="has no field 'logits'"):
             got.logits
 

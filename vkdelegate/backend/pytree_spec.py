@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import functools
 import keyword
+import sys
 
 from vkdelegate.errors import VkDelegateError, printable
 
@@ -61,6 +62,25 @@ class Record(dict):
 
     def __repr__(self) -> str:
         return f"{self.record_name}({', '.join(f'{k}={v!r}' for k, v in self.items())})"
+
+
+def _register_with_torch() -> None:
+    """Make Record a pytree node of torch's (``torch.utils._pytree.tree_leaves`` of an
+    output then reaches its tensors), once, where torch is already imported: this
+    module does not import torch itself."""
+    global _registered
+    if _registered or "torch" not in sys.modules:
+        return
+    _registered = True
+    from torch.utils import _pytree
+
+    _pytree.register_pytree_node(
+        Record, lambda r: (list(r.values()), (r.record_name, list(r))),
+        lambda values, context: Record(context[0], zip(context[1], values)),
+        serialized_type_name="vkdelegate.Record")
+
+
+_registered = False
 
 
 @functools.lru_cache(maxsize=64)
@@ -184,6 +204,7 @@ def unflatten(leaves: list, spec: dict):
         if kind == "dict":
             return dict(zip(s["k"], children))
         if kind == "record":
+            _register_with_torch()
             return Record(s["n"], zip(s["k"], children))
         if kind == "namedtuple":
             return _namedtuple(s["n"], tuple(s["k"]))(*children)
