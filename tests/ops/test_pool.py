@@ -192,3 +192,12 @@ def test_small_windows_unroll_large_ones_loop(monkeypatch, vk_device):
     assert 9 * 9 > STATIC_TAPS >= 3 * 3
     assert [s for s in seen if s[0] == "pool2d"] == [
         ("pool2d", True), ("pool2d", True), ("pool2d", False), ("pool2d", False)]
+
+
+@pytest.mark.parametrize("shape, size", [((2, 32, 49), 1), ((32, 10), 3), ((1, 8, 7), 7)])
+def test_adaptive_avg_pool1d(shape, size):
+    """adaptive_avg_pool1d (HF Swin's pooler) runs as the 2-D pool of a [.., 1, L]
+    view: torch's own decomposition is mean + as_strided, which nothing may run."""
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    check_op(lambda x: F.adaptive_avg_pool1d(x, size), (x,), ops=[AAVG])

@@ -17,7 +17,7 @@ UNFUSED = {"fuse_elementwise": False}
 
 
 def _data(dtype, shape=(3, 5, 7), low=-4.0, high=4.0):
-    if dtype in (torch.int32, torch.int8):
+    if dtype in (torch.int32, torch.int8, torch.int64):
         return torch.randint(-100, 100, shape, dtype=dtype)
     if dtype == torch.uint8:
         return torch.randint(0, 255, shape, dtype=dtype)
@@ -39,9 +39,11 @@ CASES = [
      [torch.float32], (-4, 4)),
     ("aten.hardswish.default", F.hardswish, [torch.float32, torch.float16], (-5, 5)),
     ("aten.clamp.default", lambda x: x.clamp(-1, 2), [torch.float32, torch.float16,
-                                                      torch.int32], (-4, 4)),
+                                                      torch.int32, torch.int64], (-4, 4)),
     ("aten.clamp.default", lambda x: x.clamp(min=0.5), [torch.float32], (-4, 4)),
-    ("aten.clamp.default", lambda x: x.clamp(max=-3), [torch.int32], (-4, 4)),
+    ("aten.clamp.default", lambda x: x.clamp(max=-3), [torch.int32, torch.int64], (-4, 4)),
+    # A bound beyond the int32 range (int64 is held in int32 on the device).
+    ("aten.clamp.default", lambda x: x.clamp(min=-2 ** 40, max=50), [torch.int64], (-4, 4)),
     ("aten.leaky_relu.default", F.leaky_relu, [torch.float32, torch.float16], (-4, 4)),
     ("aten.leaky_relu.default", lambda x: F.leaky_relu(x, 0.3), [torch.float32], (-4, 4)),
     ("aten.elu.default", F.elu, [torch.float32, torch.float16], (-4, 4)),
@@ -51,10 +53,11 @@ CASES = [
     ("aten.gelu.default", lambda x: F.gelu(x, approximate="tanh"),
      [torch.float32, torch.float16], (-6, 6)),
     ("aten.neg.default", torch.neg, [torch.float32, torch.float16, torch.int32,
-                                     torch.int8], (-4, 4)),
+                                     torch.int8, torch.int64], (-4, 4)),
     ("aten.abs.default", torch.abs, [torch.float32, torch.float16, torch.int32,
-                                     torch.int8], (-4, 4)),
-    ("aten.sign.default", torch.sign, [torch.float32, torch.float16, torch.int32], (-2, 2)),
+                                     torch.int8, torch.int64], (-4, 4)),
+    ("aten.sign.default", torch.sign, [torch.float32, torch.float16, torch.int32,
+                                       torch.int64], (-2, 2)),
     ("aten.sigmoid.default", torch.sigmoid, [torch.float32, torch.float16], (-20, 20)),
     ("aten.tanh.default", torch.tanh, [torch.float32, torch.float16], (-20, 20)),
     ("aten.exp.default", torch.exp, [torch.float32, torch.float16], (-10, 10)),
@@ -75,7 +78,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.int8,
-                                   torch.uint8, torch.bool], ids=str)
+                                   torch.uint8, torch.bool, torch.int64], ids=str)
 def test_unary(dtype):
     """One program per dtype (export and lowering dominate a check's time): every case
     claiming ``dtype`` on its own input, outputs keyed so that a failure names the case."""

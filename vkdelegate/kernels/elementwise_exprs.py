@@ -19,6 +19,10 @@ from typing import Callable, Optional
 FLOATS = frozenset({"float32", "float16"})
 #: unary ops on numbers (binary ops: NUMERIC, WIDE below)
 UNARY_NUMERIC = FLOATS | {"int32", "int8"}
+#: int64 (held in int32 on the device, runtime/dtypes.py; exact while values stay in
+#: the int32 range, as the binary ops) for the sign ops of position math: T5's relative
+#: position buckets and ModernBERT's window take abs of a position difference.
+SIGNED_POSITIONS = FLOATS | {"int32", "int64"}
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
@@ -58,7 +62,7 @@ UNARY_OPS = {
         "KEEP_NAN(x, x == -INF_F ? NAN_F : x * min(max(x + 3.0, 0.0), 6.0) / 6.0)", FLOATS,
         notes="x * relu6(x + 3) / 6 as ATen (NaN at -inf); ET-VK keeps it whole"),
     "aten.clamp.default": Unary("KEEP_NAN(x, min_nan(max_nan(x, P0), P1))",
-                                FLOATS | {"int32"},
+                                SIGNED_POSITIONS,
                                 params=lambda s, f: _bounds(s[0], s[1], f),
                                 notes="either bound may be None"),
     "aten.leaky_relu.default": Unary("x > 0.0 ? x : x * P0", FLOATS,
@@ -69,10 +73,10 @@ UNARY_OPS = {
     "aten.gelu.default": Unary(
         {"none": "0.5 * x * (1.0 + erf_approx(x * 0.7071067811865476))",
          "tanh": _GELU_TANH}, FLOATS, notes="approximate='none' (erf) and 'tanh'"),
-    "aten.neg.default": Unary("-x", UNARY_NUMERIC),
-    "aten.abs.default": Unary("abs(x)", UNARY_NUMERIC),
+    "aten.neg.default": Unary("-x", UNARY_NUMERIC | SIGNED_POSITIONS),
+    "aten.abs.default": Unary("abs(x)", UNARY_NUMERIC | SIGNED_POSITIONS),
     "aten.sign.default": Unary("ACC_T(x > ACC_T(0)) - ACC_T(x < ACC_T(0))",
-                               FLOATS | {"int32"}),
+                               SIGNED_POSITIONS),
     "aten.sigmoid.default": Unary("1.0 / (1.0 + exp(-x))", FLOATS),
     "aten.tanh.default": Unary("KEEP_NAN(x, tanh(clamp(x, -15.0, 15.0)))", FLOATS),
     "aten.exp.default": Unary("exp(x)", FLOATS),
