@@ -19,7 +19,7 @@ def _common(**extra):
 
 def make_model(kind: str, seed: int = 0):
     """A HF *ForCausalLM of ``kind`` (llama, qwen2, qwen3, mistral, gemma, gemma2,
-    gemma3), eval."""
+    gemma3, opt), eval."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -40,6 +40,11 @@ def make_model(kind: str, seed: int = 0):
     elif kind == "gemma3":  # local (sliding 8) and global layers, q/k norms
         model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**_common(
             head_dim=16, sliding_window=8, query_pre_attn_scalar=16)))
+    elif kind == "opt":  # learned positions from .item() of the cache length (CPU glue)
+        model = tf.OPTForCausalLM(tf.OPTConfig(
+            vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=64,
+            bos_token_id=None, eos_token_id=None, pad_token_id=1))
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None

@@ -1,7 +1,8 @@
 """Greedy tokens of a lowered program equal HF ``generate`` (eager, same model, same
 prompt) for 64 new tokens, on tiny Llama, Qwen2, Qwen3 (q/k norms), Mistral (sliding
 window 16, shorter than the 72-token sequence), Gemma (sqrt(hidden) embedding scale),
-Gemma2 (sliding window, soft-capping) and Gemma3 (local and global layers) configs with
+Gemma2 (sliding window, soft-capping), Gemma3 (local and global layers) and OPT (whose
+decode step keeps a CPU assert, so generate takes the per-token loop) configs with
 seeded random weights, on Vulkan."""
 import pytest
 import torch
@@ -15,11 +16,13 @@ def _prompt(seed: int, n: int = 8) -> list:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2",
-                                  "gemma3"])
+                                  "gemma3", "opt"])
 def test_greedy_matches_hf_generate(lowered, kind):
     model, program = lowered(kind)
     prompt = _prompt(1)
     expected = hf_greedy(model, prompt, 64)
+    if kind == "opt":
+        assert program.runner("decode_next").repeat_blocker() is not None
     assert generate(program, prompt, 64) == expected
     # Again on the same program: the cache of the first run is overwritten, not
     # read (start_pos 0, causal mask), so the tokens do not change.

@@ -390,11 +390,10 @@ class MethodRunner:
         if isinstance(times, bool) or not isinstance(times, int) \
                 or not 1 <= times <= MAX_REPEAT:
             raise VkDelegateError(f"times must be an int in 1..{MAX_REPEAT}, got {times!r}")
-        ops = [n["op"] for n in self.plan["nodes"] if n["op"] != "getitem"]
-        if ops != ["delegate"] or self.plan.get("input_updates"):
-            raise VkDelegateError(f"method {self.name!r} cannot repeat on the device: it "
-                                  f"is not one delegate alone (nodes: {ops}"
-                                  f"{', input updates' if self.plan.get('input_updates') else ''})")
+        why = self.repeat_blocker()
+        if why is not None:
+            raise VkDelegateError(f"method {self.name!r} cannot repeat on the device: "
+                                  f"{why}")
         # States this method writes must stay on the device; one it only reads (another
         # method writes it) is the same input at every run.
         written = set(self.plan.get("state_updates", {}))
@@ -408,6 +407,16 @@ class MethodRunner:
             if times == 0:
                 return out
         return self._call(args, kwargs, times)
+
+    def repeat_blocker(self) -> "str | None":
+        """Why ``repeat`` cannot run this method (not one delegate alone: CPU glue ops
+        or input updates between runs), or None. States written on the host are found
+        at the first repeat only (they depend on how the states were bound)."""
+        ops = [n["op"] for n in self.plan["nodes"] if n["op"] != "getitem"]
+        if ops != ["delegate"] or self.plan.get("input_updates"):
+            return (f"it is not one delegate alone (nodes: {ops}"
+                    f"{', input updates' if self.plan.get('input_updates') else ''})")
+        return None
 
     def _signature(self) -> "tuple[list[str], list[str]] | None":
         """(positional input names, keyword-only names) from the plan's in_spec, or

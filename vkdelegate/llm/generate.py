@@ -33,9 +33,13 @@ _HISTORY = LOOP_PREFIX + "history"
 
 def _has_loop(program) -> bool:
     """Whether ``program`` has ``decode_next`` and its loop state (lower() since the
-    decode loop; a program file saved before it has neither)."""
+    decode loop; a program file saved before it has neither) and decode_next can
+    repeat on the device: one delegate alone (a model whose decode step keeps a CPU
+    op, such as OPT's runtime assert on a position read back with ``.item()``, takes
+    the per-token loop instead)."""
     names = getattr(getattr(program, "store", None), "names", ())
-    return "decode_next" in program.method_names and _HISTORY in names
+    return "decode_next" in program.method_names and _HISTORY in names \
+        and program.runner("decode_next").repeat_blocker() is None
 
 
 def _on_device(program) -> bool:
