@@ -19,7 +19,7 @@ def _common(**extra):
 
 def make_model(kind: str, seed: int = 0):
     """A HF *ForCausalLM of ``kind`` (llama, qwen2, qwen3, mistral, gemma, gemma2,
-    gemma3, opt), eval."""
+    gemma3, opt, gpt2, falcon), eval."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -45,6 +45,14 @@ def make_model(kind: str, seed: int = 0):
             vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
             num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=64,
             bos_token_id=None, eos_token_id=None, pad_token_id=1))
+    elif kind == "gpt2":  # transformers' Conv1D layers, learned positions
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+            bos_token_id=None, eos_token_id=None))
+    elif kind == "falcon":  # FalconLinear: an nn.Linear subclass computing x @ W.T
+        model = tf.FalconForCausalLM(tf.FalconConfig(
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            bos_token_id=None, eos_token_id=None))
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None

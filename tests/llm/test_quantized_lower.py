@@ -62,3 +62,60 @@ def test_unknown_scheme_is_a_clear_error():
     pytest.importorskip("transformers")
     with pytest.raises(VkDelegateError, match="quantization scheme 'int3'"):
         lower(make_model("llama"), 16, quantization="int3")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "falcon"])
+def test_linear_layers_of_other_classes_are_quantized(kind):
+    """GPT-2's transformers Conv1D and Falcon's FalconLinear compute linear maps under
+    other classes: torchao's quantize_ skipped the first (GPT-2 stayed fp32 but for
+    its lm_head) and failed on the second (its permute of the quantized weight).
+    quantize_for_vulkan makes them nn.Linear first; every decode linear is then a
+    fused int4 op and greedy tokens equal HF's on the same quantized model."""
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    pytest.importorskip("torchao")
+    from vkdelegate.llm import generate, lower
+
+    model = make_model(kind)
+    program = lower(model, 48, quantization="int4", group_size=32)
+    decode = program.methods["decode"].report
+    assert not decode.cpu_nodes, str(decode)
+    ops = [d.op for d in decode.decisions]
+    assert not [op for op in ops if op in ("aten.mm.default", "aten.addmm.default",
+                                           "aten.linear.default", "aten.matmul.default")]
+    # Falcon: q/k/v and the MLP input read the same norm: merged (merge_linears).
+    assert sum("q4gsw" in op for op in ops) >= 2 * 3 + 1, sorted(set(ops))
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(3)).tolist()
+    assert generate(program, prompt, 32) == hf_greedy(model, prompt, 32)
+    program.close()
+
+
+def test_plain_linears_replaces_only_equal_layers():
+    tf = pytest.importorskip("transformers")
+    from torch import nn
+
+    from vkdelegate.backend.quantize import plain_linears
+
+    class Doubled(nn.Linear):  # not a linear map of its weight: left alone
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1d = tf.pytorch_utils.Conv1D(6, 4)   # weight [4, 6]
+            self.doubled = Doubled(6, 6)
+            self.plain = nn.Linear(6, 4)
+
+        def forward(self, x):
+            return self.plain(self.doubled(self.conv1d(x)))
+
+    torch.manual_seed(0)
+    block = Block().eval()
+    x = torch.randn(2, 4)
+    want = block(x)
+    plain = block.plain
+    assert plain_linears(block) == 1
+    assert type(block.conv1d) is nn.Linear and block.conv1d.weight.shape == (6, 4)
+    assert type(block.doubled) is Doubled and block.plain is plain
+    torch.testing.assert_close(block(x), want)

@@ -35,6 +35,9 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
     embeddings: also quantize fp32 ``nn.Embedding`` tables int4 group-wise
     (``IntxWeightOnlyConfig(torch.int4, PerGroup(group_size))``, fused into
     ``et_vk.embedding_q4gsw``; schemes "int4" and "8da4w" only).
+    Layers that compute a linear map under another class are made ``nn.Linear``
+    first (``plain_linears``: transformers' ``Conv1D`` of GPT-2, ``nn.Linear``
+    subclasses with their own forward such as Falcon's), so they are quantized too.
     Raises VkDelegateError for an unknown scheme or group size, or when torchao is
     not installed.
     """
@@ -60,6 +63,7 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
     else:
         config = Int8DynamicActivationIntxWeightConfig(
             weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+    plain_linears(model)
     step = 1 if scheme == "int8" else group_size
 
     def accept(module, fqn):
@@ -74,3 +78,69 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
                   and m.weight.dtype == torch.float32 and m.embedding_dim % group_size == 0
                   and (filter_fn is None or filter_fn(m, fqn)))
     return model
+
+
+def plain_linears(model) -> int:
+    """Replace, in place, each layer of ``model`` that computes ``x @ W.T + b`` under a
+    class other than ``nn.Linear`` by an ``nn.Linear`` (the same weight and bias
+    Parameters where the layout allows, so tied weights stay tied); returns how many.
+
+    Two kinds, each checked on a probe input before it is replaced (a layer whose
+    output differs is left alone): an ``nn.Linear`` subclass with its own forward
+    (transformers' ``FalconLinear`` computes ``x @ weight.T`` itself, which torchao's
+    quantized weight does not support), and transformers' ``Conv1D`` (GPT-2, weight
+    [in, out]: the nn.Linear gets its transpose, a new Parameter). torchao's
+    ``quantize_`` quantizes ``nn.Linear`` layers only.
+    """
+    import torch
+    from torch import nn
+
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if not name:
+            continue
+        linear = _as_linear(module, torch, nn)
+        if linear is None:
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, linear)
+        replaced += 1
+    return replaced
+
+
+def _as_linear(module, torch, nn):
+    """The nn.Linear equal to ``module`` (see ``plain_linears``), or None."""
+    kind = type(module)
+    if kind is nn.Linear:
+        return None
+    if isinstance(module, nn.Linear):
+        weight, bias, transpose = module.weight, module.bias, False
+    elif kind.__name__ == "Conv1D" and kind.__module__.startswith("transformers") \
+            and isinstance(getattr(module, "weight", None), torch.Tensor) \
+            and module.weight.dim() == 2:
+        weight, bias, transpose = module.weight, getattr(module, "bias", None), True
+    else:
+        return None
+    if not weight.dtype.is_floating_point or weight.is_meta:
+        return None
+    out_features, in_features = weight.shape[::-1] if transpose else weight.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None,
+                       device="meta", dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight.detach().t().contiguous(),
+                                 requires_grad=weight.requires_grad) if transpose else weight
+    if bias is not None:
+        linear.bias = bias
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randn(3, in_features, generator=generator).to(weight.device, weight.dtype)
+    with torch.no_grad():
+        try:
+            want = module(probe)
+        except Exception:  # a layer that needs more than one tensor: not a linear
+            return None
+        got = linear(probe)
+    tol = 1e-2 if weight.dtype in (torch.float16, torch.bfloat16) else 1e-5
+    if not isinstance(want, torch.Tensor) or want.shape != got.shape \
+            or not torch.allclose(want, got, rtol=tol, atol=tol):
+        return None
+    return linear.train(module.training)
