@@ -26,11 +26,17 @@ def test_mismatch_names_position():
 
 
 def test_unsupported_container():
-    from collections import namedtuple
+    """A pytree node that is neither a sequence, a dict, a namedtuple nor a dict-like
+    record (torch.utils._pytree registers deque) is refused by name."""
+    from collections import deque, namedtuple
 
-    Point = namedtuple("Point", "x y")
-    with pytest.raises(VkDelegateError, match="container type namedtuple .* not supported"):
-        pytree_spec.from_treespec(pytree.tree_flatten(Point(1, 2))[1])
+    with pytest.raises(VkDelegateError, match="container type deque .* not supported"):
+        pytree_spec.from_treespec(pytree.tree_flatten(deque([1, 2]))[1])
+    Point = namedtuple("Point", "x y")  # supported since 2026-12-05
+    spec = pytree_spec.from_treespec(pytree.tree_flatten(Point(1, 2))[1])
+    assert spec == {"t": "namedtuple", "n": "Point", "k": ["x", "y"],
+                    "c": [{"t": "leaf"}, {"t": "leaf"}]}
+    assert pytree_spec.unflatten([3, 4], spec) == (3, 4)
 
 
 @pytest.mark.parametrize("bad", [{"t": "set"}, {"t": "tuple"}, {"t": "dict", "k": [1],

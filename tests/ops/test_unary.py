@@ -209,3 +209,25 @@ def test_hardshrink_under_its_executorch_name(vk_device, dtype, lambd):
     x = torch.cat([EDGES, _data(torch.float32, shape=(50,), low=-3, high=3),
                    torch.tensor([lambd, -lambd])]).to(dtype)
     run_et_node(vk_device, "aten.hardshrink.default", [x, lambd], F.hardshrink(x, lambd))
+
+
+def test_isinf_and_zero_dim_operands_of_another_dtype():
+    """isinf on fp32 and fp16 (infinities of both signs, NaN, the fp16 maximum); then
+    T5's fp16 overflow clamp: an fp16 tensor clamped to 0-d float32 bounds picked by
+    isinf(...).any() is float16 in ATen (the dimensioned operand wins), which the
+    zero_dim_operands pass gives an explicit cast so that the clamp runs on Vulkan."""
+    edges = torch.tensor([INF, -INF, NAN, 0.0, 65504.0, -65504.0, 1e38, 3.0])
+    check_op(lambda t: (torch.isinf(t), torch.isinf(t.half())), (edges,),
+             ops=["aten.isinf.default"], options=UNFUSED)
+
+    def t5_clamp(h):
+        top = torch.finfo(h.dtype).max
+        bound = torch.where(torch.isinf(h).any(), top - 1000, top)
+        return torch.clamp(h, min=-bound, max=bound) * 2
+
+    h = (torch.randn(2, 7, 16) * 1e4).half()
+    h[0, 1, 2] = INF
+    check_op(t5_clamp, (h,), ops=["aten.isinf.default", "aten.clamp.Tensor"],
+             options=UNFUSED)
+    check_op(t5_clamp, ((torch.randn(2, 7, 16) * 3).half(),),
+             ops=["aten.isinf.default", "aten.clamp.Tensor"], options=UNFUSED)

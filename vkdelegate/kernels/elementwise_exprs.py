@@ -104,6 +104,8 @@ UNARY_OPS = {
     "aten.ceil.default": Unary("ceil(x)", FLOATS),
     "aten.trunc.default": Unary("trunc(x)", FLOATS),
     "aten.isnan.default": Unary("isnan(x)", FLOATS, out_bool=True, notes="bool output"),
+    "aten.isinf.default": Unary("isinf(x)", FLOATS, out_bool=True,
+                                notes="bool output (T5's fp16 overflow clamp)"),
     "aten.bitwise_not.default": Unary({"int32": "~x", "bool": "x == 0"},
                                       frozenset({"int32", "bool"}), by_dtype=True,
                                       notes="~ on int32 and bool tensors"),

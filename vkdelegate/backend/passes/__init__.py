@@ -30,12 +30,16 @@ from vkdelegate.backend.passes.quantized_linear import fuse_quantized_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.rotary_tables import rotary_tables
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
+from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 
 # Order matters:
 # 0. bfloat16 -> float32 first: every other pass and the op families see float32 (its
 #    no-op _to_copy nodes to bf16 are then removed by 1.);
 # 1. no-op clones/copies go first, so that they do not hide the patterns below
 #    (a clone between a linear and its batch norm would block the fold);
+# 1'. 0-d operands of another dtype of the result's category -> an explicit cast
+#    (zero_dim_operands), after the no-op removal (its casts are not no-ops) and
+#    before fold_constants, which folds the casts of constants;
 # 1b. quantized linears and embeddings (torchao's dequantize chains) before addmm ->
 #    linear, which would otherwise see a permute of a dequantized weight as a plain
 #    linear's;
@@ -107,7 +111,7 @@ from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
-PASSES = (bfloat16_to_float32, remove_noop_copies, fuse_quantized_linear,
+PASSES = (bfloat16_to_float32, remove_noop_copies, zero_dim_operands, fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
           cse, fold_constants, cache_positions, pair_cache_updates, rotary_tables, fuse_linear_add,
