@@ -205,3 +205,44 @@ def test_conv_read_twice_is_not_fused():
 
     pg = from_exported_program(torch.export.export(M(), (torch.randn(1, 2, 3, 3),)))
     assert not fuse_conv_clamp(pg)
+
+
+class _ChannelsLastPool(torch.nn.Module):
+    """torchvision ConvNeXt's head: a global average of a channels-last activation
+    (adaptive_avg_pool2d(1) decomposes to mean + as_strided with the input's memory
+    format), then a flatten."""
+
+    def forward(self, x):
+        x = torch.nn.functional.conv2d(x, torch.ones(8, 3, 1, 1))
+        y = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # channels last
+        return torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+
+
+def test_as_strided_views():
+    from vkdelegate import VulkanPartitioner, to_backend
+    from vkdelegate.backend.passes.as_strided_views import as_strided_views
+
+    x = torch.randn(2, 3, 5, 6)
+    ep = torch.export.export(_ChannelsLastPool(), (x,))
+    pg = from_exported_program(ep)
+    assert torch.ops.aten.as_strided.default in _targets(pg)
+    assert as_strided_views(pg)
+    assert torch.ops.aten.as_strided.default not in _targets(pg)
+    program = to_backend(ep, VulkanPartitioner({"executor": "reference"}))
+    torch.testing.assert_close(program(x), _ChannelsLastPool()(x))
+
+
+class _RealStrides(torch.nn.Module):
+    def forward(self, x):
+        return x.as_strided((3, 2), (1, 3)) * 2  # a transpose through storage
+
+
+def test_as_strided_with_other_strides_is_kept_and_refused():
+    from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
+    from vkdelegate.backend.passes.as_strided_views import as_strided_views
+
+    ep = torch.export.export(_RealStrides(), (torch.randn(2, 3),))
+    pg = from_exported_program(ep)
+    assert not as_strided_views(pg)
+    with pytest.raises(VkDelegateError, match="as_strided"):
+        to_backend(ep, VulkanPartitioner({"executor": "reference"}))

@@ -5,6 +5,7 @@ it changed the graph. ``PASSES`` lists them once, in the order they must run.
 """
 from __future__ import annotations
 
+from vkdelegate.backend.passes.as_strided_views import as_strided_views
 from vkdelegate.backend.passes.bfloat16 import bfloat16_to_float32
 from vkdelegate.backend.passes.cache_positions import cache_positions
 from vkdelegate.backend.passes.cse import cse
@@ -37,7 +38,9 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 #    no-op _to_copy nodes to bf16 are then removed by 1.);
 # 1. no-op clones/copies go first, so that they do not hide the patterns below
 #    (a clone between a linear and its batch norm would block the fold);
-# 1'. 0-d operands of another dtype of the result's category -> an explicit cast
+# 1'. as_strided calls that are views of contiguous tensors -> view (as_strided_views):
+#    early, so that every pattern pass sees a plain view;
+# 1''. 0-d operands of another dtype of the result's category -> an explicit cast
 #    (zero_dim_operands), after the no-op removal (its casts are not no-ops) and
 #    before fold_constants, which folds the casts of constants;
 # 1b. quantized linears and embeddings (torchao's dequantize chains) before addmm ->
@@ -111,7 +114,8 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
-PASSES = (bfloat16_to_float32, remove_noop_copies, zero_dim_operands, fuse_quantized_linear,
+PASSES = (bfloat16_to_float32, remove_noop_copies, as_strided_views, zero_dim_operands,
+          fuse_quantized_linear,
           fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
           cse, fold_constants, cache_positions, pair_cache_updates, rotary_tables, fuse_linear_add,
