@@ -20,7 +20,7 @@ def _data(dtype, shape, low=-8, high=8):
         return torch.rand(shape) > 0.5
     if dtype == torch.uint8:
         return torch.randint(0, 255, shape, dtype=dtype)
-    if dtype in (torch.int32, torch.int8):
+    if dtype in (torch.int32, torch.int8, torch.int64):
         return torch.randint(low, high, shape, dtype=dtype)
     return (torch.rand(shape) * (high - low) + low).to(dtype)
 
@@ -205,8 +205,10 @@ def test_plan_refusals():
     assert plan(eq, "int32", 1, "bool") == ("int32", "int32")
 
 
-@pytest.mark.parametrize("dtype", [F32, F16, I32], ids=str)
+@pytest.mark.parametrize("dtype", [F32, F16, I32, torch.int64], ids=str)
 def test_remainder_fmod(dtype):
+    """int64 (in int32 on the device): torch.roll's decomposition (torchvision Swin's
+    shifted windows) takes (arange + shift) % n."""
     torch.manual_seed(0)
     x, y = _data(dtype, (5, 7), -20, 20), _nonzero(_data(dtype, (7,), -6, 6))
     check_op(lambda a, b: {"rem": torch.remainder(a, b), "mod": a % 3, "mod_neg": a % -3,
