@@ -4,7 +4,8 @@
 (``tests/program/modules.py``) covering the shapes of real programs: a conv net, an
 MLP, a reduce/softmax model, a dynamic-shape one, one with SymInt values (two
 symbolic view sizes, a symbolic arange), one with mutable state, one with CPU
-glue between delegates, a multi-method one, and one on the reference executor. It
+glue between delegates, a multi-method one, one returning a namedtuple and a dict-like
+record, and one on the reference executor. It
 writes::
 
     out/program/<name>.vkp     LoweredProgram.save files (seeds of "program")
@@ -41,6 +42,7 @@ PROGRAMS = [
     ("glue_sort", ["mixed_sort"], {}),
     ("multi_method", ["add_relu", "broadcast_add"], {}),
     ("fused_chain", ["elementwise_chain", "scalar_and_alpha"], {}),
+    ("named_outputs", ["named_outputs"], {}),
     ("reference_mlp", ["linear_bn"], {"executor": "reference"}),
 ]
 
@@ -58,6 +60,7 @@ _DICT_WORDS = [
     b'"options"', b'"executor"', b'"reference"', b'"vulkan"', b'"force_fp16"',
     b'"aten.from_file.default"', b'"aten.full.default"', b'"aten.empty.memory_format"',
     b'"bfloat16"', b'"float16"', b'"int64"', b'"bool"',
+    b'"record"', b'"namedtuple"', b'"n"', b'"k"', b'"t"',
     # fused elementwise chains (kernels/elementwise_chain.py's grammar)
     b"vkdelegate.fused_elementwise.default", b"aten.mul.Tensor(r0,r1)", b"(r0)", b",s0",
     b",'tanh'", b"aten.clamp.default(r0,s0,s1)", b";",

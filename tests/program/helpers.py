@@ -21,10 +21,25 @@ def export(case):
     return module, ep, (args, kwargs)
 
 
+def _plain(value):
+    """``value`` with namedtuples as (class name, fields dict) and dict subclasses (HF
+    ModelOutput, the loaded program's Record) as (class name, dict): a loaded program
+    rebuilds them as other classes of the same name and fields."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return (type(value).__name__, {k: _plain(v) for k, v in zip(value._fields, value)})
+    if isinstance(value, dict):
+        name = getattr(value, "record_name", type(value).__name__)
+        plain = {k: _plain(v) for k, v in dict.items(value)}
+        return plain if type(value) is dict else (name, plain)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 def assert_same(got, expected, tol: float) -> None:
     """Same nested structure, same dtypes, values within rtol = atol = tol."""
-    got_leaves, got_spec = pytree.tree_flatten(got)
-    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    got_leaves, got_spec = pytree.tree_flatten(_plain(got))
+    exp_leaves, exp_spec = pytree.tree_flatten(_plain(expected))
     assert got_spec == exp_spec, f"structure {got_spec} != {exp_spec}"
     for g, e in zip(got_leaves, exp_leaves):
         if isinstance(e, torch.Tensor):

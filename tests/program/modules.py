@@ -16,6 +16,19 @@ from torch.export import Dim
 nn = torch.nn
 
 
+Pair = __import__("collections").namedtuple("Pair", ["total", "relu"])
+
+
+class Record2(__import__("collections").OrderedDict):
+    """A dict subclass torch's pytree flattens to its keys, as HF's ModelOutput."""
+
+
+torch.utils._pytree.register_pytree_node(
+    Record2, lambda r: (list(r.values()), list(r.keys())),
+    lambda values, keys: Record2(zip(keys, values)),
+    serialized_type_name="tests.program.modules.Record2")
+
+
 class Fn(nn.Module):
     """A module whose forward is ``fn`` (no parameters)."""
 
@@ -123,6 +136,7 @@ CASES = [
     Case("rank6", lambda: Fn(lambda x: torch.relu(x) + x), lambda: A(r(2, 1, 3, 1, 2, 3))),
     Case("multiple_outputs", lambda: Fn(lambda x, y: (x + y, x - y, torch.relu(x))), lambda: A(r(4, 4), r(4, 4))),
     Case("nested_outputs", lambda: Fn(lambda x, y: {"a": x + y, "b": [torch.relu(x), (x - y, None)]}), lambda: A(r(3, 2), r(3, 2))),
+    Case("named_outputs", lambda: Fn(lambda x, y: {"pair": Pair(x + y, torch.relu(x)), "rest": Record2(diff=x - y)}), lambda: A(r(3, 2), r(3, 2))),
     Case("repeated_output", lambda: Fn(lambda x: (lambda y: (y, y))(x + 1)), lambda: A(r(6))),
     Case("output_is_input", lambda: Fn(lambda x, y: (x, x + y, y)), lambda: A(r(2, 5), r(2, 5))),
     Case("unused_input", lambda: Fn(lambda x, unused: torch.relu(x)), lambda: A(r(3), r(8))),

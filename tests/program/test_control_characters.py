@@ -99,3 +99,24 @@ def test_torch_error_of_a_glue_op_gives_one_line():
                                "RuntimeError: aten::add() Expected a value of type "
                                "'Tensor' for argument 'self' but instead found type 'list'.")
     assert "Declaration: aten::add.Tensor" in str(info.value.__cause__)
+
+
+def test_tensor_reference_fields_are_escaped():
+    """fuzz/findings/program-state-segment-control-char.vkp (program target, 2026-12-05:
+    a state's tensor reference whose segment is a string holding control characters,
+    echoed raw by the host budget's check)."""
+    message = _message(lambda: vkdelegate.load(
+        FINDINGS / "program-state-segment-control-char.vkp"))
+    assert "tensor reference segment must be an int, got " in message
+    from vkdelegate.backend.host_budget import tensor_ref_bytes
+
+    for ref in ({"segment": "a\x1cb", "dtype": "float32", "shape": [1]},
+                {"segment": 0, "dtype": "float32", "shape": ["\x1c\n"]}, "x\x1c\n"):
+        _message(lambda: tensor_ref_bytes(ref, "state 'b'"))
+
+
+def test_value_reference_errors_are_escaped():
+    from vkdelegate.backend.plan_check import check_arg
+
+    for arg in ("v\x1c\n", {"v": 1, "x": "\x1c"}):
+        _message(lambda: check_arg(arg, "plan.nodes[0].args[0]", refs_only=True))

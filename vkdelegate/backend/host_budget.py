@@ -30,17 +30,18 @@ def tensor_ref_bytes(ref, where: str) -> int:
     not a dict with an int ``segment``, a known ``dtype`` and a list of int sizes in
     0..2^63-1 as ``shape``."""
     if not isinstance(ref, dict) or not all(k in ref for k in ("segment", "dtype", "shape")):
-        raise VkDelegateError(f"{where}: malformed tensor reference {str(ref)[:80]}")
+        raise VkDelegateError(f"{where}: malformed tensor reference "
+                              f"{printable(str(ref)[:80])}")
     seg, dtype, shape = ref["segment"], ref["dtype"], ref["shape"]
     if not isinstance(seg, int) or isinstance(seg, bool):
         raise VkDelegateError(f"{where}: tensor reference segment must be an int, got "
-                              f"{str(seg)[:40]}")
+                              f"{printable(str(seg)[:40])}")
     if not isinstance(dtype, str) or dtype not in FILE_DTYPES:
         raise VkDelegateError(f"{where}: dtype {printable(str(dtype)[:40])} not allowed")
     if not isinstance(shape, list) or not all(
             isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= _MAX_DIM
             for s in shape):
-        raise VkDelegateError(f"{where}: shape {str(shape)[:80]} not allowed (sizes must "
+        raise VkDelegateError(f"{where}: shape {printable(str(shape)[:80])} not allowed (sizes must "
                               f"be ints in 0..2^63-1)")
     count = 1
     for s in shape:

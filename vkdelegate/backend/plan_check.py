@@ -51,9 +51,9 @@ def check_arg(arg, path: str, refs_only: bool = False) -> None:
         if not refs_only and len(arg) == 1 and next(iter(arg)) in _SPECIAL_KEYS \
                 and isinstance(next(iter(arg.values())), str):
             return
-        _fail(path, f"is not a value reference: {str(arg)[:60]}")
+        _fail(path, f"is not a value reference: {printable(str(arg)[:60])}")
     if refs_only:
-        _fail(path, f"must be a value reference {{'v': name}}, got {str(arg)[:60]}")
+        _fail(path, f"must be a value reference {{'v': name}}, got {printable(str(arg)[:60])}")
     if isinstance(arg, list):
         for i, a in enumerate(arg):
             check_arg(a, f"{path}[{i}]")
