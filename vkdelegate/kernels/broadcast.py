@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.kernels.affine_copy import contiguous_strides
 from vkdelegate.runtime.param_block import ParamBlock
 
 MAX_PLAN_DIMS = 8
@@ -58,14 +59,6 @@ class BroadcastPlan:
         return len(self.sizes)
 
 
-def _contiguous_strides(shape) -> list:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
-
-
 def broadcast_plan(out_shape, operand_shapes) -> BroadcastPlan:
     """The plan mapping an output of ``out_shape`` to contiguous operands of
     ``operand_shapes`` (each broadcasts to out_shape: right-aligned, every dim equal to
@@ -79,7 +72,7 @@ def broadcast_plan(out_shape, operand_shapes) -> BroadcastPlan:
             raise VkDelegateError(f"operand sizes {list(shape)} have more dims than the "
                                   f"output {list(out_shape)}")
         padded = (1,) * (n - len(shape)) + shape
-        strides = [0] * (n - len(shape)) + _contiguous_strides(shape)
+        strides = [0] * (n - len(shape)) + contiguous_strides(shape)
         row = []
         for size, out_size, stride in zip(padded, out_shape, strides):
             if size == out_size:

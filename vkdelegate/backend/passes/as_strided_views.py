@@ -16,15 +16,9 @@ import math
 
 import torch
 
+from vkdelegate.kernels.affine_copy import contiguous_strides
+
 aten = torch.ops.aten
-
-
-def _contiguous_strides(sizes) -> list:
-    strides, step = [], 1
-    for s in reversed(sizes):
-        strides.append(step)
-        step *= s
-    return strides[::-1]
 
 
 def _is_view(node: torch.fx.Node) -> bool:
@@ -41,7 +35,7 @@ def _is_view(node: torch.fx.Node) -> bool:
             or math.prod(sizes) != math.prod(val.shape):
         return False
     return all(s == 1 or st == want
-               for s, st, want in zip(sizes, strides, _contiguous_strides(sizes)))
+               for s, st, want in zip(sizes, strides, contiguous_strides(sizes)))
 
 
 def as_strided_views(pg) -> bool:
