@@ -77,7 +77,7 @@ def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
 
 @pytest.mark.parametrize("ids,message", [
     ("1,2 --eos-token-id 999",
-     f"token id 999 at eos_token_id[0] >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
+     f"token id 999 (eos_token_id) >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
     ("1,2,300", f"token id 300 at prompt_ids[2] >= vocab size {VOCAB} (ids are 0..{VOCAB - 1})"),
     ("-4,2", f"token id -4 at prompt_ids[0] is negative (ids are 0..{VOCAB - 1})"),
 ])

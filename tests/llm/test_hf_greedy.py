@@ -66,3 +66,18 @@ def test_from_pretrained_local_folder(tmp_path):
     assert generate(program, prompt, 16) == hf_greedy(model, prompt, 16)
     with pytest.raises(VkDelegateError, match="no config.json"):
         from_pretrained(str(tmp_path), MAX_SEQ_LEN)
+
+
+def test_generate_builds_before_its_clock_starts(lowered, monkeypatch):
+    """timings measure the calls alone: generate builds every delegate first (the
+    CLI's printed rates counted shader compilation as prefill: a new user's trial)."""
+    _, program = lowered("llama")
+    order = []
+    build, embed = program.build, program.embed_text
+    monkeypatch.setattr(program, "build", lambda *a, **k: order.append("build") or
+                        build(*a, **k))
+    monkeypatch.setattr(program, "embed_text", lambda *a, **k: order.append("embed") or
+                        embed(*a, **k))
+    timings = {}
+    generate(program, _prompt(1), 4, timings=timings)
+    assert order[:2] == ["build", "embed"] and timings["decode_tokens"] == 3

@@ -200,6 +200,8 @@ def run(args) -> int:
     runner = program.runner(method)
     flat = _flat_inputs(runner.plan, _parse_inputs(args.input or []))
     # Paths are checked before the program runs: a bad one fails fast, not after.
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise VkDelegateError(f"--output-dir {args.output_dir}: is a file, not a folder")
     try:
         os.makedirs(args.output_dir, exist_ok=True)
     except OSError as exc:

@@ -180,15 +180,19 @@ def _prompt_list(prompt_ids) -> list:
     return ids
 
 
-def _check_token_ids(program, ids: list, name: str = "prompt_ids") -> None:
-    """VkDelegateError naming the first id of ``ids`` (``name`` in the message)
-    outside the vocabulary (when the program records its size,
-    ``backend.llm_checks.vocab_size``; else negatives), before anything runs."""
+def _check_token_ids(program, ids: list, name: str = "prompt_ids",
+                     single: bool = False) -> None:
+    """VkDelegateError naming the first id of ``ids`` (``name`` in the message, with
+    its index unless ``single``: one id given as an int) outside the vocabulary (when
+    the program records its size, ``backend.llm_checks.vocab_size``; else negatives),
+    before anything runs."""
     from vkdelegate.backend import llm_checks
 
     plan = program.methods["embed_text"].plan if hasattr(program, "methods") else {}
     text = llm_checks.token_id_error(np.asarray(ids, dtype=np.int64),
                                      llm_checks.vocab_size(plan), name)
+    if text is not None and single:
+        text = text.replace(f" at {name}[0]", f" ({name})")
     if text is not None:
         raise VkDelegateError(text)
 
@@ -212,7 +216,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     decode_chunk: decode steps per submit (int >= 1); a chunk that makes an
     ``eos_token_id`` stops there, its later steps' tokens discarded (their cache
     positions are past the returned sequence).
-    timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens.
+    timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens
+    (seconds of the calls alone: the program's delegates are built first).
     Raises VkDelegateError for a program without the methods ``lower`` makes, an
     empty prompt, a negative max_new_tokens, sampling settings outside their ranges
     (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a prompt id or an
@@ -240,12 +245,17 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
         timings.update(prefill_s=0.0, decode_s=0.0, prompt_tokens=0, decode_tokens=0)
     if max_new_tokens == 0:
         return []
+    if hasattr(program, "build"):
+        # Every delegate built before the clock starts: the first call would
+        # otherwise count shader compilation and weight upload as prefill / decode.
+        program.build()
     if image is None:
         _check_length(len(ids), max_new_tokens, cache_length(program), "")
     eos = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id)))
     if eos:  # an id no step can make would never stop the loop: a mistake, said now
-        _check_token_ids(program, sorted(eos), "eos_token_id")
+        _check_token_ids(program, sorted(eos), "eos_token_id",
+                         single=isinstance(eos_token_id, int))
     start = time.perf_counter()
     embeds = program.embed_text(torch.tensor([ids], dtype=torch.int64))
     if image is not None:
