@@ -62,6 +62,12 @@ def test_hf_model_output_record(tmp_path):
         assert len(_pytree.tree_leaves(got)) == len(want.keys())
         with pytest.raises(AttributeError, match="has no field 'logits'"):
             got.logits
+        # Outputs a user keeps: pickled and copied as they are.
+        import copy
+        import pickle
+        for again in (pickle.loads(pickle.dumps(got)), copy.deepcopy(got)):
+            assert isinstance(again, Record) and again.record_name == got.record_name
+            torch.testing.assert_close(again.pooler_output, got.pooler_output)
 
 
 @pytest.mark.parametrize("executor", ["vulkan", "reference"])

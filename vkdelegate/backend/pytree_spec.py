@@ -45,11 +45,18 @@ class Record(dict):
         self.record_name = name
 
     def __getattr__(self, key):
+        # Only for names that are not attributes: record_name itself before it is set
+        # (pickle and copy make the object first) must not recurse.
+        if key.startswith("__") or key == "record_name":
+            raise AttributeError(key)
         try:
-            return self[key]
+            return dict.__getitem__(self, key)
         except KeyError:
-            raise AttributeError(f"{self.record_name} has no field {key!r} (its fields: "
-                                 f"{', '.join(self)})") from None
+            raise AttributeError(f"{getattr(self, 'record_name', 'Record')} has no field "
+                                 f"{key!r} (its fields: {', '.join(self)})") from None
+
+    def __reduce__(self):
+        return (Record, (self.record_name, list(self.items())))
 
     def __getitem__(self, key):
         if isinstance(key, (int, slice)):
