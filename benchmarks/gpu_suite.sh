@@ -15,7 +15,8 @@
 #   clocks  the gemv step's fp16 / int4 cases in both orders (one process each): is a
 #           GEMV's time the GPU's clock state? 150
 #   attn    the attention, block-map, pool, broadcast and quantized-norm / SwiGLU / texel
-#           tests, validation on (what landed on lavapipe only since the last lease), 240
+#           tests, the HF encoder / LLM family tests, unary / binary ops, validation on
+#           (what landed on lavapipe only since the last lease), 240
 #   coopbool  boolean masks on cooperative matrices with the block map: the coopmat and
 #           block-sparse tests with attention.COOP_BOOL_MASK switched on in this copy
 #           only (validation off), then benchmarks/sdpa.py's boolean cases, 240
@@ -75,7 +76,10 @@ for s in "$@"; do
             tests/ops/test_sdpa_decode.py tests/ops/test_pool.py \
             tests/ops/test_broadcast_paths.py tests/ops/test_quantized_rms_norm.py \
             tests/ops/test_quantized_swiglu.py tests/ops/test_quantized_texel.py \
-            tests/runtime/test_texel_inputs.py tests/llm/test_hf_greedy.py ;;
+            tests/runtime/test_texel_inputs.py tests/llm/test_hf_greedy.py \
+            tests/examples/test_hf_encoders.py tests/ops/test_unary.py \
+            tests/ops/test_binary.py tests/program/test_named_outputs.py \
+            tests/llm/test_quantized_lower.py ;;
     coopbool)
       sed -i 's/^COOP_BOOL_MASK = False/COOP_BOOL_MASK = True/' vkdelegate/kernels/attention.py
       grep -n '^COOP_BOOL_MASK' vkdelegate/kernels/attention.py
