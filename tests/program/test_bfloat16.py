@@ -151,3 +151,32 @@ def test_bf16_causal_attention(executor):
     torch.testing.assert_close(program(q, k, v), _fp32_reference(module, (q, k, v)),
                                **RTOL_ULP)
     torch.testing.assert_close(program(q, k, v), module(q, k, v), **BF16_CHAIN)
+
+
+class MaskToDtype(nn.Module):
+    """A ``.to(dtype)`` of a value that already has it (HF decoders' ``x.to(dtype)`` of
+    their bf16 activations): export leaves ``_assert_tensor_metadata(dtype=
+    torch.bfloat16)``, which stayed bf16 while the value became float32 and failed at
+    the call (a bf16 Qwen3 through vkdelegate.llm, 2026-12-05)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x, mask):
+        y = (x * self.w).to(torch.bfloat16)
+        return y + (1.0 - mask.to(self.w.dtype)) * -100.0
+
+
+def test_bf16_to_dtype_assert(executor):
+    torch.manual_seed(0)
+    module = MaskToDtype().to(BF16).eval()
+    x = torch.randn(3, 8).to(BF16)
+    mask = (torch.rand(3, 8) > 0.5).to(torch.int64)
+    ep = torch.export.export(module, (x, mask))
+    assert any(n.target == torch.ops.aten._assert_tensor_metadata.default
+               for n in ep.graph.nodes)
+    program = _lower(module, (x, mask), executor)
+    torch.testing.assert_close(program(x, mask), _fp32_reference(module, (x, mask)),
+                               **RTOL_ULP)
+    torch.testing.assert_close(program(x, mask), module(x, mask), **BF16_CHAIN)

@@ -8,7 +8,8 @@ intermediates, none of which an op family accepts. This pass rewrites the graph 
   to float32 at lowering, exactly (every bf16 value is a float32 value), and stored so;
 - every node that computes a bf16 value computes it in float32 (its FakeTensor
   metadata and any ``dtype=torch.bfloat16`` argument become float32; a ``_to_copy`` to
-  bf16 of a float32 value becomes a no-op the next pass removes);
+  bf16 of a float32 value becomes a no-op the next pass removes, as does the
+  ``_assert_tensor_metadata(dtype=torch.bfloat16)`` export leaves of a ``.to()``);
 - bf16 user inputs and mutable state buffers are cast to float32 by ``_to_copy`` nodes
   at the boundary (CPU glue, ``BOUNDARY_REASON``), and every bf16 output (user outputs,
   state and input updates) is cast back to bf16 before it leaves, so callers see
@@ -73,6 +74,12 @@ def bfloat16_to_float32(pg) -> bool:
     original = {}  # node -> its bf16 val, for the casts back at the outputs
     for node in list(graph.nodes):
         val = node.meta.get("val")
+        if node.target == aten._assert_tensor_metadata.default:
+            # What export leaves of a .to(torch.bfloat16) (HF's mask.to(self.dtype)):
+            # the value it checks is float32 now, so is the dtype it asserts.
+            node.args = pytree.tree_map(_swap_dtype, node.args)
+            node.kwargs = pytree.tree_map(_swap_dtype, node.kwargs)
+            continue
         if node.op == "output" or not _is_bf16(val):
             continue
         original[node] = val
