@@ -81,3 +81,31 @@ def test_generate_builds_before_its_clock_starts(lowered, monkeypatch):
     timings = {}
     generate(program, _prompt(1), 4, timings=timings)
     assert order[:2] == ["build", "embed"] and timings["decode_tokens"] == 3
+
+
+def test_bfloat16_checkpoint_keeps_its_cache_on_the_device():
+    """A bf16 model (most checkpoints' dtype; from_pretrained loads it so): lowered as
+    bf16 its KV cache was bf16 state cast to and from float32 by CPU glue around every
+    call (8 CPU nodes in a 2-layer decode, the cache across the host each step, no
+    decode loop on the device). lower converts it to float32 in place first."""
+    from tests.llm.conftest import MAX_SEQ_LEN
+    from tests.llm.models import make_model
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate.llm import lower
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    model = make_model("qwen2", seed=5).to(torch.bfloat16)
+    bf16_weights = [p.detach().clone() for p in model.parameters()]
+    program = lower(model, MAX_SEQ_LEN)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(p.detach(), w.float())  # exact: bf16 values are fp32 values
+               for p, w in zip(model.parameters(), bf16_weights))
+    for method in ("prefill", "decode", "decode_next"):
+        report = program.methods[method].report
+        assert not report.cpu_nodes, str(report)
+    assert program.runner("decode_next").repeat_blocker() is None
+    assert all(v.dtype == torch.float32 for k, v in program.state_dict().items()
+               if "kv_cache" in k)
+    prompt = _prompt(6)
+    assert generate(program, prompt, 24) == hf_greedy(model, prompt, 24)

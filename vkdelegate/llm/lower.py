@@ -111,6 +111,10 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         program matches; each quantized linear lowers to one fused ExecuTorch op
         (docs/LOWERING.md, "Quantized models"). group_size: input features per scale
         for int4 / 8da4w (32, 64, 128 or 256).
+    A bfloat16 model (and vision tower) is converted to float32 IN PLACE first
+    (exactly: every bf16 value is a float32 value; the device computes bf16 in
+    float32 anyway), so that its KV cache is float32 state kept on the GPU; afterwards
+    the eager model is that float32 model.
     The program's methods check the values of their inputs on the host before they
     run (``vkdelegate.backend.llm_checks``: start_pos and T + start_pos within the
     cache, token ids within the vocabulary, whose size is recorded in the plans,
@@ -121,6 +125,18 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     from vkdelegate.backend.partitioner import VulkanPartitioner
     from vkdelegate.backend.to_backend import to_backend
 
+    # A bfloat16 model (most checkpoints' dtype) is exported in float32, which is how
+    # the device computes bf16 anyway (passes/bfloat16.py): its KV cache is then
+    # float32 state on the GPU. Lowered as bf16, the cache was bf16 state cast to and
+    # from float32 by CPU glue around every call, so it crossed the host every step
+    # and decode_next could not loop on the device.
+    parts = [model] + (list(vision) if isinstance(vision, (tuple, list)) else [vision])
+    bf16 = [m for m in parts if isinstance(m, torch.nn.Module)
+            and any(p.dtype == torch.bfloat16 for p in m.parameters())]
+    # In place, as quantization is: the exported program shares the module's
+    # parameters until to_backend has packed them, so they cannot go back to bf16.
+    for m in bf16:
+        m.float()
     if quantization is not None:
         from vkdelegate.backend.quantize import quantize_for_vulkan
 
