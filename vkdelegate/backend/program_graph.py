@@ -126,14 +126,6 @@ def _keep_calls(op, decompose, keys):
     return decomposition
 
 
-def _adaptive_avg_pool1d(x, output_size):
-    """adaptive_avg_pool1d ([C, L] or [N, C, L]) as the 2-D pool of a [.., 1, L] view
-    (HF Swin's pooler): the same windows, so the same sums, in one delegated node."""
-    out = torch.ops.aten._adaptive_avg_pool2d.default(x.unsqueeze(-2),
-                                                      [1, int(output_size[0])])
-    return out.squeeze(-2)
-
-
 def from_exported_program(ep, preserve=(), preserve_calls=None,
                           shared_state=frozenset()) -> ProgramGraph:
     """Decompose ``ep`` to core ATen and read its graph signature.
@@ -151,8 +143,6 @@ def from_exported_program(ep, preserve=(), preserve_calls=None,
     """
     table = torch.export.default_decompositions()
     table.update(quant_decompositions.table())  # PT2E's quantize/dequantize -> ATen
-    # torch's own becomes mean + as_strided (never delegated, nor allowed on the CPU).
-    table[torch.ops.aten.adaptive_avg_pool1d.default] = _adaptive_avg_pool1d
     for op in preserve:
         table.pop(op, None)
     for op, keys in (preserve_calls or {}).items():
