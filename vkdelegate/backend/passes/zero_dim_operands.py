@@ -15,6 +15,7 @@ import torch
 
 from vkdelegate.backend.node_specs import dtype_name
 from vkdelegate.kernels.elementwise import category
+from vkdelegate.serialization.builder import op_name
 
 aten = torch.ops.aten
 
@@ -23,11 +24,6 @@ aten = torch.ops.aten
 #: CPU add / sub / mul / div of a reduced float type keep a 0-d operand in float
 #: (``original_scalar_value<opmath_t>``), which a cast to float16 would round.
 _OPERANDS = {"aten.where.self": (1, 2), "aten.clamp.Tensor": (0, 1, 2)}
-
-
-def _op_name(target) -> str:
-    return f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}" \
-        if hasattr(target, "_schema") else ""
 
 
 def _val(arg):
@@ -41,7 +37,7 @@ def zero_dim_operands(pg) -> bool:
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        positions = _OPERANDS.get(_op_name(node.target))
+        positions = _OPERANDS.get(op_name(node.target))
         out = node.meta.get("val")
         if positions is None or not isinstance(out, torch.Tensor):
             continue
