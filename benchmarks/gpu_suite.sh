@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_suite.sh STEP [STEP ...]
 # Steps (seconds: the limit):
 #   tests   the whole suite, validation on (pytest -n 8), 420 (fresh machine: shaders compile)
-#   coop    the cooperative-matrix tests, validation off (they need it off), 120
+#   coop    the cooperative-matrix tests and the attention tests whose boolean masks
+#           run on cooperative matrices, validation off (they need it off), 180
 #   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 330
 #   effnet  benchmarks/efficientnet.py batch 1 and 8, 120
 #   gemm    benchmarks/gemm.py, 120
@@ -17,9 +18,7 @@
 #   attn    the attention, block-map, pool, broadcast and quantized-norm / SwiGLU / texel
 #           tests, the HF encoder / LLM family tests, unary / binary ops, validation on
 #           (what landed on lavapipe only since the last lease), 330
-#   coopbool  boolean masks on cooperative matrices with the block map: the coopmat and
-#           block-sparse tests with attention.COOP_BOOL_MASK switched on in this copy
-#           only (validation off), then benchmarks/sdpa.py's boolean cases, 240
+#   boolwin  benchmarks/sdpa.py's boolean-mask prefill cases (issue 14's window), 90
 #   decode  llm_decode.py fp16 with and without the fused rotary + cache write, int4,
 #           int8, with --profile 14, 330
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
@@ -31,6 +30,7 @@ out=${OUT:-gpu_suite_out}
 mkdir -p "$out"
 smi=
 if command -v nvidia-smi > /dev/null; then
+  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
     --format=csv -lms 100 > "$out/clocks.csv" 2>&1 &
   smi=$!
@@ -55,8 +55,10 @@ step() {  # name limit command...
 for s in "$@"; do
   case $s in
     tests) step tests 420 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests/ ;;
-    coop) step coop 120 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 8 -p no:cacheprovider \
-            tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py ;;
+    coop) step coop 180 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 12 -p no:cacheprovider \
+            tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py \
+            tests/ops/test_sdpa_tile_map.py tests/ops/test_sdpa_block_sparse.py \
+            tests/ops/test_sdpa.py ;;
     llm) step llm 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
            --quantization none int8 int4 --json "$out/llm_decode.json" ;;
     effnet) step effnet 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py ;;
@@ -80,15 +82,8 @@ for s in "$@"; do
             tests/examples/test_hf_encoders.py tests/ops/test_unary.py \
             tests/ops/test_binary.py tests/program/test_named_outputs.py \
             tests/llm/test_quantized_lower.py ;;
-    coopbool)
-      sed -i 's/^COOP_BOOL_MASK = False/COOP_BOOL_MASK = True/' vkdelegate/kernels/attention.py
-      grep -n '^COOP_BOOL_MASK' vkdelegate/kernels/attention.py
-      step coopbool 150 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 12 -p no:cacheprovider \
-        tests/ops/test_sdpa_coopmat.py tests/ops/test_sdpa_tile_map.py \
-        tests/ops/test_sdpa_block_sparse.py tests/ops/test_sdpa.py
-      step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
-        --dtype float16 --filter bool --runs 5
-      sed -i 's/^COOP_BOOL_MASK = True/COOP_BOOL_MASK = False/' vkdelegate/kernels/attention.py ;;
+    boolwin) step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
+               --dtype float16 --filter bool --runs 5 ;;
     decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
               --quantization none none+fuse_linear_rotary_cache=false int4 int8 --runs 3 \
               --hold-s 1 --profile 14 --json "$out/llm_decode.json" ;;

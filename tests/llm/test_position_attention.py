@@ -76,3 +76,25 @@ def test_attention_outside_the_decoder_is_refused():
     q = torch.zeros(1, 2, 1, 8)
     with pytest.raises(VkDelegateError, match="only inside HFDecoder.logits"):
         dec._attention(torch.nn.Module(), q, q, q, None)
+
+
+def test_model_not_dispatching_attention_keeps_its_own():
+    """A model whose attention modules choose their own eager / sdpa code instead of
+    looking it up in ALL_ATTENTION_FUNCTIONS (Falcon before transformers' refactor)
+    would run its eager path without a mask under ATTENTION: it keeps its own."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from vkdelegate.llm.decoder import uses_position_attention
+
+    model = make_model("llama")
+    assert uses_position_attention(model)
+    attention = type(model.model.layers[0].self_attn)
+
+    class OwnAttention(attention):
+        def forward(self, *args, **kwargs):  # no ALL_ATTENTION_FUNCTIONS lookup
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = OwnAttention
+    assert not uses_position_attention(model)

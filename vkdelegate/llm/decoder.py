@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 import contextlib
+import inspect
 import threading
 
 from vkdelegate.errors import VkDelegateError
@@ -115,7 +116,8 @@ def uses_position_attention(model: nn.Module) -> bool:
     sliding window as a keyword, the masks are plain causal / sliding-window ones, and
     no layer relies on a mask flash attention would drop, e.g. Gemma 3's image tokens),
     no attention logit soft-capping, no bidirectional or chunked attention, every
-    attention module causal, and a transformers with the attention interface."""
+    attention module causal and looking its attention up in transformers' attention
+    interface (``_dispatches_attention``), and a transformers with that interface."""
     config = model.config.get_text_config()
     supports_flash = any(getattr(type(model), n, False)
                          for n in ("_supports_flash_attn", "_supports_flash_attn_2"))
@@ -128,10 +130,24 @@ def uses_position_attention(model: nn.Module) -> bool:
             return False
     if getattr(config, "use_bidirectional_attention", False):
         return False
-    if any(getattr(m, "is_causal", True) is not True for m in model.modules()
-           if hasattr(m, "layer_idx") and hasattr(m, "is_causal")):
+    attention = [m for m in model.modules()
+                 if hasattr(m, "layer_idx") and hasattr(m, "is_causal")]
+    if any(getattr(m, "is_causal", True) is not True for m in attention):
+        return False
+    if not all(_dispatches_attention(type(m)) for m in attention):
         return False
     return _register_attention()
+
+
+def _dispatches_attention(cls: type) -> bool:
+    """Whether ``cls.forward`` (decorators unwrapped) looks its attention up in
+    transformers' ALL_ATTENTION_FUNCTIONS, so that ATTENTION runs in it. Not every
+    version's every model does: transformers 5.x before the refactor of Falcon's
+    attention picks between its own eager and sdpa code by ``_attn_implementation``,
+    and would run its eager path without a mask."""
+    forward = inspect.unwrap(cls.forward)
+    code = getattr(forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
 
 
 @contextlib.contextmanager
