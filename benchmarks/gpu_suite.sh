@@ -8,7 +8,7 @@
 #   coop    the cooperative-matrix tests and the attention tests whose boolean masks
 #           run on cooperative matrices, validation off (they need it off), 180
 #   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 330
-#   effnet  benchmarks/efficientnet.py batch 1 and 8, 120
+#   effnet  benchmarks/efficientnet.py batch 1 and 8 with a profiled call each, 120
 #   gemm    benchmarks/gemm.py, 120
 #   gemv    benchmarks/quant_gemv.py streamed, with the probe forms and pipeline statistics, 150
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
@@ -61,7 +61,8 @@ for s in "$@"; do
             tests/ops/test_sdpa.py ;;
     llm) step llm 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
            --quantization none int8 int4 --json "$out/llm_decode.json" ;;
-    effnet) step effnet 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py ;;
+    effnet) step effnet 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py --no-cpu \
+              --profile --profile-rows 12 ;;
     gemm) step gemm 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/gemm.py ;;
     gemv) step gemv 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
             --shapes 4096x4096,4096x14336 --stream-mb 256 --probe --pipeline-stats ;;
