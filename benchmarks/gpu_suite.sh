@@ -4,7 +4,8 @@
 # next. Run on the H200 from the project root after `source .gl/env.sh`:
 #   bash benchmarks/gpu_suite.sh STEP [STEP ...]
 # Steps (seconds: the limit):
-#   tests   the whole suite, validation on (pytest -n 8), 420 (fresh machine: shaders compile)
+#   tests   the whole suite, validation on (pytest -v -n 12: a run cut off at the limit
+#           still names every test that failed so far), 540 (fresh machine: shaders compile)
 #   coop    the cooperative-matrix tests and the attention tests whose boolean masks
 #           run on cooperative matrices, validation off (they need it off), 180
 #   llm     benchmarks/llm_decode.py: 1B-shaped decode fp16 / int8 / int4 with --profile, 330
@@ -54,7 +55,9 @@ step() {  # name limit command...
 }
 for s in "$@"; do
   case $s in
-    tests) step tests 420 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests/ ;;
+    tests) step tests 540 env VKDELEGATE_VALIDATION=1 python3 -m pytest -v --tb=line -n 12 \
+             -p no:cacheprovider tests/
+           grep -E "FAILED|ERROR" "$out/tests.log" | grep -v "^E " | head -40 ;;
     coop) step coop 180 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 12 -p no:cacheprovider \
             tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py \
             tests/ops/test_sdpa_tile_map.py tests/ops/test_sdpa_block_sparse.py \
