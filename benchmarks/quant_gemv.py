@@ -60,8 +60,11 @@ from vkdelegate.serialization import vkgraph as g
 FP16_SWEEP = ((4, 1), (4, 2), (4, 8), (2, 4), (2, 8), (8, 2), (8, 4))
 #: linear_qw_gemv.glsl forms of --sweep (int8 and int4 cases): (DIRECT, VWG invocations
 #: per workgroup, VROWS outputs per workgroup, VUNROLL blocks per row per iteration).
+#: At K = 2048 (the 1B decode) a row is 64 int4 blocks: with 128 invocations half of
+#: them idle, hence the 64- and 32-wide forms with more rows.
 QUANT_SWEEP = ((False, 128, 8, 1), (False, 64, 16, 1), (True, 128, 8, 1), (True, 128, 4, 1),
-               (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 8, 2))
+               (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 8, 2), (True, 64, 16, 1),
+               (True, 128, 16, 1), (True, 32, 16, 2))
 
 
 class Layers(OneNode):
