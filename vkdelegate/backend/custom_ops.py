@@ -393,6 +393,29 @@ SLIDING_WINDOW_SDPA = declare_custom_op(
     _sliding_window_sdpa)
 
 
+def _sdpa_seq_first(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                    enable_gqa=False):
+    import torch
+
+    return torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask,
+        0.0, is_causal, scale=scale, enable_gqa=enable_gqa).transpose(1, 2).contiguous()
+
+
+#: ATen's scaled_dot_product_attention (dropout 0) on the [B, L, H, E] layout: query
+#: [B, L, Hq, E], key/value [B, S, Hk, E|Ev], out [B, L, Hq, Ev]; attn_mask, is_causal,
+#: scale and enable_gqa as ATen's (the mask broadcasts to [B, Hq, L, S], ATen's own
+#: layout). Made by ``passes/sdpa_seq_first`` from an ATen SDPA whose query, key and
+#: value are transposes of [B, L, H, E] tensors and whose output is only transposed back
+#: (HF encoders' heads), so that none of the four transposes is copied. Vulkan:
+#: ``ops/families/sdpa.py`` (the attention kernels' SEQ_FIRST forms).
+SDPA_SEQ_FIRST = declare_custom_op(
+    "vkdelegate.sdpa_seq_first.default",
+    "sdpa_seq_first(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+    "bool is_causal=False, float? scale=None, bool enable_gqa=False) -> Tensor",
+    _sdpa_seq_first)
+
+
 def _prepack(x):
     return x.clone()
 

@@ -44,6 +44,11 @@ Keys (all optional):
   (GPUs), the rotary embedding of q and k and the K/V cache writes run in the GEMV's
   epilogue (gemv.glsl's ROTARY), one dispatch fewer per layer, the same bits;
   elsewhere the node records the two ops' dispatches. Off: the two nodes stay apart.
+- ``sdpa_seq_first`` (bool, default True): an ATen SDPA between head transposes of
+  [B, L, H, E] tensors (HF encoders' ``view(B, L, H, E).transpose(1, 2)`` and the
+  transpose back) becomes one ``vkdelegate.sdpa_seq_first`` node reading and writing
+  that layout (backend/passes/sdpa_seq_first.py): four copy dispatches fewer per
+  attention, the same bits. Off: the transposes are copied.
 - ``sdpa_cooperative_matrix`` (bool, default True): float16 prefill attention runs on
   cooperative matrices (sdpa_coopmat.glsl) where the device has them; False keeps the
   portable tiled kernel (sdpa_tiled.glsl), to compare the two.
@@ -94,6 +99,7 @@ class CompileOptions:
     fuse_linear_swiglu: bool = True
     rotary_tables: bool = True
     fuse_linear_rotary_cache: bool = True
+    sdpa_seq_first: bool = True
 
     def to_dict(self) -> dict:
         """The options as a JSON-ready dict (stored in the program file)."""
@@ -135,6 +141,7 @@ _SCHEMA = {
     "fuse_linear_swiglu": ((bool,), None, False),
     "rotary_tables": ((bool,), None, False),
     "fuse_linear_rotary_cache": ((bool,), None, False),
+    "sdpa_seq_first": ((bool,), None, False),
 }
 
 

@@ -67,10 +67,12 @@ class VulkanPartitioner:
         """Whether ``node`` may be folded into a fused node: only where it would run on
         Vulkan itself (``check_node``: the registry's rules, the allow/block lists),
         the ``fuse_elementwise`` option is on and the lists let the fused op run."""
-        fused = FUSED_ELEMENTWISE.name
-        return self.options.fuse_elementwise and fused not in self.blocklist \
-            and (self.allowlist is None or fused in self.allowlist) \
+        return self.options.fuse_elementwise and self._op_allowed(FUSED_ELEMENTWISE.name) \
             and not self.check_node(node)
+
+    def _op_allowed(self, name: str) -> bool:
+        """Whether the allow/block lists let op ``name`` run on Vulkan."""
+        return name not in self.blocklist and (self.allowlist is None or name in self.allowlist)
 
     def check_node(self, node: torch.fx.Node) -> list[str]:
         """Reasons ``node`` (a call_function node) cannot run on Vulkan; [] if it can.
@@ -191,6 +193,8 @@ class VulkanPartitioner:
         pg = from_exported_program(ep, self.ops_to_preserve(ep), self.calls_to_preserve(ep),
                                    shared_state)
         pg.fusable = self._fusable
+        pg.runs_on_vulkan = lambda node: not self.check_node(node)
+        pg.op_allowed = self._op_allowed
         pg.options = self.options
         run_passes(pg)
         pg.gm.graph.eliminate_dead_code()

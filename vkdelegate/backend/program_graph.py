@@ -46,6 +46,10 @@ class ProgramGraph:
         fused node never delegates an op the user kept on the CPU. None: any node.
     options: the partitioner's CompileOptions, for passes a compile option switches
         (passes/fuse_linear_swiglu); None: the defaults.
+    runs_on_vulkan: whether a node would run on Vulkan by itself (the registry's rules,
+        the allow/block lists), for passes that replace a node by another op
+        (passes/sdpa_seq_first); op_allowed: whether the allow/block lists let an op
+        (by name) run on Vulkan. The partitioner sets both; None: any node or op.
     """
 
     gm: torch.fx.GraphModule
@@ -62,6 +66,8 @@ class ProgramGraph:
     range_constraints: dict = field(default_factory=dict)
     fusable: Optional[Callable[[torch.fx.Node], bool]] = None
     options: object = None
+    runs_on_vulkan: Optional[Callable[[torch.fx.Node], bool]] = None
+    op_allowed: Optional[Callable[[str], bool]] = None
 
     def placeholder(self, name: str) -> torch.fx.Node:
         for node in self.gm.graph.find_nodes(op="placeholder"):

@@ -30,6 +30,7 @@ from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embeddi
 from vkdelegate.backend.passes.quantized_linear import fuse_quantized_linear
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.rotary_tables import rotary_tables
+from vkdelegate.backend.passes.sdpa_seq_first import sdpa_seq_first
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
 from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 
@@ -109,6 +110,9 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 #    transposes between the parts and the rotary node into views, and after
 #    fuse_rms_norm_linear (the norm in the product) and pair_cache_updates (the
 #    rotary cache writes);
+# 5d''. an ATen SDPA between head transposes -> sdpa_seq_first (no transpose copied),
+#    after permute_to_view, which leaves the transposes that move only size-1 dims
+#    (one query row) as views, where there is nothing to gain;
 # 6. symbolic view sizes -> -1: independent of the others (it frees views of a dynamic
 #    batch from their sym_size inputs, which then die).
 # 7. local SymInts last: every consumer of a symbolic size that is left gets its own
@@ -120,7 +124,7 @@ PASSES = (bfloat16_to_float32, remove_noop_copies, as_strided_views, zero_dim_op
           fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
           cse, fold_constants, cache_positions, pair_cache_updates, rotary_tables, fuse_linear_add,
           fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu, permute_to_view,
-          fuse_linear_rotary_cache, symbolic_view_sizes, local_symints)
+          fuse_linear_rotary_cache, sdpa_seq_first, symbolic_view_sizes, local_symints)
 
 
 def run_passes(pg) -> list[str]:

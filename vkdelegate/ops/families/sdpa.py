@@ -1,4 +1,5 @@
-"""Fused attention: aten.scaled_dot_product_attention.default and ET-VK's et_vk.sdpa.
+"""Fused attention: aten.scaled_dot_product_attention.default, ET-VK's et_vk.sdpa and
+vkdelegate.sdpa_seq_first.
 
 Schemas: ``scaled_dot_product_attention(query, key, value, attn_mask=None,
 dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)`` (ATen) and
@@ -18,25 +19,44 @@ an additive float mask of the query's dtype broadcasting to [..., Hq, L, S], cus
 fp16. dropout_p > 0 stays on the CPU (the partitioner then lets torch decompose the
 node). A fully masked row is 0 for ATen (its math decomposition and CPU flash kernel)
 and NaN for et_vk.sdpa (its reference softmax of all -inf).
+
+``vkdelegate.sdpa_seq_first(query, key, value, attn_mask=None, is_causal=False,
+scale=None, enable_gqa=False)`` (backend/custom_ops.py) is the ATen op on [B, L, H, E]
+tensors (4-D only; out [B, L, Hq, Ev]; the mask in ATen's [B, Hq, L, S] layout): the
+same kernels in their SEQ_FIRST forms, so that an encoder's four head transposes
+around its attention are not copied (passes/sdpa_seq_first.py).
 """
 from __future__ import annotations
 
 from vkdelegate.kernels import attention, attention_variants
 from vkdelegate.kernels.attention import MAX_HEAD_DIM, Attention
-from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, register
+from vkdelegate.ops.registry import FLOAT_DTYPES, NodeSpec, OpSpec, TensorSpec, register
 
 ATEN = "aten.scaled_dot_product_attention.default"
 ET_VK = "et_vk.sdpa.default"
+SEQ_FIRST = "vkdelegate.sdpa_seq_first.default"
 DTYPES = FLOAT_DTYPES
 MASK_DTYPES = frozenset({"bool"}) | FLOAT_DTYPES
 
 
 def _args(op: str, args) -> tuple:
-    """(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) of either schema."""
+    """(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) of each schema."""
     if op == ET_VK:
         q, k, v, mask, scale = args[:5]
         return q, k, v, mask, 0.0, False, scale, False
+    if op == SEQ_FIRST:
+        q, k, v, mask, is_causal, scale, enable_gqa = args[:7]
+        return q, k, v, mask, 0.0, is_causal, scale, enable_gqa
     return tuple(args[:8])
+
+
+def _heads_first(t):
+    """A 4-D [B, L, H, E] TensorSpec as the [B, H, L, E] tensor ATen's rules read."""
+    if not hasattr(t, "rank") or t.rank != 4:
+        return t
+    order = (0, 2, 1, 3)
+    dynamic = tuple(t.dynamic[i] for i in order) if t.dynamic else ()
+    return TensorSpec(t.dtype, tuple(t.shape[i] for i in order), dynamic)
 
 
 def _broadcast_reason(q, k, v, enable_gqa: bool, et_vk: bool):
@@ -74,6 +94,10 @@ def _rule(node: NodeSpec):
     q, k, v, mask, dropout_p, is_causal, _scale, enable_gqa = _args(node.op, node.args)
     if not all(hasattr(t, "rank") for t in (q, k, v)):
         return "query, key and value must be tensors"
+    if node.op == SEQ_FIRST:
+        if not q.rank == k.rank == v.rank == 4:
+            return f"query/key/value ranks {q.rank}/{k.rank}/{v.rank}: 4 expected"
+        q, k, v = (_heads_first(t) for t in (q, k, v))
     if not (q.rank == k.rank == v.rank and q.rank in (3, 4)):
         return f"query/key/value ranks {q.rank}/{k.rank}/{v.rank}: 3 or 4, all alike"
     if dropout_p:
@@ -104,12 +128,16 @@ def _shape(args) -> tuple:
 
 def _make_impl(op: str):
     et_vk = op == ET_VK
+    seq_first = op == SEQ_FIRST
 
     def impl(b, node):
         *arg_ids, out_id = node.args
         if et_vk:
             q_id, k_id, v_id, mask_id, scale_id = arg_ids[:5]
             drop_id = causal_id = None
+        elif seq_first:
+            q_id, k_id, v_id, mask_id, causal_id, scale_id = arg_ids[:6]
+            drop_id = None
         else:
             q_id, k_id, v_id, mask_id, drop_id, causal_id, scale_id = arg_ids[:7]
         q, k, v, out = (b.tensor(i) for i in (q_id, k_id, v_id, out_id))
@@ -120,10 +148,13 @@ def _make_impl(op: str):
         causal = bool(b.scalar(causal_id)) if causal_id is not None else False
         if len({q.dtype, k.dtype, v.dtype, out.dtype}) != 1:
             raise b.error(f"mixed dtypes {q.dtype}, {k.dtype}, {v.dtype}, {out.dtype}")
-        if not (q.ndim == k.ndim == v.ndim and q.ndim in (3, 4)):
-            raise b.error(f"query/key/value ranks {q.ndim}/{k.ndim}/{v.ndim}: 3 or 4")
+        ranks = (4,) if seq_first else (3, 4)
+        if not (q.ndim == k.ndim == v.ndim and q.ndim in ranks):
+            raise b.error(f"query/key/value ranks {q.ndim}/{k.ndim}/{v.ndim}: "
+                          f"{' or '.join(map(str, ranks))}")
         attention.dispatch(b, Attention(q, k, v, out, mask, scale=b.scalar(scale_id),
-                                        causal=causal, nan_rows=et_vk))
+                                        causal=causal, nan_rows=et_vk,
+                                        seq_first=seq_first))
     return impl
 
 
@@ -135,10 +166,16 @@ register(OpSpec(name=ET_VK, dtypes=DTYPES, impl=_make_impl(ET_VK), shape_fn=_sha
                 rules=(_rule,), max_rank=4, arg_dtypes={3: FLOAT_DTYPES},
                 notes="ExecuTorch's fused SDPA: additive mask, scale; NaN rows "
                       "where fully masked"))
+register(OpSpec(name=SEQ_FIRST, dtypes=DTYPES, impl=_make_impl(SEQ_FIRST), shape_fn=_shape,
+                rules=(_rule,), max_rank=4, arg_dtypes={3: MASK_DTYPES},
+                notes="ATen's SDPA on [B, L, H, E] tensors (the head transposes around "
+                      "an encoder's attention, not copied): as aten's"))
 
 
 #: (mask, causal, window, nan_rows, seq_first) of the forms these ops dispatch.
 _FORMS = [(None, False, False, False, False), (None, True, False, False, False),
           ("bool", False, False, False, False), ("float", False, False, False, False),
-          (None, False, False, True, False), ("float", False, False, True, False)]
+          (None, False, False, True, False), ("float", False, False, True, False),
+          (None, False, False, False, True), (None, True, False, False, True),
+          ("bool", False, False, False, True), ("float", False, False, False, True)]
 attention_variants.declare(_FORMS, DTYPES)
