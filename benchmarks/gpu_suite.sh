@@ -90,7 +90,8 @@ for s in "$@"; do
             tests/runtime/test_texel_inputs.py tests/llm/test_hf_greedy.py \
             tests/examples/test_hf_encoders.py tests/ops/test_unary.py \
             tests/ops/test_binary.py tests/program/test_named_outputs.py \
-            tests/llm/test_quantized_lower.py ;;
+            tests/llm/test_quantized_lower.py tests/ops/test_sdpa_seq_first.py \
+            tests/ops/test_encoder_blocks.py tests/llm/test_position_attention.py ;;
     boolwin) step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
                --dtype float16 --filter bool --runs 5 ;;
     decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
