@@ -82,6 +82,10 @@ class ProductShape:
     dtype: str
     device_dtype: str
 
+    @property
+    def max_numel(self) -> int:
+        return math.prod(self.max_shape)
+
 
 @dataclass(frozen=True)
 class RotaryCache:
