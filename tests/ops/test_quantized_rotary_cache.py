@@ -20,7 +20,8 @@ int8), fp32 and fp16:
   half is odd and a last workgroup partly past the units;
 - a position ATen rejects sets the node's error flag and writes nothing (the caches
   as program state keep their bits);
-- the CPU kernels are the two ops; crafted blobs refused at load.
+- what the pass must leave alone (q | v | k, v read elsewhere, the option off,
+  several rows); the CPU kernels are the two ops; crafted blobs refused at load.
 
 Tolerances against eager (torchao's dequantized weights): as
 tests/ops/test_quantized_rms_norm.py (fp32 1e-4, fp16 2e-2).
@@ -261,6 +262,26 @@ def test_bad_position_flags_and_writes_nothing(monkeypatch, scheme, form):
         torch.testing.assert_close(after[cache], getattr(module, cache), rtol=1e-4,
                                    atol=1e-4)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---- what the pass leaves alone ---------------------------------------------------
+@pytest.mark.parametrize("case", ["v_first", "keep_v", "off", "rows"])
+@pytest.mark.parametrize("scheme", ["int4_g32", "int8"])
+def test_not_fused(scheme, case):
+    """q | v | k parts (v_proj first), v read elsewhere, the compile option off, several
+    rows (prefill: no merged product): no fused op, eager's values."""
+    _skip()
+    torch.manual_seed(8)
+    module = _module(scheme, torch.float32, v_first=case == "v_first",
+                     keep_v=case == "keep_v", t=3 if case == "rows" else 1)
+    inputs = _inputs(module, torch.float32)
+    program = _lower(module, inputs, OFF if case == "off" else None)
+    assert not {Q4, Q8} & set(_ops(program)), _ops(program)
+    with torch.no_grad():
+        want = module(*inputs)
+    for got, w in zip(program(*inputs), want):
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-4)
+    program.close()
 
 
 # ---- the CPU kernels --------------------------------------------------------------------

@@ -60,6 +60,12 @@ sums the squares of the whole row), unless compile option ``rms_norm_prologue`` 
 off; every other form (linear_qw.glsl's GEMV and GEMM forms: more rows on GPUs,
 weights the vectorized GEMV cannot read) records the norm's own dispatch first
 (kernels/norm_dispatch.rms_prologue) and reads its output, as the unfused pair does.
+And vkdelegate.rms_norm_linear_q4gsw_rotary_cache and
+rms_norm_weight_int8pack_mm_rotary_cache (registered at the end; made by
+backend/passes/fuse_linear_rotary_cache.py): a decode layer's merged q/k/v product with
+its norm, the rotary embedding and the K/V cache writes, in linear_qw_gemv.glsl's
+ROTARY epilogue (rotary_cache.h, kernels/rotary_cache.py; one dispatch) where the
+vectorized GEMV takes the product, else the unfused pair's dispatches.
 """
 from __future__ import annotations
 
