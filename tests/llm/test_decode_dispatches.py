@@ -323,6 +323,21 @@ def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     assert "et_vk.rms_norm.default" not in ops, ops
 
 
+def _same_tokens_and_caches(program, unfused, prompt, expected, layers) -> None:
+    """Both programs, reset, generate ``expected`` (12 tokens after ``prompt``) and
+    leave their 2 * ``layers`` KV caches bit for bit equal; then closes them."""
+    for p in (program, unfused):
+        p.reset_state()
+        assert generate(p, prompt, 12) == expected
+    got, want = program.state_dict(), unfused.state_dict()
+    caches = [name for name in want if "kv_cache" in name]
+    assert len(caches) == 2 * layers and set(got) == set(want), sorted(want)
+    for name in caches:
+        assert torch.equal(got[name], want[name]), name
+    program.close()
+    unfused.close()
+
+
 @pytest.mark.parametrize("kind, dtype", [("llama", torch.float32), ("llama", torch.float16),
                                          ("qwen2", torch.float16)],
                          ids=["llama-fp32", "llama-fp16", "qwen2-fp16"])
@@ -351,16 +366,7 @@ def test_gemv_rotary_cache_epilogue(monkeypatch, kind, dtype):
     assert ops.count(RMS_NORM_LINEAR) == 1 and before.count(RMS_NORM_LINEAR) == layers + 1
     assert len(before) - len(ops) == layers, (before, ops)
     assert _decode_next_ops(program) == ops
-    for p in (program, unfused):
-        p.reset_state()
-        assert generate(p, prompt, 12) == expected
-    got, want = program.state_dict(), unfused.state_dict()
-    caches = [name for name in want if "kv_cache" in name]
-    assert len(caches) == 2 * layers and set(got) == set(want), sorted(want)
-    for name in caches:
-        assert torch.equal(got[name], want[name]), name
-    program.close()
-    unfused.close()
+    _same_tokens_and_caches(program, unfused, prompt, expected, layers)
 
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
@@ -394,13 +400,4 @@ def test_quantized_gemv_rotary_cache_epilogue(monkeypatch, scheme):
         + before.count("aten.view.default") - ops.count("aten.view.default")
     assert len(before) - len(ops) == layers + copies, (before, ops)
     assert _decode_next_ops(program) == ops
-    for p in (program, unfused):
-        p.reset_state()
-        assert generate(p, prompt, 12) == expected
-    got, want = program.state_dict(), unfused.state_dict()
-    caches = [name for name in want if "kv_cache" in name]
-    assert len(caches) == 2 * layers and set(got) == set(want), sorted(want)
-    for name in caches:
-        assert torch.equal(got[name], want[name]), name
-    program.close()
-    unfused.close()
+    _same_tokens_and_caches(program, unfused, prompt, expected, layers)
