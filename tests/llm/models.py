@@ -143,3 +143,23 @@ def quantized_norm_dispatches(prologue: bool = True) -> int:
     from vkdelegate.runtime import default_device
 
     return 1 if prologue and folds_rms_norm(default_device(), 1) else 2
+
+
+def quantized_rotary_cache_dispatches(prologue: bool = True, vector: "bool | None" = None) -> int:
+    """Dispatches of one int4 / int8 ``*_rotary_cache`` op (a quantized decode layer's
+    input norm, merged q/k/v product, rotary embedding and K/V cache writes:
+    ``vkdelegate.rms_norm_linear_q4gsw_rotary_cache``,
+    ``rms_norm_weight_int8pack_mm_rotary_cache``) on the default Vulkan device, or with
+    the vectorized GEMV forced (``vector`` True): where the product takes
+    linear_qw_gemv.glsl (GPUs: quantized_linear.vector_form) 1, the rotary and the cache
+    writes in its epilogue (2 with compile option rms_norm_prologue off: the norm's
+    dispatch first); elsewhere the product's dispatches (``quantized_norm_dispatches``)
+    and rotary_scatter_pair's."""
+    from vkdelegate.ops.families.quantized_linear import use_gemv
+    from vkdelegate.runtime import default_device
+
+    if vector is None:
+        vector = use_gemv(default_device().info, 1)
+    if vector:
+        return 1 if prologue else 2
+    return quantized_norm_dispatches(prologue) + 1

@@ -13,13 +13,16 @@ norm fusions in an int4 / int8 weight-only model's products (vkdelegate.rms_norm
 each layer's input norm, merged q/k/v linear, rotary embedding and K/V cache writes are
 one node (passes/fuse_linear_rotary_cache: vkdelegate.rms_norm_linear_rotary_cache,
 one dispatch on the GEMV path: one per layer fewer than rms_norm_linear then
-rotary_index_put_pair, the same bits)."""
+rotary_index_put_pair, the same bits; in the int4 / int8 model
+vkdelegate.rms_norm_linear_q4gsw_rotary_cache / rms_norm_weight_int8pack_mm_rotary_cache,
+one dispatch on the vectorized GEMV)."""
 import pytest
 import torch
 
 from tests.llm.conftest import MAX_SEQ_LEN
 from tests.llm.models import (VOCAB, hf_greedy, make_model, norm_linear_dispatches,
-                              quantized_norm_dispatches, rotary_cache_dispatches)
+                              quantized_norm_dispatches, quantized_rotary_cache_dispatches,
+                              rotary_cache_dispatches)
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate.llm import generate, lower
 
@@ -181,6 +184,9 @@ QUANTIZED_NORMED = {"int4": "vkdelegate.rms_norm_linear_q4gsw.default",
                     "int8": "vkdelegate.rms_norm_weight_int8pack_mm.default"}
 QUANTIZED_SWIGLU = {"int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default",
                     "int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default"}
+QUANTIZED_ROTARY = {"int4": "vkdelegate.rms_norm_linear_q4gsw_rotary_cache.default",
+                    "int8": "vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache.default"}
+ROTARY_PAIR = "vkdelegate.rotary_index_put_pair.default"
 
 
 def _quantized_pair(scheme: str, options: dict):
@@ -222,9 +228,10 @@ def test_quantized_decode_fuses_swiglu(scheme):
         scheme, {"fuse_linear_swiglu": False})
     chain = "vkdelegate.fused_elementwise.default"
     assert ops.count(fused_op) == layers * per and fused_op not in before, (ops, before)
-    # The merged q/k/v products per layer and the lm_head keep their norm only.
-    assert ops.count(plain) == (layers + 1) * per, ops
-    assert before.count(plain) == (2 * layers + 1) * per, before
+    # The lm_head keeps its norm only (the merged q/k/v products are in
+    # QUANTIZED_ROTARY's ops, with the rotary and the cache writes).
+    assert ops.count(plain) == per, ops
+    assert before.count(plain) == (layers + 1) * per, before
     assert ops.count(chain) == before.count(chain) - layers, (ops, before)
     copies = before.count("vkdelegate.narrow_last.default") \
         - ops.count("vkdelegate.narrow_last.default")
@@ -251,7 +258,8 @@ def test_quantized_decode_folds_the_norms(monkeypatch, form, scheme):
     norm is folded into the product after it (each layer's input norm into the merged
     q/k/v product, the post-attention norm into the gate/up product with its SwiGLU
     chain, the final norm into lm_head), one dispatch each and no et_vk.rms_norm
-    dispatch left: 2 * layers + 1 dispatches fewer than with compile option
+    dispatch left (the q/k/v product with the rotary and the cache writes:
+    QUANTIZED_ROTARY): 2 * layers + 1 dispatches fewer than with compile option
     rms_norm_prologue off (the norms' own dispatches), HF's greedy tokens of the same
     quantized model both ways, KV caches equal up to fp32 rounding (the folded GEMV
     scales each sum by 1 / rms instead of normalizing the row first)."""
@@ -265,8 +273,12 @@ def test_quantized_decode_folds_the_norms(monkeypatch, form, scheme):
     _, program, off, layers, prompt, expected, ops, before = _quantized_pair(
         scheme, {"rms_norm_prologue": False})
     normed, swiglu = QUANTIZED_NORMED[scheme], QUANTIZED_SWIGLU[scheme]
-    assert ops.count(normed) == layers + 1 and ops.count(swiglu) == layers, ops
-    assert before.count(normed) == 2 * (layers + 1) and before.count(swiglu) == 2 * layers
+    rotary = QUANTIZED_ROTARY[scheme]
+    vector = True if form == "vector" else None
+    assert ops.count(normed) == 1 and ops.count(swiglu) == layers, ops
+    assert ops.count(rotary) == layers * quantized_rotary_cache_dispatches(True, vector), ops
+    assert before.count(normed) == 2 and before.count(swiglu) == 2 * layers, before
+    assert before.count(rotary) == layers * quantized_rotary_cache_dispatches(False, vector)
     assert "et_vk.rms_norm.default" not in ops + before, ops
     assert len(before) - len(ops) == 2 * layers + 1, (before, ops)
     got, want = program.state_dict(), off.state_dict()
@@ -311,6 +323,21 @@ def test_gemv_prologue_norms_keep_hf_greedy_tokens(monkeypatch):
     assert "et_vk.rms_norm.default" not in ops, ops
 
 
+def _same_tokens_and_caches(program, unfused, prompt, expected, layers) -> None:
+    """Both programs, reset, generate ``expected`` (12 tokens after ``prompt``) and
+    leave their 2 * ``layers`` KV caches bit for bit equal; then closes them."""
+    for p in (program, unfused):
+        p.reset_state()
+        assert generate(p, prompt, 12) == expected
+    got, want = program.state_dict(), unfused.state_dict()
+    caches = [name for name in want if "kv_cache" in name]
+    assert len(caches) == 2 * layers and set(got) == set(want), sorted(want)
+    for name in caches:
+        assert torch.equal(got[name], want[name]), name
+    program.close()
+    unfused.close()
+
+
 @pytest.mark.parametrize("kind, dtype", [("llama", torch.float32), ("llama", torch.float16),
                                          ("qwen2", torch.float16)],
                          ids=["llama-fp32", "llama-fp16", "qwen2-fp16"])
@@ -339,13 +366,38 @@ def test_gemv_rotary_cache_epilogue(monkeypatch, kind, dtype):
     assert ops.count(RMS_NORM_LINEAR) == 1 and before.count(RMS_NORM_LINEAR) == layers + 1
     assert len(before) - len(ops) == layers, (before, ops)
     assert _decode_next_ops(program) == ops
-    for p in (program, unfused):
-        p.reset_state()
-        assert generate(p, prompt, 12) == expected
-    got, want = program.state_dict(), unfused.state_dict()
-    caches = [name for name in want if "kv_cache" in name]
-    assert len(caches) == 2 * layers and set(got) == set(want), sorted(want)
-    for name in caches:
-        assert torch.equal(got[name], want[name]), name
-    program.close()
-    unfused.close()
+    _same_tokens_and_caches(program, unfused, prompt, expected, layers)
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_gemv_rotary_cache_epilogue(monkeypatch, scheme):
+    """A tiny HF Llama with torchao's int4 (group size 32) / int8 weight-only linears on
+    the GPUs' vectorized GEMV (linear_qw_gemv.glsl forced on any device, as
+    tests/ops/test_quantized_rms_norm.py forces it): each layer's input norm, merged
+    q/k/v product, rotary embedding and K/V cache writes are ONE dispatch
+    (vkdelegate.rms_norm_linear_q4gsw_rotary_cache / rms_norm_weight_int8pack_mm_
+    rotary_cache, linear_qw_gemv.glsl's ROTARY epilogue): one per layer fewer than with
+    compile option fuse_linear_rotary_cache off (the product with its norm, then
+    rotary_index_put_pair), decode_next dispatching what decode does, HF's greedy
+    tokens of the same quantized model both ways, and the KV caches bit for bit the
+    unfused program's."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setattr(family, "texel_form", lambda *args: False)
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    _, program, unfused, layers, prompt, expected, ops, before = _quantized_pair(
+        scheme, {"fuse_linear_rotary_cache": False})
+    fused_op, normed = QUANTIZED_ROTARY[scheme], QUANTIZED_NORMED[scheme]
+    assert ops.count(fused_op) == layers and fused_op not in before, (ops, before)
+    assert ROTARY_PAIR not in ops and before.count(ROTARY_PAIR) == layers, (ops, before)
+    assert ops.count(normed) == 1 and before.count(normed) == layers + 1, (ops, before)
+    # The parts' copies (narrow_last, int8's views) went with the product's row.
+    copies = before.count("vkdelegate.narrow_last.default") \
+        - ops.count("vkdelegate.narrow_last.default") \
+        + before.count("aten.view.default") - ops.count("aten.view.default")
+    assert len(before) - len(ops) == layers + copies, (before, ops)
+    assert _decode_next_ops(program) == ops
+    _same_tokens_and_caches(program, unfused, prompt, expected, layers)

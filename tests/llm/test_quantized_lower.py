@@ -17,6 +17,8 @@ SWIGLU = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default",
           "int4": "vkdelegate.rms_norm_linear_q4gsw_swiglu.default"}
 NORMED = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm.default",
           "int4": "vkdelegate.rms_norm_linear_q4gsw.default"}
+ROTARY = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache.default",
+          "int4": "vkdelegate.rms_norm_linear_q4gsw_rotary_cache.default"}
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4", "8da4w"])
@@ -35,12 +37,16 @@ def test_quantized_llama_greedy_matches_eager(scheme):
     # merge q/k/v and gate/up (passes/merge_linears), fold the RMS norm before each
     # merged product and lm_head into it (passes/fuse_rms_norm_linear), their merged
     # gate/up runs the SwiGLU chain in its epilogue (passes/fuse_linear_swiglu) and
-    # their o and down take the residual add (passes/fuse_linear_add): 2 x qkv + the
-    # lm_head with their norm, 2 x gate_up with its norm and SwiGLU, and 2 x (o, down)
-    # fused with their add; no norm node left. 8da4w: none of these.
+    # their o and down take the residual add (passes/fuse_linear_add), and each merged
+    # q/k/v product takes the rotary embedding and the K/V cache writes
+    # (passes/fuse_linear_rotary_cache): 2 x qkv with their norm, rotary and cache
+    # writes, the lm_head with its norm, 2 x gate_up with its norm and SwiGLU, and 2 x
+    # (o, down) fused with their add; no norm or rotary node left. 8da4w: none of these.
     if scheme in ADDS:
         assert ops.count(FUSED[scheme]) == 0, sorted(set(ops))
-        assert ops.count(NORMED[scheme]) == 3, sorted(set(ops))
+        assert ops.count(NORMED[scheme]) == 1, sorted(set(ops))
+        assert ops.count(ROTARY[scheme]) == 2, sorted(set(ops))
+        assert "vkdelegate.rotary_index_put_pair.default" not in ops, sorted(set(ops))
         assert ops.count(SWIGLU[scheme]) == 2, sorted(set(ops))
         assert ops.count(ADDS[scheme]) == 4, sorted(set(ops))
         assert "et_vk.rms_norm.default" not in ops, sorted(set(ops))

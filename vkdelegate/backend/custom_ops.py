@@ -549,30 +549,33 @@ RMS_NORM_LINEAR_SWIGLU = declare_custom_op(
     "Tensor? bias, str steps) -> Tensor", _rms_norm_linear_swiglu)
 
 
-def _merged_qkv(x, norm_weight, eps, weight, bias, q_sizes, kv_sizes):
-    """(q, k, v) of the merged product rms_norm_linear(x, ...) [.., N] of one row:
-    its first prod(q_sizes) elements viewed to q_sizes, the next prod(kv_sizes) and
-    the rest viewed to kv_sizes each."""
+def _rotary_cache_of(y, cos, sin, cache, cache2, indices, q_sizes, kv_sizes):
+    """rotary_index_put_pair's outputs for the merged q/k/v product y [.., N] of one
+    row: q its first prod(q_sizes) elements viewed to q_sizes, k the next
+    prod(kv_sizes) and v the rest viewed to kv_sizes each (the rotary_cache ops' CPU
+    kernels after their product)."""
     import math
 
-    y = _rms_norm_linear(x, norm_weight, eps, weight, bias).reshape(-1)
+    y = y.reshape(-1)
     nq, nk = math.prod(q_sizes), math.prod(kv_sizes)
-    return (y[:nq].view(q_sizes), y[nq:nq + nk].view(kv_sizes),
-            y[nq + nk:].view(kv_sizes))
+    return custom_ops_llm.ROTARY_INDEX_PUT_PAIR.cpu(
+        y[:nq].view(q_sizes), y[nq:nq + nk].view(kv_sizes), cos, sin, cache, cache2,
+        indices, y[nq + nk:].view(kv_sizes))
+
+
+def _rotary_cache_meta(x, *args):
+    """The rotary_cache ops' meta kernel: their last seven arguments are cos, sin,
+    cache, cache2, indices, q_sizes and kv_sizes."""
+    import torch
+
+    cache, cache2, q_sizes = args[-5], args[-4], args[-2]
+    return x.new_empty(q_sizes), torch.empty_like(cache), torch.empty_like(cache2)
 
 
 def _rms_norm_linear_rotary_cache(x, norm_weight, eps, weight, bias, cos, sin, cache,
                                   cache2, indices, q_sizes, kv_sizes):
-    q, k, v = _merged_qkv(x, norm_weight, eps, weight, bias, q_sizes, kv_sizes)
-    return custom_ops_llm.ROTARY_INDEX_PUT_PAIR.cpu(q, k, cos, sin, cache, cache2,
-                                                    indices, v)
-
-
-def _rms_norm_linear_rotary_cache_meta(x, norm_weight, eps, weight, bias, cos, sin, cache,
-                                       cache2, indices, q_sizes, kv_sizes):
-    import torch
-
-    return x.new_empty(q_sizes), torch.empty_like(cache), torch.empty_like(cache2)
+    return _rotary_cache_of(_rms_norm_linear(x, norm_weight, eps, weight, bias), cos, sin,
+                            cache, cache2, indices, q_sizes, kv_sizes)
 
 
 #: A decoder layer's attention input in one op: with y = rms_norm_linear(x,
@@ -591,7 +594,7 @@ RMS_NORM_LINEAR_ROTARY_CACHE = declare_custom_op(
     "rms_norm_linear_rotary_cache(Tensor x, Tensor norm_weight, float eps, Tensor weight, "
     "Tensor? bias, Tensor cos, Tensor sin, Tensor cache, Tensor cache2, Tensor?[] indices, "
     "int[] q_sizes, int[] kv_sizes) -> (Tensor, Tensor, Tensor)",
-    _rms_norm_linear_rotary_cache, meta=_rms_norm_linear_rotary_cache_meta)
+    _rms_norm_linear_rotary_cache, meta=_rotary_cache_meta)
 
 
 def _linear_q4gsw_add(x, weights, weight_scales, group_size, bias, residual):
@@ -728,6 +731,52 @@ RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU = declare_custom_op(
     "rms_norm_weight_int8pack_mm_swiglu(Tensor x, Tensor norm_weight, float eps, "
     "Tensor mat2, Tensor scales, str steps) -> Tensor",
     _rms_norm_weight_int8pack_mm_swiglu)
+
+
+def _rms_norm_linear_q4gsw_rotary_cache(x, norm_weight, eps, weights, weight_scales,
+                                        group_size, bias, cos, sin, cache, cache2, indices,
+                                        q_sizes, kv_sizes):
+    return _rotary_cache_of(
+        _rms_norm_linear_q4gsw(x, norm_weight, eps, weights, weight_scales, group_size,
+                               bias), cos, sin, cache, cache2, indices, q_sizes, kv_sizes)
+
+
+#: The int4 weight-only form of ``rms_norm_linear_rotary_cache``: y =
+#: rms_norm_linear_q4gsw(x, norm_weight, eps, weights, weight_scales, group_size, bias)
+#: of ONE row (weights uint8 [Nq + 2 Nk, K/2], the merged q/k/v product), then
+#: rotary_index_put_pair of its q, k and v parts (q_sizes, kv_sizes) -> (q', cache',
+#: cache2'). The CPU kernel is exactly those ops. ``passes/fuse_linear_rotary_cache``
+#: creates it where the merged product is a ``vkdelegate.rms_norm_linear_q4gsw``; ours,
+#: only in our blobs. Vulkan: ``ops/families/quantized_linear.py`` (linear_qw_gemv.glsl's
+#: RMS_NORM and ROTARY together).
+RMS_NORM_LINEAR_Q4GSW_ROTARY_CACHE = declare_custom_op(
+    "vkdelegate.rms_norm_linear_q4gsw_rotary_cache.default",
+    "rms_norm_linear_q4gsw_rotary_cache(Tensor x, Tensor norm_weight, float eps, "
+    "Tensor weights, Tensor weight_scales, int group_size, Tensor? bias, Tensor cos, "
+    "Tensor sin, Tensor cache, Tensor cache2, Tensor?[] indices, int[] q_sizes, "
+    "int[] kv_sizes) -> (Tensor, Tensor, Tensor)",
+    _rms_norm_linear_q4gsw_rotary_cache, meta=_rotary_cache_meta)
+
+
+def _rms_norm_weight_int8pack_mm_rotary_cache(x, norm_weight, eps, weight, scales, cos,
+                                              sin, cache, cache2, indices, q_sizes,
+                                              kv_sizes):
+    return _rotary_cache_of(
+        _rms_norm_weight_int8pack_mm(x, norm_weight, eps, weight, scales), cos, sin, cache,
+        cache2, indices, q_sizes, kv_sizes)
+
+
+#: The int8 weight-only form of ``rms_norm_linear_rotary_cache``: y =
+#: rms_norm_weight_int8pack_mm(x [1, K], norm_weight, eps, mat2 int8 [Nq + 2 Nk, K],
+#: scales), then rotary_index_put_pair of its q, k and v parts -> (q', cache', cache2').
+#: The CPU kernel is exactly those ops; made by ``passes/fuse_linear_rotary_cache`` as
+#: the int4 form is; ours, only in our blobs.
+RMS_NORM_WEIGHT_INT8PACK_MM_ROTARY_CACHE = declare_custom_op(
+    "vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache.default",
+    "rms_norm_weight_int8pack_mm_rotary_cache(Tensor x, Tensor norm_weight, float eps, "
+    "Tensor mat2, Tensor scales, Tensor cos, Tensor sin, Tensor cache, Tensor cache2, "
+    "Tensor?[] indices, int[] q_sizes, int[] kv_sizes) -> (Tensor, Tensor, Tensor)",
+    _rms_norm_weight_int8pack_mm_rotary_cache, meta=_rotary_cache_meta)
 
 
 def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,

@@ -39,11 +39,14 @@ Keys (all optional):
   prelude runs on the device every step.
 - ``fuse_linear_rotary_cache`` (bool, default True): a decode layer's merged q/k/v
   ``rms_norm_linear`` and the ``rotary_index_put_pair`` reading its three parts become
-  one ``vkdelegate.rms_norm_linear_rotary_cache`` node
-  (backend/passes/fuse_linear_rotary_cache.py): where the product takes the GEMV path
+  one ``vkdelegate.rms_norm_linear_rotary_cache`` node (int4 / int8 weight-only:
+  ``rms_norm_linear_q4gsw`` / ``rms_norm_weight_int8pack_mm`` ->
+  ``rms_norm_linear_q4gsw_rotary_cache`` / ``rms_norm_weight_int8pack_mm_rotary_cache``;
+  backend/passes/fuse_linear_rotary_cache.py): where the product takes the GEMV path
   (GPUs), the rotary embedding of q and k and the K/V cache writes run in the GEMV's
-  epilogue (gemv.glsl's ROTARY), one dispatch fewer per layer, the same bits;
-  elsewhere the node records the two ops' dispatches. Off: the two nodes stay apart.
+  epilogue (gemv.glsl's or linear_qw_gemv.glsl's ROTARY), one dispatch fewer per
+  layer, the same bits; elsewhere the node records the two ops' dispatches. Off: the
+  two nodes stay apart.
 - ``sdpa_seq_first`` (bool, default True): an ATen SDPA between head transposes of
   [B, L, H, E] tensors (HF encoders' ``view(B, L, H, E).transpose(1, 2)`` and the
   transpose back) becomes one ``vkdelegate.sdpa_seq_first`` node reading and writing

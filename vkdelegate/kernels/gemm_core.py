@@ -75,11 +75,8 @@ def _bindings(inputs: tuple, d) -> Bindings:
     inputs += (("c_data",) if bias else ()) + (("r_data",) if "HAS_RESIDUAL" in d else ())
     inputs += ("n_data",) if "RMS_NORM" in d else ()
     params = tuple(map(tensor_meta_block, metas)) + (LINEAR_SCALARS,)
-    if "ROTARY" in d:
-        return Bindings(outputs=("out_data", "cache_data", "cache2_data", "error_flags"),
-                        inputs=inputs + ("cos_data", "sin_data", "index_data"),
-                        params=params + (rotary_cache.ROTARY_CACHE_PARAMS,))
-    return Bindings(outputs=("out_data",), inputs=inputs, params=params)
+    found = Bindings(outputs=("out_data",), inputs=inputs, params=params)
+    return rotary_cache.bindings(found) if "ROTARY" in d else found
 
 
 @shader_bindings(CORE_SHADER)

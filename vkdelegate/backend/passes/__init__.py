@@ -104,10 +104,10 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 # 5d. permutes that move only size-1 dims -> views (permute_to_view) after every
 #    pattern pass (addmm_to_linear looks for a weight's permute, rotary and attention
 #    patterns for transposes), so that they share their input's memory;
-# 5d'. a merged q/k/v rms_norm_linear whose parts (through views) only a
-#    rotary_index_put_pair reads -> one rms_norm_linear_rotary_cache
-#    (fuse_linear_rotary_cache): after permute_to_view, which turns the heads'
-#    transposes between the parts and the rotary node into views, and after
+# 5d'. a merged q/k/v rms_norm_linear (or its int4 / int8 form) whose parts (through
+#    views) only a rotary_index_put_pair reads -> one rms_norm_linear_rotary_cache (or
+#    its quantized form; fuse_linear_rotary_cache): after permute_to_view, which turns
+#    the heads' transposes between the parts and the rotary node into views, and after
 #    fuse_rms_norm_linear (the norm in the product) and pair_cache_updates (the
 #    rotary cache writes);
 # 5d''. an ATen SDPA between head transposes -> sdpa_seq_first (no transpose copied),

@@ -37,19 +37,19 @@ from vkdelegate.kernels.affine_copy import (MOVE_DTYPES, CopyDim, CopyPlan, affi
 from vkdelegate.kernels import gemm
 from vkdelegate.kernels.dims import slice_bounds, wrap_dim
 from vkdelegate.kernels.gemm_core import GEMV_SHADER, record_core
+from vkdelegate.kernels import rotary_cache
+from vkdelegate.kernels.cache_pair import (INDEX_DTYPES, ROTARY_DTYPES, PairRegion,
+                                           index_put_pair_rule, index_put_rule, one_index,
+                                           range_message, region_reason, rotary_scatter)
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
-from vkdelegate.kernels.rotary_cache import (ROTARY_CACHE_PARAMS, ProductShape, RotaryCache,
-                                             defines as rotary_cache_defines)
-from vkdelegate.kernels.rotary_half import broadcast_strides, padded_sizes, pair_reason
+from vkdelegate.kernels.rotary_half import pair_reason
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
-from vkdelegate.runtime.params import meta_record
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "scatter_rows"
-INDEX_DTYPES = frozenset({"int64", "int32"})
 SCATTER_PARAMS = ParamBlock("scatter_block", [
     ("info", "ivec4"),    # x: region numel, y: inner, z: count, w: size of the dim
     ("check", "ivec4")])  # x: error-flag word, y: 1 if negative indices wrap
@@ -91,32 +91,6 @@ def _scatter(b, out, src, index, dim: int, count_fn, *, pos: bool, wrap: bool,
                local_size=b.local_size_1d(grid))
 
 
-def _range(x, dim: int, negative: bool):
-    def message():
-        size = x.shape[dim]
-        valid = f"{-size}..{size - 1}" if negative else f"0..{size - 1}"
-        return f"an index is out of range for dim {dim} of size {size} (valid: {valid})"
-    return message
-
-
-def _fits(src_shape, region) -> bool:
-    """``src`` can fill ``region`` element for element (equal sizes, leading 1s aside)
-    or is one element (broadcast)."""
-    shape, region = list(src_shape), list(region)
-    while shape and shape[0] == 1 and len(shape) > len(region):
-        shape.pop(0)
-    while region and region[0] == 1 and len(region) > len(shape):
-        region.pop(0)
-    return math.prod(src_shape) == 1 or shape == region
-
-
-def _region_reason(src: TensorSpec, region, what: str):
-    if _fits(src.shape, region):
-        return None
-    return (f"{what} of sizes {list(src.shape)} for a region of sizes {list(region)} "
-            f"(only equal sizes or one element are supported)")
-
-
 # ---- index_copy(self, dim, index, source) ------------------------------------------
 def _index_copy_impl(b, node):
     x_id, dim_id, index_id, src_id, out_id = node.args
@@ -124,7 +98,7 @@ def _index_copy_impl(b, node):
     dim = wrap_dim(b.scalar(dim_id), max(x.ndim, 1))
     copy_destination(b, out, x)
     _scatter(b, out, src, index, dim, lambda: max(index.numel, 0), pos=False, wrap=False,
-             message=_range(x, dim, False))
+             message=range_message(x, dim, False))
 
 
 def _index_copy_rule(node: NodeSpec):
@@ -133,52 +107,22 @@ def _index_copy_rule(node: NodeSpec):
         return "index_copy of a 0-d tensor or with an index of rank > 1"
     d = wrap_dim(dim, x.rank)
     region = tuple(x.shape[:d]) + (math.prod(index.shape),) + tuple(x.shape[d + 1:])
-    return _region_reason(src, region, "source")
+    return region_reason(src, region, "source")
 
 
 # ---- index_put(self, indices, values, accumulate) ----------------------------------
-def _one_index(indices):
-    """(dim, index tensor) of an index_put indices list holding exactly one tensor."""
-    dims = [d for d, t in enumerate(indices) if t is not None]
-    if len(dims) != 1:
-        raise VkDelegateError(f"index_put with {len(dims)} index tensors (1 is supported)")
-    return dims[0], indices[dims[0]]
-
-
 def _index_put_impl(b, node):
     x_id, indices_id, values_id, acc_id, out_id = node.args
     if b.scalar(acc_id):
         raise b.error("index_put with accumulate=True is not supported")
     x, values, out = b.tensor(x_id), b.tensor(values_id), b.tensor(out_id)
     try:
-        dim, index = _one_index(b.value(indices_id))
+        dim, index = one_index(b.value(indices_id))
     except VkDelegateError as exc:
         raise b.error(str(exc)) from None
     copy_destination(b, out, x)
     _scatter(b, out, values, index, dim, lambda: max(index.numel, 0), pos=False, wrap=True,
-             message=_range(x, dim, True))
-
-
-def _index_put_rule(node: NodeSpec):
-    x, indices, values, accumulate = node.args[:4]
-    if accumulate:
-        return "accumulate=True"
-    if any(t is not None and not isinstance(t, TensorSpec) for t in indices):
-        return "an index that is not a tensor"
-    try:
-        dim, index = _one_index(indices)
-    except VkDelegateError as exc:
-        return str(exc)
-    if index.dtype not in INDEX_DTYPES:
-        return f"index of dtype {index.dtype} (bool masks stay on the CPU)"
-    if dim >= x.rank:
-        return f"index on dim {dim} of a rank-{x.rank} tensor"
-    # ATen's region: x.shape[:dim] + index.shape + x.shape[dim+1:]; we write it flat.
-    region = tuple(x.shape[:dim]) + tuple(index.shape) + tuple(x.shape[dim + 1:])
-    flat = tuple(x.shape[:dim]) + (math.prod(index.shape),) + tuple(x.shape[dim + 1:])
-    if not (_fits(values.shape, region) or _fits(values.shape, flat)):
-        return _region_reason(values, region, "values")
-    return None
+             message=range_message(x, dim, True))
 
 
 # ---- vkdelegate.index_put_pair(self, self2, indices, values, values2) ---------------
@@ -189,39 +133,6 @@ PAIR_SHADER = "scatter_rows_pair"
 def _pair_bindings(_defines) -> Bindings:
     return Bindings(outputs=("out_data", "out2_data", "error_flags"),
                     inputs=("src_data", "src2_data", "index_data"), params=(SCATTER_PARAMS,))
-
-
-class PairRegion:
-    """The two destinations of a paired cache write (index_put_pair,
-    rotary_index_put_pair, rms_norm_linear_rotary_cache): their whole copies recorded
-    (dropped where the cache is state updated in place), the error flag, and the
-    written region's sizes for the current shapes (scatter_pair.h's (numel, inner,
-    count, size of the dim))."""
-
-    def __init__(self, b, x, x2, out, out2, indices):
-        try:
-            self.dim, self.index = _one_index(indices)
-        except VkDelegateError as exc:
-            raise b.error(str(exc)) from None
-        copy_destination(b, out, x)
-        copy_destination(b, out2, x2)
-        self.flag = b.error_flag(_range(x, self.dim, True))
-        self.out, self.out2 = out, out2
-
-    def numel(self) -> int:
-        out, dim = self.out, self.dim
-        return math.prod(out.shape[:dim]) * max(self.index.numel, 0) \
-            * math.prod(out.shape[dim + 1:])
-
-    def max_numel(self) -> int:
-        out, dim = self.out, self.dim
-        return math.prod(out.max_shape[:dim]) * max(self.index.max_numel, 0) \
-            * math.prod(out.max_shape[dim + 1:])
-
-    def sizes(self) -> list:
-        out, dim = self.out, self.dim
-        return [self.numel(), max(math.prod(out.shape[dim + 1:]), 1),
-                max(self.index.numel, 1), out.shape[dim]]
 
 
 def _index_put_pair_impl(b, node):
@@ -251,78 +162,7 @@ def _index_put_pair_impl(b, node):
                params=[params], global_size=(max(grid, 1),), local_size=b.local_size_1d(grid))
 
 
-def index_put_pair_rule(node: NodeSpec):
-    x, x2, indices, values, values2 = node.args[:5]
-    if (x.dtype, tuple(x.shape)) != (x2.dtype, tuple(x2.shape)):
-        return (f"destinations {x.dtype}{list(x.shape)} and {x2.dtype}{list(x2.shape)} "
-                f"differ")
-    if (values.dtype, tuple(values.shape)) != (values2.dtype, tuple(values2.shape)):
-        return "values of different dtypes or sizes"
-    if values.dtype != x.dtype:
-        return f"values of dtype {values.dtype} for a destination of {x.dtype}"
-    why = _index_put_rule(NodeSpec(op="aten.index_put.default",
-                                   args=(x, indices, values, False), outputs=node.outputs[:1]))
-    if why:
-        return why
-    dim, index = _one_index(indices)
-    region = math.prod(x.shape[:dim]) * math.prod(index.shape) * math.prod(x.shape[dim + 1:])
-    if math.prod(values.shape) != region:
-        return f"values of sizes {list(values.shape)} (one per element of the region needed)"
-    return None
-
-
 # ---- vkdelegate.rotary_index_put_pair(q, k, cos, sin, self, self2, indices, values2) --
-ROTARY_SHADER = "rotary_scatter_pair"
-ROTARY_PARAMS = ParamBlock("rotary_scatter_block", [
-    ("info", "ivec4"), ("sizes", "ivec4"), ("fstrides", "ivec4"), ("sizes2", "ivec4"),
-    ("fstrides2", "ivec4"), ("scatter", "ivec4"), ("check", "ivec4"), ("offsets", "ivec4")])
-ROTARY_DTYPES = frozenset({"float32", "float16"})
-
-
-@shader_bindings(ROTARY_SHADER)
-def _rotary_bindings(_defines) -> Bindings:
-    return Bindings(outputs=("out_data", "cache_data", "cache2_data", "error_flags"),
-                    inputs=("in_data", "in2_data", "cos_data", "sin_data", "src2_data",
-                            "index_data"), params=(ROTARY_PARAMS,))
-
-
-def _rotary_defines(out, x, freqs, idx) -> dict:
-    d = storage_defines(OUT=out, IN=x, F=freqs, IDX=idx)
-    d["SRC_ACC"] = acc_type(out.dtype if hasattr(out, "dtype") else out[0])
-    return d
-
-
-def rotary_scatter(b, out_q, region: PairRegion, sources, cos, sin, shapes,
-                   offsets=(0, 0, 0)) -> None:
-    """Record rotary_scatter_pair.glsl: q' = rotary_half(q) into ``out_q``, k rotated
-    and v written into ``region``'s two destinations. ``sources``: the Tensors holding
-    q, k and v (one Tensor three times for a merged product's row), q, k, v starting at
-    elements ``offsets`` of them; ``shapes()``: (q's sizes, k's sizes, v's numel) for
-    the current sizes."""
-    q, k, values2 = sources
-
-    def pack():
-        q_shape, k_shape, v_numel = shapes()
-        k_numel = math.prod(k_shape)
-        if k_numel != region.numel() or v_numel != region.numel():
-            raise VkDelegateError(f"rotary_index_put_pair: keys of sizes {list(k_shape)} "
-                                  f"and {v_numel} values for a region of "
-                                  f"{region.numel()} elements")
-        return ROTARY_PARAMS.pack(
-            info=[math.prod(q_shape), q_shape[-1] // 2, region.numel(), 0],
-            sizes=padded_sizes(q_shape), fstrides=broadcast_strides(cos.shape, q_shape),
-            sizes2=padded_sizes(k_shape), fstrides2=broadcast_strides(cos.shape, k_shape),
-            scatter=region.sizes(), check=[region.flag.slot, 1],
-            offsets=list(offsets) + [0])
-    params = b.params(pack())
-    b.on_resize(lambda: params.write(pack()))
-    total = out_q.max_numel + 2 * region.max_numel()
-    b.dispatch(ROTARY_SHADER, _rotary_defines(region.out, k, cos, region.index),
-               outputs=[out_q, region.out, region.out2, region.flag],
-               inputs=[q, k, cos, sin, values2, region.index], params=[params],
-               global_size=(max(total, 1),), local_size=b.local_size_1d(total))
-
-
 def _rotary_index_put_pair_impl(b, node):
     q_id, k_id, cos_id, sin_id, x_id, x2_id, indices_id, values2_id, out_id = node.args
     q, k, cos, sin, x, x2, values2 = (b.tensor(i) for i in (
@@ -487,7 +327,7 @@ def _op(name, impl, rules, notes, arg_dtypes=None, symbolic=()):
 
 _op("aten.index_copy.default", _index_copy_impl, (_index_copy_rule,),
     "dim + 1-D int index; out-of-range indices raise after the run", {2: INDEX_DTYPES})
-_op("aten.index_put.default", _index_put_impl, (_index_put_rule,),
+_op("aten.index_put.default", _index_put_impl, (index_put_rule,),
     "accumulate=False, one index tensor (x[:, :, pos] = v); values of the region's sizes "
     "or one element", {1: INDEX_DTYPES})
 _op("aten.slice_scatter.default", _slice_scatter_impl, (_slice_scatter_rule,),
@@ -540,16 +380,6 @@ declare_grid(PAIR_SHADER, _pair_variant, profile=STORAGE_PROFILES, dtype=MOVE_DT
              index=INDEX_DTYPES)
 
 
-def _rotary_variant(profile, dtype: str, freqs: str, index: str) -> dict:
-    x = (dtype, device_dtype(dtype, profile))
-    return _rotary_defines(x, x, (freqs, device_dtype(freqs, profile)),
-                           (index, device_dtype(index, profile)))
-
-
-declare_grid(ROTARY_SHADER, _rotary_variant, profile=STORAGE_PROFILES, dtype=ROTARY_DTYPES,
-             freqs=ROTARY_DTYPES, index=INDEX_DTYPES)
-
-
 # ---- vkdelegate.rms_norm_linear_rotary_cache -------------------------------------
 # vkdelegate.rms_norm_linear_rotary_cache: a decode layer's input RMS norm, its merged
 # q/k/v GEMV, the rotary embedding of q and k and the K/V cache writes, in one dispatch.
@@ -569,112 +399,60 @@ declare_grid(ROTARY_SHADER, _rotary_variant, profile=STORAGE_PROFILES, dtype=ROT
 # - otherwise (CPU drivers: linear.glsl): the dispatches of the two ops it replaces, in
 #   their order: the norm and the product into a scratch row y (as rms_norm_linear
 #   records them), then rotary_scatter_pair.glsl reading q, k and v at their offsets in
-#   y (ops/families/cache_update.py's ``rotary_scatter``).
+#   y (kernels/cache_pair.py's ``rotary_scatter``).
 # Both give every element the bits of the unfused pair (tests/ops/test_rotary_cache.py).
 # The caches' whole copies are recorded as index_put_pair's are (dropped where a cache is
 # the program's state updated in place); an index ATen rejects sets the node's error
-# flag and writes nothing of its element.
+# flag and writes nothing of its element. kernels/rotary_cache.py holds what this op
+# shares with its int4 / int8 weight-only forms (ops/families/quantized_linear.py): the
+# load rule of its rotary and cache arguments, the epilogue's setup, the unfused
+# form's scatter.
 ROTARY_CACHE = "vkdelegate.rms_norm_linear_rotary_cache.default"
 
 
-def _rc_sizes(v) -> "tuple | None":
-    """``v`` as sizes of rank 1-4, each >= 1, else None."""
-    if not isinstance(v, (list, tuple)) or not 1 <= len(v) <= 4 or any(
-            not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in v):
-        return None
-    return tuple(v)
-
-
-def _rotary_cache_rule(node: NodeSpec):
-    """What the kernels index: x one static row [1, .., 1, K]; rms_norm_linear's
-    arguments (norm_weight [K], weight [N, K], bias [N]?); q_sizes and kv_sizes of rank
-    1-4 with one even last dim D and N = prod(q_sizes) + 2 prod(kv_sizes); cos and sin
-    broadcasting to both (rotary_half_pair's rule); every float tensor of x's dtype
-    (float32 or float16); the caches and the
-    indices as index_put_pair's with k and v of kv_sizes (one index tensor, the region
-    prod(kv_sizes) elements); no dynamic sizes."""
-    x, nw, eps, w, bias, cos, sin, cache, cache2, indices, q_sizes, kv_sizes = \
-        node.args[:12]
-    if not all(isinstance(t, TensorSpec) for t in (x, nw, w, cos, sin, cache, cache2)):
-        return "x, norm_weight, weight, cos, sin and the caches must be tensors"
-    if any(t.is_dynamic for t in node.tensors()):
-        return "dynamic sizes"
+def _product_rule(node: NodeSpec):
+    """rms_norm_linear's arguments: x, norm_weight [K] (ops/families/norm.py's rule),
+    weight [N, K], bias [N]?; kernels/rotary_cache.py's ``rule`` checks the rest."""
+    x, nw, eps, w, bias = node.args[:5]
+    if not all(isinstance(t, TensorSpec) for t in (x, nw, w)):
+        return "x, norm_weight and weight must be tensors"
     why = rms_input_rule(node)
     if why:
         return why
-    if x.rank < 1 or any(s != 1 for s in x.shape[:-1]):
-        return f"input of sizes {list(x.shape)}: one row [1, .., 1, K] expected"
     if w.rank != 2 or w.shape[1] != x.shape[-1]:
         return f"weight of sizes {list(w.shape)} for an input of sizes {list(x.shape)}"
     if bias is not None and (not isinstance(bias, TensorSpec)
                              or tuple(bias.shape) != (w.shape[0],)):
         return f"bias must be [{w.shape[0]}]"
-    qs, kvs = _rc_sizes(q_sizes), _rc_sizes(kv_sizes)
-    if qs is None or kvs is None:
-        return f"q_sizes {q_sizes!r} and kv_sizes {kv_sizes!r} must be sizes of rank 1-4"
-    if math.prod(qs) + 2 * math.prod(kvs) != w.shape[0]:
-        return (f"q_sizes {list(qs)} and 2 x kv_sizes {list(kvs)} do not split the "
-                f"{w.shape[0]} rows of the weight")
-    floats = [t for t in (x, nw, w, bias, cos, sin, cache, cache2) if t is not None]
-    if x.dtype not in ROTARY_DTYPES or any(t.dtype != x.dtype for t in floats):
-        return (f"dtypes {[t.dtype for t in floats]}: x, the weights, cos, sin and the "
-                f"caches need one dtype, float32 or float16")
-    q, k = TensorSpec(x.dtype, qs), TensorSpec(x.dtype, kvs)
-    return pair_reason(q, k, cos, sin) or index_put_pair_rule(NodeSpec(
-        op="vkdelegate.index_put_pair.default", args=(cache, cache2, indices, k, k),
-        outputs=node.outputs[1:]))
-
-
-def _rotary_cache_shape(args):
-    return [tuple(args[10]), tuple(args[7].shape), tuple(args[8].shape)]
+    return None
 
 
 def _rotary_cache_impl(b, node):
-    (x_id, nw_id, eps_id, w_id, bias_id, cos_id, sin_id, c_id, c2_id, indices_id,
-     qs_id, kvs_id, out_id) = node.args
-    x, w, cos, sin, cache, cache2 = (b.tensor(i) for i in (x_id, w_id, cos_id, sin_id,
-                                                           c_id, c2_id))
+    x_id, nw_id, eps_id, w_id, bias_id = node.args[:5]
+    x, w = b.tensor(x_id), b.tensor(w_id)
     bias = None if b.value(bias_id) is None else b.tensor(bias_id)
-    q_sizes, kv_sizes = tuple(b.int_list(qs_id)), tuple(b.int_list(kvs_id))
-    outs = b.value(out_id)
-    if not isinstance(outs, list) or len(outs) != 3:
-        raise b.error("rms_norm_linear_rotary_cache has three outputs")
-    out_q, out, out2 = (b.tensor(o) if isinstance(o, int) else o for o in outs)
-    nq, nk = math.prod(q_sizes), math.prod(kv_sizes)
-    n, k = nq + 2 * nk, x.max_shape[-1]
-    if w.max_shape != (n, k) or math.prod(x.max_shape) != k \
-            or out_q.max_shape != q_sizes:
-        raise b.error(f"weight {list(w.max_shape)}, input {list(x.max_shape)} and q' "
-                      f"{list(out_q.max_shape)} for q {list(q_sizes)} and k/v "
-                      f"{list(kv_sizes)}")
+    write = rotary_cache.CacheWrite(b, node, 5, x, w.max_shape[0])
+    if w.max_shape[1:] != x.max_shape[-1:]:
+        raise b.error(f"weight {list(w.max_shape)} for an input {list(x.max_shape)}")
     norm = rms_prologue(b, node, x, nw_id, eps_id)
-    form = gemm.checked_select(b, 1, n, k, plain=False, dtype=out_q.dtype, nk=True)
+    n, k = write.n, x.max_shape[-1]
+    form = gemm.checked_select(b, 1, n, k, plain=False, dtype=write.out_q.dtype, nk=True)
     if form.shader == GEMV_SHADER:
-        region = PairRegion(b, cache, cache2, out, out2, b.value(indices_id))
+        product, rotary = write.fused(b)
         a, fold = gemm.norm_input(b, norm, x, True)
-        shape = tuple(x.max_shape[:-1]) + (n,)
-        product = ProductShape(shape, b.params(meta_record(shape).tobytes()), out_q.dtype,
-                               out_q.device_dtype)
-        params = b.params(ROTARY_CACHE_PARAMS.pack(
-            rot=[nq, nk, q_sizes[-1] // 2, region.flag.slot], sizes=padded_sizes(q_sizes),
-            fstrides=broadcast_strides(cos.shape, q_sizes), sizes2=padded_sizes(kv_sizes),
-            fstrides2=broadcast_strides(cos.shape, kv_sizes), scatter=region.sizes()))
-        rotary = RotaryCache([out_q, out, out2, region.flag], [cos, sin, region.index],
-                             params, rotary_cache_defines(cos, region.index, out_q.dtype))
         record_core(b, form, product, a, w, bias, "nk",
                     norm=None if fold is None else (fold.weight, fold.eps), rotary=rotary)
         return
     # The unfused pair's dispatches: rms_norm_linear into y, then rotary_index_put_pair.
-    y = b.temporary(tuple(x.max_shape[:-1]) + (n,), out_q.dtype)
+    y = write.product_row(b)
     layout = "packed" if b.constant_array(w) is not None else "nk"
     gemm.matmul(b, y, x, w, bias, layout, norm=norm)
-    region = PairRegion(b, cache, cache2, out, out2, b.value(indices_id))
-    rotary_scatter(b, out_q, region, (y, y, y), cos, sin, lambda: (q_sizes, kv_sizes, nk),
-                   offsets=(0, nq, nq + nk))
+    write.unfused(b, y)
 
 
 register(OpSpec(name=ROTARY_CACHE, dtypes=ROTARY_DTYPES, impl=_rotary_cache_impl,
-                shape_fn=_rotary_cache_shape, rules=(_rotary_cache_rule,),
+                shape_fn=rotary_cache.shape(5),
+                rules=(_product_rule, rotary_cache.rule(5, 3, (1, 3, 4))),
                 arg_dtypes={9: INDEX_DTYPES}, max_rank=4,
                 notes="rotary_index_put_pair of the q/k/v parts of a one-row "
                       "rms_norm_linear (a decode layer's norm, q/k/v GEMV, rotary and "

@@ -60,6 +60,12 @@ sums the squares of the whole row), unless compile option ``rms_norm_prologue`` 
 off; every other form (linear_qw.glsl's GEMV and GEMM forms: more rows on GPUs,
 weights the vectorized GEMV cannot read) records the norm's own dispatch first
 (kernels/norm_dispatch.rms_prologue) and reads its output, as the unfused pair does.
+And vkdelegate.rms_norm_linear_q4gsw_rotary_cache and
+rms_norm_weight_int8pack_mm_rotary_cache (registered at the end; made by
+backend/passes/fuse_linear_rotary_cache.py): a decode layer's merged q/k/v product with
+its norm, the rotary embedding and the K/V cache writes, in linear_qw_gemv.glsl's
+ROTARY epilogue (rotary_cache.h, kernels/rotary_cache.py; one dispatch) where the
+vectorized GEMV takes the product, else the unfused pair's dispatches.
 """
 from __future__ import annotations
 
@@ -70,7 +76,9 @@ import numpy as np
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import loop_limit
 from vkdelegate.kernels import residual
+from vkdelegate.kernels import rotary_cache
 from vkdelegate.kernels import swiglu as swiglu_chains
+from vkdelegate.kernels.cache_pair import INDEX_DTYPES
 from vkdelegate.kernels.gemm import norm_input
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
@@ -128,7 +136,8 @@ def _bindings(d) -> Bindings:
     if "RMS_NORM" in d:
         inputs.append("n_data")
         params += (NORM_PARAMS,)
-    return Bindings(outputs=("out_data",), inputs=tuple(inputs), params=params)
+    found = Bindings(outputs=("out_data",), inputs=tuple(inputs), params=params)
+    return rotary_cache.bindings(found) if "ROTARY" in d else found
 
 
 @shader_bindings(TSHADER)
@@ -218,14 +227,16 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False) -> bool:
 
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
-                   norm: bool = False) -> dict:
+                   norm: bool = False, rotary=None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
     workgroup's rows are read by vector loads (``vector_scales``); residual: None, or
     the Tensor (pair) of out's shape that HAS_RESIDUAL adds to the output; swiglu:
     None, or kernels/swiglu.py's defines of the SWIGLU epilogue; norm: the RMS_NORM
-    form (the norm folded in; its weight has x's dtype)."""
+    form (the norm folded in; its weight has x's dtype); rotary: None, or
+    kernels/rotary_cache.py's defines of the ROTARY epilogue (no svec: a unit's rows
+    are not a run)."""
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -236,7 +247,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
                           HAS_RESIDUAL=residual is not None, RMS_NORM=norm))
-    d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if swiglu is not None else VROWS))
+    paired = swiglu is not None or rotary is not None  # two weight rows per output
+    d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if paired else VROWS))
     if VDIRECT:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
     if VPROBE:
@@ -249,6 +261,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                  **flag_defines(SV_HALF=half))
     if swiglu is not None:
         d.update(swiglu)
+    if rotary is not None:
+        d.update(rotary)
     return d
 
 
@@ -417,8 +431,15 @@ def _record_texel(b, x, w, s, bias, out, bits, group, k, n, m, residual=None,
                global_size=(tiles * 8, -(-max(m, 1) // m_tile)), local_size=(TWG, 1, 1))
 
 
+def vector_form(b, w, k: int, bits: int, group: int, m: int) -> bool:
+    """Whether a weight-only product of ``m`` rows (upper bound) and K = ``k`` takes
+    linear_qw_gemv.glsl on this device: the GEMV form (``use_gemv``) and a weight it
+    can read (``vector_gemv``)."""
+    return use_gemv(b.device.info, m) and vector_gemv(w, k, bits, group, w.max_shape[1])
+
+
 def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
-            residual=None, swiglu=None, norm=None) -> bool:
+            residual=None, swiglu=None, norm=None, rotary=None) -> bool:
     """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
     ``residual`` (None, or a Tensor of out's shape and dtype) is added in the epilogue
     by linear_qw_gemv.glsl (HAS_RESIDUAL) and left to the caller by linear_qw.glsl.
@@ -429,7 +450,11 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     with dq or a residual): the product of et_vk.rms_norm(x, norm.weight, norm.eps),
     folded into linear_qw_gemv.glsl (RMS_NORM) unless compile option
     ``rms_norm_prologue`` is off; every other form (linear_qw.glsl's GEMV and GEMM)
-    reads the output of ``norm.unfused()``, the norm's own dispatch first."""
+    reads the output of ``norm.unfused()``, the norm's own dispatch first. ``rotary``
+    (None, or a kernels/rotary_cache.py RotaryCache; with or without ``norm``, nothing
+    else): linear_qw_gemv.glsl's ROTARY epilogue, w a merged q/k/v weight of one row's
+    product, out its ProductShape; only where ``vector_form`` holds (VkDelegateError,
+    b.error, otherwise)."""
     rows = w.max_shape[0]  # weight rows: the product's columns
     n = rows // 2 if swiglu is not None else rows  # output columns
     k = x.max_shape[-1] if x.ndim else 1
@@ -438,6 +463,10 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
                       f"this product")
     if norm is not None and (dq is not None or residual is not None):
         raise b.error("no RMS norm for this product")
+    if rotary is not None and (dq is not None or residual is not None
+                               or swiglu is not None or rows % 2):
+        raise b.error(f"weights [{rows}, {w.max_shape[1]}]: no rotary epilogue for this "
+                      f"product")
     if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
         raise b.error(f"int4 weights [{rows}, {w.max_shape[1]}] with group size {group} "
                       f"for K = {k}: K and the group size must be multiples of 8")
@@ -448,7 +477,9 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     chunk = 8 if bits == 4 else (4 if _words((w.dtype, w.device_dtype), k, 8) else 1)
     chunks = k // chunk
     gemv = use_gemv(b.device.info, m)
-    vector = gemv and vector_gemv(w, k, bits, group, w.max_shape[1])
+    vector = vector_form(b, w, k, bits, group, m)
+    if rotary is not None and not vector:
+        raise b.error("the rotary epilogue needs linear_qw_gemv.glsl")
     texel = not gemv and texel_form(b, w, s, k, bits, group, dq, m, swiglu is not None)
     xfmt = _x_format(x)
     fold = texel and norm is not None and b.texel_input(x, xfmt) \
@@ -459,7 +490,7 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
         return residual is not None
     if vector:
         _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu,
-                       norm)
+                       norm, rotary)
         return residual is not None
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
@@ -492,9 +523,11 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
 
 
 def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
-                   residual=None, swiglu=None, norm=None) -> None:
+                   residual=None, swiglu=None, norm=None, rotary=None) -> None:
     """linear_qw_gemv.glsl's dispatch; n: the output columns (SWIGLU: half the
-    weight's rows); norm: None, or the RmsPrologue its RMS_NORM form folds in."""
+    weight's rows; ROTARY: the weight's rows, N / 2 units); norm: None, or the
+    RmsPrologue its RMS_NORM form folds in; rotary: None, or the RotaryCache of its
+    ROTARY form (no SVEC: a unit's rows are not a run)."""
     rows = w.max_shape[0]
     blocks = k // (32 if bits == 4 else 16)
     loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
@@ -502,9 +535,10 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
     s_stride = s.max_shape[1] if bits == 4 else rows
-    svec = bits == 4 and vector_scales(s, n, s_stride, swiglu is not None)
+    svec = bits == 4 and rotary is None and vector_scales(s, n, s_stride, swiglu is not None)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
-                             dq, svec, residual, swiglu, norm is not None)
+                             dq, svec, residual, swiglu, norm is not None,
+                             None if rotary is None else rotary.defines)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -516,9 +550,14 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     if norm is not None:
         inputs.append(norm.weight)
         params.append(b.params(NORM_PARAMS.pack(qnorm=[norm.eps, 0.0, 0.0, 0.0])))
-    per_group = out_rows(swiglu is not None)  # outputs per workgroup
-    b.dispatch(VSHADER, defines, outputs=[out], inputs=inputs, params=params,
-               global_size=(-(-n // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
+    outputs, units = [out], n
+    if rotary is not None:  # after the product's bindings (rotary_cache.bindings)
+        outputs, units = rotary.outputs, n // 2
+        inputs += rotary.inputs
+        params.append(rotary.params)
+    per_group = out_rows(swiglu is not None or rotary is not None)  # outputs per workgroup
+    b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
+               global_size=(-(-units // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
 
 def _int8pack_impl(b, node):
@@ -652,7 +691,7 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
-                     chain: "str | None" = None, norm: bool = False):
+                     chain: "str | None" = None, norm: bool = False, rotary: bool = False):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
     if residual and op == DQ8CA:
@@ -662,6 +701,8 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     if chain is not None and (op == DQ8CA or residual
                               or chain not in swiglu_chains.CHAINS_FOR[dtype]):
         return None  # SWIGLU: linear_q4gsw_swiglu and weight_int8pack_mm_swiglu only
+    if rotary and (op == DQ8CA or residual or chain is not None or svec):
+        return None  # ROTARY: the *_rotary_cache forms (their norm folded in or not)
     pair = (dtype, device_dtype(dtype, profile))
     bits = 8 if op == INT8PACK else 4
     wdt = "int8" if bits == 8 else "uint8"
@@ -672,22 +713,26 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
     if svec and out_rows(chain is not None) % scales_per_load(pair, chain is not None):
         return None
-    return vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq, svec,
-                          pair if residual else None,
-                          None if chain is None else swiglu_chains.defines(chain, dtype),
-                          norm)
+    # The rotary epilogue's cos/sin have the product's dtype, its positions either index
+    # dtype.
+    rotaries = [rotary_cache.defines(pair, (i, device_dtype(i, profile)), dtype)
+                for i in rotary_cache.INDEX_DTYPES] if rotary else [None]
+    return [vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq,
+                           svec, pair if residual else None,
+                           None if chain is None else swiglu_chains.defines(chain, dtype),
+                           norm, r) for r in rotaries]
 
 
 def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
     found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec)
-    return None if found is None else dict(found, INT_DOT="1")
+    return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
               svec=(False, True))
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
-             norm=(False, True))
+             norm=(False, True), rotary=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
 
 
@@ -875,3 +920,63 @@ register(OpSpec(name=RMS_INT8PACK_SWIGLU, dtypes=DTYPES, impl=_rms_int8pack_impl
                       "in one dispatch on the vectorized GEMV and the texel-buffer form, "
                       "else the norm's dispatch first; fused from "
                       "rms_norm_weight_int8pack_mm and a SwiGLU chain"))
+
+
+# ---- the rotary embedding and K/V cache writes in the epilogue (kernels/rotary_cache.py)
+# vkdelegate.rms_norm_linear_q4gsw_rotary_cache(x, norm_weight, eps, weights,
+# weight_scales, group_size, bias?, cos, sin, cache, cache2, indices, q_sizes, kv_sizes)
+# and vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache(x [1, K], norm_weight, eps,
+# mat2, scales, cos, ..., kv_sizes) -> (q', cache', cache2'): the int4 / int8 forms of
+# vkdelegate.rms_norm_linear_rotary_cache (ops/families/cache_update.py): a decode
+# layer's input norm, its merged q/k/v product of one row, the rotary embedding of q
+# and k and the K/V cache writes. Made by backend/passes/fuse_linear_rotary_cache.py.
+# Where the product takes linear_qw_gemv.glsl (``vector_form``: GPUs) one dispatch, its
+# ROTARY epilogue (the norm folded in unless compile option ``rms_norm_prologue`` is
+# off: then the norm's dispatch first); elsewhere (CPU drivers: linear_qw_texel.glsl;
+# linear_qw.glsl's forms) the unfused pair's dispatches: the product (with its norm, as
+# rms_norm_linear_q4gsw / rms_norm_weight_int8pack_mm record it) into a scratch row,
+# then rotary_scatter_pair.glsl. Both give every element the bits of the unfused pair
+# on the same form (tests/ops/test_quantized_rotary_cache.py).
+RMS_Q4GSW_ROTARY = "vkdelegate.rms_norm_linear_q4gsw_rotary_cache.default"
+RMS_INT8PACK_ROTARY = "vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache.default"
+
+
+def _record_rotary(b, node, at: int, bias, bits: int, group: int) -> None:
+    """Record a *_rotary_cache node (its product's weight and scales at arguments 3 and
+    4, cos and the rest from ``at``)."""
+    x, w, s = (b.tensor(i) for i in (node.args[0], node.args[3], node.args[4]))
+    write = rotary_cache.CacheWrite(b, node, at, x, w.max_shape[0])
+    norm = rms_prologue(b, node, x, node.args[1], node.args[2])
+    if vector_form(b, w, x.max_shape[-1], bits, group, 1):
+        product, rotary = write.fused(b)
+        _record(b, node, x, w, s, bias, product, bits, group, norm=norm, rotary=rotary)
+        return
+    y = write.product_row(b)
+    _record(b, node, x, w, s, bias, y, bits, group, norm=norm)
+    write.unfused(b, y)
+
+
+def _rms_q4gsw_rotary_impl(b, node):
+    _record_rotary(b, node, 7, b.value(node.args[6]), 4, int(b.scalar(node.args[5])))
+
+
+def _rms_int8pack_rotary_impl(b, node):
+    _record_rotary(b, node, 5, None, 8, 0)
+
+
+_ROTARY_NOTE = ("rotary_index_put_pair of the q/k/v parts of a one-row {product} (a "
+                "decode layer's norm, int{bits} q/k/v GEMV, rotary and K/V cache "
+                "writes): one dispatch on the vectorized GEMV (the rotary pairs and "
+                "cache writes in its epilogue), else the unfused pair's; bitwise the "
+                "pair's")
+register(OpSpec(name=RMS_Q4GSW_ROTARY, dtypes=DTYPES, impl=_rms_q4gsw_rotary_impl,
+                shape_fn=rotary_cache.shape(7),
+                rules=(_norm_rule, lambda n: _q4_rule(n, 3, 4, 5),
+                       rotary_cache.rule(7, 3, (1, 4, 6))),
+                arg_dtypes={3: frozenset({"uint8"}), 11: INDEX_DTYPES}, max_rank=4,
+                notes=_ROTARY_NOTE.format(product="rms_norm_linear_q4gsw", bits=4)))
+register(OpSpec(name=RMS_INT8PACK_ROTARY, dtypes=DTYPES, impl=_rms_int8pack_rotary_impl,
+                shape_fn=rotary_cache.shape(5),
+                rules=(_norm_rule, _rms_int8pack_rule, rotary_cache.rule(5, 3, (1, 4))),
+                arg_dtypes={3: frozenset({"int8"}), 9: INDEX_DTYPES}, max_rank=4,
+                notes=_ROTARY_NOTE.format(product="rms_norm_weight_int8pack_mm", bits=8)))

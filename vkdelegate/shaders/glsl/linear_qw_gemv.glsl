@@ -58,11 +58,25 @@
 // 1 / sqrt(sum / K + eps) before finish (W8's scale, the bias) and SWIGLU's chain. fp32
 // throughout: the normalized row is not rounded to x's dtype, as et_vk.rms_norm's
 // output is.
+// ROTARY (W4 or W8, not DQ8CA, HAS_RESIDUAL, SWIGLU or SVEC; with or without RMS_NORM;
+// vkdelegate.rms_norm_linear_q4gsw_rotary_cache, rms_norm_weight_int8pack_mm_rotary_cache,
+// kernels/rotary_cache.py): w is a merged q/k/v weight of N = Nq + 2 Nk rows (qdims.y
+// = N) whose product y [N] of one row is never stored: a workgroup's ROWS rows are
+// ROWS/2 units of two rows (rotary_cache.h's ``rotary_row``: a q or k head's rotary
+// pair, or two adjacent v rows), slot r < ROWS/2 the first row of unit n0 + r, slot
+// ROWS/2 + r its second; each row's sum is computed and reduced exactly as the plain
+// GEMV computes that row, and invocation t < ROWS/2 finishes its unit's two sums as
+// the plain op finishes them (finish: W8's scale, the bias), rounds them as its store
+// rounds them (ROTARY_ROUND) and rotates or writes them (``rotary_out``: q' into
+// out_data, k' and v into their cache rows at the step's position, an index ATen
+// rejects flagged and not written). The rows of a unit are not consecutive, so SVEC's
+// runs of rows do not apply (the scalar scale loads read each row's own).
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
-// Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2))), y the row m
-// (rows past M and columns past N compute the last valid one and store nothing).
+// Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2)); ROTARY:
+// ceil(N / 2 / (ROWS / 2))), y the row m (rows past M and columns past N compute the
+// last valid one and store nothing).
 
 #ifdef SWIGLU
 #if defined(DQ8CA) || defined(HAS_RESIDUAL)
@@ -70,6 +84,14 @@
 #endif
 #define OUT_ROWS (ROWS / 2)  // outputs per workgroup: a gate row and an up row each
 #define SV_RUNS 2            // SVEC: runs of consecutive rows (gate, up)
+#ifdef ROTARY
+#error "SWIGLU and ROTARY are two epilogues"
+#endif
+#elif defined(ROTARY)
+#if defined(DQ8CA) || defined(HAS_RESIDUAL) || defined(SVEC)
+#error "ROTARY takes neither DQ8CA, HAS_RESIDUAL nor SVEC"
+#endif
+#define OUT_ROWS (ROWS / 2)  // units per workgroup: two rows each (rotary_row)
 #else
 #define OUT_ROWS ROWS
 #define SV_RUNS 1
@@ -271,6 +293,11 @@ float block_idot(vec4 xv[XV], uvec4 w) {
 #define SCALE_LAST  // the int8 scale once per output, after the sum
 #endif
 #include "qlinear_out.h"
+#ifdef ROTARY
+// out_data is q' (q's elements in order); out_meta describes the product y [1, N].
+#define ROTARY_FINISH(s, m, n) finish(s, m, n)
+#include "rotary_cache.h"
+#endif
 
 // Requests block bc's weight blocks (wv), W4 scales (sv, times 8da4w's x scale) and
 // DQ8CA zero-point shares (zs: z * the group's weight sum where bc starts a group)
@@ -415,8 +442,13 @@ void main() {
   const int M = N > 0 ? numel_of(out_meta) / N : 0;
   const int t = int(gl_LocalInvocationID.x);
   const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
+#ifdef ROTARY
+  const int units = N / 2;  // the outputs: row pairs (rotary_row)
+#else
+  const int units = N;
+#endif
   const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
-  const bool live = int(gl_WorkGroupID.y) < M && n0 < N;  // uniform in the workgroup
+  const bool live = int(gl_WorkGroupID.y) < M && n0 < units;  // uniform in the workgroup
   float inv = 0.0, xscale = 1.0;
   int z = 0;
 #ifdef DQ8CA
@@ -430,11 +462,20 @@ void main() {
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
 #ifdef SWIGLU
     w_row[r] = r < OUT_ROWS ? min(n0 + r, N - 1) : N + min(n0 + r - OUT_ROWS, N - 1);
+#elif defined(ROTARY)
+    w_row[r] = rotary_row(min(n0 + r % OUT_ROWS, units - 1), r >= OUT_ROWS);
 #else
     w_row[r] = min(n0 + r, N - 1);
 #endif
     acc[r] = 0.0;
   }
+#ifdef ROTARY
+  // The epilogue's invocations (t < OUT_ROWS, a unit each) load what it reads now.
+  RotaryLoads loads = RotaryLoads(0.0, 0.0, 0.0, 0.0, 0, 0);
+  if (live && t < OUT_ROWS && n0 + t < units) {
+    loads = rotary_loads(n0 + t);
+  }
+#endif
   if (live) {
 #ifdef DIRECT
     for (int b0 = t; b0 < blocks; b0 += UNROLL * WG) {
@@ -524,6 +565,15 @@ void main() {
     out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(gate), NORM_SCALE(up), m,
                                                     n0 + t));
   }
+#elif defined(ROTARY)
+  if (live && t < OUT_ROWS && n0 + t < units) {
+    float first = 0.0, second = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      first += PARTIAL(t, int(i));
+      second += PARTIAL(t + OUT_ROWS, int(i));
+    }
+    rotary_out(NORM_SCALE(first), NORM_SCALE(second), m, n0 + t, loads);
+  }
 #else
   if (live && t < ROWS && n0 + t < N) {
     float total = 0.0;
@@ -557,6 +607,11 @@ void main() {
     out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(PARTIAL(t, 0)),
                                                     NORM_SCALE(PARTIAL(t + OUT_ROWS, 0)),
                                                     m, n0 + t));
+  }
+#elif defined(ROTARY)
+  if (live && t < OUT_ROWS && n0 + t < units) {
+    rotary_out(NORM_SCALE(PARTIAL(t, 0)), NORM_SCALE(PARTIAL(t + OUT_ROWS, 0)), m, n0 + t,
+               loads);
   }
 #else
   if (live && t < ROWS && n0 + t < N) {

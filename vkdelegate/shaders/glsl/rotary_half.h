@@ -1,5 +1,5 @@
 // What the HF-style rotary shaders share (rotary_half.glsl, rotary_half_pair.glsl,
-// rotary_scatter_pair.glsl, gemv.glsl's ROTARY; kernels/rotary_half.py): out = x * cos
+// rotary_scatter_pair.glsl, rotary_cache.h; kernels/rotary_half.py): out = x * cos
 // + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1) (x1, x2 the halves of the
 // last dim), cos/sin broadcast to x, fp32 math. One expression, so every shader gives
 // an element the same bits. Include after common.h and the cos_data / sin_data
@@ -30,10 +30,10 @@ uint rotary_freq_index(uint i, ivec4 sz, ivec4 fs) {
 
 // x * cos + partner * sin, partner = -x2 (x in the first half) or x1. ``precise``: two
 // products and a sum, each rounded, never contracted into an fma, so that every shader
-// computing it (the three above and gemv.glsl's ROTARY epilogue, whose x is in a
+// computing it (the three above and rotary_cache.h's ROTARY epilogue, whose x is in a
 // register rather than loaded) gives the same bits whatever its compiler contracts
 // (and fp32 gives eager's: x * cos, rotate_half(x) * sin and their sum, each rounded).
-// rotary_half_cs: with the cos and sin values given (gemv.glsl's ROTARY loads them
+// rotary_half_cs: with the cos and sin values given (rotary_cache.h loads them
 // before its products).
 float rotary_half_cs(float x, float partner, float c, float s) {
   precise float r = x * c + partner * s;

@@ -1,8 +1,9 @@
 // What the paired cache-write shaders share (scatter_rows_pair.glsl,
-// rotary_scatter_pair.glsl, gemv.glsl's ROTARY): where element i of a written region goes. The region is
-// dest.shape[:dim] x count x dest.shape[dim + 1:] in order, its rows along dim at
-// index_data[0 .. count - 1] (negative indices wrapped, as index_put does). Include
-// after the index_data and error_flags (index_check.h) bindings.
+// rotary_scatter_pair.glsl, rotary_cache.h: the GEMVs' ROTARY epilogue): where element
+// i of a written region goes. The region is dest.shape[:dim] x count x
+// dest.shape[dim + 1:] in order, its rows along dim at index_data[0 .. count - 1]
+// (negative indices wrapped, as index_put does). Include after the index_data and
+// error_flags (index_check.h) bindings.
 #ifndef VKDELEGATE_SCATTER_PAIR_H
 #define VKDELEGATE_SCATTER_PAIR_H
 
