@@ -91,7 +91,9 @@ for s in "$@"; do
             tests/examples/test_hf_encoders.py tests/ops/test_unary.py \
             tests/ops/test_binary.py tests/program/test_named_outputs.py \
             tests/llm/test_quantized_lower.py tests/ops/test_sdpa_seq_first.py \
-            tests/ops/test_encoder_blocks.py tests/llm/test_position_attention.py ;;
+            tests/ops/test_encoder_blocks.py tests/llm/test_position_attention.py \
+            tests/ops/test_quantized_rotary_cache.py tests/ops/test_rotary_cache.py \
+            tests/llm/test_decode_dispatches.py ;;
     boolwin) step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
                --dtype float16 --filter bool --runs 5 ;;
     decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
