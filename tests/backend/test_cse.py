@@ -208,3 +208,43 @@ def test_selects_of_size_one_dims_and_whole_slices_become_views():
     program = to_backend(torch.export.export(m, (h, w, pos)), VulkanPartitioner())
     for out, ref in zip(program(h, w, pos), m(h, w, pos)):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+class RelativeIndex(torch.nn.Module):
+    """BEiT's relative position bias: an int64 index computed from a constant grid by
+    meshgrid, sub, permute, where and sum on every call, then a gather of a float
+    table; and a random draw of a constant's size (never folded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(64, 2))
+        self.register_buffer("size", torch.tensor([4, 4]), persistent=False)
+
+    def forward(self, x):
+        h, w = torch.arange(4), torch.arange(4)
+        coords = torch.stack(torch.meshgrid(h, w, indexing="ij")).flatten(1)
+        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)
+        rel = torch.where(rel < 0, rel + self.size - 1, rel)
+        index = (rel * torch.tensor([7, 1])).sum(-1)
+        noise = torch.rand(x.shape[0], 1) * 0  # random: stays
+        return x + self.table[index.flatten() % 64].sum(-1).view(16, 16)[:x.shape[0]] + noise
+
+
+def test_integer_results_of_constants_fold():
+    from vkdelegate.backend.passes import run_passes
+
+    m = RelativeIndex()
+    x = torch.randn(16, 16)
+    pg = from_exported_program(torch.export.export(m, (x,)))
+    assert "fold_constants" in run_passes(pg)
+    calls = [n for n in pg.gm.graph.nodes if n.op == "call_function"]
+    left = {str(n.target) for n in calls}
+    # No integer or boolean op is left: the index is one constant, gathered from the
+    # table (the float gather and sum stay, as does the random draw).
+    assert not [n.format_node() for n in calls if n.meta["val"].dtype in
+                (torch.int64, torch.bool)]
+    assert "aten.rand.default" in left, sorted(left)
+    index = [v for n, v in pg.constants.items() if n.endswith("_folded")
+             and v.dtype == torch.int64 and v.numel() == 256]
+    assert index, {n: (v.dtype, tuple(v.shape)) for n, v in pg.constants.items()}
+    torch.testing.assert_close(_run(pg, x)[0], m(x))

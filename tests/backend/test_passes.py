@@ -123,6 +123,37 @@ def test_remove_noop_copies_keeps_returned_clone():
     assert not remove_noop_copies(pg)           # nothing left to remove
 
 
+def test_channels_last_copies_are_removed_unless_storage_is_read():
+    """A clone / _to_copy to channels_last changes only strides: removed (YOLOS's
+    position-embedding interpolation has one), but kept where as_strided, whose result
+    depends on the strides, is in the graph, and where it is returned."""
+    class M(torch.nn.Module):
+        def __init__(self, strided=False):
+            super().__init__()
+            self.strided = strided
+
+        def forward(self, x):
+            cl = torch.channels_last
+            a = x.clone(memory_format=cl)
+            b = torch.ops.aten._to_copy.default(a * 2, memory_format=cl)
+            out = b.flatten(2).transpose(1, 2) + 1
+            if self.strided:
+                out = out + torch.as_strided(a, (2, 3), (1, 2)).sum()
+            return out, x.clone(memory_format=cl)  # returned: kept
+
+    x = torch.randn(1, 3, 4, 5)
+    for strided in (False, True):
+        m = M(strided)
+        pg = from_exported_program(torch.export.export(m, (x,)))
+        remove_noop_copies(pg)
+        copies = [n for n in pg.gm.graph.nodes if n.op == "call_function" and
+                  n.kwargs.get("memory_format") == torch.channels_last]
+        assert len(copies) == (3 if strided else 1), [n.format_node() for n in copies]
+        out = _run(pg, x)
+        for got, want in zip(out, m(x)):
+            assert torch.equal(got, want)
+
+
 def test_static_dtype_asserts_are_removed_and_others_kept():
     class M(torch.nn.Module):
         def forward(self, x, mask):

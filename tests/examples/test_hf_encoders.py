@@ -3,7 +3,9 @@ of the real architectures, seeded random weights): ``to_backend`` delegates ever
 node, and every output tensor (their ModelOutput records come back as
 ``pytree_spec.Record``) matches eager. Found gaps, 2026-12-05: ModelOutput returns
 (every model here), int64 abs (T5 relative positions, ModernBERT's window),
-adaptive_avg_pool1d (Swin's pooler)."""
+adaptive_avg_pool1d (Swin's pooler); int64 index arithmetic on constants (BEiT's
+relative position index: folded at lowering), a channels_last clone (YOLOS's position
+embedding interpolation: values unchanged, removed)."""
 import pytest
 import torch
 from torch.utils import _pytree
@@ -53,6 +55,16 @@ MODELS = {
     "modernbert": lambda: (tf.ModernBertModel(tf.ModernBertConfig(
         **TOKENS, cls_token_id=1, sep_token_id=2, hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4)), _ids()),
+    "beit": lambda: (tf.BeitModel(tf.BeitConfig(
+        image_size=32, patch_size=8, use_relative_position_bias=True, **ENC),
+        add_pooling_layer=False), _image()),
+    "yolos": lambda: (tf.YolosModel(tf.YolosConfig(
+        image_size=[32, 32], patch_size=8, num_detection_tokens=5, **ENC),
+        add_pooling_layer=False), _image()),
+    "wav2vec2": lambda: (tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **ENC)),
+        (torch.randn(1, 4000, generator=torch.Generator().manual_seed(6)),)),
 }
 
 

@@ -11,7 +11,11 @@ ATen op on the CPU (eager's values, bit for bit), and makes them constants:
   format change, no ``non_blocking``);
 - ``unsqueeze``/``view``/``reshape`` of a constant this pass made (a view of a
   constant is a copy on the device, a dispatch, where a view of an intermediate
-  shares its memory).
+  shares its memory);
+- any other functional ATen op (no mutated argument, not random) whose tensor
+  arguments are all constants and whose result is integer or boolean: index
+  arithmetic on constants, such as BEiT's relative position index (meshgrid, sub,
+  permute, where, sum: some forty int64 nodes a forward, each a dispatch).
 
 Float ``full``/``arange`` are not folded: force_fp16 checks a fill value that float16
 cannot hold on the node (backend/fp16_ranges.py) but not every element of a large
@@ -47,6 +51,27 @@ _VIEWS = (aten.unsqueeze.default, aten.view.default, aten.reshape.default,
           aten._unsafe_view.default)
 
 
+def _constant_args(pg, node) -> bool:
+    """Whether every node among ``node``'s arguments (lists included) is a constant."""
+    found = []
+    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    return all(a.op == "placeholder" and a.name in pg.constants for a in found)
+
+
+def _integer_result(pg, node) -> bool:
+    """A functional, deterministic ATen op of constants with an integer or boolean
+    result (module docstring)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable \
+            or torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    val = node.meta["val"]
+    if val.dtype not in _INTEGER + (torch.bool,):
+        return False
+    return _constant_args(pg, node) and all(
+        pg.constants[a.name].device.type == "cpu" for a in node.all_input_nodes)
+
+
 def _foldable(pg, node, made) -> bool:
     if node.op != "call_function" or not node.users or not _static_value(node):
         return False
@@ -75,7 +100,7 @@ def _foldable(pg, node, made) -> bool:
                                                        torch.contiguous_format):
             return False
         return pg.constants[src.name].device.type == "cpu"
-    return False
+    return _integer_result(pg, node)
 
 
 def fold_constants(pg) -> bool:
@@ -86,9 +111,9 @@ def fold_constants(pg) -> bool:
     for node in list(graph.nodes):
         if not _foldable(pg, node, made):
             continue
-        args = [pg.constants[a.name] if isinstance(a, torch.fx.Node) else a
-                for a in node.args]
-        value = node.target(*args, **node.kwargs)
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
+                                             lambda a: pg.constants[a.name])
+        value = node.target(*args, **kwargs)
         want = node.meta["val"]
         if not isinstance(value, torch.Tensor) or value.dtype != want.dtype \
                 or tuple(value.shape) != tuple(want.shape):

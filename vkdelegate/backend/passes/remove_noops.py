@@ -9,6 +9,12 @@ leaves of a ``.to(D)`` (HF models write ``mask.to(torch.bool)``). A tensor's dty
 fixed by the exported graph, so when the node's value already has dtype D the assert
 holds on every call; it is removed, and with it a CPU island between two partitions.
 Asserts on sizes or strides, or on a device or layout the value does not have, are kept.
+
+A clone or ``_to_copy`` to ``channels_last`` (``channels_last_3d``) changes only the
+strides: every op of an exported graph computes on logical elements, so its readers
+see the same values either way, and the delegate stores every tensor contiguously
+anyway. It is removed too, unless the graph reads raw storage somewhere
+(``as_strided``, whose result depends on the strides) or returns it.
 """
 from __future__ import annotations
 
@@ -17,9 +23,13 @@ import torch
 aten = torch.ops.aten
 
 _PRESERVING_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
+#: Formats that change only the strides (module docstring).
+_LAYOUT_FORMATS = (torch.channels_last, torch.channels_last_3d)
+_STORAGE_READERS = (aten.as_strided.default, aten.as_strided_copy.default,
+                    aten.as_strided_scatter.default)
 
 
-def _is_noop(node: torch.fx.Node) -> bool:
+def _is_noop(node: torch.fx.Node, formats=_PRESERVING_FORMATS) -> bool:
     if node.op != "call_function" or not node.args:
         return False
     src = node.args[0]
@@ -28,14 +38,14 @@ def _is_noop(node: torch.fx.Node) -> bool:
     if node.target == aten.alias.default:
         return True
     if node.target == aten.clone.default:
-        return node.kwargs.get("memory_format") in _PRESERVING_FORMATS
+        return node.kwargs.get("memory_format") in formats
     if node.target == aten._to_copy.default:
         src_val, val = src.meta.get("val"), node.meta.get("val")
         allowed = {"dtype", "device", "layout", "memory_format"}
         if src_val is None or val is None or set(node.kwargs) - allowed:
             return False
         return (src_val.dtype == val.dtype and src_val.device == val.device
-                and node.kwargs.get("memory_format") in _PRESERVING_FORMATS)
+                and node.kwargs.get("memory_format") in formats)
     return False
 
 
@@ -60,12 +70,16 @@ def remove_noop_copies(pg) -> bool:
     """Replace no-op clone/alias/_to_copy nodes by their input and drop dtype asserts
     that hold statically; True if any removed."""
     changed = False
+    formats = _PRESERVING_FORMATS
+    if not any(n.op == "call_function" and n.target in _STORAGE_READERS
+               for n in pg.gm.graph.nodes):
+        formats = _PRESERVING_FORMATS + _LAYOUT_FORMATS
     for node in list(pg.gm.graph.nodes):
         if _is_static_dtype_assert(node):
             pg.gm.graph.erase_node(node)
             changed = True
             continue
-        if not _is_noop(node):
+        if not _is_noop(node, formats):
             continue
         if any(user.op == "output" for user in node.users):
             continue
