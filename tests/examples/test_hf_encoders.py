@@ -5,7 +5,9 @@ node, and every output tensor (their ModelOutput records come back as
 (every model here), int64 abs (T5 relative positions, ModernBERT's window),
 adaptive_avg_pool1d (Swin's pooler); int64 index arithmetic on constants (BEiT's
 relative position index: folded at lowering), a channels_last clone (YOLOS's position
-embedding interpolation: values unchanged, removed)."""
+embedding interpolation: values unchanged, removed), nn.functional.fold of
+non-overlapping patches (MobileViT v2: an accumulating index_put with unique constant
+positions, passes/unique_index_put)."""
 import pytest
 import torch
 from torch.utils import _pytree
@@ -26,6 +28,17 @@ def _ids():
 
 def _image():
     return (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(4)),)
+
+
+def _randomized(model):
+    """Every parameter drawn again (N(0, 0.2), norm weights around 1): MobileViT v2's
+    initialization gives a zero output, which would match anything."""
+    g = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            one = name.endswith(("norm.weight", "bn.weight"))
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if one else 0.0))
+    return model
 
 
 MODELS = {
@@ -61,6 +74,9 @@ MODELS = {
     "yolos": lambda: (tf.YolosModel(tf.YolosConfig(
         image_size=[32, 32], patch_size=8, num_detection_tokens=5, **ENC),
         add_pooling_layer=False), _image()),
+    "mobilevitv2": lambda: (_randomized(tf.MobileViTV2Model(tf.MobileViTV2Config(
+        image_size=64, width_multiplier=0.5))),
+        (torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(7)),)),
     "wav2vec2": lambda: (tf.Wav2Vec2Model(tf.Wav2Vec2Config(
         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **ENC)),

@@ -32,6 +32,7 @@ from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.rotary_tables import rotary_tables
 from vkdelegate.backend.passes.sdpa_seq_first import sdpa_seq_first
 from vkdelegate.backend.passes.symbolic_view_sizes import symbolic_view_sizes
+from vkdelegate.backend.passes.unique_index_put import unique_index_put
 from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 
 # Order matters:
@@ -74,6 +75,9 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 # 5a'. values every call computes alike (an integer arange of static bounds, a dtype
 #    copy of a constant) -> constants (fold_constants), after cse, so that merged
 #    duplicates fold once;
+# 5a''. an accumulating index_put whose constant indices name each element once ->
+#    gather, add, index_put (unique_index_put), after fold_constants, which makes
+#    the indices (nn.functional.fold's arange arithmetic) constants;
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
@@ -119,12 +123,13 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 #    sym_size/arithmetic nodes, so that they can join its partition
 #    (backend/symint_partitions.py).
 PASSES = (bfloat16_to_float32, remove_noop_copies, as_strided_views, zero_dim_operands,
-          fuse_quantized_linear,
-          fuse_quantized_embedding, addmm_to_linear, fold_batch_norm, fuse_conv_clamp,
-          fold_conv_padding, fuse_conv_add, merge_linears, fuse_rms_norm, fuse_rotary,
-          cse, fold_constants, cache_positions, pair_cache_updates, rotary_tables, fuse_linear_add,
-          fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu, permute_to_view,
-          fuse_linear_rotary_cache, sdpa_seq_first, symbolic_view_sizes, local_symints)
+          fuse_quantized_linear, fuse_quantized_embedding, addmm_to_linear,
+          fold_batch_norm, fuse_conv_clamp, fold_conv_padding, fuse_conv_add,
+          merge_linears, fuse_rms_norm, fuse_rotary, cse, fold_constants,
+          unique_index_put, cache_positions, pair_cache_updates, rotary_tables,
+          fuse_linear_add, fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu,
+          permute_to_view, fuse_linear_rotary_cache, sdpa_seq_first, symbolic_view_sizes,
+          local_symints)
 
 
 def run_passes(pg) -> list[str]:
