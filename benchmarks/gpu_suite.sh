@@ -20,7 +20,7 @@
 #           GEMV's time the GPU's clock state? 150
 #   attn    the attention, block-map, pool, broadcast and quantized-norm / SwiGLU / texel
 #           tests, the HF encoder / LLM family tests, unary / binary ops, validation on
-#           (what landed on lavapipe only since the last lease), 330
+#           (what landed on lavapipe only since the last lease), 480
 #   boolwin  benchmarks/sdpa.py's boolean-mask prefill cases (issue 14's window), 90
 #   decode  llm_decode.py fp16 with and without the fused rotary + cache write, int4,
 #           int8, with --profile 14, 330
@@ -81,7 +81,7 @@ for s in "$@"; do
         --shapes 4096x4096,4096x14336 --stream-mb 256 --cases int4
       step clocks_b 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
         --shapes 4096x14336,4096x4096 --stream-mb 256 --cases int4 --reverse ;;
-    attn) step attn 330 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 -p no:cacheprovider \
+    attn) step attn 480 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 -p no:cacheprovider \
             tests/ops/test_sdpa_tile_map.py tests/ops/test_sdpa_block_sparse.py \
             tests/ops/test_sdpa.py tests/ops/test_sdpa_kv.py tests/ops/test_sdpa_at.py \
             tests/ops/test_sdpa_decode.py tests/ops/test_pool.py \
