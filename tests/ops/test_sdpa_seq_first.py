@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.ops.harness import delegated_nodes, dispatched_ops
+from tests.ops.harness import check_op, delegated_nodes, dispatched_ops
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
 
@@ -185,3 +185,16 @@ def test_block_list(blocked):
     with torch.no_grad():
         torch.testing.assert_close(program(x), model(x), atol=2e-6, rtol=0)
     program.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("mask", ["bool", "float"])
+def test_check_op_masks(dtype, mask):
+    """The harness's check (eager's values, the op in a delegate, nothing on the CPU) with
+    each mask dtype, so that the registry's claims are covered."""
+    torch.manual_seed(5)
+    model = Heads().to(dtype)
+    x = torch.randn(2, 33, 64).to(dtype)
+    m = _padding(2, 33, [33, 20]) if mask == "bool" else torch.randn(2, 1, 33, 33).to(dtype)
+    tol = dict(rtol=1e-2, atol=2e-3) if dtype == torch.float16 else dict(rtol=0, atol=2e-6)
+    check_op(model, (x, m), ops=[SEQ_FIRST], **tol)
