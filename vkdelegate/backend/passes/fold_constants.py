@@ -34,7 +34,8 @@ aten = torch.ops.aten
 MAX_ELEMENTS = 1 << 16
 
 _ARANGE = (aten.arange.default, aten.arange.start, aten.arange.start_step)
-_INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+#: The integer dtypes (an integer or boolean result of constants folds).
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _number(x) -> bool:
@@ -66,7 +67,7 @@ def _integer_result(pg, node) -> bool:
             or torch.Tag.nondeterministic_seeded in target.tags:
         return False
     val = node.meta["val"]
-    if val.dtype not in _INTEGER + (torch.bool,):
+    if val.dtype not in INTEGER_DTYPES + (torch.bool,):
         return False
     return _constant_args(pg, node) and all(
         pg.constants[a.name].device.type == "cpu" for a in node.all_input_nodes)
@@ -84,7 +85,7 @@ def _foldable(pg, node, made) -> bool:
     if kwargs.get("pin_memory") or kwargs.get("layout", torch.strided) != torch.strided:
         return False
     if node.target in _ARANGE:
-        return node.meta["val"].dtype in _INTEGER and all(_number(a) for a in node.args)
+        return node.meta["val"].dtype in INTEGER_DTYPES and all(_number(a) for a in node.args)
     if node.target in _VIEWS:
         src = node.args[0] if node.args else None
         return isinstance(src, torch.fx.Node) and src.name in made and not node.kwargs \

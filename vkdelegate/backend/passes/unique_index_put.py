@@ -22,12 +22,13 @@ import math
 
 import torch
 
+from vkdelegate.backend.passes.fold_constants import INTEGER_DTYPES
+
 aten = torch.ops.aten
 
 #: The most index tuples checked for uniqueness at lowering.
 MAX_POSITIONS = 1 << 22
 
-_INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _flat_positions(x_shape, indices):
@@ -36,7 +37,7 @@ def _flat_positions(x_shape, indices):
     on adjacent dims naming every element of a tensor of ``x_shape`` at most once and
     all within its dims; else None."""
     given = [(d, t) for d, t in enumerate(indices) if t is not None]
-    if not given or any(t.dtype not in _INTEGER for _, t in given):
+    if not given or any(t.dtype not in INTEGER_DTYPES for _, t in given):
         return None
     dims = [d for d, _ in given]
     if dims != list(range(dims[0], dims[-1] + 1)):
