@@ -21,6 +21,7 @@ from vkdelegate.backend.passes.fuse_conv_clamp import fuse_conv_clamp
 from vkdelegate.backend.passes.fuse_rms_norm import fuse_rms_norm
 from vkdelegate.backend.passes.fuse_rms_norm_linear import fuse_rms_norm_linear
 from vkdelegate.backend.passes.fuse_rotary import fuse_rotary
+from vkdelegate.backend.passes.index_put_values import index_put_values
 from vkdelegate.backend.passes.linear import addmm_to_linear
 from vkdelegate.backend.passes.merge_linears import merge_linears
 from vkdelegate.backend.passes.pair_cache_updates import pair_cache_updates
@@ -78,6 +79,9 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 # 5a''. an accumulating index_put whose constant indices name each element once ->
 #    gather, add, index_put (unique_index_put), after fold_constants, which makes
 #    the indices (nn.functional.fold's arange arithmetic) constants;
+# 5a'''. index_put values that broadcast to the written region -> an expand to it
+#    (index_put_values; a multi-query K row into a cache of several heads), before
+#    pair_cache_updates, which pairs the cache writes the kernels can then take;
 # 5b. KV-cache positions: slice_scatter at ``pos.item()`` -> slice_scatter_at (reads the
 #    position on the device); before 6./7., which would give its SymInts their own
 #    sym_size nodes.
@@ -126,7 +130,7 @@ PASSES = (bfloat16_to_float32, remove_noop_copies, as_strided_views, zero_dim_op
           fuse_quantized_linear, fuse_quantized_embedding, addmm_to_linear,
           fold_batch_norm, fuse_conv_clamp, fold_conv_padding, fuse_conv_add,
           merge_linears, fuse_rms_norm, fuse_rotary, cse, fold_constants,
-          unique_index_put, cache_positions, pair_cache_updates, rotary_tables,
+          unique_index_put, index_put_values, cache_positions, pair_cache_updates, rotary_tables,
           fuse_linear_add, fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu,
           permute_to_view, fuse_linear_rotary_cache, sdpa_seq_first, symbolic_view_sizes,
           local_symints)
