@@ -18,8 +18,9 @@ torchao's quantized linears).
 Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
-workgroup, x loaded per invocation (VDIRECT) or staged in shared memory; 8da4w
-quantizes x as it loads it) where the weight allows it
+workgroup, x loaded per invocation (VDIRECT) or staged in shared memory, or with
+VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
+it loads it) where the weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
 of 16); else linear_qw.glsl, whose
 GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
