@@ -29,7 +29,8 @@ from L2); the times are per layer (the execute's GPU time over the layers), medi
 of --runs back-to-back profiled executes after a warm-up, and "best" the fastest.
 --sweep: also the GEMV forms under tuning: the fp16 linear's gemv.glsl with
 (rows per workgroup, UNROLL) of FP16_SWEEP and the int8 / int4 cases'
-linear_qw_gemv.glsl forms of QUANT_SWEEP (the case name says which).
+linear_qw_gemv.glsl forms of QUANT_SWEEP (the case name says which: staged, direct
+or sg_rows, invocations, rows (sg_rows: units) per workgroup, unroll).
 --probe: the int8 / int4 cases also in linear_qw_gemv.glsl's PROBE forms (wrong results,
 timing only): "probe loads" loads as the default form and skips the unpacking, "probe
 math" computes as the default form on weights made from indices (no weight loads).
@@ -59,12 +60,18 @@ from vkdelegate.serialization import vkgraph as g
 #: gemv.glsl forms of --sweep: (outputs per workgroup, UNROLL).
 FP16_SWEEP = ((4, 1), (4, 2), (4, 8), (2, 4), (2, 8), (8, 2), (8, 4))
 #: linear_qw_gemv.glsl forms of --sweep (int8 and int4 cases): (DIRECT, VWG invocations
-#: per workgroup, VROWS outputs per workgroup, VUNROLL blocks per row per iteration).
-#: At K = 2048 (the 1B decode) a row is 64 int4 blocks: with 128 invocations half of
-#: them idle, hence the 64- and 32-wide forms with more rows.
-QUANT_SWEEP = ((False, 128, 8, 1), (False, 64, 16, 1), (True, 128, 8, 1), (True, 128, 4, 1),
-               (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 8, 2), (True, 64, 16, 1),
-               (True, 128, 16, 1), (True, 32, 16, 2))
+#: per workgroup, VROWS outputs per workgroup, VUNROLL blocks per row per iteration,
+#: VSG_ROWS). At K = 2048 (the 1B decode) a row is 64 int4 blocks: with 128 invocations
+#: half of them idle, hence the 64- and 32-wide forms with more rows, and the SG_ROWS
+#: forms (a subgroup per output over its whole K, no barrier; VROWS units per
+#: workgroup, DIRECT implied; where the device has subgroup arithmetic, else DIRECT).
+QUANT_SWEEP = ((False, 128, 8, 1, False), (False, 64, 16, 1, False), (True, 128, 8, 1, False),
+               (True, 128, 4, 1, False), (True, 64, 8, 1, False), (True, 32, 4, 4, False),
+               (True, 32, 8, 2, False), (True, 64, 16, 1, False), (True, 128, 16, 1, False),
+               (True, 32, 16, 2, False),
+               (True, 128, 8, 1, True), (True, 128, 8, 2, True), (True, 128, 16, 1, True),
+               (True, 128, 16, 2, True), (True, 128, 32, 1, True), (True, 256, 16, 1, True),
+               (True, 256, 32, 1, True), (True, 256, 32, 2, True))
 
 
 class Layers(OneNode):
@@ -253,10 +260,12 @@ def _forms(sweep: bool, name: str, probe: bool = False):
             return f" [gemv r{rows} u{unroll}]", apply
         return [default] + [fp16(r, u) for r, u in FP16_SWEEP]
 
-    def quant(direct, wg, rows, unroll):
+    def quant(direct, wg, rows, unroll, sg):
         def apply():
             family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL = direct, wg, rows, unroll
-        return f" [{'direct' if direct else 'staged'} wg{wg} r{rows} u{unroll}]", apply
+            family.VSG_ROWS = sg
+        form = "sg_rows" if sg else "direct" if direct else "staged"
+        return f" [{form} wg{wg} r{rows} u{unroll}]", apply
     return [default] + probes + [quant(*f) for f in QUANT_SWEEP]
 
 
@@ -298,7 +307,7 @@ def main(argv=None) -> int:
     family_device_type[0] = device.info.type
     saved = ((gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K), dict(gemm_tiles.TABLE),
              family.VDIRECT, family.VWG,
-             family.VROWS, family.VUNROLL, family.VPROBE)
+             family.VROWS, family.VUNROLL, family.VPROBE, family.VSG_ROWS)
     globals()["HOLD_S"] = args.hold_s
     mb, rows = args.stream_mb, []
     for shape in args.shapes.split(","):
@@ -336,7 +345,7 @@ def main(argv=None) -> int:
                     gemm_tiles.TABLE.clear()
                     gemm_tiles.TABLE.update(saved[1])
                     (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL,
-                     family.VPROBE) = saved[2:]
+                     family.VPROBE, family.VSG_ROWS) = saved[2:]
                 print(timed[-1][1:3], node.name, file=sys.stderr, flush=True)
         base = next((ms[0] for node, label, ms, _ in timed
                      if node.name == "linear float16" and not label and
@@ -366,8 +375,8 @@ def main(argv=None) -> int:
 
 
 #: Defines that tell the forms of one shader apart in --pipeline-stats' table.
-_FORM_DEFINES = ("W4", "W8", "X16", "DIRECT", "WG", "ROWS", "UNROLL", "SVEC", "PROBE",
-                 "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T", "K_STEP", "R_MAX")
+_FORM_DEFINES = ("W4", "W8", "X16", "DIRECT", "SG_ROWS", "WG", "ROWS", "UNROLL", "SVEC",
+                 "PROBE", "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T", "K_STEP", "R_MAX")
 
 
 def print_pipeline_stats(device) -> None:

@@ -26,23 +26,29 @@ INT8PACK, Q4GSW = "aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.defaul
 DQ8CA = "et_vk.linear_dq8ca_q4gsw.default"
 
 
-@pytest.fixture(params=[True, False], ids=["direct", "staged"])
+@pytest.fixture(params=["direct", "staged", "sg_rows"])
 def family(monkeypatch, request):
     """The quantized-linear family with the GEMV forms on every device (a CPU driver
-    gets the GEMM form by default), in its DIRECT form (x loaded per invocation) or
-    the staged one (x in shared memory per sweep), and a count of linear_qw_gemv
-    dispatches."""
+    gets the GEMM form by default), in its DIRECT form (x loaded per invocation), the
+    staged one (x in shared memory per sweep) or SG_ROWS (VSG_ROWS: a subgroup per
+    output over its whole K; where the device has subgroup arithmetic, else DIRECT),
+    and a count of linear_qw_gemv dispatches (SG_ROWS: each checked to take it)."""
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
-    if request.param != family.VDIRECT:  # the other form: a --sweep form, not declared
-        monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)
-    monkeypatch.setattr(family, "VDIRECT", request.param)
+    direct, sg = request.param != "staged", request.param == "sg_rows"
+    if (direct, sg) != (family.VDIRECT, family.VSG_ROWS):
+        monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)  # --sweep forms: undeclared
+    monkeypatch.setattr(family, "VDIRECT", direct)
+    monkeypatch.setattr(family, "VSG_ROWS", sg)
     calls = []
     record = family._record_vector
 
     def counted(*args, **kwargs):
         calls.append(args[6])  # bits
+        b = args[0]
+        want = sg and family.has_subgroup_arithmetic(b.device.info)
+        assert family.sg_rows(b.device.info) == want
         return record(*args, **kwargs)
 
     monkeypatch.setattr(family, "_record_vector", counted)
@@ -141,25 +147,35 @@ def test_other_weights_take_the_word_form(family, group, row_bytes):
     assert family.calls == []
 
 
-# linear_qw_gemv.glsl's forms (DIRECT, VWG, VROWS, VUNROLL) that benchmarks/quant_gemv.py
-# --sweep times, each against eager: N = 64 (a multiple of every VROWS) has the int4
-# scales read by vector loads (SVEC) wherever VROWS holds whole loads (8 fp16 / 4
-# fp32 scales), N = 13 by scalar loads; K = 4608 (144 blocks: a partial iteration).
-FORMS = [(False, 128, 8, 1), (False, 64, 16, 1), (True, 128, 8, 1), (True, 128, 4, 2),
-         (True, 64, 8, 1), (True, 32, 4, 4), (True, 32, 2, 4), (True, 32, 8, 2)]
+# linear_qw_gemv.glsl's forms (DIRECT, VWG, VROWS, VUNROLL, VSG_ROWS) that
+# benchmarks/quant_gemv.py --sweep times, each against eager: N = 64 (a multiple of
+# every VROWS) has the int4 scales read by vector loads (SVEC) wherever VROWS holds
+# whole loads (8 fp16 / 4 fp32 scales; never SG_ROWS), N = 13 by scalar loads; K =
+# 4608 (144 blocks: a partial iteration). SG_ROWS (VROWS units per workgroup, DIRECT
+# implied) where the device has subgroup arithmetic.
+FORMS = [(False, 128, 8, 1, False), (False, 64, 16, 1, False), (True, 128, 8, 1, False),
+         (True, 128, 4, 2, False), (True, 64, 8, 1, False), (True, 32, 4, 4, False),
+         (True, 32, 2, 4, False), (True, 32, 8, 2, False),
+         (True, 128, 8, 1, True), (True, 128, 16, 2, True), (True, 256, 32, 1, True),
+         (True, 64, 3, 4, True)]
 
 
-@pytest.mark.parametrize("form", FORMS, ids=lambda f: f"{'direct' if f[0] else 'staged'}"
-                         f"_wg{f[1]}_r{f[2]}_u{f[3]}")
+def _form_id(f):
+    return f"{'sg_rows' if f[4] else 'direct' if f[0] else 'staged'}_wg{f[1]}_r{f[2]}_u{f[3]}"
+
+
+@pytest.mark.parametrize("form", FORMS, ids=_form_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_int4_int8_forms(monkeypatch, dtype, form):
     from vkdelegate.ops.families import quantized_linear as family
+    from vkdelegate.runtime import default_device
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
-    if form != (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL):
+    names = ("VDIRECT", "VWG", "VROWS", "VUNROLL", "VSG_ROWS")
+    if form != tuple(getattr(family, name) for name in names):
         # --sweep forms, not the lowering's default: never declared
         monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)
-    for name, value in zip(("VDIRECT", "VWG", "VROWS", "VUNROLL"), form):
+    for name, value in zip(names, form):
         monkeypatch.setattr(family, name, value)
     seen = []
     defines = family.vector_defines
@@ -173,6 +189,8 @@ def test_int4_int8_forms(monkeypatch, dtype, form):
         check_op(model, (x,), ops=[Q4GSW], rtol=_tol(dtype), atol=_tol(dtype))
     model = quantize_for_vulkan(_linear(k, 64, dtype), "int8")
     check_op(model, (x,), ops=[INT8PACK], rtol=_tol(dtype), atol=_tol(dtype))
-    whole = form[2] % (8 if dtype == torch.float16 else 4) == 0
+    sg = form[4] and family.has_subgroup_arithmetic(default_device().info)
+    whole = form[2] % (8 if dtype == torch.float16 else 4) == 0 and not sg
     assert ["SVEC" in d for d in seen] == [whole, False, False]
-    assert all(("DIRECT" in d) == form[0] and d["WG"] == str(form[1]) for d in seen)
+    assert all(("DIRECT" in d) == (form[0] or sg) and d["WG"] == str(form[1])
+               and ("SG_ROWS" in d) == sg for d in seen)

@@ -18,8 +18,9 @@ torchao's quantized linears).
 Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
-workgroup, x loaded per invocation (VDIRECT) or staged in shared memory; 8da4w
-quantizes x as it loads it) where the weight allows it
+workgroup, x loaded per invocation (VDIRECT) or staged in shared memory, or with
+VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
+it loads it) where the weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
 of 16); else linear_qw.glsl, whose
 GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
@@ -104,6 +105,10 @@ VROWS = 8  # linear_qw_gemv outputs per workgroup (at most 16: the staged form's
 #           sums live in the shared x of a sweep)
 VDIRECT = True  # linear_qw_gemv's DIRECT form: x loaded per invocation, no staging
 VUNROLL = 1  # DIRECT: weight blocks per row per iteration, all loads issued first
+VSG_ROWS = False  # linear_qw_gemv's SG_ROWS form (devices with subgroup arithmetic): each
+#                  subgroup owns whole outputs (units: VROWS per workgroup, SWIGLU's and
+#                  ROTARY's row pairs included) over their whole K, subgroupAdd only, no
+#                  barrier; VDIRECT does not apply (its loads are DIRECT's), nor SVEC
 VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE form, wrong results
 # VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
 # --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
@@ -198,6 +203,21 @@ def _half(t) -> bool:
 
 
 
+def sg_rows(info) -> bool:
+    """Whether linear_qw_gemv.glsl runs its SG_ROWS form on device ``info`` (a
+    DeviceInfo): VSG_ROWS, subgroup arithmetic, and VWG a multiple of every subgroup
+    size the device may run (each subgroup full: its lanes stride a row by the subgroup
+    size)."""
+    return VSG_ROWS and has_subgroup_arithmetic(info) \
+        and VWG % max(1, info.capabilities.max_subgroup_size) == 0
+
+
+def units_per_workgroup(paired: bool, sg: bool) -> int:
+    """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
+    workgroup: VROWS in the SG_ROWS form (``sg``), else ``out_rows(paired)``."""
+    return VROWS if sg else out_rows(paired)
+
+
 def out_rows(swiglu: bool) -> int:
     """Outputs of a linear_qw_gemv.glsl workgroup: VROWS, or VROWS / 2 (at least one)
     in the SWIGLU form (its 2 * out_rows weight rows, as many as the plain GEMV's: that
@@ -227,7 +247,7 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False) -> bool:
 
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
-                   norm: bool = False, rotary=None) -> dict:
+                   norm: bool = False, rotary=None, sg: "bool | None" = None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -236,7 +256,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     None, or kernels/swiglu.py's defines of the SWIGLU epilogue; norm: the RMS_NORM
     form (the norm folded in; its weight has x's dtype); rotary: None, or
     kernels/rotary_cache.py's defines of the ROTARY epilogue (no svec: a unit's rows
-    are not a run)."""
+    are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
+    ``subgroup``), VROWS units per workgroup, no svec."""
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -248,12 +269,18 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
                           HAS_RESIDUAL=residual is not None, RMS_NORM=norm))
     paired = swiglu is not None or rotary is not None  # two weight rows per output
-    d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if paired else VROWS))
-    if VDIRECT:
+    if sg is None:
+        sg = VSG_ROWS and subgroup
+    if sg:  # ROWS: the units of a workgroup
+        d.update(WG=str(VWG), ROWS=str(VROWS), SG_ROWS="1", DIRECT="1",
+                 UNROLL=str(VUNROLL))
+    else:
+        d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if paired else VROWS))
+    if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
     if VPROBE:
         d["PROBE"] = str(VPROBE)
-    if svec and bits == 4:
+    if svec and bits == 4 and not sg:
         spl = scales_per_load(s, swiglu is not None)
         half = _half(s)
         d.update(SVEC="1", SPL=str(spl),
@@ -530,15 +557,21 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     ROTARY form (no SVEC: a unit's rows are not a run)."""
     rows = w.max_shape[0]
     blocks = k // (32 if bits == 4 else 16)
-    loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
+    sg = sg_rows(b.device.info)
+    if sg:  # a subgroup's units one after the other, each over its K by subgroup
+        lanes = max(1, b.device.info.capabilities.min_subgroup_size)
+        loop_limit.check(b, VROWS * (-(-blocks // (VUNROLL * lanes)) + 2), f"K = {k}")
+    else:
+        loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
     if bits == 4 and (s.ndim != 2 or s.max_shape[1] < rows or s.max_shape[0] != k // group):
         raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
     s_stride = s.max_shape[1] if bits == 4 else rows
-    svec = bits == 4 and rotary is None and vector_scales(s, n, s_stride, swiglu is not None)
+    svec = bits == 4 and rotary is None and not sg \
+        and vector_scales(s, n, s_stride, swiglu is not None)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
-                             None if rotary is None else rotary.defines)
+                             None if rotary is None else rotary.defines, sg)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -555,7 +588,8 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         outputs, units = rotary.outputs, n // 2
         inputs += rotary.inputs
         params.append(rotary.params)
-    per_group = out_rows(swiglu is not None or rotary is not None)  # outputs per workgroup
+    # outputs (ROTARY: units) per workgroup
+    per_group = units_per_workgroup(swiglu is not None or rotary is not None, sg)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
                global_size=(-(-units // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
@@ -711,8 +745,9 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     dq = None
     if op == DQ8CA:
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
-    if svec and out_rows(chain is not None) % scales_per_load(pair, chain is not None):
-        return None
+    if svec and (VSG_ROWS and subgroup
+                 or out_rows(chain is not None) % scales_per_load(pair, chain is not None)):
+        return None  # SG_ROWS reads no scales by vector loads
     # The rotary epilogue's cos/sin have the product's dtype, its positions either index
     # dtype.
     rotaries = [rotary_cache.defines(pair, (i, device_dtype(i, profile)), dtype)

@@ -71,18 +71,36 @@
 // out_data, k' and v into their cache rows at the step's position, an index ATen
 // rejects flagged and not written). The rows of a unit are not consecutive, so SVEC's
 // runs of rows do not apply (the scalar scale loads read each row's own).
+// SG_ROWS (subgroup rows; a DIRECT form, with SUBGROUP, without SVEC; every epilogue
+// and DQ8CA): each SUBGROUP owns whole units and walks their full K, so that a short
+// row (K = 2048: 64 int4 blocks) does not leave half a workgroup idle and no
+// shared-memory reduction or barrier is paid per workgroup. A unit is one row (plain,
+// HAS_RESIDUAL, W8, DQ8CA) or a row pair (SWIGLU: gate row n and up row N + n;
+// ROTARY: rotary_row's pair); ROWS is the workgroup's units (not its weight rows),
+// subgroup s taking units s, s + gl_NumSubgroups, ... of them. Lane l reads blocks
+// l, l + gl_SubgroupSize, ... of its unit's rows (direct_rows, UNROLL per iteration;
+// the subgroup size is the device's, 8 to 128: nothing assumes one; WG a multiple
+// of it), each block's math exactly as the DIRECT form's (block_dot, one int4 scale
+// per block); the rows' sums are reduced by subgroupAdd alone and the unit is
+// finished by one lane (the elected: finish, the residual, SWIGLU's chain, ROTARY's
+// rotation and cache writes; ROTARY's loads requested by every lane, before the
+// products, at the same addresses). RMS_NORM: each subgroup sums the squares of the
+// whole x row itself as it reads it for each unit (subgroupAdd), so every sum of a
+// row's squares is the same value. Results differ from the other forms' in
+// summation order only.
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
 // Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2)); ROTARY:
-// ceil(N / 2 / (ROWS / 2))), y the row m (rows past M and columns past N compute the
-// last valid one and store nothing).
+// ceil(N / 2 / (ROWS / 2)); SG_ROWS: ceil(units / ROWS), N / 2 units for ROTARY), y
+// the row m (rows past M and columns past N compute the last valid one and store
+// nothing; SG_ROWS: computes nothing either).
 
 #ifdef SWIGLU
 #if defined(DQ8CA) || defined(HAS_RESIDUAL)
 #error "SWIGLU takes neither DQ8CA nor HAS_RESIDUAL"
 #endif
-#define OUT_ROWS (ROWS / 2)  // outputs per workgroup: a gate row and an up row each
+#define UNIT_ROWS 2          // weight rows per output: its gate row and its up row
 #define SV_RUNS 2            // SVEC: runs of consecutive rows (gate, up)
 #ifdef ROTARY
 #error "SWIGLU and ROTARY are two epilogues"
@@ -91,10 +109,20 @@
 #if defined(DQ8CA) || defined(HAS_RESIDUAL) || defined(SVEC)
 #error "ROTARY takes neither DQ8CA, HAS_RESIDUAL nor SVEC"
 #endif
-#define OUT_ROWS (ROWS / 2)  // units per workgroup: two rows each (rotary_row)
+#define UNIT_ROWS 2  // weight rows per unit (rotary_row)
 #else
-#define OUT_ROWS ROWS
+#define UNIT_ROWS 1
 #define SV_RUNS 1
+#endif
+#ifdef SG_ROWS
+#if !defined(SUBGROUP) || !defined(DIRECT) || defined(SVEC)
+#error "SG_ROWS is a DIRECT form with SUBGROUP, without SVEC"
+#endif
+#define OUT_ROWS ROWS     // units (outputs; SWIGLU, ROTARY: row pairs) per workgroup
+#define LROWS UNIT_ROWS   // weight rows an invocation sums at once: its unit's
+#else
+#define OUT_ROWS (ROWS / UNIT_ROWS)  // outputs (ROTARY: units) per workgroup
+#define LROWS ROWS
 #endif
 #ifdef RMS_NORM
 #if defined(DQ8CA) || defined(HAS_RESIDUAL)
@@ -154,7 +182,9 @@ PARAMS(qnorm_block) { vec4 qnorm; };  // RMS_NORM: eps, -, -, -
 
 const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
 
-#ifdef DIRECT
+#ifdef SG_ROWS
+// no shared memory: subgroupAdd only
+#elif defined(DIRECT)
 shared vec4 xs[(SLOTS * WG + 3) / 4];  // the partial sums only
 #else
 // Shared x of one sweep: block j's vec4 e at j * XV + (e ^ swizzle(j)), so that the 8
@@ -301,9 +331,9 @@ float block_idot(vec4 xv[XV], uvec4 w) {
 
 // Requests block bc's weight blocks (wv), W4 scales (sv, times 8da4w's x scale) and
 // DQ8CA zero-point shares (zs: z * the group's weight sum where bc starts a group)
-// of the ROWS rows w_row.
-void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS],
-                out float sv[ROWS], out int zs[ROWS]) {
+// of the LROWS rows w_row (the workgroup's ROWS; SG_ROWS: a unit's).
+void load_block(int bc, int w_row[LROWS], int z, float xscale, out uvec4 wv[LROWS],
+                out float sv[LROWS], out int zs[LROWS]) {
 #ifdef W4
   const int g = (bc * KV) / qdims.z;
 #endif
@@ -329,7 +359,7 @@ void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS]
     }
   }
 #endif
-  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+  [[unroll]] for (int r = 0; r < LROWS; ++r) {
 #if PROBE == 2
     wv[r] = uvec4(uint(w_row[r]) * 2654435761u + uint(bc)) * uvec4(1u, 3u, 5u, 7u);
 #else
@@ -353,21 +383,21 @@ void load_block(int bc, int w_row[ROWS], int z, float xscale, out uvec4 wv[ROWS]
 // the real form, no unpacking (one XOR-fold of the weight block and one add of the x
 // block per row); 2 = the real arithmetic on the loaded x and a weight block made
 // from the row and block numbers (no weight load): memory against arithmetic.
-void add_block(inout float acc[ROWS], vec4 xv[XV], uvec4 wv[ROWS], float sv[ROWS],
-               int zs[ROWS]) {
+void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LROWS],
+               int zs[LROWS]) {
 #if PROBE == 1
   vec4 xsum = vec4(0.0);
   [[unroll]] for (int e = 0; e < XV; ++e) {
     xsum += xv[e];
   }
   const float xt = xsum.x + xsum.y + xsum.z + xsum.w;
-  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+  [[unroll]] for (int r = 0; r < LROWS; ++r) {
     const uint f = wv[r].x ^ wv[r].y ^ wv[r].z ^ wv[r].w;
     acc[r] += float(f & 0xFFu) * sv[r] + xt;
   }
   return;
 #endif
-  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+  [[unroll]] for (int r = 0; r < LROWS; ++r) {
 #ifdef INT_DOT
     float d = block_idot(xv, wv[r]);
 #else
@@ -428,8 +458,114 @@ void unpack_x(XRAW xr[XR], float inv, int z, out vec4 xv[XV]) {
 #endif
   }
 }
+
+// The DIRECT loop over row m: acc[r] += the products of weight row w_row[r] with x
+// over blocks first, first + stride, ... (the workgroup forms: the invocation, WG;
+// SG_ROWS: the lane, gl_SubgroupSize), UNROLL per iteration: x's, the weights' and
+// the scales' loads of UNROLL blocks first (indices clamped in bounds), then the
+// products. RMS_NORM: the squares of the raw x values read added to ss.
+void direct_rows(int m, int K, int blocks, int first, int stride, int w_row[LROWS],
+                 float inv, int z, float xscale, inout float acc[LROWS], inout float ss) {
+  for (int b0 = first; b0 < blocks; b0 += UNROLL * stride) {
+    XRAW xr[UNROLL][XR];
+#ifdef RMS_NORM
+    XRAW nr[UNROLL][XR];  // the norm weight's values of the blocks
+#endif
+    uvec4 wv[UNROLL][LROWS];
+    float sv[UNROLL][LROWS];
+    int zs[UNROLL][LROWS];
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+      const int bc = min(b0 + u * stride, blocks - 1);
+      load_x(m, K, bc, xr[u]);
+#ifdef RMS_NORM
+      load_n(bc, nr[u]);
+#endif
+      load_block(bc, w_row, z, xscale, wv[u], sv[u], zs[u]);
+    }
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) {
+      if (b0 + u * stride < blocks) {
+        vec4 xv[XV];
+#ifdef RMS_NORM
+        unpack_x(xr[u], nr[u], inv, z, xv, ss);
+#else
+        unpack_x(xr[u], inv, z, xv);
+#endif
+        add_block(acc, xv, wv[u], sv[u], zs[u]);
+      }
+    }
+  }
+}
 #endif
 
+#ifdef SG_ROWS
+// SG_ROWS: subgroup s of the workgroup computes units n0 + s, n0 + s + gl_NumSubgroups,
+// ... of its ROWS (n0 = ROWS * the workgroup), each over its whole K (direct_rows: lane
+// l reads blocks l, l + gl_SubgroupSize, ... of the unit's rows), reduced by
+// subgroupAdd, finished by one lane; no shared memory, no barrier.
+void main() {
+  const int K = qdims.x;
+  const int N = qdims.y;
+  const int blocks = qdims.w;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+#ifdef ROTARY
+  const int units = N / 2;  // row pairs (rotary_row)
+#else
+  const int units = N;
+#endif
+  const int m = int(gl_WorkGroupID.y);
+  if (m >= M) {
+    return;  // uniform in the workgroup, and no barrier follows
+  }
+  float inv = 0.0, xscale = 1.0;
+  int z = 0;
+#ifdef DQ8CA
+  row_qparams(m, inv, xscale, z);
+#endif
+  for (int u = int(gl_SubgroupID); u < ROWS; u += int(gl_NumSubgroups)) {
+    const int n = int(gl_WorkGroupID.x) * ROWS + u;  // the unit (uniform in the subgroup)
+    if (n >= units) {
+      break;
+    }
+    int w_row[LROWS];
+#ifdef SWIGLU
+    w_row[0] = n;
+    w_row[1] = N + n;
+#elif defined(ROTARY)
+    w_row[0] = rotary_row(n, false);
+    w_row[1] = rotary_row(n, true);
+    // What the epilogue reads besides the sums, requested before the products (the
+    // same addresses in every lane).
+    const RotaryLoads loads = rotary_loads(n);
+#else
+    w_row[0] = n;
+#endif
+    float acc[LROWS];
+    [[unroll]] for (int r = 0; r < LROWS; ++r) {
+      acc[r] = 0.0;
+    }
+    float ss = 0.0;  // RMS_NORM: the sum of squares of the x values this lane read
+    direct_rows(m, K, blocks, int(gl_SubgroupInvocationID), int(gl_SubgroupSize), w_row,
+                inv, z, xscale, acc, ss);
+    float sums[LROWS];
+    [[unroll]] for (int r = 0; r < LROWS; ++r) {
+      sums[r] = subgroupAdd(acc[r]);
+    }
+#ifdef RMS_NORM
+    const float ss_total = subgroupAdd(ss);  // the whole row's, as every subgroup's
+#endif
+    if (subgroupElect()) {
+#ifdef SWIGLU
+      out_data[m * N + n] = OUT_STORE(swiglu_out(NORM_SCALE(sums[0]), NORM_SCALE(sums[1]),
+                                                 m, n));
+#elif defined(ROTARY)
+      rotary_out(NORM_SCALE(sums[0]), NORM_SCALE(sums[1]), m, n, loads);
+#else
+      out_data[m * N + n] = OUT_STORE(finish(NORM_SCALE(sums[0]), m, n));
+#endif
+    }
+  }
+}
+#else
 // The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup
 // id, else the invocation) is float r * WG + i, r < SLOTS (RMS_NORM: row ROWS holds
 // the sums of squares).
@@ -478,36 +614,7 @@ void main() {
 #endif
   if (live) {
 #ifdef DIRECT
-    for (int b0 = t; b0 < blocks; b0 += UNROLL * WG) {
-      // x's, the weights' and the scales' loads of UNROLL blocks first (indices
-      // clamped in bounds), then the products.
-      XRAW xr[UNROLL][XR];
-#ifdef RMS_NORM
-      XRAW nr[UNROLL][XR];  // the norm weight's values of the blocks
-#endif
-      uvec4 wv[UNROLL][ROWS];
-      float sv[UNROLL][ROWS];
-      int zs[UNROLL][ROWS];
-      [[unroll]] for (int u = 0; u < UNROLL; ++u) {
-        const int bc = min(b0 + u * WG, blocks - 1);
-        load_x(m, K, bc, xr[u]);
-#ifdef RMS_NORM
-        load_n(bc, nr[u]);
-#endif
-        load_block(bc, w_row, z, xscale, wv[u], sv[u], zs[u]);
-      }
-      [[unroll]] for (int u = 0; u < UNROLL; ++u) {
-        if (b0 + u * WG < blocks) {
-          vec4 xv[XV];
-#ifdef RMS_NORM
-          unpack_x(xr[u], nr[u], inv, z, xv, ss);
-#else
-          unpack_x(xr[u], inv, z, xv);
-#endif
-          add_block(acc, xv, wv[u], sv[u], zs[u]);
-        }
-      }
-    }
+    direct_rows(m, K, blocks, t, WG, w_row, inv, z, xscale, acc, ss);
 #else
     for (int b0 = 0; b0 < blocks; b0 += WG) {
       // The sweep's weight blocks and scales are requested first, so that their
@@ -620,3 +727,4 @@ void main() {
 #endif
 #endif
 }
+#endif  // SG_ROWS
