@@ -162,6 +162,30 @@ def step_breakdown(program, prompt, steps: int) -> dict:
     return {k: round(statistics.median(v), 1) for k, v in rows.items()}
 
 
+def set_forms(forms: dict, ap) -> dict:
+    """Set kernel-form module constants (``quantized_linear.VSG_ROWS``: a module of
+    vkdelegate.ops.families or vkdelegate.kernels, then the constant) for one
+    --quantization row; returns their previous values, to restore after the row.
+    Forms are read when the program is built, so a row's own build sees its values."""
+    import importlib
+
+    saved = {}
+    for name, value in forms.items():
+        module_name, _, const = name.rpartition(".")
+        module = None
+        for package in ("vkdelegate.ops.families", "vkdelegate.kernels"):
+            try:
+                module = importlib.import_module(f"{package}.{module_name}")
+                break
+            except ModuleNotFoundError:
+                continue
+        if module is None or not hasattr(module, const):
+            ap.error(f"kernel form {name!r}: no such module constant")
+        saved[name] = getattr(module, const)
+        setattr(module, const, value)
+    return saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -179,7 +203,9 @@ def main() -> None:
                          "copy of the model; HF eager runs the unquantized model); "
                          "FORMAT+NAME=VALUE[+NAME=VALUE] adds compile options to that "
                          "row, e.g. none+rms_norm_prologue=false, to compare forms in "
-                         "one run")
+                         "one run; a NAME with a dot sets a kernel form's module constant "
+                         "for that row's build instead, e.g. "
+                         "int4+quantized_linear.VSG_ROWS=true")
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -241,10 +267,15 @@ def main() -> None:
         fmt, *extra = scheme.split("+")
         if fmt not in ("none", "int8", "int4", "8da4w"):
             ap.error(f"--quantization {scheme!r}: unknown format {fmt!r}")
-        row_options = dict(options)
+        row_options, forms = dict(options), {}
         for item in extra:
             name, _, value = item.partition("=")
-            row_options[name] = json.loads(value) if value not in ("", "None") else None
+            value = json.loads(value) if value not in ("", "None") else None
+            if "." in name:  # a kernel form: MODULE.CONSTANT of the row's build
+                forms[name] = value
+            else:
+                row_options[name] = value
+        saved_forms = set_forms(forms, ap)
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
@@ -313,6 +344,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         program.close()
+        set_forms(saved_forms, ap)
         del m
     rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "-",
                  "1.00x",
