@@ -116,8 +116,11 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: 256 x 128 blocks 42.8 / 42.3; with vec4 loads 36.4 / 38.3); 256 x 4096 x 4096 keeps
 #: the 64 x 64 blocks (29.4 against 11.1: 32 large blocks). Same run: cuBLAS 49.7 / 51.1
 #: (docs/PERF.md, "The H200, 2026-12-02 evening: fp32 core blocks").
+#: Split-K from K = 1024 (the dataclass's 2048 missed EfficientNet-Lite0's batch-8
+#: classifier, 8 x 1280 -> 1000 fp32: 16 workgroups over K = 1280, 66.5 us on an
+#: H100, docs/PERF.md "An H100, 2026-12-05 (fifth session)").
 DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264,
-                    large_fp32=(8, 16, 16))
+                    split_k_min_k=1024, large_fp32=(8, 16, 16))
 
 
 def tiles_for(device_type: str) -> "GemmTiles | None":
