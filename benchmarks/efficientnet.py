@@ -190,7 +190,8 @@ def main() -> None:
     image = torch.from_numpy(model_zoo.preprocess(model_zoo.load_image()))
     device = default_device()
     results = {"machine": platform.node(), "cpu_threads": torch.get_num_threads(),
-               "vulkan_device": device.info.name, "torch": torch.__version__, "forms": forms, "rows": []}
+               "vulkan_device": device.info.name, "torch": torch.__version__, "forms": forms,
+               "rows": []}
     rows = []
     for batch in args.batch:
         x = image.repeat(batch, 1, 1, 1)
