@@ -6,6 +6,11 @@ Prints a table (median, p10-p90 spread, ratio to vkdelegate) and writes JSON; wi
 their GPU time per op and the host-side rest (host-to-host minus GPU time).
 
     python benchmarks/efficientnet.py [--batch 1 8] [--runs 20] [--json out.json]
+        [--form MODULE.CONSTANT=VALUE ...]
+
+--form sets a kernel-form constant before lowering (benchmarks/forms.py), e.g.
+``--form conv_pointwise.SPLIT_K=false`` for the pointwise convolutions without their
+cross-workgroup split.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
+import forms as kernel_forms
 import vkdelegate
 from vkdelegate.examples import efficientnet_lite as model_zoo
 from vkdelegate.runtime.device import default_device
@@ -173,13 +179,19 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=1.0,
                     help="seconds of untimed calls before each backend's timed ones")
     ap.add_argument("--no-cpu", action="store_true", help="skip eager PyTorch on the CPU")
+    ap.add_argument("--form", action="append", metavar="MODULE.CONSTANT=VALUE",
+                    help="set a kernel form before lowering (repeatable; VALUE is JSON), "
+                         "e.g. conv_pointwise.SPLIT_K=false")
     args = ap.parse_args()
+    forms = kernel_forms.parse(args.form, ap.error)
+    kernel_forms.apply(forms, ap.error)
 
     model = model_zoo.load_model()
     image = torch.from_numpy(model_zoo.preprocess(model_zoo.load_image()))
     device = default_device()
     results = {"machine": platform.node(), "cpu_threads": torch.get_num_threads(),
-               "vulkan_device": device.info.name, "torch": torch.__version__, "rows": []}
+               "vulkan_device": device.info.name, "torch": torch.__version__, "forms": forms,
+               "rows": []}
     rows = []
     for batch in args.batch:
         x = image.repeat(batch, 1, 1, 1)
@@ -220,8 +232,10 @@ def main() -> None:
             print(f"host-to-host {base:.3f} ms - profiled GPU {gpu_ms:.3f} ms = "
                   f"{base - gpu_ms:.3f} ms host side and gaps (batch {batch})")
         program.close()
-    report(f"EfficientNet-Lite0, Vulkan device: {device.info.name}", "batch", rows, results,
-           args.json)
+    title = f"EfficientNet-Lite0, Vulkan device: {device.info.name}"
+    if forms:
+        title += ", forms " + " ".join(f"{k}={v}" for k, v in forms.items())
+    report(title, "batch", rows, results, args.json)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,20 @@ def model_and_input():
 
 
 @requires_vulkan
-def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, tmp_path):
+@pytest.mark.parametrize("form", ["default", "pointwise_split"])
+def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, tmp_path,
+                                                              form, monkeypatch):
+    # pointwise_split: the GPUs' pointwise GEMM (kernels/conv_pointwise.py), forced on
+    # llvmpipe, with its split form where the GPUs take it (SPLIT_K, the default
+    # SPLIT_WORKGROUPS: the 7 x 7, 14 x 14 and most 28 x 28 and 56 x 56 layers at batch
+    # 1), each split convolution a conv2d_pw SPLIT_OUT pass and a conv2d_pw_reduce.
+    seen = []
+    if form == "pointwise_split":
+        from tests.ops.harness import spy_dispatches
+        from vkdelegate.kernels import conv_pointwise
+        monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+        monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
+        seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d))
     model, x = model_and_input
     ep = torch.export.export(model, (x,))
     lowered = vkdelegate.to_backend(ep, vkdelegate.VulkanPartitioner())
@@ -40,6 +53,10 @@ def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, t
     eager_top = [i for i, _ in model_zoo.top_k(eager.numpy())]
     assert ours_top == eager_top
     assert model_zoo.labels()[ours_top[0]] == "Egyptian cat"
+    if form == "pointwise_split":
+        splits = seen.count(("conv2d_pw", True))
+        assert splits >= 10 and seen.count(("conv2d_pw_reduce", False)) == splits, seen
+        assert seen.count(("conv2d_pw", False)) >= 5, seen  # the large layers: one pass
 
 
 def test_preprocess_shape_and_normalisation():

@@ -66,6 +66,37 @@ def test_add_fuses_into_the_convolution(case, dtype, gemm, monkeypatch):
     assert ADD not in _ops(program), _ops(program)
 
 
+# The pointwise GEMM's split form (kernels/conv_pointwise.py split_k): the residual is
+# added by the reduction pass, after the clamp. (input shape, Conv2d args, kwargs)
+SPLIT_CASES = {
+    "relu6_batch3_14x14": ((3, 72, 14, 14), (72, 72, 1), {"relu6": True}),
+    "skip_conv_7x7_uneven_ic_oc45": ((1, 200, 7, 7), (200, 45, 1), {"skip_conv": True}),
+    "swapped_batch1_7x7": ((1, 96, 7, 7), (96, 96, 1), {"swap": True}),
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, monkeypatch):
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.kernels import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
+    seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d,
+                                                          "RESIDUAL" in d))
+    shape, (cin, cout, k), kw = case
+    torch.manual_seed(0)
+    module = _Block(cin, cout, k, **kw).to(dtype)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
+    program = check_op(module, (torch.randn(shape).to(dtype),), ops=[FUSED], **tol)
+    assert ADD not in _ops(program), _ops(program)
+    # The fused node's two passes (and skip_conv's plain convolution's, no residual).
+    fused = [("conv2d_pw", True, False), ("conv2d_pw_reduce", False, True)]
+    plain = [("conv2d_pw", True, False), ("conv2d_pw_reduce", False, False)]
+    assert seen == (plain + fused if kw.get("skip_conv") else fused), seen
+
+
 def test_dynamic_sizes():
     torch.manual_seed(0)
     module = _Block(8, 8, 1, relu6=True)

@@ -356,12 +356,32 @@ def test_unbatched_conv2d():
 
 
 # ---- the pointwise implicit GEMM (kernels/conv_pointwise.py, conv2d_pw.glsl) --------
-# GPUs take it by default; on llvmpipe the fixture forces it (use_gemm is read at load).
-@pytest.fixture
-def pointwise_gemm(monkeypatch):
+# GPUs take it by default; on llvmpipe the fixture forces it (use_gemm is read at load),
+# in both forms: "single" one pass (SPLIT_K off), "split" the cross-workgroup split of
+# the reduction (conv2d_pw.glsl SPLIT_OUT + conv2d_pw_reduce.glsl) wherever the input
+# channels allow two splits (SPLIT_WORKGROUPS past any test's blocks).
+@pytest.fixture(params=["single", "split"])
+def pointwise_gemm(request, monkeypatch):
     from vkdelegate.kernels import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", request.param == "split")
+    monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     return conv_pointwise
+
+
+@pytest.fixture
+def pointwise_split(monkeypatch):
+    """The split form forced (as ``pointwise_gemm``'s "split"); returns the list of
+    (shader, SPLIT_OUT in its defines) of every dispatch recorded from then on."""
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.kernels import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
+    return spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d))
+
+
+SPLIT_PASSES = [("conv2d_pw", True), ("conv2d_pw_reduce", False)]
 
 
 PW_CASES = {  # (input shape, output channels, bias): which part of the kernel
@@ -398,6 +418,103 @@ def test_pointwise_gemm_slices():
     # Vulkan's minimum 16 KiB of shared memory holds 3 slices' partial sums: 4 slices.
     assert slices(SimpleNamespace(max_workgroup_invocations=1024, max_shared_memory=16384),
                   1, 49, 192, 1152) == 4
+
+
+def test_pointwise_split_k_form():
+    from types import SimpleNamespace
+
+    from vkdelegate.kernels import conv_pointwise
+    from vkdelegate.kernels.conv_pointwise import split_k
+    gpu = SimpleNamespace(max_workgroup_invocations=1024, max_shared_memory=49152)
+    # EfficientNet-Lite0 at 7 x 7, batch 1: 12 blocks of 1152 -> 192 take 18 splits of
+    # 2 slices (36 parts of 32 channels, 216 workgroups), 1152 -> 320 9 x 4.
+    assert split_k(gpu, 1, 49, 192, 1152) == (18, 2)
+    assert split_k(gpu, 1, 49, 320, 1152) == (9, 4)
+    assert split_k(gpu, 1, 49, 192, 672) == (21, 1)
+    assert split_k(gpu, 1, 196, 80, 480) == (7, 2)
+    # batch 8: 96 blocks, 2 splits of 8 slices; 160 blocks and more keep one pass.
+    assert split_k(gpu, 8, 49, 192, 1152) == (2, 8)
+    assert split_k(gpu, 8, 49, 320, 1152) == (1, 8)
+    assert split_k(gpu, 1, 196, 672, 112) == (1, 2)  # 147 blocks
+    assert split_k(gpu, 1, 49, 192, 40) == (1, 1)     # 40 channels: one part of 32
+    assert split_k(gpu, 1, 49, 192, 4608) == (18, 8)
+    # One slice per workgroup (64 invocations at most): splits take every part, up to
+    # MAX_SPLITS.
+    one = SimpleNamespace(max_workgroup_invocations=64, max_shared_memory=49152)
+    assert split_k(one, 1, 49, 192, 1152) == (conv_pointwise.MAX_SPLITS, 1)  # 36 parts
+
+
+def test_pointwise_split_k_off(monkeypatch):
+    from types import SimpleNamespace
+
+    from vkdelegate.kernels import conv_pointwise
+    gpu = SimpleNamespace(max_workgroup_invocations=1024, max_shared_memory=49152)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", False)
+    assert conv_pointwise.split_k(gpu, 1, 49, 192, 1152) == (1, 8)
+
+
+SPLIT_CASES = {  # (input shape, output channels, bias, dtype)
+    "efficientnet_7x7_1152_to_192": ((1, 1152, 7, 7), 192, True, torch.float32),
+    "batch3_14x14_fp16": ((3, 480, 14, 14), 80, True, torch.float16),
+    "ic_uneven_oc37": ((1, 261, 7, 7), 37, False, torch.float32),  # 30-channel last split
+    "batch3_7x7_fp16_no_bias_oc70": ((3, 672, 7, 7), 70, False, torch.float16),
+    "batch3_14x14_aligned_oc33": ((3, 100, 14, 14), 33, True, torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
+def test_pointwise_split(pointwise_split, case):
+    # Weights scaled by 1 / sqrt(IC): outputs ~1, so that fp16's tolerance (one fp16
+    # rounding of the output, as test_pointwise_gemm_clamp_fp16_1d_and_resize) holds.
+    torch.manual_seed(0)
+    x_shape, oc, has_bias, dtype = case
+    w = (torch.randn(oc, x_shape[1], 1, 1) / x_shape[1] ** 0.5).to(dtype)
+    b = torch.randn(oc).to(dtype) if has_bias else None
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
+    check_op(_conv(w, b), (torch.randn(x_shape).to(dtype),), ops=[CONV], **tol)
+    assert pointwise_split == SPLIT_PASSES
+
+
+def test_pointwise_split_1d(pointwise_split):
+    torch.manual_seed(0)
+    w, b = torch.randn(45, 200, 1) / 200 ** 0.5, torch.randn(45)
+    check_op(lambda x: F.conv1d(x, w, b), (torch.randn(2, 200, 13),), ops=[CONV])
+    assert pointwise_split == SPLIT_PASSES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_pointwise_split_clamp_keeps_nan_and_inf(pointwise_split, dtype):
+    # conv_with_clamp's epilogue in the reduction pass: NaN (a NaN input channel)
+    # stays NaN, +-inf (an inf input channel, weights of either sign) clamps to the
+    # bounds, the rest is clamped to [0, 6] (relu6) or [-inf, 0.5] (no lower bound).
+    torch.manual_seed(0)
+    w = torch.randn(12, 96, 1, 1).to(dtype)
+    b = torch.randn(12).to(dtype)
+    x = torch.randn(3, 96, 5, 5)
+    x[0, 7, 1, 2] = float("nan")
+    x[1, 50, 3, 3] = float("inf")
+    x[2, 95, 0, 4] = -float("inf")
+    x = x.to(dtype)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
+    for lo, hi in ((0.0, 6.0), (None, 0.5)):
+        pointwise_split.clear()
+
+        def fn(x):
+            return torch.ops.et_vk.conv_with_clamp(x, w, b, [1, 1], [0, 0], [1, 1], False,
+                                                   [0, 0], 1, lo, hi)
+        check_op(fn, (x,), ops=[CLAMP], **tol)
+        assert pointwise_split == SPLIT_PASSES
+
+
+def test_pointwise_split_resize(pointwise_split):
+    # The scratch is sized for the upper bounds; batch and height change at run time.
+    torch.manual_seed(0)
+    w, b = torch.randn(40, 200, 1, 1) / 200 ** 0.5, torch.randn(40)
+    n, h = torch.export.Dim("n", max=4), torch.export.Dim("h", min=2, max=12)
+    check_op(_conv(w, b), (torch.randn(2, 200, 11, 7),), ops=[CONV],
+             dynamic_shapes=({0: n, 2: h},),
+             resize_inputs=[(torch.randn(1, 200, 3, 7),), (torch.randn(4, 200, 12, 7),)])
+    assert pointwise_split == SPLIT_PASSES
 
 
 def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):

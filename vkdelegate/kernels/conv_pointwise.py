@@ -4,7 +4,12 @@ A 1x1, stride-1, unpadded, ungrouped convolution over NCHW (or NCL) data is, per
 batch n, out[n][OC, P] = W[OC, IC] @ x[n][IC, P] with P the flattened pixels: no
 im2col, the input is read in place. conv2d_pw.glsl computes 32 x 32 output blocks per
 workgroup with an in-workgroup split of the reduction (``slices``) for layers with few
-blocks and many input channels, and a bias + clamp + residual-add epilogue.
+blocks and many input channels, and a bias + clamp + residual-add epilogue. A
+dispatch of fewer than SPLIT_WORKGROUPS blocks (EfficientNet's 7 x 7 and 14 x 14
+layers at batch 1: 12 to 28 blocks, so the reduction ran on that many of the H100's
+132 SMs) also splits the reduction across workgroups (``split_k``, SPLIT_K): pass 1 is
+conv2d_pw.glsl SPLIT_OUT, each split's raw fp32 sums into a scratch [N, splits, OC,
+P]; pass 2 is conv2d_pw_reduce.glsl, the sum over the splits and the epilogue.
 
 On CPU drivers (llvmpipe) conv2d.glsl's POINTWISE path stays (``use_gemm``): there a
 workgroup barrier costs more than the reuse gains (kernels/gemm.py ``use_tiled``), and
@@ -35,6 +40,15 @@ SLICE_SHARED_BYTES = 4096
 #: against 528 with up to 4 (docs/PERF.md, "EfficientNet-Lite0 on the H200: ...").
 TARGET_UNITS = 2112
 MIN_SLICE_K = 32  # input channels a slice sums at least
+#: The cross-workgroup split of the reduction (``split_k``): False keeps one pass
+#: everywhere. Dispatches of fewer than SPLIT_WORKGROUPS 32 x 32 blocks (132: the
+#: H100's and H200's SMs) split into up to ceil(SPLIT_WORKGROUPS / blocks) workgroups
+#: per block, each split and slice keeping MIN_SLICE_K channels and all of them at most
+#: TARGET_UNITS workgroup-slices; more blocks keep the single pass (no extra dispatch).
+SPLIT_K = True
+SPLIT_WORKGROUPS = 132
+MAX_SPLITS = 32  # bounds the scratch: splits x the output, fp32
+REDUCE_SHADER = "conv2d_pw_reduce"  # split-K's second pass
 DTYPES = ("float32", "float16")
 
 #: conv2d.glsl's parameter block (ops/families/convolution.py CONV_PARAMS): the same
@@ -53,7 +67,7 @@ def slices(info, batch: int, pixels: int, oc: int, ic: int) -> int:
     input channels: doubled while the dispatch has fewer than TARGET_UNITS
     workgroup-slices and each slice keeps MIN_SLICE_K channels, within the device's
     workgroup size and shared memory (``info.max_shared_memory``, bytes)."""
-    blocks = max(batch, 1) * -(-pixels // BLOCK) * -(-oc // BLOCK)
+    blocks = _blocks(batch, pixels, oc)
     shared = getattr(info, "max_shared_memory", 0) or 16384  # Vulkan's minimum
     limit = min(MAX_SLICES, info.max_workgroup_invocations // THREADS or 1,
                 shared // SLICE_SHARED_BYTES - 1 or 1)
@@ -61,6 +75,30 @@ def slices(info, batch: int, pixels: int, oc: int, ic: int) -> int:
     while ks < limit and blocks * ks < TARGET_UNITS and ic // (2 * ks) >= MIN_SLICE_K:
         ks *= 2
     return ks
+
+
+def _blocks(batch: int, pixels: int, oc: int) -> int:
+    return max(batch, 1) * -(-pixels // BLOCK) * -(-oc // BLOCK)
+
+
+def split_k(info, batch: int, pixels: int, oc: int, ic: int) -> tuple[int, int]:
+    """(splits, slices) for a [batch, oc, pixels] output and ``ic`` input channels:
+    ``splits`` workgroups per block sum a part of the channels each (1: the single
+    pass), each with ``slices`` K slices. Splits only with SPLIT_K and fewer than
+    SPLIT_WORKGROUPS blocks. The K parts in all (splits x slices) are at most
+    ic // MIN_SLICE_K (each part keeps MIN_SLICE_K channels) and TARGET_UNITS // blocks;
+    splits first reach SPLIT_WORKGROUPS workgroups (at least 2, else the single pass),
+    ``slices`` then doubles for the channels of one split as in the single pass, and
+    the parts left go to more splits (at most MAX_SPLITS): a slice's loop is what
+    bounds a latency-bound dispatch's time (the H100's 1152 -> 192 at 7 x 7 took 57 to
+    65 us at batch 8 and 1, 144 channels a slice either way)."""
+    blocks = _blocks(batch, pixels, oc)
+    parts = min(ic // MIN_SLICE_K, TARGET_UNITS // blocks)
+    splits = min(-(-SPLIT_WORKGROUPS // blocks), MAX_SPLITS, parts)
+    if not SPLIT_K or blocks >= SPLIT_WORKGROUPS or splits < 2:
+        return 1, slices(info, batch, pixels, oc, ic)
+    ks = slices(info, max(batch, 1) * splits, pixels, oc, -(-ic // splits))
+    return max(splits, min(parts // ks, MAX_SPLITS)), ks
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -74,23 +112,43 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 
 def defines(out, x, bias, clamp: bool, residual=None) -> dict:
     """Defines for out, x, bias (Tensors or (graph dtype, device dtype) pairs; the
-    bias fp32), with CLAMP and RESIDUAL (``residual``: its tensor or pair)."""
-    tensors = dict(OUT=out, IN=x, B=bias)
-    if residual is not None:
-        tensors["R"] = residual
-    d = dict(storage_defines(**tensors), **flag_defines(CLAMP=clamp,
-                                                        RESIDUAL=residual is not None))
+    bias fp32), with CLAMP and RESIDUAL (``residual``: its tensor or pair). ``bias``
+    None: split-K's first pass (SPLIT_OUT; ``out`` its fp32 scratch, no epilogue)."""
+    if bias is None:
+        d = dict(storage_defines(OUT=out, IN=x), **flag_defines(SPLIT_OUT=True))
+    else:
+        d = reduce_defines(out, bias, clamp, residual)
+        d.update(storage_defines(IN=x))
     d["IN4_T"] = "f16vec4" if d["IN_T"] == "float16_t" else "vec4"
     return d
+
+
+def reduce_defines(out, bias, clamp: bool, residual=None) -> dict:
+    """Defines of the epilogue (conv2d_pw.glsl's, conv2d_pw_reduce.glsl's): out and
+    bias storage, CLAMP, RESIDUAL (``residual``: its tensor or pair, or None)."""
+    tensors = dict(OUT=out, B=bias)
+    if residual is not None:
+        tensors["R"] = residual
+    return dict(storage_defines(**tensors), **flag_defines(CLAMP=clamp,
+                                                           RESIDUAL=residual is not None))
 
 
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
     return Bindings(outputs=("out_data",),
-                    inputs=("in_data", "in4_data", "w_data", "b_data") +
+                    inputs=("in_data", "in4_data", "w_data") +
+                    (() if "SPLIT_OUT" in d else ("b_data",)) +
                     (("r_data",) if "RESIDUAL" in d else ()),
                     params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
                             PARAMS))
+
+
+@shader_bindings(REDUCE_SHADER)
+def _reduce_bindings(d) -> Bindings:
+    return Bindings(outputs=("out_data",),
+                    inputs=("partial_data", "b_data") +
+                    (("r_data",) if "RESIDUAL" in d else ()),
+                    params=(tensor_meta_block("out_meta"), PARAMS))
 
 
 def record(b, out, x, weight: np.ndarray, bias, lo: float, hi: float, clamp: bool,
@@ -100,19 +158,33 @@ def record(b, out, x, weight: np.ndarray, bias, lo: float, hi: float, clamp: boo
     constant host array [OC, IC, 1(, 1)], ``bias`` a fp32 Tensor [OC], clamp bounds
     ``lo``/``hi`` used when ``clamp``, ``residual`` None or a Tensor of out's shape
     and dtype. Raises DeviceLimitError (b.error) when a slice's channel loop would
-    run past llvmpipe's loop budget."""
+    run past llvmpipe's loop budget. With ``split_k``'s splits > 1: two dispatches
+    (the split sums into a node-owned fp32 scratch sized for the upper-bound shape,
+    then conv2d_pw_reduce.glsl), else one."""
     mx = out.max_shape
     pixels = int(np.prod(mx[2:]))
     oc, ic = mx[1], x.max_shape[1]
-    ks = slices(b.device.info, mx[0], pixels, oc, ic)
-    loop_limit.check(b, -(-ic // ks) + loop_limit.SLACK, f"{ic} input channels")
+    splits, ks = split_k(b.device.info, mx[0], pixels, oc, ic)
+    part = -(-ic // splits)  # the channels one split sums
+    loop_limit.check(b, -(-part // ks) + loop_limit.SLACK, f"{ic} input channels")
     w = b.prepacked(pack_weight(weight), "float32")
     params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
-    grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0])
-    b.dispatch(SHADER, defines(out, x, bias, clamp, residual), outputs=[out],
-               inputs=[x, x, w, bias] + ([residual] if residual is not None else []),
-               params=[out.meta, x.meta, params], global_size=grid,
-               local_size=(THREADS * ks, 1, 1), spec_constants=(ks, spatial))
+    grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0] * splits)
+    rest = [residual] if residual is not None else []
+    if splits == 1:
+        b.dispatch(SHADER, defines(out, x, bias, clamp, residual), outputs=[out],
+                   inputs=[x, x, w, bias] + rest, params=[out.meta, x.meta, params],
+                   global_size=grid, local_size=(THREADS * ks, 1, 1),
+                   spec_constants=(ks, spatial))
+        return
+    partial = b.temporary((splits * out.max_numel,), "float32")
+    b.dispatch(SHADER, defines(partial, x, None, False), outputs=[partial],
+               inputs=[x, x, w], params=[out.meta, x.meta, params], global_size=grid,
+               local_size=(THREADS * ks, 1, 1), spec_constants=(ks, spatial, splits))
+    b.dispatch(REDUCE_SHADER, reduce_defines(out, bias, clamp, residual), outputs=[out],
+               inputs=[partial, bias] + rest, params=[out.meta, params],
+               global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel),
+               spec_constants=(splits, spatial))
 
 
 def _variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
@@ -120,5 +192,18 @@ def _variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
     return defines(ddt, ddt, ("float32", "float32"), clamp, ddt if residual else None)
 
 
+def _split_variant(profile, dtype: str) -> dict:
+    return defines(("float32", "float32"), (dtype, device_dtype(dtype, profile)), None,
+                   False)
+
+
+def _reduce_variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return reduce_defines(ddt, ("float32", "float32"), clamp, ddt if residual else None)
+
+
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES,
+             clamp=(False, True), residual=(False, True))
+declare_grid(SHADER, _split_variant, profile=STORAGE_PROFILES, dtype=DTYPES)
+declare_grid(REDUCE_SHADER, _reduce_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
              clamp=(False, True), residual=(False, True))

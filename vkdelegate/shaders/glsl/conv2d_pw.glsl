@@ -23,15 +23,27 @@
 // [conv.clamp.x, conv.clamp.y] (ATen keeps NaN); RESIDUAL (R_T): add r_data, a
 // tensor of out's shape, after the clamp (a fused aten.add of the convolution's
 // result). Sizes come from the metadata: resizable in batch and spatial sizes.
+//
+// SPLIT_OUT (split-K across workgroups, for dispatches of too few blocks to fill the
+// GPU: EfficientNet's 1152 -> 192 at 7 x 7 is 12 blocks): specialization constant 5
+// is SPLITS; workgroup z = n * SPLITS + split sums only input channels
+// [split * KCS, (split + 1) * KCS), KCS = ceil(IC / SPLITS) (its KS slices divide that
+// range), and stores the raw fp32 sums (no bias, clamp or residual: none are bound) at
+// out_data[((n * SPLITS + split) * OC + oc) * P + p], a scratch buffer; out_meta still
+// describes the real output. conv2d_pw_reduce.glsl then adds the SPLITS parts in
+// order and applies the epilogue.
 
 layout(constant_id = 3) const int KS = 1;       // K slices per workgroup
 layout(constant_id = 4) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
+layout(constant_id = 5) const int SPLITS = 1;   // SPLIT_OUT: K splits across workgroups
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(in_data, IN_T)
 TENSOR_IN(in4_data, IN4_T)  // the input again, 4 elements a load (P % 4 == 0)
 TENSOR_IN(w_data, vec4)
+#ifndef SPLIT_OUT
 TENSOR_IN(b_data, B_T)
+#endif
 #ifdef RESIDUAL
 TENSOR_IN(r_data, R_T)
 #endif
@@ -60,16 +72,25 @@ void main() {
   const int s = lid >> 6;
   const int p0 = int(gl_WorkGroupID.x) * 32 + (t & 7) * 4;
   const int ocq = int(gl_WorkGroupID.y) * 8 + (t >> 3);  // this invocation's channel quad
+#ifdef SPLIT_OUT
+  const int n = int(gl_WorkGroupID.z) / SPLITS;
+  const int split = int(gl_WorkGroupID.z) % SPLITS;
+  const int KCS = (IC + SPLITS - 1) / SPLITS;
+  const int kb = min(IC, split * KCS);  // this split's channels: [kb, ke)
+  const int ke = min(IC, kb + KCS);
+#else
   const int n = int(gl_WorkGroupID.z);
+  const int kb = 0, ke = IC;
+#endif
   // Out-of-range invocations compute on clamped (valid) addresses and store nothing;
   // they still reach the barrier.
   const bool live = n < N && p0 < P && ocq < OC4;
   const int nn = min(n, N - 1);
   const int wq = min(ocq, OC4 - 1);
 
-  const int KC = (IC + KS - 1) / KS;
-  const int k0 = s * KC;
-  const int k1 = min(IC, k0 + KC);
+  const int KC = (ke - kb + KS - 1) / KS;
+  const int k0 = kb + s * KC;
+  const int k1 = min(ke, k0 + KC);
   vec4 acc[4];  // acc[i][j]: channel 4 ocq + i, pixel p0 + j
   [[unroll]] for (int i = 0; i < 4; ++i) {
     acc[i] = vec4(0.0);
@@ -123,6 +144,14 @@ void main() {
   [[unroll]] for (int i = 0; i < 4; ++i) {
     const int oc = ocq * 4 + i;
     if (oc < OC) {
+#ifdef SPLIT_OUT
+      const int base = (int(gl_WorkGroupID.z) * OC + oc) * P + p0;
+      [[unroll]] for (int j = 0; j < 4; ++j) {
+        if (p0 + j < P) {
+          out_data[base + j] = acc[i][j];
+        }
+      }
+#else
       const float bias = float(b_data[oc]);
       const int base = (n * OC + oc) * P + p0;
       [[unroll]] for (int j = 0; j < 4; ++j) {
@@ -137,6 +166,7 @@ void main() {
           out_data[base + j] = OUT_STORE(v);
         }
       }
+#endif
     }
   }
 }
