@@ -33,6 +33,7 @@ import time
 import torch
 from tabulate import tabulate
 
+import forms as kernel_forms
 from vkdelegate.llm import generate
 from vkdelegate.runtime.device import default_device
 
@@ -162,30 +163,6 @@ def step_breakdown(program, prompt, steps: int) -> dict:
     return {k: round(statistics.median(v), 1) for k, v in rows.items()}
 
 
-def set_forms(forms: dict, ap) -> dict:
-    """Set kernel-form module constants (``quantized_linear.VSG_ROWS``: a module of
-    vkdelegate.ops.families or vkdelegate.kernels, then the constant) for one
-    --quantization row; returns their previous values, to restore after the row.
-    Forms are read when the program is built, so a row's own build sees its values."""
-    import importlib
-
-    saved = {}
-    for name, value in forms.items():
-        module_name, _, const = name.rpartition(".")
-        module = None
-        for package in ("vkdelegate.ops.families", "vkdelegate.kernels"):
-            try:
-                module = importlib.import_module(f"{package}.{module_name}")
-                break
-            except ModuleNotFoundError:
-                continue
-        if module is None or not hasattr(module, const):
-            ap.error(f"kernel form {name!r}: no such module constant")
-        saved[name] = getattr(module, const)
-        setattr(module, const, value)
-    return saved
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -275,7 +252,7 @@ def main() -> None:
                 forms[name] = value
             else:
                 row_options[name] = value
-        saved_forms = set_forms(forms, ap)
+        saved_forms = kernel_forms.apply(forms, ap.error)
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
@@ -344,7 +321,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         program.close()
-        set_forms(saved_forms, ap)
+        kernel_forms.apply(saved_forms, ap.error)
         del m
     rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "-",
                  "1.00x",
