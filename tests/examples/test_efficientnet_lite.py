@@ -25,8 +25,7 @@ def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, t
                                                               form, monkeypatch):
     # pointwise_split: the GPUs' pointwise GEMM (kernels/conv_pointwise.py), forced on
     # llvmpipe, with its split form where the GPUs take it (SPLIT_K, the default
-    # SPLIT_WORKGROUPS: the 7 x 7, 14 x 14 and most 28 x 28 and 56 x 56 layers at batch
-    # 1), each split convolution a conv2d_pw SPLIT_OUT pass and a conv2d_pw_reduce.
+    # SPLIT_WORKGROUPS: the 7 x 7 and most 14 x 14 layers at batch 1), each split convolution a conv2d_pw SPLIT_OUT pass and a conv2d_pw_reduce.
     seen = []
     if form == "pointwise_split":
         from tests.ops.harness import spy_dispatches

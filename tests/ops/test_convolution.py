@@ -420,12 +420,21 @@ def test_pointwise_gemm_slices():
                   1, 49, 192, 1152) == 4
 
 
-def test_pointwise_split_k_form():
+def test_pointwise_split_k_form(monkeypatch):
     from types import SimpleNamespace
 
     from vkdelegate.kernels import conv_pointwise
     from vkdelegate.kernels.conv_pointwise import split_k
     gpu = SimpleNamespace(max_workgroup_invocations=1024, max_shared_memory=49152)
+    # The default target (64 workgroups): 12 blocks of 1152 -> 192 take 9 splits of 4
+    # slices (108 workgroups); 96 blocks at batch 8 and 147 keep one pass.
+    assert conv_pointwise.SPLIT_WORKGROUPS == 64
+    assert split_k(gpu, 1, 49, 192, 1152) == (9, 4)
+    assert split_k(gpu, 1, 49, 192, 672) == (10, 2)
+    assert split_k(gpu, 8, 49, 192, 1152) == (1, 8)
+    assert split_k(gpu, 1, 196, 672, 112) == (1, 2)
+    # A target of 132 workgroups (the H100's SMs):
+    monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 132)
     # EfficientNet-Lite0 at 7 x 7, batch 1: 12 blocks of 1152 -> 192 take 18 splits of
     # 2 slices (36 parts of 32 channels, 216 workgroups), 1152 -> 320 9 x 4.
     assert split_k(gpu, 1, 49, 192, 1152) == (18, 2)

@@ -41,12 +41,16 @@ SLICE_SHARED_BYTES = 4096
 TARGET_UNITS = 2112
 MIN_SLICE_K = 32  # input channels a slice sums at least
 #: The cross-workgroup split of the reduction (``split_k``): False keeps one pass
-#: everywhere. Dispatches of fewer than SPLIT_WORKGROUPS 32 x 32 blocks (132: the
-#: H100's and H200's SMs) split into up to ceil(SPLIT_WORKGROUPS / blocks) workgroups
+#: everywhere. Dispatches of fewer than SPLIT_WORKGROUPS 32 x 32 blocks (the H100 and
+#: the H200 have 132 SMs) split into up to ceil(SPLIT_WORKGROUPS / blocks) workgroups
 #: per block, each split and slice keeping MIN_SLICE_K channels and all of them at most
 #: TARGET_UNITS workgroup-slices; more blocks keep the single pass (no extra dispatch).
+#: On an H100, EfficientNet-Lite0 batch 1 (profiled GPU us, docs/PERF.md "An H100,
+#: 2026-12-05 (fifth session)"): single pass 875-877 over 51 dispatches; 132: 723 over
+#: 74 (23 layers split); 64: 712-713 over 64 (13 layers split, none at batch 8), host
+#: to host 0.98 ms against 1.04 single-pass. Hence 64.
 SPLIT_K = True
-SPLIT_WORKGROUPS = 132
+SPLIT_WORKGROUPS = 64
 MAX_SPLITS = 32  # bounds the scratch: splits x the output, fp32
 REDUCE_SHADER = "conv2d_pw_reduce"  # split-K's second pass
 DTYPES = ("float32", "float16")
