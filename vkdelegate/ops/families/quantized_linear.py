@@ -108,7 +108,10 @@ VUNROLL = 1  # DIRECT: weight blocks per row per iteration, all loads issued fir
 VSG_ROWS = False  # linear_qw_gemv's SG_ROWS form (devices with subgroup arithmetic): each
 #                  subgroup owns whole outputs (units: VROWS per workgroup, SWIGLU's and
 #                  ROTARY's row pairs included) over their whole K, subgroupAdd only, no
-#                  barrier; VDIRECT does not apply (its loads are DIRECT's), nor SVEC
+#                  barrier; VDIRECT does not apply (its loads are DIRECT's), nor SVEC.
+#                  Off: on an H100 it was about 2x slower than DIRECT at 2048 x 16384
+#                  int4 and the int4 decode 8% slower (docs/PERF.md, "An H100,
+#                  2026-12-05 (fifth session)"); a --sweep form for other GPUs
 VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE form, wrong results
 # VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
 # --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
