@@ -12,8 +12,9 @@
 #   effnet  benchmarks/efficientnet.py batch 1 and 8 with a profiled call each, 120
 #   gemm    benchmarks/gemm.py, 120
 #   gemv    benchmarks/quant_gemv.py streamed, with the probe forms and pipeline statistics, 150
-#   gemv1b  quant_gemv.py's int4 / int8 forms (--sweep) at the Llama-3.2-1B decode's
-#           shapes (K 2048: 64 int4 blocks a row), clocks held up, 240
+#   gemv1b  quant_gemv.py's int4 forms (--sweep), fp16 x, at the Llama-3.2-1B decode's
+#           larger shapes (gate/up, down, lm_head; K 2048: 64 int4 blocks a row), clocks
+#           held up, 240 (all five shapes with int8 and fp32 x ran past 240 s)
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
 #   chain   benchmarks/elementwise_chain.py, 60
 #   clocks  the gemv step's fp16 / int4 cases in both orders (one process each): is a
@@ -72,7 +73,7 @@ for s in "$@"; do
     gemv) step gemv 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \
             --shapes 4096x4096,4096x14336 --stream-mb 256 --probe --pipeline-stats ;;
     gemv1b) step gemv1b 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 10 \
-              --shapes 2048x3072,2048x2048,2048x16384,8192x2048,2048x128256 --cases int4,int8 \
+              --shapes 2048x16384,8192x2048,2048x128256 --cases "int4 g128 weights, float16 x" \
               --sweep --hold-s 1 --stream-mb 128 ;;
     sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
     chain) step chain 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/elementwise_chain.py ;;
