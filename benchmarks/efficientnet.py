@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -63,6 +64,7 @@ def report(title: str, first_column: str, rows: list, results: dict, path: str) 
     print(f"\n{title}, torch {torch.__version__} ({torch.get_num_threads()} CPU threads)")
     print(tabulate(rows, headers=(first_column, "backend", "median ms", "p10-p90 ms",
                                   "vs vkdelegate")))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(results, f, indent=2)
     print(f"wrote {path}")
@@ -171,7 +173,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json", default="efficientnet_bench.json")
+    ap.add_argument("--json", default="out/efficientnet_bench.json")
     ap.add_argument("--profile", action="store_true",
                     help="profile one call per batch size: slowest dispatches, per-op "
                          "GPU time, host time (host-to-host minus profiled GPU time)")

@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--model", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json", default="encoder_bench.json")
+    ap.add_argument("--json", default="out/encoder_bench.json")
     args = ap.parse_args()
 
     device = default_device()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -168,7 +169,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iree-target", default="llvmpipe",
                     help="--iree-vulkan-target for IREE (llvmpipe for lavapipe)")
-    ap.add_argument("--json", default="lavapipe_peers.json")
+    ap.add_argument("--json", default="out/lavapipe_peers.json")
     ap.add_argument("--peers-python", type=Path, default=None,
                     help="the peers' virtual environment's python (default: .venv-peers here)")
     args = ap.parse_args()
@@ -184,6 +185,7 @@ def main() -> None:
           f"torch {torch.__version__}")
     print(tabulate(rows, headers=("model", "backend", "median ms", "p10-p90 ms",
                                   "vkdelegate / this", "max |diff| to eager", "note")))
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)
 

@@ -163,6 +163,47 @@ def step_breakdown(program, prompt, steps: int) -> dict:
     return {k: round(statistics.median(v), 1) for k, v in rows.items()}
 
 
+def _json_value(item: str, value: str, flag: str, error):
+    """VALUE of a NAME=VALUE item as JSON ("" and None: None); ``error`` otherwise."""
+    if value in ("", "None"):
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        error(f"{flag} {item!r}: VALUE is not JSON (true, 132, \"text\")")
+
+
+def _check_options(options: dict, flag: str, error) -> None:
+    """The compile options' names and values checked before any work (``error``)."""
+    from vkdelegate.backend.options import parse_options
+    from vkdelegate.errors import VkDelegateError
+
+    try:
+        parse_options(options)
+    except VkDelegateError as exc:
+        error(f"{flag}: {exc}")
+
+
+def _row_plan(scheme: str, options: dict, error) -> tuple:
+    """(scheme, format, compile options, kernel forms) of one --quantization row
+    ``FORMAT[+NAME=VALUE...]``: a NAME with a dot is a kernel form
+    (benchmarks/forms.py), else a compile option; all checked before any work."""
+    fmt, *extra = scheme.split("+")
+    if fmt not in ("none", "int8", "int4", "8da4w"):
+        error(f"--quantization {scheme!r}: unknown format {fmt!r}")
+    row_options, forms = dict(options), {}
+    for item in extra:
+        name, eq, value = item.partition("=")
+        if not eq:
+            error(f"--quantization {scheme!r}: {item!r} is not NAME=VALUE")
+        if "." in name:  # a kernel form: MODULE.CONSTANT of the row's build
+            forms[name] = kernel_forms.parse([item], error, "--quantization")[name]
+        else:
+            row_options[name] = _json_value(item, value, "--quantization", error)
+    _check_options(row_options, f"--quantization {scheme!r}", error)
+    return scheme, fmt, row_options, forms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -211,7 +252,9 @@ def main() -> None:
     options = {}
     for item in args.option:
         name, _, value = item.partition("=")
-        options[name] = json.loads(value) if value not in ("", "None") else None
+        options[name] = _json_value(item, value, "--option", ap.error)
+    _check_options(options, "--option", ap.error)
+    plans = [_row_plan(scheme, options, ap.error) for scheme in args.quantization]
     model = build(args)
     n_params = sum(p.numel() for p in model.parameters())
     n_linear = linear_params(model)
@@ -240,19 +283,8 @@ def main() -> None:
               "profile": {}, "step_us": {}, "per_token_tps": {},
               "decode_chunk": args.decode_chunk, "hold_s": args.hold_s}
     rows = []
-    for scheme in args.quantization:
-        fmt, *extra = scheme.split("+")
-        if fmt not in ("none", "int8", "int4", "8da4w"):
-            ap.error(f"--quantization {scheme!r}: unknown format {fmt!r}")
-        row_options, forms = dict(options), {}
-        for item in extra:
-            name, _, value = item.partition("=")
-            value = json.loads(value) if value not in ("", "None") else None
-            if "." in name:  # a kernel form: MODULE.CONSTANT of the row's build
-                forms[name] = value
-            else:
-                row_options[name] = value
-        saved_forms = kernel_forms.apply(forms, ap.error)
+    for scheme, fmt, row_options, forms in plans:
+        saved_forms = kernel_forms.apply(forms, ap.error, "--quantization")
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
@@ -321,7 +353,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         program.close()
-        kernel_forms.apply(saved_forms, ap.error)
+        kernel_forms.apply(saved_forms, ap.error, "--quantization")
         del m
     rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "-",
                  "1.00x",
@@ -332,9 +364,11 @@ def main() -> None:
           f"cache {args.max_seq_len}; Vulkan device {device.info.name}; torch "
           f"{torch.__version__}; lowering s {result['lower_s']}; build s "
           f"{result['build_s']}; nodes on the CPU per method {result['cpu_nodes']}")
+    equal = ", ".join(f"{k.replace('none', args.dtype, 1)} {v} of {args.new_tokens}"
+                      for k, v in result["tokens_equal_prefix"].items())
     print(f"roofline at {args.hbm_tbps} TB/s: {hbm / step_bytes('none'):.0f} tokens/s "
-          f"({args.dtype}); greedy tokens ({args.dtype}) equal to HF for the first "
-          f"{result['tokens_equal_prefix']} of {args.new_tokens}")
+          f"({args.dtype}); greedy tokens equal to HF's for the first: "
+          f"{equal or 'not checked (no unquantized row: quantized tokens differ from HF)'}")
     print(f"decode tokens/s: {args.decode_chunk} steps per submit (decode_next); "
           f"per-token: one decode call per token (the host between steps)")
     print(tabulate(rows, headers=("backend", "decode tokens/s", "per-token",
