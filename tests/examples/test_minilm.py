@@ -110,6 +110,7 @@ def test_embed_cli_bad_inputs(tmp_path, capsys):
     assert main(["embed", str(prog), "text"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "add.vkdp" in err[0], err
+    assert "dynamic N and L" in err[0] and "demo minilm" in err[0], err
     assert main(["embed", str(prog), "text", "--tokenizer", str(tmp_path)]) == 2
     assert "tokenizer.json missing" in capsys.readouterr().err
     assert main(["embed", str(prog), "text", "--out", str(tmp_path / "no" / "x.npy")]) == 2

@@ -45,8 +45,12 @@ def run(args) -> int:
     try:
         out = program(ids, mask)
     except VkDelegateError as exc:
-        raise VkDelegateError(f"{args.program} is not a sentence encoder taking "
-                              f"(input_ids, attention_mask): {exc}") from None
+        raise VkDelegateError(
+            f"{args.program} cannot embed {len(args.texts)} texts of {ids.shape[1]} "
+            f"tokens: {exc}. It must be a sentence encoder taking (input_ids, "
+            f"attention_mask), int64 (N, L), exported with dynamic N and L (as "
+            f"`vkdelegate demo minilm` saves out/minilm.vkdp) or for exactly these "
+            f"sizes") from None
     finally:
         program.close()
     if not hasattr(out, "numpy") or out.ndim != 2 or out.shape[0] != len(args.texts):
