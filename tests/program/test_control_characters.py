@@ -74,6 +74,24 @@ def test_inspect_escapes_method_input_and_state_strings(tmp_path, capsys):
     assert err == "" and all(line.isprintable() for line in out.split("\n"))
 
 
+def test_inspect_escapes_the_partition_report(tmp_path, capsys):
+    m = crafted.manifest()
+    m["methods"]["forward"]["report"] = {
+        "num_partitions": 1,
+        "decisions": [["n" + ODD, "aten.sort.default" + ODD, ["why" + ODD], None]]}
+    path = crafted.write_raw(tmp_path / "p.vkp", m)
+    assert main(["inspect", path]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and all(line.isprintable() for line in out.split("\n"))
+    assert "'why\\x1c\\n\\x00'" in out
+    # A malformed report is one error line.
+    m["methods"]["forward"]["report"] = {"num_partitions": 1, "decisions": [[1]]}
+    path = crafted.write_raw(tmp_path / "q.vkp", m)
+    assert main(["inspect", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "malformed partition report" in err[0] and "q.vkp" in err[0], err
+
+
 def test_a_failing_glue_op_names_its_output_escaped(tmp_path):
     m = crafted.manifest()
     nodes = m["methods"]["forward"]["plan"]["nodes"]

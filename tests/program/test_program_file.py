@@ -337,6 +337,24 @@ def test_inspect_shows_dynamic_dims_as_ranges(tmp_path, capsys):
         "forward(input: float32[1..64, 8])"]
 
 
+def test_inspect_shows_what_runs_on_the_cpu(tmp_path, capsys):
+    """The partition report a program file stores: inspect prints each method's, the
+    CPU nodes with their reasons (text and --json)."""
+    from vkdelegate.cli import main
+
+    _, program, _ = _program("reference")
+    program.save(tmp_path / "p.vkp")
+    assert main(["inspect", str(tmp_path / "p.vkp")]) == 0
+    out = capsys.readouterr().out
+    assert "== partition report (forward)" in out and program.report.summary() in out
+    assert "no Vulkan implementation of aten.sort.default" in out
+    assert main(["inspect", "--json", str(tmp_path / "p.vkp")]) == 0
+    reports = json.loads(capsys.readouterr().out)["reports"]
+    assert reports["forward"]["summary"] == program.report.summary()
+    assert [n["op"] for n in reports["forward"]["cpu_nodes"]] == [
+        "aten.sort.default", "operator.getitem"]
+
+
 def test_report_round_trip(tmp_path):
     _, program, _ = _program("reference")
     program.save(tmp_path / "p.vkp")

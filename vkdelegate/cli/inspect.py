@@ -2,7 +2,9 @@
 
 Prints the VH00 header regions, the values table (id, kind, dtype, dims, constant id,
 mem_obj_id, list items), the op chain with arguments resolved to readable values,
-and a constants summary. ``--json`` prints the same as one JSON document. Reads our
+and a constants summary; for a program file also its methods' signatures, shared
+state and partition reports (the nodes left on the CPU, each with its reasons).
+``--json`` prints the same as one JSON document. Reads our
 blobs and ExecuTorch Vulkan (ET-VK) blobs alike. A malformed file is one error line
 and exit status 2 (the CLI main turns VkDelegateError into that).
 
@@ -202,6 +204,46 @@ def program_state(path: str) -> dict:
     return out
 
 
+def program_reports(path: str) -> dict:
+    """Each method's partition report stored in a program file (``{name:
+    PartitionReport}``, methods lowered without one left out); {} for a bare blob or a
+    .pte. Raises VkDelegateError for a malformed manifest or report."""
+    from vkdelegate.backend.report import PartitionReport
+    from vkdelegate.serialization import program_file
+
+    with open(path, "rb") as f:
+        if f.read(len(program_file.MAGIC)) != program_file.MAGIC:
+            return {}
+    manifest, _ = program_file.read_program(path)
+    try:
+        methods = manifest["methods"].items()
+        return {name: PartitionReport.from_json(m["report"]) for name, m in methods
+                if m.get("report") is not None}
+    except VkDelegateError as exc:
+        raise VkDelegateError(f"program file {path}: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise VkDelegateError(f"program file {path}: malformed method entry "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+
+def _printable_report(report) -> str:
+    """``str(report)`` with every name, op, reason and note from the file passed
+    through ``printable`` (one table row per node, whatever the file holds)."""
+    from vkdelegate.backend.report import NodeDecision, PartitionReport
+
+    clean = [NodeDecision(printable(d.name), printable(d.op),
+                          [printable(r) for r in d.reasons], d.partition,
+                          [printable(n) for n in d.notes]) for d in report.decisions]
+    return str(PartitionReport(clean, report.num_partitions))
+
+
+def _report_json(report) -> dict:
+    """What --json prints of a report: its summary line and the CPU nodes with reasons."""
+    return {"summary": report.summary(),
+            "cpu_nodes": [{"node": d.name, "op": d.op, "reasons": d.reasons}
+                          for d in report.cpu_nodes]}
+
+
 def run(args) -> int:
     described = [(label, describe_blob(data, named)) for label, data, named in
                  blobs_in_file(args.file)]
@@ -210,7 +252,10 @@ def run(args) -> int:
             else {"blobs": [{"label": label, **d} for label, d in described]}
         methods = method_signatures(args.file)
         if methods:
-            doc = {"methods": methods, **program_state(args.file), **doc}
+            reports = {name: _report_json(r)
+                       for name, r in program_reports(args.file).items()}
+            doc = {"methods": methods, **program_state(args.file),
+                   **({"reports": reports} if reports else {}), **doc}
         json.dump(_json_safe({"file": args.file, **doc}), sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     elif not described:
@@ -228,5 +273,8 @@ def run(args) -> int:
             if "state" in shared:
                 print("== state (shared by the methods)\n" +
                       "\n".join(f"  {line}" for line in shared["state"]) + "\n")
+            for name, report in program_reports(args.file).items():
+                print(f"== partition report ({printable(name)}): what runs on the CPU, "
+                      f"and why\n{_printable_report(report)}\n")
         print("\n\n".join(_text(label, d) for label, d in described))
     return 0
