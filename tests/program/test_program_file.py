@@ -373,3 +373,29 @@ def test_path_must_be_a_path(path):
         vkdelegate.load(path)
     with pytest.raises(VkDelegateError, match="must be a str or os.PathLike"):
         program_file.read_program(path)
+
+
+def test_failed_save_keeps_the_file_that_was_there(tmp_path, monkeypatch):
+    """save writes a temporary file and renames it over the target: a write that fails
+    (here the rename, as a full disk would fail a write) leaves the old program file
+    whole and no temporary behind; a missing folder or a directory is one clear error."""
+    _, program, inputs = _program("reference")
+    path = tmp_path / "p.vkp"
+    program.save(path)
+    before = path.read_bytes()
+
+    def no_space(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(program_file.os, "replace", no_space)
+    with pytest.raises(VkDelegateError, match=r"cannot save the program to .*p\.vkp: "
+                                              r"No space left on device"):
+        program.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["p.vkp"]
+    with pytest.raises(VkDelegateError, match="folder .* does not exist"):
+        program.save(tmp_path / "missing" / "p.vkp")
+    with pytest.raises(VkDelegateError, match="it is a directory"):
+        program.save(tmp_path)
+    loaded = vkdelegate.load(path)
+    torch.testing.assert_close(loaded(*inputs), program(*inputs))

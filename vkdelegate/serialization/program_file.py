@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import struct
 import zlib
 
@@ -65,6 +66,10 @@ def write_program(path, manifest: dict, segments: list[bytes]) -> None:
     """Write ``manifest`` (JSON-ready dict) and ``segments`` to ``path``.
 
     The ``format``, ``version`` and ``segments`` keys of the manifest are set here.
+    The file is written next to ``path`` under a temporary name and renamed over it
+    when complete, so a failed write (a full disk) leaves a file already at ``path``
+    as it was. Raises VkDelegateError naming ``path`` when it cannot be written (a
+    missing folder, a directory, no permission, no space).
     """
     table, offset = [], 0
     for data in segments:
@@ -76,13 +81,37 @@ def write_program(path, manifest: dict, segments: list[bytes]) -> None:
     data_offset = _align(HEADER_SIZE + len(text))
     header = HEADER.pack(MAGIC, HEADER_SIZE, zlib.crc32(text), HEADER_SIZE, len(text),
                          data_offset, offset)
-    with open(path, "wb") as f:
-        f.write(header)
-        f.write(text)
-        f.write(b"\0" * (data_offset - HEADER_SIZE - len(text)))
-        for data, entry in zip(segments, table):
-            f.write(data)
-            f.write(b"\0" * (_align(len(data)) - len(data)))
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise VkDelegateError(f"cannot save the program to {path}: it is a directory")
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        # O_EXCL on a fresh random name; mode 0o666 less the umask, as open() gives.
+        name = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o666)
+        tmp = name
+        with os.fdopen(fd, "wb") as f:
+            f.write(header)
+            f.write(text)
+            f.write(b"\0" * (data_offset - HEADER_SIZE - len(text)))
+            for data, entry in zip(segments, table):
+                f.write(data)
+                f.write(b"\0" * (_align(len(data)) - len(data)))
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if not os.path.isdir(folder):
+            reason = f"folder {folder} does not exist"
+        raise VkDelegateError(f"cannot save the program to {path}: {reason}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _is_int(value) -> bool:
