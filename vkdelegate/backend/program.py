@@ -387,6 +387,11 @@ class LoweredProgram:
         stopped, and also the initial values, which ``reset_state()`` of the loaded
         program restores. Call ``reset_state()`` before ``save`` to store a fresh
         program.
+
+        The file is complete or absent: it is written under a temporary name in the
+        same folder and renamed over ``path``, so a failed save (a full disk) keeps a
+        file that was at ``path``. Raises VkDelegateError naming ``path`` when it
+        cannot be written (a missing folder, a directory, no permission, no space).
         """
         table = program_file.SegmentTable()
         methods = {}
