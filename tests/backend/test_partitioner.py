@@ -104,15 +104,21 @@ def test_dynamic_shapes(fake_ops):
     assert d["sin"].on_vulkan
 
 
-def test_unbounded_dynamic_dim_stays_on_cpu(fake_ops):
+def test_unbounded_dynamic_dim_stays_on_cpu(fake_ops, caplog):
     class M(torch.nn.Module):
         def forward(self, x):
             return torch.sin(x)
 
     ep = torch.export.export(M(), (torch.randn(4, 3),),
                              dynamic_shapes=({0: torch.export.Dim("n")},))
-    d = _by_name(VulkanPartitioner().report(ep.run_decompositions()))
+    with caplog.at_level("WARNING", logger="vkdelegate"):
+        d = _by_name(VulkanPartitioner().report(ep.run_decompositions()))
     assert "has no upper bound" in d["sin"].reasons[0]
+    # Not silent: one warning, naming the user's Dim where export kept its name.
+    warned = [r.getMessage() for r in caplog.records if "no upper bound" in r.getMessage()]
+    assert len(warned) == 1 and "1 node(s) stay on the CPU" in warned[0], warned
+    if "(s" in d["sin"].reasons[0]:  # torch kept the Dim's name: "n (s77)"
+        assert "dynamic size n (s" in d["sin"].reasons[0]
 
 
 def test_require_dynamic_shapes_rejects_static_only_ops(fake_ops):

@@ -39,10 +39,27 @@ def dim_upper_bound(dim) -> tuple[int, bool]:
             return constant, False
         upper = node.shape_env.bound_sympy(node.expr).upper
         if upper is None or not math.isfinite(float(upper)):
-            raise VkDelegateError(f"dynamic size {node.expr} has no upper bound; export "
-                                  f"with torch.export.Dim(..., max=N)")
+            raise VkDelegateError(f"dynamic size {_label(node)} has no upper bound; "
+                                  f"export with torch.export.Dim(..., max=N)")
         return int(upper), True
     raise VkDelegateError(f"unexpected dimension type {type(dim).__name__}")
+
+
+def _label(node) -> str:
+    """A SymInt node's expression, with the user's ``Dim`` name where export kept one
+    for its symbol (``b (s31)``; the shape environment's debug names, as
+    to_backend's ``_dim_names`` reads them), else the expression alone."""
+    expr = node.expr
+    try:
+        env = node.shape_env
+        for source in env.var_to_sources.get(expr, []):
+            label = source.name if isinstance(source.name, str) else source.name()
+            debug = env.source_name_to_debug_name.get(label)
+            if isinstance(debug, str) and debug != str(expr):
+                return f"{debug} ({expr})"
+    except (AttributeError, TypeError):
+        pass
+    return str(expr)
 
 
 def tensor_spec(val) -> TensorSpec:

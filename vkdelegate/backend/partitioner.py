@@ -150,6 +150,12 @@ class VulkanPartitioner:
                 d.reasons = [f"reads an output of {producer.name}, which runs on the CPU"]
         report = PartitionReport(decisions, len(partitions))
         logger.info(report.summary())
+        unbounded = sorted({r for d in report.cpu_nodes for r in d.reasons
+                            if "has no upper bound" in r})
+        if unbounded:  # a dynamic export without Dim(max=...): say so, not silently
+            logger.warning("vkdelegate: %d node(s) stay on the CPU: %s",
+                           sum(any("has no upper bound" in r for r in d.reasons)
+                               for d in report.cpu_nodes), "; ".join(unbounded))
         return partitions, report
 
     def ops_to_preserve(self, ep) -> set:
