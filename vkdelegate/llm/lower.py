@@ -29,11 +29,47 @@ from vkdelegate.llm.vision import VisionEncoder
 def _export(module, args, dynamic_shapes, name: str):
     try:
         with torch.no_grad():
-            return torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
-                                       strict=False)
+            program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
+                                          strict=False)
     except Exception as exc:
         raise VkDelegateError(f"exporting method {name!r} failed: {type(exc).__name__}: "
                               f"{exc}") from exc
+    drop_dead_length_reads(program)
+    return program
+
+
+_SCALAR_READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+
+
+def drop_dead_length_reads(program) -> bool:
+    """Erase each ``.item()`` of ``program`` whose value nothing but SymInt arithmetic,
+    comparisons and runtime assertions reads once dead tensors are gone (and what it
+    alone read); True if any.
+
+    OPT and BioGPT compute ``seq_length = cache.get_seq_length() + T`` (the cache
+    length is ``start_pos``, a tensor) and ``torch.ones(1, seq_length)``, a mask they
+    use only for position ids when none are given (HFDecoder gives them). The mask is
+    dead, but the ``.item()`` of its size and export's assertion ``u0 >= 0`` on it
+    stayed: CPU glue in prefill, decode and decode_next (the value read back from the
+    device every step, and decode_next barred from ``run_repeated``). What the assertion
+    checked (start_pos + T >= 0) the host checks before every call
+    (``backend/llm_checks``: 0 <= start_pos), and decode_next's position only grows
+    from a checked one."""
+    from vkdelegate.backend.passes.cache_positions import erase_checks
+
+    graph = program.graph_module.graph
+    reads = [n for n in graph.nodes if n.op == "call_function" and n.target in _SCALAR_READS]
+    if not reads:
+        return False
+    graph.eliminate_dead_code()  # the dead mask: asserts are impure and stay
+    dropped = False
+    for node in reads:
+        if node.graph is graph and node in graph.nodes:
+            dropped |= erase_checks(node)
+    if dropped:
+        graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return dropped
 
 
 def export_methods(model, max_seq_len: int, vision=None) -> dict:

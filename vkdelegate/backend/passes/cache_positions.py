@@ -133,11 +133,11 @@ def _scalar_only(node) -> bool:
                                                                           "operator"))
 
 
-def _erase_checks(root) -> None:
+def erase_checks(root) -> bool:
     """Erase ``root`` and everything computed from it when all of that is size reads,
     SymInt arithmetic, comparisons and runtime assertions (the checks export emitted
     on a KV-cache position and its slice); leave all of it when anything else reads
-    it."""
+    it. True if ``root`` was erased."""
     order, seen, todo = [], {root}, [root]
     while todo:
         node = todo.pop()
@@ -147,7 +147,7 @@ def _erase_checks(root) -> None:
                 seen.add(user)
                 todo.append(user)
     if any(not _scalar_only(n) for n in order[1:]):
-        return
+        return False
     # Users before what they read: repeatedly erase nodes that nothing reads any more.
     pending = [n for n in order if n.op == "call_function"]
     while pending:
@@ -156,8 +156,9 @@ def _erase_checks(root) -> None:
             if not n.users:
                 n.graph.erase_node(n)
         if len(left) == len(pending):
-            return
+            break
         pending = left
+    return root not in pending
 
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -238,7 +239,7 @@ def cache_positions(pg) -> bool:
         graph.erase_node(node)
         for n in list(graph.nodes):  # the removed slice's checks, then the position's
             if _call(n, aten.slice.Tensor) and n.args[0] is x and n.args[2] is start:
-                _erase_checks(n)
-        _erase_checks(start)
+                erase_checks(n)
+        erase_checks(start)
         changed = True
     return changed
