@@ -95,6 +95,58 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return out.transpose(1, 2).contiguous(), None
 
 
+def _attention_overrides(model: nn.Module) -> dict:
+    """{attention module: its ``_attn`` while HFDecoder runs it}, for attention modules
+    that mask by the key length rather than through transformers' attention interface.
+
+    GPT-Neo (``GPTNeoSelfAttention._attn``) slices its causal / local (sliding window
+    ``config.window_size``) mask out of a ``[max_pos, max_pos]`` table at rows
+    ``key_length - query_length .. key_length``, which puts the queries at the end of
+    the keys: right for a cache that grows, wrong for the static cache of
+    ``max_seq_len`` positions (a prefill's queries sat at the cache's last rows, so a
+    local layer saw none of the prompt and a global one the unwritten rows; the greedy
+    tokens differed from HF's from the first). Its ``_attn`` becomes
+    ``vkdelegate.sdpa_at`` at the call's position, unscaled as GPT-Neo's scores are,
+    with the layer's window (GPT-Neo's local rows see the ``window_size`` keys up to
+    their own, as sdpa_at's ``window``)."""
+    overrides = {}
+    for m in model.modules():
+        if type(m).__name__ == "GPTNeoSelfAttention" and hasattr(m, "_attn") \
+                and getattr(m, "attention_type", None) in ("global", "local"):
+            window = int(m.config.window_size) if m.attention_type == "local" else 0
+            overrides[m] = _sdpa_at_attn(window, 1.0)
+    return overrides
+
+
+def _sdpa_at_attn(window: int, scale: float):
+    """A GPT-Neo ``_attn(query, key, value, attention_mask=None)``: query [B, H, L, E],
+    key / value [B, H, S, E] (the static cache) -> ([B, H, L, E], None) by
+    ``vkdelegate.sdpa_at`` at HFDecoder's position (no mask is built: ATTENTION)."""
+    from vkdelegate.backend import custom_ops
+
+    def attn(query, key, value, attention_mask=None):
+        start_pos = getattr(_CALL, "start_pos", None)
+        if start_pos is None or attention_mask is not None:
+            raise VkDelegateError("GPT-Neo attention runs mask-free only inside "
+                                  "HFDecoder.logits")
+        custom_ops.ensure_defined()
+        return torch.ops.vkdelegate.sdpa_at(query, key, value, start_pos, window,
+                                            scale), None
+    return attn
+
+
+@contextlib.contextmanager
+def _overridden(overrides: dict):
+    """Each module's ``_attn`` replaced (an instance attribute) inside the block."""
+    try:
+        for module, attn in overrides.items():
+            module._attn = attn
+        yield
+    finally:
+        for module in overrides:
+            module.__dict__.pop("_attn", None)
+
+
 def _register_attention() -> bool:
     """Register ATTENTION with transformers' AttentionInterface (idempotent); False
     where this transformers has no attention interface or mask registry."""
@@ -132,6 +184,8 @@ def uses_position_attention(model: nn.Module) -> bool:
         return False
     attention = [m for m in model.modules()
                  if hasattr(m, "layer_idx") and hasattr(m, "is_causal")]
+    if not attention and not _attention_overrides(model):
+        return False  # none found: nothing says that the mask can go
     if any(getattr(m, "is_causal", True) is not True for m in attention):
         return False
     if not all(_dispatches_attention(type(m)) for m in attention):
@@ -236,6 +290,12 @@ class HFDecoder(nn.Module):
         self._cache_kwarg = _cache_kwarg(model)
         #: The model runs with ATTENTION (no mask, vkdelegate.sdpa_at; module docstring).
         self.position_attention = uses_position_attention(model)
+        self._overrides = _attention_overrides(model)
+        if self._overrides and not self.position_attention:
+            raise VkDelegateError(f"{type(model).__name__}: its attention masks by the "
+                                  f"key length, which the static KV cache makes wrong, "
+                                  f"and it cannot run mask-free here (eval mode, "
+                                  f"\"eager\" or \"sdpa\" attention)")
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)
@@ -251,7 +311,7 @@ class HFDecoder(nn.Module):
                      + start_pos).unsqueeze(0)
         run = _attention_at(self.model, start_pos) if self.position_attention \
             else contextlib.nullcontext()
-        with run:
+        with run, _overridden(self._overrides):
             out = self.model(inputs_embeds=embeds, position_ids=positions, use_cache=True,
                              logits_to_keep=1, **{self._cache_kwarg: cache})
         used = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
