@@ -135,6 +135,72 @@ def _sdpa_at_attn(window: int, scale: float):
     return attn
 
 
+#: The experts implementation HFDecoder registers with transformers (``_dense_experts``).
+EXPERTS = "vkdelegate_dense"
+
+
+def _dense_experts(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' experts interface (``batched_mm_experts_forward``'s signature):
+    hidden_states [T, H], top_k_index int64[T, k], top_k_weights [T, k] -> [T, H]. Every
+    expert runs on every token and the routing weights, zero for the experts a token
+    did not choose, sum the results: one linear over all experts' gate/up rows, the
+    gate, one batched product with all down projections, a weighted sum.
+
+    An exportable MoE with shapes that do not depend on the routing: transformers'
+    default ("grouped_mm") counts tokens per expert with ``torch.histc`` and its
+    "eager" form loops over the experts that were hit (data-dependent); "batched_mm"
+    gathers one weight matrix per (token, choice), [T * k, 2I, H], which at the cache's
+    T is far beyond a device's memory for a real checkpoint. This costs E / k times the
+    chosen experts' arithmetic and reads every expert's weights at each step."""
+    tokens, hidden = hidden_states.shape
+    gate_up = self.gate_up_proj  # [E, 2I, H]
+    experts, rows = gate_up.shape[:2]
+    proj = nn.functional.linear(hidden_states, gate_up.reshape(experts * rows, hidden))
+    act = self._apply_gate(proj.view(tokens, experts, rows))  # [T, E, I]
+    out = torch.matmul(act.transpose(0, 1), self.down_proj.transpose(1, 2))  # [E, T, H]
+    chosen = top_k_index.unsqueeze(-1) == torch.arange(experts, device=top_k_index.device)
+    routing = (chosen.to(top_k_weights.dtype) * top_k_weights.unsqueeze(-1)).sum(1)
+    out = out * routing.transpose(0, 1).unsqueeze(-1).to(out.dtype)  # [E, T, H]
+    return out.sum(0).to(hidden_states.dtype)
+
+
+def _dense_experts_configs(model: nn.Module) -> list:
+    """The configs of ``model``'s experts modules (transformers'
+    ``@use_experts_implementation`` classes) when ``_dense_experts`` computes every one
+    of them (gate/up rows concatenated [E, 2I, H], down [E, H, I], no biases, no
+    post-expert norm) and this transformers has the experts interface; else []."""
+    experts = [m for m in model.modules()
+               if hasattr(m, "gate_up_proj") and hasattr(m, "has_gate")
+               and hasattr(m, "is_transposed") and hasattr(m, "config")]
+    if not experts:
+        return []
+    for m in experts:
+        if not m.has_gate or m.is_transposed or not getattr(m, "is_concatenated", True) \
+                or getattr(m, "has_bias", False) or getattr(m, "has_post_expert_norm", False) \
+                or getattr(m, "_is_expert_parallel", False) or m.gate_up_proj.dim() != 3 \
+                or getattr(m, "down_proj", None) is None or m.down_proj.dim() != 3:
+            return []
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return []
+    ALL_EXPERTS_FUNCTIONS.register(EXPERTS, _dense_experts)
+    return list({id(m.config): m.config for m in experts}.values())
+
+
+@contextlib.contextmanager
+def _dense_experts_in(configs: list):
+    """The experts of these configs run ``_dense_experts`` inside the block."""
+    saved = [c._experts_implementation_internal for c in configs]
+    try:
+        for c in configs:
+            c._experts_implementation_internal = EXPERTS
+        yield
+    finally:
+        for c, old in zip(configs, saved):
+            c._experts_implementation_internal = old
+
+
 @contextlib.contextmanager
 def _overridden(overrides: dict):
     """Each module's ``_attn`` replaced (an instance attribute) inside the block."""
@@ -291,6 +357,7 @@ class HFDecoder(nn.Module):
         #: The model runs with ATTENTION (no mask, vkdelegate.sdpa_at; module docstring).
         self.position_attention = uses_position_attention(model)
         self._overrides = _attention_overrides(model)
+        self._experts = _dense_experts_configs(model)
         if self._overrides and not self.position_attention:
             raise VkDelegateError(f"{type(model).__name__}: its attention masks by the "
                                   f"key length, which the static KV cache makes wrong, "
@@ -311,7 +378,7 @@ class HFDecoder(nn.Module):
                      + start_pos).unsqueeze(0)
         run = _attention_at(self.model, start_pos) if self.position_attention \
             else contextlib.nullcontext()
-        with run, _overridden(self._overrides):
+        with run, _overridden(self._overrides), _dense_experts_in(self._experts):
             out = self.model(inputs_embeds=embeds, position_ids=positions, use_cache=True,
                              logits_to_keep=1, **{self._cache_kwarg: cache})
         used = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
