@@ -19,7 +19,7 @@ def _common(**extra):
 
 def make_model(kind: str, seed: int = 0):
     """A HF *ForCausalLM of ``kind`` (llama, qwen2, qwen3, mistral, gemma, gemma2,
-    gemma3, opt, gpt2, falcon), eval."""
+    gemma3, opt, gpt2, falcon, or one of ``MORE_KINDS``), eval."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -53,11 +53,60 @@ def make_model(kind: str, seed: int = 0):
         model = tf.FalconForCausalLM(tf.FalconConfig(
             vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             bos_token_id=None, eos_token_id=None))
+    elif kind in _MORE:
+        model = _MORE[kind](tf)
     else:
         raise ValueError(kind)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
+
+
+def _wide(**extra):
+    """_common with weights drawn wide enough (std 0.25) that greedy tokens vary."""
+    return _common(initializer_range=0.25, **extra)
+
+
+def _gpt(**extra):
+    return dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None,
+                initializer_range=0.25, **extra)
+
+
+#: More families (tests/llm/test_hf_greedy.py), each with what sets it apart.
+_MORE = {
+    # GPT-Neo: local layers (window 16) masked by the key length (decoder's override)
+    "gpt_neo": lambda tf: tf.GPTNeoForCausalLM(tf.GPTNeoConfig(**_gpt(
+        hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+        window_size=16, max_position_embeddings=512))),
+    # BioGPT: OPT's learned positions (the dead .item() of the cache length)
+    "biogpt": lambda tf: tf.BioGptForCausalLM(tf.BioGptConfig(**_gpt(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=512, pad_token_id=1))),
+    # Phi: partial rotary (half of each head), parallel attention and MLP
+    "phi": lambda tf: tf.PhiForCausalLM(tf.PhiConfig(**_wide(partial_rotary_factor=0.5))),
+    "phi3": lambda tf: tf.Phi3ForCausalLM(tf.Phi3Config(**_wide())),  # fused qkv, gate_up
+    "gpt_neox": lambda tf: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**{  # rotary_pct 0.25
+        k: v for k, v in _wide(rotary_pct=0.25).items() if k != "num_key_value_heads"})),
+    "gptj": lambda tf: tf.GPTJForCausalLM(tf.GPTJConfig(**_gpt(  # interleaved rotary
+        n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=512))),
+    "bloom": lambda tf: tf.BloomForCausalLM(tf.BloomConfig(**_gpt(  # ALiBi, no positions
+        hidden_size=64, n_layer=2, n_head=4))),
+    "olmo2": lambda tf: tf.Olmo2ForCausalLM(tf.Olmo2Config(**_wide())),  # q/k norms, post-norms
+    "cohere": lambda tf: tf.CohereForCausalLM(tf.CohereConfig(**_wide())),  # LayerNorm, parallel
+    "starcoder2": lambda tf: tf.Starcoder2ForCausalLM(tf.Starcoder2Config(**_wide())),
+    "granite": lambda tf: tf.GraniteForCausalLM(tf.GraniteConfig(**_wide(  # multipliers
+        embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0,
+        attention_multiplier=0.2))),
+    "stablelm": lambda tf: tf.StableLmForCausalLM(tf.StableLmConfig(**_wide(
+        partial_rotary_factor=0.25))),
+    # MoE: 4 experts, 2 per token (decoder's dense experts; the router's topk on the CPU)
+    "mixtral": lambda tf: tf.MixtralForCausalLM(tf.MixtralConfig(**_wide(
+        num_local_experts=4, num_experts_per_tok=2))),
+    "qwen2_moe": lambda tf: tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**_wide(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+        shared_expert_intermediate_size=64))),
+}
+MORE_KINDS = tuple(_MORE)
 
 
 def hf_greedy(model, prompt: list, n: int) -> list:

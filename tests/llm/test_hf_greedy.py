@@ -1,9 +1,11 @@
 """Greedy tokens of a lowered program equal HF ``generate`` (eager, same model, same
 prompt) for 64 new tokens, on tiny Llama, Qwen2, Qwen3 (q/k norms), Mistral (sliding
 window 16, shorter than the 72-token sequence), Gemma (sqrt(hidden) embedding scale),
-Gemma2 (sliding window, soft-capping), Gemma3 (local and global layers) and OPT (whose
-decode step keeps a CPU assert, so generate takes the per-token loop) configs with
-seeded random weights, on Vulkan."""
+Gemma2 (sliding window, soft-capping), Gemma3 (local and global layers) and OPT
+configs with seeded random weights, on Vulkan, every node of every method on Vulkan;
+and for 24 tokens on GPT-Neo, BioGPT, Phi, Phi-3, GPT-NeoX, GPT-J, BLOOM, OLMo 2,
+Cohere, StarCoder2, Granite, StableLM (all on Vulkan) and Mixtral and Qwen2-MoE (the
+router's topk on the CPU)."""
 import pytest
 import torch
 
@@ -15,18 +17,54 @@ def _prompt(seed: int, n: int = 8) -> list:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def _assert_all_on_vulkan(program):
+    for method in ("embed_text", "prefill", "decode", "decode_next"):
+        report = program.methods[method].report
+        assert not report.cpu_nodes, f"{method}: {report}"
+    assert program.runner("decode_next").repeat_blocker() is None
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2",
                                   "gemma3", "opt"])
 def test_greedy_matches_hf_generate(lowered, kind):
     model, program = lowered(kind)
+    _assert_all_on_vulkan(program)  # OPT: its dead .item() of the cache length is gone
     prompt = _prompt(1)
     expected = hf_greedy(model, prompt, 64)
-    if kind == "opt":
-        assert program.runner("decode_next").repeat_blocker() is not None
     assert generate(program, prompt, 64) == expected
     # Again on the same program: the cache of the first run is overwritten, not
     # read (start_pos 0, causal mask), so the tokens do not change.
     assert generate(program, torch.tensor(prompt), 64) == expected
+
+
+@pytest.mark.parametrize("kind", ["gpt_neo", "biogpt", "phi", "phi3", "gpt_neox", "gptj",
+                                  "bloom", "olmo2", "cohere", "starcoder2", "granite",
+                                  "stablelm"])
+def test_more_families_match_hf_fully_delegated(lowered, kind):
+    """tests/llm/models.py's other families: every node on Vulkan, 24 greedy tokens
+    (32 positions: past GPT-Neo's local window of 16) equal to HF generate. GPT-Neo's
+    local layers masked by the key length, wrong on the static cache (tokens differed
+    from the first; decoder._attention_overrides); BioGPT's learned positions kept
+    OPT's CPU .item() (lower.drop_dead_length_reads)."""
+    model, program = lowered(kind)
+    _assert_all_on_vulkan(program)
+    prompt = _prompt(1)
+    assert generate(program, prompt, 24) == hf_greedy(model, prompt, 24)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_moe_matches_hf_with_dense_experts(lowered, kind):
+    """MoE layers (4 experts, 2 per token; Qwen2-MoE's shared expert too) export with
+    every expert on every token (decoder._dense_experts): transformers' default
+    experts ("grouped_mm") call torch.histc, which lower refused. The router's topk
+    (one per layer, no Vulkan rule yet) is what stays on the CPU."""
+    model, program = lowered(kind)
+    for method in ("prefill", "decode", "decode_next"):
+        ops = {d.op for d in program.methods[method].report.cpu_nodes}
+        assert ops == {"aten.topk.default", "operator.getitem"}, (method, ops)
+    assert not program.methods["embed_text"].report.cpu_nodes
+    prompt = _prompt(1)
+    assert generate(program, prompt, 24) == hf_greedy(model, prompt, 24)
 
 
 def test_embed_text_is_what_the_decoder_consumes(lowered):
