@@ -25,6 +25,10 @@
 #   boolwin  benchmarks/sdpa.py's boolean-mask prefill cases (issue 14's window), 90
 #   decode  llm_decode.py fp16 with and without the fused rotary + cache write, int4,
 #           int8, with --profile 14, 330
+#   q4forms the int4 decode in the linear_qw_gemv forms the gemv1b sweep liked at K = 2048
+#           (32 x 4 rows x 4 unrolled, 64 x 8) against the default and fp16, one run
+#           (llm_decode rows MODULE.CONSTANT=VALUE), --profile 8, 330
+#   effforms EfficientNet-Lite0 with the pointwise split-K off / at 64 / at 132 blocks, 150
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
@@ -100,6 +104,17 @@ for s in "$@"; do
     decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
               --quantization none none+fuse_linear_rotary_cache=false int4 int8 --runs 3 \
               --hold-s 1 --profile 14 --json "$out/llm_decode.json" ;;
+    q4forms) Q=quantized_linear
+             step q4forms 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+               --quantization none int4 int4+$Q.VWG=32+$Q.VROWS=4+$Q.VUNROLL=4 \
+               int4+$Q.VWG=64+$Q.VROWS=8 --runs 2 --hold-s 1 --profile 8 \
+               --json "$out/llm_decode_q4forms.json" ;;
+    effforms)
+      for f in SPLIT_K=false SPLIT_WORKGROUPS=64 SPLIT_WORKGROUPS=132; do
+        step "effforms_$f" 50 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py \
+          --batch 1 8 --no-cpu --profile --profile-rows 4 --form "conv_pointwise.$f" \
+          --json "$out/efficientnet_$f.json"
+      done ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
   esac
 done
