@@ -99,12 +99,14 @@ _MORE = {
         attention_multiplier=0.2))),
     "stablelm": lambda tf: tf.StableLmForCausalLM(tf.StableLmConfig(**_wide(
         partial_rotary_factor=0.25))),
-    # MoE: 4 experts, 2 per token (decoder's dense experts; the router's topk on the CPU)
+    # MoE: 4 experts, 2 per token (decoder's dense experts; the router's topk on Vulkan)
     "mixtral": lambda tf: tf.MixtralForCausalLM(tf.MixtralConfig(**_wide(
         num_local_experts=4, num_experts_per_tok=2))),
     "qwen2_moe": lambda tf: tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**_wide(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
         shared_expert_intermediate_size=64))),
+    "qwen3_moe": lambda tf: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**_wide(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64))),
 }
 MORE_KINDS = tuple(_MORE)
 
