@@ -148,3 +148,15 @@ def test_rules_give_reasons():
                        (TensorSpec("float32", (4, 2)), TensorSpec("int64", (4, 2))))
     assert any("out of range" in r for r in spec.check(bad_dim))
     assert any("int32" in r for r in spec.check(_node((4, 8), 2, dtype="int32")))
+
+
+def test_unsorted_request_gets_the_sorted_result():
+    """sorted=False leaves the order to the implementation: the kernel's is sorted."""
+    torch.manual_seed(0)
+    x = _distinct((6, 32), torch.float32)
+    program = _lower(lambda t: tuple(torch.topk(t, 5, sorted=False)), x)
+    try:
+        got = program(x.clone())
+    finally:
+        program.close()
+    assert_matches_eager(got, tuple(torch.topk(x, 5)), 0, 0)
