@@ -148,6 +148,15 @@ def test_rules_give_reasons():
                        (TensorSpec("float32", (4, 2)), TensorSpec("int64", (4, 2))))
     assert any("out of range" in r for r in spec.check(bad_dim))
     assert any("int32" in r for r in spec.check(_node((4, 8), 2, dtype="int32")))
+    # A dynamic line could shrink below k at run time, where ATen raises: CPU.
+    dyn = NodeSpec(OP, (TensorSpec("float32", (4, 8), (False, True)), 2, -1, True, True),
+                   (TensorSpec("float32", (4, 2), (False, False)),
+                    TensorSpec("int64", (4, 2), (False, False))))
+    assert any("dynamic size along dim 1" in r for r in spec.check(dyn))
+    rows = NodeSpec(OP, (TensorSpec("float32", (4, 8), (True, False)), 2, -1, True, True),
+                    (TensorSpec("float32", (4, 2), (True, False)),
+                     TensorSpec("int64", (4, 2), (True, False))))
+    assert spec.check(rows) == []
 
 
 def test_unsorted_request_gets_the_sorted_result():

@@ -70,6 +70,9 @@ def _rule(node: NodeSpec):
     except VkDelegateError as exc:
         return str(exc)
     n = x.shape[dim] if x.rank else 1
+    if x.rank and x.dynamic and x.dynamic[dim]:
+        # Below k at run time ATen raises; the kernel would fill the rest with -1.
+        return f"a dynamic size along dim {dim} (the line a topk selects from)"
     if not 0 <= k <= K_MAX:
         return f"k = {k} (supported: 0..{K_MAX}, one invocation per line keeps them)"
     if k > n:
