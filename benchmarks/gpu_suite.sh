@@ -98,7 +98,8 @@ for s in "$@"; do
             tests/llm/test_quantized_lower.py tests/ops/test_sdpa_seq_first.py \
             tests/ops/test_encoder_blocks.py tests/llm/test_position_attention.py \
             tests/ops/test_quantized_rotary_cache.py tests/ops/test_rotary_cache.py \
-            tests/llm/test_decode_dispatches.py ;;
+            tests/llm/test_decode_dispatches.py tests/ops/test_topk.py \
+            tests/program/test_program_file.py ;;
     boolwin) step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
                --dtype float16 --filter bool --runs 5 ;;
     decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
