@@ -56,6 +56,11 @@ def test_add_fuses_into_the_convolution(case, dtype, gemm, monkeypatch):
     if gemm:  # the GPUs' implicit GEMM for pointwise convolutions, forced on llvmpipe
         from vkdelegate.kernels import conv_pointwise
         monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    _check_fused(case, dtype)
+
+
+def _check_fused(case, dtype):
+    """``case``'s block against eager, its add fused into the convolution; the program."""
     shape, (cin, cout, k), kw = case
     torch.manual_seed(0)
     module = _Block(cin, cout, k, **kw).to(dtype)
@@ -64,6 +69,7 @@ def test_add_fuses_into_the_convolution(case, dtype, gemm, monkeypatch):
     tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
     program = check_op(module, (torch.randn(shape).to(dtype),), ops=[FUSED], **tol)
     assert ADD not in _ops(program), _ops(program)
+    return program
 
 
 # The pointwise GEMM's split form (kernels/conv_pointwise.py split_k): the residual is
@@ -85,12 +91,8 @@ def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, monkeypatch):
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d,
                                                           "RESIDUAL" in d))
-    shape, (cin, cout, k), kw = case
-    torch.manual_seed(0)
-    module = _Block(cin, cout, k, **kw).to(dtype)
-    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
-    program = check_op(module, (torch.randn(shape).to(dtype),), ops=[FUSED], **tol)
-    assert ADD not in _ops(program), _ops(program)
+    _check_fused(case, dtype)
+    kw = case[2]
     # The fused node's two passes (and skip_conv's plain convolution's, no residual).
     fused = [("conv2d_pw", True, False), ("conv2d_pw_reduce", False, True)]
     plain = [("conv2d_pw", True, False), ("conv2d_pw_reduce", False, False)]

@@ -45,10 +45,10 @@ def dim_upper_bound(dim) -> tuple[int, bool]:
     raise VkDelegateError(f"unexpected dimension type {type(dim).__name__}")
 
 
-def _label(node) -> str:
-    """A SymInt node's expression, with the user's ``Dim`` name where export kept one
-    for its symbol (``b (s31)``; the shape environment's debug names, as
-    to_backend's ``_dim_names`` reads them), else the expression alone."""
+def dim_name(node) -> "str | None":
+    """The user's ``Dim`` name of a SymInt node's symbol (``s77`` -> ``batch``) where
+    export kept one, read from its shape environment (ShapeEnv's ``var_to_sources`` and
+    ``source_name_to_debug_name``); None otherwise, and on any torch without them."""
     expr = node.expr
     try:
         env = node.shape_env
@@ -56,10 +56,17 @@ def _label(node) -> str:
             label = source.name if isinstance(source.name, str) else source.name()
             debug = env.source_name_to_debug_name.get(label)
             if isinstance(debug, str) and debug != str(expr):
-                return f"{debug} ({expr})"
+                return debug
     except (AttributeError, TypeError):
         pass
-    return str(expr)
+    return None
+
+
+def _label(node) -> str:
+    """A SymInt node's expression, with the user's ``Dim`` name where export kept one
+    (``b (s31)``)."""
+    name = dim_name(node)
+    return f"{name} ({node.expr})" if name else str(node.expr)
 
 
 def tensor_spec(val) -> TensorSpec:

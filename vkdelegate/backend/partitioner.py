@@ -150,12 +150,13 @@ class VulkanPartitioner:
                 d.reasons = [f"reads an output of {producer.name}, which runs on the CPU"]
         report = PartitionReport(decisions, len(partitions))
         logger.info(report.summary())
-        unbounded = sorted({r for d in report.cpu_nodes for r in d.reasons
-                            if "has no upper bound" in r})
+        unbounded = {d.name: [r for r in d.reasons if "has no upper bound" in r]
+                     for d in report.cpu_nodes}
+        unbounded = {k: v for k, v in unbounded.items() if v}
         if unbounded:  # a dynamic export without Dim(max=...): say so, not silently
-            logger.warning("vkdelegate: %d node(s) stay on the CPU: %s",
-                           sum(any("has no upper bound" in r for r in d.reasons)
-                               for d in report.cpu_nodes), "; ".join(unbounded))
+            reasons = sorted({r for rs in unbounded.values() for r in rs})
+            logger.warning("vkdelegate: %d node(s) stay on the CPU: %s", len(unbounded),
+                           "; ".join(reasons))
         return partitions, report
 
     def ops_to_preserve(self, ep) -> set:

@@ -18,7 +18,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.export.graph_signature import InputKind, OutputKind
 
 from vkdelegate.backend import allowed_ops, fp16_ranges, glue_ops, pytree_spec
-from vkdelegate.backend.node_specs import dtype_name
+from vkdelegate.backend.node_specs import dim_name, dtype_name
 from vkdelegate.dtypes import TABLE as DTYPE_TABLE
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -126,9 +126,8 @@ def _ranges(pg: ProgramGraph) -> dict:
 
 def _dim_names(pg: ProgramGraph) -> dict:
     """symbol -> the user's ``Dim`` name (``s77`` -> ``batch``) for the input sizes
-    export kept one for; read from the symbols' shape environment (ShapeEnv's
-    ``var_to_sources`` and ``source_name_to_debug_name``), so any torch without them
-    simply gives no names and error messages use the symbols."""
+    export kept one for (``node_specs.dim_name``), so any torch without them simply
+    gives no names and error messages use the symbols."""
     names = {}
     for name in pg.user_inputs:
         val = pg.placeholder(name).meta.get("val")
@@ -136,16 +135,9 @@ def _dim_names(pg: ProgramGraph) -> dict:
             expr = getattr(getattr(dim, "node", None), "expr", None)
             if not isinstance(expr, sympy.Symbol) or str(expr) in names:
                 continue
-            try:
-                env = dim.node.shape_env
-                for source in env.var_to_sources.get(expr, []):
-                    label = source.name if isinstance(source.name, str) else source.name()
-                    debug = env.source_name_to_debug_name.get(label)
-                    if isinstance(debug, str) and debug != str(expr):
-                        names[str(expr)] = debug
-                        break
-            except AttributeError:
-                return {}
+            debug = dim_name(dim.node)
+            if debug is not None:
+                names[str(expr)] = debug
     return names
 
 

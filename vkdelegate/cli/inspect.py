@@ -143,17 +143,27 @@ def _json_safe(x):
     return x
 
 
-def method_signatures(path: str) -> list[str]:
-    """One line per method of a program file: its name and its inputs' types, dynamic
-    dims as their ranges (``forward(input: float32[1..64, 8])``); [] for a bare blob
-    or a .pte. Raises VkDelegateError for a malformed manifest."""
-    from vkdelegate.backend.input_checks import describe
+def program_manifest(path: str) -> "dict | None":
+    """The manifest of a program file (read and checked once for the three views
+    below), None for a bare blob or a .pte. Raises VkDelegateError for a malformed
+    file."""
     from vkdelegate.serialization import program_file
 
     with open(path, "rb") as f:
         if f.read(len(program_file.MAGIC)) != program_file.MAGIC:
-            return []
-    manifest, _ = program_file.read_program(path)
+            return None
+    return program_file.read_program(path)[0]
+
+
+def method_signatures(manifest: "dict | None", path: str) -> list[str]:
+    """One line per method of a program file (``manifest``, from ``program_manifest``
+    of ``path``): its name and its inputs' types, dynamic dims as their ranges
+    (``forward(input: float32[1..64, 8])``); [] for a bare blob or a .pte (None).
+    Raises VkDelegateError for a malformed manifest."""
+    from vkdelegate.backend.input_checks import describe
+
+    if manifest is None:
+        return []
     lines = []
     try:
         for name, method in manifest["methods"].items():
@@ -170,20 +180,17 @@ def method_signatures(path: str) -> list[str]:
     return lines
 
 
-def program_state(path: str) -> dict:
+def program_state(manifest: "dict | None", path: str) -> dict:
     """What a program file's methods share: ``{"state": ["fqn: dtype[shape]", ...]}``
     (its mutable buffers, FQNs as in the module's state_dict) and, for a program of
     ``vkdelegate.llm.lower``, ``"llm": {"max_seq_len": S, "vocab_size": V}`` (the KV
     cache's length; the vocabulary recorded at lowering, absent in older files); {}
-    for a bare blob, a .pte or a program without state. Raises VkDelegateError for a
-    malformed manifest."""
+    for a bare blob, a .pte (``manifest`` None) or a program without state. Raises
+    VkDelegateError for a malformed manifest."""
     from vkdelegate.backend.llm_checks import CACHE_PREFIX, PLAN_KEY
-    from vkdelegate.serialization import program_file
 
-    with open(path, "rb") as f:
-        if f.read(len(program_file.MAGIC)) != program_file.MAGIC:
-            return {}
-    manifest, _ = program_file.read_program(path)
+    if manifest is None:
+        return {}
     out: dict = {}
     try:
         state = manifest.get("initial_state") or {}
@@ -204,17 +211,15 @@ def program_state(path: str) -> dict:
     return out
 
 
-def program_reports(path: str) -> dict:
+def program_reports(manifest: "dict | None", path: str) -> dict:
     """Each method's partition report stored in a program file (``{name:
     PartitionReport}``, methods lowered without one left out); {} for a bare blob or a
-    .pte. Raises VkDelegateError for a malformed manifest or report."""
+    .pte (``manifest`` None). Raises VkDelegateError for a malformed manifest or
+    report."""
     from vkdelegate.backend.report import PartitionReport
-    from vkdelegate.serialization import program_file
 
-    with open(path, "rb") as f:
-        if f.read(len(program_file.MAGIC)) != program_file.MAGIC:
-            return {}
-    manifest, _ = program_file.read_program(path)
+    if manifest is None:
+        return {}
     try:
         methods = manifest["methods"].items()
         return {name: PartitionReport.from_json(m["report"]) for name, m in methods
@@ -247,33 +252,34 @@ def _report_json(report) -> dict:
 def run(args) -> int:
     described = [(label, describe_blob(data, named)) for label, data, named in
                  blobs_in_file(args.file)]
+    manifest = program_manifest(args.file)
     if args.json:
         doc = described[0][1] if len(described) == 1 and described[0][0] == args.file \
             else {"blobs": [{"label": label, **d} for label, d in described]}
-        methods = method_signatures(args.file)
+        methods = method_signatures(manifest, args.file)
         if methods:
             reports = {name: _report_json(r)
-                       for name, r in program_reports(args.file).items()}
-            doc = {"methods": methods, **program_state(args.file),
+                       for name, r in program_reports(manifest, args.file).items()}
+            doc = {"methods": methods, **program_state(manifest, args.file),
                    **({"reports": reports} if reports else {}), **doc}
         json.dump(_json_safe({"file": args.file, **doc}), sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
     elif not described:
         print(f"{args.file}: no delegate blobs")
     else:
-        methods = method_signatures(args.file)
+        methods = method_signatures(manifest, args.file)
         if methods:
             # Blob dims below are the upper bounds the tensors are allocated for.
             print("== methods (dynamic dims as low..high)\n" +
                   "\n".join(f"  {m}" for m in methods) + "\n")
-            shared = program_state(args.file)
+            shared = program_state(manifest, args.file)
             if "llm" in shared:
                 print("== LLM (vkdelegate.llm): " + ", ".join(
                     f"{k} {v}" for k, v in shared["llm"].items()) + "\n")
             if "state" in shared:
                 print("== state (shared by the methods)\n" +
                       "\n".join(f"  {line}" for line in shared["state"]) + "\n")
-            for name, report in program_reports(args.file).items():
+            for name, report in program_reports(manifest, args.file).items():
                 print(f"== partition report ({printable(name)}): what runs on the CPU, "
                       f"and why\n{_printable_report(report)}\n")
         print("\n\n".join(_text(label, d) for label, d in described))

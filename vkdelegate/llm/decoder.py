@@ -189,16 +189,21 @@ def _dense_experts_configs(model: nn.Module) -> list:
 
 
 @contextlib.contextmanager
-def _dense_experts_in(configs: list):
-    """The experts of these configs run ``_dense_experts`` inside the block."""
-    saved = [c._experts_implementation_internal for c in configs]
+def _set_on(configs: list, attr: str, value):
+    """``attr`` of each config set to ``value`` inside the block, restored on exit."""
+    saved = [getattr(c, attr) for c in configs]
     try:
         for c in configs:
-            c._experts_implementation_internal = EXPERTS
+            setattr(c, attr, value)
         yield
     finally:
         for c, old in zip(configs, saved):
-            c._experts_implementation_internal = old
+            setattr(c, attr, old)
+
+
+def _dense_experts_in(configs: list):
+    """The experts of these configs run ``_dense_experts`` inside the block."""
+    return _set_on(configs, "_experts_implementation_internal", EXPERTS)
 
 
 @contextlib.contextmanager
@@ -276,15 +281,11 @@ def _attention_at(model: nn.Module, start_pos: torch.Tensor):
     text config's) attention implementation switched, restored on exit."""
     configs = list({id(c): c for c in (model.config, model.config.get_text_config())}
                    .values())
-    saved = [c._attn_implementation_internal for c in configs]
     _CALL.start_pos = start_pos
     try:
-        for c in configs:
-            c._attn_implementation_internal = ATTENTION
-        yield
+        with _set_on(configs, "_attn_implementation_internal", ATTENTION):
+            yield
     finally:
-        for c, old in zip(configs, saved):
-            c._attn_implementation_internal = old
         _CALL.start_pos = None
 
 

@@ -53,6 +53,7 @@ PARAMS(conv_block) {
   ivec4 channels;  // IC, OC (groups 1)
   vec4 clamp;      // output min, output max (CLAMP only)
 } conv;
+#include "conv_epilogue.h"
 
 // Slices 1..KS-1 park their 16 partial sums here (4 vec4 per invocation).
 shared vec4 partial[(KS - 1) * 256 + 1];
@@ -156,14 +157,7 @@ void main() {
       const int base = (n * OC + oc) * P + p0;
       [[unroll]] for (int j = 0; j < 4; ++j) {
         if (p0 + j < P) {
-          float v = acc[i][j] + bias;
-#ifdef CLAMP
-          v = isnan(v) ? v : min(max(v, conv.clamp.x), conv.clamp.y);
-#endif
-#ifdef RESIDUAL
-          v += float(r_data[base + j]);
-#endif
-          out_data[base + j] = OUT_STORE(v);
+          out_data[base + j] = OUT_STORE(conv_epilogue(acc[i][j] + bias, base + j));
         }
       }
 #endif

@@ -6,8 +6,8 @@
 // SPLIT_OUT): out[n, oc, p] = [residual +] clamp(sum over s of
 // partial[((n * SPLITS + s) * OC + oc) * P + p] + bias[oc]), the splits added in order
 // from s = 0 (one fixed order: the same result every run), then conv2d_pw.glsl's
-// epilogue exactly: the bias, CLAMP to [conv.clamp.x, conv.clamp.y] keeping NaN (as
-// ATen does), RESIDUAL's add after the clamp, one rounding to OUT_T. One invocation
+// epilogue exactly: the bias, conv_epilogue.h (CLAMP keeping NaN as ATen does,
+// RESIDUAL's add after the clamp), one rounding to OUT_T. One invocation
 // per output element (linear_id over out's current numel), fp32 sums; sizes from
 // out_meta (resizable in batch and spatial sizes, the scratch sized for the upper
 // bounds).
@@ -28,6 +28,7 @@ PARAMS(conv_block) {
   ivec4 channels;  // IC, OC (groups 1)
   vec4 clamp;      // output min, output max (CLAMP only)
 } conv;
+#include "conv_epilogue.h"
 
 void main() {
   const int P = size_at(out_meta, 0) * (SPATIAL == 2 ? size_at(out_meta, 1) : 1);
@@ -46,12 +47,5 @@ void main() {
   for (int s = 0; s < SPLITS; ++s) {
     sum += partial_data[first + s * plane];
   }
-  float v = sum + float(b_data[oc]);
-#ifdef CLAMP
-  v = isnan(v) ? v : min(max(v, conv.clamp.x), conv.clamp.y);
-#endif
-#ifdef RESIDUAL
-  v += float(r_data[idx]);
-#endif
-  out_data[idx] = OUT_STORE(v);
+  out_data[idx] = OUT_STORE(conv_epilogue(sum + float(b_data[oc]), idx));
 }
