@@ -88,5 +88,14 @@ def check_limit(what: str, value: int, limit: int, name: str, where: str = "") -
         from vkdelegate.errors import ResourceLimitError
 
         prefix = f"{where}: " if where else ""
-        raise ResourceLimitError(f"{prefix}{what} is {value:,}, over the load limit "
+        raise ResourceLimitError(f"{prefix}{what} is {_count(value)}, over the load limit "
                                  f"{name}={limit:,} (vkdelegate.limits.LoadLimits)")
+
+
+def _count(value) -> str:
+    """``value`` with thousands separators; a crafted file's product of sizes may have
+    thousands of digits (Python refuses to print an int past 4300 of them), so one
+    past 2^128 is given by its bit length."""
+    if isinstance(value, int) and abs(value) >= 1 << 128:
+        return f"about 2^{abs(value).bit_length() - 1}"
+    return f"{value:,}"

@@ -176,3 +176,19 @@ def test_over_the_load_limits_there_is_no_cpu_fallback(tmp_path):
             vkdelegate.load(path, executor=executor, limits=tight)(x)
     # A sum of 1,200 values: the device adds them in another order (1e-4 of |sum|).
     torch.testing.assert_close(vkdelegate.load(path)(x), Repeat()(x), rtol=1e-4, atol=1e-3)
+
+
+def test_a_limit_message_survives_a_huge_crafted_size():
+    """A crafted file's product of sizes can have thousands of digits (Python refuses to
+    print an int past 4300 of them): still the one ResourceLimitError, one line (fuzz
+    finding program-928da33f3d: a glue tensor of such a size)."""
+    from vkdelegate.errors import ResourceLimitError
+    from vkdelegate.limits import check_limit
+
+    with pytest.raises(ResourceLimitError) as info:
+        check_limit("the tensor it makes, in bytes,", 7 ** 6000, 1 << 30, "max_host_bytes",
+                    "method 'forward'")
+    message = str(info.value)
+    assert "is about 2^16844," in message and len(message.splitlines()) == 1, message
+    with pytest.raises(ResourceLimitError, match="is 2,000,000,000, over"):
+        check_limit("bytes", 2_000_000_000, 1 << 30, "max_host_bytes")
