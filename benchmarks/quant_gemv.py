@@ -379,8 +379,9 @@ _FORM_DEFINES = ("W4", "W8", "X16", "DIRECT", "SG_ROWS", "WG", "ROWS", "UNROLL",
                  "PROBE", "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T", "K_STEP", "R_MAX")
 
 
-def print_pipeline_stats(device) -> None:
-    """A table of the driver's statistics of every pipeline ``device`` created."""
+def print_pipeline_stats(device, form_defines=_FORM_DEFINES) -> None:
+    """A table of the driver's statistics of every pipeline ``device`` created, each
+    named by its shader and its ``form_defines``."""
     if not device.pipeline_statistics:
         print(f"\npipeline statistics: {device.info.name} lacks "
               f"VK_KHR_pipeline_executable_properties")
@@ -388,7 +389,7 @@ def print_pipeline_stats(device) -> None:
     rows, names = [], []
     for shader, defines, pipe in device.pipelines.items():
         form = " ".join(f"{k}={v}" if v != "1" else k for k, v in defines
-                        if k in _FORM_DEFINES)
+                        if k in form_defines)
         for exe in pipe.statistics():
             for stat in exe.statistics:
                 if stat not in names:

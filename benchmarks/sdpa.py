@@ -24,6 +24,11 @@ For float16 also the portable tiled kernel (compile option sdpa_cooperative_matr
 where the device has cooperative matrices), the effective TFLOP/s (the scores the mask
 lets through, 4 E FLOPs each) and the largest difference from PyTorch's output.
 
+``--pipeline-stats`` ends with the driver's statistics of each attention pipeline
+(registers, spills: VK_KHR_pipeline_executable_properties).
+``--form MODULE.CONSTANT=VALUE`` (benchmarks/forms.py) sets a kernel form first, e.g.
+``--form attention.COOP_STAGES=2`` for sdpa_coopmat.glsl with its double buffer.
+
 The larger cases are sized for a GPU (the H200); on lavapipe use --filter lavapipe
 (``--filter "lavapipe 1024"``: a boolean window of 128 keys at 1024 tokens and the same
 window as the op, the block map's case, docs/PERF.md).
@@ -36,6 +41,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+import forms as kernel_forms
 
 from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -218,7 +225,17 @@ def main() -> None:
                     help="the early-exit prefill table instead (see the docstring)")
     ap.add_argument("--torch-cpu-max", type=int, default=2048,
                     help="largest token count timed with PyTorch on the CPU")
+    ap.add_argument("--form", action="append", metavar="MODULE.CONSTANT=VALUE",
+                    help="set a kernel form before lowering (repeatable; VALUE is JSON), "
+                         "e.g. attention.COOP_STAGES=1")
+    ap.add_argument("--pipeline-stats", action="store_true")
     args = ap.parse_args()
+    if args.pipeline_stats:
+        import os
+        os.environ["VKDELEGATE_PIPELINE_STATS"] = "1"  # before the device is created
+    forms = kernel_forms.parse(args.form, ap.error)
+    kernel_forms.apply(forms, ap.error)
+    title_forms = "".join(f", form {k}={v}" for k, v in forms.items())
     from tabulate import tabulate
 
     names = ["float32", "float16"] if args.dtype == "both" else [args.dtype]
@@ -227,11 +244,12 @@ def main() -> None:
             rows = prefill(args, getattr(torch, dname))
             print(f"dtype {dname}, median of {args.runs} runs; early exit = compile "
                   f"option sdpa_skip_masked_tiles; portable = sdpa_cooperative_matrix off; "
-                  f"TFLOP/s of the unmasked scores, early exit on")
+                  f"TFLOP/s of the unmasked scores, early exit on{title_forms}")
             print(tabulate(rows, headers=["case", "Hq/HkxNxE", "exit on GPU ms",
                                           "exit off GPU ms", "speed-up", "bit-identical",
                                           "portable GPU ms", "TFLOP/s", "torch SDPA ms",
                                           "torch on", "max |diff| vs torch"]))
+        _pipeline_stats(args)
         return
     dtype = getattr(torch, names[-1])
 
@@ -253,10 +271,21 @@ def main() -> None:
         rows.append((name, f"{b}x{hq}/{hk}x{lq}x{s}x{e}", mode, f"{f_gpu:.3f}",
                      f"{d_gpu:.3f}", f"{d_gpu / f_gpu:.1f}x", f"{f_wall:.2f}",
                      f"{d_wall:.2f}", f"{diff:.1e}"))
-    print(f"dtype {args.dtype}, median of {args.runs} runs; decomposed = SDPA blocklisted")
+    print(f"dtype {args.dtype}, median of {args.runs} runs; decomposed = SDPA "
+          f"blocklisted{title_forms}")
     print(tabulate(rows, headers=["case", "BxHq/HkxLxSxE", "mask", "fused GPU ms",
                                   "decomposed GPU ms", "speed-up", "fused wall ms",
                                   "decomposed wall ms", "max |diff|"]))
+    _pipeline_stats(args)
+
+
+def _pipeline_stats(args) -> None:
+    if args.pipeline_stats:
+        from quant_gemv import print_pipeline_stats
+        from vkdelegate.runtime import default_device
+
+        print_pipeline_stats(default_device(), ("D_MAX", "STAGES", "CAUSAL", "WINDOW",
+                                                "MASK_BOOL", "TILE_MAP", "SKIP_MASKED_TILES"))
 
 
 if __name__ == "__main__":

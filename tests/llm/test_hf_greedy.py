@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.llm.models import VOCAB, hf_greedy
+from tests.torch_version import TORCH
 from vkdelegate.llm import generate
 
 
@@ -37,8 +38,16 @@ def test_greedy_matches_hf_generate(lowered, kind):
     assert generate(program, torch.tensor(prompt), 64) == expected
 
 
+#: BLOOM on the GPU machine (torch 2.11, transformers 5.17): export stops at
+#: GuardOnDataDependentSymNode ``80 - u0 > 0`` in masking_utils.prepare_padding_mask
+#: (BLOOM builds its padding mask from the cache length); torch 2.13 exports it.
+_BLOOM = pytest.param("bloom", marks=pytest.mark.skipif(
+    TORCH < (2, 13), reason=f"torch {torch.__version__}'s export guards on BLOOM's "
+                            f"data-dependent padding-mask length (needs torch 2.13)"))
+
+
 @pytest.mark.parametrize("kind", ["gpt_neo", "biogpt", "phi", "phi3", "gpt_neox", "gptj",
-                                  "bloom", "olmo2", "cohere", "starcoder2", "granite",
+                                  _BLOOM, "olmo2", "cohere", "starcoder2", "granite",
                                   "stablelm"])
 def test_more_families_match_hf_fully_delegated(lowered, kind):
     """tests/llm/models.py's other families: every node on Vulkan, 24 greedy tokens

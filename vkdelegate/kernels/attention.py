@@ -46,6 +46,16 @@ COOP = "sdpa_coopmat"
 COOP_WG = 128
 COOP_BM = 64
 COOP_BN = 32  # keys per tile (the shader's BN)
+#: Shared K / V buffers of sdpa_coopmat.glsl: 1 loads a tile then computes (two
+#: barriers a tile), 2 loads the next tile into registers while the current one's
+#: products run (one barrier). On an H100 (2026-12-05, docs/PERF.md) 1 was the faster,
+#: 0.595 against 0.630 ms at 2048 causal tokens (32 x 128 heads): 2's prefetch
+#: registers take it from 228 to 242 registers an invocation, two workgroups an SM
+#: either way. Both pass the coopmat tests there.
+COOP_STAGES = 1
+#: Causal sdpa_coopmat.glsl forms take their query blocks last-first across the heads
+#: (the longest rows first), so that the dispatch ends on short ones.
+COOP_HEAVY_FIRST = True
 COOP_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAccess")
 COOP_OPTION = "sdpa_cooperative_matrix"
 #: Whether boolean masks may run sdpa_coopmat.glsl (else sdpa_tiled.glsl). Its boolean
@@ -305,6 +315,9 @@ def coop_defines(out, q, k, v, mask, *, causal: bool, window: bool, d_max: int,
                       skip=skip, nan_rows=nan_rows, seq_first=seq_first, start=start)
     for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
         d.pop(name)
+    d["STAGES"] = str(COOP_STAGES)
+    if causal and COOP_HEAVY_FIRST:
+        d["HEAVY_FIRST"] = "1"
     if d.get("MASK_T") == "uint8_t":  # boolean bytes read as 32-bit words (the shader)
         d["MASK_WORDS"] = "1"
     return d
