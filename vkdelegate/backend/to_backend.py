@@ -26,6 +26,7 @@ from vkdelegate.backend.program import Delegate, LoweredProgram, Method
 from vkdelegate.backend.program_graph import ProgramGraph
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.ops.registry import alias_ops
+from vkdelegate.serialization.fx_values import ConstantCache
 
 _PREFIX = "vulkan_delegate_"
 
@@ -54,7 +55,9 @@ def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> Lowe
     # A buffer one method mutates is state in every method that reads it (else a reader
     # would hold its export-time value as a constant).
     mutated = frozenset().union(*(mutated_buffers(ep) for ep in items.values()))
-    methods = {name: lower_method(ep, partitioner, mutated) for name, ep in items.items()}
+    cache = ConstantCache()  # a weight every method holds is copied and hashed once
+    methods = {name: lower_method(ep, partitioner, mutated, cache)
+               for name, ep in items.items()}
     return LoweredProgram(methods, partitioner.options)
 
 
@@ -77,16 +80,18 @@ def mutated_buffers(ep) -> set:
     return found
 
 
-def lower_method(ep, partitioner: VulkanPartitioner,
-                 shared_state=frozenset()) -> Method:
+def lower_method(ep, partitioner: VulkanPartitioner, shared_state=frozenset(),
+                 constant_cache: "ConstantCache | None" = None) -> Method:
     """One ExportedProgram -> Method (plan, glue constants, state, delegates, report).
-    shared_state: FQNs of the buffers any method of the program mutates."""
+    shared_state: FQNs of the buffers any method of the program mutates.
+    constant_cache: the delegate constants' bytes shared with the program's other
+    methods (serialization.fx_values.ConstantCache); None: this method's own."""
     pg = partitioner.prepare(ep, shared_state)
     partitions, report = partitioner.propose(pg.gm)
     if partitions:
         fuse_by_partitions(pg.gm, [p.nodes for p in partitions], prefix=_PREFIX,
                            always_return_tuple=True)
-    encoder = _GlueEncoder(pg, partitioner.options)
+    encoder = _GlueEncoder(pg, partitioner.options, constant_cache)
     plan = encoder.encode()
     # Number partitions in the report as the program numbers its delegates (graph
     # order), so that "partition 2" in a report is delegate 2 in profiles and inspect.
@@ -172,8 +177,10 @@ def _apply_blob_options(blob: bytes, named_data: dict, options: CompileOptions,
 class _GlueEncoder:
     """Encodes the fused parent graph as JSON glue nodes; builds the delegates."""
 
-    def __init__(self, pg: ProgramGraph, options: CompileOptions):
+    def __init__(self, pg: ProgramGraph, options: CompileOptions,
+                 constant_cache: "ConstantCache | None" = None):
         self.pg, self.options = pg, options
+        self.constant_cache = constant_cache
         self.delegates: list[Delegate] = []
         self.delegate_index: dict[str, int] = {}  # fused submodule name -> index
         self.used: set[str] = set()
@@ -216,7 +223,8 @@ class _GlueEncoder:
         try:
             serialized = build_vkgraph(sub, constants, named_constants=True,
                                        skip_memory_planning=self.options.skip_memory_planning,
-                                       alias_ops=alias_ops())
+                                       alias_ops=alias_ops(),
+                                       constant_cache=self.constant_cache)
         except VkDelegateError as exc:
             raise VkDelegateError(f"serializing partition {node.target} failed: {exc}") from exc
         keep_ids = self._fp32_node_ids(node, sub, placeholders, constants) \

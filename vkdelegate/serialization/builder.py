@@ -58,7 +58,8 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.serialization import vkgraph as vk
 from vkdelegate.serialization.blob import write_blob
 from vkdelegate.serialization.constant_section import ConstantSection
-from vkdelegate.serialization.fx_values import tensor_bytes, upper_bound, vk_dtype
+from vkdelegate.serialization.fx_values import (ConstantCache, tensor_bytes, upper_bound,
+                                               vk_dtype)
 from vkdelegate.serialization.graph_checks import check_graph
 from vkdelegate.serialization.memory_planning import plan_memory
 
@@ -105,9 +106,10 @@ def _scalar_key(value) -> tuple:
 
 class _Builder:
     def __init__(self, gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor],
-                 named_constants: bool):
+                 named_constants: bool, constant_cache: "ConstantCache | None" = None):
         self.gm = gm
         self.constants = constants
+        self.constant_cache = constant_cache
         self.section = ConstantSection(named=named_constants)
         self.graph = vk.VkGraph(version=GRAPH_VERSION)
         self.ids: dict[torch.fx.Node, int] = {}
@@ -200,7 +202,11 @@ class _Builder:
         where = f"constant {node.name!r}"
         if not isinstance(tensor, torch.Tensor):
             raise VkDelegateError(f"{where} is a {type(tensor).__name__}, not a tensor")
-        cid = self.section.add(tensor_bytes(tensor, where))
+        if self.constant_cache is not None:
+            key, data = self.constant_cache.bytes_of(tensor, where)
+            cid = self.section.add(data, key=key)
+        else:
+            cid = self.section.add(tensor_bytes(tensor, where))
         self.ids[node] = self._tensor(tensor, where, constant_id=cid)
 
     def get_attr(self, node: torch.fx.Node) -> None:
@@ -269,7 +275,8 @@ def build_vkgraph(gm: torch.fx.GraphModule,
                   constants: Mapping[str, torch.Tensor] | None = None, *,
                   named_constants: bool = False,
                   skip_memory_planning: bool = False,
-                  alias_ops: frozenset = frozenset()) -> SerializedPartition:
+                  alias_ops: frozenset = frozenset(),
+                  constant_cache: "ConstantCache | None" = None) -> SerializedPartition:
     """Serializes one partition (a torch.export ATen graph module) to a delegate blob.
 
     gm: graph whose placeholders are the partition's inputs and constants, and whose
@@ -280,6 +287,8 @@ def build_vkgraph(gm: torch.fx.GraphModule,
         ``named_data`` (offset 2**64-1), instead of inline in the constants section.
     skip_memory_planning: give every tensor dedicated memory (mem_obj_id -1).
     alias_ops: op names whose output may share its input's memory (``plan_memory``).
+    constant_cache: bytes and keys of constants shared with the other partitions of
+        one lowering (``fx_values.ConstantCache``); None converts every constant.
 
     ``OperatorCall.node_id`` is the node's position in ``gm.graph.nodes``, so a
     runtime error about a node can be traced back to the fx node.
@@ -288,7 +297,7 @@ def build_vkgraph(gm: torch.fx.GraphModule,
     an unsupported dtype, a dynamic size without upper bound, a non-tensor output,
     call_module/call_method nodes.
     """
-    builder = _Builder(gm, constants or {}, named_constants)
+    builder = _Builder(gm, constants or {}, named_constants, constant_cache)
     for node_id, node in enumerate(gm.graph.nodes):
         if node.op == "placeholder":
             builder.placeholder(node)

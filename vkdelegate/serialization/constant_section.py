@@ -30,10 +30,12 @@ class ConstantSection:
         self._section = bytearray()
         self._ids: dict[str, int] = {}
 
-    def add(self, data: bytes) -> int:
+    def add(self, data: bytes, key: "str | None" = None) -> int:
         """Adds ``data`` (raw little-endian tensor bytes); returns its constant id,
-        the same id for bytes seen before."""
-        key = hashlib.sha256(data).hexdigest()
+        the same id for bytes seen before. ``key``: the hex SHA-256 of ``data`` where
+        the caller has it (fx_values.ConstantCache)."""
+        if key is None:
+            key = hashlib.sha256(data).hexdigest()
         if key in self._ids:
             return self._ids[key]
         if self.named:

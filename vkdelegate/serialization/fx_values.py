@@ -4,6 +4,8 @@ Separate from the builder so that the builder reads as graph walking only.
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from vkdelegate.errors import VkDelegateError
@@ -46,6 +48,46 @@ def upper_bound(size, where: str) -> int:
             f"{where}: size {expr} has no upper bound; export with "
             f"torch.export.Dim(..., max=N) so that memory can be sized for the largest case")
     return int(upper)
+
+
+class ConstantCache:
+    """The bytes and SHA-256 key of each constant tensor, shared by the partitions of
+    one lowering (``to_backend``: every method's delegates). The methods of an LLM
+    program hold the same weights (the same storages), so each weight is copied to
+    bytes and hashed once, not once per method, and every delegate's ``named_data``
+    holds the one bytes object of a key (a 1B-parameter fp16 program: 2.5 GB, not 10).
+
+    A tensor is recognised by its storage's address, offset, shape, strides, dtype and
+    version counter; the cache keeps a reference to it, so the address cannot be reused
+    while the cache lives. Tensors without a plain storage (subclasses) are not cached."""
+
+    def __init__(self):
+        self._by_tensor: dict[tuple, tuple] = {}
+        self._by_key: dict[str, bytes] = {}
+
+    def bytes_of(self, tensor: torch.Tensor, where: str) -> tuple:
+        """(hex SHA-256, bytes) of ``tensor`` as ``tensor_bytes`` gives them."""
+        ident = _identity(tensor)
+        hit = self._by_tensor.get(ident) if ident is not None else None
+        if hit is not None:
+            return hit[1], hit[2]
+        data = tensor_bytes(tensor, where)
+        key = hashlib.sha256(data).hexdigest()
+        data = self._by_key.setdefault(key, data)
+        if ident is not None:
+            self._by_tensor[ident] = (tensor, key, data)
+        return key, data
+
+
+def _identity(tensor: torch.Tensor) -> "tuple | None":
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_meta:
+        return None
+    try:  # inference-mode tensors have no version counter: not cached
+        return (str(tensor.device), tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+                tensor.dtype, tensor._version)
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def tensor_bytes(tensor: torch.Tensor, where: str) -> bytes:

@@ -51,14 +51,21 @@ class SegmentTable:
     def __init__(self):
         self.segments: list[bytes] = []
         self._index: dict[str, int] = {}
+        # id(bytes object) -> (the object, its index): a weight every method's
+        # delegates share (fx_values.ConstantCache) is hashed once, not per method.
+        self._seen: dict[int, tuple] = {}
 
     def add(self, data: bytes) -> int:
         """The segment index holding ``data`` (an existing one if the bytes repeat)."""
         data = bytes(data)
+        seen = self._seen.get(id(data))
+        if seen is not None:
+            return seen[1]
         digest = hashlib.sha256(data).hexdigest()
         if digest not in self._index:
             self._index[digest] = len(self.segments)
             self.segments.append(data)
+        self._seen[id(data)] = (data, self._index[digest])
         return self._index[digest]
 
 
