@@ -16,6 +16,8 @@
 #           larger shapes (gate/up, down, lm_head; K 2048: 64 int4 blocks a row), clocks
 #           held up, 240 (all five shapes with int8 and fp32 x ran past 240 s)
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
+#   prefill sdpa.py --prefill fp16 (issue 12's 2048-token causal SDPA, issue 14's
+#           boolean window) with sdpa_coopmat.glsl's forms and pipeline statistics, 150
 #   chain   benchmarks/elementwise_chain.py, 60
 #   clocks  the gemv step's fp16 / int4 cases in both orders (one process each): is a
 #           GEMV's time the GPU's clock state? 150
@@ -93,6 +95,8 @@ for s in "$@"; do
               --shapes 2048x16384,8192x2048,2048x128256 --cases "int4 g128 weights, float16 x" \
               --sweep --hold-s 1 --stream-mb 128 ;;
     sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
+    prefill) step prefill 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
+               --dtype float16 --runs 5 --pipeline-stats ;;
     chain) step chain 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/elementwise_chain.py ;;
     clocks)
       step clocks_a 70 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 20 \

@@ -2,7 +2,7 @@
 (serialization.fx_values.ConstantCache, program_file.SegmentTable): the same weight
 in every method of a program is one bytes object in every delegate's named_data, the
 cache never hands out stale bytes (in-place updates, views), and the program still
-computes what eager does."""
+computes what eager does; loading the saved program copies each segment once."""
 import hashlib
 
 import pytest
@@ -77,6 +77,9 @@ def test_methods_share_one_copy_of_a_weight(tmp_path):
     path = tmp_path / "p.vkp"
     program.save(path)
     loaded = load(path)
+    held = [v for m in loaded.methods.values() for d in m.delegates
+            for v in d.named_data.values() if v == weight]
+    assert len(held) == 2 and held[0] is held[1]  # one copy on loading too
     torch.testing.assert_close(loaded.run("tanh", x), torch.tanh(lin(x)),
                                rtol=1e-4, atol=1e-4)
     program.close()

@@ -512,10 +512,18 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
         if executor is not None:
             options["executor"] = executor
         methods = {}
+        copies = {}  # segment index -> its bytes: a weight every method names, copied once
+
+        def segment(i):
+            if not isinstance(i, int):
+                raise TypeError(f"segment index {i!r} is not an int")
+            if i not in copies:
+                copies[i] = bytes(segments[i])
+            return copies[i]
         for name, m in manifest["methods"].items():
             w = f"{where}, method {name!r}"
-            delegates = [Delegate(bytes(segments[d["blob"]]),
-                                  {k: bytes(segments[v]) for k, v in d["named_data"].items()})
+            delegates = [Delegate(segment(d["blob"]),
+                                  {k: segment(v) for k, v in d["named_data"].items()})
                          for d in m["delegates"]]
             methods[name] = Method(
                 plan=m["plan"],
