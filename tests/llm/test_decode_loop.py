@@ -115,3 +115,38 @@ def test_reference_executor_takes_the_per_token_loop():
     assert isinstance(report, MethodReports) and list(report) == program.method_names
     assert report["decode"] is program.methods["decode"].report
     assert "method 'decode':" in str(report)
+
+
+def test_decode_over_a_device_limit_falls_back_to_the_per_token_loop(caplog):
+    """A vocabulary whose embedding is past the device's maxStorageBufferRange (a
+    Llama-3-sized vocabulary at 2048 wide on lavapipe's 128 MiB): the delegates run on
+    the CPU reference executor with a warning, so decode_next's state stays on the host
+    and cannot repeat in one submit. generate must take the per-token loop (it raised
+    "cannot repeat on the device" after one step) and still give HF's tokens."""
+    import logging
+
+    import transformers as tf
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate.llm import lower
+    from vkdelegate.runtime.device import default_device
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    hidden = 16
+    vocab = default_device().info.max_storage_buffer_range // (4 * hidden) + 1
+    if vocab > 4_000_000:
+        pytest.skip(f"maxStorageBufferRange {default_device().info.max_storage_buffer_range}"
+                    f" needs a {vocab}-word vocabulary to exceed")
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        eos_token_id=None, bos_token_id=None, pad_token_id=None)).eval()
+    model.generation_config.eos_token_id = None
+    program = lower(model, 32)
+    prompt = [5, 77, 1000, vocab - 1]
+    with caplog.at_level(logging.WARNING, logger="vkdelegate"):
+        assert generate(program, prompt, 6) == hf_greedy(model, prompt, 6)
+    assert any("CPU reference executor" in r.getMessage() for r in caplog.records)
+    assert "CPU reference executor" in program.runner("decode_next").repeat_blocker()
+    program.close()

@@ -33,3 +33,22 @@ def test_runtime_runs_without_torch():
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("ok")
+
+
+def test_llm_package_without_torch_says_what_it_needs():
+    # torch missing (None in sys.modules: ModuleNotFoundError, as when not installed):
+    # one message naming torch and what still runs, not a traceback from generate.py.
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None
+        try:
+            import vkdelegate.llm
+        except ModuleNotFoundError as exc:
+            assert exc.name == "torch", exc.name
+            print(exc)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "vkdelegate.llm needs the Python package 'torch'" in result.stdout
+    assert "program.run('prefill'" in result.stdout

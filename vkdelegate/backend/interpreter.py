@@ -410,12 +410,24 @@ class MethodRunner:
 
     def repeat_blocker(self) -> "str | None":
         """Why ``repeat`` cannot run this method (not one delegate alone: CPU glue ops
-        or input updates between runs), or None. States written on the host are found
-        at the first repeat only (they depend on how the states were bound)."""
+        or input updates between runs; its delegate on the CPU reference executor, a
+        device limit's fallback: the delegate is built here to know), or None. States
+        written on the host are found at the first repeat only (they depend on how the
+        states were bound)."""
         ops = [n["op"] for n in self.plan["nodes"] if n["op"] != "getitem"]
         if ops != ["delegate"] or self.plan.get("input_updates"):
             return (f"it is not one delegate alone (nodes: {ops}"
                     f"{', input updates' if self.plan.get('input_updates') else ''})")
+        index = next(n["index"] for n in self.plan["nodes"] if n["op"] == "delegate")
+        delegate = (self.delegates[index] if isinstance(index, int)
+                    and 0 <= index < len(self.delegates) else None)
+        build = getattr(delegate, "build", None)
+        if build is not None:
+            build()
+            if getattr(delegate, "fallback", None):
+                return f"its delegate runs on the CPU reference executor ({delegate.fallback})"
+            if not getattr(getattr(delegate, "loaded", None), "keeps_state", False):
+                return "its delegate does not run on the Vulkan executor"
         return None
 
     def _signature(self) -> "tuple[list[str], list[str]] | None":

@@ -41,7 +41,9 @@ DYNAMIC_HINT = ("sized for the upper bound of dynamic dims; export with a smalle
 
 @dataclass
 class Delegate:
-    """One delegate: its blob and the named constant data the blob refers to."""
+    """One delegate: its blob and the named constant data the blob refers to
+    (named_data: key -> bytes, or for a loaded program read-only memoryviews of the
+    file's bytes; a key every delegate of a program names is one object)."""
 
     blob: bytes
     named_data: dict = field(default_factory=dict)
@@ -512,17 +514,16 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
         if executor is not None:
             options["executor"] = executor
         methods = {}
-        copies = {}  # segment index -> its bytes: a weight every method names, copied once
 
         def segment(i):
             if not isinstance(i, int):
                 raise TypeError(f"segment index {i!r} is not an int")
-            if i not in copies:
-                copies[i] = bytes(segments[i])
-            return copies[i]
+            return segments[i]
+        # Named constants (the weights) stay views of the file's bytes, which were read
+        # once and checksummed: a weight every method names is not copied at all.
         for name, m in manifest["methods"].items():
             w = f"{where}, method {name!r}"
-            delegates = [Delegate(segment(d["blob"]),
+            delegates = [Delegate(bytes(segment(d["blob"])),
                                   {k: segment(v) for k, v in d["named_data"].items()})
                          for d in m["delegates"]]
             methods[name] = Method(

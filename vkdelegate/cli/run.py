@@ -238,7 +238,9 @@ def register(subparsers) -> None:
     p.add_argument("--method", help="method to run (default: forward or the only one)")
     p.add_argument("--device", type=device_index,
                    help="Vulkan device index (vkdelegate devices)")
-    p.add_argument("--output-dir", default=".", help="where output_*.npy go (default .)")
+    p.add_argument("--output-dir", default=".",
+                   help="where output_*.npy go (default .; created, with its parents, "
+                        "if missing)")
     p.add_argument("--profile", action="store_true",
                    help="print the slowest dispatches by GPU time")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (implies "

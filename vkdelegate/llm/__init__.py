@@ -7,6 +7,15 @@ prompt_ids, max_new_tokens, ...)`` runs them. The KV cache is program state shar
 by prefill and decode, kept on the GPU. docs/LLM.md has the contract and an example.
 Importing this package imports torch (transformers only when ``lower`` runs).
 """
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as exc:  # one clear line, not a traceback from deep inside
+    raise ModuleNotFoundError(
+        "vkdelegate.llm needs the Python package 'torch' (pip install "
+        "'vkdelegate[torch]'): lower exports with torch.export, and generate draws its "
+        "random numbers with torch.Generator so that a run equals host-side sampling. "
+        "Without torch a saved LLM program still runs through its methods "
+        "(program.run('prefill', ...), docs/LLM.md)", name="torch") from exc
 from vkdelegate.llm.generate import draws, generate, splice
 from vkdelegate.llm.lower import cache_length, export_methods, lower
 from vkdelegate.llm.pretrained import from_pretrained, load_causal_lm

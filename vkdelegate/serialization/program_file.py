@@ -51,20 +51,21 @@ class SegmentTable:
     def __init__(self):
         self.segments: list[bytes] = []
         self._index: dict[str, int] = {}
-        # id(bytes object) -> (the object, its index): a weight every method's
-        # delegates share (fx_values.ConstantCache) is hashed once, not per method.
+        # id(object added) -> (the object, its index): a weight every method's
+        # delegates share (fx_values.ConstantCache, a loaded program's views) is
+        # hashed once, not per method.
         self._seen: dict[int, tuple] = {}
 
-    def add(self, data: bytes) -> int:
-        """The segment index holding ``data`` (an existing one if the bytes repeat)."""
-        data = bytes(data)
+    def add(self, data) -> int:
+        """The segment index holding ``data`` (bytes or a buffer such as a loaded
+        program's memoryview; an existing index if the bytes repeat)."""
         seen = self._seen.get(id(data))
         if seen is not None:
             return seen[1]
         digest = hashlib.sha256(data).hexdigest()
         if digest not in self._index:
             self._index[digest] = len(self.segments)
-            self.segments.append(data)
+            self.segments.append(bytes(data))
         self._seen[id(data)] = (data, self._index[digest])
         return self._index[digest]
 
@@ -192,7 +193,8 @@ def read_program(path, limits: "LoadLimits | None" = None
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as exc:
-        raise VkDelegateError(f"cannot read program file {path}: {exc}") from exc
+        raise VkDelegateError(f"cannot read program file {path}: "
+                              f"{exc.strerror or exc}") from exc
     where = f"program file {path}"
     if raw[:8] == MAGIC and len(raw) < HEADER_SIZE:
         raise VkDelegateError(f"{where} is truncated: {len(raw)} bytes, the header "
