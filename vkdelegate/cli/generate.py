@@ -40,7 +40,6 @@ def image_patches(path: str, plan: dict):
     square grid of p x p patches with at most the P the method allows, values in
     [0, 1], patches in row-major order, channels first within a patch."""
     import numpy as np
-    import torch
     from PIL import Image
 
     spec = plan["inputs"][0]
@@ -59,9 +58,9 @@ def image_patches(path: str, plan: dict):
         raise VkDelegateError(f"--image {path}: cannot read it ({exc})") from exc
     pixels = np.asarray(picture, dtype=np.float32) / 255.0           # [H, W, 3]
     pixels = pixels.reshape(grid, side, grid, side, 3).transpose(0, 2, 4, 1, 3)
-    values = torch.from_numpy(pixels.reshape(1, grid * grid, patch_dim).copy())
-    positions = torch.tensor([[(r, c) for r in range(grid) for c in range(grid)]],
-                             dtype=torch.int64)
+    values = np.ascontiguousarray(pixels.reshape(1, grid * grid, patch_dim))
+    positions = np.array([[(r, c) for r in range(grid) for c in range(grid)]],
+                         dtype=np.int64)
     return values, positions
 
 

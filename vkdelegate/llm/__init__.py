@@ -5,22 +5,36 @@ transformers causal LM (and a vision tower + projector) to a LoweredProgram with
 methods embed_text, prefill, decode (and vision_encoder); ``generate(program,
 prompt_ids, max_new_tokens, ...)`` runs them. The KV cache is program state shared
 by prefill and decode, kept on the GPU. docs/LLM.md has the contract and an example.
-Importing this package imports torch (transformers only when ``lower`` runs).
+``generate``, ``draws``, ``splice`` and ``cache_length`` need no torch (a saved
+program runs without it); the rest (``lower``, ``export_methods``, ``sample``,
+``from_pretrained``, ...) need torch (transformers only when ``lower`` runs), and
+without it say so in one line when used.
 """
+from vkdelegate.llm.generate import cache_length, draws, generate, splice
+
+#: What needs torch: name -> its module in this package.
+_NEEDS_TORCH = {"lower": "lower", "export_methods": "lower", "from_pretrained": "pretrained",
+                "load_causal_lm": "pretrained", "ReferenceDecoder": "reference_decoder",
+                "sample": "sampler"}
+
 try:
-    import torch  # noqa: F401
-except ModuleNotFoundError as exc:  # one clear line, not a traceback from deep inside
-    raise ModuleNotFoundError(
-        "vkdelegate.llm needs the Python package 'torch' (pip install "
-        "'vkdelegate[torch]'): lower exports with torch.export, and generate draws its "
-        "random numbers with torch.Generator so that a run equals host-side sampling. "
-        "Without torch a saved LLM program still runs through its methods "
-        "(program.run('prefill', ...), docs/LLM.md)", name="torch") from exc
-from vkdelegate.llm.generate import draws, generate, splice
-from vkdelegate.llm.lower import cache_length, export_methods, lower
-from vkdelegate.llm.pretrained import from_pretrained, load_causal_lm
-from vkdelegate.llm.reference_decoder import ReferenceDecoder
-from vkdelegate.llm.sampler import sample
+    import torch as _torch  # noqa: F401
+except ModuleNotFoundError:
+    _torch = None
+
+if _torch is not None:
+    from vkdelegate.llm.lower import export_methods, lower
+    from vkdelegate.llm.pretrained import from_pretrained, load_causal_lm
+    from vkdelegate.llm.reference_decoder import ReferenceDecoder
+    from vkdelegate.llm.sampler import sample
+else:
+    def __getattr__(name):
+        if name not in _NEEDS_TORCH:
+            raise AttributeError(f"module 'vkdelegate.llm' has no attribute {name!r}")
+        raise ModuleNotFoundError(
+            f"vkdelegate.llm.{name} needs the Python package 'torch', which is not "
+            f"installed (pip install 'vkdelegate[torch]'); generate() and the methods "
+            f"of a saved program run without it (docs/LLM.md)", name="torch")
 
 __all__ = ["lower", "export_methods", "generate", "draws", "splice", "sample",
            "cache_length", "from_pretrained", "load_causal_lm",

@@ -8,27 +8,40 @@ program state on the device), ``decode_chunk`` steps per submit
 (``LoweredProgram.run_repeated``), the new ids read from ``loop.history`` after each
 chunk; else (``decode_chunk=1``, or a program saved without it) one ``decode`` call
 per token.
-The random draw of each sampled token is ``torch.rand((), generator=g)`` of a
-``torch.Generator`` seeded with ``seed``, one per generated token (also under greedy
-decoding, where it is ignored), so that a run is reproducible and host-side sampling
-with the same draws gives the same tokens.
+The random draw of each sampled token is ``torch.rand((), generator=g,
+dtype=torch.float64)`` of a ``torch.Generator`` seeded with ``seed``, one per generated
+token (also under greedy decoding, where it is ignored), so that a run is reproducible
+and host-side sampling with the same draws gives the same tokens; ``draws`` computes
+those numbers with numpy's MT19937 (torch's CPU generator), so generate, like the
+programs it runs, needs no torch.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
-import torch
 
 from vkdelegate.backend.interpreter import to_numpy
 from vkdelegate.backend.llm_checks import LOOP_PREFIX
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.llm.lower import cache_length
 
 
 #: generate's default decode steps per submit (decode_next).
 DECODE_CHUNK = 16
 _HISTORY = LOOP_PREFIX + "history"
+
+
+def cache_length(program) -> int:
+    """Positions of the KV cache of a program ``lower`` made (from its state).
+    Raises VkDelegateError for a program without one."""
+    from vkdelegate.backend.llm_checks import cache_length as length
+
+    found = length(program.store)
+    if found is not None:
+        return found
+    raise VkDelegateError("the program has no KV cache state (not made by "
+                          "vkdelegate.llm.lower)")
 
 
 def _has_loop(program) -> bool:
@@ -57,11 +70,11 @@ def _decode_loop(program, ids, out, max_new_tokens, eos, on_token, chunk, params
     max_new_tokens or an eos id; appends to ``out``. The step feeding position p uses
     draw number p - len(ids) + 1 (prefill used number 0), as the per-token loop."""
     first = len(ids)
-    table = torch.zeros(cache_length(program) + 1, dtype=torch.float32)
+    table = np.zeros(cache_length(program) + 1, dtype=np.float32)
     if params[0] > 0:  # greedy ignores the draws
         for i in range(max_new_tokens - len(out)):
             table[first + i] = next(rand)
-    sampling = torch.tensor([*params, 0.0], dtype=torch.float32)
+    sampling = np.array([*params, 0.0], dtype=np.float32)
     while len(out) < max_new_tokens and out[-1] not in eos:
         k = min(chunk, max_new_tokens - len(out))
         position = first + len(out) - 1  # where out[-1] is fed
@@ -76,10 +89,17 @@ def _decode_loop(program, ids, out, max_new_tokens, eos, on_token, chunk, params
 
 
 def draws(seed: int):
-    """The draws ``generate`` uses: an endless iterator of floats in [0, 1)."""
-    gen = torch.Generator().manual_seed(int(seed))
+    """The draws ``generate`` uses: an endless iterator of floats in [0, 1), equal bit
+    for bit to ``torch.rand((), generator=torch.Generator().manual_seed(seed),
+    dtype=torch.float64)`` called again and again. Torch's CPU generator is MT19937
+    seeded with the low 32 bits of the seed (the reference ``init_genrand``, as numpy's
+    legacy RandomState seeds it); a float64 draw takes two 32-bit outputs, the first
+    as the high word, and keeps its low 53 bits times 2**-53 (ATen's
+    ``uniform_real_distribution``)."""
+    rng = np.random.RandomState(int(seed) & 0xFFFFFFFF)
     while True:
-        yield float(torch.rand((), generator=gen, dtype=torch.float64))
+        hi, lo = (int(v) for v in rng.randint(0, 2 ** 32, size=2, dtype=np.uint32))
+        yield float(((hi << 32) | lo) & ((1 << 53) - 1)) * 2.0 ** -53
 
 
 def splice(text_embeds, ids: list, image_embeds, pooler_mask, image_token_id: int):
@@ -88,23 +108,23 @@ def splice(text_embeds, ids: list, image_embeds, pooler_mask, image_token_id: in
     placeholder per valid soft token (``pooler_mask`` true); a prompt that already
     holds exactly that many placeholders has them replaced in order. Raises
     VkDelegateError for any other number of placeholders."""
-    mask = torch.as_tensor(pooler_mask).reshape(-1).bool()
-    rows = torch.as_tensor(image_embeds).reshape(mask.shape[0], -1)[mask]
-    text = torch.as_tensor(text_embeds)[0]
+    mask = to_numpy(pooler_mask).reshape(-1).astype(bool)
+    rows = to_numpy(image_embeds).reshape(mask.shape[0], -1)[mask]
+    text = to_numpy(text_embeds)[0]
     where = [i for i, t in enumerate(ids) if t == image_token_id]
     n = int(rows.shape[0])
     if len(where) == 1:
         at = where[0]
         ids = ids[:at] + [image_token_id] * n + ids[at + 1:]
-        text = torch.cat([text[:at], rows.to(text.dtype), text[at + 1:]])
+        text = np.concatenate([text[:at], rows.astype(text.dtype), text[at + 1:]])
     elif len(where) == n:
-        text = text.clone()
-        text[where] = rows.to(text.dtype)
+        text = text.copy()
+        text[where] = rows.astype(text.dtype)
     else:
         raise VkDelegateError(f"the prompt holds {len(where)} image placeholders "
                               f"({image_token_id}); give one, or one per valid soft "
                               f"token ({n})")
-    return text.unsqueeze(0), ids
+    return text[None], ids
 
 
 def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
@@ -154,17 +174,19 @@ def _prompt_list(prompt_ids) -> list:
     split."""
     import operator
 
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex \
-                or prompt_ids.dtype == torch.bool:
-            raise VkDelegateError(f"prompt_ids must be integer token ids, got a "
-                                  f"{prompt_ids.dtype} tensor")
-        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
-            prompt_ids = prompt_ids[0]
-        if prompt_ids.dim() != 1:
+    torch = sys.modules.get("torch")
+    is_tensor = torch is not None and isinstance(prompt_ids, torch.Tensor)
+    if is_tensor or isinstance(prompt_ids, np.ndarray):
+        what = f"{prompt_ids.dtype} {'tensor' if is_tensor else 'array'}"
+        array = to_numpy(prompt_ids)
+        if array.dtype.kind not in "iu":
+            raise VkDelegateError(f"prompt_ids must be integer token ids, got a {what}")
+        if array.ndim == 2 and array.shape[0] == 1:
+            array = array[0]
+        if array.ndim != 1:
             raise VkDelegateError(f"prompt_ids must be one sequence (a 1-D tensor or "
-                                  f"[1, T]), got sizes {list(prompt_ids.shape)}")
-        return prompt_ids.tolist()
+                                  f"[1, T]), got sizes {list(array.shape)}")
+        return array.tolist()
     if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, (list, tuple)):
         raise VkDelegateError(f"prompt_ids must be a list of int token ids or a 1-D "
                               f"tensor, got {type(prompt_ids).__name__}")
@@ -221,8 +243,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     Raises VkDelegateError for a program without the methods ``lower`` makes, an
     empty prompt, a negative max_new_tokens, sampling settings outside their ranges
     (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a prompt id or an
-    ``eos_token_id`` outside the vocabulary, a prompt + max_new_tokens longer than the cache (prompt +
-    max_new_tokens - 1 > max_seq_len: checked before anything runs, so the decode
+    ``eos_token_id`` outside the vocabulary, a prompt + max_new_tokens longer than the
+    cache (prompt + max_new_tokens - 1 > max_seq_len: checked before anything runs, so the decode
     loop never runs past the cache), an image without image_token_id or a program
     without vision_encoder.
     """
@@ -257,7 +279,7 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
         _check_token_ids(program, sorted(eos), "eos_token_id",
                          single=isinstance(eos_token_id, int))
     start = time.perf_counter()
-    embeds = program.embed_text(torch.tensor([ids], dtype=torch.int64))
+    embeds = program.embed_text(np.array([ids], dtype=np.int64))
     if image is not None:
         if image_token_id is None:
             raise VkDelegateError("an image needs image_token_id (its placeholder)")
@@ -270,9 +292,9 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     rand = draws(seed)
 
     def sampling():
-        return torch.tensor([temperature, top_k, top_p, next(rand)], dtype=torch.float32)
+        return np.array([temperature, top_k, top_p, next(rand)], dtype=np.float32)
 
-    token = int(program.prefill(embeds, torch.tensor([0]), sampling())[0])
+    token = int(program.prefill(embeds, np.array([0], dtype=np.int64), sampling())[0])
     prefill_s = time.perf_counter() - start
     out = [token]
     if on_token is not None:
@@ -283,8 +305,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
                      (temperature, top_k, top_p), rand)
     while len(out) < max_new_tokens and out[-1] not in eos:
         position = len(ids) + len(out) - 1
-        token = int(program.decode(torch.tensor([[out[-1]]]), torch.tensor([position]),
-                                   sampling())[0])
+        token = int(program.decode(np.array([[out[-1]]], dtype=np.int64),
+                                   np.array([position], dtype=np.int64), sampling())[0])
         out.append(token)
         if on_token is not None:
             on_token(token)

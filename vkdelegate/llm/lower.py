@@ -19,6 +19,7 @@ import torch
 from torch.export import Dim
 
 from vkdelegate.errors import VkDelegateError
+from vkdelegate.llm.generate import cache_length  # noqa: F401 (public here since issue 14)
 from vkdelegate.llm.decoder import (Decode, DecodeLoopState, DecodeNext, EmbedText,
                                     HFDecoder, Prefill)
 from vkdelegate.llm.reference_decoder import ReferenceDecoder
@@ -202,13 +203,3 @@ def record_vocab_size(program, vocab_size: int) -> None:
     llm_checks.install(program)
 
 
-def cache_length(program) -> int:
-    """Positions of the KV cache of a program ``lower`` made (from its state).
-    Raises VkDelegateError for a program without one."""
-    from vkdelegate.backend.llm_checks import cache_length as length
-
-    found = length(program.store)
-    if found is not None:
-        return found
-    raise VkDelegateError("the program has no KV cache state (not made by "
-                          "vkdelegate.llm.lower)")
