@@ -514,17 +514,12 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
         if executor is not None:
             options["executor"] = executor
         methods = {}
-
-        def segment(i):
-            if not isinstance(i, int):
-                raise TypeError(f"segment index {i!r} is not an int")
-            return segments[i]
         # Named constants (the weights) stay views of the file's bytes, which were read
         # once and checksummed: a weight every method names is not copied at all.
         for name, m in manifest["methods"].items():
             w = f"{where}, method {name!r}"
-            delegates = [Delegate(bytes(segment(d["blob"])),
-                                  {k: segment(v) for k, v in d["named_data"].items()})
+            delegates = [Delegate(bytes(segments[d["blob"]]),
+                                  {k: segments[v] for k, v in d["named_data"].items()})
                          for d in m["delegates"]]
             methods[name] = Method(
                 plan=m["plan"],

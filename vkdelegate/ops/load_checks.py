@@ -15,7 +15,7 @@ import dataclasses
 from typing import Callable
 
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, lookup
-from vkdelegate.errors import VkDelegateError, node_label
+from vkdelegate.errors import VkDelegateError, node_label, printable
 from vkdelegate.serialization import vkgraph as g
 
 _SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
@@ -171,7 +171,9 @@ def check_node(graph: g.VkGraph, call: g.OperatorCall, values: DeclaredValues,
             ZeroDivisionError, OverflowError) as exc:
         raise _malformed(graph, call, args, exc) from exc
     if reasons:
-        raise VkDelegateError(f"{where}: {'; '.join(reasons)}")
+        # A rule may quote a crafted value (a string of control characters): one
+        # printable line whatever the rules say (errors.printable).
+        raise VkDelegateError(f"{where}: {printable('; '.join(reasons))}")
     return spec
 
 

@@ -77,7 +77,7 @@ def _spatial_rank(node: NodeSpec):
         values = node.args[i]
         if not isinstance(values, list) or len(values) not in (1, n) or \
                 not all(isinstance(v, int) for v in values):
-            return f"{name} {values} is not a list of {n} ints"
+            return f"{name} {values!r} is not a list of {n} ints"
     if any(v < 1 for v in node.args[3] + node.args[5]) or any(v < 0 for v in node.args[4]):
         return "stride and dilation must be >= 1 and padding >= 0"
     return None
