@@ -12,9 +12,13 @@ Two measurements, printed as tables:
    its dispatches for the forms of kernels/attention_decode.py named by ``--forms``
    (WG:KEYS[:PROBE[:NAME=VALUE,...]], the workgroup size = keys per chunk and the keys
    per split; 0:0 the module's defaults; PROBE: sdpa_decode.glsl's probe forms, wrong
-   on purpose; then extra shader defines, and pack=0/1 for PACK_GQA). ``--force-decode`` runs that kernel on a CPU driver too.
+   on purpose; then extra shader defines, pack=0/1 for PACK_GQA, and lanes=1 for the
+   lanes form, sdpa_decode_lanes.glsl, with kb=, lwg=, dl4= for its LANES_KB, LANES_WG,
+   LANES_DL4). ``--force-decode`` runs that kernel on a CPU driver too.
 
     python benchmarks/dispatch_floor.py [--chain 256] [--runs 20] [--forms 0:0 64:64]
+    python benchmarks/dispatch_floor.py --only sdpa --forms 0:0 0:0:0:lanes=1 \
+        0:0:0:lanes=1,kb=4 0:0:0:lanes=1,lwg=64
 """
 from __future__ import annotations
 
@@ -119,7 +123,8 @@ def sdpa(args):
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k[:, :, :args.pos + 1].float(), v[:, :, :args.pos + 1].float(),
         enable_gqa=True)
-    defaults = (ad.WG, ad.SPLIT_KEYS, ad.SPLIT_BELOW, ad.use_decode, ad.defines, ad.PACK_GQA)
+    defaults = (ad.WG, ad.SPLIT_KEYS, ad.SPLIT_BELOW, ad.use_decode, ad.defines, ad.PACK_GQA,
+                ad.LANES_FORM, ad.LANES_KB, ad.LANES_WG, ad.LANES_DL4)
     print(f"sdpa_at decode, 32/8 heads x 64, fp16 cache {args.cache}, position {args.pos}")
     print(f"{'WG:keys':>10}  {'dispatches (us each)':<60} {'total us':>9} {'max diff':>9}")
     for form in args.forms:
@@ -131,6 +136,11 @@ def sdpa(args):
             extra["PROBE"] = str(probe)
         if "pack" in extra:  # pack=1: the query heads of a K/V head in one workgroup
             ad.PACK_GQA = extra.pop("pack") == "1"
+        if "lanes" in extra:  # lanes=1: sdpa_decode_lanes.glsl
+            ad.LANES_FORM = extra.pop("lanes") == "1"
+        for key, const in (("kb", "LANES_KB"), ("lwg", "LANES_WG"), ("dl4", "LANES_DL4")):
+            if key in extra:
+                setattr(ad, const, int(extra.pop(key)))
         if extra:
             ad.defines = lambda *a, _d=defaults[4], _e=extra, **k: {**_d(*a, **k), **_e}
         if wg:
@@ -143,7 +153,7 @@ def sdpa(args):
             diff = (program(q, k, v, pos).float() - ref).abs().max().item()
         finally:
             (ad.WG, ad.SPLIT_KEYS, ad.SPLIT_BELOW, ad.use_decode, ad.defines,
-             ad.PACK_GQA) = defaults
+             ad.PACK_GQA, ad.LANES_FORM, ad.LANES_KB, ad.LANES_WG, ad.LANES_DL4) = defaults
         cells = " ".join(f"{n}:{us:.1f}" for n, us in prof)
         print(f"{form:>10}  {cells:<60} {sum(us for _, us in prof):9.1f} "
               f"{diff:9.2e} {_sm_clock()}")

@@ -31,6 +31,10 @@
 #           (32 x 4 rows x 4 unrolled, 64 x 8) against the default and fp16, one run
 #           (llm_decode rows MODULE.CONSTANT=VALUE), --profile 8, 330
 #   effforms EfficientNet-Lite0 with the pointwise split-K off / at 64 / at 132 blocks, 150
+#   lanes   the one-row decode attention's lanes form (sdpa_decode_lanes.glsl) against the
+#           workgroup form: its tests (validation on), dispatch_floor.py's sdpa_at at 256
+#           cached / position 96 and 2048 / 1500 in its KB / WG forms, then the decode
+#           fp16 and int4 with it off and on (llm_decode rows), 420
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
@@ -133,6 +137,19 @@ for s in "$@"; do
           --batch 1 8 --no-cpu --profile --profile-rows 4 --form "conv_pointwise.$f" \
           --json "$out/efficientnet_$f.json"
       done ;;
+    lanes)
+      step lanes_tests 120 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
+        -p no:cacheprovider tests/ops/test_sdpa_decode.py tests/ops/test_sdpa_at.py
+      L="0:0 0:0:0:lanes=1 0:0:0:lanes=1,kb=1 0:0:0:lanes=1,kb=4 0:0:0:lanes=1,lwg=64 \
+         0:0:0:lanes=1,lwg=256 0:0:0:lanes=1,dl4=2"
+      step lanes_256 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/dispatch_floor.py \
+        --only sdpa --cache 256 --pos 96 --forms $L
+      step lanes_2048 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/dispatch_floor.py \
+        --only sdpa --cache 2048 --pos 1500 --forms $L
+      step lanes_decode 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+        --hbm-tbps $hbm --quantization none none+attention_decode.LANES_FORM=true int4 \
+        int4+attention_decode.LANES_FORM=true --runs 3 --hold-s 1 --profile 8 \
+        --json "$out/llm_decode_lanes.json" ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
   esac
 done

@@ -154,3 +154,31 @@ def test_bfloat16_checkpoint_keeps_its_cache_on_the_device():
                if "kv_cache" in k)
     prompt = _prompt(6)
     assert generate(program, prompt, 24) == hf_greedy(model, prompt, 24)
+
+
+@pytest.mark.parametrize("lanes", [False, True], ids=["workgroup", "lanes"])
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_gpu_decode_attention_forms_match_hf(monkeypatch, kind, lanes):
+    """The GPU's one-row decode attention (kernels/attention_decode.py: sdpa_decode.glsl,
+    and with LANES_FORM sdpa_decode_lanes.glsl), forced on the CPU driver too: HF's
+    greedy tokens through decode and the device loop (decode_next), Mistral's sliding
+    window of 16 included."""
+    from tests.llm.conftest import MAX_SEQ_LEN
+    from tests.llm.models import make_model
+    from tests.vulkan_skip import vulkan_unavailable
+    from vkdelegate.kernels import attention_decode as dec
+    from vkdelegate.llm import lower
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    monkeypatch.setattr(dec, "use_decode", lambda info, l, hq, hk, d:
+                        dec.pack(l, hq, hk, d) is not None)
+    monkeypatch.setattr(dec, "LANES_FORM", lanes)
+    taken = []
+    lanes_for = dec.lanes_for
+    monkeypatch.setattr(dec, "lanes_for", lambda *a: taken.append(lanes_for(*a)) or taken[-1])
+    model = make_model(kind)
+    program = lower(model, MAX_SEQ_LEN)
+    prompt = _prompt(3)
+    assert generate(program, prompt, 40) == hf_greedy(model, prompt, 40)
+    assert taken and all((t is not None) == lanes for t in taken[-2:])

@@ -5,7 +5,8 @@ against eager: the Llama-3.2-1B decode step (32 / 8 heads, head dim 64, a static
 sliding windows, float masks, head dims that are not multiples of 4 (scalar loads)
 and 256, split-K over long caches, ExecuTorch's [B, S, H, D] layout with start_pos,
 fully masked rows, fp32 and fp16, subgroup and shared-memory reductions, and the
-early exit bit-identical on and off."""
+early exit bit-identical on and off. The one-row cases run in both forms: the
+workgroup form and the lanes form (sdpa_decode_lanes.glsl, ``dec.LANES_FORM``)."""
 import pytest
 import torch
 
@@ -31,6 +32,19 @@ def decode(monkeypatch):
                         dispatch(*a, **kw))
     yield
     assert calls, "sdpa_decode.glsl was not dispatched"
+
+
+@pytest.fixture(params=[False, True], ids=["workgroup", "lanes"])
+def form(request, monkeypatch):
+    """Both one-row forms: sdpa_decode.glsl and sdpa_decode_lanes.glsl (asserted to
+    have been taken when on: the device has subgroup shuffles)."""
+    monkeypatch.setattr(dec, "LANES_FORM", request.param)
+    taken = []
+    lanes_for = dec.lanes_for
+    monkeypatch.setattr(dec, "lanes_for", lambda *a: taken.append(lanes_for(*a)) or taken[-1])
+    yield request.param
+    if request.param:
+        assert any(t is not None for t in taken), "the lanes form was not taken"
 
 
 def _tol(dtype):
@@ -81,7 +95,7 @@ def test_llama_decode_step_packed(decode, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("subgroup", [True, False])
 @pytest.mark.parametrize("start", [0, 37, 255])
-def test_llama_decode_step_static_cache(decode, monkeypatch, dtype, subgroup, start):
+def test_llama_decode_step_static_cache(decode, form, monkeypatch, dtype, subgroup, start):
     # One token of 32 query heads over a 256-position cache of 8 K/V heads, the keys
     # up to the token's position attended (HF's static-cache mask).
     if not subgroup:
@@ -118,14 +132,14 @@ def test_head_dims_not_multiples_of_four_and_different_ev(decode, e, ev):
     check_op(sdpa_fn(), (q, k, v), ops=[SDPA], **FP32_TOL)
 
 
-def test_head_dim_256(decode):
+def test_head_dim_256(decode, form):
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, h, n, 256) for h, n in ((4, 1), (2, 150), (2, 150)))
     check_op(sdpa_fn(enable_gqa=True, is_causal=False), (q, k, v), ops=[SDPA], **FP32_TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_split_k_long_cache(decode, dtype):
+def test_split_k_long_cache(decode, form, dtype):
     # 1500 keys over 2 groups: 6 splits and the combine pass; masked blocks, whole
     # splits masked.
     assert dec.splits_for(2, 1500) == 6
@@ -137,7 +151,7 @@ def test_split_k_long_cache(decode, dtype):
 
 
 @pytest.mark.parametrize("start_pos,lq", [(0, 1), (130, 1), (700, 2)])
-def test_executorch_layout_start_pos(decode, start_pos, lq):
+def test_executorch_layout_start_pos(decode, monkeypatch, start_pos, lq):
     # llama.custom_sdpa: [B, S, H, D], causal from start_pos; keys past it unread.
     q, k, v = cache_qkv(1, lq, 8, 1024, 2, 64, torch.float16)
     k[:, start_pos + lq:] = float("nan")
@@ -154,3 +168,76 @@ def test_sliding_window_and_fully_masked_row(decode):
     mask[:, :, 1] = False  # row 1 sees no key: 0 as ATen gives
     out = _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], torch.float32)
     assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("mode", ["causal", "float", "bool", "none"])
+def test_one_row_masks(decode, form, dtype, mode):
+    # One query row of 8 heads over 300 keys (not a multiple of any chunk) of 2 K/V
+    # heads, head dim 32; an additive float mask with -inf entries, a boolean mask
+    # with a dead stretch of keys.
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(2, h, n, 32).to(dtype) for h, n in ((8, 1), (2, 300), (2, 300)))
+    if mode == "float":
+        mask = torch.randn(2, 8, 1, 300).to(dtype)
+        mask[..., 100:180] = float("-inf")
+    elif mode == "bool":
+        mask = torch.rand(2, 1, 1, 300) > 0.5
+        mask[..., :150] = False
+    if mode in ("float", "bool"):
+        _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], dtype)
+    else:
+        _on_off(sdpa_fn(enable_gqa=True, is_causal=mode == "causal"), (q, k, v), [SDPA],
+                dtype)
+
+
+@pytest.mark.parametrize("e,ev", [(30, 30), (64, 20), (18, 40), (128, 128)])
+def test_one_row_head_dims(decode, form, e, ev):
+    # Scalar K / V loads (a head dim not a multiple of 4), Ev != E, head dim 128.
+    torch.manual_seed(12)
+    q, k = torch.randn(1, 3, 1, e), torch.randn(1, 3, 200, e)
+    v = torch.randn(1, 3, 200, ev)
+    check_op(sdpa_fn(), (q, k, v), ops=[SDPA], **FP32_TOL)
+
+
+@pytest.mark.parametrize("start_pos", [0, 130, 1023])
+def test_one_row_executorch_layout(decode, form, start_pos):
+    # llama.custom_sdpa: [B, S, H, D], causal from start_pos (on the device); keys
+    # past it are NaN and must not be read.
+    q, k, v = cache_qkv(1, 1, 8, 1024, 2, 64, torch.float16)
+    k[:, start_pos + 1:] = float("nan")
+    got = check_op(custom_fn(start_pos), (q, k, v), ops=[CUSTOM], **FP16_TOL)
+    torch.testing.assert_close(got(q, k, v), eager_cache_attention(
+        q, k, v, start_pos, start_pos + 1, True), **FP16_TOL)
+
+
+def test_one_row_sliding_window_and_fully_masked(decode, form):
+    torch.manual_seed(13)
+    q, k, v = (torch.randn(1, h, n, 64) for h, n in ((4, 1), (2, 600), (2, 600)))
+    _on_off(sliding_fn(100, 450), (q, k, v), [SLIDING], torch.float32)
+    mask = torch.zeros(1, 1, 1, 600, dtype=torch.bool)  # the row sees no key: 0
+    out = _on_off(sdpa_fn(enable_gqa=True), (q, k, v, mask), [SDPA], torch.float32)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_lanes_form_choice(monkeypatch):
+    from vkdelegate.capabilities import Capabilities
+    from vkdelegate.runtime.device_info import DeviceInfo
+
+    def info(smallest, ops=("basic", "shuffle"), shared=49152):
+        return DeviceInfo(index=0, name="x", type="gpu", driver="", api_version="1.3",
+                          subgroup_ops=list(ops), max_shared_memory=shared,
+                          capabilities=Capabilities(subgroup_size=smallest,
+                                                    min_subgroup_size=smallest,
+                                                    max_subgroup_size=smallest))
+
+    assert dec.lanes_for(info(32), 1, 64) is None  # off by default
+    monkeypatch.setattr(dec, "LANES_FORM", True)
+    assert dec.lanes_for(info(32), 1, 64) == 4      # 4 vec4s of 64 dims a lane
+    assert dec.lanes_for(info(32), 1, 256) == 16
+    assert dec.lanes_for(info(8), 1, 256) == 8      # bounded by the subgroup
+    assert dec.lanes_for(info(4), 1, 256) is None   # 16 vec4s a lane: too many
+    assert dec.lanes_for(info(32), 2, 64) is None   # two rows: the workgroup form
+    assert dec.lanes_for(info(32, ops=("basic",)), 1, 64) is None
+    assert dec.lanes_for(info(8, shared=16384), 1, 256) is None  # 16 x 1032 bytes
+    assert dec.lanes_for(info(8, shared=16384), 1, 64) == 4      # 16 x 264 bytes

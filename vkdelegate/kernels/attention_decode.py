@@ -32,6 +32,19 @@ SPLIT_BELOW = 128
 
 shader_bindings(SHADER)(at._bindings)  # sdpa.glsl's bindings (sdpa.h)
 
+LANES_SHADER = "sdpa_decode_lanes"
+shader_bindings(LANES_SHADER)(at._bindings)
+#: Whether one-row decode attention takes sdpa_decode_lanes.glsl where it applies
+#: (``lanes_for``). Off until measured on a GPU (the form above is the measured one).
+LANES_FORM = False
+#: The lanes form's invocations per workgroup (a multiple of any subgroup size it runs
+#: with: a power of two), keys per cluster per chunk (their K and V loads issued
+#: together) and head-dim vec4s per lane (LANES = D_MAX / 4 / LANES_DL4, at most the
+#: device's smallest subgroup; fewer lanes, and more vec4s each, where it is smaller).
+LANES_WG = 128
+LANES_KB = 2
+LANES_DL4 = 4
+
 
 def rows_max(d_max: int) -> int:
     """The most query rows per workgroup for head-dim bucket ``d_max``: 8, or 4 at 256
@@ -72,6 +85,58 @@ def use_decode(info, l_max: int, q_heads: int, kv_heads: int, d_max: int) -> boo
     device ``info``: GPUs only (on llvmpipe its barriers cost more than the idle
     invocations of sdpa.glsl do) and rows that fit (``pack``)."""
     return info.type != "cpu" and pack(l_max, q_heads, kv_heads, d_max) is not None
+
+
+def lanes_for(info, rows: int, d_max: int) -> "int | None":
+    """The lanes form's LANES for ``rows`` query rows per workgroup at head-dim bucket
+    ``d_max`` on device ``info`` (a DeviceInfo), or None where it does not apply: off
+    (LANES_FORM), more than one row, no subgroup shuffles, a smallest subgroup (the
+    lanes' bound) that leaves a lane more than 2 * LANES_DL4 vec4s of the head dim or
+    is not a power of two dividing LANES_WG, or shared memory short of
+    ``lanes_shared_bytes``."""
+    caps = info.capabilities
+    if not LANES_FORM or rows != 1 or "shuffle" not in info.subgroup_ops:
+        return None
+    shape = lanes_shape(d_max, caps.min_subgroup_size or caps.subgroup_size)
+    if shape is None or (info.max_shared_memory
+                         and lanes_shared_bytes(d_max, shape[1]) > info.max_shared_memory):
+        return None
+    return shape[0]
+
+
+def lanes_shape(d_max: int, smallest: int) -> "tuple[int, int] | None":
+    """(LANES, MAX_SG) of the lanes form at head-dim bucket ``d_max`` on a device whose
+    smallest subgroup has ``smallest`` invocations, or None (see ``lanes_for``)."""
+    if smallest < 1 or smallest & (smallest - 1) or LANES_WG % smallest:
+        return None
+    d4 = d_max // 4
+    lanes = min(max(1, d4 // LANES_DL4), smallest)
+    if d4 // lanes > 2 * LANES_DL4:
+        return None
+    return lanes, LANES_WG // smallest
+
+
+def lanes_shared_bytes(d_max: int, max_sg: int) -> int:
+    """sdpa_decode_lanes.glsl's shared memory in bytes for ``max_sg`` subgroups a
+    workgroup: each subgroup's merged accumulator (d_max floats) and its (m, l)."""
+    return max_sg * (4 * d_max + 8)
+
+
+def lanes_defines(out, q, k, v, mask, *, lanes: int, max_sg: int, **form) -> dict:
+    """The sdpa_decode_lanes.glsl defines: ``defines``' (one row, no R_MAX or SUBGROUP)
+    with WG = LANES_WG, LANES, KB = LANES_KB and MAX_SG (LANES_WG / the device's
+    smallest subgroup size)."""
+    d = defines(out, q, k, v, mask, subgroup=False, rows=1, **form)
+    del d["R_MAX"]
+    d.update(WG=str(LANES_WG), LANES=str(lanes), KB=str(LANES_KB), MAX_SG=str(max_sg))
+    return d
+
+
+def lanes_iterations(s_max: int, d_max: int, lanes: int) -> int:
+    """Loop iterations of one lanes-form invocation on llvmpipe (worst case, one split):
+    a chunk per LANES_WG / lanes * LANES_KB keys, the subgroups' merge."""
+    chunk = LANES_WG // lanes * LANES_KB
+    return -(-s_max // chunk) + LANES_WG
 
 
 def splits_for(groups: int, s_max: int) -> int:
@@ -123,24 +188,36 @@ def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: i
     group = pack(l_max, heads, k.max_shape[head], d_max)
     groups = heads // group * batch
     splits = splits_for(groups, s_max)
-    chunks = -(-s_max // WG)
+    lanes = lanes_for(b.device.info, l_max * group, d_max)
+    chunk = WG if lanes is None else LANES_WG // lanes * LANES_KB
+    chunks = -(-s_max // chunk)
     per_split = -(-chunks // splits)
-    loop_limit.check(b, iterations(min(s_max, per_split * WG), d_max),
+    loop_limit.check(b, iterations(min(s_max, per_split * WG), d_max) if lanes is None
+                     else lanes_iterations(min(s_max, per_split * chunk), d_max, lanes),
                      f"{s_max} keys of head dim {d_max}")
     target = out
     if splits > 1:
         target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
     mask = a.mask
     metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
-    d = defines(target, q, k, v, mask, causal=a.causal, window=a.window > 0,
-                d_max=d_max, skip=bool(b.option(at.SKIP_OPTION, True)),
-                subgroup=has_subgroup_arithmetic(b.device.info), nan_rows=a.nan_rows,
-                seq_first=a.seq_first, split=splits > 1, start=a.start,
-                rows=l_max * group)
+    form = dict(causal=a.causal, window=a.window > 0, d_max=d_max,
+                skip=bool(b.option(at.SKIP_OPTION, True)), nan_rows=a.nan_rows,
+                seq_first=a.seq_first, split=splits > 1, start=a.start)
     inputs = [q, k, v] + ([mask] if mask else []) + ([a.start] if a.start is not None else [])
-    b.dispatch(SHADER, d, outputs=[target], inputs=inputs,
-               params=metas + [params_for(splits, per_split, group)],
-               global_size=(splits * WG, heads // group, batch), local_size=(WG, 1, 1))
+    params = metas + [params_for(splits, per_split, group)]
+    if lanes is not None:
+        caps = b.device.info.capabilities
+        max_sg = lanes_shape(d_max, caps.min_subgroup_size or caps.subgroup_size)[1]
+        b.dispatch(LANES_SHADER, lanes_defines(target, q, k, v, mask, lanes=lanes,
+                                               max_sg=max_sg, **form),
+                   outputs=[target], inputs=inputs, params=params,
+                   global_size=(splits * LANES_WG, heads, batch),
+                   local_size=(LANES_WG, 1, 1))
+    else:
+        d = defines(target, q, k, v, mask, subgroup=has_subgroup_arithmetic(b.device.info),
+                    rows=l_max * group, **form)
+        b.dispatch(SHADER, d, outputs=[target], inputs=inputs, params=params,
+                   global_size=(splits * WG, heads // group, batch), local_size=(WG, 1, 1))
     if splits > 1:
         at.dispatch_combine(b, out, target, d_max=d_max, splits=splits, l_max=l_max,
                             rows=batch * heads, nan_rows=a.nan_rows,
