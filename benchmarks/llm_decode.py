@@ -49,6 +49,9 @@ def build(args):
                          rope_theta=500000.0, tie_word_embeddings=True,
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval()
+    # Random weights: no end-of-sequence id, so that every run makes the same number
+    # of tokens (vkdelegate.llm.generate stops at the one lower records, as HF does).
+    model.generation_config.eos_token_id = None
     with torch.no_grad():  # seeded weights at a scale that keeps fp16 finite
         for p in model.parameters():
             if p.dim() >= 2:

@@ -33,15 +33,18 @@ import math
 
 import numpy as np
 
-from vkdelegate.errors import VkDelegateError
+from vkdelegate.errors import VkDelegateError, printable
 
 #: FQN prefix of the KV cache state (vkdelegate.llm.decoder.KVCache).
 CACHE_PREFIX = "decoder.kv_cache."
 #: FQN prefix of the decode loop's state (vkdelegate.llm.decoder.DecodeLoopState).
 LOOP_PREFIX = "loop."
-#: The plan key where ``lower`` records what the host checks need:
-#: ``{"vocab_size": V}``.
+#: The plan key where ``lower`` records what the host checks and ``generate`` need:
+#: ``{"vocab_size": V, "eos_token_ids": [ids]}`` (the ids optional: files saved before
+#: they were recorded, models without one).
 PLAN_KEY = "llm"
+#: The most end-of-sequence ids a plan may record (Llama 3 has 3).
+MAX_EOS_IDS = 64
 #: The methods checked here.
 METHODS = ("embed_text", "prefill", "decode", "decode_next")
 SAMPLING = ("temperature", "top_k", "top_p", "draw")
@@ -66,6 +69,24 @@ def vocab_size(plan: dict) -> "int | None":
         raise VkDelegateError(f"plan.{PLAN_KEY}.vocab_size must be an int >= 1, got "
                               f"{v!r}")
     return v
+
+
+def eos_token_ids(plan: dict) -> list:
+    """The end-of-sequence token ids ``lower`` recorded in ``plan`` (the model's
+    ``generation_config.eos_token_id``), [] where none were. Raises VkDelegateError
+    for a malformed record (a plan is untrusted data): not a list of at most
+    MAX_EOS_IDS ints in 0..vocab size - 1."""
+    record = plan.get(PLAN_KEY)
+    ids = record.get("eos_token_ids", []) if isinstance(record, dict) else []
+    if not isinstance(ids, list) or len(ids) > MAX_EOS_IDS or any(
+            isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise VkDelegateError(f"plan.{PLAN_KEY}.eos_token_ids must be a list of at most "
+                              f"{MAX_EOS_IDS} ints, got {printable(repr(ids)[:80])}")
+    text = token_id_error(np.asarray(ids, dtype=np.int64), vocab_size(plan),
+                          f"plan.{PLAN_KEY}.eos_token_ids")
+    if text is not None:
+        raise VkDelegateError(text)
+    return list(ids)
 
 
 def install(program) -> None:
@@ -120,6 +141,7 @@ class MethodGuard:
     def __init__(self, method: str, plan: dict, max_seq_len: int, store):
         self.method, self.max_seq_len, self.store = method, max_seq_len, store
         self.vocab = vocab_size(plan)
+        eos_token_ids(plan)  # a malformed record is refused at load, not at generate
         self.index = {spec.get("name"): i for i, spec in enumerate(plan["inputs"])}
 
     def _error(self, text: str) -> VkDelegateError:

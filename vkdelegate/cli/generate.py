@@ -2,8 +2,9 @@
 --prompt-ids 1,2,3)``: generate tokens with a program ``vkdelegate.llm.lower`` saved.
 
 Tokens are streamed as they are made: the text (decoded with the tokenizer) with
-``--prompt``, the new ids on one line, space-separated, with ``--prompt-ids``. Then
-the prefill and decode rates (tokens/s) go to stderr. ``--image PATH`` (with
+``--prompt``, the new ids on one line, space-separated, with ``--prompt-ids``, up to
+the model's end-of-sequence id (``--eos-token-id`` names others, ``--ignore-eos``
+none). Then the prefill and decode rates (tokens/s) go to stderr. ``--image PATH`` (with
 ``--image-token-id``) runs the program's vision_encoder on the picture, cut into
 square RGB patches of the size its pixel_values input has, and splices the soft
 tokens in place of the placeholder (see ``vkdelegate.llm.generate``).
@@ -32,6 +33,16 @@ def _ids(text: str) -> list[int]:
     if not ids:
         raise VkDelegateError("--prompt-ids: no token ids given")
     return ids
+
+
+def _eos(args):
+    """generate's eos_token_id: [] with --ignore-eos, None (the model's) without
+    --eos-token-id, else the one id (an int, so that a bad one is named as given) or
+    the list."""
+    if args.ignore_eos:
+        return []
+    ids = args.eos_token_id
+    return ids[0] if ids and len(ids) == 1 else ids
 
 
 def image_patches(path: str, plan: dict):
@@ -83,6 +94,8 @@ def run(args) -> int:
         ids = tokenizer.encode(args.prompt).ids
     else:
         ids = _ids(args.prompt_ids)
+    if args.ignore_eos and args.eos_token_id:
+        raise VkDelegateError("give --eos-token-id or --ignore-eos, not both")
     if args.image and args.image_token_id is None:
         raise VkDelegateError("--image needs --image-token-id (the placeholder id)")
     program = vkdelegate.load(args.program, device=args.device)
@@ -108,7 +121,7 @@ def run(args) -> int:
     try:
         generate(program, ids, max_new, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                 eos_token_id=args.eos_token_id, image=image,
+                 eos_token_id=_eos(args), image=image,
                  image_token_id=args.image_token_id, on_token=stream, timings=timings,
                  **({} if args.decode_chunk is None else {"decode_chunk": args.decode_chunk}))
     except VkDelegateError as exc:
@@ -149,7 +162,11 @@ def register(subparsers) -> None:
                    help="nucleus mass to keep, 0..1 (default 1: all tokens)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws (default 0: a sampled run is "
                         "reproducible unless a seed is given)")
-    p.add_argument("--eos-token-id", type=int, help="stop after this token")
+    p.add_argument("--eos-token-id", type=int, action="append", metavar="ID",
+                   help="stop after this token (repeatable; default: the model's "
+                        "end-of-sequence ids, recorded by vkdelegate.llm.lower)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="make all --max-new-tokens, whatever ids come")
     p.add_argument("--decode-chunk", type=int, metavar="N",
                    help="decode steps per submit on the device (decode_next; tokens "
                         "stream N at a time; 1: one decode call per token; default: "

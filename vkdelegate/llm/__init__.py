@@ -10,7 +10,7 @@ program runs without it); the rest (``lower``, ``export_methods``, ``sample``,
 ``from_pretrained``, ...) need torch (transformers only when ``lower`` runs), and
 without it say so in one line when used.
 """
-from vkdelegate.llm.generate import cache_length, draws, generate, splice
+from vkdelegate.llm.generate import cache_length, draws, eos_token_ids, generate, splice
 
 #: What needs torch: name -> its module in this package.
 _NEEDS_TORCH = {"lower": "lower", "export_methods": "lower", "from_pretrained": "pretrained",
@@ -37,5 +37,5 @@ else:
             f"of a saved program run without it (docs/LLM.md)", name="torch")
 
 __all__ = ["lower", "export_methods", "generate", "draws", "splice", "sample",
-           "cache_length", "from_pretrained", "load_causal_lm",
+           "cache_length", "eos_token_ids", "from_pretrained", "load_causal_lm",
            "ReferenceDecoder"]

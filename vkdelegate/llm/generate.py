@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from vkdelegate.backend.interpreter import to_numpy
+from vkdelegate.backend import llm_checks
 from vkdelegate.backend.llm_checks import LOOP_PREFIX
 from vkdelegate.errors import VkDelegateError
 
@@ -61,6 +62,16 @@ def _on_device(program) -> bool:
     executor (torch on the CPU, for debugging) takes the per-token loop."""
     options = getattr(program, "options", None)
     return getattr(options, "executor", "vulkan") == "vulkan"
+
+
+def eos_token_ids(program) -> list:
+    """The end-of-sequence token ids ``lower`` recorded for ``program``'s model (its
+    ``generation_config.eos_token_id``: a list of ints, sorted), [] where none were
+    (a model without one, a file saved before they were recorded). ``generate``
+    stops at them unless given its own ``eos_token_id``."""
+    plan = program.methods["decode"].plan if "decode" in getattr(
+        program, "method_names", ()) else {}
+    return llm_checks.eos_token_ids(plan)
 
 
 def _decode_loop(program, ids, out, max_new_tokens, eos, on_token, chunk, params,
@@ -208,8 +219,6 @@ def _check_token_ids(program, ids: list, name: str = "prompt_ids",
     its index unless ``single``: one id given as an int) outside the vocabulary (when
     the program records its size, ``backend.llm_checks.vocab_size``; else negatives),
     before anything runs."""
-    from vkdelegate.backend import llm_checks
-
     plan = program.methods["embed_text"].plan if hasattr(program, "methods") else {}
     text = llm_checks.token_id_error(np.asarray(ids, dtype=np.int64),
                                      llm_checks.vocab_size(plan), name)
@@ -225,7 +234,12 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
              on_token=None, timings: "dict | None" = None,
              decode_chunk: int = DECODE_CHUNK) -> list:
     """The NEW token ids (a list of ints, at most ``max_new_tokens``, ending at the
-    first ``eos_token_id`` (an int or a collection of ints) if one is generated).
+    first end-of-sequence id if one is generated).
+
+    eos_token_id: an int or a collection of ints; None (the default), as in HF
+    ``generate``: the model's own (``eos_token_ids(program)``: its
+    ``generation_config.eos_token_id``, recorded by ``lower``; none for a file
+    saved before they were recorded); an empty collection: never stop early.
 
     program: a ``LoweredProgram`` from ``vkdelegate.llm.lower`` (or loaded from its
     file). prompt_ids: a list of ints or a 1-D tensor (not empty).
@@ -273,8 +287,11 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
         program.build()
     if image is None:
         _check_length(len(ids), max_new_tokens, cache_length(program), "")
-    eos = set() if eos_token_id is None else (
-        {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id)))
+    if eos_token_id is None:
+        eos = set(eos_token_ids(program))
+    else:
+        eos = {int(eos_token_id)} if isinstance(eos_token_id, int) \
+            else set(map(int, eos_token_id))
     if eos:  # an id no step can make would never stop the loop: a mistake, said now
         _check_token_ids(program, sorted(eos), "eos_token_id",
                          single=isinstance(eos_token_id, int))

@@ -180,7 +180,7 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         quantize_for_vulkan(model, quantization, group_size)
     programs = export_methods(model, max_seq_len, vision)
     program = to_backend(programs, VulkanPartitioner(options))
-    record_vocab_size(program, _vocab_size(model))
+    record_vocab_size(program, _vocab_size(model), _eos_token_ids(model))
     return program
 
 
@@ -190,16 +190,34 @@ def _vocab_size(model) -> int:
     return int(embed.weight.shape[0])
 
 
-def record_vocab_size(program, vocab_size: int) -> None:
-    """Record ``vocab_size`` in the plans of ``program``'s LLM methods (plan key
-    ``"llm"``, saved with the program) and (re)install the host-side input checks
-    (``vkdelegate.backend.llm_checks``), so that a token id outside 0..vocab_size-1
-    raises VkDelegateError naming it before anything runs."""
+def _eos_token_ids(model) -> list:
+    """The model's end-of-sequence ids, those HF ``generate`` stops at:
+    ``generation_config.eos_token_id`` (``config.eos_token_id`` for a model without a
+    generation config; an int, a list or None); [] for a model without one (a
+    ReferenceDecoder)."""
+    source = getattr(model, "generation_config", None) or getattr(model, "config", None)
+    ids = getattr(source, "eos_token_id", None)
+    if ids is None:
+        return []
+    ids = [ids] if isinstance(ids, int) else list(ids)
+    return sorted({int(i) for i in ids})
+
+
+def record_vocab_size(program, vocab_size: int, eos_token_ids=()) -> None:
+    """Record ``vocab_size`` and the model's ``eos_token_ids`` (ints) in the plans of
+    ``program``'s LLM methods (plan key ``"llm"``, saved with the program) and
+    (re)install the host-side input checks (``vkdelegate.backend.llm_checks``), so
+    that a token id outside 0..vocab_size-1 raises VkDelegateError naming it before
+    anything runs; ``generate`` stops at the recorded ids by default. Raises
+    VkDelegateError for an end-of-sequence id outside the vocabulary."""
     from vkdelegate.backend import llm_checks
 
+    record = {"vocab_size": int(vocab_size)}
+    if eos_token_ids:
+        record["eos_token_ids"] = [int(i) for i in eos_token_ids]
     for name in llm_checks.METHODS:
         if name in program.methods:
-            program.methods[name].plan[llm_checks.PLAN_KEY] = {"vocab_size": int(vocab_size)}
+            program.methods[name].plan[llm_checks.PLAN_KEY] = dict(record)
     llm_checks.install(program)
 
 
