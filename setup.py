@@ -45,6 +45,9 @@ setup(
             "transformers>=5,<6",
             # vkdelegate.llm (HF causal LMs) and `vkdelegate generate --prompt`.
             "tokenizers>=0.21",
+            # `vkdelegate generate --chat`: a checkpoint's chat template (its sandbox has
+            # no known escapes from 3.1.6 on).
+            "jinja2>=3.1.6",
         ],
     },
     entry_points={"console_scripts": ["vkdelegate=vkdelegate.cli:main"]},

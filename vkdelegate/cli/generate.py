@@ -1,5 +1,7 @@
-"""``vkdelegate generate PROGRAM (--prompt TEXT --tokenizer tokenizer.json |
---prompt-ids 1,2,3)``: generate tokens with a program ``vkdelegate.llm.lower`` saved.
+"""``vkdelegate generate PROGRAM (--prompt TEXT --tokenizer tokenizer.json [--chat
+[--system TEXT]] | --prompt-ids 1,2,3)``: generate tokens with a program
+``vkdelegate.llm.lower`` saved. ``--chat`` makes the prompt a user message under the
+checkpoint's chat template (vkdelegate/llm/chat.py), as an instruct model expects.
 
 Tokens are streamed as they are made: the text (decoded with the tokenizer) with
 ``--prompt``, the new ids on one line, space-separated, with ``--prompt-ids``, up to
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 from vkdelegate.cli import device_index, help_description
 from vkdelegate.errors import VkDelegateError
@@ -82,16 +85,29 @@ def run(args) -> int:
     if (args.prompt is None) == (args.prompt_ids is None):
         raise VkDelegateError("give --prompt TEXT (with --tokenizer) or --prompt-ids")
     tokenizer = None
+    if (args.chat or args.system is not None) and args.prompt is None:
+        raise VkDelegateError("--chat and --system take --prompt TEXT (with --tokenizer)")
+    if args.system is not None and not args.chat:
+        raise VkDelegateError("--system needs --chat (it is a message of the chat template)")
     if args.prompt is not None:
         if not args.tokenizer:
             raise VkDelegateError("--prompt needs --tokenizer tokenizer.json")
         from tokenizers import Tokenizer
 
+        path = Path(args.tokenizer)
         try:
-            tokenizer = Tokenizer.from_file(args.tokenizer)
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir()
+                                                else path))
         except Exception as exc:  # tokenizers raises its own Exception type
             raise VkDelegateError(f"--tokenizer {args.tokenizer}: {exc}") from exc
-        ids = tokenizer.encode(args.prompt).ids
+        if args.chat:
+            from vkdelegate.llm.chat import chat_prompt
+
+            text = chat_prompt(path, args.prompt, system=args.system)
+            # The template wrote the special tokens (a BOS among them): none added.
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+        else:
+            ids = tokenizer.encode(args.prompt).ids
     else:
         ids = _ids(args.prompt_ids)
     if args.ignore_eos and args.eos_token_id:
@@ -147,7 +163,13 @@ def register(subparsers) -> None:
     p.add_argument("program", help="program file of vkdelegate.llm.lower, saved")
     p.add_argument("--prompt", help="prompt text (needs --tokenizer)")
     p.add_argument("--tokenizer", metavar="tokenizer.json",
-                   help="HF tokenizers file that encodes --prompt and decodes the output")
+                   help="HF tokenizers file (or the checkpoint folder holding it) that "
+                        "encodes --prompt and decodes the output")
+    p.add_argument("--chat", action="store_true",
+                   help="--prompt is a user message: apply the checkpoint's chat template "
+                        "(chat_template.jinja or tokenizer_config.json beside the "
+                        "tokenizer; needs jinja2)")
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     p.add_argument("--prompt-ids", metavar="1,2,3", help="prompt token ids")
     p.add_argument("--device", type=device_index,
                    help="Vulkan device index (vkdelegate devices)")
