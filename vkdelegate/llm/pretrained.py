@@ -27,10 +27,12 @@ def load_causal_lm(folder, dtype=None):
     return model.eval()
 
 
-def from_pretrained(folder, max_seq_len: int, *, dtype=None, vision=None, options=None):
-    """``lower(load_causal_lm(folder, dtype), max_seq_len, vision=, options=)``: a
-    LoweredProgram with embed_text, prefill and decode (see ``vkdelegate.llm.lower``)."""
+def from_pretrained(folder, max_seq_len: int, *, dtype=None, vision=None, options=None,
+                    quantization: "str | None" = None, group_size: int = 32):
+    """``lower(load_causal_lm(folder, dtype), max_seq_len, vision=, options=,
+    quantization=, group_size=)``: a LoweredProgram with embed_text, prefill and decode
+    (see ``vkdelegate.llm.lower``; ``vkdelegate lower-llm`` on the command line)."""
     from vkdelegate.llm.lower import lower
 
     return lower(load_causal_lm(folder, dtype), max_seq_len, vision=vision,
-                 options=options)
+                 options=options, quantization=quantization, group_size=group_size)

@@ -1,0 +1,96 @@
+"""`vkdelegate lower-llm`: a checkpoint folder (save_pretrained) to a program file that
+`vkdelegate generate` runs to HF's greedy tokens, stopping at the checkpoint's
+end-of-sequence id; int4 quantization through torchao; one-line errors before the slow
+steps."""
+import pytest
+import torch
+
+from tests.llm.conftest import MAX_SEQ_LEN
+from tests.llm.models import hf_greedy, make_model
+from tests.vulkan_skip import vulkan_unavailable
+from vkdelegate.cli import main
+
+PROMPT = [4, 8, 15, 16, 23]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    pytest.importorskip("transformers")
+    model = make_model("qwen2", seed=7)
+    run = hf_greedy(model, PROMPT, 12)
+    model.generation_config.eos_token_id = run[6]
+    folder = tmp_path_factory.mktemp("ckpt") / "qwen2"
+    model.save_pretrained(folder)
+    return model, folder, run
+
+
+def test_lower_then_generate(checkpoint, tmp_path, capsys):
+    import vkdelegate
+    from vkdelegate.llm import generate
+
+    model, folder, run = checkpoint
+    out = tmp_path / "qwen2.vkp"
+    assert main(["lower-llm", str(folder), "-o", str(out), "--max-seq-len",
+                 str(MAX_SEQ_LEN)]) == 0
+    printed = capsys.readouterr().out
+    assert "decode: " in printed and f"end-of-sequence ids [{run[6]}]" in printed
+    assert f"vkdelegate generate {out}" in printed
+    stop = run.index(run[6]) + 1
+    assert main(["generate", str(out), "--prompt-ids", ",".join(map(str, PROMPT)),
+                 "--max-new-tokens", "12"]) == 0
+    assert capsys.readouterr().out.split() == [str(t) for t in run[:stop]]
+    program = vkdelegate.load(out)
+    try:
+        assert generate(program, PROMPT, 12, eos_token_id=[]) == run
+    finally:
+        program.close()
+
+
+def test_lower_int4(checkpoint, tmp_path, capsys):
+    pytest.importorskip("torchao")
+    import vkdelegate
+    from vkdelegate.llm import generate
+
+    _, folder, _ = checkpoint
+    out = tmp_path / "q4.vkp"
+    assert main(["lower-llm", str(folder), "-o", str(out), "--max-seq-len",
+                 str(MAX_SEQ_LEN), "--quantization", "int4", "--group-size", "32"]) == 0
+    capsys.readouterr()
+    # The reference: the same checkpoint quantized the same way, in eager.
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+    from vkdelegate.llm.pretrained import load_causal_lm
+
+    model = load_causal_lm(str(folder))
+    quantize_for_vulkan(model, "int4", 32)
+    # hf_greedy's min_new_tokens would keep the checkpoint's eos id from being picked.
+    model.generation_config.eos_token_id = None
+    program = vkdelegate.load(out)
+    try:
+        assert "linear_q4gsw" in str(program.methods["decode"].report.to_json())
+        assert generate(program, PROMPT, 8, eos_token_id=[]) == hf_greedy(model, PROMPT, 8)
+    finally:
+        program.close()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-seq-len", "1"], "--max-seq-len must be >= 2, got 1"),
+    (["--max-seq-len", "8", "-o", "/no/such/dir/p.vkp"], "folder /no/such/dir does not exist"),
+])
+def test_errors_before_the_slow_steps(checkpoint, tmp_path, capsys, args, message):
+    _, folder, _ = checkpoint
+    argv = ["lower-llm", str(folder)] + (["-o", str(tmp_path / "p.vkp")]
+                                         if "-o" not in args else []) + args
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_not_a_checkpoint(tmp_path, capsys):
+    assert main(["lower-llm", str(tmp_path), "-o", str(tmp_path / "p.vkp"),
+                 "--max-seq-len", "8"]) == 2
+    assert "not a HF checkpoint folder (no config.json)" in capsys.readouterr().err
+    assert main(["lower-llm", str(tmp_path / "nope"), "-o", str(tmp_path / "p.vkp"),
+                 "--max-seq-len", "8"]) == 2
+    assert "not a folder" in capsys.readouterr().err
