@@ -172,3 +172,49 @@ def test_cli_chat_without_a_template(saved, tmp_path, capsys):
     assert main(["generate", str(path), "--chat", "--prompt", "w1",
                  "--tokenizer", str(folder / "tokenizer.json")]) == 2
     assert "no chat template" in capsys.readouterr().err
+
+
+def _reference_chat(model, folder, tok, lines, n, system=None):
+    """The replies `vkdelegate chat` should print: per message, HF greedy on the
+    whole conversation as transformers' apply_chat_template encodes it, the reply
+    (decoded) joining the conversation."""
+    messages = [{"role": "system", "content": system}] if system else []
+    replies = []
+    for line in lines:
+        messages.append({"role": "user", "content": line})
+        _, ids = _hf(folder, messages)
+        text = tok.decode(hf_greedy(model, ids, n))
+        replies.append(text)
+        messages.append({"role": "assistant", "content": text})
+    return replies
+
+
+def test_cli_chat_turns(saved, tmp_path, capsys, monkeypatch):
+    import io
+
+    pytest.importorskip("transformers")
+    model, path = saved
+    folder, tok = _folder(tmp_path, LLAMA3)
+    lines = ["w9 w8", "", "w3 w4 w5", "/reset", "w9 w8", "/exit", "w1"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert main(["chat", str(path), "--tokenizer", str(folder), "--system", "w1 w2",
+                 "--max-new-tokens", "6"]) == 0
+    out, err = capsys.readouterr()
+    first = _reference_chat(model, folder, tok, ["w9 w8", "w3 w4 w5"], 6, system="w1 w2")
+    assert out.splitlines() == first + first[:1]  # /reset: the first reply again
+    stats = [line for line in err.splitlines() if line.startswith("[")]
+    assert len(stats) == 3 and " 0 reused" in stats[0] and " 0 reused" not in stats[1]
+    assert "(a new conversation)" in err
+
+
+def test_cli_chat_past_the_cache_goes_on(saved, tmp_path, capsys, monkeypatch):
+    import io
+
+    model, path = saved
+    folder, tok = _folder(tmp_path, LLAMA3)
+    long = " ".join(f"w{i % 50}" for i in range(100))  # past max_seq_len 80
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{long}\nw9 w8\n"))
+    assert main(["chat", str(path), "--tokenizer", str(folder), "--max-new-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert "do not fit the KV cache" in err and "/reset" in err
+    assert out.splitlines() == _reference_chat(model, folder, tok, ["w9 w8"], 4)

@@ -24,8 +24,8 @@ _EXTRAS = {"torch": "torch", "torchao": "quant", "transformers": "examples",
 
 # Subcommand modules, in the order `vkdelegate --help` lists them. A module that is
 # missing (work in progress) is skipped rather than breaking the whole CLI.
-_SUBCOMMANDS = ("demo", "run", "embed", "lower_llm", "generate", "inspect", "devices",
-                "build_shaders")
+_SUBCOMMANDS = ("demo", "run", "embed", "lower_llm", "generate", "chat", "inspect",
+                "devices", "build_shaders")
 
 
 def device_index(text: str) -> int:

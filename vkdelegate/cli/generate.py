@@ -38,6 +38,35 @@ def _ids(text: str) -> list[int]:
     return ids
 
 
+def load_tokenizer(path: Path):
+    """The HF ``tokenizers.Tokenizer`` of tokenizer.json ``path`` (or of a folder
+    holding one); VkDelegateError naming the path when it cannot be read."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    except Exception as exc:  # tokenizers raises its own Exception type
+        raise VkDelegateError(f"--tokenizer {path}: {exc}") from exc
+
+
+class TokenStream:
+    """Prints new token ids as they come (``add``): with a tokenizer the text they
+    decode to so far (the part not printed yet: a token may change how the ones
+    before it decode), else the ids, space-separated. ``ids``: those added."""
+
+    def __init__(self, tokenizer=None):
+        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        if self.tokenizer is None:
+            print(("" if len(self.ids) == 1 else " ") + str(token), end="", flush=True)
+        else:
+            text = self.tokenizer.decode(self.ids)
+            print(text[len(self.shown):], end="", flush=True)
+            self.shown = text
+
+
 def _eos(args):
     """generate's eos_token_id: [] with --ignore-eos, None (the model's) without
     --eos-token-id, else the one id (an int, so that a bad one is named as given) or
@@ -92,14 +121,8 @@ def run(args) -> int:
     if args.prompt is not None:
         if not args.tokenizer:
             raise VkDelegateError("--prompt needs --tokenizer tokenizer.json")
-        from tokenizers import Tokenizer
-
         path = Path(args.tokenizer)
-        try:
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir()
-                                                else path))
-        except Exception as exc:  # tokenizers raises its own Exception type
-            raise VkDelegateError(f"--tokenizer {args.tokenizer}: {exc}") from exc
+        tokenizer = load_tokenizer(path)
         if args.chat:
             from vkdelegate.llm.chat import chat_prompt
 
@@ -120,17 +143,7 @@ def run(args) -> int:
         if "vision_encoder" not in program.method_names:
             raise VkDelegateError(f"{args.program} has no vision_encoder method")
         image = image_patches(args.image, program.methods["vision_encoder"].plan)
-    new: list[int] = []
-    shown = [""]
-
-    def stream(token: int) -> None:
-        new.append(token)
-        if tokenizer is None:
-            print(("" if len(new) == 1 else " ") + str(token), end="", flush=True)
-        else:
-            text = tokenizer.decode(new)
-            print(text[len(shown[0]):], end="", flush=True)
-            shown[0] = text
+    stream = TokenStream(tokenizer)
 
     timings: dict = {}
     max_new = DEFAULT_MAX_NEW if args.max_new_tokens is None else args.max_new_tokens
@@ -138,7 +151,7 @@ def run(args) -> int:
         generate(program, ids, max_new, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                  eos_token_id=_eos(args), image=image,
-                 image_token_id=args.image_token_id, on_token=stream, timings=timings,
+                 image_token_id=args.image_token_id, on_token=stream.add, timings=timings,
                  **({} if args.decode_chunk is None else {"decode_chunk": args.decode_chunk}))
     except VkDelegateError as exc:
         if args.max_new_tokens is None and str(exc).startswith("max_new_tokens"):

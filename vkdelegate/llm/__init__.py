@@ -5,12 +5,14 @@ transformers causal LM (and a vision tower + projector) to a LoweredProgram with
 methods embed_text, prefill, decode (and vision_encoder); ``generate(program,
 prompt_ids, max_new_tokens, ...)`` runs them. The KV cache is program state shared
 by prefill and decode, kept on the GPU. docs/LLM.md has the contract and an example.
-``generate``, ``draws``, ``splice`` and ``cache_length`` need no torch (a saved
-program runs without it); the rest (``lower``, ``export_methods``, ``sample``,
+``Session(program).generate(ids, n)`` keeps the cache between the turns of a
+conversation. ``generate``, ``Session``, ``draws``, ``splice`` and ``cache_length``
+need no torch (a saved program runs without it); the rest (``lower``, ``export_methods``, ``sample``,
 ``from_pretrained``, ...) need torch (transformers only when ``lower`` runs), and
 without it say so in one line when used.
 """
 from vkdelegate.llm.generate import cache_length, draws, eos_token_ids, generate, splice
+from vkdelegate.llm.session import Session
 
 #: What needs torch: name -> its module in this package.
 _NEEDS_TORCH = {"lower": "lower", "export_methods": "lower", "from_pretrained": "pretrained",
@@ -37,5 +39,5 @@ else:
             f"of a saved program run without it (docs/LLM.md)", name="torch")
 
 __all__ = ["lower", "export_methods", "generate", "draws", "splice", "sample",
-           "cache_length", "eos_token_ids", "from_pretrained", "load_causal_lm",
+           "cache_length", "eos_token_ids", "Session", "from_pretrained", "load_causal_lm",
            "ReferenceDecoder"]

@@ -74,13 +74,13 @@ def eos_token_ids(program) -> list:
     return llm_checks.eos_token_ids(plan)
 
 
-def _decode_loop(program, ids, out, max_new_tokens, eos, on_token, chunk, params,
+def _decode_loop(program, first, out, max_new_tokens, eos, on_token, chunk, params,
                  rand) -> None:
     """The decode steps on the device after prefill (which left ``out[-1]`` in the
-    loop state for position len(ids)): ``chunk`` decode_next steps per submit, until
-    max_new_tokens or an eos id; appends to ``out``. The step feeding position p uses
-    draw number p - len(ids) + 1 (prefill used number 0), as the per-token loop."""
-    first = len(ids)
+    loop state for position ``first``, the cache positions prefill filled): ``chunk``
+    decode_next steps per submit, until max_new_tokens or an eos id; appends to
+    ``out``. The step feeding position p uses draw number p - first + 1 (prefill used
+    number 0), as the per-token loop."""
     table = np.zeros(cache_length(program) + 1, dtype=np.float32)
     if params[0] > 0:  # greedy ignores the draws
         for i in range(max_new_tokens - len(out)):
@@ -232,7 +232,7 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              eos_token_id=None, image=None, image_token_id=None,
              on_token=None, timings: "dict | None" = None,
-             decode_chunk: int = DECODE_CHUNK) -> list:
+             decode_chunk: int = DECODE_CHUNK, _start: int = 0) -> list:
     """The NEW token ids (a list of ints, at most ``max_new_tokens``, ending at the
     first end-of-sequence id if one is generated).
 
@@ -285,8 +285,11 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
         # Every delegate built before the clock starts: the first call would
         # otherwise count shader compilation and weight upload as prefill / decode.
         program.build()
+    # _start (Session): the cache already holds that many positions of this sequence;
+    # the prompt goes in after them.
+    cached = " (with the conversation's cached tokens)" if _start else ""
     if image is None:
-        _check_length(len(ids), max_new_tokens, cache_length(program), "")
+        _check_length(_start + len(ids), max_new_tokens, cache_length(program), cached)
     if eos_token_id is None:
         eos = set(eos_token_ids(program))
     else:
@@ -304,24 +307,24 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
             raise VkDelegateError("the program has no vision_encoder method")
         image_embeds, pooler_mask = program.vision_encoder(*image)
         embeds, ids = splice(embeds, ids, image_embeds, pooler_mask, int(image_token_id))
-    _check_length(len(ids), max_new_tokens, cache_length(program),
-                  " (image soft tokens included)" if image is not None else "")
+    _check_length(_start + len(ids), max_new_tokens, cache_length(program),
+                  (" (image soft tokens included)" if image is not None else "") + cached)
     rand = draws(seed)
 
     def sampling():
         return np.array([temperature, top_k, top_p, next(rand)], dtype=np.float32)
 
-    token = int(program.prefill(embeds, np.array([0], dtype=np.int64), sampling())[0])
+    token = int(program.prefill(embeds, np.array([_start], dtype=np.int64), sampling())[0])
     prefill_s = time.perf_counter() - start
     out = [token]
     if on_token is not None:
         on_token(token)
     start = time.perf_counter()
     if decode_chunk > 1 and _has_loop(program) and _on_device(program):
-        _decode_loop(program, ids, out, max_new_tokens, eos, on_token, decode_chunk,
-                     (temperature, top_k, top_p), rand)
+        _decode_loop(program, _start + len(ids), out, max_new_tokens, eos, on_token,
+                     decode_chunk, (temperature, top_k, top_p), rand)
     while len(out) < max_new_tokens and out[-1] not in eos:
-        position = len(ids) + len(out) - 1
+        position = _start + len(ids) + len(out) - 1
         token = int(program.decode(np.array([[out[-1]]], dtype=np.int64),
                                    np.array([position], dtype=np.int64), sampling())[0])
         out.append(token)

@@ -1,0 +1,109 @@
+"""``vkdelegate chat PROGRAM --tokenizer FOLDER [--system TEXT]``: a conversation with a
+program ``vkdelegate.llm.lower`` saved, one message per line of stdin.
+
+Each message is added to the conversation, the checkpoint's chat template
+(vkdelegate/llm/chat.py) renders the whole conversation with the assistant's header,
+and the reply streams as it is made, up to the model's end-of-sequence id (or
+``--max-new-tokens``); it joins the conversation for the next turn. The KV cache
+stays on the device between turns (``vkdelegate.llm.Session``): a turn prefills only
+what follows the tokens the cache already holds. ``/reset`` starts a new conversation,
+``/exit`` (or the end of stdin) ends. After each reply a line on stderr gives the
+tokens prefilled (and reused from the cache) and the decode rate. A message that would
+take the conversation past the cache (max_seq_len) is refused with the reason, and the
+chat goes on.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from vkdelegate.cli import device_index, help_description
+from vkdelegate.errors import VkDelegateError
+
+#: --max-new-tokens when not given: a reply's length at most.
+DEFAULT_MAX_NEW = 256
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("chat", help="chat with a lowered LLM (one message a line)",
+                              description=help_description(__doc__))
+    p.add_argument("program", help="program file of vkdelegate.llm.lower, saved")
+    p.add_argument("--tokenizer", required=True, metavar="FOLDER",
+                   help="the checkpoint folder: tokenizer.json and the chat template "
+                        "(chat_template.jinja or tokenizer_config.json)")
+    p.add_argument("--system", metavar="TEXT", help="a system message first")
+    p.add_argument("--device", type=device_index, help="Vulkan device index (vkdelegate devices)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW, metavar="N",
+                   help=f"tokens of a reply at most (default {DEFAULT_MAX_NEW})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus mass to keep, 0..1 (default 1: all tokens)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the first reply's draws (the n-th reply: seed + n)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import vkdelegate
+    from vkdelegate.cli.generate import TokenStream, load_tokenizer
+    from vkdelegate.llm import Session
+    from vkdelegate.llm.chat import load_template, render
+
+    if args.max_new_tokens < 1:
+        raise VkDelegateError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    folder = Path(args.tokenizer)
+    tokenizer = load_tokenizer(folder)
+    template, specials = load_template(folder)
+    program = vkdelegate.load(args.program, device=args.device)
+    session = Session(program)
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    messages = list(system)
+    interactive = sys.stdin.isatty()
+    turn = 0
+    try:
+        while True:
+            if interactive:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line or line.strip() == "/exit":
+                break
+            text = line.rstrip("\n")
+            if text.strip() == "/reset":
+                messages = list(system)
+                session.reset()
+                print("(a new conversation)", file=sys.stderr, flush=True)
+                continue
+            if not text.strip():
+                continue
+            messages.append({"role": "user", "content": text})
+            prompt = render(template, messages, specials,
+                            where=f"chat template of {folder}")
+            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+            stream = TokenStream(tokenizer)
+            timings: dict = {}
+            start = time.perf_counter()
+            try:
+                session.generate(ids, args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed + turn,
+                                 on_token=stream.add, timings=timings)
+            except VkDelegateError as exc:
+                if stream.ids or "KV cache" not in str(exc):
+                    raise
+                # The conversation outgrew the cache: said, the message dropped, and
+                # the chat goes on (/reset makes room).
+                messages.pop()
+                print(f"error: {exc}; /reset starts a new conversation", file=sys.stderr,
+                      flush=True)
+                continue
+            print(flush=True)
+            messages.append({"role": "assistant", "content": tokenizer.decode(stream.ids)})
+            turn += 1
+            rate = timings["decode_tokens"] / max(timings["decode_s"], 1e-9)
+            print(f"[{timings['prompt_tokens']} tokens prefilled, {session.reused} reused; "
+                  f"{len(stream.ids)} new, {rate:.1f} tokens/s decode; "
+                  f"{time.perf_counter() - start:.2f} s]", file=sys.stderr, flush=True)
+    finally:
+        program.close()
+    return 0
