@@ -44,6 +44,9 @@ PROGRAMS = [
     ("fused_chain", ["elementwise_chain", "scalar_and_alpha"], {}),
     ("named_outputs", ["named_outputs"], {}),
     ("reference_mlp", ["linear_bn"], {"executor": "reference"}),
+    # vkdelegate.llm.lower's four methods (KV cache state, the host-side input checks
+    # and the plans' "llm" record: vocabulary size and end-of-sequence ids).
+    ("llm", "llm", {}),
 ]
 
 # Dictionary entries: formats' magics, manifest keys and values that sit on edges
@@ -68,7 +71,26 @@ _DICT_WORDS = [
 ]
 
 
-def _lower(case_names: list[str], options: dict):
+def _lower_llm():
+    """A one-layer ReferenceDecoder through vkdelegate.llm.lower (cache of 16), with
+    end-of-sequence ids recorded."""
+    import torch
+
+    from vkdelegate.llm import lower
+    from vkdelegate.llm.lower import record_vocab_size
+    from vkdelegate.llm.reference_decoder import ReferenceDecoder
+
+    torch.manual_seed(0)
+    model = ReferenceDecoder(vocab=64, dim=32, layers=1, heads=2, kv_heads=1, hidden=64,
+                             max_seq_len=16)
+    program = lower(model, 16)
+    record_vocab_size(program, 64, [3, 7])
+    return program
+
+
+def _lower(case_names, options: dict):
+    if case_names == "llm":
+        return _lower_llm()
     import torch
     from tests.program.helpers import export
     from tests.program.modules import CASES

@@ -21,7 +21,7 @@ from vkdelegate import VkDelegateError
 from vkdelegate.serialization import program_file
 
 REPO = Path(__file__).resolve().parents[2]
-_SMALL = [p for p in PROGRAMS if p[0] in ("conv_net", "glue_sort", "mutable_state")]
+_SMALL = [p for p in PROGRAMS if p[0] in ("conv_net", "glue_sort", "mutable_state", "llm")]
 
 
 @pytest.fixture(scope="module")
