@@ -35,6 +35,9 @@
 #           workgroup form: its tests (validation on), dispatch_floor.py's sdpa_at at 256
 #           cached / position 96 and 2048 / 1500 in its KB / WG forms, then the decode
 #           fp16 and int4 with it off and on (llm_decode rows), 420
+#   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
+#           KV cache kept (vkdelegate.llm.Session) against the whole conversation
+#           prefilled each turn, and HF eager CUDA, 150
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
@@ -150,6 +153,8 @@ for s in "$@"; do
         --hbm-tbps $hbm --quantization none none+attention_decode.LANES_FORM=true int4 \
         int4+attention_decode.LANES_FORM=true --runs 3 --hold-s 1 --profile 8 \
         --json "$out/llm_decode_lanes.json" ;;
+    chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
+            --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
   esac
 done
