@@ -222,7 +222,8 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
     # shrinks sizes, so the load-time grid covers every later plan's invocations.
     b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=[params],
                global_size=(invocations(plan, chunk)[0],), local_size=(64, 1, 1),
-               spec_constants=shape + (chunk,))
+               spec_constants=shape + (chunk,),
+               grid=lambda: (invocations(plan_fn(), chunk)[0],))
 
 
 def copy_destination(b, out, x) -> None:

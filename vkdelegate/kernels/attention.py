@@ -424,18 +424,20 @@ def dispatch(b, a: Attention) -> None:
         b.dispatch(shader, d, outputs=[out], inputs=inputs + map_inputs,
                    params=metas + [params] + map_params,
                    global_size=(-(-l_max // bm) * wg, heads, batch),
-                   local_size=(wg, 1, 1))
+                   local_size=(wg, 1, 1),
+                   grid=lambda: (-(-q.shape[seq] // bm) * wg, heads, batch))
         return
     d = defines(target, q, k, v, mask, causal=a.causal, window=a.window > 0, d_max=d_max,
                 cpu=cpu, skip=skip, nan_rows=a.nan_rows, seq_first=a.seq_first,
                 split=splits > 1, start=a.start, kv_texel=cpu and kv_texel_fits(b, k, v))
     map_inputs, map_params = _tile_map(b, a, d, params, rows=BLOCK_M // group,
                                        keys=block_n(d_max), heads=group)
+    def grid(rows: int) -> tuple:
+        return (-(-rows // (BLOCK_M // group)) * BLOCK_M * splits, heads // group, batch)
+
     b.dispatch(SHADER, d, outputs=[target], inputs=inputs + map_inputs,
-               params=metas + [params] + map_params,
-               global_size=(-(-l_max // (BLOCK_M // group)) * BLOCK_M * splits,
-                            heads // group, batch),
-               local_size=(BLOCK_M, 1, 1))
+               params=metas + [params] + map_params, global_size=grid(l_max),
+               local_size=(BLOCK_M, 1, 1), grid=lambda: grid(q.shape[seq]))
     if splits > 1:
         dispatch_combine(b, out, target, d_max=d_max, splits=splits, l_max=l_max,
                          rows=batch * heads, nan_rows=a.nan_rows, seq_first=a.seq_first)

@@ -183,4 +183,5 @@ def plan_dispatch(b, shader: str, defines: dict, out, operands: list,
     b.on_resize(replan)
     b.dispatch(shader, defines, outputs=[out], inputs=list(operands),
                params=[params, *extra_params], global_size=(grid,),
-               local_size=b.local_size_1d(grid), spec_constants=(ndim, chunk))
+               local_size=b.local_size_1d(grid), spec_constants=(ndim, chunk),
+               grid=lambda: (invocations(current(), chunk)[0],))

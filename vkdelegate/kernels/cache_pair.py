@@ -189,7 +189,8 @@ def rotary_scatter(b, out_q, region: PairRegion, sources, cos, sin, shapes,
     b.dispatch(ROTARY_SHADER, rotary_defines(region.out, k, cos, region.index),
                outputs=[out_q, region.out, region.out2, region.flag],
                inputs=[q, k, cos, sin, values2, region.index], params=[params],
-               global_size=(max(total, 1),), local_size=b.local_size_1d(total))
+               global_size=(max(total, 1),), local_size=b.local_size_1d(total),
+               grid=lambda: (math.prod(shapes()[0]) + 2 * region.numel(),))
 
 
 def _rotary_variant(profile, dtype: str, freqs: str, index: str) -> dict:

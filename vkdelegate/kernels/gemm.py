@@ -373,7 +373,16 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
                                              form.long_k, swiglu=chain, a_vec4=vec4,
                                              texels=texels),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
-               params=params, global_size=grid, local_size=workgroup_for(grid))
+               params=params, global_size=grid, local_size=workgroup_for(grid),
+               grid=lambda: linear_grid(out.shape, form.tile))
+
+
+def linear_grid(out_shape, tile: int) -> tuple:
+    """linear.glsl's invocations for an output of ``out_shape`` [..., M, N] (its
+    upper bound, or its current sizes for NodeBuilder.dispatch's ``grid``): 4 columns
+    by ``tile`` rows each, per batch."""
+    shape = (1, 1) + tuple(out_shape)
+    return (-(-shape[-1] // 4), -(-shape[-2] // tile), math.prod(shape[:-2]))
 
 
 def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 1.0,
@@ -416,7 +425,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
     if layout == "packed":
         mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
-    grid = (-(-shape[-1] // 4), -(-shape[-2] // form.tile), math.prod(shape[:-2]))
+    grid = linear_grid(out.max_shape, form.tile)
     vec4 = a_vec4(layout, k)
     texels = texel_operands(b, a, mat if layout == "packed" else None, vec4)
     b.dispatch(LINEAR_SHADER, linear_defines(out, a, mat, bias, layout, form.tile,
@@ -424,7 +433,8 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
                                              texels=texels),
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []) +
                ([residual] if residual is not None else []),
-               params=params, global_size=grid, local_size=workgroup_for(grid))
+               params=params, global_size=grid, local_size=workgroup_for(grid),
+               grid=lambda: linear_grid(out.shape, form.tile))
     return residual is not None
 
 

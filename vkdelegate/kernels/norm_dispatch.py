@@ -99,10 +99,13 @@ def dispatch(b, node, x, outs, weight, bias, layout: int, dims: int, eps: float,
         defines = vector_defines(defines, 4 if n % 4 == 0 else 1,
                                  has_subgroup_arithmetic(b.device.info))
         b.dispatch(SHADER, defines, outputs=list(outs), inputs=inputs, params=params,
-                   global_size=(rows * wg,), local_size=(wg, 1, 1))
+                   global_size=(rows * wg,), local_size=(wg, 1, 1),
+                   grid=lambda: (math.prod(x.shape[:len(x.shape) - dims]) * wg,))
         return
     dispatch_rows(b, SHADER, defines, out, x, params, rows, n, 2 if rms else 3, what,
-                  outputs=list(outs), inputs=inputs)
+                  outputs=list(outs), inputs=inputs,
+                  rows_now=((lambda: math.prod(x.shape[:len(x.shape) - dims]))
+                            if layout == ROWS else None))
 
 
 def rms_input_rule(node):

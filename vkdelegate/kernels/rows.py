@@ -37,7 +37,7 @@ def cooperative(info, reduced: int) -> bool:
 
 def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: int,
                   passes: int, what: str, local_size=(64, 1, 1), outputs=None,
-                  inputs=None) -> None:
+                  inputs=None, rows_now=None) -> None:
     """One dispatch of a shader with both forms (reduce_sum.glsl, reduce.glsl,
     softmax.glsl): ``rows`` outputs (upper bound) of ``n`` elements each, walked
     ``passes`` times; the cooperative form (``cooperative``) is one workgroup of
@@ -46,7 +46,8 @@ def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: i
     cooperative form would pass its shader loop limit; the message starts with
     ``what`` (e.g. "a sum of 7 elements per output"). ``outputs``/``inputs``: the
     buffers in binding order when the shader has more than ``out`` and ``x`` (norm.glsl:
-    mean and rstd, weight and bias)."""
+    mean and rstd, weight and bias). ``rows_now``: () -> the rows of the current
+    sizes (NodeBuilder.dispatch's ``grid``), or None: the grid stays at ``rows``."""
     outputs = [out] if outputs is None else outputs
     inputs = [x] if inputs is None else inputs
     if n * passes > COOPERATIVE_MAX and loop_limit.is_llvmpipe(b.device.info):
@@ -55,10 +56,12 @@ def dispatch_rows(b, shader: str, defines: dict, out, x, params, rows: int, n: i
     if cooperative(b.device.info, n * passes):
         b.dispatch(shader, dict(defines, WG_REDUCE=str(WG_REDUCE)), outputs=outputs,
                    inputs=inputs, params=params, global_size=(rows * WG_REDUCE,),
-                   local_size=(WG_REDUCE, 1, 1))
+                   local_size=(WG_REDUCE, 1, 1),
+                   grid=None if rows_now is None else lambda: (rows_now() * WG_REDUCE,))
         return
     b.dispatch(shader, defines, outputs=outputs, inputs=inputs, params=params,
-               global_size=(rows,), local_size=local_size)
+               global_size=(rows,), local_size=local_size,
+               grid=None if rows_now is None else lambda: (rows_now(),))
 
 
 def row_forms(defines: dict) -> list[dict]:

@@ -43,6 +43,9 @@ class Dispatch:
     #: (src Tensor, dst Tensor) when the dispatch only copies src whole into dst
     #: (NodeBuilder.mark_whole_copy): DeviceState may drop it for an in-place state.
     whole_copy: tuple = ()
+    #: the slot of its workgroup counts in the graph's indirect buffer (its counts
+    #: follow the current sizes: NodeBuilder.dispatch's ``grid``), or -1: ``groups``
+    indirect: int = -1
 
 
 @dataclass
@@ -235,7 +238,7 @@ class NodeBuilder:
 
     def dispatch(self, shader: str, defines: dict, outputs: list, inputs: list,
                  params: list, global_size, local_size=(64, 1, 1),
-                 spec_constants: tuple = ()) -> None:
+                 spec_constants: tuple = (), grid=None) -> None:
         """Declare one dispatch of shader variant (``shader``, ``defines``).
 
         Bindings, numbered from 0: ``outputs`` (Tensors written, storage buffers), then
@@ -251,14 +254,16 @@ class NodeBuilder:
         (read it back with ``linear_id()`` from common.h). An ErrorFlag among
         ``outputs`` binds the error-flag buffer there. local_size: workgroup size,
         passed as specialization constants 0..2; spec_constants: ints for ids 3...
+        grid: ``() -> global size`` for the CURRENT sizes (read after every resize,
+        as parameter hooks are; each extent at most global_size's): on a device with
+        ``indirect_dispatch`` the dispatch then runs that many workgroups
+        (vkCmdDispatchIndirect; a 1-D grid folded alike), so a graph resized below
+        its bounds does not pay for workgroups that would only bounds-check; the
+        shader must not depend on the grid's extent beyond ``linear_id()``.
         """
-        gs = tuple(global_size) + (1,) * (3 - len(tuple(global_size)))
         ls = tuple(local_size) + (1,) * (3 - len(tuple(local_size)))
+        groups = self._groups(global_size, ls)
         limits = self.device.info.max_workgroup_count
-        groups = [max(1, -(-max(0, n) // l)) for n, l in zip(gs, ls)]
-        if groups[0] > limits[0] and groups[1] == 1 and groups[2] == 1:
-            rows = -(-groups[0] // limits[0])
-            groups = [-(-groups[0] // rows), rows, 1]
         if any(n > lim for n, lim in zip(groups, limits)) or \
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
@@ -277,6 +282,19 @@ class NodeBuilder:
                                              ls + tuple(spec_constants))
         buffers = [t.buffer for t in outputs] + [t.buffer for t in inputs] + \
                   [p.buffer for p in params]
+        indirect = -1
+        if grid is not None and getattr(self.device, "indirect_dispatch", False):
+            bound = tuple(groups)
+            where = node_label(self.node.node_id, self.node.name) if self.node else shader
+
+            def current() -> tuple:
+                now = self._groups(grid(), ls)
+                if any(n > lim for n, lim in zip(now, limits)) or \
+                        math.prod(now) > math.prod(bound):
+                    raise VkDelegateError(f"{where}: grid {now} of {shader} past its "
+                                          f"bound {bound}")
+                return now
+            indirect = self._graph.indirect_slot(current)
         self._graph.dispatches.append(Dispatch(
             node_id=self.node.node_id if self.node else -1,
             op=self.node.name if self.node else shader,
@@ -285,7 +303,20 @@ class NodeBuilder:
             reads={t.buffer.region for t in inputs},
             # Error-flag words are only set (atomicOr, order-free) and read by the host
             # after the final barrier: they need no barrier between dispatches.
-            writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)}))
+            writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)},
+            indirect=indirect))
+
+    def _groups(self, global_size, ls: tuple) -> list:
+        """Workgroup counts (x, y, z) for ``global_size`` invocations in workgroups of
+        ``ls``, at least one a dimension; a 1-D count beyond the device's x limit
+        folded into y (``linear_id()`` reads it back)."""
+        gs = tuple(global_size) + (1,) * (3 - len(tuple(global_size)))
+        limits = self.device.info.max_workgroup_count
+        groups = [max(1, -(-max(0, int(n)) // l)) for n, l in zip(gs, ls)]
+        if groups[0] > limits[0] and groups[1] == 1 and groups[2] == 1:
+            rows = -(-groups[0] // limits[0])
+            groups = [-(-groups[0] // rows), rows, 1]
+        return groups
 
     def mark_whole_copy(self, src: Tensor, dst: Tensor) -> None:
         """Say that the last dispatch copies ``src`` whole into ``dst`` (same dtype and

@@ -86,12 +86,15 @@ def _copy(cmd, src, dst, size):
 
 
 def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
-           state_copies=(), state_in_place=False):
+           state_copies=(), state_in_place=False, indirect_buffer=None):
     """Allocate and record one primary command buffer; return (command buffer,
     number of pipeline barriers between dispatches).
 
     staged_inputs / staged_outputs: Tensors with a ``staging`` buffer to copy from /
     to. timestamps: a query pool with len(dispatches) + 1 queries, or None.
+    indirect_buffer: the graph's VkDispatchIndirectCommand buffer (16 bytes a slot;
+    the host writes it before each submit), read by the dispatches whose
+    ``indirect`` slot is set (vkCmdDispatchIndirect).
     state_copies: (source Tensor, destination Tensor) pairs copied after every
     dispatch (and after the output downloads): a state output written back into its
     state input for the next run, which the final barrier makes visible to it.
@@ -122,7 +125,10 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
         vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.pipeline)
         vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
                                    d.pipeline.layout, 0, 1, [d.descriptor_set], 0, None)
-        vk.vkCmdDispatch(cmd, *d.groups)
+        if d.indirect >= 0:
+            vk.vkCmdDispatchIndirect(cmd, indirect_buffer.handle, 16 * d.indirect)
+        else:
+            vk.vkCmdDispatch(cmd, *d.groups)
         if timestamps is not None:
             vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
                                    timestamps, i + 1)

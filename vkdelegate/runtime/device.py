@@ -117,6 +117,17 @@ def uses_texel_inputs(info: DeviceInfo) -> bool:
     return info.type == "cpu" and bool(info.texel_formats)
 
 
+def uses_indirect_dispatch(info: DeviceInfo) -> bool:
+    """Whether dispatches of resized graphs take their workgroup counts from the
+    current sizes (vkCmdDispatchIndirect; ``NodeBuilder.dispatch``'s ``grid``) on the
+    device ``info`` by default: on CPU drivers, where every workgroup of a grid sized
+    for the upper bounds costs its fixed overhead even when it only bounds-checks and
+    returns (lavapipe: a prefill of 8 tokens under a 1024-position bound took 141 ms
+    in one rotary + cache dispatch whose shader returned at once; docs/PERF.md). GPUs
+    keep their fixed grids until measured there."""
+    return info.type == "cpu"
+
+
 class Device:
     """One logical Vulkan device with a compute queue.
 
@@ -132,6 +143,9 @@ class Device:
     their large inputs as uniform texel buffers (runtime/texel.py); None (default) on
     CPU drivers that can read any texel format, where it pays (``texel_inputs``
     attribute; ``uses_texel_inputs``).
+    indirect_dispatch: dispatches whose op gives its current grid take their
+    workgroup counts from the current sizes after a resize (``indirect_dispatch``
+    attribute); None (default) on CPU drivers (``uses_indirect_dispatch``).
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
     ``close()`` when done: it first closes the graphs still open on the device.
     """
@@ -139,7 +153,8 @@ class Device:
     def __init__(self, selector=None, validation: bool = False,
                  small_storage: bool = True, params_in_storage: bool | None = None,
                  pipeline_statistics: bool | None = None,
-                 texel_inputs: bool | None = None):
+                 texel_inputs: bool | None = None,
+                 indirect_dispatch: bool | None = None):
         if selector is None:
             selector = os.environ.get("VKDELEGATE_DEVICE")
         if validation and not _validation_available():
@@ -169,6 +184,8 @@ class Device:
                                   if params_in_storage is None else bool(params_in_storage))
         self.texel_inputs = (uses_texel_inputs(self.info) if texel_inputs is None
                              else bool(texel_inputs) and bool(self.info.texel_formats))
+        self.indirect_dispatch = (uses_indirect_dispatch(self.info)
+                                  if indirect_dispatch is None else bool(indirect_dispatch))
         if pipeline_statistics is None:
             pipeline_statistics = pipeline_stats.requested()
         self.pipeline_statistics = (bool(pipeline_statistics)

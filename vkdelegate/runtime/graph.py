@@ -131,6 +131,11 @@ class DelegateGraph(DeviceState):
         self.resize_hooks: list = []
         self.error_flags: list[ErrorFlag] = []  # NodeBuilder.error_flag, in chain order
         self._error_view = None  # uint32 host view of the error-flag buffer
+        # NodeBuilder.dispatch's ``grid``: per indirect dispatch, () -> its workgroup
+        # counts now; their host-visible VkDispatchIndirectCommand buffer and view.
+        self._indirect_fns: list = []
+        self._indirect_buffer = None
+        self._indirect_view = None
         self.recordings = 0
         self.last_profile: Profile | None = None
         self.last_timing: dict[str, float] = {}
@@ -165,6 +170,14 @@ class DelegateGraph(DeviceState):
                 t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
                                                   f"staging of {t.name}", cached=True)
         self._build_nodes()
+        if self._indirect_fns:  # VkDispatchIndirectCommand x, y, z (16-byte stride)
+            n = len(self._indirect_fns)
+            self._indirect_buffer = self.allocator.buffer(
+                16 * n, vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT, True,
+                "the indirect dispatch counts")
+            self._indirect_view = self._indirect_buffer.host[:16 * n].view(
+                np.uint32).reshape(n, 4)
+            self._write_indirect()
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches,
                                                      self.allocator.texel_view)
         self.values.flush_uploads(self.timeout_s)
@@ -185,6 +198,19 @@ class DelegateGraph(DeviceState):
         mp = self.device.memory_properties
         return any((mp.memoryTypes[i].propertyFlags & want) == want
                    for i in range(mp.memoryTypeCount))
+
+    def indirect_slot(self, current) -> int:
+        """A slot of the graph's indirect buffer for one dispatch whose workgroup
+        counts ``current()`` gives for the current sizes (NodeBuilder.dispatch's
+        ``grid``): written at load and after every resize."""
+        self._indirect_fns.append(current)
+        return len(self._indirect_fns) - 1
+
+    def _write_indirect(self) -> None:
+        """Write every indirect dispatch's workgroup counts for the current sizes
+        (host-coherent memory: the next submit sees them)."""
+        for i, current in enumerate(self._indirect_fns):
+            self._indirect_view[i, :3] = current()
 
     def error_flag(self, call: g.OperatorCall, message) -> ErrorFlag:
         """The error-flag word of node ``call`` (see NodeBuilder.error_flag). The
@@ -263,7 +289,8 @@ class DelegateGraph(DeviceState):
         return commands.record(self.device, self.dispatches, self._staged(ins),
                                self._staged(outs), timestamps=timestamps,
                                state_copies=copies,
-                               state_in_place=len(copies) < len(pairs))
+                               state_in_place=len(copies) < len(pairs),
+                               indirect_buffer=self._indirect_buffer)
 
     # ---- run -------------------------------------------------------------------------
     def execute(self, inputs: Sequence[np.ndarray], profile: bool = False,
@@ -405,6 +432,8 @@ class DelegateGraph(DeviceState):
                 raise VkDelegateError(f"{where}: {exc}") from None
         for hook in self.resize_hooks:
             hook()
+        if self._indirect_fns:
+            self._write_indirect()
         self._shapes = tuple(t.shape for t in self.inputs)
 
     def _repeat_submit(self, repeat: int):

@@ -67,7 +67,7 @@ def _dispatch(b, out, start_fn, step_fn):
     params = b.params(data())
     b.on_resize(lambda: params.write(data()))
     b.dispatch(SHADER, _defines(out.device_dtype, out.dtype), outputs=[out], inputs=[],
-               params=[params], global_size=(out.max_numel,))
+               params=[params], global_size=(out.max_numel,), grid=lambda: (out.numel,))
 
 
 def _full_impl(b, node):

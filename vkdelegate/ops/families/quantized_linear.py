@@ -71,6 +71,7 @@ vectorized GEMV takes the product, else the unfused pair's dispatches.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -458,7 +459,8 @@ def _record_texel(b, x, w, s, bias, out, bits, group, k, n, m, residual=None,
     b.dispatch(TSHADER, texel_defines(out, x, st, bias, bits, m_tile, residual, swiglu,
                                       norm is not None),
                outputs=[out], inputs=inputs, params=params,
-               global_size=(tiles * 8, -(-max(m, 1) // m_tile)), local_size=(TWG, 1, 1))
+               global_size=(tiles * 8, -(-max(m, 1) // m_tile)), local_size=(TWG, 1, 1),
+               grid=lambda: (tiles * 8, -(-max(_rows_of(out), 1) // m_tile)))
 
 
 def vector_form(b, w, k: int, bits: int, group: int, m: int) -> bool:
@@ -547,9 +549,21 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
         grid, local = (-(-n // per_group) * WG, max(m, 1)), (WG, 1, 1)
     else:
         grid, local = (-(-n // 4), -(-m // m_tile)), (8, 8, 1)
+    if gemv:
+        def now():
+            return (grid[0], max(_rows_of(out), 1))
+    else:
+        def now():
+            return (grid[0], -(-_rows_of(out) // m_tile))
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
-               global_size=grid, local_size=local)
+               global_size=grid, local_size=local, grid=now)
     return False
+
+
+def _rows_of(out) -> int:
+    """The rows of product ``out`` [..., N] at its current sizes (every dim but the
+    last)."""
+    return math.prod(out.shape[:-1])
 
 
 def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,

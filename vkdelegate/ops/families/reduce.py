@@ -73,7 +73,7 @@ def _impl(b, node):
     reduced = math.prod(x.max_shape[d] for d in dims)
     dispatch_rows(b, SHADER, defines, out, x, params, out.max_numel, reduced, 1,
                   f"a sum of {reduced} elements per output",
-                  local_size=b.local_size_1d(out.max_numel))
+                  local_size=b.local_size_1d(out.max_numel), rows_now=lambda: out.numel)
 
 
 register(OpSpec(name="aten.sum.dim_IntList", dtypes=DTYPES, impl=_impl, shape_fn=_shape,
@@ -209,7 +209,8 @@ def dispatch_generic(b, kind: str, out, x, reduced: int, params, mask: int) -> N
     defines = dict(_generic_defines(kind, out, x, x.dtype), **run_defines(mask))
     passes = 2 if kind == "var" else 1  # var: the mean, then the squared deviations
     dispatch_rows(b, GENERIC_SHADER, defines, out, x, params, out.max_numel, reduced,
-                  passes, f"{kind} of {reduced} elements per output")
+                  passes, f"{kind} of {reduced} elements per output",
+                  rows_now=lambda: out.numel)
 
 
 def _make_impl(r: Reduction):

@@ -58,7 +58,9 @@ def _make_impl(log: bool):
         defines = _defines(out, x, log)
         # Three passes over a row (max, sum, write) count against llvmpipe's limit.
         dispatch_rows(b, SHADER, defines, out, x, params, rows, n, 3,
-                      f"softmax over {n} elements")
+                      f"softmax over {n} elements",
+                      rows_now=lambda: math.prod(s for d, s in enumerate(x.shape)
+                                                 if d != dim))
     return impl
 
 

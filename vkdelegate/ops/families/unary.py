@@ -68,7 +68,8 @@ def _make_impl(op: Unary):
             param_buffers.append(b.params(PARAMS.pack(fparams=values, iparams=ints)))
         b.dispatch(SHADER, _defines(expr, out, x, x.dtype, op.params is not None),
                    outputs=[out], inputs=[x], params=param_buffers,
-                   global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel))
+                   global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel),
+                   grid=lambda: (out.numel,))
     return impl
 
 

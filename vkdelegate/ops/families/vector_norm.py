@@ -93,7 +93,7 @@ def _impl(b, node):
     dispatch_rows(b, SHADER, dict(_defines(out, x, kind), **run_defines(mask)), out, x,
                   params, out.max_numel,
                   reduced, 1, f"a vector norm of {reduced} elements per output",
-                  local_size=b.local_size_1d(out.max_numel))
+                  local_size=b.local_size_1d(out.max_numel), rows_now=lambda: out.numel)
 
 
 register(OpSpec(name=NAME, dtypes=DTYPES, impl=_impl, shape_fn=_shape, rules=(_rule,),
