@@ -216,5 +216,37 @@ def test_cli_chat_past_the_cache_goes_on(saved, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(f"{long}\nw9 w8\n"))
     assert main(["chat", str(path), "--tokenizer", str(folder), "--max-new-tokens", "4"]) == 0
     out, err = capsys.readouterr()
-    assert "do not fit the KV cache" in err and "/reset" in err
+    assert "does not fit the KV cache (80 positions" in err and "/reset" in err
     assert out.splitlines() == _reference_chat(model, folder, tok, ["w9 w8"], 4)
+
+
+def test_cli_chat_caps_a_reply_at_the_room_left(saved, tmp_path, capsys, monkeypatch):
+    import io
+
+    pytest.importorskip("transformers")
+    model, path = saved
+    folder, tok = _folder(tmp_path, LLAMA3)
+    # 60 words: the templated prompt leaves a few positions of the 80.
+    line = " ".join(f"w{i % 50}" for i in range(60))
+    _, ids = _hf(folder, [{"role": "user", "content": line}])
+    room = 80 - len(ids) + 1
+    assert 1 <= room < 20
+    monkeypatch.setattr("sys.stdin", io.StringIO(line + "\n"))
+    assert main(["chat", str(path), "--tokenizer", str(folder)]) == 0  # default 256
+    out, err = capsys.readouterr()
+    assert out.strip() == tok.decode(hf_greedy(model, ids, room))
+    assert f"cache 80 of 80" in err
+
+
+def test_cli_chat_a_refused_message_is_dropped(saved, tmp_path, capsys, monkeypatch):
+    import io
+
+    _, path = saved
+    refusing = LLAMA3.replace("not in ['user', 'assistant']",
+                              "not in ['user', 'assistant'] or message['content'] == 'w3'")
+    folder, _ = _folder(tmp_path, refusing)
+    monkeypatch.setattr("sys.stdin", io.StringIO("w3\nw9 w8\n"))
+    assert main(["chat", str(path), "--tokenizer", str(folder), "--max-new-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert "roles are user and assistant; the message was dropped" in err
+    assert len(out.splitlines()) == 1  # the second message's reply

@@ -45,6 +45,29 @@ def test_prompt_text_with_tokenizer(saved, tmp_path, capsys):
     assert out.strip() == tok.decode(expected)
 
 
+def test_prompt_ids_separators(saved, capsys):
+    _, path = saved
+    outs = []
+    for ids in ("3,14,15", "3, 14, 15", "3 14 15", " 3 14,15, "):
+        assert main(["generate", str(path), "--prompt-ids", ids, "--max-new-tokens", "3"]) == 0
+        outs.append(capsys.readouterr())
+    assert len({o.out for o in outs}) == 1 and "prefill: 3 tokens" in outs[0].err
+    for bad in ("1_2,3", "1.5", "0x10", "1;2"):
+        assert main(["generate", str(path), "--prompt-ids", bad]) == 2
+        assert "expected integers separated by commas or spaces" in capsys.readouterr().err
+
+
+def test_tokenizer_paths(saved, tmp_path, capsys):
+    _, path = saved
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    for arg, message in ((tmp_path, "the folder has no tokenizer.json"),
+                         (tmp_path / "none.json", "no such file"),
+                         (tmp_path / "config.json", "not a HF tokenizers file")):
+        assert main(["generate", str(path), "--prompt", "w1", "--tokenizer", str(arg)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+
+
 def test_bad_arguments_exit_2(saved, capsys):
     _, path = saved
     assert main(["generate", str(path)]) == 2

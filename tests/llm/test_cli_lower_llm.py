@@ -57,7 +57,12 @@ def test_lower_int4(checkpoint, tmp_path, capsys):
     out = tmp_path / "q4.vkp"
     assert main(["lower-llm", str(folder), "-o", str(out), "--max-seq-len",
                  str(MAX_SEQ_LEN), "--quantization", "int4", "--group-size", "32"]) == 0
-    capsys.readouterr()
+    assert "stay in float" not in capsys.readouterr().err
+    # Hidden size 64: at group size 128 no linear can be quantized, and it says so.
+    assert main(["lower-llm", str(folder), "-o", str(tmp_path / "g.vkp"), "--max-seq-len",
+                 "8", "--quantization", "int4", "--group-size", "128"]) == 0
+    assert "linear layers stay in float (input features not a multiple of the group " \
+        "size 128)" in capsys.readouterr().err
     # The reference: the same checkpoint quantized the same way, in eager.
     from vkdelegate.backend.quantize import quantize_for_vulkan
     from vkdelegate.llm.pretrained import load_causal_lm
@@ -77,6 +82,11 @@ def test_lower_int4(checkpoint, tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--max-seq-len", "1"], "--max-seq-len must be >= 2, got 1"),
     (["--max-seq-len", "8", "-o", "/no/such/dir/p.vkp"], "folder /no/such/dir does not exist"),
+    (["--max-seq-len", "8", "-o", "/tmp"], "cannot write /tmp: it is a folder"),
+    (["--max-seq-len", "8", "--group-size", "64"],
+     "--group-size applies to --quantization int4 and 8da4w, not none"),
+    (["--max-seq-len", "8", "--quantization", "int8", "--group-size", "64"],
+     "not int8"),
 ])
 def test_errors_before_the_slow_steps(checkpoint, tmp_path, capsys, args, message):
     _, folder, _ = checkpoint

@@ -81,8 +81,11 @@ def test_errors(lowered):
         session.generate([], 3)
     with pytest.raises(VkDelegateError, match="takes no image"):
         session.generate([1, 2], 3, image=(None, None))
-    # After a refused turn the next one prefills its whole conversation, and is right.
-    conversation = _ids(8, 6)
-    assert session.generate(conversation, 5) == generate(program, conversation, 5)
+    # A refused turn keeps the session: the next one still reuses the cache.
+    conversation = _ids(7, 5) + out + [3, 4]
+    got = session.generate(conversation, 5)
+    assert session.reused == 5 + len(out) - 1
+    program.reset_state()
+    assert got == generate(program, conversation, 5)
     session.reset()
     assert session.cached == [] and session.reused == 0

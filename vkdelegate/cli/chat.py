@@ -8,9 +8,10 @@ and the reply streams as it is made, up to the model's end-of-sequence id (or
 stays on the device between turns (``vkdelegate.llm.Session``): a turn prefills only
 what follows the tokens the cache already holds. ``/reset`` starts a new conversation,
 ``/exit`` (or the end of stdin) ends. After each reply a line on stderr gives the
-tokens prefilled (and reused from the cache) and the decode rate. A message that would
-take the conversation past the cache (max_seq_len) is refused with the reason, and the
-chat goes on.
+tokens prefilled (and reused from the cache), the decode rate and how full the cache
+is. A reply stops at ``--max-new-tokens`` or where the cache (the program's
+max_seq_len) is full; a message that leaves no room, or that the template refuses, is
+dropped with the reason, and the chat goes on.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from pathlib import Path
 from vkdelegate.cli import device_index, help_description
 from vkdelegate.errors import VkDelegateError
 
-#: --max-new-tokens when not given: a reply's length at most.
+#: --max-new-tokens when not given: a reply's length at most (and never more than the
+#: cache has room for).
 DEFAULT_MAX_NEW = 256
 
 
@@ -35,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--system", metavar="TEXT", help="a system message first")
     p.add_argument("--device", type=device_index, help="Vulkan device index (vkdelegate devices)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW, metavar="N",
-                   help=f"tokens of a reply at most (default {DEFAULT_MAX_NEW})")
+                   help=f"tokens of a reply at most (default {DEFAULT_MAX_NEW}; fewer "
+                        f"where the cache has less room)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
     p.add_argument("--top-p", type=float, default=1.0,
@@ -56,8 +59,11 @@ def run(args) -> int:
     folder = Path(args.tokenizer)
     tokenizer = load_tokenizer(folder)
     template, specials = load_template(folder)
+    from vkdelegate.llm import cache_length
+
     program = vkdelegate.load(args.program, device=args.device)
     session = Session(program)
+    max_seq_len = cache_length(program)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     messages = list(system)
     interactive = sys.stdin.isatty()
@@ -78,32 +84,39 @@ def run(args) -> int:
             if not text.strip():
                 continue
             messages.append({"role": "user", "content": text})
-            prompt = render(template, messages, specials,
-                            where=f"chat template of {folder}")
+            try:
+                prompt = render(template, messages, specials,
+                                where=f"chat template of {folder}")
+            except VkDelegateError as exc:  # the template refused this conversation
+                messages.pop()
+                print(f"vkdelegate chat: {exc}; the message was dropped", file=sys.stderr,
+                      flush=True)
+                continue
             ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+            # A reply gets what is left of the cache (the last new token is not stored).
+            room = min(args.max_new_tokens, max_seq_len - len(ids) + 1)
+            if room < 1:
+                messages.pop()
+                print(f"vkdelegate chat: the conversation ({len(ids)} tokens with this "
+                      f"message) does not fit the KV cache ({max_seq_len} positions, the "
+                      f"program's max_seq_len); the message was dropped; /reset starts a "
+                      f"new conversation", file=sys.stderr, flush=True)
+                continue
             stream = TokenStream(tokenizer)
             timings: dict = {}
             start = time.perf_counter()
-            try:
-                session.generate(ids, args.max_new_tokens, temperature=args.temperature,
-                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed + turn,
-                                 on_token=stream.add, timings=timings)
-            except VkDelegateError as exc:
-                if stream.ids or "KV cache" not in str(exc):
-                    raise
-                # The conversation outgrew the cache: said, the message dropped, and
-                # the chat goes on (/reset makes room).
-                messages.pop()
-                print(f"error: {exc}; /reset starts a new conversation", file=sys.stderr,
-                      flush=True)
-                continue
+            session.generate(ids, room, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, seed=args.seed + turn, on_token=stream.add,
+                             timings=timings)
             print(flush=True)
             messages.append({"role": "assistant", "content": tokenizer.decode(stream.ids)})
             turn += 1
-            rate = timings["decode_tokens"] / max(timings["decode_s"], 1e-9)
+            rate = (f", {timings['decode_tokens'] / max(timings['decode_s'], 1e-9):.1f} "
+                    f"tokens/s decode" if timings["decode_tokens"] else "")
             print(f"[{timings['prompt_tokens']} tokens prefilled, {session.reused} reused; "
-                  f"{len(stream.ids)} new, {rate:.1f} tokens/s decode; "
-                  f"{time.perf_counter() - start:.2f} s]", file=sys.stderr, flush=True)
+                  f"{len(stream.ids)} new{rate}; {time.perf_counter() - start:.2f} s; "
+                  f"cache {len(ids) + len(stream.ids) - 1} of {max_seq_len}]",
+                  file=sys.stderr, flush=True)
     finally:
         program.close()
     return 0

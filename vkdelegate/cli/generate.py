@@ -14,6 +14,7 @@ tokens in place of the placeholder (see ``vkdelegate.llm.generate``).
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -25,28 +26,35 @@ DEFAULT_MAX_NEW = 32
 
 
 def _ids(text: str) -> list[int]:
-    parts = text.replace(" ", "").split(",")
-    if parts[-1] == "":  # one trailing comma is harmless
+    """Token ids separated by commas and/or spaces ("1,2,3", "1, 2, 3", "1 2 3"); one
+    trailing comma is harmless. Each is an optionally signed decimal integer (int()'s
+    underscores and the like are not ids)."""
+    parts = re.split(r"\s*,\s*|\s+", text.strip())
+    if parts and parts[-1] == "":
         parts.pop()
-    try:
-        ids = [int(t) for t in parts]
-    except ValueError:
-        raise VkDelegateError(f"--prompt-ids {text!r}: expected integers separated by "
-                              f"commas, e.g. 1,2,3") from None
-    if not ids:
+    if not parts or parts == [""]:
         raise VkDelegateError("--prompt-ids: no token ids given")
-    return ids
+    if not all(re.fullmatch(r"[+-]?[0-9]+", t) for t in parts):
+        raise VkDelegateError(f"--prompt-ids {text!r}: expected integers separated by "
+                              f"commas or spaces, e.g. 1,2,3")
+    return [int(t) for t in parts]
 
 
 def load_tokenizer(path: Path):
     """The HF ``tokenizers.Tokenizer`` of tokenizer.json ``path`` (or of a folder
-    holding one); VkDelegateError naming the path when it cannot be read."""
+    holding one); VkDelegateError naming the path when there is none or it is not a
+    tokenizers file."""
     from tokenizers import Tokenizer
 
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise VkDelegateError(f"--tokenizer {path}: " + (
+            "the folder has no tokenizer.json" if path.is_dir() else "no such file"))
     try:
-        return Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+        return Tokenizer.from_file(str(file))
     except Exception as exc:  # tokenizers raises its own Exception type
-        raise VkDelegateError(f"--tokenizer {path}: {exc}") from exc
+        raise VkDelegateError(f"--tokenizer {file}: not a HF tokenizers file "
+                              f"(tokenizer.json): {exc}") from exc
 
 
 class TokenStream:
@@ -131,6 +139,8 @@ def run(args) -> int:
             ids = tokenizer.encode(text, add_special_tokens=False).ids
         else:
             ids = tokenizer.encode(args.prompt).ids
+        if not ids:
+            raise VkDelegateError(f"--prompt {args.prompt!r} encodes to no tokens")
     else:
         ids = _ids(args.prompt_ids)
     if args.ignore_eos and args.eos_token_id:
@@ -195,8 +205,9 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
     p.add_argument("--top-p", type=float, default=1.0,
                    help="nucleus mass to keep, 0..1 (default 1: all tokens)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws (default 0: a sampled run is "
-                        "reproducible unless a seed is given)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sampling draws (default 0; a sampled run with the "
+                        "same seed gives the same tokens)")
     p.add_argument("--eos-token-id", type=int, action="append", metavar="ID",
                    help="stop after this token (repeatable; default: the model's "
                         "end-of-sequence ids, recorded by vkdelegate.llm.lower)")

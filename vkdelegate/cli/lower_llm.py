@@ -34,19 +34,28 @@ def register(sub) -> None:
                         "as float32 on the device)")
     p.add_argument("--quantization", choices=SCHEMES, default="none",
                    help="weight quantization with torchao (needs the quant extra)")
-    p.add_argument("--group-size", type=int, choices=(32, 64, 128, 256), default=32,
-                   help="input features per scale for int4 / 8da4w (default 32)")
+    p.add_argument("--group-size", type=int, choices=(32, 64, 128, 256), default=None,
+                   help="input features per scale for int4 / 8da4w (default 32); a "
+                        "linear whose input features are not a multiple stays in float")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     if args.max_seq_len < 2:
         raise VkDelegateError(f"--max-seq-len must be >= 2, got {args.max_seq_len}")
+    if args.group_size is not None and args.quantization not in ("int4", "8da4w"):
+        raise VkDelegateError(f"--group-size applies to --quantization int4 and 8da4w, "
+                              f"not {args.quantization}")
+    group_size = args.group_size or 32
     if not os.path.isdir(args.folder):
         raise VkDelegateError(f"{args.folder}: not a folder")
+    # Said before the slow steps, not after them.
     out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):  # said before the slow steps, not after them
+    if not os.path.isdir(out_dir):
         raise VkDelegateError(f"cannot write {args.output}: folder {out_dir} does not exist")
+    if os.path.isdir(args.output):
+        raise VkDelegateError(f"cannot write {args.output}: it is a folder (give a file "
+                              f"name, e.g. {os.path.join(args.output, 'program.vkp')})")
     import torch
 
     from vkdelegate.llm import eos_token_ids, lower
@@ -56,13 +65,30 @@ def run(args) -> int:
     start = time.perf_counter()
     print(f"loading {args.folder} ...", file=sys.stderr, flush=True)
     model = load_causal_lm(args.folder, dtype)
+    name = type(model).__name__
+    if not name.endswith("ForCausalLM"):
+        print(f"note: {name} is not a *ForCausalLM; vkdelegate.llm.lower takes "
+              f"decoder-only causal LMs (Llama, Qwen2/3, Mistral, Gemma, ...)",
+              file=sys.stderr)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and args.max_seq_len > positions:
+        print(f"note: --max-seq-len {args.max_seq_len} is past the model's "
+              f"max_position_embeddings {positions}", file=sys.stderr)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if args.quantization != "none":
+        step = 1 if args.quantization == "int8" else group_size
+        kept = sum(m.in_features % step != 0 for m in linears)
+        if kept:
+            print(f"note: {kept} of {len(linears)} linear layers stay in float (input "
+                  f"features not a multiple of the group size {group_size})",
+                  file=sys.stderr)
     params = sum(p.numel() for p in model.parameters())
     print(f"lowering {type(model).__name__} ({params / 1e6:.1f} M parameters, "
           f"{next(model.parameters()).dtype}) with a cache of {args.max_seq_len} "
           f"positions ...", file=sys.stderr, flush=True)
     program = lower(model, args.max_seq_len,
                     quantization=None if args.quantization == "none" else args.quantization,
-                    group_size=args.group_size)
+                    group_size=group_size)
     for name in program.method_names:
         report = program.methods[name].report
         print(f"  {name}: {report.summary() if report is not None else '-'}")

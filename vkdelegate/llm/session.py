@@ -15,7 +15,8 @@ order of a prefill split in two (tests/llm/test_session.py). Torch-free.
 from __future__ import annotations
 
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.llm.generate import _prompt_list, generate
+from vkdelegate.llm.generate import (_check_length, _check_sampling, _prompt_list,
+                                     cache_length, generate)
 
 
 class Session:
@@ -54,9 +55,10 @@ class Session:
         decode_chunk; timings' prompt_tokens counts the prefilled ids only); not
         ``image`` (its soft tokens are not ids the session could match).
         Raises VkDelegateError as ``generate`` does (empty ids, a conversation past
-        the cache: checked before anything runs), or for max_new_tokens 0 (nothing
-        would be cached) or an image; after any error the next call prefills its
-        whole conversation."""
+        the cache, sampling settings out of range: refused before anything runs, the
+        session kept as it was), or for max_new_tokens 0 (nothing would be cached) or
+        an image; after an error while running, the next call prefills its whole
+        conversation."""
         if "image" in kwargs or "image_token_id" in kwargs:
             raise VkDelegateError("Session.generate takes no image: call "
                                   "vkdelegate.llm.generate for a turn with one")
@@ -72,6 +74,11 @@ class Session:
                 break
             same += 1
         start = min(same, len(ids) - 1)  # prefill at least the last id
+        # Refused before anything runs: the cache and the session stay as they were.
+        _check_sampling(max_new_tokens, kwargs.get("temperature", 0.0),
+                        kwargs.get("top_k", 0), kwargs.get("top_p", 1.0))
+        _check_length(len(ids), max_new_tokens, cache_length(self.program),
+                      " (the whole conversation)")
         self._cached = []  # unknown if generate fails: the next call prefills it all
         out = generate(self.program, ids[start:], max_new_tokens, _start=start, **kwargs)
         # Only now (generate checked everything first): the cache holds ids and every
