@@ -35,6 +35,9 @@
 #           workgroup form: its tests (validation on), dispatch_floor.py's sdpa_at at 256
 #           cached / position 96 and 2048 / 1500 in its KB / WG forms, then the decode
 #           fp16 and int4 with it off and on (llm_decode rows), 420
+#   indirect the dispatch grids that follow the current sizes (vkCmdDispatchIndirect, on
+#           CPU drivers by default) forced on the GPU: the resize tests, the symbolic-size
+#           ops, the HF decoders and VLM, validation on; then chat_turns.py with it on, 300
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
@@ -153,6 +156,15 @@ for s in "$@"; do
         --hbm-tbps $hbm --quantization none none+attention_decode.LANES_FORM=true int4 \
         int4+attention_decode.LANES_FORM=true --runs 3 --hold-s 1 --profile 8 \
         --json "$out/llm_decode_lanes.json" ;;
+    indirect)
+      step indirect_tests 200 env VKDELEGATE_VALIDATION=1 VKDELEGATE_INDIRECT_DISPATCH=1 \
+        python3 -m pytest -q -n 12 -p no:cacheprovider tests/runtime/test_indirect_dispatch.py \
+        tests/runtime/test_graph.py tests/ops/test_symbolic_sizes.py \
+        tests/ops/test_symbolic_encoder.py tests/llm/test_hf_greedy.py tests/llm/test_vlm.py \
+        tests/llm/test_session.py
+      step indirect_chat 100 env VKDELEGATE_VALIDATION=0 VKDELEGATE_INDIRECT_DISPATCH=1 \
+        python3 benchmarks/chat_turns.py --turns 4 --message 96 --reply 32 --max-seq-len 512 \
+        --runs 3 ;;
     chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
             --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;

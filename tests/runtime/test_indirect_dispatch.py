@@ -68,3 +68,19 @@ def test_a_grid_past_its_bound_is_refused(vk_device, monkeypatch):
         monkeypatch.undo()
         out = graph.execute([np.ones((5, 96), np.float32)])[0]  # resized from scratch
         assert out.shape == (40, 5)
+
+
+def test_the_environment_overrides_the_default(vk_device, monkeypatch):
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv("VKDELEGATE_INDIRECT_DISPATCH", value)
+        device = Device()
+        try:
+            assert device.indirect_dispatch is want
+        finally:
+            device.close()
+    monkeypatch.setenv("VKDELEGATE_INDIRECT_DISPATCH", "1")
+    device = Device(indirect_dispatch=False)  # an argument wins
+    try:
+        assert device.indirect_dispatch is False
+    finally:
+        device.close()

@@ -145,7 +145,8 @@ class Device:
     attribute; ``uses_texel_inputs``).
     indirect_dispatch: dispatches whose op gives its current grid take their
     workgroup counts from the current sizes after a resize (``indirect_dispatch``
-    attribute); None (default) on CPU drivers (``uses_indirect_dispatch``).
+    attribute); None (default): ``$VKDELEGATE_INDIRECT_DISPATCH`` (0 or 1) where set,
+    else on CPU drivers (``uses_indirect_dispatch``).
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
     ``close()`` when done: it first closes the graphs still open on the device.
     """
@@ -184,8 +185,11 @@ class Device:
                                   if params_in_storage is None else bool(params_in_storage))
         self.texel_inputs = (uses_texel_inputs(self.info) if texel_inputs is None
                              else bool(texel_inputs) and bool(self.info.texel_formats))
-        self.indirect_dispatch = (uses_indirect_dispatch(self.info)
-                                  if indirect_dispatch is None else bool(indirect_dispatch))
+        if indirect_dispatch is None:  # $VKDELEGATE_INDIRECT_DISPATCH=0/1 overrides
+            forced = os.environ.get("VKDELEGATE_INDIRECT_DISPATCH")
+            indirect_dispatch = (uses_indirect_dispatch(self.info) if forced not in ("0", "1")
+                                 else forced == "1")
+        self.indirect_dispatch = bool(indirect_dispatch)
         if pipeline_statistics is None:
             pipeline_statistics = pipeline_stats.requested()
         self.pipeline_statistics = (bool(pipeline_statistics)
