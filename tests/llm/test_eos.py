@@ -122,3 +122,14 @@ def test_a_crafted_record_in_a_file_fails_at_load(with_eos, tmp_path):
     program_file.write_program(bad, json.loads(json.dumps(manifest)), segments)
     with pytest.raises(VkDelegateError, match=r"eos_token_ids\[0\] >= vocab size"):
         vkdelegate.load(bad)
+
+
+def test_inspect_shows_the_ids(with_eos, capsys):
+    _, _, path, _, eos = with_eos
+    assert main(["inspect", str(path)]) == 0
+    assert f"eos_token_ids {eos}" in capsys.readouterr().out
+    import json
+
+    assert main(["inspect", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["llm"]["eos_token_ids"] == eos

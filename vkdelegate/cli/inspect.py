@@ -183,8 +183,9 @@ def method_signatures(manifest: "dict | None", path: str) -> list[str]:
 def program_state(manifest: "dict | None", path: str) -> dict:
     """What a program file's methods share: ``{"state": ["fqn: dtype[shape]", ...]}``
     (its mutable buffers, FQNs as in the module's state_dict) and, for a program of
-    ``vkdelegate.llm.lower``, ``"llm": {"max_seq_len": S, "vocab_size": V}`` (the KV
-    cache's length; the vocabulary recorded at lowering, absent in older files); {}
+    ``vkdelegate.llm.lower``, ``"llm": {"max_seq_len": S, "vocab_size": V,
+    "eos_token_ids": [...]}`` (the KV cache's length; the vocabulary and the model's
+    end-of-sequence ids recorded at lowering, absent in older files or without any); {}
     for a bare blob, a .pte (``manifest`` None) or a program without state. Raises
     VkDelegateError for a malformed manifest."""
     from vkdelegate.backend.llm_checks import CACHE_PREFIX, PLAN_KEY
@@ -201,10 +202,14 @@ def program_state(manifest: "dict | None", path: str) -> dict:
         cache = [e for fqn, e in state.items() if fqn.startswith(CACHE_PREFIX)]
         vocab = {m.get("plan", {}).get(PLAN_KEY, {}).get("vocab_size")
                  for m in manifest["methods"].values()} - {None}
+        eos = {tuple(m.get("plan", {}).get(PLAN_KEY, {}).get("eos_token_ids") or ())
+               for m in manifest["methods"].values()} - {()}
         if cache and len(cache[0]["shape"]) == 4:
             out["llm"] = {"max_seq_len": int(cache[0]["shape"][2])}
             if len(vocab) == 1:
                 out["llm"]["vocab_size"] = int(vocab.pop())
+            if len(eos) == 1:
+                out["llm"]["eos_token_ids"] = [int(i) for i in eos.pop()]
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise VkDelegateError(f"program file {path}: malformed state or plan "
                               f"({type(exc).__name__}: {exc})") from exc
