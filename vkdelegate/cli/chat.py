@@ -67,6 +67,9 @@ def run(args) -> int:
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     messages = list(system)
     interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"chatting with {args.program} ({max_seq_len} cache positions); one message "
+              f"a line, /reset starts over, /exit or Ctrl-D ends", file=sys.stderr)
     turn = 0
     try:
         while True:
