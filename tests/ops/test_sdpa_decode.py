@@ -234,10 +234,10 @@ def test_lanes_form_choice(monkeypatch):
     assert dec.lanes_for(info(32), 1, 64) is None  # off by default
     monkeypatch.setattr(dec, "LANES_FORM", True)
     assert dec.lanes_for(info(32), 1, 64) == 4      # 4 vec4s of 64 dims a lane
-    assert dec.lanes_for(info(32), 1, 256) == 16
-    assert dec.lanes_for(info(8), 1, 256) == 8      # bounded by the subgroup
-    assert dec.lanes_for(info(4), 1, 256) is None   # 16 vec4s a lane: too many
+    assert dec.lanes_for(info(32), 1, 256) == 8     # at most LANES_MAX: 8 vec4s a lane
+    assert dec.lanes_for(info(8), 1, 256) == 8
+    assert dec.lanes_for(info(4), 1, 64) is None    # subgroups below LANES_MAX
     assert dec.lanes_for(info(32), 2, 64) is None   # two rows: the workgroup form
     assert dec.lanes_for(info(32, ops=("basic",)), 1, 64) is None
-    assert dec.lanes_for(info(8, shared=16384), 1, 256) is None  # 16 x 1032 bytes
-    assert dec.lanes_for(info(8, shared=16384), 1, 64) == 4      # 16 x 264 bytes
+    assert dec.lanes_for(info(32, shared=16384), 1, 256) is None  # 16 x 1032 bytes
+    assert dec.lanes_for(info(32, shared=16384), 1, 64) == 4      # 16 x 264 bytes

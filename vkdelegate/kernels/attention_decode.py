@@ -39,11 +39,13 @@ shader_bindings(LANES_SHADER)(at._bindings)
 LANES_FORM = False
 #: The lanes form's invocations per workgroup (a multiple of any subgroup size it runs
 #: with: a power of two), keys per cluster per chunk (their K and V loads issued
-#: together) and head-dim vec4s per lane (LANES = D_MAX / 4 / LANES_DL4, at most the
-#: device's smallest subgroup; fewer lanes, and more vec4s each, where it is smaller).
+#: together) and head-dim vec4s per lane (LANES = D_MAX / 4 / LANES_DL4, at most
+#: LANES_MAX: ``lanes_shape``).
 LANES_WG = 128
 LANES_KB = 2
 LANES_DL4 = 4
+#: The most lanes a key (8: lavapipe's subgroups, the smallest common GPU ones).
+LANES_MAX = 8
 
 
 def rows_max(d_max: int) -> int:
@@ -106,14 +108,18 @@ def lanes_for(info, rows: int, d_max: int) -> "int | None":
 
 def lanes_shape(d_max: int, smallest: int) -> "tuple[int, int] | None":
     """(LANES, MAX_SG) of the lanes form at head-dim bucket ``d_max`` on a device whose
-    smallest subgroup has ``smallest`` invocations, or None (see ``lanes_for``)."""
-    if smallest < 1 or smallest & (smallest - 1) or LANES_WG % smallest:
+    smallest subgroup has ``smallest`` invocations, or None (see ``lanes_for``). Both
+    depend on ``d_max`` alone, so that the variants are few enough to declare: LANES
+    = D_MAX / 4 / LANES_DL4 lanes, at most LANES_MAX, and MAX_SG = LANES_WG /
+    LANES_MAX subgroups (any subgroup of at least LANES_MAX invocations fits); a
+    device whose smallest subgroup is below LANES_MAX (or not a power of two
+    dividing LANES_WG) keeps the workgroup form."""
+    if smallest < LANES_MAX or smallest & (smallest - 1) or LANES_WG % smallest:
         return None
-    d4 = d_max // 4
-    lanes = min(max(1, d4 // LANES_DL4), smallest)
-    if d4 // lanes > 2 * LANES_DL4:
+    lanes = min(max(1, d_max // 4 // LANES_DL4), LANES_MAX)
+    if d_max // 4 // lanes > 2 * LANES_DL4:
         return None
-    return lanes, LANES_WG // smallest
+    return lanes, LANES_WG // LANES_MAX
 
 
 def lanes_shared_bytes(d_max: int, max_sg: int) -> int:

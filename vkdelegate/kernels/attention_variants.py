@@ -9,8 +9,8 @@ the offset is a parameter), and calls
 early exit on and off, whole and split-K, CPU and GPU head-dim loops, the CPU drivers'
 K and V as texel buffers or staged), of
 sdpa_decode.glsl (few rows on GPUs: the early exit on and off, whole and split-K,
-with and without subgroup arithmetic) and its lanes form where it is on
-(``attention_decode.LANES_FORM``; for smallest subgroups of 8 to 64 invocations), of
+with and without subgroup arithmetic) and its lanes form (one row: the early exit
+on and off, whole and split-K), of
 sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
 16-bit storage; declared with COOP_REQUIRES, so only devices with cooperative matrices
 build it), of sdpa_combine.glsl and, for boolean masks, of sdpa_tile_map.glsl (the
@@ -80,9 +80,9 @@ def declare(forms, dtypes) -> None:
                 for subgroup in (True, False)
                 for rows in (1, 2, 4, 8) if rows <= dec.rows_max(d_max)]
 
-    def lanes(profile, dtype: str, d_max: int, smallest: int):
-        shape = dec.lanes_shape(d_max, smallest)
-        if not dec.LANES_FORM or shape is None:
+    def lanes(profile, dtype: str, d_max: int):
+        shape = dec.lanes_shape(d_max, dec.LANES_MAX)
+        if shape is None:
             return None
         f32 = ("float32", device_dtype("float32", profile))
         return [dec.lanes_defines(f32 if split else t, t, t, t, m, d_max=d_max, skip=skip,
@@ -98,9 +98,8 @@ def declare(forms, dtypes) -> None:
     declare_grid(amap.SHADER, tile_map, profile=STORAGE_PROFILES, seq_first=(False, True))
     declare_grid(dec.SHADER, decode, profile=STORAGE_PROFILES, dtype=dtypes,
                  d_max=at.D_BUCKETS)
-    # The lanes form where it is on, for the usual smallest subgroup sizes.
     declare_grid(dec.LANES_SHADER, lanes, profile=STORAGE_PROFILES, dtype=dtypes,
-                 d_max=at.D_BUCKETS, smallest=(8, 16, 32, 64))
+                 d_max=at.D_BUCKETS)
     declare_grid(at.SHADER, whole, profile=STORAGE_PROFILES, dtype=dtypes,
                  cpu=(True, False), d_max=at.D_BUCKETS)
     declare_grid(at.TILED, tiled, profile=STORAGE_PROFILES, dtype=dtypes,

@@ -48,6 +48,18 @@ class Dispatch:
     indirect: int = -1
 
 
+def workgroup_counts(global_size, ls: tuple, limits: tuple) -> list:
+    """Workgroup counts (x, y, z) for ``global_size`` invocations in workgroups of
+    ``ls``, at least one a dimension; a 1-D count beyond the x limit of ``limits``
+    (maxComputeWorkGroupCount) folded into y (``linear_id()`` reads it back)."""
+    gs = tuple(global_size) + (1,) * (3 - len(tuple(global_size)))
+    groups = [max(1, -(-max(0, int(n)) // l)) for n, l in zip(gs, ls)]
+    if groups[0] > limits[0] and groups[1] == 1 and groups[2] == 1:
+        rows = -(-groups[0] // limits[0])
+        groups = [-(-groups[0] // rows), rows, 1]
+    return groups
+
+
 @dataclass
 class ErrorFlag:
     """One node's word in its graph's error-flag buffer (see NodeBuilder.error_flag).
@@ -262,8 +274,8 @@ class NodeBuilder:
         shader must not depend on the grid's extent beyond ``linear_id()``.
         """
         ls = tuple(local_size) + (1,) * (3 - len(tuple(local_size)))
-        groups = self._groups(global_size, ls)
-        limits = self.device.info.max_workgroup_count
+        limits = tuple(self.device.info.max_workgroup_count)
+        groups = workgroup_counts(global_size, ls, limits)
         if any(n > lim for n, lim in zip(groups, limits)) or \
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
@@ -287,8 +299,9 @@ class NodeBuilder:
             bound = tuple(groups)
             where = node_label(self.node.node_id, self.node.name) if self.node else shader
 
+            # Holds no builder or graph (the graph holds it: no reference cycle).
             def current() -> tuple:
-                now = self._groups(grid(), ls)
+                now = workgroup_counts(grid(), ls, limits)
                 if any(n > lim for n, lim in zip(now, limits)) or \
                         math.prod(now) > math.prod(bound):
                     raise VkDelegateError(f"{where}: grid {now} of {shader} past its "
@@ -306,17 +319,6 @@ class NodeBuilder:
             writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)},
             indirect=indirect))
 
-    def _groups(self, global_size, ls: tuple) -> list:
-        """Workgroup counts (x, y, z) for ``global_size`` invocations in workgroups of
-        ``ls``, at least one a dimension; a 1-D count beyond the device's x limit
-        folded into y (``linear_id()`` reads it back)."""
-        gs = tuple(global_size) + (1,) * (3 - len(tuple(global_size)))
-        limits = self.device.info.max_workgroup_count
-        groups = [max(1, -(-max(0, int(n)) // l)) for n, l in zip(gs, ls)]
-        if groups[0] > limits[0] and groups[1] == 1 and groups[2] == 1:
-            rows = -(-groups[0] // limits[0])
-            groups = [-(-groups[0] // rows), rows, 1]
-        return groups
 
     def mark_whole_copy(self, src: Tensor, dst: Tensor) -> None:
         """Say that the last dispatch copies ``src`` whole into ``dst`` (same dtype and
