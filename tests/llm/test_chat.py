@@ -232,10 +232,15 @@ def test_cli_chat_caps_a_reply_at_the_room_left(saved, tmp_path, capsys, monkeyp
     room = 80 - len(ids) + 1
     assert 1 <= room < 20
     monkeypatch.setattr("sys.stdin", io.StringIO(line + "\n"))
-    assert main(["chat", str(path), "--tokenizer", str(folder)]) == 0  # default 256
+    assert main(["chat", str(path), "--tokenizer", str(folder), "--max-new-tokens", "256"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == tok.decode(hf_greedy(model, ids, room))
-    assert f"cache 80 of 80" in err
+    assert "cache 80 of 80" in err
+    # Without --max-new-tokens: half the room, so that the chat can go on.
+    monkeypatch.setattr("sys.stdin", io.StringIO(line + "\n"))
+    assert main(["chat", str(path), "--tokenizer", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == tok.decode(hf_greedy(model, ids, max(1, room // 2)))
 
 
 def test_cli_chat_a_refused_message_is_dropped(saved, tmp_path, capsys, monkeypatch):

@@ -10,7 +10,8 @@ what follows the tokens the cache already holds. ``/reset`` starts a new convers
 ``/exit`` (or the end of stdin) ends. After each reply a line on stderr gives the
 tokens prefilled (and reused from the cache), the decode rate and how full the cache
 is. A reply stops at ``--max-new-tokens`` or where the cache (the program's
-max_seq_len) is full; a message that leaves no room, or that the template refuses, is
+max_seq_len) is full (without ``--max-new-tokens``: at 256 tokens or half the room
+left, whichever is less); a message that leaves no room, or that the template refuses, is
 dropped with the reason, and the chat goes on.
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 from vkdelegate.cli import device_index, help_description
 from vkdelegate.errors import VkDelegateError
 
-#: --max-new-tokens when not given: a reply's length at most (and never more than the
-#: cache has room for).
+#: --max-new-tokens when not given: a reply's length at most (and at most half the
+#: cache's room left, so that the next message fits too).
 DEFAULT_MAX_NEW = 256
 
 
@@ -36,9 +37,10 @@ def register(subparsers) -> None:
                         "(chat_template.jinja or tokenizer_config.json)")
     p.add_argument("--system", metavar="TEXT", help="a system message first")
     p.add_argument("--device", type=device_index, help="Vulkan device index (vkdelegate devices)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW, metavar="N",
-                   help=f"tokens of a reply at most (default {DEFAULT_MAX_NEW}; fewer "
-                        f"where the cache has less room)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help=f"tokens of a reply at most, and at most the cache's room "
+                        f"(default: {DEFAULT_MAX_NEW}, and at most half the room left, so "
+                        f"that the conversation can go on)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 (default): all tokens")
     p.add_argument("--top-p", type=float, default=1.0,
@@ -54,7 +56,7 @@ def run(args) -> int:
     from vkdelegate.llm import Session
     from vkdelegate.llm.chat import load_template, render
 
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise VkDelegateError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     folder = Path(args.tokenizer)
     tokenizer = load_tokenizer(folder)
@@ -96,8 +98,11 @@ def run(args) -> int:
                       flush=True)
                 continue
             ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-            # A reply gets what is left of the cache (the last new token is not stored).
-            room = min(args.max_new_tokens, max_seq_len - len(ids) + 1)
+            # A reply gets what is left of the cache (the last new token is not stored);
+            # without --max-new-tokens, half of it, so that the chat can go on.
+            left = max_seq_len - len(ids) + 1
+            room = min(args.max_new_tokens, left) if args.max_new_tokens is not None \
+                else min(DEFAULT_MAX_NEW, max(1, left // 2), left)
             if room < 1:
                 messages.pop()
                 print(f"vkdelegate chat: the conversation ({len(ids)} tokens with this "

@@ -53,8 +53,9 @@ def load_tokenizer(path: Path):
     try:
         return Tokenizer.from_file(str(file))
     except Exception as exc:  # tokenizers raises its own Exception type
-        raise VkDelegateError(f"--tokenizer {file}: not a HF tokenizers file "
-                              f"(tokenizer.json): {exc}") from exc
+        raise VkDelegateError(f"--tokenizer {file}: not a HF tokenizers file; give "
+                              f"tokenizer.json or the checkpoint folder holding it "
+                              f"({exc})") from exc
 
 
 class TokenStream:
