@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import types
 
 import torch
 from tabulate import tabulate
 
-from llm_decode import build
+from llm_decode import add_model_args, build
 from vkdelegate.llm import Session, generate, lower
 from vkdelegate.runtime.device import default_device
 
@@ -55,14 +54,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--message", type=int, default=48, help="new tokens a turn")
     ap.add_argument("--reply", type=int, default=16, help="tokens a reply")
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--ffn", type=int, default=8192)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
-    ap.add_argument("--max-seq-len", type=int, default=512)
+    add_model_args(ap, max_seq_len=512)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     need = args.turns * (args.message + args.reply)
@@ -70,7 +62,7 @@ def main() -> None:
         ap.error(f"{args.turns} turns of {args.message} + {args.reply} tokens need "
                  f"{need} cache positions; --max-seq-len is {args.max_seq_len}")
 
-    model = build(types.SimpleNamespace(**vars(args)))
+    model = build(args)
     program = lower(model, args.max_seq_len)
     program.build()
     generate(program, [1, 2, 3], 2)  # warm-up: pipelines, first uploads

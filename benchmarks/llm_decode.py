@@ -59,6 +59,18 @@ def build(args):
     return model.to(getattr(torch, args.dtype))
 
 
+def add_model_args(ap, max_seq_len: int = 256) -> None:
+    """``build``'s arguments on parser ``ap`` (the Llama-3.2-1B shape by default)."""
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
+    ap.add_argument("--max-seq-len", type=int, default=max_seq_len)
+
+
 def hf_decode_tps(model, prompt, new_tokens: int, device: str, runs: int) -> tuple:
     """(decode tokens/s, token ids) of HF eager generate on ``device`` (on a copy of
     ``model`` there; the model itself stays on the CPU for lowering)."""
@@ -211,14 +223,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=32, help="prompt length in tokens")
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--ffn", type=int, default=8192)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
-    ap.add_argument("--max-seq-len", type=int, default=256)
+    add_model_args(ap)
     ap.add_argument("--quantization", nargs="+", default=["none"],
                     help="weight formats to run (none, int8, int4, 8da4w; each on a fresh "
                          "copy of the model; HF eager runs the unquantized model); "

@@ -27,3 +27,14 @@ def lowered():
         return model, program
     return get
 
+
+
+@pytest.fixture(scope="session")
+def saved(lowered, tmp_path_factory):
+    """(HF model, path of its lowered "llama" program saved with an empty cache): the
+    file the CLI tests run."""
+    model, program = lowered("llama")
+    path = tmp_path_factory.mktemp("saved") / "llama.vkp"
+    program.reset_state()
+    program.save(path)
+    return model, path

@@ -130,15 +130,6 @@ def test_template_errors_are_one_line(tmp_path):
         chat.load_template(empty)
 
 
-@pytest.fixture(scope="module")
-def saved(lowered, tmp_path_factory):
-    model, program = lowered("llama")
-    path = tmp_path_factory.mktemp("chat") / "llama.vkp"
-    program.reset_state()
-    program.save(path)
-    return model, path
-
-
 def test_cli_chat_gives_hf_greedy_tokens_of_the_templated_prompt(saved, tmp_path, capsys):
     pytest.importorskip("transformers")
     model, path = saved

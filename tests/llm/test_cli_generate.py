@@ -6,15 +6,6 @@ from tests.llm.models import VOCAB, hf_greedy
 from vkdelegate.cli import main
 
 
-@pytest.fixture(scope="module")
-def saved(lowered, tmp_path_factory):
-    model, program = lowered("llama")
-    path = tmp_path_factory.mktemp("gen") / "llama.vkp"
-    program.reset_state()
-    program.save(path)
-    return model, path
-
-
 def test_prompt_ids(saved, capsys):
     model, path = saved
     status = main(["generate", str(path), "--prompt-ids", "3,14,15,92,65",

@@ -107,13 +107,7 @@ void main() {
   const int wy = int(gl_WorkGroupID.y);
   const int h = pack > 1 ? wy * pack + lane % pack : wy;
   const int bq = int(gl_WorkGroupID.z);
-  const int E = size_at(q_meta, 0);
-  const int L = size_at(q_meta, SEQ_DIM);
-  const int Hq = size_at(q_meta, HEAD_DIM);
-  const int B = size_at(q_meta, 3);
-  const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
-  const int Ev = size_at(v_meta, 0);
-  const int qoff = sdpa_offset(L, S);  // query row 0's position (sdpa.h)
+  SDPA_SIZES();  // sdpa.h: E, L, Hq, B, S, Ev, qoff
   if (i0 >= L || wy >= (pack > 1 ? Hq / pack : Hq) || bq >= B) {
     return;  // the whole workgroup leaves together (no barrier is skipped)
   }

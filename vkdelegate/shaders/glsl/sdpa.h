@@ -140,6 +140,18 @@ uvec2 tile_map_bits(int row, int t) {
 }
 #endif
 
+// The sizes every attention kernel reads: head dims E (queries, keys) and Ev (values),
+// query rows L, query heads Hq, batches B, keys S (at most pos.y, the live cache
+// length), and qoff, query row 0's absolute position (sdpa_offset).
+#define SDPA_SIZES() \
+  const int E = size_at(q_meta, 0); \
+  const int L = size_at(q_meta, SEQ_DIM); \
+  const int Hq = size_at(q_meta, HEAD_DIM); \
+  const int B = size_at(q_meta, 3); \
+  const int S = min(size_at(k_meta, SEQ_DIM), pos.y); \
+  const int Ev = size_at(v_meta, 0); \
+  const int qoff = sdpa_offset(L, S)
+
 // The element offsets of query head h of batch bq (of Hq heads, B batches) and of the
 // K/V head and batch it reads (grouped-query heads h / (Hq / Hk), broadcast batches),
 // and the row strides: declares hk, bk, q_base, k_base, v_base, q_row, k_row, v_row.

@@ -111,13 +111,7 @@ void main() {
   const int pack = max(1, split.y);
   const int wy = int(gl_WorkGroupID.y);
   const int bq = int(gl_WorkGroupID.z);
-  const int E = size_at(q_meta, 0);
-  const int L = size_at(q_meta, SEQ_DIM);
-  const int Hq = size_at(q_meta, HEAD_DIM);
-  const int B = size_at(q_meta, 3);
-  const int S = min(size_at(k_meta, SEQ_DIM), pos.y);
-  const int Ev = size_at(v_meta, 0);
-  const int qoff = sdpa_offset(L, S);  // query row 0's position (sdpa.h)
+  SDPA_SIZES();  // sdpa.h: E, L, Hq, B, S, Ev, qoff
   const int R = L * pack;
   if (wy * pack >= Hq || bq >= B || R > R_MAX) {
     return;  // the whole workgroup leaves together (no barrier is skipped)
