@@ -138,7 +138,7 @@ def lanes_defines(out, q, k, v, mask, *, lanes: int, max_sg: int, **form) -> dic
     return d
 
 
-def lanes_iterations(s_max: int, d_max: int, lanes: int) -> int:
+def lanes_iterations(s_max: int, lanes: int) -> int:
     """Loop iterations of one lanes-form invocation on llvmpipe (worst case, one split):
     a chunk per LANES_WG / lanes * LANES_KB keys, the subgroups' merge."""
     chunk = LANES_WG // lanes * LANES_KB
@@ -199,7 +199,7 @@ def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: i
     chunks = -(-s_max // chunk)
     per_split = -(-chunks // splits)
     loop_limit.check(b, iterations(min(s_max, per_split * WG), d_max) if lanes is None
-                     else lanes_iterations(min(s_max, per_split * chunk), d_max, lanes),
+                     else lanes_iterations(min(s_max, per_split * chunk), lanes),
                      f"{s_max} keys of head dim {d_max}")
     target = out
     if splits > 1:
