@@ -104,3 +104,14 @@ def test_not_a_checkpoint(tmp_path, capsys):
     assert main(["lower-llm", str(tmp_path / "nope"), "-o", str(tmp_path / "p.vkp"),
                  "--max-seq-len", "8"]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_a_cache_too_large_is_refused_before_it_is_allocated(checkpoint, tmp_path, capsys):
+    """100 M positions: refused with the cache's size, not killed for memory."""
+    _, folder, _ = checkpoint
+    assert main(["lower-llm", str(folder), "-o", str(tmp_path / "p.vkp"),
+                 "--max-seq-len", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "max_seq_len 100000000: the KV cache would take" in err, err
+    assert "lower with a smaller max_seq_len" in err, err
+    assert not (tmp_path / "p.vkp").exists()

@@ -112,3 +112,20 @@ def test_state_update_in_place_only_where_nothing_else_reads_it(peek):
     ((i, j),) = graph.state_bindings.items()
     assert (graph.outputs[j].buffer is graph.inputs[i].buffer) == (not peek)
     assert program.last_transfer()["state_upload_bytes"] == 0
+
+
+@pytest.mark.parametrize("heads,dims,seq,dtype,message", [
+    # one buffer of 2^33 + bytes: over LoadLimits.max_tensor_bytes (8 GiB)
+    ([8], [128], 1 << 22, torch.float32, "max_tensor_bytes"),
+    # 64 layers of 1 GiB buffers: 128 GiB, over max_device_bytes (32 GiB)
+    ([8] * 64, [128], 1 << 18, torch.float32, "max_device_bytes"),
+])
+def test_cache_size_checked_before_allocation(heads, dims, seq, dtype, message):
+    from vkdelegate.llm.decoder import KVCache, check_cache_size
+
+    dims = dims * len(heads)
+    with pytest.raises(VkDelegateError, match=message) as info:
+        KVCache(heads, dims, seq, dtype)
+    assert f"max_seq_len {seq}: the KV cache would take" in str(info.value)
+    # a cache in bounds: its bytes
+    assert check_cache_size([2, 2], [16, 16], 64, torch.float16) == 2 * 2 * 2 * 64 * 16 * 2

@@ -289,13 +289,62 @@ def _attention_at(model: nn.Module, start_pos: torch.Tensor):
         _CALL.start_pos = None
 
 
+def check_cache_size(kv_heads: list, head_dims: list, max_seq_len: int,
+                     dtype: torch.dtype) -> int:
+    """The bytes of a KV cache of ``max_seq_len`` positions (layer i: a key and a value
+    buffer of [1, kv_heads[i], max_seq_len, head_dim[i]] of ``dtype``), checked before
+    anything is allocated: against ``vkdelegate.limits.DEFAULT_LIMITS`` (one buffer
+    within ``max_tensor_bytes``, the cache within ``max_device_bytes``: what a saved
+    program may ask for when it loads) and against this host's physical memory (export
+    holds the cache twice: our buffers and transformers' ``StaticCache``). Raises
+    VkDelegateError naming max_seq_len, the sizes and the limit (a cache of 100 M
+    positions was killed by the kernel for memory, with no message)."""
+    from vkdelegate.limits import DEFAULT_LIMITS, GiB
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    buffers = [h * max_seq_len * d * itemsize for h, d in zip(kv_heads, head_dims)]
+    total = 2 * sum(buffers)
+    shape = f"{len(buffers)} layers x (key + value) x [{kv_heads[0]}, {max_seq_len}, " \
+        f"{head_dims[0]}] x {itemsize} bytes"
+    what = f"max_seq_len {max_seq_len}: the KV cache would take {total / GiB:.2f} GiB " \
+        f"({shape})"
+    if max(buffers, default=0) > DEFAULT_LIMITS.max_tensor_bytes:
+        raise VkDelegateError(f"{what}; one buffer of {max(buffers) / GiB:.2f} GiB is over "
+                              f"the {DEFAULT_LIMITS.max_tensor_bytes / GiB:.0f} GiB a "
+                              f"program's tensor may have (vkdelegate.limits.LoadLimits."
+                              f"max_tensor_bytes): lower with a smaller max_seq_len")
+    if total > DEFAULT_LIMITS.max_device_bytes:
+        raise VkDelegateError(f"{what}, over the {DEFAULT_LIMITS.max_device_bytes / GiB:.0f}"
+                              f" GiB a program's device memory may have (vkdelegate."
+                              f"limits.LoadLimits.max_device_bytes): lower with a smaller "
+                              f"max_seq_len")
+    host = _physical_memory()
+    if host and 2 * total > host:
+        raise VkDelegateError(f"{what}; exporting it needs twice that, more than this "
+                              f"machine's {host / GiB:.1f} GiB of memory: lower with a "
+                              f"smaller max_seq_len")
+    return total
+
+
+def _physical_memory() -> int:
+    """This host's physical memory in bytes; 0 where the OS does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
 class KVCache(nn.Module):
     """Key and value buffers ``k_<i>``/``v_<i>`` of every layer: [1, kv_heads[i],
-    max_seq_len, head_dim[i]], zeros, of ``dtype``."""
+    max_seq_len, head_dim[i]], zeros, of ``dtype``. Raises VkDelegateError for a cache
+    too large (``check_cache_size``)."""
 
     def __init__(self, kv_heads: list, head_dims: list, max_seq_len: int,
                  dtype: torch.dtype):
         super().__init__()
+        check_cache_size(kv_heads, head_dims, max_seq_len, dtype)
         self.num_layers = len(kv_heads)
         self.max_seq_len = max_seq_len
         for i, (h, d) in enumerate(zip(kv_heads, head_dims)):
