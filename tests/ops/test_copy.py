@@ -37,8 +37,10 @@ def _source(dtype: str, target: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("source", CONVERT_DTYPES)
 def test_to_copy(source):
-    """One program converts ``source`` to every other dtype."""
-    targets = [t for t in CONVERT_DTYPES if t != source]
+    """One program converts ``source`` to every other dtype (but int32 / int64 to
+    float64, which stays on the CPU: tests/ops/test_int64_range.py)."""
+    targets = [t for t in CONVERT_DTYPES if t != source
+               and not (t == "float64" and source in ("int32", "int64"))]
 
     def fn(*xs):
         return tuple(x.to(TORCH_DTYPES[t]) for x, t in zip(xs, targets))

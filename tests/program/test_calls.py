@@ -108,6 +108,32 @@ def test_input_mutation_as_in_eager(executor):
     torch.testing.assert_close(mine, theirs)
 
 
+def test_mutated_input_sharing_memory_with_another_is_refused(executor):
+    """p(x, x) with ``a.mul_(2); return a + b``: eager sees the update through both
+    names (4); the program reads its inputs first (it gave 3): refused, the caller's
+    tensor untouched. Disjoint views of one tensor are fine."""
+    class MulAdd(torch.nn.Module):
+        def forward(self, a, b):
+            a.mul_(2)
+            return a + b
+
+    program = _lower(MulAdd(), (torch.ones(3), torch.ones(3)), executor)
+    x = torch.ones(3)
+    with pytest.raises(VkDelegateError, match="inputs 0 and 1 share memory, and the "
+                                              "program mutates input 0 in place"):
+        program(x, x)
+    torch.testing.assert_close(x, torch.ones(3))
+    with pytest.raises(VkDelegateError, match="share memory"):
+        program(x[:3], x.view(1, 3)[0])
+    z = np.ones(3, np.float32)
+    with pytest.raises(VkDelegateError, match="share memory"):
+        program(z, z)
+    mine, theirs = torch.arange(6.0), torch.arange(6.0)
+    torch.testing.assert_close(program(mine[:3], mine[3:]),
+                               MulAdd()(theirs[:3], theirs[3:]))
+    torch.testing.assert_close(mine, theirs)
+
+
 def test_to_backend_rejects_non_programs():
     with pytest.raises(VkDelegateError, match="expected a torch.export.ExportedProgram"):
         to_backend(AddTanh())

@@ -37,6 +37,45 @@ def _is_torch_tensor(value) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def _byte_span(value) -> "tuple[int, int] | None":
+    """[first, last) host addresses of a tensor's or array's elements; None for
+    anything else (or an empty one)."""
+    if _is_torch_tensor(value):
+        if value.numel() == 0 or value.device.type != "cpu":
+            return None
+        extent = 1 + sum((n - 1) * abs(st) for n, st in zip(value.shape, value.stride()))
+        lowest = min(0, sum((n - 1) * st for n, st in zip(value.shape, value.stride())
+                            if st < 0))
+        start = value.data_ptr() + lowest * value.element_size()
+        return start, start + extent * value.element_size()
+    if isinstance(value, np.ndarray) and value.size:
+        try:
+            from numpy.lib.array_utils import byte_bounds  # numpy >= 2
+        except ImportError:  # numpy 1.x
+            byte_bounds = np.byte_bounds
+        return byte_bounds(value)
+    return None
+
+
+def check_mutated_inputs_unshared(flat: list, mutated: list) -> None:
+    """VkDelegateError when an input the method mutates in place shares memory with
+    another input (``p(x, x)`` for ``a.mul_(2); return a + b``): eager would see the
+    update through both names, while the program reads every input first and writes
+    the new value back after the run, so it would return a different result.
+    ``flat``: the flattened user inputs; ``mutated``: positions of the mutated ones."""
+    spans = [_byte_span(v) for v in flat]
+    for pos in mutated:
+        if spans[pos] is None:
+            continue
+        for other, span in enumerate(spans):
+            if other != pos and span is not None and span[0] < spans[pos][1] \
+                    and spans[pos][0] < span[1]:
+                raise VkDelegateError(
+                    f"inputs {min(pos, other)} and {max(pos, other)} share memory, and the "
+                    f"program mutates input {pos} in place: eager would see the update "
+                    f"through both; pass distinct tensors (e.g. a .clone())")
+
+
 def _torch_copy(dst: np.ndarray, src: np.ndarray) -> None:
     """The runtime's parallel host copy (runtime/host_copy.py ``set_parallel_copy``):
     torch's ``copy_`` over zero-copy tensor views, run by torch's intra-op threads."""
@@ -487,6 +526,9 @@ class MethodRunner:
         ``state_download_bytes``: program state read back or written for glue that
         needs it on the host, included in the totals). 0 on the reference executor.
         """
+        updates = self.plan.get("input_updates", {})
+        if updates:
+            check_mutated_inputs_unshared(flat, sorted(int(p) for p in updates))
         store = self.store
         before = (store.upload_bytes, store.download_bytes)
         self._moved = {"upload_bytes": 0, "download_bytes": 0}

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vkdelegate.errors import VkDelegateError
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, storage_defines
+from vkdelegate.runtime.dtypes import INT64_OVERFLOW, STORAGE_PROFILES, acc_type, device_dtype, \
+    storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid
@@ -154,9 +155,9 @@ def invocations(plan: CopyPlan, chunk: int) -> tuple[int, int]:
     return (plan.numel // inner) * per_row if inner else 0, per_row
 
 
-def plan_record(plan: CopyPlan, fill=0, chunk: int = 1) -> bytes:
+def plan_record(plan: CopyPlan, fill=0, chunk: int = 1, flag_slot: int = 0) -> bytes:
     """The std140 bytes of ``plan_block`` in affine_copy.glsl for a shader of CHUNK
-    ``chunk``."""
+    ``chunk``; ``flag_slot``: CHECK_INT32's error-flag word."""
     dims = list(reversed(plan.dims))  # the shader counts from the innermost dim
     if len(dims) > MAX_DOMAIN:
         raise VkDelegateError(f"copy of rank {len(dims)} > {MAX_DOMAIN}")
@@ -167,7 +168,8 @@ def plan_record(plan: CopyPlan, fill=0, chunk: int = 1) -> bytes:
     int_fill = int(fill) if not isinstance(fill, float) or math.isfinite(fill) else 0
     count, per_row = invocations(plan, chunk)
     return PLAN_PARAMS.pack(**rows, info=[count, plan.out_offset, plan.in_offset,
-                                          int_fill], ffill=[float(fill)], chunks=[per_row])
+                                          int_fill], ffill=[float(fill)],
+                            chunks=[per_row, flag_slot])
 
 
 def plan_shape(plan: CopyPlan) -> tuple[int, int, int]:
@@ -185,17 +187,27 @@ def out_kind(dtype: str) -> str:
     return "OUT_BOOL" if dtype == "bool" else "OUT_INT"
 
 
+def checked_cast(out_dtype: str, in_dtype: str) -> bool:
+    """Whether a copy from ``in_dtype`` to ``out_dtype`` checks its values (CHECK_INT32):
+    float to int64, whose result the device holds in int32 (ATen's holds 64 bits)."""
+    return out_dtype == "int64" and acc_type(in_dtype) == "float"
+
+
 def copy_defines(out_ddt: str, in_ddt: str, out_dtype: str, in_dtype: str) -> dict:
     """Variant defines for (device dtype, graph dtype) of output and input."""
     d = storage_defines(OUT=(out_dtype, out_ddt), IN=(in_dtype, in_ddt))
     d.update(IN_ACC=acc_type(in_dtype))
     d[out_kind(out_dtype)] = "1"
+    if checked_cast(out_dtype, in_dtype):
+        d["CHECK_INT32"] = "1"
     return d
 
 
 @shader_bindings(SHADER)
-def _bindings(_defines) -> Bindings:
-    return Bindings(outputs=("out_data",), inputs=("in_data",), params=(PLAN_PARAMS,))
+def _bindings(defines) -> Bindings:
+    flags = ("error_flags",) if "CHECK_INT32" in defines else ()
+    return Bindings(outputs=("out_data",) + flags, inputs=("in_data",),
+                    params=(PLAN_PARAMS,))
 
 
 def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
@@ -206,7 +218,9 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
     """
     plan = plan_fn()
     chunk = chunk_for(plan, b.device.info.type == "cpu")
-    params = b.params(plan_record(plan, fill, chunk))
+    flags = [b.error_flag(INT64_OVERFLOW)] if checked_cast(out.dtype, x.dtype) else []
+    slot = flags[0].slot if flags else 0
+    params = b.params(plan_record(plan, fill, chunk, slot))
     shape = plan_shape(plan)
 
     def replan() -> None:
@@ -214,13 +228,13 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
         if plan_shape(again) != shape:
             raise VkDelegateError(f"a resize changed the copy's rank or modes: "
                                   f"{shape} -> {plan_shape(again)}")
-        params.write(plan_record(again, fill, chunk))
+        params.write(plan_record(again, fill, chunk, slot))
     b.on_resize(replan)
     defines = copy_defines(out.device_dtype, x.device_dtype, out.dtype, x.dtype)
     # The plan's rank and modes are the specialization constants NDIM, MODULO_DIMS
     # and PAD_DIMS (ids 3..5), resizes keep them; CHUNK is id 6. A resize only
     # shrinks sizes, so the load-time grid covers every later plan's invocations.
-    b.dispatch(SHADER, defines, outputs=[out], inputs=[x], params=[params],
+    b.dispatch(SHADER, defines, outputs=[out, *flags], inputs=[x], params=[params],
                global_size=(invocations(plan, chunk)[0],), local_size=(64, 1, 1),
                spec_constants=shape + (chunk,),
                grid=lambda: (invocations(plan_fn(), chunk)[0],))

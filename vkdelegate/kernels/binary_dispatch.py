@@ -12,14 +12,36 @@ from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 
 SHADER = "binary_op"
-# x: alpha, as a float (float variants) and as an int (integer variants).
+# x: alpha, as a float (float variants) and as an int (integer variants); iscalars.y:
+# CHECK_INT32's error-flag word.
 SCALAR_PARAMS = ParamBlock("scalars_block", [("fscalars", "vec4"), ("iscalars", "ivec4")])
+
+
+#: The integer expressions whose int64 result is checked against the int32 range the
+#: device holds it in (int_checked.h): add / sub (with alpha) and mul.
+CHECKED_EXPRS = {"a + ALPHA * b": "add_checked(a, mul_checked(ALPHA, b))",
+                 "a * b": "mul_checked(a, b)"}
+
+
+def checked_int64(expr: str, out, compute: str) -> bool:
+    """Whether binary_op.glsl computes ``expr`` with CHECK_INT32: an int64 result
+    (``out`` a Tensor or (graph dtype, device dtype) pair) of integer arithmetic that
+    may leave the int32 range (ATen's int64 would not wrap there)."""
+    out_dtype = out[0] if isinstance(out, tuple) else out.dtype
+    return out_dtype == "int64" and acc_type(compute) == "int" and expr in CHECKED_EXPRS
 
 
 def binary_defines(expr: str, out, a, b, compute: str) -> dict:
     """binary_op.glsl's defines: out, a, b Tensors or (graph dtype, device dtype)
-    pairs, ``expr`` the GLSL expression in a, b, ``compute`` the computation dtype."""
+    pairs, ``expr`` the GLSL expression in a, b, ``compute`` the computation dtype.
+    An int64 add / sub / mul (``checked_int64``) gets CHECK_INT32 and the checked
+    expression: the op binds error_flags and passes its word as iscalars.y."""
+    checked = checked_int64(expr, out, compute)
+    if checked:
+        expr = CHECKED_EXPRS[expr]
     d = storage_defines(OUT=out, A=a, B=b)
+    if checked:
+        d["CHECK_INT32"] = "1"
     d.update(ACC_T=acc_type(compute), OP_EXPR=expr, **{
         "A_LOAD(v)": load_define(d["A_T"], compute),
         "B_LOAD(v)": load_define(d["B_T"], compute)})
@@ -29,8 +51,9 @@ def binary_defines(expr: str, out, a, b, compute: str) -> dict:
 
 
 @shader_bindings(SHADER)
-def _bindings(_defines) -> Bindings:
-    return Bindings(outputs=("out_data",), inputs=("a_data", "b_data"),
+def _bindings(defines) -> Bindings:
+    flags = ("error_flags",) if "CHECK_INT32" in defines else ()
+    return Bindings(outputs=("out_data",) + flags, inputs=("a_data", "b_data"),
                     params=(PLAN_PARAMS, SCALAR_PARAMS))
 
 

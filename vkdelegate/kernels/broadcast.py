@@ -158,10 +158,10 @@ def plan_record(plan: BroadcastPlan, ndim: int, chunk: int = 1) -> bytes:
 
 
 def plan_dispatch(b, shader: str, defines: dict, out, operands: list,
-                  extra_params: tuple = ()) -> None:
-    """Record an elementwise dispatch of ``shader`` over ``out`` reading ``operands``
-    (Tensors, bindings after the output), then the plan uniform, then
-    ``extra_params`` (ParamBuffers). The plan's rank at the upper-bound sizes becomes
+                  extra_params: tuple = (), extra_outputs: tuple = ()) -> None:
+    """Record an elementwise dispatch of ``shader`` over ``out`` (then
+    ``extra_outputs``, e.g. an ErrorFlag) reading ``operands`` (Tensors, bindings after
+    the outputs), then the plan uniform, then ``extra_params`` (ParamBuffers). The plan's rank at the upper-bound sizes becomes
     the specialization constant NDIM; the plan is rewritten after every resize."""
     def current() -> BroadcastPlan:
         return broadcast_plan(out.shape, [t.shape for t in operands])
@@ -181,7 +181,7 @@ def plan_dispatch(b, shader: str, defines: dict, out, operands: list,
                                   f"invocations; the node was built for {grid}")
         params.write(plan_record(plan, ndim, chunk))
     b.on_resize(replan)
-    b.dispatch(shader, defines, outputs=[out], inputs=list(operands),
+    b.dispatch(shader, defines, outputs=[out, *extra_outputs], inputs=list(operands),
                params=[params, *extra_params], global_size=(grid,),
                local_size=b.local_size_1d(grid), spec_constants=(ndim, chunk),
                grid=lambda: (invocations(current(), chunk)[0],))

@@ -8,7 +8,10 @@ dtype* is how it is stored in its storage buffer:
 
 - float64 -> float32 and int64 -> int32: Vulkan compute has no portable 64-bit
   arithmetic. The conversion happens when inputs are written and outputs read; an int64
-  input value outside the int32 range raises VkDelegateError (never wraps silently).
+  input value outside the int32 range raises VkDelegateError (never wraps silently),
+  and so does an int64 result that leaves it on the device (the int64 add / sub / mul,
+  cumsum and float-to-int64 casts check their results, shaders/glsl/int_checked.h, and
+  the run raises ``INT64_OVERFLOW`` naming the node).
 - float16 stays float16 where the device has ``storageBuffer16BitAccess``; otherwise it
   is stored as float32 (same values, twice the memory).
 - int8, uint8 and bool stay 8-bit where the device has ``storageBuffer8BitAccess``;
@@ -24,6 +27,11 @@ import numpy as np
 
 from vkdelegate import dtypes as table
 from vkdelegate.errors import VkDelegateError
+
+#: The error of an op whose int64 result left the int32 range on the device.
+INT64_OVERFLOW = ("an int64 result outside the int32 range (-2**31 .. 2**31 - 1) in which "
+                  "the device holds int64 values (ATen's int64 would not wrap there); "
+                  "keep the op on the CPU with VulkanPartitioner(operator_blocklist=[...])")
 
 #: GLSL storage type of each device dtype (vkdelegate.dtypes).
 GLSL_TYPES = table.GLSL_TYPES

@@ -25,8 +25,10 @@ division by zero, which raises in ATen, gives 0. add and mul accept bool (masks:
 sub) are the ``.Tensor`` ops with a Python-scalar other. int64 tensors (arange
 positions, causal masks, position ids) are held in int32 on the device
 (runtime/dtypes.py): add, sub, mul, division, min/max and comparisons accept them, exact
-while values stay in the int32 range (an int64 input outside it raises at the
-boundary; a result past it wraps, where ATen's wraps at 2**63).
+while values stay in the int32 range: an int64 input outside it raises at the boundary,
+and an add, sub or mul whose int64 result leaves it raises after the run, naming the
+node (``INT64_OVERFLOW``; int_checked.h), where ATen's int64 is exact. (int32 results
+wrap, as ATen's do.)
 """
 from __future__ import annotations
 
@@ -35,13 +37,14 @@ import itertools
 
 import numpy as np
 
-from vkdelegate.kernels.binary_dispatch import SCALAR_PARAMS, SHADER, binary_defines
+from vkdelegate.kernels.binary_dispatch import SCALAR_PARAMS, SHADER, binary_defines, \
+    checked_int64
 from vkdelegate.kernels.broadcast import broadcast_shape, plan_dispatch
 from vkdelegate.kernels.elementwise import promote
 from vkdelegate.kernels.elementwise_exprs import BINARY_OPS, Binary
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
-    storage_defines
+from vkdelegate.runtime.dtypes import INT64_OVERFLOW, STORAGE_PROFILES, acc_type, \
+    device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid
@@ -127,11 +130,15 @@ def _make_impl(op: Binary):
         alpha = op.alpha * (1 if extra[0] is None else extra[0]) if op.alpha else 0
         if acc_type(compute) == "int" and alpha != int(alpha):
             raise bld.error(f"alpha {alpha} is not an integer for dtype {compute}")
+        flags = ()
+        if checked_int64(expr, out, compute):
+            flags = (bld.error_flag(INT64_OVERFLOW),)
         # The int row is read only by integer variants (a float alpha may exceed int32).
         params = bld.params(SCALAR_PARAMS.pack(
-            fscalars=[alpha], iscalars=[int(alpha) if acc_type(compute) == "int" else 0]))
+            fscalars=[alpha], iscalars=[int(alpha) if acc_type(compute) == "int" else 0,
+                                        flags[0].slot if flags else 0]))
         plan_dispatch(bld, SHADER, binary_defines(expr, out, a, b, compute), out, [a, b],
-                      extra_params=(params,))
+                      extra_params=(params,), extra_outputs=flags)
     return impl
 
 

@@ -3,7 +3,10 @@ _to_dim_order_copy) and et_vk.prepack: flat copies
 through the affine copy every data-movement op is built on (kernels/affine_copy.py).
 
 Values convert from the input dtype to the output dtype as torch converts them: float to
-integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``.
+integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``. A float
+value cast to int64 that does not fit the int32 the device holds int64 in (NaN and
+infinities included) raises after the run, naming the node; int32 / int64 to float64
+stays on the CPU (float64 is float32 on the device).
 """
 from __future__ import annotations
 
@@ -34,6 +37,17 @@ def _to_copy_rule(node: NodeSpec):
     layout = node.args[2] if len(node.args) > 2 else None
     if layout not in (None, "torch.strided"):
         return f"layout {layout}"
+    return _float64_reason(node)
+
+
+def _float64_reason(node: NodeSpec) -> "str | None":
+    """float64 is held in float32 on the device (runtime/dtypes.py): a float value
+    widens exactly at the output boundary, but an int32 / int64 one past 2**24 would
+    round on the way, where ATen's float64 holds it exactly."""
+    src, out = node.args[0].dtype, node.outputs[0].dtype
+    if out == "float64" and src in ("int32", "int64"):
+        return (f"{src} to float64: the device holds float64 in float32, which rounds "
+                f"integers past 2**24")
     return None
 
 
@@ -44,7 +58,8 @@ register(OpSpec(name="aten._to_copy.default", dtypes=CONVERT_DTYPES, impl=_flat_
                 shape_fn=same_shape, rules=(_to_copy_rule, _memory_format_rule(6)),
                 notes="dtype conversion as torch converts (float->int truncates)"))
 # ExecuTorch's dim-order-aware _to_copy: our tensors are always contiguous, so a
-# dim_order only changes strides, never values; the dtype conversion is _to_copy's.
+# dim_order only changes strides, never values; the dtype conversion is _to_copy's
+# (an ExecuTorch blob's int -> float64 included: ET-VK holds float64 in float32 too).
 register(OpSpec(name="dim_order_ops._to_dim_order_copy.default", dtypes=CONVERT_DTYPES,
                 impl=_flat_impl, shape_fn=same_shape,
                 notes="ExecuTorch name of _to_copy (dim_order: values unchanged)"))

@@ -7,10 +7,13 @@ the input's for float inputs and int64 for integer and bool inputs (position ids
 fp32 for float results (fp16 data included, as ATen's CPU kernel does: each stored
 partial sum is the fp32 sum rounded once) and in int32 for integer results (int64
 results are held in int32 on the device, runtime/dtypes.py: exact while partial sums
-stay in the int32 range). A float input with an integer ``dtype`` stays on the CPU.
+stay in the int32 range; an int64 partial sum past it raises after the run, naming the
+node: CHECK_INT32, int_checked.h). A float input with an integer ``dtype`` stays on the
+CPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from vkdelegate.errors import VkDelegateError
@@ -20,8 +23,8 @@ from vkdelegate.kernels.elementwise import load_define
 from vkdelegate.kernels.rows import row_bindings
 from vkdelegate.kernels.rules import same_shape
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES, acc_type, device_dtype, \
-    storage_defines
+from vkdelegate.runtime.dtypes import INT64_OVERFLOW, STORAGE_PROFILES, acc_type, \
+    device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import shader_bindings
 from vkdelegate.shaders.variants import declare_grid
@@ -29,8 +32,16 @@ from vkdelegate.shaders.variants import declare_grid
 SHADER = "cumsum"
 IN_DTYPES = frozenset({"float32", "float16", "int32", "int64", "int8", "uint8", "bool"})
 OUT_DTYPES = frozenset({"float32", "float16", "int32", "int64"})
-CUMSUM_PARAMS = ParamBlock("cumsum_block", [("dim", "ivec4")])  # x: dim, innermost 0
-shader_bindings(SHADER)(lambda _defines: row_bindings(CUMSUM_PARAMS))
+# x: dim, innermost 0; y: CHECK_INT32's error-flag word
+CUMSUM_PARAMS = ParamBlock("cumsum_block", [("dim", "ivec4")])
+
+
+@shader_bindings(SHADER)
+def _bindings(defines):
+    rows = row_bindings(CUMSUM_PARAMS)
+    if "CHECK_INT32" not in defines:
+        return rows
+    return dataclasses.replace(rows, outputs=rows.outputs + ("error_flags",))
 
 
 def _out_reason(in_dtype: str, out_dtype: str) -> "str | None":
@@ -55,6 +66,8 @@ def _defines(out, x) -> dict:
     d = storage_defines(OUT=out, IN=x)
     out_dtype = out[0] if isinstance(out, tuple) else out.dtype
     d.update(ACC_T=acc_type(out_dtype), **{"IN_LOAD(v)": load_define(d["IN_T"], out_dtype)})
+    if out_dtype == "int64":
+        d["CHECK_INT32"] = "1"  # int64 sums past the int32 range are flagged
     return d
 
 
@@ -69,8 +82,10 @@ def _impl(b, node):
     n = x.max_shape[dim] if x.ndim else 1
     rows = math.prod(s for d, s in enumerate(x.max_shape) if d != dim)
     loop_limit.check(b, -(-n // loop_limit.UNROLL), f"a cumsum of {n} elements")
-    params = [out.meta, x.meta, b.params(CUMSUM_PARAMS.pack(dim=[meta_dim]))]
-    b.dispatch(SHADER, _defines(out, x), outputs=[out], inputs=[x], params=params,
+    flags = [b.error_flag(INT64_OVERFLOW)] if out.dtype == "int64" else []
+    params = [out.meta, x.meta, b.params(CUMSUM_PARAMS.pack(
+        dim=[meta_dim, flags[0].slot if flags else 0]))]
+    b.dispatch(SHADER, _defines(out, x), outputs=[out, *flags], inputs=[x], params=params,
                global_size=(rows,), local_size=(64, 1, 1))
 
 

@@ -32,8 +32,15 @@ PARAMS(plan_block) {
   ivec4 info;           // x: invocations (CHUNK 1: the domain's numel), y: out
                         // offset, z: in offset, w: int fill
   vec4 ffill;           // x: float fill
-  ivec4 chunks;         // x: CHUNK > 1: chunks per row of the innermost dim
+  ivec4 chunks;         // x: CHUNK > 1: chunks per row of the innermost dim; y:
+                        // CHECK_INT32's error-flag word
 };
+// CHECK_INT32 (float -> int64, kernels/affine_copy.py checked_cast): a value that does
+// not truncate into the int32 range the device holds int64 in sets error_flags[chunks.y]
+// (int_checked.h) instead of converting to an undefined int.
+#ifdef CHECK_INT32
+#include "int_checked.h"
+#endif
 
 // CONVERT: input ACC value -> output ACC value; OUT_STORE (from storage_defines) then
 // rounds to fp16 or wraps to int8/uint8 exactly as the output dtype holds it.
@@ -44,6 +51,10 @@ PARAMS(plan_block) {
 #elif defined(OUT_BOOL)
 #define OUT_ACC int
 #define CONVERT(v) ((v) != IN_ACC(0) ? 1 : 0)
+#define FILL info.w
+#elif defined(CHECK_INT32)
+#define OUT_ACC int
+#define CONVERT(v) to_int_checked(v)
 #define FILL info.w
 #else
 #define OUT_ACC int
@@ -137,4 +148,7 @@ void main() {
       }
     }
   }
+#ifdef CHECK_INT32
+  report_overflow(chunks.y);
+#endif
 }

@@ -15,11 +15,17 @@
 // invocation per output element, or per CHUNK consecutive ones on CPU drivers
 // (broadcast_plan.h); the grid is sized for the upper bound, the current numel comes
 // from the plan.
+// CHECK_INT32 (int64 add / sub / mul, kernels/binary_dispatch.py): OP_EXPR uses
+// int_checked.h's add_checked / mul_checked, and a result past the int32 range sets
+// error_flags[iscalars.y].
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(a_data, A_T)
 TENSOR_IN(b_data, B_T)
 PARAMS(scalars_block) { vec4 fscalars; ivec4 iscalars; };
+#ifdef CHECK_INT32
+#include "int_checked.h"
+#endif
 
 #ifdef ACC_FLOAT
 #define ALPHA fscalars.x
@@ -43,4 +49,7 @@ void main() {
       out_data[i + j] = OUT_STORE(OP_EXPR);
     }
   }
+#ifdef CHECK_INT32
+  report_overflow(iscalars.y);
+#endif
 }

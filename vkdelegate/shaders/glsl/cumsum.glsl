@@ -9,12 +9,20 @@
 // fp32 sums, also for fp16 data; int: int32 sums), IN_LOAD(v) (storage -> ACC_T).
 // `dim.x` is the dim as a metadata index (innermost first). In and out are contiguous
 // with the same sizes, so an element has the same offset in both.
+// CHECK_INT32 (int64 results): the sums use int_checked.h's add_checked, and a partial
+// sum past the int32 range sets error_flags[dim.y].
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(in_data, IN_T)
 TENSOR_META(out_meta)
 TENSOR_META(in_meta)
 PARAMS(cumsum_block) { ivec4 dim; };
+#ifdef CHECK_INT32
+#include "int_checked.h"
+#define ACC_ADD(acc, v) add_checked(acc, v)
+#else
+#define ACC_ADD(acc, v) ((acc) + (v))
+#endif
 
 void main() {
   const uint o = linear_id();
@@ -38,9 +46,12 @@ void main() {
       const int r = r0 + j;
       if (r < n) {
         const int at = base + r * stride;
-        acc += IN_LOAD(in_data[at]);
+        acc = ACC_ADD(acc, IN_LOAD(in_data[at]));
         out_data[at] = OUT_STORE(acc);
       }
     }
   }
+#ifdef CHECK_INT32
+  report_overflow(dim.y);
+#endif
 }

@@ -1,0 +1,48 @@
+// int64 tensors are held in int32 on the device (runtime/dtypes.py). An op whose int64
+// result may leave the int32 range computes it with these helpers: a result past the
+// range sets the node's word in the graph's error-flag buffer (NodeBuilder.error_flag;
+// the run then raises VkDelegateError naming the node) where it would otherwise wrap
+// silently (ATen's int64 is exact there). The op declares error_flags as an output
+// binding and passes its word's index; defined with CHECK_INT32 only, so the int32 ops
+// (which wrap in ATen too) and the float ops pay nothing.
+
+layout(set = 0, binding = BINDING_error_flags) buffer error_flag_buffer {
+  uint error_flags[];
+};
+
+bool int32_overflow = false;  // this invocation's results so far: one left the range
+
+int add_checked(int a, int b) {
+  const int r = a + b;  // wraps (two's complement); overflow iff both signs differ from r's
+  if (((a ^ r) & (b ^ r)) < 0) {
+    int32_overflow = true;
+  }
+  return r;
+}
+
+int mul_checked(int a, int b) {
+  int hi, lo;
+  imulExtended(a, b, hi, lo);
+  if (hi != (lo >> 31)) {  // the 64-bit product is not lo sign-extended
+    int32_overflow = true;
+  }
+  return lo;
+}
+
+// float -> int64 (truncation toward zero, as ATen): the value must truncate into the
+// int32 range, i.e. lie in [-2^31, 2^31) (both ends exact in fp32; no fp32 value lies
+// strictly between -2^31 - 1 and -2^31); NaN and infinities, which ATen's cast leaves
+// undefined, are flagged too.
+int to_int_checked(float v) {
+  if (!(v >= -2147483648.0 && v < 2147483648.0)) {
+    int32_overflow = true;
+  }
+  return int(v);
+}
+
+// At the end of main: this invocation's overflow, if any, into word `slot`.
+void report_overflow(int slot) {
+  if (int32_overflow) {
+    atomicOr(error_flags[slot], 1u);
+  }
+}
