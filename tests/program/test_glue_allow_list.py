@@ -156,6 +156,46 @@ def test_run_time_sized_creation_op_is_checked_before_the_call(tmp_path_factory,
             program(torch.randn(3, 4))
 
 
+@pytest.mark.parametrize("nodes,op", [
+    # a [3, 4] input grown 2**20 x 2**20 times: 48 TiB of float32
+    ([_node("aten.repeat.default", "X", [1 << 20, 1 << 20])], "aten.repeat.default"),
+    ([_node("aten.constant_pad_nd.default", "X", [0, 1 << 40], 0.0)],
+     "aten.constant_pad_nd.default"),
+    # expand is a view (nothing allocated); its copy is the allocation
+    ([_node("aten.expand.default", "X", [1 << 30, 3, 4]),
+      _node("aten.clone.default", {"v": "crafted_0"})], "aten.clone.default"),
+    # a [3, 4, 1] + [1, 1, 2**36] broadcast (the second an expanded one-element tensor)
+    ([_node("aten.unsqueeze.default", "X", 2),
+      _node("aten.new_ones.default", "X", [1, 1, 1]),
+      _node("aten.expand.default", {"v": "crafted_1"}, [1, 1, 1 << 36]),
+      _node("aten.add.Tensor", {"v": "crafted_0"}, {"v": "crafted_2"})],
+     "aten.add.Tensor"),
+])
+def test_glue_that_grows_a_tensor_is_sized_before_it_runs(tmp_path_factory, tmp_path,
+                                                          nodes, op):
+    """Known limit closed: a crafted glue op that grows a small input (repeat, pad, a
+    copy of an expanded view, broadcasting) is sized on the meta device before it runs
+    and refused over the limits, instead of allocating what torch grants."""
+    path = _crafted(tmp_path_factory, tmp_path, *nodes)
+    with vkdelegate.load(path) as program:
+        with pytest.raises(ResourceLimitError, match=re.escape(
+                f"method 'forward', node {len(nodes) - 1} ({op}): the tensor it makes, "
+                f"in bytes, is ")):
+            program(torch.randn(3, 4))
+        # the same ops within the limits run (the crafted nodes' results are unused)
+    small = LoadLimits(max_host_bytes=64 << 20)
+    with vkdelegate.load(_crafted(tmp_path_factory, tmp_path,
+                                  _node("aten.repeat.default", "X", [2, 2])),
+                         limits=small) as program:
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(program(x), torch.relu(torch.sort(x, dim=-1)[0]))
+    with vkdelegate.load(_crafted(tmp_path_factory, tmp_path,
+                                  _node("aten.repeat.default", "X", [2048, 1024])),
+                         limits=small) as program:
+        with pytest.raises(ResourceLimitError, match="max_host_bytes=67,108,864"):
+            program(torch.randn(3, 4))
+
+
 class _TwiceOnTheCpu(torch.nn.Module):
     def forward(self, x):
         return torch.ops.vkd_allow_test.twice(torch.relu(x))

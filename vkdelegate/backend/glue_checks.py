@@ -5,7 +5,12 @@ executor (``ReferenceGraph``).
 The allow-list (``allowed_ops``) says which ops may run; these checks say with what:
 a str argument only from the op's fixed choices (``allowed_ops.STR_CHOICES``), never
 ``pin_memory=True``, in the glue no device but the CPU, and creation ops within
-``LoadLimits.max_tensor_bytes`` each and ``max_host_bytes`` together. Torch-free.
+``LoadLimits.max_tensor_bytes`` each and ``max_host_bytes`` together. Any other glue op
+that allocates (``sizes_at_call``: not a view) is sized before it runs, by running it on
+the meta device, so that a small input cannot grow into a huge tensor (``repeat``,
+``constant_pad_nd``, ``expand`` then a copy, broadcasting, a chain of ``cat``): its
+outputs count against the same limits. Torch-free at import (the meta run imports
+torch; only torch-side glue ops have it).
 """
 from __future__ import annotations
 
@@ -98,6 +103,41 @@ def check_arguments(name: str, fn, args: list, kwargs: dict, where: str) -> None
             raise VkDelegateError(f"{where} passes {name} a string inside {label}")
 
 
+#: Glue ops that return views of their inputs (no allocation): not sized at call time.
+VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select",
+                      "squeeze", "unsqueeze", "permute", "transpose", "t", "alias",
+                      "detach", "unbind", "split", "split_with_sizes", "narrow",
+                      "lift_fresh", "sym_size", "sym_numel", "sym_stride"})
+
+
+def sizes_at_call(name: str) -> bool:
+    """Whether glue op ``name`` (a torch op, not a creation op: those are sized from
+    their arguments) is sized on the meta device before each call."""
+    parts = name.split(".")
+    return (len(parts) == 3 and parts[0] != "operator" and name not in CREATION_OPS
+            and parts[1] not in VIEW_OPS)
+
+
+def meta_output_bytes(fn, args: list, kwargs: dict) -> "int | None":
+    """Bytes of the tensors ``fn(*args, **kwargs)`` returns, computed on the meta device
+    (no data is touched or allocated); None where the op cannot run there (an output
+    size that depends on the data, as ``nonzero``'s: at most its input's elements)."""
+    import torch
+    from torch.utils import _pytree
+
+    def meta(v):
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        return v
+    op = getattr(fn, "op", fn)  # glue_ops' wrappers keep the op as .op
+    try:
+        out = op(*_pytree.tree_map(meta, list(args)), **_pytree.tree_map(meta, kwargs))
+    except Exception:  # no meta kernel, data-dependent sizes: the op checks itself
+        return None
+    return sum(t.numel() * t.element_size() for t in _pytree.tree_leaves(out)
+               if isinstance(t, torch.Tensor))
+
+
 class CreationBudget:
     """Bytes the creation ops of one method (or one delegate blob) make.
 
@@ -131,6 +171,17 @@ class CreationBudget:
         if nbytes is None:
             raise VkDelegateError(f"{where}: {name} is called with sizes that are not "
                                   f"integers")
+        self._check(nbytes, where, self.static_bytes + spent)
+        return nbytes
+
+    def check_growth(self, fn, args: list, kwargs: dict, where: str, spent: int) -> int:
+        """Before a call of a glue op that allocates (``sizes_at_call``): the bytes it
+        will return, from a meta-device run, checked against ``max_tensor_bytes`` (the
+        whole output) and, with ``spent`` (bytes this call's earlier checked ops
+        made), ``max_host_bytes``; 0 where the meta run cannot size it."""
+        nbytes = meta_output_bytes(fn, args, kwargs)
+        if nbytes is None:
+            return 0
         self._check(nbytes, where, self.static_bytes + spent)
         return nbytes
 

@@ -20,7 +20,8 @@ import weakref
 import numpy as np
 
 from vkdelegate.backend import glue_ops, pytree_spec
-from vkdelegate.backend.glue_checks import CreationBudget, check_arguments, glue_literal
+from vkdelegate.backend.glue_checks import CreationBudget, check_arguments, glue_literal, \
+    sizes_at_call
 from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.program_state import ProgramState, state_fqn
@@ -270,6 +271,11 @@ class MethodRunner:
             self._state_names)
         self._ops = []
         self.creation = CreationBudget(self.limits)
+        #: glue nodes sized on the meta device before each call (glue_checks)
+        self._grows = {n for n, node in enumerate(plan["nodes"])
+                       if isinstance(node, dict) and isinstance(node.get("op"), str)
+                       and node["op"] not in ("delegate", "getitem")
+                       and sizes_at_call(node["op"])}
         for n, node in enumerate(plan["nodes"]):
             if not isinstance(node, dict) or "op" not in node or "out" not in node:
                 raise VkDelegateError(f"node {n} of the CPU glue is malformed")
@@ -390,6 +396,9 @@ class MethodRunner:
                 if n in self.creation.at_run_time:
                     created += self.creation.check_call(
                         op, args, kwargs, f"method {self.name!r}, node {n} ({op})", created)
+                elif n in self._grows:
+                    created += self.creation.check_growth(
+                        fn, args, kwargs, f"method {self.name!r}, node {n} ({op})", created)
                 try:
                     env[node["out"]] = fn(*args, **kwargs)
                 except Exception as exc:
