@@ -138,6 +138,22 @@ def meta_output_bytes(fn, args: list, kwargs: dict) -> "int | None":
                if isinstance(t, torch.Tensor))
 
 
+def _signature(args, kwargs) -> tuple:
+    """What a glue op's output sizes depend on: each tensor's sizes, strides and dtype,
+    every other value as it is (nested lists and dicts made hashable)."""
+    def one(v):
+        shape = getattr(v, "shape", None)
+        if shape is not None and hasattr(v, "dtype"):
+            stride = v.stride() if callable(getattr(v, "stride", None)) else v.strides
+            return ("t", tuple(shape), tuple(stride), str(v.dtype))
+        if isinstance(v, (list, tuple)):
+            return tuple(one(x) for x in v)
+        if isinstance(v, dict):
+            return tuple((k, one(x)) for k, x in sorted(v.items()))
+        return v if isinstance(v, (int, float, bool, str, type(None))) else repr(v)
+    return one(list(args)), one(kwargs)
+
+
 class CreationBudget:
     """Bytes the creation ops of one method (or one delegate blob) make.
 
@@ -150,6 +166,7 @@ class CreationBudget:
         self.limits = limits
         self.static_bytes = 0
         self.at_run_time: set = set()  # keys of creation ops sized before each call
+        self._sized: dict = {}  # check_growth: key -> (argument signature, bytes)
 
     def add(self, key, name: str, args: list, kwargs: dict, where: str) -> None:
         """At load: size creation op ``name`` (node ``key``, described by ``where``)
@@ -174,12 +191,22 @@ class CreationBudget:
         self._check(nbytes, where, self.static_bytes + spent)
         return nbytes
 
-    def check_growth(self, fn, args: list, kwargs: dict, where: str, spent: int) -> int:
-        """Before a call of a glue op that allocates (``sizes_at_call``): the bytes it
-        will return, from a meta-device run, checked against ``max_tensor_bytes`` (the
-        whole output) and, with ``spent`` (bytes this call's earlier checked ops
-        made), ``max_host_bytes``; 0 where the meta run cannot size it."""
-        nbytes = meta_output_bytes(fn, args, kwargs)
+    def check_growth(self, key, fn, args: list, kwargs: dict, where: str,
+                     spent: int) -> int:
+        """Before a call of glue node ``key``, an op that allocates
+        (``sizes_at_call``): the bytes it will return, from a meta-device run, checked
+        against ``max_tensor_bytes`` (the whole output) and, with ``spent`` (bytes this
+        call's earlier checked ops made), ``max_host_bytes``; 0 where the meta run
+        cannot size it. The meta run (hundreds of microseconds: Python meta kernels) is
+        redone only when the node's argument signature (tensor sizes, strides and
+        dtypes, other values) differs from its last call's."""
+        signature = _signature(args, kwargs)
+        last = self._sized.get(key)
+        if last is not None and last[0] == signature:
+            nbytes = last[1]
+        else:
+            nbytes = meta_output_bytes(fn, args, kwargs)
+            self._sized[key] = (signature, nbytes)
         if nbytes is None:
             return 0
         self._check(nbytes, where, self.static_bytes + spent)

@@ -398,7 +398,7 @@ class MethodRunner:
                         op, args, kwargs, f"method {self.name!r}, node {n} ({op})", created)
                 elif n in self._grows:
                     created += self.creation.check_growth(
-                        fn, args, kwargs, f"method {self.name!r}, node {n} ({op})", created)
+                        n, fn, args, kwargs, f"method {self.name!r}, node {n} ({op})", created)
                 try:
                     env[node["out"]] = fn(*args, **kwargs)
                 except Exception as exc:
