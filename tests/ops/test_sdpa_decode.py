@@ -132,7 +132,13 @@ def test_head_dims_not_multiples_of_four_and_different_ev(decode, e, ev):
     check_op(sdpa_fn(), (q, k, v), ops=[SDPA], **FP32_TOL)
 
 
-def test_head_dim_256(decode, form):
+def test_head_dim_256(decode, form, monkeypatch):
+    # The default lanes shape leaves a 256-wide head to the workgroup form (8 vec4s a
+    # lane at LANES 8 is past 2 * LANES_DL4); with 4 vec4s a lane allowed it is taken.
+    # (and 128 invocations: 16 subgroups' 1032-byte merge slots fit lavapipe's 32 KiB).
+    assert dec.lanes_shape(256, 32) is None
+    monkeypatch.setattr(dec, "LANES_DL4", 4)
+    monkeypatch.setattr(dec, "LANES_WG", 128)
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, h, n, 256) for h, n in ((4, 1), (2, 150), (2, 150)))
     check_op(sdpa_fn(enable_gqa=True, is_causal=False), (q, k, v), ops=[SDPA], **FP32_TOL)
@@ -231,13 +237,15 @@ def test_lanes_form_choice(monkeypatch):
                                                     min_subgroup_size=smallest,
                                                     max_subgroup_size=smallest))
 
-    assert dec.lanes_for(info(32), 1, 64) is None  # off by default
-    monkeypatch.setattr(dec, "LANES_FORM", True)
-    assert dec.lanes_for(info(32), 1, 64) == 4      # 4 vec4s of 64 dims a lane
-    assert dec.lanes_for(info(32), 1, 256) == 8     # at most LANES_MAX: 8 vec4s a lane
-    assert dec.lanes_for(info(8), 1, 256) == 8
+    assert dec.LANES_FORM and (dec.LANES_WG, dec.LANES_DL4) == (256, 2)  # the defaults
+    assert dec.lanes_for(info(32), 1, 64) == 8      # 2 vec4s of 64 dims a lane
+    assert dec.lanes_for(info(32), 1, 128) == 8     # at most LANES_MAX: 4 vec4s a lane
+    assert dec.lanes_for(info(8), 1, 128) == 8
+    assert dec.lanes_for(info(32), 1, 256) is None  # 8 vec4s a lane: > 2 * LANES_DL4
     assert dec.lanes_for(info(4), 1, 64) is None    # subgroups below LANES_MAX
     assert dec.lanes_for(info(32), 2, 64) is None   # two rows: the workgroup form
     assert dec.lanes_for(info(32, ops=("basic",)), 1, 64) is None
-    assert dec.lanes_for(info(32, shared=16384), 1, 256) is None  # 16 x 1032 bytes
-    assert dec.lanes_for(info(32, shared=16384), 1, 64) == 4      # 16 x 264 bytes
+    assert dec.lanes_for(info(32, shared=16384), 1, 128) is None  # 32 x 520 bytes
+    assert dec.lanes_for(info(32, shared=16384), 1, 64) == 8      # 32 x 264 bytes
+    monkeypatch.setattr(dec, "LANES_FORM", False)
+    assert dec.lanes_for(info(32), 1, 64) is None

@@ -35,15 +35,21 @@ shader_bindings(SHADER)(at._bindings)  # sdpa.glsl's bindings (sdpa.h)
 LANES_SHADER = "sdpa_decode_lanes"
 shader_bindings(LANES_SHADER)(at._bindings)
 #: Whether one-row decode attention takes sdpa_decode_lanes.glsl where it applies
-#: (``lanes_for``). Off until measured on a GPU (the form above is the measured one).
-LANES_FORM = False
+#: (``lanes_for``). Measured on an H100 (2026-12-06, docs/PERF.md; 32/8 heads x 64,
+#: fp16): 13.2 -> 10.2 us at 256 cached / position 96, 26.9 -> 18.6 at 2048 / 1500
+#: (with the combine pass); the Llama-3.2-1B-shaped decode's attention 252.6 -> 169.6
+#: us a step, fp16 decode +3-4% tokens/s, int4 +4%.
+LANES_FORM = True
 #: The lanes form's invocations per workgroup (a multiple of any subgroup size it runs
 #: with: a power of two), keys per cluster per chunk (their K and V loads issued
 #: together) and head-dim vec4s per lane (LANES = D_MAX / 4 / LANES_DL4, at most
-#: LANES_MAX: ``lanes_shape``).
-LANES_WG = 128
+#: LANES_MAX: ``lanes_shape``). On the H100 at head dim 64, WG 256 with 2 vec4s a
+#: lane (LANES 8) was the fastest of WG 64 / 128 / 256, KB 1 / 2 / 4, DL4 2 / 4 (10.2
+#: us against 13.4 for WG 128, DL4 4 at 256 / 96); a head dim of 256 (8 vec4s a lane
+#: at LANES 8) keeps the workgroup form.
+LANES_WG = 256
 LANES_KB = 2
-LANES_DL4 = 4
+LANES_DL4 = 2
 #: The most lanes a key (8: lavapipe's subgroups, the smallest common GPU ones).
 LANES_MAX = 8
 
