@@ -63,6 +63,26 @@ def test_numpy_in_numpy_out(executor):
     np.testing.assert_allclose(out, np.tanh(x) + y, rtol=1e-4, atol=1e-4)
 
 
+class NonTensorOutputs(torch.nn.Module):
+    def forward(self, x):
+        return {"y": x + 1, "n": None, "k": 7, "f": 3.5}
+
+
+def test_non_tensor_outputs_stay_python_values_with_numpy_inputs():
+    """None and Python numbers come back as they are, as with torch inputs (they came
+    back as 0-d arrays, None as an object array that np.save pickles)."""
+    x = torch.randn(3, generator=torch.Generator().manual_seed(3))
+    program = _lower(NonTensorOutputs(), (x,))
+    want = NonTensorOutputs()(x)
+    for arg in (x, x.numpy()):
+        out = program(arg)
+        assert out["n"] is None
+        assert type(out["k"]) is int and out["k"] == 7
+        assert type(out["f"]) is float and out["f"] == 3.5
+        np.testing.assert_allclose(np.asarray(out["y"]), want["y"].numpy(), rtol=1e-6)
+    assert isinstance(program(x.numpy())["y"], np.ndarray)
+
+
 def test_repeated_runs_are_bit_identical(executor):
     torch.manual_seed(1)
     x, y = torch.randn(37, 11), torch.randn(37, 11)

@@ -65,6 +65,15 @@ def to_numpy(value) -> np.ndarray:
     return np.require(value, requirements="C")
 
 
+def _tensor_to_numpy(value):
+    """An output leaf for numpy callers: a tensor or array as a C-contiguous array;
+    anything else (None, a Python int or float the method returns) as it is, as a
+    torch caller gets it."""
+    if _is_torch_tensor(value) or isinstance(value, np.ndarray):
+        return to_numpy(value)
+    return value
+
+
 def to_torch(value):
     """A CPU-op input: numpy arrays become tensors (sharing memory when writable)."""
     if isinstance(value, np.ndarray):
@@ -372,7 +381,7 @@ class MethodRunner:
                                    "arguments")
         want_torch = any(_is_torch_tensor(v) for v in flat) or (
             not flat and "torch" in sys.modules)
-        convert = to_torch if want_torch else to_numpy
+        convert = to_torch if want_torch else _tensor_to_numpy
         leaves = [convert(v) for v in self.call_flat(flat, repeat)]
         return pytree_spec.unflatten(leaves, self.plan["out_spec"])
 
