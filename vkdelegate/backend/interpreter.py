@@ -383,7 +383,7 @@ class MethodRunner:
             not flat and "torch" in sys.modules)
         convert = to_torch if want_torch else _tensor_to_numpy
         leaves = [convert(v) for v in self.call_flat(flat, repeat)]
-        return pytree_spec.unflatten(leaves, self.plan["out_spec"])
+        return pytree_spec.unflatten(leaves, self.plan["out_spec"], want_torch)
 
     def repeat(self, times: int, *args, **kwargs):
         """Call the method ``times`` times on the same arguments, with its one delegate
