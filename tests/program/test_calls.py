@@ -129,11 +129,28 @@ def test_input_mutation_as_in_eager(executor):
 
 
 def test_to_backend_rejects_non_programs():
-    with pytest.raises(VkDelegateError, match="expected a torch.export.ExportedProgram"):
+    with pytest.raises(VkDelegateError, match=r"expected a torch.export.ExportedProgram, "
+                                              r"got AddTanh; export it first"):
         to_backend(AddTanh())
+    with pytest.raises(VkDelegateError, match=r"expected a torch.export.ExportedProgram, "
+                                              r"got str$"):
+        to_backend("model.pt")
     ep = torch.export.export(AddTanh(), (torch.randn(2), torch.randn(2)))
     with pytest.raises(VkDelegateError, match="must be a Python identifier"):
         to_backend({"not valid": ep})
+
+
+def test_to_backend_rejects_options_where_the_partitioner_goes():
+    """An options dict as the second argument: one line saying where options go (it
+    was an AttributeError from inside to_backend)."""
+    ep = torch.export.export(AddTanh(), (torch.randn(2), torch.randn(2)))
+    with pytest.raises(VkDelegateError, match=r"second argument is a VulkanPartitioner, "
+                                              r"got a dict; .*VulkanPartitioner\(options\)"):
+        to_backend(ep, {"force_fp16": True})
+    with pytest.raises(VkDelegateError, match="must be a VulkanPartitioner, got str"):
+        to_backend(ep, "vulkan")
+    x, y = torch.randn(2), torch.randn(2)
+    torch.testing.assert_close(to_backend(ep, None)(x, y), AddTanh()(x, y))
 
 
 def _blob_graphs(program):

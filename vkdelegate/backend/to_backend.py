@@ -36,12 +36,22 @@ def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> Lowe
 
     programs: a ``torch.export.ExportedProgram`` (the method "forward") or a dict of
         method name -> ExportedProgram.
+    partitioner: a ``VulkanPartitioner`` (compile options go to it:
+        ``VulkanPartitioner({"force_fp16": True})``) or None.
     Returns a LoweredProgram; each method's partition report is ``program.methods[name]
-    .report``. Raises VkDelegateError for a program vkdelegate cannot run at all
+    .report``. Raises VkDelegateError for arguments of the wrong type (an options dict
+    or an nn.Module where these go) and for a program vkdelegate cannot run at all
     (control flow, unsupported input kinds, custom Python containers).
     """
     if partitioner is None:
         partitioner = VulkanPartitioner()
+    elif isinstance(partitioner, dict):
+        raise VkDelegateError("to_backend's second argument is a VulkanPartitioner, got "
+                              "a dict; pass the options to it: to_backend(ep, "
+                              "VulkanPartitioner(options))")
+    elif not isinstance(partitioner, VulkanPartitioner):
+        raise VkDelegateError(f"to_backend's second argument must be a "
+                              f"VulkanPartitioner, got {type(partitioner).__name__}")
     if isinstance(programs, dict):
         items = programs
     else:
@@ -50,8 +60,10 @@ def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> Lowe
         if not isinstance(name, str) or not name.isidentifier():
             raise VkDelegateError(f"method name {name!r} must be a Python identifier")
         if not isinstance(ep, torch.export.ExportedProgram):
+            hint = ("; export it first: torch.export.export(model.eval(), args)"
+                    if isinstance(ep, torch.nn.Module) else "")
             raise VkDelegateError(f"method {name!r}: expected a torch.export."
-                                  f"ExportedProgram, got {type(ep).__name__}")
+                                  f"ExportedProgram, got {type(ep).__name__}{hint}")
     # A buffer one method mutates is state in every method that reads it (else a reader
     # would hold its export-time value as a constant).
     mutated = frozenset().union(*(mutated_buffers(ep) for ep in items.values()))
