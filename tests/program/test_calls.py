@@ -153,6 +153,31 @@ def test_to_backend_rejects_options_where_the_partitioner_goes():
     torch.testing.assert_close(to_backend(ep, None)(x, y), AddTanh()(x, y))
 
 
+def test_pickle_and_copy_say_to_save_and_load(tmp_path):
+    """pickle / copy of a program or a method: one line pointing at save / load (a
+    TypeError too, as pickle raises); it was "cannot pickle '_thread.RLock' object"."""
+    import copy
+    import pickle
+
+    from vkdelegate import load
+    from vkdelegate.errors import NotPicklableError
+
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    program = _lower(AddTanh(), (x, y))
+    program(x, y)  # built: its delegate holds a lock and a loaded graph
+    for value, what in ((program, "a lowered program"),
+                        (program.forward, "method 'forward' of a lowered program")):
+        for fn in (pickle.dumps, copy.deepcopy, copy.copy):
+            with pytest.raises(NotPicklableError, match=rf"^{what} cannot be pickled or "
+                                                        rf"copied .*program\.save\(path\) "
+                                                        rf".*vkdelegate\.load\(path\)$"):
+                fn(value)
+    assert issubclass(NotPicklableError, TypeError)
+    assert issubclass(NotPicklableError, VkDelegateError)
+    program.save(tmp_path / "p.vkp")  # the way to a second program
+    torch.testing.assert_close(load(tmp_path / "p.vkp")(x, y), AddTanh()(x, y))
+
+
 def _blob_graphs(program):
     return [read_blob(d.blob).graph for d in program.methods["forward"].delegates]
 

@@ -25,7 +25,7 @@ from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.program_state import ProgramState, state_fqn
 from vkdelegate.backend.state_bindings import plan_bindings
-from vkdelegate.errors import VkDelegateError, first_line, printable
+from vkdelegate.errors import VkDelegateError, first_line, not_picklable, printable
 from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 from vkdelegate.runtime import host_copy
 
@@ -179,6 +179,9 @@ class MethodRunner:
             # A weak reference: no runner <-> delegate cycle, so a dropped program
             # is freed (and its graphs finalized) as soon as it is unreferenced.
             d.before_close = _forget(ref, index)
+
+    def __reduce_ex__(self, protocol):
+        raise not_picklable(f"method {printable(self.name)!r} of a lowered program")
 
     @property
     def state(self) -> dict:

@@ -27,7 +27,8 @@ from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.program_state import ProgramState, merge_initial
 from vkdelegate.backend.report import PartitionReport
-from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError, printable
+from vkdelegate.errors import (DeviceLimitError, ResourceLimitError, VkDelegateError,
+                               not_picklable, printable)
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import program_file
 
@@ -284,6 +285,11 @@ class LoweredProgram:
 
     def __call__(self, *args, **kwargs):
         return self.run(self.default_method(), *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        # pickle, copy.copy and copy.deepcopy all come here; the default failed on
+        # a delegate's lock ("cannot pickle '_thread.RLock' object").
+        raise not_picklable("a lowered program")
 
     def __getattr__(self, name):
         runners = self.__dict__.get("_runners", {})
