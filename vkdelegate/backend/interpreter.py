@@ -61,6 +61,9 @@ def to_numpy(value) -> np.ndarray:
         except TypeError as exc:  # "Got unsupported ScalarType BFloat16"
             raise VkDelegateError(f"a {str(value.dtype).removeprefix('torch.')} tensor "
                                   f"cannot be passed to a Vulkan delegate ({exc})") from None
+        except RuntimeError as exc:  # a tensor subclass check_inputs did not see
+            raise VkDelegateError(f"a {type(value).__name__} cannot be passed to a "
+                                  f"Vulkan delegate ({first_line(exc)})") from exc
         return np.require(array, requirements="C")
     return np.require(value, requirements="C")
 
