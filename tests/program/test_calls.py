@@ -259,6 +259,22 @@ def test_python_scalar_input_is_the_exported_constant(executor):
         program(x, 4)
 
 
+def test_batch_norm_in_training_mode_says_to_call_eval():
+    """Batch norm exported in training mode (it updates its running statistics) was
+    refused by the internal op's name alone; the error now says to call model.eval()."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6))
+    x = torch.randn(4, 3, 8, 8)
+    with pytest.raises(VkDelegateError, match=r"calls aten\._native_batch_norm_legit_"
+                                              r"functional\.default, .*exported in "
+                                              r"training mode; call model\.eval\(\) "
+                                              r"before torch\.export\.export$"):
+        _lower(model.train(), (x,))
+    program = _lower(model.eval(), (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_control_flow_is_rejected():
     class Cond(torch.nn.Module):
         def forward(self, x):

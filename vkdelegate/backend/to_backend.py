@@ -30,6 +30,12 @@ from vkdelegate.serialization.fx_values import ConstantCache
 
 _PREFIX = "vulkan_delegate_"
 
+#: CPU ops that only a module exported in training mode calls: batch norm updating
+#: its running statistics (an eval-mode module's is ``_native_batch_norm_legit_no_
+#: training``). Their refusal says to call ``model.eval()`` before exporting.
+_TRAINING_OPS = frozenset({"aten._native_batch_norm_legit_functional.default",
+                           "aten._native_batch_norm_legit.default"})
+
 
 def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> LoweredProgram:
     """Lower ``programs`` with ``partitioner`` (default: ``VulkanPartitioner()``).
@@ -295,6 +301,11 @@ class _GlueEncoder:
                 # A file that calls it would not load (a user's custom op, say).
                 refused = allowed_ops.refusal(name, f"node {node.name}, which stays on "
                                                     f"the CPU,")
+                if name in _TRAINING_OPS:
+                    raise VkDelegateError(f"{refused}; it is batch norm updating its "
+                                          f"running statistics: the model was exported "
+                                          f"in training mode; call model.eval() before "
+                                          f"torch.export.export")
                 raise VkDelegateError(f"{refused}; docs/LOWERING.md lists what it may "
                                       f"call")
         else:
