@@ -33,6 +33,23 @@ class ResourceLimitError(VkDelegateError):
     """
 
 
+class NotPicklableError(VkDelegateError, TypeError):
+    """Raised by ``pickle`` and ``copy`` of a lowered program or one of its methods:
+    it holds device resources, locks and a Vulkan device; ``program.save(path)`` and
+    ``vkdelegate.load(path)`` are how a program travels or is duplicated.
+
+    Also a TypeError, the error pickle's protocol raises for an object that cannot be
+    pickled (callers that catch it keep working).
+    """
+
+
+def not_picklable(what: str) -> NotPicklableError:
+    """The NotPicklableError for ``what`` ("a lowered program", ...)."""
+    return NotPicklableError(f"{what} cannot be pickled or copied (it holds device "
+                             f"resources); save it with program.save(path) and load a "
+                             f"new one with vkdelegate.load(path)")
+
+
 def printable(text) -> str:
     """``text`` as a message or a table may show it: unchanged when every character
     is printable, else its ``repr`` (quoted, with ``\\x1c``, ``\\n``, ``\\x00``, ...

@@ -88,6 +88,54 @@ def test_allow_and_block_lists(fake_ops):
     assert d["sin"].reasons == ["not in operator_allowlist"]
 
 
+@pytest.mark.parametrize("lists, text", [
+    ({"operator_blocklist": ["aten.relux.default"]},
+     "operator_blocklist entry 'aten.relux.default' is not an operator torch or "
+     "vkdelegate knows"),
+    ({"operator_blocklist": ["aten.relu.defualt"]}, "entry 'aten.relu.defualt'"),
+    ({"operator_allowlist": ["nosuchns.op.default"]},
+     "operator_allowlist entry 'nosuchns.op.default'"),
+    ({"operator_blocklist": ["relu"]}, "entry 'relu'"),
+    ({"operator_blocklist": "aten.relu.default"},
+     "operator_blocklist must be a list of ops .* got str 'aten.relu.default'"),
+    ({"operator_blocklist": [3]}, "entry 3 of type int is not an operator"),
+])
+def test_unknown_list_entries_are_refused(lists, text):
+    """A misspelled op name matched nothing, so the op stayed delegated, silently."""
+    from vkdelegate import VkDelegateError
+
+    with pytest.raises(VkDelegateError, match=text):
+        VulkanPartitioner(**lists)
+
+
+def test_list_entries_torch_or_the_registry_knows():
+    """Overloads, overload packets (names and objects: they name every overload),
+    ops only the registry knows (ExecuTorch's) and the glue's size operators."""
+    import operator
+
+    from vkdelegate import to_backend
+
+    VulkanPartitioner(operator_blocklist=["aten.add.Tensor", "aten.linalg_det.default",
+                                          "et_vk.prepack.default", "et_vk.prepack",
+                                          "vkdelegate.fused_elementwise",
+                                          "operator.mul", operator.getitem])
+
+    class AddTwice(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x + 1.0) + x
+
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(6))
+    for blocked in ("aten.add", torch.ops.aten.add):
+        program = to_backend(torch.export.export(AddTwice(), (x,)),
+                             VulkanPartitioner({"executor": "reference",
+                                                "fuse_elementwise": False},
+                                               operator_blocklist=[blocked]))
+        d = _by_name(program.report)
+        assert d["add"].reasons == d["add_1"].reasons == ["in operator_blocklist"]
+        assert d["relu"].on_vulkan
+        torch.testing.assert_close(program(x), AddTwice()(x))
+
+
 def test_dynamic_shapes(fake_ops):
     batch = torch.export.Dim("batch", min=2, max=16)
 

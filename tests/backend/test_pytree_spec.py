@@ -39,6 +39,29 @@ def test_unsupported_container():
     assert pytree_spec.unflatten([3, 4], spec) == (3, 4)
 
 
+def test_torch_return_types():
+    """A torch.return_types structseq: its fields by name; unflatten gives the torch
+    class back only when asked (torch_types), else a namedtuple of the same fields."""
+    x = torch.tensor([3.0, 1.0, 2.0])
+    result = torch.topk(x, 2)
+    leaves, spec = pytree.tree_flatten(result)
+    ours = pytree_spec.from_treespec(spec)
+    assert ours == {"t": "structseq", "n": "topk", "k": ["values", "indices"],
+                    "c": [{"t": "leaf"}, {"t": "leaf"}]}
+    pytree_spec.validate(ours)
+    assert pytree_spec.flatten(result, ours) == leaves
+    again = pytree_spec.unflatten(leaves, ours, torch_types=True)
+    assert type(again) is torch.return_types.topk
+    assert torch.equal(again.values, result.values)
+    plain = pytree_spec.unflatten(leaves, ours)
+    assert type(plain).__name__ == "topk" and plain._fields == ("values", "indices")
+    assert torch.equal(plain.indices, torch.tensor([0, 2]))
+    # A name or fields this torch has no class for: a namedtuple still.
+    other = dict(ours, k=["values", "where"])
+    assert pytree_spec.unflatten(leaves, other, torch_types=True)._fields == (
+        "values", "where")
+
+
 @pytest.mark.parametrize("bad", [{"t": "set"}, {"t": "tuple"}, {"t": "dict", "k": [1],
                                                                   "c": [{"t": "leaf"}]}])
 def test_validate_rejects_malformed(bad):

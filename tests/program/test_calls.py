@@ -63,6 +63,26 @@ def test_numpy_in_numpy_out(executor):
     np.testing.assert_allclose(out, np.tanh(x) + y, rtol=1e-4, atol=1e-4)
 
 
+class NonTensorOutputs(torch.nn.Module):
+    def forward(self, x):
+        return {"y": x + 1, "n": None, "k": 7, "f": 3.5}
+
+
+def test_non_tensor_outputs_stay_python_values_with_numpy_inputs():
+    """None and Python numbers come back as they are, as with torch inputs (they came
+    back as 0-d arrays, None as an object array that np.save pickles)."""
+    x = torch.randn(3, generator=torch.Generator().manual_seed(3))
+    program = _lower(NonTensorOutputs(), (x,))
+    want = NonTensorOutputs()(x)
+    for arg in (x, x.numpy()):
+        out = program(arg)
+        assert out["n"] is None
+        assert type(out["k"]) is int and out["k"] == 7
+        assert type(out["f"]) is float and out["f"] == 3.5
+        np.testing.assert_allclose(np.asarray(out["y"]), want["y"].numpy(), rtol=1e-6)
+    assert isinstance(program(x.numpy())["y"], np.ndarray)
+
+
 def test_repeated_runs_are_bit_identical(executor):
     torch.manual_seed(1)
     x, y = torch.randn(37, 11), torch.randn(37, 11)
@@ -135,11 +155,53 @@ def test_mutated_input_sharing_memory_with_another_is_refused(executor):
 
 
 def test_to_backend_rejects_non_programs():
-    with pytest.raises(VkDelegateError, match="expected a torch.export.ExportedProgram"):
+    with pytest.raises(VkDelegateError, match=r"expected a torch.export.ExportedProgram, "
+                                              r"got AddTanh; export it first"):
         to_backend(AddTanh())
+    with pytest.raises(VkDelegateError, match=r"expected a torch.export.ExportedProgram, "
+                                              r"got str$"):
+        to_backend("model.pt")
     ep = torch.export.export(AddTanh(), (torch.randn(2), torch.randn(2)))
     with pytest.raises(VkDelegateError, match="must be a Python identifier"):
         to_backend({"not valid": ep})
+
+
+def test_to_backend_rejects_options_where_the_partitioner_goes():
+    """An options dict as the second argument: one line saying where options go (it
+    was an AttributeError from inside to_backend)."""
+    ep = torch.export.export(AddTanh(), (torch.randn(2), torch.randn(2)))
+    with pytest.raises(VkDelegateError, match=r"second argument is a VulkanPartitioner, "
+                                              r"got a dict; .*VulkanPartitioner\(options\)"):
+        to_backend(ep, {"force_fp16": True})
+    with pytest.raises(VkDelegateError, match="must be a VulkanPartitioner, got str"):
+        to_backend(ep, "vulkan")
+    x, y = torch.randn(2), torch.randn(2)
+    torch.testing.assert_close(to_backend(ep, None)(x, y), AddTanh()(x, y))
+
+
+def test_pickle_and_copy_say_to_save_and_load(tmp_path):
+    """pickle / copy of a program or a method: one line pointing at save / load (a
+    TypeError too, as pickle raises); it was "cannot pickle '_thread.RLock' object"."""
+    import copy
+    import pickle
+
+    from vkdelegate import load
+    from vkdelegate.errors import NotPicklableError
+
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    program = _lower(AddTanh(), (x, y))
+    program(x, y)  # built: its delegate holds a lock and a loaded graph
+    for value, what in ((program, "a lowered program"),
+                        (program.forward, "method 'forward' of a lowered program")):
+        for fn in (pickle.dumps, copy.deepcopy, copy.copy):
+            with pytest.raises(NotPicklableError, match=rf"^{what} cannot be pickled or "
+                                                        rf"copied .*program\.save\(path\) "
+                                                        rf".*vkdelegate\.load\(path\)$"):
+                fn(value)
+    assert issubclass(NotPicklableError, TypeError)
+    assert issubclass(NotPicklableError, VkDelegateError)
+    program.save(tmp_path / "p.vkp")  # the way to a second program
+    torch.testing.assert_close(load(tmp_path / "p.vkp")(x, y), AddTanh()(x, y))
 
 
 def _blob_graphs(program):
@@ -221,6 +283,22 @@ def test_python_scalar_input_is_the_exported_constant(executor):
     with pytest.raises(VkDelegateError, match="input 'n' was exported as the constant 3; "
                                               "got 4"):
         program(x, 4)
+
+
+def test_batch_norm_in_training_mode_says_to_call_eval():
+    """Batch norm exported in training mode (it updates its running statistics) was
+    refused by the internal op's name alone; the error now says to call model.eval()."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6))
+    x = torch.randn(4, 3, 8, 8)
+    with pytest.raises(VkDelegateError, match=r"calls aten\._native_batch_norm_legit_"
+                                              r"functional\.default, .*exported in "
+                                              r"training mode; call model\.eval\(\) "
+                                              r"before torch\.export\.export$"):
+        _lower(model.train(), (x,))
+    program = _lower(model.eval(), (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model(x), rtol=1e-4, atol=1e-5)
 
 
 def test_control_flow_is_rejected():

@@ -43,6 +43,30 @@ def test_run_writes_outputs(saved):
                                    rtol=1e-4, atol=1e-4)
 
 
+class NonTensorOutputs(torch.nn.Module):
+    def forward(self, x):
+        return {"y": x + 1, "n": None, "k": 7, "f": 3.5}
+
+
+def test_run_skips_none_and_writes_numbers(tmp_path, capsys):
+    """A None output is not written (np.save made a pickled object array that np.load
+    refuses); a Python number is a numeric 0-d array."""
+    x = torch.randn(3, generator=torch.Generator().manual_seed(4))
+    ep = torch.export.export(NonTensorOutputs(), (x,))
+    to_backend(ep, VulkanPartitioner({"executor": "reference"})).save(tmp_path / "p.vkp")
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "p.vkp"), "--input", f"x={tmp_path / 'x.npy'}",
+                 "--output-dir", str(out)]) == 0
+    assert "n: None (not written)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["output_f.npy", "output_k.npy",
+                                                     "output_y.npy"]
+    np.testing.assert_allclose(np.load(out / "output_y.npy"), (x + 1).numpy(), rtol=1e-6)
+    k, f = np.load(out / "output_k.npy"), np.load(out / "output_f.npy")
+    assert k.shape == () and k.dtype == np.int64 and k == 7
+    assert f.shape == () and f.dtype == np.float64 and f == 3.5
+
+
 @pytest.mark.parametrize("inputs,text", [
     (["x=X"], "missing input 'y' (float32[3, 4]); give --input y=FILE.npy"),
     (["x=X", "y=X", "z=X"], "unknown input 'z'; the method takes input(s) 'x', 'y'"),

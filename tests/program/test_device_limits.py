@@ -92,6 +92,33 @@ def test_dynamic_upper_bound_is_named(caplog):
         in text
 
 
+def test_report_says_which_delegate_fell_back_and_why(tmp_path):
+    """program.report said "2 of 2 nodes delegated ... 0 on CPU" after a delegate
+    over a device limit fell back to the CPU; now it names the partition and the limit
+    (until the program is closed), and the saved file stores no fallback."""
+    n = _over_the_device()
+    program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=n)},))
+    before = str(program.report)
+    # relu and mul: one fused elementwise node
+    assert before.startswith("vkdelegate: 1 of 1 nodes delegated to Vulkan in 1 "
+                             "partition(s); 0 on CPU")
+    program.build()
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(program(x), ReluTimesTwo()(x))
+    after = str(program.report)
+    assert after.startswith("vkdelegate: 0 of 1 nodes on Vulkan in 0 partition(s); 1 on "
+                            "CPU, 1 of them in partition(s) 0, delegated but over a "
+                            "limit of this device, so run on the CPU reference executor")
+    assert "method 'forward', delegate 0: tensor" in after
+    assert "maxStorageBufferRange" in after and "Dim max" in after
+    assert program.methods["forward"].report.fallbacks.keys() == {0}
+    program.save(tmp_path / "p.vkp")
+    from vkdelegate import load
+    assert str(load(tmp_path / "p.vkp").report) == before
+    program.close()
+    assert str(program.report) == before
+
+
 def test_without_torch_the_error_is_raised(monkeypatch):
     n = _over_the_device()
     program = _lower(torch.randn(8, 4), dynamic=({0: Dim("n", min=2, max=n)},))

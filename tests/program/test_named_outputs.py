@@ -1,7 +1,9 @@
 """Methods that return HF ModelOutput records or namedtuples (a SigLIP vision tower
 returns ``BaseModelOutputWithPooling``: lowering refused it as an unsupported
 container until 2026-12-05). A loaded program returns a ``Record`` (keys, attributes,
-int indices, as ModelOutput allows) or a namedtuple of the same name and fields."""
+int indices, as ModelOutput allows) or a namedtuple of the same name and fields.
+torch.return_types (``torch.topk``'s result) come back as that class for torch
+inputs and as a namedtuple of the same name and fields for numpy inputs."""
 import collections
 import json
 
@@ -86,6 +88,54 @@ def test_namedtuple_output(tmp_path, executor):
     torch.testing.assert_close(mean, want.mean)
 
 
+class TopK(torch.nn.Module):
+    def forward(self, x):
+        return torch.topk(x, 3)
+
+
+class SortAndMax(torch.nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=-1, descending=True), x.max(dim=1)
+
+
+@pytest.mark.parametrize("executor", ["vulkan", "reference"])
+@pytest.mark.parametrize("module", [TopK(), SortAndMax()], ids=["topk", "sort_max"])
+def test_torch_return_types_output(tmp_path, executor, module):
+    """torch.return_types results returned as they are (refused at lowering as an
+    unsupported container until 2027-01): the same class for torch inputs, a
+    namedtuple of the same name and fields for numpy ones, before and after save /
+    load; vkdelegate run names the files by field."""
+    if executor == "vulkan" and vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(5))
+    program = to_backend(torch.export.export(module, (x,)),
+                         VulkanPartitioner({"executor": executor}))
+    program.save(tmp_path / "p.vkp")
+    want = module(x)
+    want = want if isinstance(want, tuple) and not hasattr(want, "values") else (want,)
+    for p in (program, vkdelegate.load(tmp_path / "p.vkp")):
+        got = p(x)
+        got = got if type(got) is tuple else (got,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert type(g) is type(w)
+            torch.testing.assert_close(g.values, w.values)
+            torch.testing.assert_close(g[1], w[1])
+        from_numpy = p(x.numpy())
+        from_numpy = from_numpy if type(from_numpy) is tuple else (from_numpy,)
+        for g, w in zip(from_numpy, want):
+            assert type(g).__name__ == type(w).__name__ and g._fields == w.__match_args__
+            values, indices = g
+            np.testing.assert_array_equal(values, w.values.numpy())
+            np.testing.assert_array_equal(g.indices, w.indices.numpy())
+    if isinstance(module, TopK):
+        np.save(tmp_path / "x.npy", x.numpy())
+        assert main(["run", str(tmp_path / "p.vkp"), "--input", f"x={tmp_path / 'x.npy'}",
+                     "--output-dir", str(tmp_path / "out")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / "output_indices.npy"),
+                                      want[0].indices.numpy())
+
+
 def _crafted(tmp_path, edit):
     x = torch.randn(3, 5)
     program = to_backend(torch.export.export(NamedTupleOut(), (x,)),
@@ -105,6 +155,9 @@ def _crafted(tmp_path, edit):
     (lambda s: s.update(k=["mean", "mean"]), "bad namedtuple keys"),
     (lambda s: s.update(t="record", n="Out\n"), "not a Python identifier"),
     (lambda s: s.update(t="module"), "malformed tree spec"),
+    (lambda s: s.update(t="structseq", n="__class__", k=["scores", "scores"]),
+     "bad structseq keys"),
+    (lambda s: s.update(t="structseq", n="os.system"), "not a Python identifier"),
 ])
 def test_crafted_names_are_refused_at_load(tmp_path, edit, words):
     path = _crafted(tmp_path, edit)

@@ -37,7 +37,22 @@ def _odd(kind):
             "object_array": lambda: np.empty((3, 4), dtype=object),
             "zero_d": lambda: np.array(1.0, dtype=np.float32),
             "one_d": lambda: np.zeros(4, dtype=np.float32),
+            "two_tensor": lambda: _two_tensor(x),
+            "fake": lambda: _fake(x.shape),
         }[kind]()
+
+
+def _two_tensor(x):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return TwoTensor(x.clone(), x.clone())
+
+
+def _fake(shape):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return torch.empty(shape)
 
 
 @pytest.mark.parametrize("kind, message", [
@@ -50,10 +65,32 @@ def _odd(kind):
     ("object_array", r"input 'x' has dtype object, expected float32\[3, 4\]"),
     ("zero_d", r"input 'x' has rank 0, expected 2"),
     ("one_d", r"input 'x' has rank 1, expected 2"),
+    # A RuntimeError from .numpy() until 2027-01.
+    ("two_tensor", r"^input 'x' is a TwoTensor, a tensor subclass with its own "
+                   r"__torch_dispatch__, which holds no plain data to pass; give a plain "
+                   r"torch.Tensor$"),
+    ("fake", r"^input 'x' is a FakeTensor, a tensor subclass"),
 ])
 def test_odd_input_names_the_input(program, kind, message):
     with pytest.raises(VkDelegateError, match=message):
         program(_odd(kind))
+
+
+class _Traced(torch.Tensor):
+    """A subclass that only overrides __torch_function__: plain data underneath."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("wrap", [torch.nn.Parameter, lambda t: t.as_subclass(_Traced)],
+                         ids=["parameter", "torch_function_subclass"])
+def test_plain_tensor_subclasses_give_the_eager_result(program, wrap):
+    x = crafted.example()
+    got = program(wrap(x.clone()))
+    assert type(got) is torch.Tensor
+    torch.testing.assert_close(got, _eager(x.numpy()))
 
 
 @pytest.mark.parametrize("view", [

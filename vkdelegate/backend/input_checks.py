@@ -28,11 +28,19 @@ def unusable_tensor(value) -> "str | None":
     A meta tensor has no data, and a sparse, nested or mkldnn tensor has no dense
     buffer to hand to numpy: refused by name here instead of failing as
     NotImplementedError, TypeError or RuntimeError when it is read. (``.shape`` of a
-    nested tensor raises, so this runs before the shape is looked at.)
+    nested tensor raises, so this runs before the shape is looked at.) So is a tensor
+    subclass with its own ``__torch_dispatch__`` (a FakeTensor, a torchao quantized
+    tensor, a wrapper such as TwoTensor): its data is not one plain buffer, and
+    ``.numpy()`` refuses it. nn.Parameter and subclasses that only override
+    ``__torch_function__`` are plain tensors underneath and pass.
     """
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(value, torch.Tensor):
         return None
+    if type(value).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        return (f"is a {type(value).__name__}, a tensor subclass with its own "
+                f"__torch_dispatch__, which holds no plain data to pass; give a plain "
+                f"torch.Tensor")
     if value.is_nested:
         return f"is a nested tensor; {_DENSE_ONLY}"
     if value.layout != torch.strided:

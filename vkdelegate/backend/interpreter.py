@@ -26,7 +26,7 @@ from vkdelegate.backend.input_checks import check_inputs
 from vkdelegate.backend.plan_check import check_plan
 from vkdelegate.backend.program_state import ProgramState, state_fqn
 from vkdelegate.backend.state_bindings import plan_bindings
-from vkdelegate.errors import VkDelegateError, first_line, printable
+from vkdelegate.errors import VkDelegateError, first_line, not_picklable, printable
 from vkdelegate.limits import LoadLimits, check_limit, resolve_limits
 from vkdelegate.runtime import host_copy
 
@@ -101,8 +101,20 @@ def to_numpy(value) -> np.ndarray:
         except TypeError as exc:  # "Got unsupported ScalarType BFloat16"
             raise VkDelegateError(f"a {str(value.dtype).removeprefix('torch.')} tensor "
                                   f"cannot be passed to a Vulkan delegate ({exc})") from None
+        except RuntimeError as exc:  # a tensor subclass check_inputs did not see
+            raise VkDelegateError(f"a {type(value).__name__} cannot be passed to a "
+                                  f"Vulkan delegate ({first_line(exc)})") from exc
         return np.require(array, requirements="C")
     return np.require(value, requirements="C")
+
+
+def _tensor_to_numpy(value):
+    """An output leaf for numpy callers: a tensor or array as a C-contiguous array;
+    anything else (None, a Python int or float the method returns) as it is, as a
+    torch caller gets it."""
+    if _is_torch_tensor(value) or isinstance(value, np.ndarray):
+        return to_numpy(value)
+    return value
 
 
 def to_torch(value):
@@ -210,6 +222,9 @@ class MethodRunner:
             # A weak reference: no runner <-> delegate cycle, so a dropped program
             # is freed (and its graphs finalized) as soon as it is unreferenced.
             d.before_close = _forget(ref, index)
+
+    def __reduce_ex__(self, protocol):
+        raise not_picklable(f"method {printable(self.name)!r} of a lowered program")
 
     @property
     def state(self) -> dict:
@@ -420,9 +435,9 @@ class MethodRunner:
                                    "arguments")
         want_torch = any(_is_torch_tensor(v) for v in flat) or (
             not flat and "torch" in sys.modules)
-        convert = to_torch if want_torch else to_numpy
+        convert = to_torch if want_torch else _tensor_to_numpy
         leaves = [convert(v) for v in self.call_flat(flat, repeat)]
-        return pytree_spec.unflatten(leaves, self.plan["out_spec"])
+        return pytree_spec.unflatten(leaves, self.plan["out_spec"], want_torch)
 
     def repeat(self, times: int, *args, **kwargs):
         """Call the method ``times`` times on the same arguments, with its one delegate

@@ -16,7 +16,7 @@ import torch
 from torch.fx.passes.infra.partitioner import Partition
 
 from vkdelegate.ops import registry
-from vkdelegate.backend.glue_ops import builtin_name
+from vkdelegate.backend.glue_ops import BUILTINS, builtin_name
 from vkdelegate.backend.node_specs import node_spec
 from vkdelegate.backend.passes import bfloat16
 from vkdelegate.backend.symint_partitions import (partitions_keeping_symints,
@@ -40,11 +40,65 @@ def _op_label(target) -> str:
     return f"{module}.{getattr(target, '__name__', target)}".lstrip(".")
 
 
-def _op_names(ops: Optional[Iterable]) -> Optional[frozenset]:
-    """Normalize an allow/block list of OpOverloads or names to names."""
+def _known_op(name: str) -> bool:
+    """Whether ``name`` is an op the lists can match: one the registry knows (ours and
+    ExecuTorch's custom ops included) or its overload packet, a size operator of the
+    glue ("operator.mul"), or an op or overload packet torch defines ("aten.relu",
+    "aten.add.Tensor")."""
+    specs = registry.load_all()
+    if name in specs or name in BUILTINS \
+            or any(key.rsplit(".", 1)[0] == name for key in specs):
+        return True
+    parts = name.split(".")
+    if len(parts) not in (2, 3) or not all(p.isidentifier() for p in parts):
+        return False
+    try:
+        packet = getattr(getattr(torch.ops, parts[0]), parts[1])
+    except (AttributeError, RuntimeError):
+        return False
+    return len(parts) == 2 or parts[2] in packet.overloads()
+
+
+def _op_names(ops: Optional[Iterable], which: str) -> Optional[frozenset]:
+    """Normalize an allow/block list of OpOverloads, overload packets or names to
+    names. Raises VkDelegateError naming an entry that is no op (a misspelled name
+    would otherwise match nothing, silently)."""
     if ops is None:
         return None
-    return frozenset(o if isinstance(o, str) else str(o) for o in ops)
+    single = (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+    if isinstance(ops, single) or not isinstance(ops, Iterable):
+        raise VkDelegateError(f"{which} must be a list of ops (names such as "
+                              f"\"aten.relu.default\" or OpOverloads), got "
+                              f"{type(ops).__name__} {ops!r}")
+    names = []
+    for o in ops:
+        if isinstance(o, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            names.append(str(o))
+        elif isinstance(o, str):
+            if not _known_op(o):
+                raise VkDelegateError(f"{which} entry {o!r} is not an operator torch or "
+                                      f"vkdelegate knows (give an overload such as "
+                                      f"\"aten.relu.default\", an overload packet such "
+                                      f"as \"aten.relu\", or torch.ops.aten.relu.default)")
+            names.append(o)
+        elif callable(o):
+            names.append(_op_label(o))
+        else:
+            raise VkDelegateError(f"{which} entry {o!r} of type {type(o).__name__} is "
+                                  f"not an operator")
+    return frozenset(names)
+
+
+def _list_keys(target) -> set:
+    """What an allow/block list entry may name ``target`` by: its overload name, its
+    label and, for an ATen-style op, its overload packet ("aten.relu")."""
+    name = str(target)
+    keys = {name, _op_label(target)}
+    if isinstance(target, torch._ops.OpOverload):
+        keys.add(str(target.overloadpacket))
+    elif isinstance(target, str) and name.count(".") == 2:
+        keys.add(name.rsplit(".", 1)[0])
+    return keys
 
 
 class VulkanPartitioner:
@@ -53,15 +107,18 @@ class VulkanPartitioner:
     compile_options: dict of options (see ``vkdelegate.backend.options``); bad keys or
         values raise VkDelegateError here, at construction.
     operator_allowlist: if given, only these ops (OpOverloads or names such as
-        "aten.add.Tensor") may be delegated.
+        "aten.add.Tensor"; an overload packet, "aten.add" or torch.ops.aten.add, names
+        all its overloads) may be delegated.
     operator_blocklist: these ops are never delegated.
+    A list entry that is no op torch or the registry knows (a misspelled name) raises
+    VkDelegateError, at construction.
     """
 
     def __init__(self, compile_options: "dict | None" = None, operator_allowlist=None,
                  operator_blocklist=None):
         self.options: CompileOptions = parse_options(compile_options)
-        self.allowlist = _op_names(operator_allowlist)
-        self.blocklist = _op_names(operator_blocklist) or frozenset()
+        self.allowlist = _op_names(operator_allowlist, "operator_allowlist")
+        self.blocklist = _op_names(operator_blocklist, "operator_blocklist") or frozenset()
 
     def _fusable(self, node: torch.fx.Node) -> bool:
         """Whether ``node`` may be folded into a fused node: only where it would run on
@@ -72,7 +129,9 @@ class VulkanPartitioner:
 
     def _op_allowed(self, name: str) -> bool:
         """Whether the allow/block lists let op ``name`` run on Vulkan."""
-        return name not in self.blocklist and (self.allowlist is None or name in self.allowlist)
+        keys = _list_keys(name)
+        return not keys & self.blocklist and (self.allowlist is None
+                                               or bool(keys & self.allowlist))
 
     def check_node(self, node: torch.fx.Node) -> list[str]:
         """Reasons ``node`` (a call_function node) cannot run on Vulkan; [] if it can.
@@ -88,10 +147,10 @@ class VulkanPartitioner:
             return [f"{name} is not an ATen operator"]
         if node.meta.get(bfloat16.BOUNDARY_KEY):
             return [bfloat16.BOUNDARY_REASON]
-        label = _op_label(node.target)
-        if self.allowlist is not None and not {name, label} & self.allowlist:
+        keys = _list_keys(node.target)
+        if self.allowlist is not None and not keys & self.allowlist:
             return ["not in operator_allowlist"]
-        if {name, label} & self.blocklist:
+        if keys & self.blocklist:
             return ["in operator_blocklist"]
         # load_all outside any try: a broken op family is a bug to surface, not a
         # reason to keep every node on the CPU.

@@ -27,7 +27,8 @@ from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
 from vkdelegate.backend.options import CompileOptions, parse_options
 from vkdelegate.backend.program_state import ProgramState, merge_initial
 from vkdelegate.backend.report import PartitionReport
-from vkdelegate.errors import DeviceLimitError, ResourceLimitError, VkDelegateError, printable
+from vkdelegate.errors import (DeviceLimitError, ResourceLimitError, VkDelegateError,
+                               not_picklable, printable)
 from vkdelegate.limits import LoadLimits, resolve_limits
 from vkdelegate.serialization import program_file
 
@@ -72,14 +73,18 @@ class _LazyDelegate:
     Thread-safe: a call, ``bind_state`` and ``close`` hold one lock, so
     ``close`` from another thread waits for a call in flight, and a later call builds
     the delegate again.
+    report: the method's PartitionReport (None: none); its ``fallbacks[index]`` holds
+    the message while the delegate runs on the CPU.
     """
 
     def __init__(self, delegate: Delegate, options: CompileOptions, where: str,
-                 dynamic: bool = False, limits: "LoadLimits | None" = None):
+                 dynamic: bool = False, limits: "LoadLimits | None" = None,
+                 report: "PartitionReport | None" = None, index: int = 0):
         self.delegate, self.options, self.loaded = delegate, options, None
         self.limits = resolve_limits(limits)
         self.where = where
         self.dynamic = dynamic
+        self.report, self.index = report, index
         self.fallback = None  # the DeviceLimitError message when run on the CPU
         self.profiling = False
         self.last_profile = None
@@ -120,6 +125,8 @@ class _LazyDelegate:
                 self.loaded = load_reference(self.delegate.blob,
                                              self.delegate.named_data, self.limits)
                 self.fallback = message
+                if self.report is not None:
+                    self.report.fallbacks[self.index] = message
                 _log.warning("%s; running this delegate on the CPU reference executor "
                              "instead", message)
             except VkDelegateError as exc:  # keeps the subclass (ResourceLimitError)
@@ -190,6 +197,8 @@ class _LazyDelegate:
                 self.loaded.close()
             self.loaded = None
             self.fallback = None
+            if self.report is not None:
+                self.report.fallbacks.pop(self.index, None)
 
 
 class MethodReports(dict):
@@ -230,8 +239,9 @@ class LoweredProgram:
         for name, m in methods.items():
             dynamic = any(not isinstance(dim, int) for spec in m.plan.get("inputs", [])
                           for dim in spec.get("shape", ()))
+            report = m.report if isinstance(m.report, PartitionReport) else None
             delegates = [_LazyDelegate(d, self.options, f"method {name!r}, delegate {i}",
-                                       dynamic, self.limits)
+                                       dynamic, self.limits, report, i)
                          for i, d in enumerate(m.delegates)]
             try:
                 self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates,
@@ -250,10 +260,12 @@ class LoweredProgram:
     @property
     def report(self):
         """The partition report of the default method (kept in the program file), a
-        PartitionReport. A program with several methods and no "forward" (an LLM
-        program) has no default one: then a MethodReports, each method's report by
-        name (``program.report["decode"]``, the same as
-        ``program.methods["decode"].report``), printed one after the other."""
+        PartitionReport; once a delegate over a limit of this device has fallen back to
+        the CPU reference executor (at its build: ``build()`` or its first call), the
+        report says so and why (``PartitionReport.fallbacks``). A program with several
+        methods and no "forward" (an LLM program) has no default one: then a
+        MethodReports, each method's report by name (``program.report["decode"]``, the
+        same as ``program.methods["decode"].report``), printed one after the other."""
         if "forward" not in self.methods and len(self.methods) != 1:
             return MethodReports((name, m.report) for name, m in self.methods.items())
         return self.methods[self.default_method()].report
@@ -273,6 +285,11 @@ class LoweredProgram:
 
     def __call__(self, *args, **kwargs):
         return self.run(self.default_method(), *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        # pickle, copy.copy and copy.deepcopy all come here; the default failed on
+        # a delegate's lock ("cannot pickle '_thread.RLock' object").
+        raise not_picklable("a lowered program")
 
     def __getattr__(self, name):
         runners = self.__dict__.get("_runners", {})

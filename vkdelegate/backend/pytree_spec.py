@@ -8,13 +8,18 @@ torch. torch's TreeSpec is converted once, at lowering, to a small JSON tree:
     | {"t": "dict", "k": [str keys], "c": [...]}
     | {"t": "record", "n": class name, "k": [str keys], "c": [...]}
     | {"t": "namedtuple", "n": class name, "k": [field names], "c": [...]}
+    | {"t": "structseq", "n": class name, "k": [field names], "c": [...]}
 
 "record" is a dict subclass that torch's pytree flattens to its keys, as HF
 transformers' ModelOutput (``BaseModelOutputWithPooling``, ``CausalLMOutput``...): a
 loaded program returns it as a ``Record`` (keys, attributes and int indices, as
 ModelOutput allows), since the class itself (and transformers) need not be importable
 where the program runs, and a program file names no code to import. "namedtuple" is
-rebuilt as a ``collections.namedtuple`` of the same name and fields.
+rebuilt as a ``collections.namedtuple`` of the same name and fields. "structseq" is
+one of torch's ``torch.return_types`` (what ``torch.topk``, ``torch.sort`` and
+``x.max(dim)`` return): a call with torch tensors gets that class back, a call with
+numpy arrays (where torch may be absent) a namedtuple of the same name and fields, so
+``values, indices = out``, ``out.values`` and ``out[0]`` read the same either way.
 """
 from __future__ import annotations
 
@@ -26,8 +31,9 @@ import sys
 from vkdelegate.errors import VkDelegateError, printable
 
 _SEQUENCES = {"tuple": tuple, "list": list}
-_KINDS = ("leaf", "none", "tuple", "list", "dict", "record", "namedtuple")
-_KEYED = ("dict", "record", "namedtuple")
+_KINDS = ("leaf", "none", "tuple", "list", "dict", "record", "namedtuple", "structseq")
+_KEYED = ("dict", "record", "namedtuple", "structseq")
+_NAMED = ("record", "namedtuple", "structseq")
 #: The longest class name a record or namedtuple may carry.
 MAX_NAME = 200
 
@@ -100,6 +106,28 @@ def _name_ok(name) -> bool:
         and not keyword.iskeyword(name)
 
 
+def _structseq_fields(cls) -> "list | None":
+    """The field names of ``cls`` when it is one of torch's ``torch.return_types``
+    structseqs with named fields only (``topk``: values, indices), else None."""
+    if not isinstance(cls, type) or cls.__module__ != "torch.return_types" \
+            or not _name_ok(cls.__name__):
+        return None
+    fields = getattr(cls, "__match_args__", None)
+    if not isinstance(fields, tuple) or getattr(cls, "n_fields", None) != len(fields) \
+            or getattr(cls, "n_unnamed_fields", None) != 0 \
+            or not all(_name_ok(f) for f in fields):
+        return None
+    return list(fields)
+
+
+def _torch_structseq(name: str, fields: list):
+    """``torch.return_types.<name>`` when torch is imported and that class has these
+    fields (a file from another torch may name one this torch lacks), else None."""
+    torch = sys.modules.get("torch")
+    cls = getattr(getattr(torch, "return_types", None), name, None)
+    return cls if _structseq_fields(cls) == fields else None
+
+
 def _str_keys(keys, what: str) -> list:
     if not all(isinstance(k, str) for k in keys):
         raise VkDelegateError(f"{what} keys must be strings to be saved, got {keys}")
@@ -123,6 +151,9 @@ def from_treespec(spec) -> dict:
             and _name_ok(context.__name__):
         return {"t": "namedtuple", "n": context.__name__,
                 "k": _str_keys(context._fields, "namedtuple"), "c": children}
+    fields = _structseq_fields(kind)
+    if fields is not None:
+        return {"t": "structseq", "n": kind.__name__, "k": fields, "c": children}
     if isinstance(kind, type) and issubclass(kind, dict) and _name_ok(kind.__name__) \
             and isinstance(context, (list, tuple)) and len(context) == len(children):
         return {"t": "record", "n": kind.__name__, "k": _str_keys(context, kind.__name__),
@@ -130,8 +161,8 @@ def from_treespec(spec) -> dict:
     name = getattr(context, "__name__", None) if kind is collections.namedtuple \
         else getattr(kind, "__name__", str(kind))
     raise VkDelegateError(f"container type {name} in a method's inputs or outputs is not "
-                          f"supported (tuple, list, dict, namedtuple and dict-like "
-                          f"records such as HF ModelOutput are)")
+                          f"supported (tuple, list, dict, namedtuple, torch.return_types "
+                          f"and dict-like records such as HF ModelOutput are)")
 
 
 def validate(spec) -> None:
@@ -149,12 +180,12 @@ def validate(spec) -> None:
         if not isinstance(keys, list) or len(keys) != len(children) or not all(
                 isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
             raise VkDelegateError(f"malformed tree spec: bad {kind} keys")
-    if kind in ("record", "namedtuple"):
+    if kind in _NAMED:
         name = spec.get("n")
         if not _name_ok(name):
             raise VkDelegateError(f"malformed tree spec: {kind} name "
                                   f"{printable(str(name)[:80])} is not a Python identifier")
-        if kind == "namedtuple":
+        if kind in ("namedtuple", "structseq"):
             try:
                 _namedtuple(name, tuple(keys))
             except (ValueError, TypeError) as exc:
@@ -197,8 +228,12 @@ def flatten(value, spec: dict, where: str = "input") -> list:
     return leaves
 
 
-def unflatten(leaves: list, spec: dict):
-    """Rebuild the nested structure of ``spec`` from ``leaves`` (in order)."""
+def unflatten(leaves: list, spec: dict, torch_types: bool = False):
+    """Rebuild the nested structure of ``spec`` from ``leaves`` (in order).
+
+    torch_types: rebuild a "structseq" as its ``torch.return_types`` class (the caller
+    passed torch tensors, so torch is imported); otherwise, or where torch has no such
+    class, as a namedtuple of the same name and fields."""
     it = iter(leaves)
 
     def build(s):
@@ -213,7 +248,11 @@ def unflatten(leaves: list, spec: dict):
         if kind == "record":
             _register_with_torch()
             return Record(s["n"], zip(s["k"], children))
-        if kind == "namedtuple":
+        if kind == "structseq" and torch_types:
+            cls = _torch_structseq(s["n"], s["k"])
+            if cls is not None:
+                return cls(children)
+        if kind in ("namedtuple", "structseq"):
             return _namedtuple(s["n"], tuple(s["k"]))(*children)
         return _SEQUENCES[kind](children)
 

@@ -30,10 +30,17 @@ class NodeDecision:
 
 @dataclass
 class PartitionReport:
-    """Every call_function node's decision, in graph order."""
+    """Every call_function node's decision, in graph order.
+
+    ``fallbacks``: partition (= delegate index) -> why it runs on the CPU reference
+    executor in this loaded program (a DeviceLimitError's message: over a limit of
+    this device), filled in when the program builds that delegate and emptied when
+    it closes it; a fact about the device, not the lowering, so not saved
+    (``to_json``)."""
 
     decisions: list[NodeDecision]
     num_partitions: int
+    fallbacks: dict = field(default_factory=dict)
 
     @property
     def cpu_nodes(self) -> list[NodeDecision]:
@@ -46,16 +53,29 @@ class PartitionReport:
         return [d for d in self.decisions if d.on_vulkan and d.notes]
 
     def summary(self) -> str:
-        """One line: how many nodes and partitions go to Vulkan."""
+        """One line: how many nodes and partitions go to Vulkan (and which partitions
+        fell back to the CPU, see ``fallbacks``)."""
         on = sum(d.on_vulkan for d in self.decisions)
-        return (f"vkdelegate: {on} of {len(self.decisions)} nodes delegated to Vulkan "
-                f"in {self.num_partitions} partition(s); {len(self.cpu_nodes)} on CPU")
+        if not self.fallbacks:
+            return (f"vkdelegate: {on} of {len(self.decisions)} nodes delegated to Vulkan "
+                    f"in {self.num_partitions} partition(s); {len(self.cpu_nodes)} on CPU")
+        fell = sorted(self.fallbacks)
+        moved = sum(d.partition in self.fallbacks for d in self.decisions)
+        return (f"vkdelegate: {on - moved} of {len(self.decisions)} nodes on Vulkan in "
+                f"{self.num_partitions - len(fell)} partition(s); "
+                f"{len(self.cpu_nodes) + moved} on CPU, {moved} of them in partition(s) "
+                f"{', '.join(map(str, fell))}, delegated but over a limit of this device, "
+                f"so run on the CPU reference executor")
 
     def __str__(self) -> str:
         from tabulate import tabulate
 
         rows = [(d.name, d.op, "; ".join(d.reasons)) for d in self.cpu_nodes]
         table = tabulate(rows, headers=("node", "op", "reason")) if rows else ""
+        fell = [(p, self.fallbacks[p]) for p in sorted(self.fallbacks)]
+        if fell:
+            table += ("\n\n" if table else "") + tabulate(
+                fell, headers=("partition on the CPU", "why"))
         noted = [(d.name, d.op, "; ".join(d.notes)) for d in self.noted_nodes]
         if noted:
             table += ("\n\n" if table else "") + tabulate(

@@ -30,18 +30,34 @@ from vkdelegate.serialization.fx_values import ConstantCache
 
 _PREFIX = "vulkan_delegate_"
 
+#: CPU ops that only a module exported in training mode calls: batch norm updating
+#: its running statistics (an eval-mode module's is ``_native_batch_norm_legit_no_
+#: training``). Their refusal says to call ``model.eval()`` before exporting.
+_TRAINING_OPS = frozenset({"aten._native_batch_norm_legit_functional.default",
+                           "aten._native_batch_norm_legit.default"})
+
 
 def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> LoweredProgram:
     """Lower ``programs`` with ``partitioner`` (default: ``VulkanPartitioner()``).
 
     programs: a ``torch.export.ExportedProgram`` (the method "forward") or a dict of
         method name -> ExportedProgram.
+    partitioner: a ``VulkanPartitioner`` (compile options go to it:
+        ``VulkanPartitioner({"force_fp16": True})``) or None.
     Returns a LoweredProgram; each method's partition report is ``program.methods[name]
-    .report``. Raises VkDelegateError for a program vkdelegate cannot run at all
+    .report``. Raises VkDelegateError for arguments of the wrong type (an options dict
+    or an nn.Module where these go) and for a program vkdelegate cannot run at all
     (control flow, unsupported input kinds, custom Python containers).
     """
     if partitioner is None:
         partitioner = VulkanPartitioner()
+    elif isinstance(partitioner, dict):
+        raise VkDelegateError("to_backend's second argument is a VulkanPartitioner, got "
+                              "a dict; pass the options to it: to_backend(ep, "
+                              "VulkanPartitioner(options))")
+    elif not isinstance(partitioner, VulkanPartitioner):
+        raise VkDelegateError(f"to_backend's second argument must be a "
+                              f"VulkanPartitioner, got {type(partitioner).__name__}")
     if isinstance(programs, dict):
         items = programs
     else:
@@ -50,8 +66,10 @@ def to_backend(programs, partitioner: "VulkanPartitioner | None" = None) -> Lowe
         if not isinstance(name, str) or not name.isidentifier():
             raise VkDelegateError(f"method name {name!r} must be a Python identifier")
         if not isinstance(ep, torch.export.ExportedProgram):
+            hint = ("; export it first: torch.export.export(model.eval(), args)"
+                    if isinstance(ep, torch.nn.Module) else "")
             raise VkDelegateError(f"method {name!r}: expected a torch.export."
-                                  f"ExportedProgram, got {type(ep).__name__}")
+                                  f"ExportedProgram, got {type(ep).__name__}{hint}")
     # A buffer one method mutates is state in every method that reads it (else a reader
     # would hold its export-time value as a constant).
     mutated = frozenset().union(*(mutated_buffers(ep) for ep in items.values()))
@@ -283,6 +301,11 @@ class _GlueEncoder:
                 # A file that calls it would not load (a user's custom op, say).
                 refused = allowed_ops.refusal(name, f"node {node.name}, which stays on "
                                                     f"the CPU,")
+                if name in _TRAINING_OPS:
+                    raise VkDelegateError(f"{refused}; it is batch norm updating its "
+                                          f"running statistics: the model was exported "
+                                          f"in training mode; call model.eval() before "
+                                          f"torch.export.export")
                 raise VkDelegateError(f"{refused}; docs/LOWERING.md lists what it may "
                                       f"call")
         else:

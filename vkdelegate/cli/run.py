@@ -3,7 +3,8 @@
 Inputs are numpy files given by input name (``vkdelegate inspect`` or an error
 message lists the names and expected shapes); each output leaf is written to
 ``OUTPUT_DIR/output_<path>.npy``, where <path> is its position in the returned
-structure (``0``, ``logits``, ``b.1``). ``--profile`` runs once more with GPU
+structure (``0``, ``logits``, ``b.1``); a Python number is written as a 0-d array, a
+None output is not written (a line says so). ``--profile`` runs once more with GPU
 timestamps and prints the slowest dispatches; ``--trace`` writes them as a Chrome trace.
 Needs torch only when the program has CPU parts.
 """
@@ -212,7 +213,14 @@ def run(args) -> int:
                               f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
     outputs = runner.call_flat(flat)
     for path, value in zip(_unique(_leaf_paths(runner.plan["out_spec"])), outputs):
+        if value is None:  # np.save would write a pickled object array
+            print(f"{path}: None (not written)")
+            continue
+        # A Python number the method returns: a 0-d int64 / float64 / bool array.
         array = to_numpy(value)
+        if array.dtype.kind not in "biufc":
+            print(f"{path}: {type(value).__name__} (not written: not a numeric array)")
+            continue
         target = os.path.join(args.output_dir, f"output_{path}.npy")
         try:
             np.save(target, array)
