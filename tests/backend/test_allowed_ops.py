@@ -44,7 +44,7 @@ def test_every_glue_op_of_the_module_suite_is_allowed():
 
 
 def test_the_list_has_no_duplicates_and_only_qualified_names():
-    groups = (allowed_ops.CORE_ATEN + allowed_ops.REGISTRY_EXTRA
+    groups = (allowed_ops.CORE_ATEN + allowed_ops.REGISTRY_EXTRA + allowed_ops.LINALG
               + allowed_ops.SIZES_AND_CHECKS + allowed_ops.CREATION + allowed_ops.CUSTOM
               + allowed_ops.OPERATORS)
     assert len(groups) == len(set(groups)) == len(allowed_ops.ALLOWED)

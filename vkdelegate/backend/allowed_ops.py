@@ -11,7 +11,8 @@ loaded, and ``to_backend`` refuses to write it (``refusal``).
 The list is a literal, so that a review reads exactly what a program may call. It is
 what lowering can leave on the CPU: the core ATen opset's pure functional overloads
 (``to_backend`` decomposes to core ATen), every op the Vulkan registry implements (kept
-whole at lowering; the reference executor runs them), the size and assert ops
+whole at lowering; the reference executor runs them), the linear algebra that
+``torch.linalg.inv``, ``solve`` and ``cholesky`` decompose to, the size and assert ops
 torch.export emits, and the creation ops, allowed because the bytes they make are
 checked at load (``vkdelegate.backend.creation_ops``). A name the installed torch does
 not define (torch 2.11 lacks some) is simply unresolvable. Torch-free.
@@ -101,6 +102,16 @@ aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
 aten.index_copy.default
 """)
 
+#: Linear algebra that ``run_decompositions`` leaves for ``torch.linalg.inv`` (and
+#: ``torch.inverse``), ``linalg.solve`` and ``linalg.cholesky``: LAPACK on the CPU,
+#: each result sized by its inputs, and the check that raises, as eager does, where the
+#: matrix is singular or not positive-definite (its ``api_name`` only names the
+#: function in that error).
+LINALG = _names("""
+aten.linalg_inv_ex.default aten._linalg_solve_ex.default aten.linalg_cholesky_ex.default
+aten._linalg_check_errors.default
+""")
+
 #: Sizes and checks torch.export emits for dynamic shapes (they read only metadata).
 SIZES_AND_CHECKS = _names("""
 aten.sym_size.int aten.sym_numel.default aten.sym_stride.int
@@ -140,8 +151,8 @@ REFERENCE_ONLY = custom_ops.names(glue=False)
 BLOB_SIZE_OPS = _names("sym_size.int")
 
 #: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
-ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM
-                    + OPERATORS)
+ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + LINALG + SIZES_AND_CHECKS + CREATION
+                    + CUSTOM + OPERATORS)
 
 #: An assert's message: any text up to ``MAX_MESSAGE`` characters (it is only raised).
 MESSAGE = "any message"
@@ -165,6 +176,8 @@ STR_CHOICES = {
     # torch._check(...) in a dynamic-shape program: the text only becomes the message
     # of the error the assert raises.
     "aten._assert_scalar.default": {"assert_msg": MESSAGE},
+    # The function a linear-algebra error names ("linalg.inv").
+    "aten._linalg_check_errors.default": {"api_name": MESSAGE},
     "vkdelegate.fused_elementwise.default": {"steps": CHAIN},
     "vkdelegate.linear_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.rms_norm_linear_swiglu.default": {"steps": SWIGLU_CHAINS},

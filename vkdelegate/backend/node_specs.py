@@ -62,6 +62,29 @@ def dim_name(node) -> "str | None":
     return None
 
 
+def model_call(node: torch.fx.Node) -> "str | None":
+    """The model's own call a node was decomposed from (``linalg_inv`` for the
+    ``linalg_inv_ex`` node of ``torch.linalg.inv``, ``one_hot`` for the asserts of
+    ``F.one_hot``), from the ``torch_fn`` that export records; None where it is the
+    node's own op (``sort`` for ``aten.sort.default``) or unknown (a node a pass made)."""
+    torch_fn = node.meta.get("torch_fn")
+    if not (isinstance(torch_fn, tuple) and len(torch_fn) == 2
+            and isinstance(torch_fn[1], str) and "." in torch_fn[1]):
+        return None
+    kind, fn = torch_fn[1].split(".", 1)
+    if kind == "OpOverload" or not fn.isidentifier():
+        return None  # an ATen op called by name: the node's op itself
+    op = getattr(getattr(node.target, "_schema", None), "name", "").split("::")[-1]
+    return None if fn == op else fn
+
+
+def from_model_call(node: torch.fx.Node) -> str:
+    """`` (from the model's linalg_inv)`` after a node's name where ``model_call``
+    knows the call it came from, else ""."""
+    call = model_call(node)
+    return f" (from the model's {call})" if call else ""
+
+
 def _label(node) -> str:
     """A SymInt node's expression, with the user's ``Dim`` name where export kept one
     (``b (s31)``)."""

@@ -18,7 +18,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.export.graph_signature import InputKind, OutputKind
 
 from vkdelegate.backend import allowed_ops, fp16_ranges, glue_ops, pytree_spec
-from vkdelegate.backend.node_specs import dim_name, dtype_name
+from vkdelegate.backend.node_specs import dim_name, dtype_name, from_model_call
 from vkdelegate.dtypes import TABLE as DTYPE_TABLE
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -281,8 +281,9 @@ class _GlueEncoder:
             name = str(target)
             if not allowed_ops.is_allowed(name):
                 # A file that calls it would not load (a user's custom op, say).
-                refused = allowed_ops.refusal(name, f"node {node.name}, which stays on "
-                                                    f"the CPU,")
+                refused = allowed_ops.refusal(
+                    name, f"node {node.name}{from_model_call(node)}, which stays on the "
+                          f"CPU,")
                 raise VkDelegateError(f"{refused}; docs/LOWERING.md lists what it may "
                                       f"call")
         else:
