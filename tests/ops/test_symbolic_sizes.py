@@ -1,6 +1,8 @@
 """Symbolic sizes inside delegates: sym_size.int, SymInt arithmetic and the ops that
 take SymInt arguments (view/_unsafe_view, expand, slice, select, arange, full) run on
 Vulkan without a partition boundary, against eager after several resizes."""
+import re
+
 import pytest
 import torch
 from torch.export import Dim
@@ -73,10 +75,14 @@ def test_slice_with_a_sub():
 def test_view_with_a_floordiv():
     half = Dim("h", min=1, max=5)
     dims = ({0: 2 * half, 1: Dim("b", min=1, max=7)},)
+    # Export narrows h to 2..5 (its range_constraints): the smallest x is [4, 1].
     program = check_op(lambda x: x.reshape(x.shape[0] // 2, 2 * x.shape[1]) + 1,
                        (rand(6, 5),), ops=[VIEW], dynamic_shapes=dims,
-                       resize_inputs=[(rand(10, 7, seed=1),), (rand(2, 1, seed=2),)])
+                       resize_inputs=[(rand(10, 7, seed=1),), (rand(4, 1, seed=2),)])
     _all_on_vulkan(program)
+    with pytest.raises(vkdelegate.VkDelegateError, match=re.escape(
+            "input 'args_0' dim 0 is 7, expected 2*h for h (s")):
+        program(rand(7, 2))  # an odd size is no 2*h
 
 
 def test_select_with_a_symbolic_index():

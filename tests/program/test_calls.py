@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.export import Dim
 
+import vkdelegate
 from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
 from vkdelegate.serialization.blob import read_blob
 from vkdelegate.serialization.vkgraph import VkDataType, VkStorageType, VkTensor
@@ -350,3 +351,92 @@ def test_errors_use_the_signature_input_name():
     program = _lower(torch.nn.Sequential(torch.nn.ReLU()), (torch.randn(2, 3),))
     with pytest.raises(VkDelegateError, match="input 'input' dim 1 is 4, expected 3"):
         program(torch.randn(2, 4))
+
+
+class HalfRows(torch.nn.Module):
+    """y [3, 2T, 2] read as [3, T, 4]: the graph relies on y's size being 2 * x's."""
+
+    def forward(self, x, y):
+        return torch.tanh(x) + y.reshape(x.shape[0], x.shape[1], 4)
+
+
+@pytest.fixture
+def derived_program(executor):
+    t = Dim("T", min=2, max=16)
+    return _lower(HalfRows(), (torch.randn(3, 6, 4), torch.randn(3, 12, 2)), executor,
+                  dynamic=({1: t}, {1: 2 * t}))
+
+
+def test_a_derived_size_is_recorded_without_an_expression_to_evaluate(derived_program):
+    shapes = [i["shape"] for i in derived_program.methods["forward"].plan["inputs"]]
+    sym = shapes[0][1]["sym"]
+    assert shapes == [[3, {"sym": sym}, 4], [3, {"affine": [sym, 2, 0]}, 2]]
+
+
+def test_derived_sizes_run_and_a_wrong_one_is_named(derived_program, tmp_path):
+    torch.manual_seed(0)
+    derived_program.save(tmp_path / "p.vkdp")
+    with vkdelegate.load(tmp_path / "p.vkdp") as loaded:
+        for program in (derived_program, loaded):
+            for t in (2, 7, 16):
+                x, y = torch.randn(3, t, 4), torch.randn(3, 2 * t, 2)
+                torch.testing.assert_close(program(x, y), HalfRows()(x, y), rtol=1e-4,
+                                           atol=1e-4)
+            for t, n in ((5, 9), (5, 12), (16, 4)):
+                with pytest.raises(VkDelegateError, match=(
+                        rf"^input 'y' dim 1 is {n}, expected 2\*T = {2 * t} for T "
+                        rf"\(s\d+\) = {t}, from input 'x' dim 1$")):
+                    program(torch.randn(3, t, 4), torch.randn(3, n, 2))
+            with pytest.raises(VkDelegateError, match=r"input 'y' has dtype float64, "
+                                                      r"expected float32\[3, 2\*T, 2\]"):
+                program(torch.randn(3, 5, 4), torch.randn(3, 10, 2, dtype=torch.float64))
+
+
+class CatRows(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.cat([x, y], 1) * 2
+
+
+def test_a_derived_size_alone_must_be_one_of_its_range(executor):
+    t = Dim("T", min=2, max=16)
+    program = _lower(CatRows(), (torch.randn(3, 6), torch.randn(3, 12)), executor,
+                     dynamic=(None, {1: 2 * t}))
+    for n in (4, 10, 32):
+        x, y = torch.randn(3, 6), torch.randn(3, n)
+        torch.testing.assert_close(program(x, y), CatRows()(x, y))
+    for n in (9, 2, 34):
+        with pytest.raises(VkDelegateError, match=(
+                rf"^input 'y' dim 1 is {n}, expected 2\*T for T \(s\d+\) in 2\.\.16 "
+                rf"\(4, 6, \.\.\., 32\)$")):
+            program(torch.randn(3, 6), torch.randn(3, n))
+
+
+def test_a_root_size_export_writes_as_an_offset_is_checked_too(executor):
+    # Export may write T as s + 1 and T - 1 as s: then x's size is the derived one.
+    t = Dim("T", min=2, max=16)
+    program = _lower(CatRows(), (torch.randn(3, 6), torch.randn(3, 5)), executor,
+                     dynamic=({1: t}, {1: t - 1}))
+    for n in (2, 9, 16):
+        x, y = torch.randn(3, n), torch.randn(3, n - 1)
+        torch.testing.assert_close(program(x, y), CatRows()(x, y))
+    for n, m in ((6, 4), (6, 6), (9, 3)):
+        with pytest.raises(VkDelegateError, match=r"input '[xy]' dim 1 is \d+, expected "):
+            program(torch.randn(3, n), torch.randn(3, m))
+
+
+class Flatten(torch.nn.Module):
+    def forward(self, x, y):
+        return x.reshape(-1) + y
+
+
+def test_a_size_of_two_symbols_is_left_unchecked_with_a_warning(caplog):
+    a, b = Dim("A", min=2, max=8), Dim("B", min=2, max=8)
+    with caplog.at_level("WARNING", logger="vkdelegate"):
+        program = _lower(Flatten(), (torch.randn(3, 4), torch.randn(12)),
+                         dynamic=({0: a, 1: b}, {0: Dim.AUTO}))
+    y_dim = program.methods["forward"].plan["inputs"][1]["shape"][0]
+    assert list(y_dim) == ["expr"]
+    assert (f"vkdelegate: input 'y' dim 0 has the size {y_dim['expr']}, which is not "
+            f"a*s + b of one dynamic size; calls do not check it") in caplog.text
+    x, y = torch.randn(2, 5), torch.randn(10)
+    torch.testing.assert_close(program(x, y), Flatten()(x, y))

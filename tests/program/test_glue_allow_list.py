@@ -80,7 +80,7 @@ def test_from_file_with_shared_fill_is_refused_and_the_file_kept(tmp_path_factor
     (_node("aten.fill_.Scalar", "X", 0.0), "writes its arguments"),
     (_node("aten.copy_.default", "X", "X"), "writes its arguments"),
     (_node("aten.add.out", "X", "X", out="X"), "writes its arguments"),
-    (_node("aten._assert_async.msg", "X", "message"), "takes a str argument"),
+    (_node("aten.einsum.default", "ij->ji", ["X"]), "takes a str argument"),
     (_node("mylib.evil.default", "X"), "a custom operator"),
     (_node("builtins.eval", "1"), None),
 ])
@@ -232,10 +232,16 @@ def test_asserts_of_a_dynamic_program_lower_and_raise_like_eager():
         program(x, torch.tensor(7))
 
 
-def test_an_assert_message_over_the_bound_is_refused(tmp_path_factory, tmp_path):
-    path = _crafted(tmp_path_factory, tmp_path,
-                    _node("aten._assert_scalar.default", True, "m" * 5000))
-    with pytest.raises(VkDelegateError, match=r"5000-character argument 'assert_msg'"):
+@pytest.mark.parametrize("node,arg", [
+    (_node("aten._assert_scalar.default", True, "m" * 5000), "assert_msg"),
+    (_node("aten._assert_async.msg", "X", "m" * 5000), "assert_msg"),
+    (_node("aten._linalg_check_errors.default", "X", "m" * 5000, is_matrix=True),
+     "api_name"),
+])
+def test_an_assert_message_over_the_bound_is_refused(tmp_path_factory, tmp_path, node,
+                                                     arg):
+    path = _crafted(tmp_path_factory, tmp_path, node)
+    with pytest.raises(VkDelegateError, match=f"5000-character argument '{arg}'"):
         vkdelegate.load(path)
 
 

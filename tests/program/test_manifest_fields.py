@@ -3,6 +3,7 @@ gives VkDelegateError at load or at the call, never a raw KeyError/TypeError."""
 import functools
 import json
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,3 +167,30 @@ def test_lowering_refuses_an_input_dtype_a_program_cannot_hold():
         assert "complex64" in str(exc) and "input 'x'" in str(exc)
     else:
         raise AssertionError("a complex64 input lowered")
+
+
+def test_a_derived_size_outside_what_a_lowering_writes(tmp_path_factory, tmp_path):
+    """A derived size is [symbol, a, b] (a*symbol + b): anything else is refused at
+    load, naming the field; a well-formed one is checked at the call."""
+    text, segments = _saved(str(tmp_path_factory.getbasetemp()))
+    for bad in (["s0", 0, 1], ["s0", True, 0], ["s0", 2], [1, 2, 0], ["s0", 2.0, 0],
+                ["s0", 2, 2 ** 31], ["s0", 2 ** 31, 0], "2*s0", {"s0": 2}):
+        manifest = json.loads(text)
+        manifest["methods"]["forward"]["plan"]["inputs"][0]["shape"][1] = {"affine": bad}
+        program_file.write_program(tmp_path / "p.vkp", manifest, segments)
+        try:
+            vkdelegate.load(tmp_path / "p.vkp")
+        except VkDelegateError as exc:
+            assert "plan.inputs[0].shape[1].affine must be [symbol, a, b]" in str(exc), \
+                str(exc)
+        else:
+            raise AssertionError(f"derived size {bad!r} loaded")
+    manifest = json.loads(text)
+    plan = manifest["methods"]["forward"]["plan"]
+    plan["inputs"][0]["shape"][1] = {"affine": ["s0", 2, 0]}
+    plan["ranges"] = {"s0": [2, 2]}
+    program_file.write_program(tmp_path / "p.vkp", manifest, segments)
+    with vkdelegate.load(tmp_path / "p.vkp") as program:
+        with pytest.raises(VkDelegateError, match=r"input 'x' dim 1 is 5, expected 2\*s0 "
+                                                  r"for s0 in 2\.\.2 \(4\)"):
+            program(torch.randn(3, 5), torch.randn(3, 4))

@@ -11,9 +11,11 @@ loaded, and ``to_backend`` refuses to write it (``refusal``).
 The list is a literal, so that a review reads exactly what a program may call. It is
 what lowering can leave on the CPU: the core ATen opset's pure functional overloads
 (``to_backend`` decomposes to core ATen), every op the Vulkan registry implements (kept
-whole at lowering; the reference executor runs them), the size and assert ops
-torch.export emits, and the creation ops, allowed because the bytes they make are
-checked at load (``vkdelegate.backend.creation_ops``). A name the installed torch does
+whole at lowering; the reference executor runs them), the linear algebra that
+``torch.linalg.inv``, ``solve`` and ``cholesky`` decompose to, the size and assert ops
+torch.export emits, the value checks of decompositions (``F.one_hot``), and the
+creation ops, allowed because the bytes they make are checked at load
+(``vkdelegate.backend.creation_ops``). A name the installed torch does
 not define (torch 2.11 lacks some) is simply unresolvable. Torch-free.
 
 docs/LOWERING.md lists these names (``allowed_ops_doc.render``);
@@ -101,12 +103,29 @@ aten.unsqueeze_copy.default aten.view_copy.default aten.zeros_like.default
 aten.index_copy.default
 """)
 
+#: Linear algebra that ``run_decompositions`` leaves for ``torch.linalg.inv`` (and
+#: ``torch.inverse``), ``linalg.solve`` and ``linalg.cholesky``: LAPACK on the CPU,
+#: each result sized by its inputs, and the check that raises, as eager does, where the
+#: matrix is singular or not positive-definite (its ``api_name`` only names the
+#: function in that error).
+LINALG = _names("""
+aten.linalg_inv_ex.default aten._linalg_solve_ex.default aten.linalg_cholesky_ex.default
+aten._linalg_check_errors.default
+""")
+
 #: Sizes and checks torch.export emits for dynamic shapes (they read only metadata).
 SIZES_AND_CHECKS = _names("""
 aten.sym_size.int aten.sym_numel.default aten.sym_stride.int
 aten.sym_storage_offset.default aten._assert_tensor_metadata.default
 aten.sym_constrain_range.default aten.sym_constrain_range_for_size.default
 aten._assert_scalar.default
+""")
+
+#: Checks of tensor values that decompositions emit (``F.one_hot``'s class range):
+#: each raises its message where its bool tensor is false, as eager does, and returns
+#: nothing; the values they test may come from a delegate.
+VALUE_CHECKS = _names("""
+aten._assert_async.default aten._assert_async.msg
 """)
 
 #: Ops that make a tensor from size arguments: allowed because ``creation_ops`` checks
@@ -140,8 +159,8 @@ REFERENCE_ONLY = custom_ops.names(glue=False)
 BLOB_SIZE_OPS = _names("sym_size.int")
 
 #: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
-ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + SIZES_AND_CHECKS + CREATION + CUSTOM
-                    + OPERATORS)
+ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + LINALG + SIZES_AND_CHECKS + VALUE_CHECKS
+                    + CREATION + CUSTOM + OPERATORS)
 
 #: An assert's message: any text up to ``MAX_MESSAGE`` characters (it is only raised).
 MESSAGE = "any message"
@@ -165,6 +184,10 @@ STR_CHOICES = {
     # torch._check(...) in a dynamic-shape program: the text only becomes the message
     # of the error the assert raises.
     "aten._assert_scalar.default": {"assert_msg": MESSAGE},
+    # A value check's error (F.one_hot: "Class values must be non-negative.").
+    "aten._assert_async.msg": {"assert_msg": MESSAGE},
+    # The function a linear-algebra error names ("linalg.inv").
+    "aten._linalg_check_errors.default": {"api_name": MESSAGE},
     "vkdelegate.fused_elementwise.default": {"steps": CHAIN},
     "vkdelegate.linear_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.rms_norm_linear_swiglu.default": {"steps": SWIGLU_CHAINS},

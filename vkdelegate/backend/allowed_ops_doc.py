@@ -24,7 +24,9 @@ END = "<!-- END allow-list -->"
 _GROUPS = (
     ("Core ATen (pure functional overloads)", allowed_ops.CORE_ATEN),
     ("Implemented by the Vulkan registry, not core ATen", allowed_ops.REGISTRY_EXTRA),
+    ("Linear algebra (`torch.linalg.inv`, `solve`, `cholesky`)", allowed_ops.LINALG),
     ("Sizes and checks of dynamic shapes", allowed_ops.SIZES_AND_CHECKS),
+    ("Checks of tensor values (`F.one_hot`'s class range)", allowed_ops.VALUE_CHECKS),
     ("Creation ops (bytes checked against `max_tensor_bytes` and `max_host_bytes`)",
      allowed_ops.CREATION),
     ("Custom ops", allowed_ops.CUSTOM),

@@ -1,7 +1,9 @@
 """Check a call's inputs against the dtypes and shapes a method was exported with.
 
 Static dims must match exactly; a dynamic dim (exported with ``torch.export.Dim``)
-must lie in its range, and every use of one symbol must have the same size. A
+must lie in its range, every use of one symbol must have the same size, and a derived
+size (``2*T``, ``T + 1``: ``{"affine": [s, a, b]}``, a*s + b) must be that of the
+symbol's size, or, where no input has the symbol itself, give a size in its range. A
 mismatch raises VkDelegateError naming the input, the dim and the allowed range,
 before anything runs (a delegate sized for the upper bound must never see more).
 Torch-free: inputs are checked through ``.shape`` and ``.dtype``, and a torch tensor
@@ -54,8 +56,17 @@ def _range_text(lo, hi) -> str:
     return f"{lo}..{hi if hi is not None else 'inf'}"
 
 
-def describe(spec: dict, ranges: dict) -> str:
-    """An input's expected type, e.g. ``float32[3, 2..40]``."""
+def affine_text(sym: str, a: int, b: int, dim_names: "dict | None" = None) -> str:
+    """``2*T``, ``T + 1``: a derived size, in the ``Dim``'s name where known."""
+    name = printable((dim_names or {}).get(sym, sym))
+    if not name.isidentifier():
+        name = f"({name})"  # a Dim export named by its own expression ("T - 1")
+    text = name if a == 1 else f"{a}*{name}"
+    return text + (f" + {b}" if b > 0 else f" - {-b}" if b < 0 else "")
+
+
+def describe(spec: dict, ranges: dict, dim_names: "dict | None" = None) -> str:
+    """An input's expected type, e.g. ``float32[3, 2..40, 2*T]``."""
     if "const" in spec:
         return repr(spec["const"])
     dims = []
@@ -64,6 +75,8 @@ def describe(spec: dict, ranges: dict) -> str:
             dims.append(str(want))
         elif "sym" in want:
             dims.append(_range_text(*ranges.get(want["sym"], (0, None))))
+        elif "affine" in want:
+            dims.append(affine_text(*want["affine"], dim_names))
         else:
             dims.append(printable(want["expr"]))
     return f"{printable(spec['dtype'])}[{', '.join(dims)}]"
@@ -81,8 +94,9 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
 
     values: the flattened user inputs (numpy arrays or torch tensors).
     specs: per input {"name": str, "dtype": str, "shape": [int | {"sym": str} |
-        {"expr": str}]}, or {"name": str, "const": value} for a Python scalar input
-        that export specialized.
+        {"affine": [str, a, b]} | {"expr": str}]}, or {"name": str, "const": value}
+        for a Python scalar input that export specialized. An "expr" (a size of
+        several symbols, e.g. s0*s1) is not checked; lowering warned of it.
     ranges: symbol -> [low, high or None].
     dim_names: symbol -> the ``torch.export.Dim`` name it came from, for messages.
     """
@@ -90,6 +104,7 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
     if len(values) != len(specs):
         raise VkDelegateError(f"expected {len(specs)} inputs, got {len(values)}")
     bound: dict[str, tuple[int, str]] = {}
+    derived = []  # (where, size, [symbol, a, b]): checked once every symbol is bound
     for value, spec in zip(values, specs):
         name = spec["name"]
         if "const" in spec:
@@ -98,7 +113,7 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
                                       f"{spec['const']!r}; got {value!r} (export again "
                                       f"to use another value)")
             continue
-        expected = f" (input {name!r} is {describe(spec, ranges)})"
+        expected = f" (input {name!r} is {describe(spec, ranges, dim_names)})"
         problem = unusable_tensor(value)
         if problem is not None:
             raise VkDelegateError(f"input {name!r} {problem}")
@@ -107,7 +122,7 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
                                   f"{type(value).__name__}")
         if dtype_of(value) != spec["dtype"]:
             raise VkDelegateError(f"input {name!r} has dtype {dtype_of(value)}, expected "
-                                  f"{describe(spec, ranges)}")
+                                  f"{describe(spec, ranges, dim_names)}")
         shape = tuple(value.shape)
         if len(shape) != len(spec["shape"]):
             raise VkDelegateError(f"input {name!r} has rank {len(shape)}, expected "
@@ -118,10 +133,12 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
                     raise VkDelegateError(f"input {name!r} dim {d} is {size}, expected "
                                           f"{want}, a static size{expected}")
                 continue
+            if "affine" in want:
+                derived.append((f"input {name!r} dim {d}", size, want["affine"]))
+                continue
             sym = want.get("sym")
             if sym is None:
-                # A derived size (e.g. 2*s0) is implied by the symbols it uses.
-                continue
+                continue  # a size of several symbols ("expr"), which is not checked
             lo, hi = ranges.get(sym, (0, None))
             if size < lo or (hi is not None and size > hi):
                 raise VkDelegateError(f"input {name!r} dim {d} is {size}, allowed range "
@@ -132,3 +149,30 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
                                       f"{bound[sym][1]} is {bound[sym][0]}; both are the "
                                       f"same dynamic size {_sym_text(sym, dim_names)}")
             bound.setdefault(sym, (size, f"input {name!r} dim {d}"))
+    _check_derived(derived, bound, ranges, dim_names)
+
+
+def _check_derived(derived: list, bound: dict, ranges: dict, dim_names: dict) -> None:
+    """Each derived size a*s + b against the size of s: the size an input gives s
+    itself, else the one the first derived size of s gives it (which must be a*s + b
+    for an s in its range)."""
+    for where, size, (sym, a, b) in derived:
+        text = affine_text(sym, a, b, dim_names)
+        if sym in bound:
+            value, source = bound[sym]
+            if size != a * value + b:
+                raise VkDelegateError(f"{where} is {size}, expected {text} = "
+                                      f"{a * value + b} for {_sym_text(sym, dim_names)} "
+                                      f"= {value}, from {source}")
+            continue
+        lo, hi = ranges.get(sym, (0, None))
+        value, rest = divmod(size - b, a)
+        if rest or value < lo or (hi is not None and value > hi):
+            few = hi is not None and hi - lo < 3
+            sizes = ", ".join(str(a * v + b) for v in range(lo, hi + 1 if few else lo + 2))
+            if not few:
+                sizes += ", ..." + (f", {a * hi + b}" if hi is not None else "")
+            raise VkDelegateError(f"{where} is {size}, expected {text} for "
+                                  f"{_sym_text(sym, dim_names)} in {_range_text(lo, hi)} "
+                                  f"({sizes})")
+        bound[sym] = (value, f"{where} = {text}")

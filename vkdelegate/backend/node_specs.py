@@ -49,17 +49,52 @@ def dim_name(node) -> "str | None":
     """The user's ``Dim`` name of a SymInt node's symbol (``s77`` -> ``batch``) where
     export kept one, read from its shape environment (ShapeEnv's ``var_to_sources`` and
     ``source_name_to_debug_name``); None otherwise, and on any torch without them."""
-    expr = node.expr
     try:
-        env = node.shape_env
-        for source in env.var_to_sources.get(expr, []):
+        return symbol_name(node.shape_env, node.expr)
+    except AttributeError:
+        return None
+
+
+def symbol_name(env, sym) -> "str | None":
+    """The user's ``Dim`` name of symbol ``sym`` in ShapeEnv ``env`` (see ``dim_name``):
+    the debug name of an input size it stands for, else the name of the root ``Dim``
+    of a derived one (``h`` of an input exported as ``2 * h``, whose symbol has that
+    root as its source); None when export kept none."""
+    try:
+        roots = []
+        for source in env.var_to_sources.get(sym, []):
             label = source.name if isinstance(source.name, str) else source.name()
             debug = env.source_name_to_debug_name.get(label)
-            if isinstance(debug, str) and debug != str(expr):
+            if isinstance(debug, str) and debug != str(sym):
                 return debug
+            if isinstance(label, str) and label.isidentifier() and label != str(sym):
+                roots.append(label)
+        return roots[0] if roots else None
     except (AttributeError, TypeError):
-        pass
-    return None
+        return None
+
+
+def model_call(node: torch.fx.Node) -> "str | None":
+    """The model's own call a node was decomposed from (``linalg_inv`` for the
+    ``linalg_inv_ex`` node of ``torch.linalg.inv``, ``one_hot`` for the asserts of
+    ``F.one_hot``), from the ``torch_fn`` that export records; None where it is the
+    node's own op (``sort`` for ``aten.sort.default``) or unknown (a node a pass made)."""
+    torch_fn = node.meta.get("torch_fn")
+    if not (isinstance(torch_fn, tuple) and len(torch_fn) == 2
+            and isinstance(torch_fn[1], str) and "." in torch_fn[1]):
+        return None
+    kind, fn = torch_fn[1].split(".", 1)
+    if kind == "OpOverload" or not fn.isidentifier():
+        return None  # an ATen op called by name: the node's op itself
+    op = getattr(getattr(node.target, "_schema", None), "name", "").split("::")[-1]
+    return None if fn == op else fn
+
+
+def from_model_call(node: torch.fx.Node) -> str:
+    """`` (from the model's linalg_inv)`` after a node's name where ``model_call``
+    knows the call it came from, else ""."""
+    call = model_call(node)
+    return f" (from the model's {call})" if call else ""
 
 
 def _label(node) -> str:

@@ -17,7 +17,7 @@ from torch.fx.passes.infra.partitioner import Partition
 
 from vkdelegate.ops import registry
 from vkdelegate.backend.glue_ops import BUILTINS, builtin_name
-from vkdelegate.backend.node_specs import node_spec
+from vkdelegate.backend.node_specs import from_model_call, node_spec
 from vkdelegate.backend.passes import bfloat16
 from vkdelegate.backend.symint_partitions import (partitions_keeping_symints,
                                                   monotone_reason, is_symint)
@@ -156,7 +156,7 @@ class VulkanPartitioner:
         # reason to keep every node on the CPU.
         spec = registry.load_all().get(op_name(node.target))
         if spec is None:
-            return [f"no Vulkan implementation of {name}"]
+            return [f"no Vulkan implementation of {name}{from_model_call(node)}"]
         try:
             described = node_spec(node, op_name(node.target))
         except VkDelegateError as exc:

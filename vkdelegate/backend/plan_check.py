@@ -80,9 +80,25 @@ def _check_input(spec, path: str) -> None:
         if isinstance(dim, dict) and len(dim) == 1 and isinstance(
                 dim.get("sym", dim.get("expr")), str):
             continue
+        if isinstance(dim, dict) and len(dim) == 1 and "affine" in dim:
+            _check_affine(dim["affine"], f"{where}.affine")
+            continue
         if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < MAX_DIM:
-            _fail(where, f"must be a size below 2^31, {{'sym': s}} or {{'expr': e}}, "
-                         f"got {printable(str(dim)[:40])}")
+            _fail(where, f"must be a size below 2^31, {{'sym': s}}, {{'affine': [s, a, "
+                         f"b]}} or {{'expr': e}}, got {printable(str(dim)[:40])}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_affine(value, where: str) -> None:
+    """A derived size a*s + b: [symbol, a, b], ints 1 <= a < 2^31 and |b| < 2^31."""
+    if not (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str)
+            and _is_int(value[1]) and _is_int(value[2])
+            and 1 <= value[1] < MAX_DIM and -MAX_DIM < value[2] < MAX_DIM):
+        _fail(where, f"must be [symbol, a, b] with ints 1 <= a < 2^31 and |b| < 2^31, "
+                     f"got {printable(str(value)[:40])}")
 
 
 def _check_node(node, n: int, path: str) -> None:

@@ -132,6 +132,50 @@ def _keep_calls(op, decompose, keys):
     return decomposition
 
 
+def _with_effects_ops(ep) -> list:
+    """(node, wrapped function) of each ``with_effects`` node of ``ep``'s graphs."""
+    found = []
+    for module in ep.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            found += [(node, node.args[1]) for node in module.graph.nodes
+                      if node.op == "call_function"
+                      and node.target is torch.ops.higher_order.with_effects]
+    return found
+
+
+def without_tokens(ep):
+    """``ep`` (a decomposed copy: changed in place) without effect tokens.
+
+    torch.export threads a TOKEN input through each op with a side effect, wrapped
+    as ``with_effects(token, op, *args)``, and returns the token as a TOKEN output
+    (``run_decompositions`` does so for the error check of ``torch.linalg.inv``,
+    ``solve`` and ``cholesky``: ``_linalg_check_errors``). A lowered program runs its
+    nodes in graph order, which is the order the tokens impose, so torch's own pass
+    (ExecuTorch's ``to_edge`` uses it too) turns each wrapped call into a plain node of
+    the op, which then stays on the CPU like any other (the allow-list decides whether
+    the program may call it), and drops the tokens. An effect wrapped around anything
+    but an ATen operator (a TorchBind method) is refused, naming it.
+    """
+    effects = _with_effects_ops(ep)
+    if not effects and not any(s.kind == InputKind.TOKEN
+                               for s in ep.graph_signature.input_specs):
+        return ep
+    for node, fn in effects:
+        if not isinstance(fn, torch._ops.OpOverload):
+            raise VkDelegateError(f"node {node.name} calls {fn} with a side effect "
+                                  f"(with_effects), which vkdelegate cannot run (only "
+                                  f"ATen ops)")
+    try:
+        from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+
+        return _remove_effect_tokens(ep)
+    except Exception as exc:
+        ops = ", ".join(sorted({str(fn) for _, fn in effects})) or "none found"
+        raise VkDelegateError(f"the exported program's side-effect ops ({ops}) could "
+                              f"not be unwrapped from their effect tokens: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
 def from_exported_program(ep, preserve=(), preserve_calls=None,
                           shared_state=frozenset()) -> ProgramGraph:
     """Decompose ``ep`` to core ATen and read its graph signature.
@@ -144,8 +188,11 @@ def from_exported_program(ep, preserve=(), preserve_calls=None,
     shared_state: FQNs of buffers another method of the program mutates: here they
         are state too (read from the program's current value), not constants, even
         where this method only reads them.
+    Effect tokens (the ``with_effects`` wrapping that ``run_decompositions`` gives an
+    op with a side effect, e.g. the ``_linalg_check_errors`` of ``torch.linalg.inv``)
+    are removed: the op becomes a plain node, ordered by the graph (``without_tokens``).
     Raises VkDelegateError for programs we cannot run (higher-order control flow,
-    gradients, tokens).
+    gradients).
     """
     table = torch.export.default_decompositions()
     table.update(quant_decompositions.table())  # PT2E's quantize/dequantize -> ATen
@@ -164,6 +211,7 @@ def from_exported_program(ep, preserve=(), preserve_calls=None,
     except Exception as exc:
         raise VkDelegateError(f"ATen decomposition of the exported program failed: "
                               f"{type(exc).__name__}: {exc}") from exc
+    ep = without_tokens(ep)
     gm = copy.deepcopy(ep.graph_module)
     sig = ep.graph_signature
     tensors = {**ep.state_dict, **ep.constants}

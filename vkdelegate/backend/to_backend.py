@@ -9,6 +9,7 @@ a saved and reloaded program runs exactly the same code path.
 """
 from __future__ import annotations
 
+import logging
 import math
 import operator
 
@@ -18,7 +19,8 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.export.graph_signature import InputKind, OutputKind
 
 from vkdelegate.backend import allowed_ops, fp16_ranges, glue_ops, pytree_spec
-from vkdelegate.backend.node_specs import dim_name, dtype_name
+from vkdelegate.backend.node_specs import (dim_name, dtype_name, from_model_call,
+                                          symbol_name)
 from vkdelegate.dtypes import TABLE as DTYPE_TABLE
 from vkdelegate.backend.options import CompileOptions
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -29,6 +31,7 @@ from vkdelegate.ops.registry import alias_ops
 from vkdelegate.serialization.fx_values import ConstantCache
 
 _PREFIX = "vulkan_delegate_"
+logger = logging.getLogger("vkdelegate")
 
 #: CPU ops that only a module exported in training mode calls: batch norm updating
 #: its running statistics (an eval-mode module's is ``_native_batch_norm_legit_no_
@@ -124,7 +127,36 @@ def lower_method(ep, partitioner: VulkanPartitioner, shared_state=frozenset(),
                   delegates=encoder.delegates, report=report)
 
 
-def _dim_spec(dim) -> "int | dict":
+#: The largest coefficient or offset of a derived size the plan records (plan_check).
+_AFFINE_LIMIT = 1 << 31
+
+
+def affine(expr) -> "tuple[str, int, int] | None":
+    """(symbol, a, b) where sympy ``expr`` is ``a*symbol + b`` with ints a >= 1 and
+    b (a derived ``Dim``: ``2*T``, ``T + 1``; export may also write the root as
+    ``s + 1`` and the derived size as ``s``), else None (``s0*s1``, a floor division)."""
+    try:
+        if len(expr.free_symbols) != 1:
+            return None
+        sym, = expr.free_symbols
+        a, b = sympy.diff(expr, sym), expr.subs(sym, 0)
+        if not (isinstance(sym, sympy.Symbol) and isinstance(a, sympy.Integer)
+                and isinstance(b, sympy.Integer)
+                and sympy.expand(expr - (a * sym + b)) == 0):
+            return None
+        a, b = int(a), int(b)
+    except Exception:  # an expression sympy cannot take apart is not affine
+        return None
+    if not (1 <= a < _AFFINE_LIMIT and -_AFFINE_LIMIT < b < _AFFINE_LIMIT):
+        return None
+    return str(sym), a, b
+
+
+def _dim_spec(dim, where: str = "an input dim") -> "int | dict":
+    """A plan input's size: an int, ``{"sym": s}`` for a dynamic size, ``{"affine":
+    [s, a, b]}`` for a size derived from one (``a*s + b``; checked at each call,
+    input_checks), or ``{"expr": text}`` for any other expression, which calls do not
+    check (a warning at lowering says so)."""
     if isinstance(dim, int):
         return dim
     expr = dim.node.expr
@@ -132,6 +164,12 @@ def _dim_spec(dim) -> "int | dict":
         return {"sym": str(expr)}
     if expr.is_number:
         return int(expr)
+    derived = affine(expr)
+    if derived is not None:
+        return {"affine": list(derived)}
+    logger.warning("vkdelegate: %s has the size %s, which is not a*s + b of one dynamic "
+                   "size; calls do not check it (a wrong size fails inside the graph)",
+                   where, expr)
     return {"expr": str(expr)}
 
 
@@ -161,6 +199,18 @@ def _dim_names(pg: ProgramGraph) -> dict:
             debug = dim_name(dim.node)
             if debug is not None:
                 names[str(expr)] = debug
+    for name in pg.user_inputs:  # the symbols only derived sizes use (2*s39: h)
+        val = pg.placeholder(name).meta.get("val")
+        for dim in getattr(val, "shape", ()):
+            expr = getattr(getattr(dim, "node", None), "expr", None)
+            derived = affine(expr) if isinstance(expr, sympy.Expr) and not isinstance(
+                expr, sympy.Symbol) else None
+            if derived is None or derived[0] in names:
+                continue
+            sym = next(iter(expr.free_symbols))
+            debug = symbol_name(getattr(dim.node, "shape_env", None), sym)
+            if debug is not None:
+                names[derived[0]] = debug
     return names
 
 
@@ -299,8 +349,9 @@ class _GlueEncoder:
             name = str(target)
             if not allowed_ops.is_allowed(name):
                 # A file that calls it would not load (a user's custom op, say).
-                refused = allowed_ops.refusal(name, f"node {node.name}, which stays on "
-                                                    f"the CPU,")
+                refused = allowed_ops.refusal(
+                    name, f"node {node.name}{from_model_call(node)}, which stays on the "
+                          f"CPU,")
                 if name in _TRAINING_OPS:
                     raise VkDelegateError(f"{refused}; it is batch norm updating its "
                                           f"running statistics: the model was exported "
@@ -336,7 +387,8 @@ class _GlueEncoder:
                     f"cannot hold (inputs may be {', '.join(sorted(DTYPE_TABLE))})")
             # "name": what users call the input; "value": the glue value it binds.
             inputs.append({"name": label, "value": name, "dtype": dtype_name(val.dtype),
-                           "shape": [_dim_spec(d) for d in val.shape]})
+                           "shape": [_dim_spec(d, f"input {label!r} dim {i}")
+                                     for i, d in enumerate(val.shape)]})
         for node in pg.gm.graph.nodes:
             if node.op in ("call_function", "call_module"):
                 nodes.append(self.node(node))

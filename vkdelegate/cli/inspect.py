@@ -171,7 +171,9 @@ def method_signatures(manifest: "dict | None", path: str) -> list[str]:
             if plan is None:  # not loadable, but its blobs can still be listed
                 continue
             ranges = plan.get("ranges", {})
-            args = [f"{printable(spec.get('name', i))}: {describe(spec, ranges)}"
+            names = plan.get("dim_names")
+            names = names if isinstance(names, dict) else None
+            args = [f"{printable(spec.get('name', i))}: {describe(spec, ranges, names)}"
                     for i, spec in enumerate(plan["inputs"])]
             lines.append(f"{printable(name)}({', '.join(args)})")
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:

@@ -74,7 +74,8 @@ def _flat_inputs(plan: dict, given: dict[str, str]) -> list:
             continue
         if spec["name"] not in given:
             raise VkDelegateError(f"missing input {spec['name']!r} "
-                                  f"({describe(spec, ranges)}); give --input "
+                                  f"({describe(spec, ranges, plan.get('dim_names'))}); "
+                                  f"give --input "
                                   f"{printable(spec['name'])}=FILE.npy")
         flat.append(_load_array(spec["name"], given[spec["name"]]))
     return flat
