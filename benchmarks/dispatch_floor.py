@@ -13,7 +13,8 @@ Two measurements, printed as tables:
    (WG:KEYS[:PROBE[:NAME=VALUE,...]], the workgroup size = keys per chunk and the keys
    per split; 0:0 the module's defaults; PROBE: sdpa_decode.glsl's probe forms, wrong
    on purpose; then extra shader defines, pack=0/1 for PACK_GQA, and lanes=1 for the
-   lanes form, sdpa_decode_lanes.glsl, with kb=, lwg=, dl4= for its LANES_KB, LANES_WG,
+   lanes form, sdpa_decode_lanes.glsl (the default; lanes=0 the workgroup form), with
+   kb=, lwg=, dl4= for its LANES_KB, LANES_WG,
    LANES_DL4). ``--force-decode`` runs that kernel on a CPU driver too.
 
     python benchmarks/dispatch_floor.py [--chain 256] [--runs 20] [--forms 0:0 64:64]

@@ -31,10 +31,11 @@
 #           (32 x 4 rows x 4 unrolled, 64 x 8) against the default and fp16, one run
 #           (llm_decode rows MODULE.CONSTANT=VALUE), --profile 8, 330
 #   effforms EfficientNet-Lite0 with the pointwise split-K off / at 64 / at 132 blocks, 150
-#   lanes   the one-row decode attention's lanes form (sdpa_decode_lanes.glsl) against the
-#           workgroup form: its tests (validation on), dispatch_floor.py's sdpa_at at 256
-#           cached / position 96 and 2048 / 1500 in its KB / WG forms, then the decode
-#           fp16 and int4 with it off and on (llm_decode rows), 420
+#   lanes   the one-row decode attention's lanes form (sdpa_decode_lanes.glsl, the default
+#           since 2026-12-06) against the workgroup form: its tests (validation on),
+#           dispatch_floor.py's sdpa_at at 256 cached / position 96 and 2048 / 1500 in
+#           its WG / KB / DL4 forms, then the decode fp16 and int4 with it on and off
+#           (llm_decode rows), 420
 #   indirect the dispatch grids that follow the current sizes (vkCmdDispatchIndirect, on
 #           CPU drivers by default) forced on the GPU: the resize tests, the symbolic-size
 #           ops, the HF decoders and VLM, validation on; then chat_turns.py with it on, 300
@@ -146,15 +147,15 @@ for s in "$@"; do
     lanes)
       step lanes_tests 120 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
         -p no:cacheprovider tests/ops/test_sdpa_decode.py tests/ops/test_sdpa_at.py
-      L="0:0 0:0:0:lanes=1 0:0:0:lanes=1,kb=1 0:0:0:lanes=1,kb=4 0:0:0:lanes=1,lwg=64 \
-         0:0:0:lanes=1,lwg=256 0:0:0:lanes=1,dl4=2"
+      L="0:0:0:lanes=0 0:0 0:0:0:lanes=1,kb=1 0:0:0:lanes=1,kb=4 0:0:0:lanes=1,lwg=128 \
+         0:0:0:lanes=1,lwg=128,dl4=4 0:0:0:lanes=1,dl4=4"
       step lanes_256 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/dispatch_floor.py \
         --only sdpa --cache 256 --pos 96 --forms $L
       step lanes_2048 60 env VKDELEGATE_VALIDATION=0 python3 benchmarks/dispatch_floor.py \
         --only sdpa --cache 2048 --pos 1500 --forms $L
       step lanes_decode 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
-        --hbm-tbps $hbm --quantization none none+attention_decode.LANES_FORM=true int4 \
-        int4+attention_decode.LANES_FORM=true --runs 3 --hold-s 1 --profile 8 \
+        --hbm-tbps $hbm --quantization none none+attention_decode.LANES_FORM=false int4 \
+        int4+attention_decode.LANES_FORM=false --runs 3 --hold-s 1 --profile 8 \
         --json "$out/llm_decode_lanes.json" ;;
     indirect)
       step indirect_tests 200 env VKDELEGATE_VALIDATION=1 VKDELEGATE_INDIRECT_DISPATCH=1 \
