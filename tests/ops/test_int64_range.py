@@ -135,3 +135,25 @@ def test_int_to_float64_stays_on_the_cpu():
     program = to_backend(torch.export.export(Wide(), (ids,)), VulkanPartitioner())
     assert "int64 to float64: the device holds float64 in float32" in str(program.report)
     torch.testing.assert_close(program(ids), Wide()(ids), rtol=0, atol=0)
+
+
+def test_negation_and_division_of_int32_min_are_checked():
+    """-2^31 held as int64: its negation, abs and // -1 are 2^31 in eager; refused."""
+    class Signs(nn.Module):
+        def forward(self, x):
+            return -x, x.abs()
+
+    class Divide(nn.Module):
+        def forward(self, x, d):
+            return (torch.div(x, d, rounding_mode="floor"),
+                    torch.div(x, d, rounding_mode="trunc"))
+    x, d = torch.tensor([-BIG + 1, 5, -7]), torch.tensor([-1, 2, -3])
+    signs, divide = _lower(Signs(), x), _lower(Divide(), x, d)
+    for got, want in zip(signs(x) + divide(x, d), Signs()(x) + Divide()(x, d)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(VkDelegateError, match=r"aten\.neg\.default\): an int64 result"):
+        signs(torch.tensor([-BIG, 5, -7]))
+    with pytest.raises(VkDelegateError, match=r"aten\.div\.Tensor_mode\): an int64 result"):
+        divide(torch.tensor([0, -BIG, 4]), torch.tensor([1, -1, 3]))
+    torch.testing.assert_close(divide(torch.tensor([0, -BIG, 4]), torch.tensor([1, 2, 3])),
+                               Divide()(torch.tensor([0, -BIG, 4]), torch.tensor([1, 2, 3])))

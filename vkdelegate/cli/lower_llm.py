@@ -97,7 +97,11 @@ def run(args) -> int:
     eos = eos_token_ids(program)
     print(f"wrote {args.output} ({size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s; "
           f"end-of-sequence ids {eos or 'none'}")
-    print(f"run it: vkdelegate generate {args.output} --prompt TEXT --tokenizer "
-          f"{args.folder} [--chat]")
+    if os.path.isfile(os.path.join(args.folder, "tokenizer.json")):
+        print(f"run it: vkdelegate generate {args.output} --prompt TEXT --tokenizer "
+              f"{args.folder} [--chat]")
+    else:  # a checkpoint without a tokenizer: token ids
+        print(f"run it: vkdelegate generate {args.output} --prompt-ids 1,2,3 (the folder "
+              f"has no tokenizer.json for --prompt TEXT)")
     program.close()
     return 0

@@ -18,15 +18,20 @@ SCALAR_PARAMS = ParamBlock("scalars_block", [("fscalars", "vec4"), ("iscalars", 
 
 
 #: The integer expressions whose int64 result is checked against the int32 range the
-#: device holds it in (int_checked.h): add / sub (with alpha) and mul.
-CHECKED_EXPRS = {"a + ALPHA * b": "add_checked(a, mul_checked(ALPHA, b))",
-                 "a * b": "mul_checked(a, b)"}
+#: device holds it in (int_checked.h): add / sub (with alpha), mul and the integer
+#: divisions (-2^31 / -1).
+CHECKED_EXPRS = {"-x": "neg_checked(x)", "abs(x)": "abs_checked(x)",
+                 "a + ALPHA * b": "add_checked(a, mul_checked(ALPHA, b))",
+                 "a * b": "mul_checked(a, b)",
+                 "div_trunc(a, b)": "div_trunc(a, div_guard(a, b))",
+                 "div_floor(a, b)": "div_floor(a, div_guard(a, b))"}
 
 
 def checked_int64(expr: str, out, compute: str) -> bool:
     """Whether binary_op.glsl computes ``expr`` with CHECK_INT32: an int64 result
     (``out`` a Tensor or (graph dtype, device dtype) pair) of integer arithmetic that
-    may leave the int32 range (ATen's int64 would not wrap there)."""
+    may leave the int32 range (ATen's int64 would not wrap there). Binary and unary
+    ops share it (unary.py: neg, abs)."""
     out_dtype = out[0] if isinstance(out, tuple) else out.dtype
     return out_dtype == "int64" and acc_type(compute) == "int" and expr in CHECKED_EXPRS
 
@@ -34,7 +39,7 @@ def checked_int64(expr: str, out, compute: str) -> bool:
 def binary_defines(expr: str, out, a, b, compute: str) -> dict:
     """binary_op.glsl's defines: out, a, b Tensors or (graph dtype, device dtype)
     pairs, ``expr`` the GLSL expression in a, b, ``compute`` the computation dtype.
-    An int64 add / sub / mul (``checked_int64``) gets CHECK_INT32 and the checked
+    An int64 add / sub / mul / division (``checked_int64``) gets CHECK_INT32 and the checked
     expression: the op binds error_flags and passes its word as iscalars.y."""
     checked = checked_int64(expr, out, compute)
     if checked:

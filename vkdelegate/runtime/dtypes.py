@@ -10,8 +10,8 @@ dtype* is how it is stored in its storage buffer:
   arithmetic. The conversion happens when inputs are written and outputs read; an int64
   input value outside the int32 range raises VkDelegateError (never wraps silently),
   and so does an int64 result that leaves it on the device (the int64 add / sub / mul,
-  cumsum and float-to-int64 casts check their results, shaders/glsl/int_checked.h, and
-  the run raises ``INT64_OVERFLOW`` naming the node).
+  integer division, neg, abs, cumsum and float-to-int64 casts check their results,
+  shaders/glsl/int_checked.h, and the run raises ``INT64_OVERFLOW`` naming the node).
 - float16 stays float16 where the device has ``storageBuffer16BitAccess``; otherwise it
   is stored as float32 (same values, twice the memory).
 - int8, uint8 and bool stay 8-bit where the device has ``storageBuffer8BitAccess``;

@@ -26,9 +26,9 @@ sub) are the ``.Tensor`` ops with a Python-scalar other. int64 tensors (arange
 positions, causal masks, position ids) are held in int32 on the device
 (runtime/dtypes.py): add, sub, mul, division, min/max and comparisons accept them, exact
 while values stay in the int32 range: an int64 input outside it raises at the boundary,
-and an add, sub or mul whose int64 result leaves it raises after the run, naming the
-node (``INT64_OVERFLOW``; int_checked.h), where ATen's int64 is exact. (int32 results
-wrap, as ATen's do.)
+and an add, sub, mul or division whose int64 result leaves it raises after the run,
+naming the node (``INT64_OVERFLOW``; int_checked.h), where ATen's int64 is exact.
+(int32 results wrap, as ATen's do.)
 """
 from __future__ import annotations
 

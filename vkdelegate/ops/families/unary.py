@@ -17,10 +17,11 @@ import math
 
 from vkdelegate.kernels.elementwise_exprs import (INT32_MAX, INT32_MIN, UNARY_OPS,
                                                  Unary)
+from vkdelegate.kernels.binary_dispatch import CHECKED_EXPRS, checked_int64
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels.rules import same_shape
-from vkdelegate.runtime.dtypes import (STORAGE_PROFILES, acc_type, device_dtype,
-                                       storage_defines)
+from vkdelegate.runtime.dtypes import (INT64_OVERFLOW, STORAGE_PROFILES, acc_type,
+                                       device_dtype, storage_defines)
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, flag_defines
@@ -31,16 +32,23 @@ PARAMS = ParamBlock("params_block", [("fparams", "vec4"), ("iparams", "ivec4")])
 
 
 def _defines(expr: str, out, x, x_dtype: str, has_params: bool) -> dict:
-    return dict(storage_defines(OUT=out, IN=x), ACC_T=acc_type(x_dtype), OP_EXPR=expr,
+    """unary_op.glsl's defines; an int64 neg / abs (``checked_int64``: -2^31 has no
+    int32 negation) gets CHECK_INT32 and the checked expression (int_checked.h), its
+    error-flag word in the parameter block's iparams.w."""
+    checked = checked_int64(expr, out, x_dtype)
+    return dict(storage_defines(OUT=out, IN=x), ACC_T=acc_type(x_dtype),
+                OP_EXPR=CHECKED_EXPRS[expr] if checked else expr,
                 **flag_defines(ACC_FLOAT=acc_type(x_dtype) == "float",
-                               HAS_PARAMS=has_params))
+                               HAS_PARAMS=has_params, CHECK_INT32=checked))
 
 
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
-    return Bindings(outputs=("out_data",), inputs=("in_data",),
+    checked = "CHECK_INT32" in d
+    return Bindings(outputs=("out_data",) + (("error_flags",) if checked else ()),
+                    inputs=("in_data",),
                     params=(tensor_meta_block("out_meta"),) +
-                    ((PARAMS,) if "HAS_PARAMS" in d else ()))
+                    ((PARAMS,) if "HAS_PARAMS" in d or checked else ()))
 
 
 def _make_impl(op: Unary):
@@ -60,14 +68,19 @@ def _make_impl(op: Unary):
                               f"{sorted(expr)}")
             expr = expr[scalars[0]]
         param_buffers = [out.meta]
-        if op.params is not None:
+        flags = []
+        if checked_int64(expr, out, x.dtype):
+            flags.append(b.error_flag(INT64_OVERFLOW))
+            param_buffers.append(b.params(PARAMS.pack(fparams=[0.0],
+                                                      iparams=[0, 0, 0, flags[0].slot])))
+        elif op.params is not None:
             values = op.params(scalars, acc_type(x.dtype) == "float")
             # The int row is read only by integer variants, whose parameters are ints.
             ints = [max(INT32_MIN, min(INT32_MAX, int(v))) if math.isfinite(v) else 0
                     for v in values]
             param_buffers.append(b.params(PARAMS.pack(fparams=values, iparams=ints)))
         b.dispatch(SHADER, _defines(expr, out, x, x.dtype, op.params is not None),
-                   outputs=[out], inputs=[x], params=param_buffers,
+                   outputs=[out, *flags], inputs=[x], params=param_buffers,
                    global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel),
                    grid=lambda: (out.numel,))
     return impl

@@ -29,6 +29,26 @@ int mul_checked(int a, int b) {
   return lo;
 }
 
+// -a and abs(a): only -2^31 has no int32 negation.
+int neg_checked(int a) {
+  if (a == -2147483647 - 1) {
+    int32_overflow = true;
+  }
+  return -a;
+}
+
+int abs_checked(int a) {
+  return a < 0 ? neg_checked(a) : a;
+}
+
+// Integer division's divisor b, flagging -2^31 / -1 (the one quotient past the range).
+int div_guard(int a, int b) {
+  if (a == -2147483647 - 1 && b == -1) {
+    int32_overflow = true;
+  }
+  return b;
+}
+
 // float -> int64 (truncation toward zero, as ATen): the value must truncate into the
 // int32 range, i.e. lie in [-2^31, 2^31) (both ends exact in fp32; no fp32 value lies
 // strictly between -2^31 - 1 and -2^31); NaN and infinities, which ATen's cast leaves

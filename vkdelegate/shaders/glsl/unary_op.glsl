@@ -7,13 +7,19 @@
 // OUT_STORE(v), ACC_T (float or int; ACC_FLOAT set for float), OP_EXPR (an expression
 // in x of type ACC_T and the scalar parameters P0..P3, one line per op in
 // vkdelegate/ops/families/unary.py), HAS_PARAMS when the op has scalar parameters.
-// In and out have the same sizes.
+// In and out have the same sizes. CHECK_INT32 (int64 neg / abs): OP_EXPR uses
+// int_checked.h's neg_checked / abs_checked, and -(-2^31) sets error_flags[iparams.w].
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(in_data, IN_T)
 TENSOR_META(out_meta)
-#ifdef HAS_PARAMS
+#if defined(HAS_PARAMS) || defined(CHECK_INT32)
 PARAMS(params_block) { vec4 fparams; ivec4 iparams; };
+#endif
+#ifdef CHECK_INT32
+#include "int_checked.h"
+#endif
+#ifdef HAS_PARAMS
 #ifdef ACC_FLOAT
 #define P0 fparams.x
 #define P1 fparams.y
@@ -34,4 +40,7 @@ void main() {
   }
   const ACC_T x = ACC_T(in_data[i]);
   out_data[i] = OUT_STORE(OP_EXPR);
+#ifdef CHECK_INT32
+  report_overflow(iparams.w);
+#endif
 }
