@@ -121,10 +121,13 @@ def test_float_to_int64_cast_checked():
     program = _lower(Cast(), ok)
     for got, want in zip(program(ok), Cast()(ok)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    for bad in ([3e9, 0.0, 0.0, 0.0], [-2147483904.0, 0.0, 0.0, 0.0],
-                [float("nan"), 0.0, 0.0, 0.0], [float("inf"), 0.0, 0.0, 0.0]):
+    for bad in ([3e9, 0.0, 0.0, 0.0], [-2147483904.0, 0.0, 0.0, 0.0]):
         with pytest.raises(VkDelegateError, match=r"aten._to_copy.default\)"):
             program(torch.tensor(bad))
+    # NaN and infinities are not refused: ATen's cast leaves them undefined, and models
+    # select such values away (T5 casts log(0) = -inf to long under a torch.where)
+    got = program(torch.tensor([float("nan"), float("-inf"), float("inf"), 7.5]))
+    assert got[0][3] == 7 and got[1][3] == 7
 
 
 def test_int_to_float64_stays_on_the_cpu():

@@ -3,10 +3,10 @@ _to_dim_order_copy) and et_vk.prepack: flat copies
 through the affine copy every data-movement op is built on (kernels/affine_copy.py).
 
 Values convert from the input dtype to the output dtype as torch converts them: float to
-integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``. A float
-value cast to int64 that does not fit the int32 the device holds int64 in (NaN and
-infinities included) raises after the run, naming the node; int32 / int64 to float64
-stays on the CPU (float64 is float32 on the device).
+integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``. A
+finite float value cast to int64 that does not fit the int32 the device holds int64 in
+raises after the run, naming the node (NaN and infinities give an undefined value, as
+in ATen); int32 / int64 to float64 stays on the CPU (float64 is float32 on the device).
 """
 from __future__ import annotations
 

@@ -49,12 +49,14 @@ int div_guard(int a, int b) {
   return b;
 }
 
-// float -> int64 (truncation toward zero, as ATen): the value must truncate into the
-// int32 range, i.e. lie in [-2^31, 2^31) (both ends exact in fp32; no fp32 value lies
-// strictly between -2^31 - 1 and -2^31); NaN and infinities, which ATen's cast leaves
-// undefined, are flagged too.
+// float -> int64 (truncation toward zero, as ATen): a finite value must truncate into
+// the int32 range, i.e. lie in [-2^31, 2^31) (both ends exact in fp32; no fp32 value
+// lies strictly between -2^31 - 1 and -2^31). NaN and infinities are not flagged: ATen's
+// cast leaves them undefined too, and models compute such values on purpose and select
+// them away (T5's relative position buckets cast log(0) = -inf to long, then take
+// torch.where(is_small, ...)).
 int to_int_checked(float v) {
-  if (!(v >= -2147483648.0 && v < 2147483648.0)) {
+  if (!isinf(v) && !isnan(v) && !(v >= -2147483648.0 && v < 2147483648.0)) {
     int32_overflow = true;
   }
   return int(v);
