@@ -106,3 +106,45 @@ def test_meta_record_refuses_sizes_and_strides_past_int32(shape):
         meta_record(shape)
     rec = meta_record((0, 7, 5))  # an empty tensor within range: its strides kept
     assert rec[8:11].tolist() == [1, 5, 35] and rec[16] == 0
+
+
+def _reference_pack(block: ParamBlock, values: dict) -> bytes:
+    """pack as it was written first (numpy, member by member): the fast path must give
+    the same bytes."""
+    out = bytearray(block.size)
+    for member, type_ in block.fields:
+        base, _, count = type_.rstrip("]").partition("[")
+        width = 1 if base in ("int", "float") else 4
+        room = width * (int(count) if count else 1)
+        flat = np.ravel(np.asarray(values[member], dtype=object)).tolist()
+        row = np.zeros(room, dtype=np.int32 if base in ("int", "ivec4") else np.float32)
+        row[:len(flat)] = [int(v) for v in flat] if row.dtype == np.int32 else flat
+        out[block.offsets[member]:block.offsets[member] + row.nbytes] = row.tobytes()
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pack_equals_the_numpy_packing(seed):
+    rng = np.random.default_rng(seed)
+    types = ["int", "float", "ivec4", "vec4", "ivec4[2]", "vec4[3]"]
+    fields = [(f"m{i}", types[rng.integers(len(types))]) for i in range(rng.integers(1, 7))]
+    block = ParamBlock("b", fields)
+    floats = [0.5, -0.0, 1e39, -1e39, float("inf"), float("nan"), np.float64(3.25),
+              np.float32(-2.5), 7, np.int64(3), 1e-46, 16777217.0]
+    ints = [0, -1, 2 ** 31 - 1, -2 ** 31, np.int64(5), np.int32(-9), True, 3.0,
+            np.float64(-4.0)]
+    values = {}
+    for name, type_ in fields:
+        base, _, count = type_.rstrip("]").partition("[")
+        room = (1 if base in ("int", "float") else 4) * (int(count) if count else 1)
+        pool = ints if base in ("int", "ivec4") else floats
+        n = 1 if room == 1 else int(rng.integers(0, room + 1))
+        picked = [pool[rng.integers(len(pool))] for _ in range(n)]
+        if room == 1:
+            values[name] = picked[0]
+        elif count and rng.random() < 0.5 and n % 4 == 0:
+            values[name] = np.array(picked, dtype=object).reshape(-1, 4).tolist()
+        else:
+            values[name] = tuple(picked) if rng.random() < 0.5 else picked
+    got, want = block.pack(**values), _reference_pack(block, values)
+    assert got == want, (fields, values)

@@ -18,6 +18,8 @@ std140 stride (16) differs from std430's (4), and a block must lay out alike in 
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from vkdelegate.errors import VkDelegateError
@@ -57,6 +59,18 @@ class ParamBlock:
             self.offsets[member] = offset
             offset += size
         self.size = -(-offset // 16) * 16
+        # pack's plan, one entry a member: (name, offset, "i"/"f" or a struct's block,
+        # values it holds, its type)
+        self._plan = []
+        for member, type_ in self.fields:
+            base, count = _split(type_)
+            if base in STRUCTS:
+                kind = ParamBlock(f"{name}.{member}", STRUCTS[base])
+                room = 0
+            else:
+                dtype, width = _SCALARS[base]
+                kind, room = ("i" if dtype is np.int32 else "f"), width * (count or 1)
+            self._plan.append((member, self.offsets[member], kind, room, type_))
 
     def _align_size(self, type_: str) -> tuple[int, int]:
         base, count = _split(type_)
@@ -88,34 +102,48 @@ class ParamBlock:
         array of N (flattened, row after row), a dict of its members for a struct.
         Integers go through ``int32_value``. VkDelegateError naming the block and the
         member for a missing, unknown or out-of-range value."""
-        unknown = sorted(set(values) - set(self.offsets))
-        missing = [m for m, _ in self.fields if m not in values]
-        if unknown or missing:
+        if len(values) != len(self.fields) or not all(m in values for m in self.offsets):
+            unknown = sorted(set(values) - set(self.offsets))
+            missing = [m for m, _ in self.fields if m not in values]
             raise VkDelegateError(f"parameter block {self.name}: "
                                   + (f"unknown members {unknown}" if unknown else
                                      f"members {missing} not given"))
         out = bytearray(self.size)
-        for member, type_ in self.fields:
-            raw = self._member_bytes(member, type_, values[member])
-            out[self.offsets[member]:self.offsets[member] + len(raw)] = raw
+        for member, offset, kind, room, type_ in self._plan:
+            value = values[member]
+            if isinstance(kind, ParamBlock):
+                raw = kind.pack(**value)
+                out[offset:offset + len(raw)] = raw
+                continue
+            # The common case in one call: a number, or a flat list / tuple of ints (or
+            # floats) that struct takes as they are (it refuses a nested list, a
+            # non-integer in an int member, an int past int32 or a float past float32's
+            # range); anything else takes the checked path below.
+            seq = (value,) if type(value) in (int, float) else value
+            if type(seq) in (list, tuple) and (len(seq) == 1 if room == 1
+                                               else len(seq) <= room):
+                try:
+                    struct.pack_into(f"<{len(seq)}{kind}", out, offset, *seq)
+                    continue
+                except (struct.error, OverflowError, TypeError):
+                    out[offset:offset + 4 * room] = bytes(4 * room)
+            flat = _flat(value)
+            if len(flat) > room or (room == 1 and len(flat) != 1):
+                raise VkDelegateError(f"parameter block {self.name}: member {member} "
+                                      f"({type_}) given {len(flat)} values")
+            if kind == "i":
+                flat = [int32_value(v, f"parameter {self.name}.{member}[{i}]")
+                        for i, v in enumerate(flat)]
+                struct.pack_into(f"<{len(flat)}i", out, offset, *flat)
+            else:  # numpy's conversion: past float32's range is inf
+                raw = np.asarray(flat, dtype=np.float32).tobytes()
+                out[offset:offset + len(raw)] = raw
         return bytes(out)
 
-    def _member_bytes(self, member: str, type_: str, value) -> bytes:
-        base, count = _split(type_)
-        if base in STRUCTS:
-            return ParamBlock(f"{self.name}.{member}", STRUCTS[base]).pack(**value)
-        dtype, width = _SCALARS[base]
-        flat = np.ravel(np.asarray(value, dtype=object)).tolist()
-        room = width * (count or 1)
-        if len(flat) > room or (width == 1 and len(flat) != 1):
-            raise VkDelegateError(f"parameter block {self.name}: member {member} "
-                                  f"({type_}) given {len(flat)} values")
-        what = f"parameter {self.name}.{member}"
-        if dtype is np.int32:
-            flat = [int32_value(v, f"{what}[{i}]") for i, v in enumerate(flat)]
-        row = np.zeros(room, dtype=dtype)
-        row[:len(flat)] = flat
-        return row.tobytes()
+
+def _flat(value) -> list:
+    """A member's numbers in order, nested lists and arrays flattened row after row."""
+    return np.ravel(np.asarray(value, dtype=object)).tolist()
 
 
 def tensor_meta_block(name: str) -> ParamBlock:
