@@ -132,13 +132,10 @@ def test_head_dims_not_multiples_of_four_and_different_ev(decode, e, ev):
     check_op(sdpa_fn(), (q, k, v), ops=[SDPA], **FP32_TOL)
 
 
-def test_head_dim_256(decode, form, monkeypatch):
-    # The default lanes shape leaves a 256-wide head to the workgroup form (8 vec4s a
-    # lane at LANES 8 is past 2 * LANES_DL4); with 4 vec4s a lane allowed it is taken.
-    # (and 128 invocations: 16 subgroups' 1032-byte merge slots fit lavapipe's 32 KiB).
+def test_head_dim_256(decode):
+    # The workgroup form: the lanes form leaves a 256-wide head to it (8 vec4s a lane at
+    # LANES 8 is past 2 * LANES_DL4), so no lanes variant for it is declared either.
     assert dec.lanes_shape(256, 32) is None
-    monkeypatch.setattr(dec, "LANES_DL4", 4)
-    monkeypatch.setattr(dec, "LANES_WG", 128)
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, h, n, 256) for h, n in ((4, 1), (2, 150), (2, 150)))
     check_op(sdpa_fn(enable_gqa=True, is_causal=False), (q, k, v), ops=[SDPA], **FP32_TOL)
