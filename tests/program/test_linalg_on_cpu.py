@@ -13,6 +13,16 @@ from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
 from vkdelegate.backend.program_graph import from_exported_program
 from torch.export.graph_signature import InputKind
 
+from tests.torch_version import TORCH
+
+#: On the GPU machine's torch 2.11 the export of torch.linalg.inv / solve / cholesky has
+#: no error check (no aten._linalg_check_errors, no effect token), so a program lowered
+#: there raises nothing for a singular matrix (seen on an H100 lease, 2026-12-06). torch
+#: 2.13 (the pinned version) exports the check.
+pytestmark = pytest.mark.skipif(
+    TORCH < (2, 13), reason=f"torch {torch.__version__}'s export of linalg has no error "
+                            f"check (aten._linalg_check_errors needs torch 2.13)")
+
 
 class Inv(torch.nn.Module):
     def forward(self, a):

@@ -10,6 +10,15 @@ from torch.export import Dim
 
 import vkdelegate
 from vkdelegate import VkDelegateError, VulkanPartitioner, to_backend
+from tests.torch_version import TORCH
+
+#: On the GPU machine's torch 2.11 one_hot's decomposition emits no class-range check
+#: (no aten._assert_async.msg), so a program lowered there raises nothing for a class out
+#: of range (seen on an H100 lease, 2026-12-06). torch 2.13 (the pinned version) exports
+#: the checks.
+pytestmark = pytest.mark.skipif(
+    TORCH < (2, 13), reason=f"torch {torch.__version__}'s export of one_hot has no "
+                            f"class-range check (aten._assert_async.msg needs torch 2.13)")
 
 
 class OneHot(torch.nn.Module):
