@@ -43,6 +43,24 @@ def test_run_writes_outputs(saved):
                                    rtol=1e-4, atol=1e-4)
 
 
+def test_outputs_of_an_earlier_run_are_named_not_deleted(saved, capsys):
+    """output_*.npy files this run did not write (a None output now, another program's
+    outputs) stay, and the run says which they are."""
+    d, expected = saved
+    out = d / "out"
+    out.mkdir()
+    np.save(out / "output_old.npy", np.zeros(2))
+    np.save(out / "output_sum.npy", np.zeros(2))  # overwritten by this run
+    (out / "notes.txt").write_text("mine")
+    assert main(["run", str(d / "p.vkp"), "--input", f"x={d / 'x.npy'}", "--input",
+                 f"y={d / 'y.npy'}", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"note: {out} also holds output_old.npy: not written by this run" in printed
+    assert (out / "output_old.npy").exists() and (out / "notes.txt").read_text() == "mine"
+    np.testing.assert_allclose(np.load(out / "output_sum.npy"), expected["sum"].numpy(),
+                               rtol=1e-4, atol=1e-4)
+
+
 class NonTensorOutputs(torch.nn.Module):
     def forward(self, x):
         return {"y": x + 1, "n": None, "k": 7, "f": 3.5}

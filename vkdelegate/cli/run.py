@@ -4,7 +4,8 @@ Inputs are numpy files given by input name (``vkdelegate inspect`` or an error
 message lists the names and expected shapes); each output leaf is written to
 ``OUTPUT_DIR/output_<path>.npy``, where <path> is its position in the returned
 structure (``0``, ``logits``, ``b.1``); a Python number is written as a 0-d array, a
-None output is not written (a line says so). ``--profile`` runs once more with GPU
+None output is not written (a line says so); other output_*.npy files already in the
+folder are left in place and named in a note. ``--profile`` runs once more with GPU
 timestamps and prints the slowest dispatches; ``--trace`` writes them as a Chrome trace.
 Needs torch only when the program has CPU parts.
 """
@@ -213,6 +214,7 @@ def run(args) -> int:
         raise VkDelegateError(f"--trace {args.trace}: folder "
                               f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
     outputs = runner.call_flat(flat)
+    written = set()
     for path, value in zip(_unique(_leaf_paths(runner.plan["out_spec"])), outputs):
         if value is None:  # np.save would write a pickled object array
             print(f"{path}: None (not written)")
@@ -229,6 +231,8 @@ def run(args) -> int:
             raise VkDelegateError(f"--output-dir {args.output_dir}: cannot write "
                                   f"{target} ({exc.strerror or exc})") from exc
         print(f"{path}: {array.dtype}{list(array.shape)} -> {target}")
+        written.add(os.path.basename(target))
+    _note_stale_outputs(args.output_dir, written)
     if args.profile or args.trace:
         program.set_profiling(True)
         runner.call_flat(flat)
@@ -236,6 +240,23 @@ def run(args) -> int:
         print_profile(program, method, args.trace)
     program.close()
     return 0
+
+
+def _note_stale_outputs(folder: str, written: set) -> None:
+    """Name the output_*.npy files in ``folder`` that this run did not write (an earlier
+    run's, e.g. of a method with more outputs): they are left in place, since they are
+    the user's files, but a reader should not take them for this run's results."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    stale = sorted(n for n in names
+                   if n.startswith("output_") and n.endswith(".npy") and n not in written)
+    if stale:
+        shown = ", ".join(stale[:8]) + (f", ... ({len(stale)} in all)" if len(stale) > 8
+                                        else "")
+        print(f"note: {folder} also holds {shown}: not written by this run (left in "
+              f"place)")
 
 
 def register(subparsers) -> None:
