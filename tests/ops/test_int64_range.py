@@ -140,6 +140,25 @@ def test_int_to_float64_stays_on_the_cpu():
     torch.testing.assert_close(program(ids), Wide()(ids), rtol=0, atol=0)
 
 
+def test_float64_to_integer_and_bool_stays_on_the_cpu():
+    """The device would round a float64 value to float32 before the cast: 2.9999999999
+    would truncate to 3 where ATen gives 2, and 1e-50 would be False. float64 -> float32
+    rounds as ATen does and stays delegated."""
+    class Casts(nn.Module):
+        def forward(self, x):
+            return x.long(), x.to(torch.int32), x.bool(), x.to(torch.uint8), x.float()
+    x = torch.tensor([2.9999999999, -2.9999999999, 16777217.0, 0.99999999999, 1e-50],
+                     dtype=torch.float64)
+    program = to_backend(torch.export.export(Casts(), (x,)), VulkanPartitioner())
+    report = str(program.report)
+    for out in ("int64", "int32", "bool", "uint8"):
+        assert f"float64 to {out}: the device holds float64 in float32" in report
+    cpu = [d.op for d in program.report.cpu_nodes]
+    assert cpu == ["aten._to_copy.default"] * 4  # the float32 cast is delegated
+    for got, want in zip(program(x), Casts()(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_negation_and_division_of_int32_min_are_checked():
     """-2^31 held as int64: its negation, abs and // -1 are 2^31 in eager; refused."""
     class Signs(nn.Module):

@@ -6,7 +6,8 @@ Values convert from the input dtype to the output dtype as torch converts them: 
 integer truncates toward zero, int8/uint8 wrap, anything to bool is ``x != 0``. A
 finite float value cast to int64 that does not fit the int32 the device holds int64 in
 raises after the run, naming the node (NaN and infinities give an undefined value, as
-in ATen); int32 / int64 to float64 stays on the CPU (float64 is float32 on the device).
+in ATen); int32 / int64 to float64 and float64 to an integer or bool stay on the CPU
+(float64 is float32 on the device).
 """
 from __future__ import annotations
 
@@ -43,11 +44,17 @@ def _to_copy_rule(node: NodeSpec):
 def _float64_reason(node: NodeSpec) -> "str | None":
     """float64 is held in float32 on the device (runtime/dtypes.py): a float value
     widens exactly at the output boundary, but an int32 / int64 one past 2**24 would
-    round on the way, where ATen's float64 holds it exactly."""
+    round on the way, where ATen's float64 holds it exactly; and a float64 value cast to
+    an integer or bool would be rounded to float32 first (2.9999999999 -> 3.0 -> 3 where
+    ATen truncates to 2, 1e-50 -> 0.0 -> False), so those casts stay on the CPU too.
+    float64 -> float32 / float16 is delegated: rounding to float32 is what ATen does."""
     src, out = node.args[0].dtype, node.outputs[0].dtype
     if out == "float64" and src in ("int32", "int64"):
         return (f"{src} to float64: the device holds float64 in float32, which rounds "
                 f"integers past 2**24")
+    if src == "float64" and out not in ("float64", "float32", "float16"):
+        return (f"float64 to {out}: the device holds float64 in float32, which would "
+                f"round the value before the conversion (2.9999999999 would give 3)")
     return None
 
 
