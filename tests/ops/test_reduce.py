@@ -107,6 +107,20 @@ def test_nan_and_ties():
                   "aten.argmin.default", "aten.var.correction"])
 
 
+@pytest.mark.parametrize("n", [256, THREAD_MAX * 4], ids=["per-invocation", "cooperative"])
+def test_var_of_a_large_mean_and_a_small_spread(n):
+    """A mean of 1e4 is held in fp32 about 5e-4 off the true mean, as large as a spread
+    of 0.01: plain two-pass var was 7e-4 (relative) off eager; the corrected two-pass
+    (the deviations' sum taken out) is as close as eager's float64 accumulation."""
+    g = torch.Generator().manual_seed(0)
+    x = 1e4 + 0.01 * torch.randn(4, n, generator=g)
+    ref = x.double().var(-1)
+    check_op(lambda t: (t.var(-1), t.std(-1, correction=0)), (x,),
+             ops=["aten.var.correction"], rtol=2e-6, atol=0)
+    # and eager itself is that close to the exact float64 variance of the same inputs
+    assert ((x.var(-1).double() - ref).abs() / ref).max() < 2e-6
+
+
 def test_resize():
     torch.manual_seed(0)
     n, m = Dim("n", min=1, max=16), Dim("m", min=2, max=40)

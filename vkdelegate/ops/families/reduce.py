@@ -128,7 +128,7 @@ REDUCTIONS = {
     "aten.max.default": Reduction("max", "all", ORDERED, notes="propagates NaN"),
     "aten.min.default": Reduction("min", "all", ORDERED, notes="propagates NaN"),
     "aten.var.correction": Reduction("var", "var", FLOATS,
-                                     notes="two-pass, any correction; std = var + sqrt"),
+                                     notes="corrected two-pass (mean; deviations and their squares), any correction; std = var + sqrt"),
     "aten.argmax.default": Reduction("argmax", "optdim_keepdim", ORDERED, out="int64",
                                      notes="int64 output, first occurrence, NaN wins"),
     "aten.argmin.default": Reduction("argmin", "optdim_keepdim", ORDERED, out="int64",
@@ -207,7 +207,8 @@ def dispatch_generic(b, kind: str, out, x, reduced: int, params, mask: int) -> N
     (``cooperative``). Raises VkDelegateError (b.error) on llvmpipe for reductions
     longer than its shader loop limit allows even in the cooperative form."""
     defines = dict(_generic_defines(kind, out, x, x.dtype), **run_defines(mask))
-    passes = 2 if kind == "var" else 1  # var: the mean, then the squared deviations
+    # var: the mean, the deviations from it, their squares (a corrected two-pass)
+    passes = 3 if kind == "var" else 1
     dispatch_rows(b, GENERIC_SHADER, defines, out, x, params, out.max_numel, reduced,
                   passes, f"{kind} of {reduced} elements per output",
                   rows_now=lambda: out.numel)

@@ -103,14 +103,15 @@ bool settled(ACC_T v, int i) {
 #endif
 }
 
-// The element folded in: the value itself, its squared deviation from `center` for
-// var's second pass, or its truthiness for any (NaN != 0 is true, as in ATen).
-ACC_T element(int base, uint r, bool deviation, float center) {
+// The element folded in: the value itself (mode 0), for var its deviation from
+// `center` (mode 1) or its squared deviation (mode 2), or its truthiness for any (NaN
+// != 0 is true, as in ATen).
+ACC_T element(int base, uint r, int mode, float center) {
   const ACC_T v = ACC_T(in_data[reduced_offset(base, r)]);
 #if REDUCE_KIND == KIND_VAR
-  if (deviation) {
+  if (mode != 0) {
     const float dev = float(v) - center;
-    return dev * dev;
+    return mode == 1 ? dev : dev * dev;
   }
 #elif REDUCE_KIND == KIND_ANY
   return v != ACC_T(0) ? ACC_T(1) : ACC_T(0);
@@ -131,7 +132,7 @@ ACC_T element(int base, uint r, bool deviation, float center) {
 // This invocation's fold over its share of the `count` reduced elements: indices
 // r0 + j * LANE_STRIDE + LANE, 16 per loop iteration. Each block of 16 is folded apart
 // first, which keeps the rounding error of long sums down.
-void fold_share(int base, uint count, bool deviation, float center,
+void fold_share(int base, uint count, int mode, float center,
                 inout ACC_T acc, inout int index) {
   for (uint r0 = 0u; r0 < count; r0 += STEP) {
     ACC_T block = IDENTITY;
@@ -139,7 +140,7 @@ void fold_share(int base, uint count, bool deviation, float center,
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {
       const uint r = r0 + j * LANE_STRIDE + LANE;
       if (r < count) {
-        combine(block, block_index, element(base, r, deviation, center), int(r));
+        combine(block, block_index, element(base, r, mode, center), int(r));
       }
     }
     combine(acc, index, block, block_index);
@@ -191,7 +192,7 @@ void main() {
   const int base = kept_base(o, count);
   ACC_T acc = IDENTITY;
   int index = -1;
-  fold_share(base, count, false, 0.0, acc, index);
+  fold_share(base, count, 0, 0.0, acc, index);
   fold_workgroup(acc, index);
 #if REDUCE_KIND == KIND_MEAN || REDUCE_KIND == KIND_VAR
   const float mean = count == 0u ? NAN_F : acc / float(count);
@@ -200,10 +201,21 @@ void main() {
     out_data[o] = OUT_STORE(mean);
   }
 #else
-  // Two passes (mean, then squared deviations): no cancellation of sum(x^2) - n*mean^2.
+  // Three passes: the mean c; the sum S of the deviations x - c; the sum Q of their
+  // squares; m2 = Q - S^2 / n ("corrected two-pass", Chan, Golub and LeVeque 1983),
+  // exact for any c. c itself is off the true mean by its fp32 rounding (about 5e-4
+  // at a mean of 1e4, as large as a spread of 0.01): the S^2 / n term takes that out.
+  // No cancellation of sum(x^2) - n*mean^2 either.
+  float shift = 0.0;
+  fold_share(base, count, 1, mean, shift, index);
+  fold_workgroup(shift, index);
   float m2 = 0.0;
-  fold_share(base, count, true, mean, m2, index);
+  fold_share(base, count, 2, mean, m2, index);
   fold_workgroup(m2, index);
+  if (count > 0u) {
+    const float corrected = m2 - shift * shift / float(count);
+    m2 = corrected < 0.0 ? 0.0 : corrected;  // rounding; NaN stays NaN
+  }
   const float denom = float(count) - fparams.x;
   // ATen divides by max(0, N - correction): 0/0 is NaN, m2/0 is inf.
   const float var = denom > 0.0 ? m2 / denom : (m2 > 0.0 ? INF_F : NAN_F);
