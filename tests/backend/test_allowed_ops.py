@@ -44,7 +44,8 @@ def test_every_glue_op_of_the_module_suite_is_allowed():
 
 
 def test_the_list_has_no_duplicates_and_only_qualified_names():
-    groups = (allowed_ops.CORE_ATEN + allowed_ops.REGISTRY_EXTRA + allowed_ops.LINALG
+    groups = (allowed_ops.CORE_ATEN + allowed_ops.REGISTRY_EXTRA + allowed_ops.NON_CORE
+              + allowed_ops.LINALG
               + allowed_ops.SIZES_AND_CHECKS + allowed_ops.VALUE_CHECKS + allowed_ops.CREATION + allowed_ops.CUSTOM
               + allowed_ops.OPERATORS)
     assert len(groups) == len(set(groups)) == len(allowed_ops.ALLOWED)
@@ -76,6 +77,10 @@ def test_string_choices_are_accepted_by_torch():
         torch.ops.aten.div.Tensor_mode(x, x + 2, rounding_mode=value)
     for value in allowed_ops.STR_CHOICES["aten.scatter_reduce.two"]["reduce"]:
         torch.ops.aten.scatter_reduce.two(x, 0, torch.tensor([0, 1]), x[:2], value)
+    edges = torch.tensor([0.0, 0.5, 1.0])
+    for value in allowed_ops.STR_CHOICES["aten.searchsorted.Tensor"]["side"]:
+        torch.ops.aten.searchsorted.Tensor(edges, x, side=value)
+        torch.ops.aten.searchsorted.Scalar(edges, 0.5, side=value)
 
 
 @pytest.mark.parametrize("name,why", [

@@ -113,6 +113,22 @@ aten.linalg_inv_ex.default aten._linalg_solve_ex.default aten.linalg_cholesky_ex
 aten._linalg_check_errors.default
 """)
 
+#: Pure ATen operators outside the core opset that decomposition leaves whole and
+#: models use (torch.cumprod, var_mean, Tensor.unfold, sort(stable=True), round with
+#: decimals, searchsorted / bucketize, median, kthvalue, cummax / cummin, logcumsumexp,
+#: masked_select, unique, antialiased interpolation): each result is sized by its
+#: inputs (``masked_select`` and ``_unique2`` at most their input's elements), none
+#: writes an argument. ``searchsorted``'s ``side`` is a checked choice (STR_CHOICES).
+NON_CORE = _names("""
+aten.cumprod.default aten.var_mean.correction aten.unfold.default aten.sort.stable
+aten.round.decimals aten.searchsorted.Tensor aten.searchsorted.Scalar
+aten.bucketize.Tensor aten.bucketize.Scalar aten.median.default aten.median.dim
+aten.kthvalue.default aten.cummax.default aten.cummin.default aten.logcumsumexp.default
+aten.masked_select.default aten._unique2.default aten.unique_dim.default
+aten.unique_consecutive.default aten._upsample_bilinear2d_aa.default
+aten._upsample_bicubic2d_aa.default
+""")
+
 #: Sizes and checks torch.export emits for dynamic shapes (they read only metadata).
 SIZES_AND_CHECKS = _names("""
 aten.sym_size.int aten.sym_numel.default aten.sym_stride.int
@@ -159,8 +175,8 @@ REFERENCE_ONLY = custom_ops.names(glue=False)
 BLOB_SIZE_OPS = _names("sym_size.int")
 
 #: Everything the CPU glue may call (``getitem`` and ``delegate`` are node forms).
-ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + LINALG + SIZES_AND_CHECKS + VALUE_CHECKS
-                    + CREATION + CUSTOM + OPERATORS)
+ALLOWED = frozenset(CORE_ATEN + REGISTRY_EXTRA + NON_CORE + LINALG + SIZES_AND_CHECKS
+                    + VALUE_CHECKS + CREATION + CUSTOM + OPERATORS)
 
 #: An assert's message: any text up to ``MAX_MESSAGE`` characters (it is only raised).
 MESSAGE = "any message"
@@ -181,6 +197,8 @@ STR_CHOICES = {
     "aten.div.Tensor_mode": {"rounding_mode": ("trunc", "floor")},
     "aten.gelu.default": {"approximate": ("none", "tanh")},
     "aten.scatter_reduce.two": {"reduce": ("sum", "prod", "mean", "amax", "amin")},
+    "aten.searchsorted.Tensor": {"side": ("left", "right")},
+    "aten.searchsorted.Scalar": {"side": ("left", "right")},
     # torch._check(...) in a dynamic-shape program: the text only becomes the message
     # of the error the assert raises.
     "aten._assert_scalar.default": {"assert_msg": MESSAGE},

@@ -24,6 +24,8 @@ END = "<!-- END allow-list -->"
 _GROUPS = (
     ("Core ATen (pure functional overloads)", allowed_ops.CORE_ATEN),
     ("Implemented by the Vulkan registry, not core ATen", allowed_ops.REGISTRY_EXTRA),
+    ("Pure ATen operators outside the core opset (`cumprod`, `var_mean`, `unfold`, "
+     "`searchsorted`, `median`, `unique`, ...)", allowed_ops.NON_CORE),
     ("Linear algebra (`torch.linalg.inv`, `solve`, `cholesky`)", allowed_ops.LINALG),
     ("Sizes and checks of dynamic shapes", allowed_ops.SIZES_AND_CHECKS),
     ("Checks of tensor values (`F.one_hot`'s class range)", allowed_ops.VALUE_CHECKS),
