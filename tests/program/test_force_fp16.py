@@ -199,6 +199,32 @@ def test_wide_value_crosses_a_cpu_node(executor):
     assert "reads neg, which may exceed float16" in _notes(program)["mul_1"]
 
 
+class SinusoidalEncoding(torch.nn.Module):
+    """The position encoding of "Attention is all you need", computed in forward."""
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], dtype=torch.float32)[:, None]
+        div = torch.exp(torch.arange(0, x.shape[2], 2, dtype=torch.float32)
+                        * (-math.log(10000.0) / x.shape[2]))
+        return torch.relu(x) + torch.cat([torch.sin(pos * div), torch.cos(pos * div)], -1)
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+def test_periodic_arguments_stay_float32(executor, fuse):
+    """sin(pos * div) at pos 1023: float16 rounds the argument by up to 0.5 (the result
+    was 0.40 off eager); the sine, the cosine and everything their arguments come from
+    stay float32, the relu of x stays float16."""
+    x = torch.randn(1, 1024, 16, generator=torch.Generator().manual_seed(0))
+    program = _lower(SinusoidalEncoding(), (x,), executor, fuse=fuse)
+    # only the final float16 rounding of values in [-1, 1] (+ relu(x) up to ~4)
+    torch.testing.assert_close(program(x), SinusoidalEncoding()(x), rtol=1e-3, atol=2e-3)
+    notes = _notes(program)
+    assert any("sin of a float16 argument" in n for n in notes.values())
+    assert any("cos of a float16 argument" in n for n in notes.values())
+    assert any("computes the argument of" in n for n in notes.values())
+    assert not any(name.startswith("relu") for name in notes)
+
+
 def test_plain_fp16_graph_is_unchanged(executor):
     # Nothing out of range: every tensor is float16 and there are no casts.
     program = _lower(torch.nn.Tanh(), (torch.randn(3),), executor)

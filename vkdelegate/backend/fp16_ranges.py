@@ -30,6 +30,10 @@ delegate and casts at the edges. The rules, applied in graph order:
    so it stays as lowered: its float32 tensors stay float32. It is not a seed (its
    output is no wider than the unfused casts' was).
 
+4. Periodic arguments. A sine, cosine or tangent (also inside a fused chain) and the
+   float nodes its argument is computed from stay float32 (``_keep_periodic_arguments``):
+   float16 rounds an argument near 1000 by up to 0.5, and the result by as much.
+
 So ``softmax(scores + (1 - m) * finfo.min)`` and ``softmax(s.masked_fill(m, -1e5))``
 run their mask arithmetic and softmax in float32 and match eager exactly (a fully
 masked row included: eager gives a uniform row, or ``softmax(scores)`` when -1e5 is
@@ -253,4 +257,48 @@ def fp32_nodes(gm: torch.fx.GraphModule, known: Mapping[str, np.ndarray],
         vals = val if isinstance(val, (list, tuple)) else [val]
         if str(node.target) not in NARROWING and any(_is_float(v) for v in vals):
             wide[node.name] = origin
+    _keep_periodic_arguments(gm, keep)
     return keep, outputs
+
+
+#: Periodic functions: their output is bounded, but their argument needs float32's
+#: precision (rule 4 of the module docstring).
+PERIODIC = frozenset({"aten.sin.default", "aten.cos.default", "aten.tan.default"})
+
+
+def _periodic_op(node: torch.fx.Node) -> Optional[str]:
+    """The periodic op ``node`` computes (itself, or a step of its fused chain)."""
+    name = str(node.target)
+    if name in PERIODIC:
+        return name
+    if name == "vkdelegate.fused_elementwise.default" and isinstance(node.args[1], str):
+        return next((op for op in sorted(PERIODIC) if f"{op}(" in node.args[1]), None)
+    return None
+
+
+def _keep_periodic_arguments(gm: torch.fx.GraphModule, keep: dict) -> None:
+    """Rule 4: a sine, cosine or tangent and every float node its argument is computed
+    from stay float32. float16 holds an argument near 1000 only to 0.5 (an
+    ``arange(1024) * div`` position encoding), and the sine of it is then off by up to
+    0.5 where eager's float32 is exact to 1e-4; the argument's inputs (``div``, rounded
+    by 5e-4 in float16) matter as much. Non-float nodes (integer positions) end the
+    walk."""
+    for node in gm.graph.nodes:
+        op = _periodic_op(node) if node.op == "call_function" else None
+        if op is None or not _handles_float(node):
+            continue
+        fn = op.split(".")[1]
+        keep.setdefault(node.name, f"{fn} of a float16 argument is off by up to half its "
+                                   f"ulp (0.5 at 1000)")
+        stack = list(node.all_input_nodes)
+        while stack:
+            src = stack.pop()
+            if src.op != "call_function" or src.name in keep:
+                continue
+            val = src.meta.get("val")
+            vals = val if isinstance(val, (list, tuple)) else [val]
+            if not any(_is_float(v) for v in vals):
+                continue
+            keep[src.name] = (f"computes the argument of {node.name} ({fn}), which needs "
+                              f"float32's precision")
+            stack.extend(src.all_input_nodes)
