@@ -182,3 +182,20 @@ def test_gpu_decode_attention_forms_match_hf(monkeypatch, kind, lanes):
     prompt = _prompt(3)
     assert generate(program, prompt, 40) == hf_greedy(model, prompt, 40)
     assert taken and all((t is not None) == lanes for t in taken[-2:])
+
+
+def test_force_fp16_keeps_the_sampler_inputs_float32():
+    """force_fp16 (a compile option users pass through ``lower``): the sampler's
+    ``sampling`` vector stays float32 (its kernel takes float32 only; the program used
+    to fail at build), and the fp16 program's greedy tokens follow HF's float32 ones
+    for the first tokens of this tiny model."""
+    from tests.llm.models import make_model
+    from vkdelegate.llm import lower
+
+    model = make_model("llama")
+    program = lower(model, max_seq_len=64, options={"force_fp16": True})
+    notes = {d.name: " ".join(d.notes) for d in program.methods["decode"].report.decisions
+             if d.notes}
+    assert "takes argument 1 in float32 only" in notes["sample_record"]
+    prompt = _prompt(3)
+    assert generate(program, prompt, 8) == hf_greedy(model, prompt, 8)

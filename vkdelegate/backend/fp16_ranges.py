@@ -34,6 +34,10 @@ delegate and casts at the edges. The rules, applied in graph order:
    float nodes its argument is computed from stay float32 (``_keep_periodic_arguments``):
    float16 rounds an argument near 1000 by up to 0.5, and the result by as much.
 
+5. Float32-only kernels. A node whose Vulkan kernel takes a float32 argument (or
+   makes a float32 output) in float32 only stays float32 (the LLM sampler's
+   ``sampling`` vector).
+
 So ``softmax(scores + (1 - m) * finfo.min)`` and ``softmax(s.masked_fill(m, -1e5))``
 run their mask arithmetic and softmax in float32 and match eager exactly (a fully
 masked row included: eager gives a uniform row, or ``softmax(scores)`` when -1e5 is
@@ -258,6 +262,7 @@ def fp32_nodes(gm: torch.fx.GraphModule, known: Mapping[str, np.ndarray],
         if str(node.target) not in NARROWING and any(_is_float(v) for v in vals):
             wide[node.name] = origin
     _keep_periodic_arguments(gm, keep)
+    _keep_float32_only_kernels(gm, keep)
     return keep, outputs
 
 
@@ -302,3 +307,24 @@ def _keep_periodic_arguments(gm: torch.fx.GraphModule, keep: dict) -> None:
             keep[src.name] = (f"computes the argument of {node.name} ({fn}), which needs "
                               f"float32's precision")
             stack.extend(src.all_input_nodes)
+
+
+def _keep_float32_only_kernels(gm: torch.fx.GraphModule, keep: dict) -> None:
+    """Rule 5: a node whose Vulkan kernel takes a float32 argument (or makes a float32
+    output) in float32 only stays float32 (the LLM sampler's ``sampling`` vector:
+    temperature, top-k, top-p and the draw). Not a seed: its output is no wider."""
+    from vkdelegate.ops import registry
+
+    specs = registry.load_all()
+    for node in gm.graph.nodes:
+        spec = specs.get(str(node.target)) if node.op == "call_function" else None
+        if spec is None or node.name in keep:
+            continue
+        only = [i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node)
+                and _is_float(a.meta.get("val"))
+                and "float16" not in spec.arg_dtypes.get(i, spec.dtypes)]
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if only or ("float16" not in spec.dtypes and any(_is_float(v) for v in vals)):
+            what = f"argument {only[0]}" if only else "its output"
+            keep[node.name] = f"its Vulkan kernel takes {what} in float32 only"
