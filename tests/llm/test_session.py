@@ -41,6 +41,32 @@ def test_turns_reuse_the_cache_and_match_hf(lowered, kind, chunk):
     assert session.reused == len(conversation) - 1
 
 
+def test_other_callers_of_the_program_between_turns_are_noticed(lowered):
+    """A plain generate, a second session, a method call or reset_state between two
+    turns overwrites the cache behind the session's back: the next turn prefills its
+    whole conversation (reused 0) and still gives HF's tokens."""
+    model, program = lowered("llama")
+    session, other = Session(program), Session(program)
+    conversation = _ids(20, 9)
+    for intruder in (lambda: generate(program, _ids(21, 10), 4),
+                     lambda: other.generate(_ids(22, 6), 3),
+                     lambda: program.reset_state(),
+                     None):
+        out = session.generate(conversation, 5)
+        assert out == hf_greedy(model, conversation, 5)
+        conversation = conversation + out + _ids(len(conversation), 3)
+        if intruder is not None:
+            intruder()
+            got = session.generate(conversation, 5)
+            assert session.reused == 0
+        else:  # nobody else ran: the prefix is reused
+            got = session.generate(conversation, 5)
+            assert session.reused > 0
+        assert got == hf_greedy(model, conversation, 5)
+        conversation = conversation + got + _ids(len(conversation) + 1, 2)
+        session.reset()
+
+
 def test_a_changed_conversation_rewinds(lowered):
     model, program = lowered("llama")
     session = Session(program)

@@ -369,6 +369,8 @@ class MethodRunner:
 
     def _run_plan(self, flat_inputs: list, repeat: int) -> list:
         plan = self.plan
+        if self._fqn:
+            self.store.touch()  # this call may change the program's state
         env = dict(self.constants)
         env.update({k: self.store.get(fqn) for k, fqn in self._fqn.items()
                     if k not in self._bound})

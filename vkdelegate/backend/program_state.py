@@ -34,7 +34,10 @@ class ProgramState:
     initial: FQN -> array/tensor, the values ``reset()`` restores (copied).
     current: FQN -> the values to start from (None: ``initial``).
     Thread-safe (one lock). Counters ``upload_bytes``/``download_bytes``: bytes the
-    state moved between host and device buffers since the program was made.
+    state moved between host and device buffers since the program was made;
+    ``version``: bumped by every ``set``/``reset`` and every call of a method that
+    has state (``touch``), so a caller that remembers what the state holds (an LLM
+    ``Session``'s cached tokens) can tell whether anyone else changed it since.
     """
 
     def __init__(self, initial: dict, current: "dict | None" = None):
@@ -44,6 +47,12 @@ class ProgramState:
         self._lock = threading.RLock()
         self.upload_bytes = 0
         self.download_bytes = 0
+        self.version = 0
+
+    def touch(self) -> None:
+        """A method that may change the state runs: bump ``version``."""
+        with self._lock:
+            self.version += 1
 
     @property
     def names(self) -> list:
@@ -78,6 +87,7 @@ class ProgramState:
         with self._lock:
             if fqn not in self._initial:
                 raise VkDelegateError(f"program has no state {fqn!r}")
+            self.version += 1
             if fqn not in self._device:
                 self._host[fqn] = value
                 return

@@ -21,8 +21,10 @@ from vkdelegate.llm.generate import (_check_length, _check_sampling, _prompt_lis
 
 class Session:
     """A conversation with ``program`` (a ``LoweredProgram`` of ``vkdelegate.llm.lower``,
-    or one loaded from its file), which it uses alone: another caller of the program's
-    methods changes its cache behind the session's back (``reset`` starts over).
+    or one loaded from its file). Another caller of the program (``generate``, a second
+    session, a method call, ``reset_state``) changes its cache behind the session's
+    back: the session sees that (the program state's ``version``) and prefills its next
+    turn's whole conversation, so its tokens stay those of ``generate``.
 
     ``cached``: the token ids whose keys and values the cache holds, in position
     order (a copy). ``reused``: how many positions the last ``generate`` did not
@@ -34,6 +36,11 @@ class Session:
         self._cached: list = []
         self.reused = 0
         program.reset_state()
+        self._version = self._state_version()
+
+    def _state_version(self):
+        store = getattr(self.program, "store", None)
+        return getattr(store, "version", None)
 
     @property
     def cached(self) -> list:
@@ -44,6 +51,7 @@ class Session:
         self._cached = []
         self.reused = 0
         self.program.reset_state()
+        self._version = self._state_version()
 
     def generate(self, ids, max_new_tokens: int, **kwargs) -> list:
         """The new token ids after the whole conversation ``ids`` (a list of ints or a
@@ -68,6 +76,8 @@ class Session:
         ids = _prompt_list(ids)
         if not ids:
             raise VkDelegateError("Session.generate needs at least one token id")
+        if self._state_version() != self._version:
+            self._cached = []  # someone else ran the program: its cache is not ours
         same = 0
         for a, b in zip(self._cached, ids):
             if a != b:
@@ -85,4 +95,5 @@ class Session:
         # new token but the last (never fed back).
         self._cached = ids + out[:-1]
         self.reused = start
+        self._version = self._state_version()
         return out
