@@ -116,3 +116,36 @@ def test_a_cache_too_large_is_refused_before_it_is_allocated(checkpoint, tmp_pat
     assert "max_seq_len 100000000: the KV cache would take" in err, err
     assert "lower with a smaller max_seq_len" in err, err
     assert not (tmp_path / "p.vkp").exists()
+
+
+def test_the_checkpoints_own_files_are_not_overwritten(checkpoint, tmp_path, capsys):
+    """-o naming the checkpoint's weights (or any file that is not a program file) is
+    refused before the slow steps, the file untouched."""
+    import shutil
+
+    _, folder, _ = checkpoint
+    copy = tmp_path / "ckpt"
+    shutil.copytree(folder, copy)
+    weights = copy / "model.safetensors"
+    before = weights.read_bytes()
+    assert main(["lower-llm", str(copy), "-o", str(weights), "--max-seq-len", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "exists and is not a vkdelegate program file" in err and \
+        len(err.splitlines()) == 1, err
+    assert weights.read_bytes() == before
+
+
+def test_a_truncated_weights_file_is_one_line(checkpoint, tmp_path, capsys):
+    import shutil
+
+    _, folder, _ = checkpoint
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert main(["lower-llm", str(bad), "-o", str(tmp_path / "p.vkp"),
+                 "--max-seq-len", "8"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("loading ")]
+    assert len(lines) == 1 and f"{bad}: cannot load the model (SafetensorError: " in \
+        lines[0], err

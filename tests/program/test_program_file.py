@@ -399,3 +399,16 @@ def test_failed_save_keeps_the_file_that_was_there(tmp_path, monkeypatch):
         program.save(tmp_path)
     loaded = vkdelegate.load(path)
     torch.testing.assert_close(loaded(*inputs), program(*inputs))
+    # A file that is not a program (a model's weights, notes) is never overwritten; an
+    # empty one or an older program file is.
+    notes = tmp_path / "weights.safetensors"
+    notes.write_bytes(b"\x08\x00\x00\x00{}weights")
+    with pytest.raises(VkDelegateError, match=r"weights\.safetensors: that file exists "
+                                              r"and is not a vkdelegate program file"):
+        program.save(notes)
+    assert notes.read_bytes() == b"\x08\x00\x00\x00{}weights"
+    empty = tmp_path / "empty.vkp"
+    empty.write_bytes(b"")
+    program.save(empty)
+    program.save(path)  # over a program file
+    assert vkdelegate.load(empty) is not None

@@ -56,6 +56,9 @@ def run(args) -> int:
     if os.path.isdir(args.output):
         raise VkDelegateError(f"cannot write {args.output}: it is a folder (give a file "
                               f"name, e.g. {os.path.join(args.output, 'program.vkp')})")
+    from vkdelegate.serialization.program_file import check_overwrite
+
+    check_overwrite(args.output)  # a checkpoint's own weights, say: before the slow steps
     import torch
 
     from vkdelegate.llm import eos_token_ids, lower

@@ -22,8 +22,14 @@ def load_causal_lm(folder, dtype=None):
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
                                                      dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        raise VkDelegateError(f"{folder}: cannot load the model ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - a bad checkpoint is the user's input
+        # OSError / ValueError / KeyError from transformers, safetensors'
+        # SafetensorError for a truncated or corrupt weights file, ...
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise VkDelegateError(f"{folder}: cannot load the model ({type(exc).__name__}: "
+                              f"{first[:300]})") from exc
     return model.eval()
 
 

@@ -70,6 +70,27 @@ class SegmentTable:
         return self._index[digest]
 
 
+def check_overwrite(path) -> None:
+    """Refuse to save over ``path`` unless it is absent, empty or a program file: a
+    model's weights (``lower-llm CKPT -o CKPT/model.safetensors``) or any other file of
+    the user's is not replaced. Raises VkDelegateError naming ``path``."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise VkDelegateError(f"cannot save the program to {path}: it is a directory")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError:
+        return  # unreadable: the write reports what is wrong with the path
+    if head and head != MAGIC:
+        raise VkDelegateError(f"cannot save the program to {path}: that file exists and "
+                              f"is not a vkdelegate program file (it starts with "
+                              f"{head!r}); it was not overwritten: delete it or choose "
+                              f"another name")
+
+
 def write_program(path, manifest: dict, segments: list[bytes]) -> None:
     """Write ``manifest`` (JSON-ready dict) and ``segments`` to ``path``.
 
@@ -77,7 +98,8 @@ def write_program(path, manifest: dict, segments: list[bytes]) -> None:
     The file is written next to ``path`` under a temporary name and renamed over it
     when complete, so a failed write (a full disk) leaves a file already at ``path``
     as it was. Raises VkDelegateError naming ``path`` when it cannot be written (a
-    missing folder, a directory, no permission, no space).
+    missing folder, a directory, no permission, no space) or holds a file that is not
+    a program file (``check_overwrite``).
     """
     table, offset = [], 0
     for data in segments:
@@ -90,8 +112,7 @@ def write_program(path, manifest: dict, segments: list[bytes]) -> None:
     header = HEADER.pack(MAGIC, HEADER_SIZE, zlib.crc32(text), HEADER_SIZE, len(text),
                          data_offset, offset)
     path = os.fspath(path)
-    if os.path.isdir(path):
-        raise VkDelegateError(f"cannot save the program to {path}: it is a directory")
+    check_overwrite(path)
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
