@@ -410,7 +410,9 @@ class LoweredProgram:
         The file is complete or absent: it is written under a temporary name in the
         same folder and renamed over ``path``, so a failed save (a full disk) keeps a
         file that was at ``path``. Raises VkDelegateError naming ``path`` when it
-        cannot be written (a missing folder, a directory, no permission, no space).
+        cannot be written (a missing folder, a directory, no permission, no space) or
+        holds a file that is not a program file (a model's weights are never replaced;
+        an empty file or an older program file is).
         """
         table = program_file.SegmentTable()
         methods = {}
