@@ -70,6 +70,31 @@ def test_unknown_scheme_is_a_clear_error():
         lower(make_model("llama"), 16, quantization="int3")
 
 
+def test_argument_mistakes_are_refused_before_the_slow_steps():
+    """A model quantized already (lower(quantization=) works in place: a second call
+    failed deep in torchao), group_size without a quantization (was ignored), and an
+    end-of-sequence id outside the vocabulary (was refused after the whole lowering,
+    naming a plan field)."""
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.llm import lower
+
+    pytest.importorskip("torchao")
+    model = make_model("llama")
+    with pytest.raises(VkDelegateError, match="group_size applies to quantization "
+                                              "'int4' and '8da4w'; no quantization"):
+        lower(model, 16, group_size=64)
+    model.generation_config.eos_token_id = VOCAB + 5
+    with pytest.raises(VkDelegateError, match=rf"end-of-sequence id {VOCAB + 5} .* outside "
+                                              rf"its vocabulary of {VOCAB}: set "
+                                              rf"model.generation_config.eos_token_id"):
+        lower(model, 16)
+    model.generation_config.eos_token_id = None
+    lower(model, 16, quantization="int8").close()
+    with pytest.raises(VkDelegateError, match=r"model.layers.0.self_attn.q_proj is "
+                                              r"quantized already \(Int8Tensor weight\)"):
+        lower(model, 16, quantization="int4")
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "falcon"])
 def test_linear_layers_of_other_classes_are_quantized(kind):
     """GPT-2's transformers Conv1D and Falcon's FalconLinear compute linear maps under

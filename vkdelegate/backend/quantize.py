@@ -24,6 +24,22 @@ SCHEMES = ("int8", "int4", "8da4w")
 GROUP_SIZES = (32, 64, 128, 256)
 
 
+def _refuse_quantized(model) -> None:
+    """A model whose linear weights torchao already replaced (a second
+    ``quantize_for_vulkan``, or ``llm.lower(quantization=...)`` twice: both work in
+    place) is refused by name; torchao itself fails deep in its dispatch."""
+    import torch
+
+    for fqn, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear) and isinstance(weight, torch.Tensor) and \
+                type(weight.data) is not torch.Tensor:
+            raise VkDelegateError(
+                f"{fqn or 'the model'} is quantized already ({type(weight.data).__name__} "
+                f"weight): quantization works in place, so lower this model without "
+                f"quantization=, or quantize a fresh copy")
+
+
 def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None,
                         embeddings: bool = False):
     """Quantize ``model``'s ``nn.Linear`` layers in place with torchao and return it.
@@ -38,8 +54,8 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
     Layers that compute a linear map under another class are made ``nn.Linear``
     first (``plain_linears``: transformers' ``Conv1D`` of GPT-2, ``nn.Linear``
     subclasses with their own forward such as Falcon's), so they are quantized too.
-    Raises VkDelegateError for an unknown scheme or group size, or when torchao is
-    not installed.
+    Raises VkDelegateError for an unknown scheme or group size, a model quantized
+    already, or when torchao is not installed.
     """
     if scheme not in SCHEMES:
         raise VkDelegateError(f"quantization scheme {scheme!r}: expected one of "
@@ -63,6 +79,7 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
     else:
         config = Int8DynamicActivationIntxWeightConfig(
             weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+    _refuse_quantized(model)
     plain_linears(model)
     step = 1 if scheme == "int8" else group_size
 

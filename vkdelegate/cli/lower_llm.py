@@ -91,7 +91,8 @@ def run(args) -> int:
           f"positions ...", file=sys.stderr, flush=True)
     program = lower(model, args.max_seq_len,
                     quantization=None if args.quantization == "none" else args.quantization,
-                    group_size=group_size)
+                    group_size=group_size if args.quantization in ("int4", "8da4w")
+                    else None)
     for name in program.method_names:
         report = program.methods[name].report
         print(f"  {name}: {report.summary() if report is not None else '-'}")

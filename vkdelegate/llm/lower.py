@@ -126,7 +126,7 @@ def export_methods(model, max_seq_len: int, vision=None) -> dict:
 
 
 def lower(model, max_seq_len: int, *, vision=None, options=None,
-          quantization: "str | None" = None, group_size: int = 32):
+          quantization: "str | None" = None, group_size: "int | None" = None):
     """Lower a causal LM to a ``LoweredProgram`` with the methods embed_text, prefill,
     decode (and vision_encoder with ``vision=``; see the module docstring and
     docs/LLM.md). Run it with ``vkdelegate.llm.generate``; ``save`` it like any
@@ -146,8 +146,11 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         before export (``vkdelegate.backend.quantize.quantize_for_vulkan``; needs the
         ``quant`` extra), so the eager model afterwards is the quantized one the
         program matches; each quantized linear lowers to one fused ExecuTorch op
-        (docs/LOWERING.md, "Quantized models"). group_size: input features per scale
-        for int4 / 8da4w (32, 64, 128 or 256).
+        (docs/LOWERING.md, "Quantized models"). A model quantized already (by an
+        earlier ``lower`` with ``quantization=``) is refused: lower it without
+        ``quantization=``. group_size: input features per scale for int4 / 8da4w
+        (32, 64, 128 or 256; None: 32; ignored for int8); refused without a
+        quantization.
     A bfloat16 model (and vision tower) is converted to float32 IN PLACE first
     (exactly: every bf16 value is a float32 value; the device computes bf16 in
     float32 anyway), so that its KV cache is float32 state kept on the GPU; afterwards
@@ -156,8 +159,9 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     run (``vkdelegate.backend.llm_checks``: start_pos and T + start_pos within the
     cache, token ids within the vocabulary, whose size is recorded in the plans,
     finite sampling values) and raise VkDelegateError naming the argument.
-    Raises VkDelegateError when a method does not export or lower, or for an unknown
-    quantization scheme or group size.
+    Raises VkDelegateError when a method does not export or lower, for an unknown
+    quantization scheme or group size, or for an end-of-sequence id outside the
+    vocabulary (before the slow steps).
     """
     from vkdelegate.backend.partitioner import VulkanPartitioner
     from vkdelegate.backend.to_backend import to_backend
@@ -174,14 +178,32 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     # parameters until to_backend has packed them, so they cannot go back to bf16.
     for m in bf16:
         m.float()
+    if group_size is not None and quantization is None:
+        raise VkDelegateError("group_size applies to quantization 'int4' and '8da4w'; "
+                              "no quantization was given")
+    _check_eos_ids(model)
     if quantization is not None:
         from vkdelegate.backend.quantize import quantize_for_vulkan
 
-        quantize_for_vulkan(model, quantization, group_size)
+        quantize_for_vulkan(model, quantization, 32 if group_size is None else group_size)
     programs = export_methods(model, max_seq_len, vision)
     program = to_backend(programs, VulkanPartitioner(options))
     record_vocab_size(program, _vocab_size(model), _eos_token_ids(model))
     return program
+
+
+def _check_eos_ids(model) -> None:
+    """An end-of-sequence id outside the vocabulary (HF only warns; small test configs
+    of Phi-3 or OLMoE keep their real eos id) is refused before the slow steps, naming
+    the setting to fix."""
+    vocab = _vocab_size(model)
+    bad = [i for i in _eos_token_ids(model) if not 0 <= i < vocab]
+    if bad:
+        raise VkDelegateError(
+            f"the model's end-of-sequence id {bad[0]} (generation_config.eos_token_id, "
+            f"or config.eos_token_id) is outside its vocabulary of {vocab}: set "
+            f"model.generation_config.eos_token_id to ids below {vocab} (or None) "
+            f"before lowering")
 
 
 def _vocab_size(model) -> int:

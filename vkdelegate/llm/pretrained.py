@@ -34,7 +34,7 @@ def load_causal_lm(folder, dtype=None):
 
 
 def from_pretrained(folder, max_seq_len: int, *, dtype=None, vision=None, options=None,
-                    quantization: "str | None" = None, group_size: int = 32):
+                    quantization: "str | None" = None, group_size: "int | None" = None):
     """``lower(load_causal_lm(folder, dtype), max_seq_len, vision=, options=,
     quantization=, group_size=)``: a LoweredProgram with embed_text, prefill and decode
     (see ``vkdelegate.llm.lower``; ``vkdelegate lower-llm`` on the command line)."""
