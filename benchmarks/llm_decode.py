@@ -297,7 +297,8 @@ def main() -> None:
         t0 = time.perf_counter()
         program = lower(m, args.max_seq_len,
                         quantization=None if fmt == "none" else fmt,
-                        group_size=args.group_size, options=row_options or None)
+                        group_size=None if fmt == "none" else args.group_size,
+                        options=row_options or None)
         result["lower_s"][scheme] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         program.build()
