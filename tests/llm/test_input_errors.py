@@ -176,6 +176,19 @@ def test_generate_accepts_int_sequences_and_one_row(lowered):
                  [np.int64(t) for t in prompt]):
         program.reset_state()
         assert generate(program, form, 4) == want, type(form)
+    assert generate(program, range(3, 9), 4) == hf_greedy(model, list(range(3, 9)), 4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"seed": "a"}, r"^seed must be an int, got 'a'$"),
+    ({"seed": 1.5}, r"^seed must be an int, got 1\.5$"),
+    ({"eos_token_id": "x"}, r"^eos_token_id must be a list of int token ids, got str$"),
+    ({"eos_token_id": [3, None]}, r"^eos_token_id\[1\] = None is not an int token id$"),
+])
+def test_generate_refuses_a_seed_or_eos_that_is_not_an_int(lowered, kwargs, match):
+    _, program = lowered("llama")
+    with _raises(match):
+        generate(program, [1, 2, 3], 3, **kwargs)
 
 
 def test_decode_next_past_the_cache(lowered):

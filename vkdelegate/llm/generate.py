@@ -179,12 +179,10 @@ def _check_length(prompt: int, max_new_tokens: int, max_seq_len: int, note: str)
 
 
 def _prompt_list(prompt_ids) -> list:
-    """prompt_ids (a list or tuple of ints, or a 1-D integer tensor; [1, T] is taken as
+    """prompt_ids (a list, tuple or range of ints, or a 1-D integer tensor; [1, T] is taken as
     its one row) as a list of Python ints; VkDelegateError for anything else (floats,
     bools, strings, a batch of several rows), which int() would silently truncate or
     split."""
-    import operator
-
     torch = sys.modules.get("torch")
     is_tensor = torch is not None and isinstance(prompt_ids, torch.Tensor)
     if is_tensor or isinstance(prompt_ids, np.ndarray):
@@ -198,18 +196,27 @@ def _prompt_list(prompt_ids) -> list:
             raise VkDelegateError(f"prompt_ids must be one sequence (a 1-D tensor or "
                                   f"[1, T]), got sizes {list(array.shape)}")
         return array.tolist()
-    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, (list, tuple)):
-        raise VkDelegateError(f"prompt_ids must be a list of int token ids or a 1-D "
-                              f"tensor, got {type(prompt_ids).__name__}")
+    return _int_ids(prompt_ids, "prompt_ids")
+
+
+def _int_ids(values, name: str) -> list:
+    """``values`` (a list, tuple or range of ints) as a list of Python ints;
+    VkDelegateError naming ``name`` and the first item that is not an int (a bool, a
+    float, a string)."""
+    import operator
+
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
+        raise VkDelegateError(f"{name} must be a list of int token ids"
+                              f"{' or a 1-D tensor' if name == 'prompt_ids' else ''}, "
+                              f"got {type(values).__name__}")
     ids = []
-    for i, t in enumerate(prompt_ids):
+    for i, t in enumerate(values):
         try:
             if isinstance(t, bool):
                 raise TypeError
             ids.append(operator.index(t))
         except TypeError:
-            raise VkDelegateError(f"prompt_ids[{i}] = {t!r} is not an int token id") \
-                from None
+            raise VkDelegateError(f"{name}[{i}] = {t!r} is not an int token id") from None
     return ids
 
 
@@ -273,6 +280,13 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     if isinstance(decode_chunk, bool) or not isinstance(decode_chunk, int) \
             or decode_chunk < 1:
         raise VkDelegateError(f"decode_chunk must be an int >= 1, got {decode_chunk!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise VkDelegateError(f"seed must be an int, got {seed!r}")
+    if eos_token_id is not None:
+        single = isinstance(eos_token_id, (int, np.integer)) and \
+            not isinstance(eos_token_id, bool)
+        eos_token_id = int(eos_token_id) if single else _int_ids(eos_token_id,
+                                                                   "eos_token_id")
     ids = _prompt_list(prompt_ids)
     if not ids:
         raise VkDelegateError("generate() needs at least one prompt token")
