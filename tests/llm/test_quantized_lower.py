@@ -95,6 +95,22 @@ def test_argument_mistakes_are_refused_before_the_slow_steps():
         lower(model, 16, quantization="int4")
 
 
+def test_a_cache_past_a_learned_position_table_is_refused():
+    """GPT-2's wpe has n_positions rows: a longer cache lowered, then failed
+    mid-generation with an index out of range."""
+    import transformers
+
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.llm import lower
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=24)).eval()
+    with pytest.raises(VkDelegateError, match=r"max_seq_len 32 is past the model's learned "
+                                              r"position table transformer.wpe of 24 "
+                                              r"positions: .* max_seq_len <= 24"):
+        lower(model, 32)
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "falcon"])
 def test_linear_layers_of_other_classes_are_quantized(kind):
     """GPT-2's transformers Conv1D and Falcon's FalconLinear compute linear maps under

@@ -182,6 +182,7 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         raise VkDelegateError("group_size applies to quantization 'int4' and '8da4w'; "
                               "no quantization was given")
     _check_eos_ids(model)
+    _check_learned_positions(model, max_seq_len)
     if quantization is not None:
         from vkdelegate.backend.quantize import quantize_for_vulkan
 
@@ -190,6 +191,29 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     program = to_backend(programs, VulkanPartitioner(options))
     record_vocab_size(program, _vocab_size(model), _eos_token_ids(model))
     return program
+
+
+def _check_learned_positions(model, max_seq_len) -> None:
+    """A model with a learned position table (GPT-2's ``wpe`` of n_positions rows,
+    OPT's ``embed_positions`` with its offset of 2, GPT-Neo, BioGPT) has no embedding
+    past its last row: a cache longer than that is refused before the slow steps
+    (it lowered, then failed mid-generation with an index out of range; HF raises
+    there too). Rotary models have no such table."""
+    if not isinstance(max_seq_len, int) or isinstance(model, ReferenceDecoder):
+        return
+    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") \
+        else None
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if module is inputs or not isinstance(module, torch.nn.Embedding) or \
+                not ("pos" in leaf or leaf == "wpe"):
+            continue
+        rows = module.num_embeddings - int(getattr(module, "offset", 0) or 0)
+        if max_seq_len > rows:
+            raise VkDelegateError(
+                f"max_seq_len {max_seq_len} is past the model's learned position table "
+                f"{name} of {rows} positions: positions past it have no embedding; "
+                f"lower with max_seq_len <= {rows}")
 
 
 def _check_eos_ids(model) -> None:
