@@ -104,7 +104,8 @@ def test_a_cache_past_a_learned_position_table_is_refused():
     from vkdelegate.llm import lower
 
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=24)).eval()
+        vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=24, bos_token_id=0,
+        eos_token_id=0)).eval()
     with pytest.raises(VkDelegateError, match=r"max_seq_len 32 is past the model's learned "
                                               r"position table transformer.wpe of 24 "
                                               r"positions: .* max_seq_len <= 24"):
