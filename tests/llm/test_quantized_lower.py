@@ -95,6 +95,24 @@ def test_argument_mistakes_are_refused_before_the_slow_steps():
         lower(model, 16, quantization="int4")
 
 
+def test_unquantized_moe_experts_are_named_in_a_warning():
+    """Mixtral's experts are [E, F, D] parameters, not nn.Linear layers: torchao leaves
+    them in float32, which quantize_for_vulkan now says (the file barely shrank)."""
+    pytest.importorskip("torchao")
+    import transformers
+
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+
+    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+        num_experts_per_tok=2)).eval()
+    with pytest.warns(UserWarning, match=r"quantizes nn.Linear layers only: 2 weight\(s\) "
+                                         r"of 3 or more dims .* model.layers.0.mlp.experts"):
+        quantize_for_vulkan(model, "int8")
+    assert type(model.lm_head.weight.data).__name__ == "Int8Tensor"  # linears are
+
+
 def test_a_cache_past_a_learned_position_table_is_refused():
     """GPT-2's wpe has n_positions rows: a longer cache lowered, then failed
     mid-generation with an index out of range."""

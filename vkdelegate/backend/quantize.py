@@ -94,7 +94,27 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
         quantize_(model, table, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Embedding)
                   and m.weight.dtype == torch.float32 and m.embedding_dim % group_size == 0
                   and (filter_fn is None or filter_fn(m, fqn)))
+    _warn_unquantized_experts(model)
     return model
+
+
+def _warn_unquantized_experts(model) -> None:
+    """Weights of 3 or more dims (a mixture of experts' stacked expert matrices:
+    transformers' Mixtral, Qwen-MoE, OLMoE keep each layer's experts as one [E, F, D]
+    parameter) are not ``nn.Linear`` layers, so they stay in floating point, and in a
+    real MoE model they are most of the weights: said with a warning, not silently."""
+    import warnings
+
+    import torch
+
+    left = [(fqn, p) for fqn, p in model.named_parameters()
+            if p.dim() >= 3 and type(p.data) is torch.Tensor and p.is_floating_point()]
+    if left:
+        size = sum(p.numel() * p.element_size() for _, p in left)
+        warnings.warn(f"quantize_for_vulkan quantizes nn.Linear layers only: {len(left)} "
+                      f"weight(s) of 3 or more dims ({size / 2**20:.1f} MiB, e.g. "
+                      f"{left[0][0]} {list(left[0][1].shape)}: stacked MoE experts) stay "
+                      f"in {left[0][1].dtype}", stacklevel=3)
 
 
 def plain_linears(model) -> int:
