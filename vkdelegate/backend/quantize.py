@@ -99,15 +99,19 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
 
 
 def _warn_unquantized_experts(model) -> None:
-    """Weights of 3 or more dims (a mixture of experts' stacked expert matrices:
-    transformers' Mixtral, Qwen-MoE, OLMoE keep each layer's experts as one [E, F, D]
-    parameter) are not ``nn.Linear`` layers, so they stay in floating point, and in a
-    real MoE model they are most of the weights: said with a warning, not silently."""
+    """Weights of 3 or more dims outside convolutions (a mixture of experts' stacked
+    expert matrices: transformers' Mixtral, Qwen-MoE, OLMoE keep each layer's experts
+    as one [E, F, D] parameter) are not ``nn.Linear`` layers, so they stay in floating
+    point, and in a real MoE model they are most of the weights: said with a warning,
+    not silently."""
     import warnings
 
     import torch
 
-    left = [(fqn, p) for fqn, p in model.named_parameters()
+    left = [(f"{mod_fqn}.{name}" if mod_fqn else name, p)
+            for mod_fqn, module in model.named_modules()
+            if not isinstance(module, torch.nn.modules.conv._ConvNd)  # convolutions: as
+            for name, p in module.named_parameters(recurse=False)  # documented
             if p.dim() >= 3 and type(p.data) is torch.Tensor and p.is_floating_point()]
     if left:
         size = sum(p.numel() * p.element_size() for _, p in left)
