@@ -98,9 +98,10 @@ def test_bad_sampling_and_lengths_are_one_line(saved, capsys, extra, message):
 def test_prompt_ids_outside_the_vocabulary_are_one_line(saved, capsys, ids, message):
     _, path = saved
     ids, *rest = ids.split(" ")
-    assert main(["generate", str(path), f"--prompt-ids={ids}"] + rest) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    for form in ([f"--prompt-ids={ids}"], ["--prompt-ids", ids]):  # "-4,2" as a value too
+        assert main(["generate", str(path)] + form + rest) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
 def test_a_missing_package_names_the_extra(saved, capsys, monkeypatch):

@@ -58,9 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value may start with "-" (a list of ids beginning with a negative
+#: one): argparse would take "-1,2" for an option, so the value is attached first.
+_DASH_VALUES = ("--prompt-ids",)
+
+
+def _attach_dash_values(argv: list) -> list:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _DASH_VALUES and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and argv[i + 1] not in ("-h", "--help"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_dash_values(list(sys.argv[1:] if argv is None
+                                                      else argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
