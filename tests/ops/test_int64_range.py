@@ -179,3 +179,41 @@ def test_negation_and_division_of_int32_min_are_checked():
         divide(torch.tensor([0, -BIG, 4]), torch.tensor([1, -1, 3]))
     torch.testing.assert_close(divide(torch.tensor([0, -BIG, 4]), torch.tensor([1, 2, 3])),
                                Divide()(torch.tensor([0, -BIG, 4]), torch.tensor([1, 2, 3])))
+
+
+class Divisions(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, a, b):
+        return self.op(a, b) + 0 * a
+
+
+DIVISIONS = {
+    "floor_divide": lambda a, b: a // b,
+    "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder": lambda a, b: a % b,
+    "fmod": lambda a, b: torch.fmod(a, b),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("name", sorted(DIVISIONS))
+def test_integer_division_by_zero_raises_as_in_eager(dtype, name):
+    """ATen raises ZeroDivisionError for an integer division, remainder or fmod by zero;
+    the shader's value was 0 (or the dividend): now the run raises, naming the node.
+    Nonzero divisors give eager's values exactly, negatives included."""
+    op = DIVISIONS[name]
+    a = torch.tensor([7, -7, 5, 0, 100], dtype=dtype)
+    b = torch.tensor([2, 2, -3, 1, 7], dtype=dtype)
+    model = Divisions(op)
+    program = _lower(model, a, b)
+    torch.testing.assert_close(program(a, b), model(a, b), rtol=0, atol=0)
+    zero = torch.tensor([2, 0, 1, 1, 1], dtype=dtype)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        model(a, zero)
+    with pytest.raises(VkDelegateError, match=r"\): ZeroDivisionError: integer division or "
+                                              r"remainder by zero \(as in eager\)"):
+        program(a, zero)
+    torch.testing.assert_close(program(a, b), model(a, b), rtol=0, atol=0)  # flags reset

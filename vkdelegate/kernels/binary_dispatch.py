@@ -24,7 +24,17 @@ CHECKED_EXPRS = {"-x": "neg_checked(x)", "abs(x)": "abs_checked(x)",
                  "a + ALPHA * b": "add_checked(a, mul_checked(ALPHA, b))",
                  "a * b": "mul_checked(a, b)",
                  "div_trunc(a, b)": "div_trunc(a, div_guard(a, b))",
-                 "div_floor(a, b)": "div_floor(a, div_guard(a, b))"}
+                 "div_floor(a, b)": "div_floor(a, div_guard(a, b))",
+                 "remainder_edges(a, b)": "remainder_edges(a, zero_guard(b))",
+                 "fmod_edges(a, b)": "fmod_edges(a, zero_guard(b))"}
+
+#: The integer expressions of any integer result (int32, int8, uint8 too: ATen checks
+#: them as well) that flag a zero divisor (int_checked.h's zero_guard): ATen raises
+#: ZeroDivisionError where the shader's value would be 0 (or the dividend, for fmod).
+ZERO_CHECKED_EXPRS = {"div_trunc(a, b)": "div_trunc(a, zero_guard(b))",
+                      "div_floor(a, b)": "div_floor(a, zero_guard(b))",
+                      "remainder_edges(a, b)": "remainder_edges(a, zero_guard(b))",
+                      "fmod_edges(a, b)": "fmod_edges(a, zero_guard(b))"}
 
 
 def checked_int64(expr: str, out, compute: str) -> bool:
@@ -36,14 +46,27 @@ def checked_int64(expr: str, out, compute: str) -> bool:
     return out_dtype == "int64" and acc_type(compute) == "int" and expr in CHECKED_EXPRS
 
 
+def checked_expr(expr: str, out, compute: str) -> "str | None":
+    """The CHECK_INT32 form of binary_op.glsl's ``expr`` (int_checked.h), or None when
+    it needs none: an int64 result's range checks (``checked_int64``), else an integer
+    division's, remainder's or fmod's zero-divisor check (``ZERO_CHECKED_EXPRS``)."""
+    if checked_int64(expr, out, compute):
+        return CHECKED_EXPRS[expr]
+    if acc_type(compute) == "int":
+        return ZERO_CHECKED_EXPRS.get(expr)
+    return None
+
+
 def binary_defines(expr: str, out, a, b, compute: str) -> dict:
     """binary_op.glsl's defines: out, a, b Tensors or (graph dtype, device dtype)
     pairs, ``expr`` the GLSL expression in a, b, ``compute`` the computation dtype.
-    An int64 add / sub / mul / division (``checked_int64``) gets CHECK_INT32 and the checked
-    expression: the op binds error_flags and passes its word as iscalars.y."""
-    checked = checked_int64(expr, out, compute)
+    An int64 add / sub / mul / division and any integer division, remainder or fmod
+    (``checked_expr``) gets CHECK_INT32 and the checked expression: the op binds
+    error_flags and passes its word as iscalars.y."""
+    checked_form = checked_expr(expr, out, compute)
+    checked = checked_form is not None
     if checked:
-        expr = CHECKED_EXPRS[expr]
+        expr = checked_form
     d = storage_defines(OUT=out, A=a, B=b)
     if checked:
         d["CHECK_INT32"] = "1"

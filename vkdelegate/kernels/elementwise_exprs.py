@@ -141,8 +141,7 @@ class Binary:
 
 _LOGICAL = "broadcasting, any operand dtype (NaN is true), bool result"
 _MOD = ("remainder: sign of the divisor (Python %), fmod: sign of the dividend; float "
-        "quotients exact below 2**24; integer modulo 0 gives 0 (remainder) or the "
-        "dividend (fmod) where ATen raises")
+        "quotients exact below 2**24; integer modulo 0 raises after the run, as in ATen")
 _POW = "broadcasting, C's results for negative bases and 0**negative; int32 exact"
 BINARY_OPS = {
     "aten.add.Tensor": Binary("a + ALPHA * b", ARITH, alpha=1,
@@ -165,7 +164,8 @@ BINARY_OPS = {
                                     "floor": "div_floor(a, b)"}, WIDE,
                                    fp32_scalar=True,
                                    notes="rounding_mode None/'trunc'/'floor'; integer "
-                                         "division by zero gives 0 (ATen raises)"),
+                                         "division by zero raises after the run, as "
+                                         "in ATen"),
     "aten.pow.Tensor_Tensor": Binary("pow_edges(a, b)", NUMERIC, scalar_pos=(),
                                      notes=_POW),
     "aten.pow.Tensor_Scalar": Binary("pow_edges(a, b)", NUMERIC, notes=_POW),

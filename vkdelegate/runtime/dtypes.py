@@ -33,6 +33,12 @@ INT64_OVERFLOW = ("an int64 result outside the int32 range (-2**31 .. 2**31 - 1)
                   "the device holds int64 values (ATen's int64 would not wrap there); "
                   "keep the op on the CPU with VulkanPartitioner(operator_blocklist=[...])")
 
+#: The bit of a node's error-flag word its shader sets for an integer division,
+#: remainder or fmod by zero (int_checked.h's zero_guard), and the error it raises: the
+#: one ATen raises there.
+ZERO_DIVISION_BIT = 2
+ZERO_DIVISION = "ZeroDivisionError: integer division or remainder by zero (as in eager)"
+
 #: GLSL storage type of each device dtype (vkdelegate.dtypes).
 GLSL_TYPES = table.GLSL_TYPES
 FLOATING = frozenset(n for n, d in table.TABLE.items() if d.is_float)

@@ -33,7 +33,8 @@ from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
-from vkdelegate.runtime.dtypes import device_dtype, from_device, to_device
+from vkdelegate.runtime.dtypes import (ZERO_DIVISION, ZERO_DIVISION_BIT, device_dtype,
+                                       from_device, to_device)
 from vkdelegate.runtime.graph_resources import GraphResources, owned
 from vkdelegate.runtime.host_copy import copy_bytes
 from vkdelegate.runtime.op_table import OpTable, resolve_ops
@@ -235,8 +236,12 @@ class DelegateGraph(DeviceState):
         words = self._error_view[:len(self.error_flags)]
         if not words.any():
             return
-        flag = self.error_flags[int(np.flatnonzero(words)[0])]
-        message = flag.message() if callable(flag.message) else flag.message
+        first = int(np.flatnonzero(words)[0])
+        flag = self.error_flags[first]
+        if int(words[first]) & ZERO_DIVISION_BIT:
+            message = ZERO_DIVISION
+        else:
+            message = flag.message() if callable(flag.message) else flag.message
         raise VkDelegateError(f"{node_label(flag.node_id, flag.op)}: {message}")
 
     def resolve(self, vid: int):

@@ -18,8 +18,9 @@ float32 for a float scalar with an integer tensor). Tensor operands of different
 dtypes must differ in category, except float16 with float32, which gives float32
 (int8 + int32 and int64 + int32 stay on the CPU).
 Integer semantics are exact: wrapping arithmetic, C-style "trunc" and Python-style
-"floor" division, integer pow with ATen's results for negative exponents. Integer
-division by zero, which raises in ATen, gives 0. add and mul accept bool (masks:
+"floor" division, integer pow with ATen's results for negative exponents. An integer
+division, remainder or fmod by zero raises after the run, naming the node, as ATen
+raises ZeroDivisionError (``ZERO_DIVISION``; int_checked.h's zero_guard). add and mul accept bool (masks:
 ``x * (x > 0)``; bool + bool is logical or, as in ATen). The ``.Scalar`` overloads
 (mul.Scalar: the scale of every decomposed scaled_dot_product_attention; div, add,
 sub) are the ``.Tensor`` ops with a Python-scalar other. int64 tensors (arange
@@ -38,7 +39,7 @@ import itertools
 import numpy as np
 
 from vkdelegate.kernels.binary_dispatch import SCALAR_PARAMS, SHADER, binary_defines, \
-    checked_int64
+    checked_expr
 from vkdelegate.kernels.broadcast import broadcast_shape, plan_dispatch
 from vkdelegate.kernels.elementwise import promote
 from vkdelegate.kernels.elementwise_exprs import BINARY_OPS, Binary
@@ -131,8 +132,8 @@ def _make_impl(op: Binary):
         if acc_type(compute) == "int" and alpha != int(alpha):
             raise bld.error(f"alpha {alpha} is not an integer for dtype {compute}")
         flags = ()
-        if checked_int64(expr, out, compute):
-            flags = (bld.error_flag(INT64_OVERFLOW),)
+        if checked_expr(expr, out, compute) is not None:
+            flags = (bld.error_flag(INT64_OVERFLOW),)  # bit 2: ZERO_DIVISION
         # The int row is read only by integer variants (a float alpha may exceed int32).
         params = bld.params(SCALAR_PARAMS.pack(
             fscalars=[alpha], iscalars=[int(alpha) if acc_type(compute) == "int" else 0,

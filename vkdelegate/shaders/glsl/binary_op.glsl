@@ -15,9 +15,10 @@
 // invocation per output element, or per CHUNK consecutive ones on CPU drivers
 // (broadcast_plan.h); the grid is sized for the upper bound, the current numel comes
 // from the plan.
-// CHECK_INT32 (int64 add / sub / mul, kernels/binary_dispatch.py): OP_EXPR uses
-// int_checked.h's add_checked / mul_checked, and a result past the int32 range sets
-// error_flags[iscalars.y].
+// CHECK_INT32 (int64 add / sub / mul / division, and every integer division,
+// remainder and fmod: kernels/binary_dispatch.py): OP_EXPR uses int_checked.h's
+// add_checked / mul_checked / div_guard / zero_guard, and a result past the int32 range
+// (bit 1) or a zero divisor (bit 2) sets error_flags[iscalars.y].
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(a_data, A_T)

@@ -5,12 +5,17 @@
 // silently (ATen's int64 is exact there). The op declares error_flags as an output
 // binding and passes its word's index; defined with CHECK_INT32 only, so the int32 ops
 // (which wrap in ATen too) and the float ops pay nothing.
+// An integer division, remainder or fmod (int64, and the integer dtypes the device
+// holds as they are, which ATen checks too) also flags a zero divisor: bit 2 of the
+// word (ZERO_DIVISION_BIT in runtime/dtypes.py), which the run raises as ATen's
+// ZeroDivisionError would, where the shader's value would be 0.
 
 layout(set = 0, binding = BINDING_error_flags) buffer error_flag_buffer {
   uint error_flags[];
 };
 
 bool int32_overflow = false;  // this invocation's results so far: one left the range
+bool int_zero_division = false;  // ... or one divided by zero
 
 int add_checked(int a, int b) {
   const int r = a + b;  // wraps (two's complement); overflow iff both signs differ from r's
@@ -41,12 +46,21 @@ int abs_checked(int a) {
   return a < 0 ? neg_checked(a) : a;
 }
 
-// Integer division's divisor b, flagging -2^31 / -1 (the one quotient past the range).
+// An integer divisor b, flagging 0 (division, remainder and fmod raise in ATen).
+int zero_guard(int b) {
+  if (b == 0) {
+    int_zero_division = true;
+  }
+  return b;
+}
+
+// int64 division's divisor b, flagging 0 and -2^31 / -1 (the one quotient past the
+// range).
 int div_guard(int a, int b) {
   if (a == -2147483647 - 1 && b == -1) {
     int32_overflow = true;
   }
-  return b;
+  return zero_guard(b);
 }
 
 // float -> int64 (truncation toward zero, as ATen): a finite value must truncate into
@@ -62,9 +76,11 @@ int to_int_checked(float v) {
   return int(v);
 }
 
-// At the end of main: this invocation's overflow, if any, into word `slot`.
+// At the end of main: this invocation's overflow (bit 1) and zero divisor (bit 2), if
+// any, into word `slot`.
 void report_overflow(int slot) {
-  if (int32_overflow) {
-    atomicOr(error_flags[slot], 1u);
+  const uint bits = (int32_overflow ? 1u : 0u) | (int_zero_division ? 2u : 0u);
+  if (bits != 0u) {
+    atomicOr(error_flags[slot], bits);
   }
 }
