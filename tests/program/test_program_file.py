@@ -258,6 +258,15 @@ def test_pickle_payload_inside_a_valid_file_is_never_unpickled(tmp_path):
     assert not marker.exists()
 
 
+def test_an_option_of_a_newer_version_is_named_as_such(tmp_path):
+    path = _saved(tmp_path)
+    _rewrite(path, lambda m: m["options"].update(warp_drive=True))
+    with pytest.raises(VkDelegateError, match=r"compile option 'warp_drive' is not known "
+                                              r"to vkdelegate .* \(a file written by a "
+                                              r"newer version\?\); known options: "):
+        vkdelegate.load(path)
+
+
 @pytest.mark.parametrize("op", ["builtins.eval", "os.system", "aten.__init__.x",
                                 "aten.not_an_op.default", "operator.attrgetter"])
 def test_crafted_glue_op_is_refused(tmp_path, op):

@@ -148,6 +148,11 @@ _SCHEMA = {
 }
 
 
+def known_options() -> list:
+    """The compile option names this version knows, sorted."""
+    return sorted(_SCHEMA)
+
+
 def parse_options(options: "dict | CompileOptions | None") -> CompileOptions:
     """Validate a user's options dict.
 

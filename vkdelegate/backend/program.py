@@ -24,7 +24,7 @@ from vkdelegate.backend.host_budget import (budgeted_methods, check_host_bytes,
                                             glue_tensor_bytes, tensor_ref_bytes)
 from vkdelegate.backend import llm_checks
 from vkdelegate.backend.interpreter import MethodRunner, to_numpy, to_torch
-from vkdelegate.backend.options import CompileOptions, parse_options
+from vkdelegate.backend.options import CompileOptions, known_options, parse_options
 from vkdelegate.backend.program_state import ProgramState, merge_initial
 from vkdelegate.backend.report import PartitionReport
 from vkdelegate.errors import (DeviceLimitError, ResourceLimitError, VkDelegateError,
@@ -528,6 +528,14 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
         check_host_bytes(glue_tensor_bytes(budgeted_methods(manifest), limits, where),
                          limits, where)
         options = dict(manifest.get("options") or {})
+        unknown = sorted(k for k in options if k not in known_options())
+        if unknown:
+            from vkdelegate import __version__
+
+            raise VkDelegateError(
+                f"{where}: compile option {unknown[0]!r} is not known to vkdelegate "
+                f"{__version__} (a file written by a newer version?); known options: "
+                f"{', '.join(known_options())}")
         if device is not None:
             options["device"] = device
         if executor is not None:
