@@ -1,5 +1,5 @@
-"""passes/merge_linears: sibling one-row linears become one linear and its narrow_last
-parts, with eager's values (and, on Vulkan, bitwise the unmerged lowering's); groups
+"""passes/merge_linears: sibling linears (one row or several) become one linear and its
+narrow_last parts, with eager's values (and, on Vulkan, bitwise the unmerged lowering's); groups
 that do not qualify are left alone."""
 from unittest import mock
 
@@ -144,13 +144,42 @@ def test_non_siblings_are_not_merged():
     assert not merge_linears(pg)
 
 
-def test_rows_are_not_merged():
-    # Prefill's [1, T, K]: each part would be a strided copy, so the linears stay.
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
+def test_rows_merge_too(dtype, tol):
+    # Prefill's [1, T, K] (T dynamic) merges as decode's [1, 1, K] does, so both
+    # methods of an LLM read the same merged constants and a program file stores each
+    # weight once; each part of several rows is one strided copy (narrow_last), the
+    # gate/up chain still in the merged product's epilogue. Values: eager's, and
+    # bitwise the unmerged lowering's on Vulkan.
+    reason = vulkan_unavailable()
+    if reason:
+        pytest.skip(reason)
     torch.manual_seed(3)
-    m = Siblings(True).eval()
-    pg = from_exported_program(torch.export.export(m, (torch.randn(1, 5, 64),)),
+    m, x = Siblings(True).to(dtype).eval(), torch.randn(1, 5, 64).to(dtype)
+    pg = from_exported_program(torch.export.export(m, (x,)),
                                preserve=(aten.linear.default,))
-    assert not merge_linears(pg)
+    assert merge_linears(pg)
+    rows = torch.export.Dim("rows", min=2, max=16)
+    ep = torch.export.export(m, (x,), dynamic_shapes=({1: rows},))
+    merged = to_backend(ep, VulkanPartitioner({"executor": "vulkan"}))
+    with mock.patch.object(passes, "PASSES",
+                           tuple(p for p in passes.PASSES if p is not merge_linears)):
+        plain = to_backend(ep, VulkanPartitioner({"executor": "vulkan"}))
+    try:
+        ops = _ops(merged)
+        assert ops.count("aten.linear.default") == 1 and ops.count(NARROW) == 3
+        assert ops.count("vkdelegate.linear_swiglu.default") == 1
+        for t in (5, 2, 16):
+            xt = torch.randn(1, t, 64).to(dtype)
+            with torch.no_grad():
+                want = m(xt)
+            got, ref = merged(xt), plain(xt)
+            assert_matches_eager(got, want, tol, tol)
+            for a, b in zip(got, ref):
+                assert torch.equal(a, b)
+    finally:
+        merged.close()
+        plain.close()
 
 
 class Q4Siblings(nn.Module):

@@ -54,7 +54,11 @@ def test_quantized_llama_greedy_matches_eager(scheme):
         assert ops.count(FUSED[scheme]) == 15, sorted(set(ops))
     if scheme == "int4":
         prefill = [d.op for d in program.methods["prefill"].report.decisions]
-        assert prefill.count(FUSED[scheme]) == 11 and prefill.count(Q4_ADD) == 4
+        # Prefill merges q/k/v and gate/up too (the same merged constants as decode's,
+        # stored once): per layer the merged q/k/v with its norm, gate/up with its norm
+        # and SwiGLU, o and down with their adds; the lm_head alone.
+        assert prefill.count(FUSED[scheme]) == 1 and prefill.count(Q4_ADD) == 4
+        assert prefill.count(NORMED[scheme]) == 2 and prefill.count(SWIGLU[scheme]) == 2
     assert "aten.mm.default" not in ops and "aten.linear.default" not in ops
     prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(3)).tolist()
     assert generate(program, prompt, 32) == hf_greedy(model, prompt, 32)

@@ -116,14 +116,29 @@ def test_gemv_without_subgroups(gpu_forms, monkeypatch):
     assert gpu_forms == ["gemv"]
 
 
-@pytest.mark.parametrize("dtype,steps", CASES[:2], ids=IDS[:2])
-def test_several_rows_on_gpus(gpu_forms, dtype, steps):
-    # Several rows on a GPU: linear.glsl's SWIGLU epilogue too (one dispatch; the
-    # lowering makes the op for one-row products only), no GEMM core form.
+@pytest.mark.parametrize("dtype,steps", CASES, ids=IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_several_rows_on_gpus(gpu_forms, dtype, steps, bias):
+    # Several rows on a GPU (a prefill's merged gate/up, passes/merge_linears): the
+    # GEMM core's product into a scratch [..., 2F], its halves copied apart, then the
+    # chain (the unfused program's dispatches, so that the product keeps the core's
+    # speed); the scratch tensors follow a dynamic row count.
     torch.manual_seed(0)
-    module = _LinearSwiglu(37, 13, steps, True, dtype)
-    check_op(module, (torch.randn(2, 5, 37).to(dtype),), ops=[FUSED], **_tol(dtype))
-    assert gpu_forms == []
+    module = _LinearSwiglu(37, 13, steps, bias, dtype)
+    rows = torch.export.Dim("rows", min=2, max=9)
+    check_op(module, (torch.randn(2, 5, 37).to(dtype),), ops=[FUSED],
+             dynamic_shapes=({1: rows},), resize_inputs=[(torch.randn(2, 3, 37).to(dtype),),
+                                                         (torch.randn(2, 9, 37).to(dtype),)],
+             **_tol(dtype))
+    assert gpu_forms == ["gemm"]  # gemm_core.CORE_SHADER
+
+
+def test_norm_several_rows_on_gpus(gpu_forms):
+    # The norm's dispatch, then the same as test_several_rows_on_gpus.
+    torch.manual_seed(0)
+    module = _RmsLinearSwiglu(37, 13, swiglu.SILU_HALF, True, torch.float16)
+    check_op(module, (torch.randn(1, 6, 37).half(),), ops=[NORM_FUSED], **F16)
+    assert gpu_forms == ["gemm"]  # gemm_core.CORE_SHADER
 
 
 def test_computed_weight_read_in_place():

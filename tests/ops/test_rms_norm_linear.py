@@ -189,7 +189,9 @@ def test_several_linears_of_several_rows_keep_the_norm():
         def __init__(self):
             super().__init__()
             self.norm = LlamaRMSNorm(32)
-            self.a, self.b = nn.Linear(32, 8), nn.Linear(32, 12)
+            # One with a bias, one without: passes/merge_linears, which would make
+            # them one product of the norm, leaves them apart.
+            self.a, self.b = nn.Linear(32, 8), nn.Linear(32, 12, bias=False)
 
         def forward(self, x):
             h = self.norm(x)

@@ -525,7 +525,8 @@ def _linear_swiglu(x, weight, bias, steps):
 #: reference executor agree with the unfused pair. ``passes/fuse_linear_swiglu``
 #: creates it from the merged linear (passes/merge_linears), its two narrow_last parts
 #: and the fused_elementwise chain reading them; ours, only in our blobs. Vulkan:
-#: ``ops/families/linear.py`` (the chain in the GEMV's or linear.glsl's epilogue).
+#: ``ops/families/linear.py`` (the chain in the GEMV's or linear.glsl's epilogue; after
+#: the GEMM core's product as its own dispatches for several rows on GPUs).
 LINEAR_SWIGLU = declare_custom_op(
     "vkdelegate.linear_swiglu.default",
     "linear_swiglu(Tensor input, Tensor weight, Tensor? bias, str steps) -> Tensor",

@@ -331,10 +331,10 @@ def _narrow_last(x, start, length):
 
 
 #: ``x[..., start:start + length]`` as a new contiguous tensor (``narrow`` of the last
-#: dim). Made by ``passes/merge_linears`` for the parts of a merged linear's output
-#: whose rows are statically 1, where the part is a contiguous byte range of ``x``:
+#: dim). Made by ``passes/merge_linears`` for the parts of a merged linear's output.
+#: Where its rows are statically 1 the part is a contiguous byte range of ``x``:
 #: there the runtime binds the output inside ``x``'s memory and records no copy
-#: (runtime/values.py); elsewhere it is one affine copy. Vulkan:
+#: (runtime/values.py); elsewhere (a prefill's several rows) it is one affine copy. Vulkan:
 #: ``ops/families/movement.py``.
 NARROW_LAST = declare_custom_op(
     "vkdelegate.narrow_last.default",

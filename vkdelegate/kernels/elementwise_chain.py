@@ -268,3 +268,27 @@ def scalar_values(scalars) -> list[float]:
             raise VkDelegateError(f"fused elementwise chain: scalar {v!r} is not a number")
         out.append(float(v))
     return out
+
+
+#: fused_elementwise.glsl: a chain over its inputs (ops/families/fused_elementwise.py
+#: registers its bindings and variants; kernels/gemm.py's several-row SwiGLU on GPUs
+#: records it too).
+SHADER = "fused_elementwise"
+
+
+def _dtype(t) -> str:
+    return t[0] if isinstance(t, tuple) else t.dtype
+
+
+def chain_defines(out, inputs: list, steps: list, scalars: list) -> dict:
+    """Defines of fused_elementwise.glsl for ``out`` and ``inputs`` (Tensors or
+    (graph dtype, device dtype) pairs) computing parsed ``steps`` with ``scalars``.
+    VkDelegateError when their dtypes disagree with the chain (``check_dtypes``)."""
+    from vkdelegate.runtime.dtypes import storage_defines
+
+    dtypes = check_dtypes(steps, [_dtype(t) for t in inputs], _dtype(out))
+    d = storage_defines(OUT=out, **{f"IN{k}": t for k, t in enumerate(inputs)})
+    d.update(NUM_INPUTS=str(len(inputs)), ACC_T="float", ACC_FLOAT="1",
+             CHAIN_BODY=glsl_body(steps, len(inputs), scalars, dtypes),
+             CHAIN_RESULT=result_register(steps, len(inputs)))
+    return d

@@ -336,17 +336,20 @@ def pack_halves(weight: np.ndarray) -> np.ndarray:
 
 
 def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
-           norm: "RmsPrologue | None" = None) -> None:
+           norm: "RmsPrologue | None" = None, steps: "str | None" = None) -> None:
     """Record out [..., F] = the SwiGLU chain over (gate, up) halves of linear(a, mat,
     bias), mat a merged gate/up weight [2F, K] ("nk", or "packed": a constant),
-    bias [2F]? (vkdelegate.linear_swiglu; ``chain``: kernels/swiglu.py's defines). One
-    dispatch: for one row where the tile table has a GEMV path (GPUs) gemv.glsl's
-    SWIGLU epilogue, else linear.glsl's (every product on CPU drivers; on GPUs the
-    several-row products, which the lowering never makes: merge_linears merges only
-    one-row linears). VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when
-    K is past llvmpipe's loop budget even in the LONG_K form. ``norm`` (an
-    RmsPrologue; vkdelegate.rms_norm_linear_swiglu): the product of et_vk.rms_norm(a,
-    ...), in the GEMV path (gemv.glsl's RMS_NORM with SWIGLU) unless the compile option
+    bias [2F]? (vkdelegate.linear_swiglu; ``chain``: kernels/swiglu.py's defines of
+    the chain text ``steps``). For one row where the tile table has a GEMV path (GPUs)
+    one dispatch, gemv.glsl's SWIGLU epilogue; where the product takes linear.glsl
+    (every product on CPU drivers) one dispatch, its SWIGLU epilogue; where it takes
+    the GEMM core or its cooperative-matrix form (several rows on GPUs: a prefill's
+    merged gate/up, passes/merge_linears) the unfused program's dispatches
+    (``_swiglu_after_core``), so that the product keeps the core's speed.
+    VkDelegateError (b.error) on mixed dtypes, DeviceLimitError when K is past
+    llvmpipe's loop budget even in the LONG_K form. ``norm`` (an RmsPrologue;
+    vkdelegate.rms_norm_linear_swiglu): the product of et_vk.rms_norm(a, ...), in the
+    GEMV path (gemv.glsl's RMS_NORM with SWIGLU) unless the compile option
     ``rms_norm_prologue`` is off, else ``norm.unfused()``'s dispatch first."""
     if len({t.dtype for t in (out, a, mat) + ((bias,) if bias is not None else ())}) != 1:
         raise b.error("mixed dtypes")
@@ -359,6 +362,9 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
     if form.shader == GEMV_SHADER:
         record_core(b, form, out, a, mat, bias, "nk", swiglu=chain,
                     norm=None if norm is None else (norm.weight, norm.eps))
+        return
+    if form.shader in (CORE_SHADER, COOPMAT_SHADER) and steps is not None:
+        _swiglu_after_core(b, form, out, a, mat, bias, steps)
         return
     form = GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
     loop_limit.check(b, form.iterations(k), f"K = {k}")
@@ -375,6 +381,45 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
                outputs=[out], inputs=[a, mat] + ([bias] if bias is not None else []),
                params=params, global_size=grid, local_size=workgroup_for(grid),
                grid=lambda: linear_grid(out.shape, form.tile))
+
+
+def _swiglu_after_core(b, form, out, a, mat, bias, steps: str) -> None:
+    """``swiglu`` where the product takes the GEMM core (``form``; several rows on a
+    GPU): y = linear(a, mat, bias) [..., 2F] by the core into a scratch tensor, its
+    gate and up halves copied apart (kernels/affine_copy.py, as narrow_last copies a
+    part of several rows), then fused_elementwise.glsl's chain ``steps`` over them:
+    the dispatches and the bits of the unfused program (merged linear, narrow_last
+    parts, fused_elementwise chain). The scratch tensors follow out's sizes."""
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.kernels import elementwise_chain
+    from vkdelegate.kernels.affine_copy import (CopyDim, CopyPlan, affine_copy, around,
+                                                contiguous_strides, merged)
+    from vkdelegate.kernels.broadcast import plan_dispatch
+
+    f = out.max_shape[-1]
+    y = b.temporary(tuple(out.max_shape[:-1]) + (2 * f,), out.dtype)
+    halves = [b.temporary(out.max_shape, out.dtype) for _ in range(2)]
+
+    def resize() -> None:  # registered before the dispatches' own hooks
+        y.set_shape(tuple(out.shape[:-1]) + (2 * f,))
+        for half in halves:
+            half.set_shape(out.shape)
+    resize()
+    b.on_resize(resize)
+    record_core(b, form, y, a, mat, bias, "nk")
+    for half, start in zip(halves, (0, f)):
+        def plan(half=half, start=start) -> CopyPlan:
+            dims = [CopyDim(s, so, si) for s, so, si in zip(
+                half.shape, contiguous_strides(half.shape), contiguous_strides(y.shape))]
+            dims[-1].start = start
+            return merged(CopyPlan(dims), around(len(dims), len(dims) - 1))
+        affine_copy(b, half, y, plan)
+    try:
+        parsed = elementwise_chain.parse(steps, 2, 0)
+        defines = elementwise_chain.chain_defines(out, halves, parsed, [])
+    except VkDelegateError as exc:
+        raise b.error(str(exc)) from None
+    plan_dispatch(b, elementwise_chain.SHADER, defines, out, halves)
 
 
 def linear_grid(out_shape, tile: int) -> tuple:

@@ -58,7 +58,7 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 #    and into a conv_with_clamp alike.
 # 4c. residual adds into the convolution before them (fuse_conv_add), after the pad
 #    fold, so that a padded conv's add fuses too;
-# 4d. sibling one-row linears (q/k/v, gate/up in decode) -> one linear and its
+# 4d. sibling linears (q/k/v, gate/up in decode and prefill) -> one linear and its
 #    narrow_last parts (merge_linears), after addmm -> linear and the batch-norm fold,
 #    which need the separate linears; before fuse_elementwise and permute_to_view,
 #    which then see the parts as the linears' outputs (rotary and SwiGLU patterns

@@ -31,7 +31,7 @@ likewise: its rms_norm_* form). Fused only when exactly that is there:
   k's and v's sizes equal (kv_sizes), q's sizes q_sizes;
 - the producer is ``vkdelegate.rms_norm_linear``, ``rms_norm_linear_q4gsw`` or
   ``rms_norm_weight_int8pack_mm`` of an x of rank 1-4 whose every dim but the last is
-  statically 1 (decode's one row; prefill's linears are never merged);
+  statically 1 (decode's one row; prefill's merged q/k/v is left alone);
 - x, the norm weight, the float weight (or the quantized one's scales), the bias, cos,
   sin and the caches share one dtype, float32 or float16.
 

@@ -12,8 +12,8 @@ bias, steps')``, y = ``aten._weight_int8pack_mm(x, weight, scales)`` (int8 weigh
 (ops/families/quantized_linear.py: the chain in linear_qw_gemv.glsl's and linear_qw.glsl's
 epilogues).
 
-In an HF Llama/Qwen2/Mistral decode step, passes/merge_linears merges gate_proj and
-up_proj (one-row input) into one linear whose two ``narrow_last`` parts the SiLU gate
+In an HF Llama/Qwen2/Mistral decode step (and prefill), passes/merge_linears merges
+gate_proj and up_proj into one linear whose two ``narrow_last`` parts the SiLU gate
 chain reads (passes/fuse_elementwise: ``silu(gate) * up``, in float16 with ATen's casts
 around the SiLU). Fused only when exactly that is there:
 

@@ -33,8 +33,9 @@ Fused when:
   and neither the norm's output nor a view of it is a graph output;
 - one product reads it, or several and every dim of x but the last is statically 1
   (decode): each GEMV then folds the norm in itself, which costs no dispatch. With
-  several rows (prefill's q/k/v linears, not merged there) the op's fallback would
-  repeat the norm's dispatch for each linear, so that case keeps the norm.
+  several rows (separate linears of several rows; passes/merge_linears leaves one
+  merged product per norm in prefill too) the op's fallback would repeat the norm's
+  dispatch for each linear, so that case keeps the norm.
 
 Residual-add readers (``vkdelegate.linear_add`` and its quantized forms: a residual
 after a norm is not in Llama, whose norms feed q/k/v and gate/up) and 8da4w

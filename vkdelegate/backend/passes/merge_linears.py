@@ -1,5 +1,5 @@
-"""Merge sibling linears (one input, constant weights) into one linear whose output
-rows are statically 1, followed by ``vkdelegate.narrow_last`` parts of its output.
+"""Merge sibling linears (one input, constant weights) into one linear followed by
+``vkdelegate.narrow_last`` parts of its output.
 
 In an HF Llama/Qwen2/Mistral/Gemma decoder layer q_proj, k_proj and v_proj read the
 same input (the RMS norm's output), and so do gate_proj and up_proj. In a decode step
@@ -8,12 +8,18 @@ one GEMV over the weights concatenated along N does the work of the group, and l
 GEMVs run nearer the memory bandwidth. A group is the ``aten.linear.default`` nodes
 that read one input node x with:
 
-- every dim of x but the last statically 1 (decode's [1, 1, K]), so that each part
-  of the merged output is a contiguous byte range: memory planning gives the
-  narrow_last's output its input's memory object and the runtime binds it at the
-  part's offset, so the parts cost no dispatch (serialization/memory_planning.py,
-  runtime/values.py). Where x has more rows (prefill's [1, T, K]) each part would be
-  a strided affine copy, one dispatch per part for the two GEMMs saved: not merged.
+- x float32 or float16 with a static last dim K. Where every dim of x but the last is
+  statically 1 (decode's [1, 1, K]) each part of the merged output is a contiguous
+  byte range: memory planning gives the narrow_last's output its input's memory
+  object and the runtime binds it at the part's offset, so the parts cost no dispatch
+  (serialization/memory_planning.py, runtime/values.py). With more rows (prefill's
+  [1, T, K], T dynamic) each part is one strided copy, and the gate/up parts none
+  (passes/fuse_linear_swiglu takes them into the product). Prefill merges so that it
+  reads the same merged constants as decode: the program file deduplicates segments
+  by content across methods, so each weight is stored once (left unmerged, prefill's
+  separate weights were stored beside decode's merged ones, ~1.6x the parameters;
+  tests/llm/test_program_size.py). On lavapipe the merged prefill is a few percent
+  faster (docs/LOWERING.md, "Merged sibling linears").
 - each weight a constant [N_i, K] placeholder of x's dtype (float32 or float16) that
   nothing else reads (a shared weight would be stored twice), and either every bias a
   constant [N_i] of that dtype read by nothing else, or none;
@@ -30,7 +36,7 @@ passes/quantized_linear, which runs first) merge the same way when they share th
 group size and K: packed weights uint8 [N_i, K/2] concatenated along rows, scales
 [K/gs, N_i] (the first N_i columns where a blob padded them) along columns, biases
 along N. torchao's int8 weight-only linears (``aten._weight_int8pack_mm(x2, w, scales)``
-of one 2-D view x2 = [1, K] of x: equal views of one node are made one first, as cse
+of one 2-D view x2 = [M, K] of x: equal views of one node are made one first, as cse
 would later) merge too: int8
 weights [N_i, K] along rows, scales [N_i] along N. 8da4w
 (``et_vk.linear_dq8ca_q4gsw``, with per-group weight sums) is not merged.
@@ -62,12 +68,11 @@ def _constant(pg, node, dtype, rank):
     return value if value.dtype == dtype and value.dim() == rank else None
 
 
-def _one_row(x) -> bool:
-    """Whether every dim of x but the last is statically 1 and the last is static."""
+def _mergeable_input(x) -> bool:
+    """Whether x is a float32/float16 tensor of rank >= 1 whose last dim is static."""
     val = _val(x)
-    if not isinstance(val, torch.Tensor) or val.dim() < 1 or val.dtype not in _DTYPES:
-        return False
-    return all(isinstance(s, int) for s in val.shape) and all(s == 1 for s in val.shape[:-1])
+    return isinstance(val, torch.Tensor) and val.dim() >= 1 and val.dtype in _DTYPES \
+        and isinstance(val.shape[-1], int)
 
 
 def _bias(pg, node, dtype, n):
@@ -140,7 +145,7 @@ def _groups(pg):
     groups = []
     _share_int8_views(pg.gm.graph)
     for x in pg.gm.graph.nodes:
-        if not _one_row(x):
+        if not _mergeable_input(x):
             continue
         by_key: dict = {}
         for n in x.users:
@@ -171,7 +176,7 @@ def _merged_args(pg, x, key, group):
 
 
 def merge_linears(pg) -> bool:
-    """Merge each group of sibling one-row linears (module docstring); True if any."""
+    """Merge each group of sibling linears (module docstring); True if any."""
     ops = registry.load_all()
     if "aten.linear.default" not in ops or NARROW_LAST.name not in ops:
         return False

@@ -18,31 +18,16 @@ from __future__ import annotations
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.kernels import elementwise_chain as chain
+from vkdelegate.kernels.elementwise_chain import chain_defines
 from vkdelegate.kernels.broadcast import PLAN_PARAMS, broadcast_shape, plan_dispatch
 from vkdelegate.ops.registry import NodeSpec, OpSpec, TensorSpec, register
-from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
+from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
 from vkdelegate.shaders.variants import declare_grid, declare_open
 
 NAME = "vkdelegate.fused_elementwise.default"
-SHADER = "fused_elementwise"
+SHADER = chain.SHADER
 FLOATS = frozenset(chain.DTYPES)
-
-
-def _dtype(t) -> str:
-    return t[0] if isinstance(t, tuple) else t.dtype
-
-
-def chain_defines(out, inputs: list, steps: list, scalars: list) -> dict:
-    """Defines of fused_elementwise.glsl for ``out`` and ``inputs`` (Tensors or
-    (graph dtype, device dtype) pairs) computing parsed ``steps`` with ``scalars``.
-    VkDelegateError when their dtypes disagree with the chain (``chain.check_dtypes``)."""
-    dtypes = chain.check_dtypes(steps, [_dtype(t) for t in inputs], _dtype(out))
-    d = storage_defines(OUT=out, **{f"IN{k}": t for k, t in enumerate(inputs)})
-    d.update(NUM_INPUTS=str(len(inputs)), ACC_T="float", ACC_FLOAT="1",
-             CHAIN_BODY=chain.glsl_body(steps, len(inputs), scalars, dtypes),
-             CHAIN_RESULT=chain.result_register(steps, len(inputs)))
-    return d
 
 
 @shader_bindings(SHADER)

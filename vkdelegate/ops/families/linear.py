@@ -155,7 +155,8 @@ def _linear_swiglu_impl(b, node):
     out, w = b.tensor(out_id), b.tensor(w_id)
     chain = swiglu.node_defines(b, steps_id, out.dtype)
     layout = "packed" if b.constant_array(w) is not None else "nk"
-    gemm.swiglu(b, out, b.tensor(x_id), w, b.value(bias_id), layout, chain)
+    gemm.swiglu(b, out, b.tensor(x_id), w, b.value(bias_id), layout, chain,
+                steps=b.value(steps_id))
 
 
 register(OpSpec(name=LINEAR_SWIGLU, dtypes=DTYPES, impl=_linear_swiglu_impl,

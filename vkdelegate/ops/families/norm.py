@@ -212,7 +212,8 @@ def _rms_swiglu_impl(b, node):
     chain = swiglu.node_defines(b, steps_id, out.dtype)
     norm = _rms_prologue(b, node, x, nw_id, eps_id, w)
     layout = "packed" if b.constant_array(w) is not None else "nk"
-    gemm.swiglu(b, out, x, w, _optional(b, bias_id), layout, chain, norm=norm)
+    gemm.swiglu(b, out, x, w, _optional(b, bias_id), layout, chain, norm=norm,
+                steps=b.value(steps_id))
 
 
 register(OpSpec(name=RMS_NORM_LINEAR_SWIGLU, dtypes=DTYPES, impl=_rms_swiglu_impl,
