@@ -85,6 +85,11 @@ _MORE = {
     # Phi: partial rotary (half of each head), parallel attention and MLP
     "phi": lambda tf: tf.PhiForCausalLM(tf.PhiConfig(**_wide(partial_rotary_factor=0.5))),
     "phi3": lambda tf: tf.Phi3ForCausalLM(tf.Phi3Config(**_wide())),  # fused qkv, gate_up
+    # Phi-3 with LongRoPE (Phi-3-mini-128k, Phi-3.5): short / long rotary factors switched
+    # past original_max_position_embeddings 16, where HF generate recomputes the cache
+    "phi3_longrope": lambda tf: tf.Phi3ForCausalLM(tf.Phi3Config(**_wide(
+        original_max_position_embeddings=16, rope_scaling={
+            "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8}))),
     "gpt_neox": lambda tf: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**{  # rotary_pct 0.25
         k: v for k, v in _wide(rotary_pct=0.25).items() if k != "num_key_value_heads"})),
     "gptj": lambda tf: tf.GPTJForCausalLM(tf.GPTJConfig(**_gpt(  # interleaved rotary

@@ -5,7 +5,7 @@ Gemma2 (sliding window, soft-capping), Gemma3 (local and global layers) and OPT
 configs with seeded random weights, on Vulkan, every node of every method on Vulkan;
 and for 24 tokens on GPT-Neo, BioGPT, Phi, Phi-3, GPT-NeoX, GPT-J, BLOOM, OLMo 2,
 Cohere, StarCoder2, Granite, StableLM, Mixtral, Qwen2-MoE and Qwen3-MoE (all on
-Vulkan)."""
+Vulkan); Phi-3 with LongRoPE for 40 tokens across its short / long switch."""
 import pytest
 import torch
 
@@ -59,6 +59,50 @@ def test_more_families_match_hf_fully_delegated(lowered, kind):
     _assert_all_on_vulkan(program)
     prompt = _prompt(1)
     assert generate(program, prompt, 24) == hf_greedy(model, prompt, 24)
+
+
+@pytest.mark.parametrize("chunk", [16, 1])
+@pytest.mark.parametrize("prompt_len", [8, 20])
+def test_phi3_longrope_matches_hf_across_the_switch(lowered, prompt_len, chunk):
+    """Phi-3 with LongRoPE (original_max_position_embeddings 16, a freshly built
+    model): lowers (its rotary module assigns ``long_inv_freq`` on the first forward,
+    which export turned into a fake tensor that decode's export refused:
+    decoder.init_lazy_rotary_state), every node on Vulkan (``torch.max(position_ids)
+    + 1``: the int64 max on the device), and its greedy tokens equal HF generate for
+    40 tokens past position 16: a prompt of 8 crosses it while decoding, where HF's
+    Phi-3 recomputes the cache with the long factors and so does generate (a prefill
+    of the whole sequence, ``recompute_cache_at``), on the device loop and the
+    per-token one; a prompt of 20 is past it from the prefill."""
+    model, program = lowered("phi3_longrope")
+    _assert_all_on_vulkan(program)
+    assert program.methods["prefill"].plan["llm"]["recompute_cache_at"] == 16
+    prompt = _prompt(3, prompt_len)
+    assert generate(program, prompt, 40, decode_chunk=chunk) == hf_greedy(model, prompt, 40)
+
+
+def test_phi3_longrope_session_turns_match_hf(lowered):
+    """A Session on Phi-3 LongRoPE: each turn's tokens are HF generate's on the whole
+    conversation. A turn that crosses position 16 while decoding recomputes with the
+    earlier turns' ids; a conversation past 16 after a cache of at most 16 positions
+    (short factors) is prefilled whole, one within the same side reuses the cache."""
+    from vkdelegate.llm.session import Session
+
+    model, program = lowered("phi3_longrope")
+    session = Session(program)
+    conv = _prompt(4, 6)
+    out = session.generate(conv, 5)  # cache: 10 positions, short factors
+    assert out == hf_greedy(model, conv, 5)
+    conv2 = conv + out + [3, 4]  # 13 ids: reuses 10, crosses 16 while decoding
+    out2 = session.generate(conv2, 12)
+    assert (out2, session.reused) == (hf_greedy(model, conv2, 12), 10)
+    conv3 = conv2 + out2 + [5]  # 26 ids after 24 cached (long): reused
+    out3 = session.generate(conv3, 4)
+    assert (out3, session.reused) == (hf_greedy(model, conv3, 4), 24)
+    session.reset()
+    out = session.generate(conv, 3)  # cache: 8 positions, short factors
+    conv4 = conv + out + list(range(10, 20))  # 19 ids: past 16, prefilled whole
+    out4 = session.generate(conv4, 4)
+    assert (out4, session.reused) == (hf_greedy(model, conv4, 4), 0)
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])

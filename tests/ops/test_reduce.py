@@ -13,11 +13,14 @@ from vkdelegate.ops.registry import NodeSpec, TensorSpec, lookup
 # result; products of 5 factors compound the inputs' fp16 rounding.
 FP16_TOL = dict(rtol=3e-3, atol=3e-3)
 FLOATS = [torch.float32, torch.float16]
+INTS = [torch.int32, torch.int64]
 
 
 def _data(dtype, shape):
     if dtype == torch.int32:
         return torch.randint(-50, 50, shape, dtype=dtype)
+    if dtype == torch.int64:  # wide, negative too (the device holds int32 values)
+        return torch.randint(-2 ** 31 + 1, 2 ** 31 - 1, shape, dtype=dtype)
     return torch.randn(shape).to(dtype)
 
 
@@ -35,24 +38,25 @@ CASES = [
     ("aten.prod.dim_int", lambda x: x.prod(1), FLOATS),
     ("aten.prod.dim_int", lambda x: x.prod(-1, keepdim=True), [torch.float32]),
     ("aten.prod.default", lambda x: (x[0, :2] * 0.1 + 1).prod(), FLOATS),
-    ("aten.amax.default", lambda x: x.amax((0, 2)), FLOATS + [torch.int32]),
+    ("aten.amax.default", lambda x: x.amax((0, 2)), FLOATS + INTS),
     ("aten.amax.default", lambda x: x.amax(-1, keepdim=True), [torch.float32]),
-    ("aten.amin.default", lambda x: x.amin(1), FLOATS + [torch.int32]),
-    ("aten.max.default", lambda x: x.max(), FLOATS + [torch.int32]),
-    ("aten.min.default", lambda x: x.min(), FLOATS + [torch.int32]),
+    ("aten.amin.default", lambda x: x.amin(1), FLOATS + INTS),
+    ("aten.max.default", lambda x: x.max(), FLOATS + INTS),
+    ("aten.min.default", lambda x: x.min(), FLOATS + INTS),
     ("aten.var.correction", lambda x: x.var(1), FLOATS),
     ("aten.var.correction", lambda x: x.var((0, 2), correction=0, keepdim=True),
      [torch.float32]),
     ("aten.var.correction", lambda x: x.std(-1, correction=2), [torch.float32]),
-    ("aten.argmax.default", lambda x: x.argmax(1), FLOATS + [torch.int32]),
+    ("aten.argmax.default", lambda x: x.argmax(1), FLOATS + INTS),
     ("aten.argmax.default", lambda x: x.argmax(), [torch.float32]),
     ("aten.argmax.default", lambda x: x.argmax(-1, keepdim=True), [torch.float32]),
-    ("aten.argmin.default", lambda x: x.argmin(0), FLOATS + [torch.int32]),
-    ("aten.argmin.default", lambda x: x.argmin(), [torch.int32]),
+    ("aten.argmin.default", lambda x: x.argmin(0), FLOATS + INTS),
+    ("aten.argmin.default", lambda x: x.argmin(), INTS),
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.int64],
+                         ids=str)
 def test_reduction(dtype):
     """One program per dtype (export and lowering dominate a check's time), outputs
     keyed so that a failure names the case."""
@@ -129,6 +133,23 @@ def test_resize():
              (torch.randn(2, 13, 29),), ops=["aten.mean.dim", "aten.argmax.default"],
              dynamic_shapes=({1: n, 2: m},),
              resize_inputs=[(torch.randn(2, 1, 3),), (torch.randn(2, 16, 40),)])
+
+
+def test_int64_extrema_negative_and_resize():
+    """int64 max/min/amax/amin/argmax/argmin (int32 on the device) equal eager, all
+    values negative (so an identity of 0 would show) and at int32's ends, through a
+    resize; and the LongRoPE position pattern ``torch.max(position_ids) + 1``."""
+    n = Dim("n", min=1, max=64)
+    x = -torch.arange(1, 4 * 37 + 1, dtype=torch.int64).reshape(4, 37)[:, torch.randperm(37)]
+    x[1, 5], x[2, 9] = -2 ** 31 + 1, 2 ** 31 - 2  # (+ 1: still within int32)
+    check_op(lambda t: (t.max(), t.min(), t.amax(1), t.amin((0, 1), keepdim=True),
+                        t.argmax(1), t.argmin(), torch.max(t) + 1),
+             (x.contiguous(),),
+             ops=["aten.max.default", "aten.min.default", "aten.amax.default",
+                  "aten.amin.default", "aten.argmax.default", "aten.argmin.default"],
+             dynamic_shapes=({1: n},),
+             resize_inputs=[(-torch.arange(4, dtype=torch.int64).reshape(4, 1) - 7,),
+                            (torch.randint(-10 ** 9, 10 ** 9, (4, 64)),)])
 
 
 def test_argmax_of_large_int64_range_output():

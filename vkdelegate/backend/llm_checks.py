@@ -40,8 +40,9 @@ CACHE_PREFIX = "decoder.kv_cache."
 #: FQN prefix of the decode loop's state (vkdelegate.llm.decoder.DecodeLoopState).
 LOOP_PREFIX = "loop."
 #: The plan key where ``lower`` records what the host checks and ``generate`` need:
-#: ``{"vocab_size": V, "eos_token_ids": [ids]}`` (the ids optional: files saved before
-#: they were recorded, models without one).
+#: ``{"vocab_size": V, "eos_token_ids": [ids], "recompute_cache_at": P}`` (the ids
+#: optional: files saved before they were recorded, models without one; P only for
+#: a model whose HF generation recomputes its cache at position P: ``recompute_cache_at``).
 PLAN_KEY = "llm"
 #: The most end-of-sequence ids a plan may record (Llama 3 has 3).
 MAX_EOS_IDS = 64
@@ -87,6 +88,21 @@ def eos_token_ids(plan: dict) -> list:
     if text is not None:
         raise VkDelegateError(text)
     return list(ids)
+
+
+def recompute_cache_at(plan: dict) -> "int | None":
+    """The position P ``lower`` recorded in ``plan`` for a model whose HF generation
+    recomputes the whole KV cache when the sequence first grows past P tokens (Phi-3
+    and PhiMoE with LongRoPE: ``original_max_position_embeddings``; the long-context
+    rotary frequencies then apply to every cached position), None where none was.
+    Raises VkDelegateError for a malformed record (not an int >= 1)."""
+    record = plan.get(PLAN_KEY)
+    value = record.get("recompute_cache_at") if isinstance(record, dict) else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise VkDelegateError(f"plan.{PLAN_KEY}.recompute_cache_at must be an int >= 1, "
+                              f"got {printable(repr(value)[:80])}")
+    return value
 
 
 def install(program) -> None:
@@ -142,6 +158,7 @@ class MethodGuard:
         self.method, self.max_seq_len, self.store = method, max_seq_len, store
         self.vocab = vocab_size(plan)
         eos_token_ids(plan)  # a malformed record is refused at load, not at generate
+        recompute_cache_at(plan)
         self.index = {spec.get("name"): i for i, spec in enumerate(plan["inputs"])}
 
     def _error(self, text: str) -> VkDelegateError:

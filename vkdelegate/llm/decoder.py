@@ -379,6 +379,57 @@ def _head_shapes(config):
     return get_head_shapes(config)
 
 
+def init_lazy_rotary_state(model: nn.Module) -> list:
+    """Assign, eagerly, the rotary state that transformers' LongRoPE sets on a model's
+    first forward; the FQNs (in ``model``) of the LongRoPE rotary modules'
+    ``inv_freq`` buffers.
+
+    ``modeling_rope_utils.dynamic_rope_update``'s LongRoPE update (Phi-3-mini-128k,
+    Phi-3.5, Phi-4-mini) computes the long-context inverse frequencies on the first
+    forward and keeps them as a plain attribute (``long_inv_freq``, or
+    ``<layer type>_long_inv_freq``). Under torch.export that first forward is a trace:
+    the attribute became a fake tensor of prefill's export, which decode's export then
+    mixed with its own ("fake mode ... doesn't match mode"), so a freshly built or
+    loaded model did not lower. The rotary module is called here once, at position 0,
+    under no_grad: that sets the attribute to the real tensor HF itself would set;
+    the module's ``inv_freq`` buffer (which every forward overwrites from the position)
+    is put back as it was, so nothing the model computes changes.
+
+    Every forward of such a module computes ``inv_freq`` (long or short by the
+    position) and writes it into the buffer before reading it: the exported methods'
+    write of that state is dead (``lower.drop_dead_buffer_writes``), and a state
+    written but never read would keep decode_next from looping on the device."""
+    found = []
+    for name, module in model.named_modules():
+        rope = getattr(module, "rope_type", None)
+        kinds = rope if isinstance(rope, dict) else {None: rope}
+        for layer_type, kind in kinds.items():
+            if kind != "longrope":
+                continue
+            prefix = f"{layer_type}_" if layer_type is not None else ""
+            inv_freq = getattr(module, f"{prefix}inv_freq", None)
+            if getattr(module, f"{prefix}long_inv_freq", None) is not None \
+                    or not isinstance(inv_freq, torch.Tensor):
+                continue
+            saved = inv_freq.clone()
+            x = torch.zeros(1, device=inv_freq.device)
+            position = torch.zeros(1, 1, dtype=torch.int64, device=inv_freq.device)
+            kwargs = {} if layer_type is None else {"layer_type": layer_type}
+            with torch.no_grad():
+                module(x, position, **kwargs)
+                getattr(module, f"{prefix}inv_freq").copy_(saved)
+            found.append(f"{name}.{prefix}inv_freq" if name else f"{prefix}inv_freq")
+    for name, module in model.named_modules():  # initialised earlier: still theirs
+        rope = getattr(module, "rope_type", None)
+        for layer_type, kind in (rope if isinstance(rope, dict) else {None: rope}).items():
+            prefix = f"{layer_type}_" if layer_type is not None else ""
+            fqn = f"{name}.{prefix}inv_freq" if name else f"{prefix}inv_freq"
+            if kind == "longrope" and fqn not in found \
+                    and isinstance(getattr(module, f"{prefix}inv_freq", None), torch.Tensor):
+                found.append(fqn)
+    return found
+
+
 class HFDecoder(nn.Module):
     """A HF ``*ForCausalLM`` with our KVCache. ``logits(embeds [1, T, D], start_pos
     int64[1])`` -> float [V], the logits of the last position (final soft-capping
@@ -392,6 +443,8 @@ class HFDecoder(nn.Module):
         from transformers.cache_utils import StaticCache, StaticLayer
 
         self.model = model
+        #: Buffers every forward overwrites before reading them (LongRoPE's inv_freq).
+        self.rewritten_buffers = ["model." + n for n in init_lazy_rotary_state(model)]
         config = model.config.get_text_config()
         heads, dims = _head_shapes(config)
         n = config.num_hidden_layers

@@ -75,12 +75,14 @@ def eos_token_ids(program) -> list:
 
 
 def _decode_loop(program, first, out, max_new_tokens, eos, on_token, chunk, params,
-                 rand) -> None:
+                 rand, switch=None, recompute=None) -> None:
     """The decode steps on the device after prefill (which left ``out[-1]`` in the
     loop state for position ``first``, the cache positions prefill filled): ``chunk``
     decode_next steps per submit, until max_new_tokens or an eos id; appends to
     ``out``. The step feeding position p uses draw number p - first + 1 (prefill used
-    number 0), as the per-token loop."""
+    number 0), as the per-token loop. The step feeding position ``switch`` (None:
+    none) is ``recompute(draw)`` instead (a prefill of the whole sequence, which
+    leaves the loop state where decode_next left it), a chunk stopping before it."""
     table = np.zeros(cache_length(program) + 1, dtype=np.float32)
     if params[0] > 0:  # greedy ignores the draws
         for i in range(max_new_tokens - len(out)):
@@ -89,6 +91,13 @@ def _decode_loop(program, first, out, max_new_tokens, eos, on_token, chunk, para
     while len(out) < max_new_tokens and out[-1] not in eos:
         k = min(chunk, max_new_tokens - len(out))
         position = first + len(out) - 1  # where out[-1] is fed
+        if position == switch:
+            out.append(recompute(float(table[position])))
+            if on_token is not None:
+                on_token(out[-1])
+            continue
+        if switch is not None and position < switch:
+            k = min(k, switch - position)
         program.run_repeated("decode_next", k, sampling, table)
         history = to_numpy(program.store.get(_HISTORY))
         for token in history[position + 1:position + 1 + k].tolist():
@@ -97,6 +106,15 @@ def _decode_loop(program, first, out, max_new_tokens, eos, on_token, chunk, para
                 on_token(int(token))
             if out[-1] in eos:
                 break
+
+
+def recompute_cache_at(program) -> "int | None":
+    """The position P at which ``generate`` recomputes the cache of ``program``'s model
+    (``vkdelegate.llm.lower.recompute_cache_at``: Phi-3 / PhiMoE as HF generates
+    them), None for other models and files saved before it was recorded."""
+    plan = program.methods["prefill"].plan if "prefill" in getattr(
+        program, "method_names", ()) else {}
+    return llm_checks.recompute_cache_at(plan)
 
 
 def draws(seed: int):
@@ -239,7 +257,8 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              eos_token_id=None, image=None, image_token_id=None,
              on_token=None, timings: "dict | None" = None,
-             decode_chunk: int = DECODE_CHUNK, _start: int = 0) -> list:
+             decode_chunk: int = DECODE_CHUNK, _start: int = 0,
+             _context: "list | None" = None) -> list:
     """The NEW token ids (a list of ints, at most ``max_new_tokens``, ending at the
     first end-of-sequence id if one is generated).
 
@@ -261,6 +280,11 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     positions are past the returned sequence).
     timings: a dict to fill with prefill_s, decode_s, prompt_tokens, decode_tokens
     (seconds of the calls alone: the program's delegates are built first).
+    A program whose model's HF generation recomputes its KV cache when the sequence
+    first grows past P tokens (Phi-3 / PhiMoE with LongRoPE, P its
+    ``original_max_position_embeddings``; ``recompute_cache_at``) does so too: the
+    step that feeds position P is a prefill of the whole sequence from position 0
+    (with LongRoPE's long-context frequencies, as every later step), not a decode.
     Raises VkDelegateError for a program without the methods ``lower`` makes, an
     empty prompt, a negative max_new_tokens, sampling settings outside their ranges
     (temperature >= 0, top_k >= 0, 0 <= top_p <= 1), a prompt id or an
@@ -333,14 +357,39 @@ def generate(program, prompt_ids, max_new_tokens: int, *, temperature: float = 0
     out = [token]
     if on_token is not None:
         on_token(token)
+    # Phi-3 / PhiMoE: the step that feeds position `switch` prefills the whole sequence
+    # (HF's prepare_inputs_for_generation drops the cache there); a prefill that
+    # already went past it computed every position with the long frequencies.
+    switch = recompute_cache_at(program)
+    if switch is not None and _start + len(ids) > switch:
+        switch = None
+    context = list(_context or [])
+    if switch is not None and len(context) != _start:
+        raise VkDelegateError(f"generate: {_start} cached positions but {len(context)} "
+                              f"context ids")
+
+    def recompute(draw: float) -> int:
+        parts = [to_numpy(program.embed_text(np.array([context], dtype=np.int64)))] \
+            if context else []
+        parts += [to_numpy(embeds),
+                  to_numpy(program.embed_text(np.array([out], dtype=np.int64)))]
+        return int(program.prefill(np.concatenate(parts, axis=1),
+                                   np.zeros(1, dtype=np.int64),
+                                   np.array([temperature, top_k, top_p, draw],
+                                            dtype=np.float32))[0])
+
     start = time.perf_counter()
     if decode_chunk > 1 and _has_loop(program) and _on_device(program):
         _decode_loop(program, _start + len(ids), out, max_new_tokens, eos, on_token,
-                     decode_chunk, (temperature, top_k, top_p), rand)
+                     decode_chunk, (temperature, top_k, top_p), rand, switch, recompute)
     while len(out) < max_new_tokens and out[-1] not in eos:
         position = _start + len(ids) + len(out) - 1
-        token = int(program.decode(np.array([[out[-1]]], dtype=np.int64),
-                                   np.array([position], dtype=np.int64), sampling())[0])
+        if position == switch:
+            token = recompute(float(sampling()[3]))
+        else:
+            token = int(program.decode(np.array([[out[-1]]], dtype=np.int64),
+                                       np.array([position], dtype=np.int64),
+                                       sampling())[0])
         out.append(token)
         if on_token is not None:
             on_token(token)

@@ -15,6 +15,8 @@ and decode, so the program holds one cache that both update.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.export import Dim
 
@@ -27,16 +29,144 @@ from vkdelegate.llm.vision import VisionEncoder
 
 
 
-def _export(module, args, dynamic_shapes, name: str):
+def _export(module, args, dynamic_shapes, name: str, rewritten=()):
+    """``torch.export.export(module, args, strict=False)`` under no_grad, the dead
+    length reads dropped. Raises VkDelegateError of a few lines (the method, the
+    error's first line, where in the model's code it was raised, a hint) with
+    torch's whole error chained (``raise ... from exc``): torch's own message ran to
+    65 lines of its internals. A plain attribute that the trace left holding a fake
+    tensor on one of ``module``'s submodules is put back as it was (``_fake_assigned``),
+    so the next method's export and the eager model do not see it. ``rewritten``:
+    FQNs of buffers whose writes are dead (``drop_dead_buffer_writes``)."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _fake_assigned(module):
             program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes,
                                           strict=False)
     except Exception as exc:
-        raise VkDelegateError(f"exporting method {name!r} failed: {type(exc).__name__}: "
-                              f"{exc}") from exc
+        raise VkDelegateError(export_failure(name, exc)) from exc
     drop_dead_length_reads(program)
+    drop_dead_buffer_writes(program, rewritten)
     return program
+
+
+def drop_dead_buffer_writes(program, fqns) -> list:
+    """Drop ``program``'s in-place writes (``copy_``) of the buffers ``fqns`` whose
+    value before the call the graph never reads (each read comes after a write, and
+    reads what that write copied in); the FQNs dropped. LongRoPE's rotary modules
+    overwrite ``inv_freq`` at every forward before reading it
+    (``decoder.init_lazy_rotary_state``): kept, that write was a state the delegate
+    wrote and nothing read, which stayed on the host and kept decode_next from
+    looping on the device."""
+    from torch.export.graph_signature import InputKind
+
+    fqns = set(fqns)
+    if not fqns:
+        return []
+    graph = program.graph_module.graph
+    placeholder = {n.name: n for n in graph.find_nodes(op="placeholder")}
+    buffers = {placeholder[spec.arg.name]: spec.target
+               for spec in program.graph_signature.input_specs
+               if spec.kind == InputKind.BUFFER and spec.target in fqns}
+    dropped = []
+    for buffer, fqn in buffers.items():
+        plan, current = [], None  # (node, the value it reads or None: erase), last copy
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for user in sorted(buffer.users, key=order.get):
+            src = user.args[1] if user.op == "call_function" \
+                and user.target == torch.ops.aten.copy_.default and user.args[0] is buffer \
+                and len(user.args) == 2 else None
+            if src is not None and _same_meta(src, buffer):
+                plan.append((user, src))
+                current = src
+            elif current is None:
+                plan = None  # the value before the call is read: the write is live
+                break
+            else:
+                plan.append((user, current))
+        if not plan:
+            continue
+        for user, value in plan:
+            if user.target == torch.ops.aten.copy_.default and user.args[0] is buffer:
+                user.replace_all_uses_with(value)
+                graph.erase_node(user)
+            else:
+                user.replace_input_with(buffer, value)
+        dropped.append(fqn)
+    if dropped:
+        graph.lint()
+        program.graph_module.recompile()
+    return dropped
+
+
+def _same_meta(a, b) -> bool:
+    """Whether FX nodes ``a`` and ``b`` hold tensors of one dtype and shape."""
+    va, vb = a.meta.get("val") if hasattr(a, "meta") else None, b.meta.get("val")
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) \
+        and va.dtype == vb.dtype and tuple(va.shape) == tuple(vb.shape)
+
+
+def export_failure(name: str, exc: BaseException) -> str:
+    """The message for method ``name``'s failed export: ``exc``'s type and first line
+    (cut at 300 characters), the innermost frame of the model's code it came from
+    (outside torch and vkdelegate), and a hint."""
+    from vkdelegate.errors import first_line
+
+    line = first_line(exc)
+    if len(line) > 300:
+        line = line[:297] + "..."
+    where = _model_frame(exc)
+    where = f" (raised at {where})" if where else ""
+    return (f"exporting method {name!r} failed: {type(exc).__name__}: {line}{where}\n"
+            f"  torch.export could not trace the model as vkdelegate.llm.lower calls it "
+            f"(docs/LLM.md lists the families it is tested on); the full error is this "
+            f"exception's __cause__ (Python: vkdelegate.llm.lower's traceback)")
+
+
+def _model_frame(exc: BaseException) -> str:
+    """``path:line in function`` of the innermost traceback frame of ``exc`` outside
+    torch, vkdelegate and the standard library (the model's code, e.g.
+    ``transformers/models/phi3/modeling_phi3.py:107 in forward``); "" if none."""
+    import os
+    import sysconfig
+    import traceback
+
+    import vkdelegate
+
+    skip = [os.path.dirname(torch.__file__), os.path.dirname(vkdelegate.__file__),
+            sysconfig.get_paths()["stdlib"]]
+    found = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if any(path.startswith(root + os.sep) for root in skip) or "<" in frame.filename:
+            continue
+        parts = path.split(os.sep)
+        short = os.sep.join(parts[parts.index("site-packages") + 1:]) \
+            if "site-packages" in parts else path
+        found = f"{short}:{frame.lineno} in {frame.name}"
+    return found
+
+
+@contextlib.contextmanager
+def _fake_assigned(module):
+    """Inside the block, export may assign plain attributes (not parameters or
+    buffers) of ``module``'s submodules; on exit each that holds a FakeTensor gets
+    its value from before the block back (or is deleted if it had none): a traced
+    tensor outlives its trace otherwise (transformers' LongRoPE set ``long_inv_freq``
+    on the first forward, and the next method's export failed on a fake tensor of
+    another fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    before = [(m, dict(m.__dict__)) for m in module.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs in before:
+            for key, value in list(m.__dict__.items()):
+                if isinstance(value, FakeTensor):
+                    if key in attrs:
+                        m.__dict__[key] = attrs[key]
+                    else:
+                        del m.__dict__[key]
 
 
 _SCALAR_READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
@@ -101,16 +231,18 @@ def export_methods(model, max_seq_len: int, vision=None) -> dict:
     sampling = torch.tensor([0.0, 0.0, 1.0, 0.5])
     start = torch.zeros(1, dtype=torch.int64)
     loop = DecodeLoopState(max_seq_len)
+    rewritten = ["decoder." + n for n in getattr(decoder, "rewritten_buffers", ())]
     programs = {
         "embed_text": _export(EmbedText(decoder), (torch.zeros(1, 2, dtype=torch.int64),),
                               ({1: seq},), "embed_text"),
         "prefill": _export(Prefill(decoder, loop), (torch.zeros(1, 2, hidden, dtype=dtype),
                                                     start, sampling), ({1: seq}, None, None),
-                           "prefill"),
+                           "prefill", rewritten),
         "decode": _export(Decode(decoder, loop), (torch.zeros(1, 1, dtype=torch.int64), start,
-                                                  sampling), None, "decode"),
+                                                  sampling), None, "decode", rewritten),
         "decode_next": _export(DecodeNext(decoder, loop),
-                               (sampling, torch.zeros(max_seq_len + 1)), None, "decode_next"),
+                               (sampling, torch.zeros(max_seq_len + 1)), None, "decode_next",
+                               rewritten),
     }
     if vision is not None:
         encoder = VisionEncoder(vision).eval()
@@ -189,7 +321,8 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         quantize_for_vulkan(model, quantization, 32 if group_size is None else group_size)
     programs = export_methods(model, max_seq_len, vision)
     program = to_backend(programs, VulkanPartitioner(options))
-    record_vocab_size(program, _vocab_size(model), _eos_token_ids(model))
+    record_vocab_size(program, _vocab_size(model), _eos_token_ids(model),
+                      recompute_cache_at(model))
     return program
 
 
@@ -230,6 +363,29 @@ def _check_eos_ids(model) -> None:
             f"before lowering")
 
 
+def recompute_cache_at(model) -> "int | None":
+    """P for a HF model whose ``generate`` recomputes the whole KV cache at the step
+    where the sequence first grows past P tokens, else None: Phi-3, PhiMoE and
+    Phi-4-multimodal (``prepare_inputs_for_generation`` drops the cache when the
+    input reaches ``config.original_max_position_embeddings`` + 1 tokens with at most
+    that many cached: with LongRoPE the long-context rotary frequencies then apply
+    to every position, the cached ones included). ``generate`` does the same with
+    the program (a prefill of the whole sequence at that step), so its tokens stay
+    HF's past that position. Found by the method's code reading the config field."""
+    import inspect
+
+    if isinstance(model, ReferenceDecoder):
+        return None
+    value = getattr(getattr(model, "config", None), "original_max_position_embeddings",
+                    None)
+    method = getattr(type(model), "prepare_inputs_for_generation", None)
+    code = getattr(inspect.unwrap(method), "__code__", None) if method else None
+    if not isinstance(value, int) or value < 1 or code is None \
+            or "original_max_position_embeddings" not in code.co_names:
+        return None
+    return value
+
+
 def _vocab_size(model) -> int:
     embed = model.embed_tokens if isinstance(model, ReferenceDecoder) \
         else model.get_input_embeddings()
@@ -249,8 +405,10 @@ def _eos_token_ids(model) -> list:
     return sorted({int(i) for i in ids})
 
 
-def record_vocab_size(program, vocab_size: int, eos_token_ids=()) -> None:
-    """Record ``vocab_size`` and the model's ``eos_token_ids`` (ints) in the plans of
+def record_vocab_size(program, vocab_size: int, eos_token_ids=(),
+                      recompute_at: "int | None" = None) -> None:
+    """Record ``vocab_size``, the model's ``eos_token_ids`` (ints) and, if not None,
+    ``recompute_at`` (``recompute_cache_at``) in the plans of
     ``program``'s LLM methods (plan key ``"llm"``, saved with the program) and
     (re)install the host-side input checks (``vkdelegate.backend.llm_checks``), so
     that a token id outside 0..vocab_size-1 raises VkDelegateError naming it before
@@ -261,6 +419,8 @@ def record_vocab_size(program, vocab_size: int, eos_token_ids=()) -> None:
     record = {"vocab_size": int(vocab_size)}
     if eos_token_ids:
         record["eos_token_ids"] = [int(i) for i in eos_token_ids]
+    if recompute_at is not None:
+        record["recompute_cache_at"] = int(recompute_at)
     for name in llm_checks.METHODS:
         if name in program.methods:
             program.methods[name].plan[llm_checks.PLAN_KEY] = dict(record)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.llm.generate import (_check_length, _check_sampling, _prompt_list,
-                                     cache_length, generate)
+                                     cache_length, generate, recompute_cache_at)
 
 
 class Session:
@@ -84,13 +84,19 @@ class Session:
                 break
             same += 1
         start = min(same, len(ids) - 1)  # prefill at least the last id
+        switch = recompute_cache_at(self.program)
+        if switch is not None and (len(self._cached) > switch) != (len(ids) > switch):
+            # Phi-3 / PhiMoE (generate's recompute_cache_at): the cache was computed
+            # with the other rotary frequencies than this conversation's prefill uses.
+            start = 0
         # Refused before anything runs: the cache and the session stay as they were.
         _check_sampling(max_new_tokens, kwargs.get("temperature", 0.0),
                         kwargs.get("top_k", 0), kwargs.get("top_p", 1.0))
         _check_length(len(ids), max_new_tokens, cache_length(self.program),
                       " (the whole conversation)")
         self._cached = []  # unknown if generate fails: the next call prefills it all
-        out = generate(self.program, ids[start:], max_new_tokens, _start=start, **kwargs)
+        out = generate(self.program, ids[start:], max_new_tokens, _start=start,
+                       _context=ids[:start], **kwargs)
         # Only now (generate checked everything first): the cache holds ids and every
         # new token but the last (never fed back).
         self._cached = ids + out[:-1]

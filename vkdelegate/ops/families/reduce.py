@@ -3,7 +3,9 @@
 sum.dim_IntList (reduce_sum.glsl); mean.dim/mean.default, prod.dim_int/prod.default,
 amax/amin, max.default/min.default, var.correction, argmax/argmin and any (reduce.glsl,
 ``REDUCTIONS``); max.dim/min.dim (values and indices). An empty or absent ``dim``
-reduces every dim (ATen's rule). Values accumulate in fp32 (fp16 data) or int32. Sums, means, products and variances are
+reduces every dim (ATen's rule). Values accumulate in fp32 (fp16 data) or int32; max/min/amax/amin
+and argmax/argmin also take int64 (int32 on the device; their result is one of the
+values, so exact). Sums, means, products and variances are
 float-only: ATen sums and multiplies integers into int64, which the device would hold
 in int32 and could overflow, so those stay on the CPU. A ``dtype`` argument must be
 absent or equal the input dtype. argmax/argmin give int64 (int32 on the device, widened
@@ -94,6 +96,11 @@ REDUCE_PARAMS = ParamBlock("reduce_block", [
 shader_bindings(GENERIC_SHADER)(lambda _defines: row_bindings(REDUCE_PARAMS))
 FLOATS = frozenset({"float32", "float16"})
 ORDERED = FLOATS | {"int32"}
+#: max/min/amax/amin and argmax/argmin inputs: int64 too. The device holds int64 as
+#: int32 (runtime/dtypes: values range-checked where they enter, int64 arithmetic
+#: checked on the device), and a max or min of int32 values is one of them: exact.
+#: (Sums, means and products of int64 would overflow int32: CPU.)
+EXTREMA = ORDERED | {"int64"}
 TRUTHY = ORDERED | {"bool"}
 KINDS = {"mean": 1, "prod": 2, "max": 3, "min": 4, "var": 5, "argmax": 6, "argmin": 7,
          "any": 8}
@@ -123,15 +130,15 @@ REDUCTIONS = {
     "aten.mean.default": Reduction("mean", "all", FLOATS),
     "aten.prod.dim_int": Reduction("prod", "dim_keepdim", FLOATS),
     "aten.prod.default": Reduction("prod", "all", FLOATS),
-    "aten.amax.default": Reduction("max", "dims_keepdim", ORDERED, notes="propagates NaN"),
-    "aten.amin.default": Reduction("min", "dims_keepdim", ORDERED, notes="propagates NaN"),
-    "aten.max.default": Reduction("max", "all", ORDERED, notes="propagates NaN"),
-    "aten.min.default": Reduction("min", "all", ORDERED, notes="propagates NaN"),
+    "aten.amax.default": Reduction("max", "dims_keepdim", EXTREMA, notes="propagates NaN"),
+    "aten.amin.default": Reduction("min", "dims_keepdim", EXTREMA, notes="propagates NaN"),
+    "aten.max.default": Reduction("max", "all", EXTREMA, notes="propagates NaN"),
+    "aten.min.default": Reduction("min", "all", EXTREMA, notes="propagates NaN"),
     "aten.var.correction": Reduction("var", "var", FLOATS,
                                      notes="corrected two-pass (mean; deviations and their squares), any correction; std = var + sqrt"),
-    "aten.argmax.default": Reduction("argmax", "optdim_keepdim", ORDERED, out="int64",
+    "aten.argmax.default": Reduction("argmax", "optdim_keepdim", EXTREMA, out="int64",
                                      notes="int64 output, first occurrence, NaN wins"),
-    "aten.argmin.default": Reduction("argmin", "optdim_keepdim", ORDERED, out="int64",
+    "aten.argmin.default": Reduction("argmin", "optdim_keepdim", EXTREMA, out="int64",
                                      notes="int64 output, first occurrence, NaN wins"),
     "aten.any.dim": Reduction("any", "dim_keepdim", TRUTHY, out="bool", notes=_ANY),
     "aten.any.dims": Reduction("any", "dims_keepdim", TRUTHY, out="bool", notes=_ANY),
