@@ -214,7 +214,9 @@ void main() {
   fold_workgroup(m2, index);
   if (count > 0u) {
     const float corrected = m2 - shift * shift / float(count);
-    m2 = corrected < 0.0 ? 0.0 : corrected;  // rounding; NaN stays NaN
+    // rounding may leave -tiny for a constant row; NaN stays NaN (a GPU compiler may
+    // turn a compare-select into max(), which drops NaN)
+    m2 = isnan(corrected) ? corrected : max(corrected, 0.0);
   }
   const float denom = float(count) - fparams.x;
   // ATen divides by max(0, N - correction): 0/0 is NaN, m2/0 is inf.
