@@ -61,6 +61,22 @@ def test_more_families_match_hf_fully_delegated(lowered, kind):
     assert generate(program, prompt, 24) == hf_greedy(model, prompt, 24)
 
 
+def _transformers_version() -> tuple:
+    import transformers
+
+    return tuple(int(p) for p in transformers.__version__.split(".")[:2])
+
+
+#: The GPU machine's transformers 5.17 (with torch 2.11): its LongRoPE frequency update
+#: branches on a data-dependent value, and export stops there (GuardOnDataDependentSymNode
+#: Eq(u0, 1) in longrope_frequency_update; an H100 lease, 2026-12-06). transformers 5.25
+#: exports it.
+_LONGROPE = pytest.mark.skipif(
+    _transformers_version() < (5, 25),
+    reason="this transformers' LongRoPE update does not export (needs transformers 5.25)")
+
+
+@_LONGROPE
 @pytest.mark.parametrize("chunk", [16, 1])
 @pytest.mark.parametrize("prompt_len", [8, 20])
 def test_phi3_longrope_matches_hf_across_the_switch(lowered, prompt_len, chunk):
@@ -80,6 +96,7 @@ def test_phi3_longrope_matches_hf_across_the_switch(lowered, prompt_len, chunk):
     assert generate(program, prompt, 40, decode_chunk=chunk) == hf_greedy(model, prompt, 40)
 
 
+@_LONGROPE
 def test_phi3_longrope_session_turns_match_hf(lowered):
     """A Session on Phi-3 LongRoPE: each turn's tokens are HF generate's on the whole
     conversation. A turn that crosses position 16 while decoding recomputes with the
