@@ -117,6 +117,24 @@ def test_unquantized_moe_experts_are_named_in_a_warning():
     assert type(model.lm_head.weight.data).__name__ == "Int8Tensor"  # linears are
 
 
+def test_what_is_not_a_causal_lm_is_refused_by_name():
+    import transformers
+
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.llm import lower
+
+    with pytest.raises(VkDelegateError, match=r"takes a transformers \*ForCausalLM or a "
+                                              r"vkdelegate.llm ReferenceDecoder, got str "
+                                              r"'llama'"):
+        lower("llama", 32)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64)).eval()
+    with pytest.raises(VkDelegateError, match=r"BertModel cannot generate .* lower an "
+                                              r"encoder with to_backend"):
+        lower(bert, 32)
+
+
 def test_a_cache_past_a_learned_position_table_is_refused():
     """GPT-2's wpe has n_positions rows: a longer cache lowered, then failed
     mid-generation with an index out of range."""

@@ -298,6 +298,7 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     from vkdelegate.backend.partitioner import VulkanPartitioner
     from vkdelegate.backend.to_backend import to_backend
 
+    _check_causal_lm(model)
     # A bfloat16 model (most checkpoints' dtype) is exported in float32, which is how
     # the device computes bf16 anyway (passes/bfloat16.py): its KV cache is then
     # float32 state on the GPU. Lowered as bf16, the cache was bf16 state cast to and
@@ -324,6 +325,26 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     record_vocab_size(program, _vocab_size(model), _eos_token_ids(model),
                       recompute_cache_at(model))
     return program
+
+
+def _check_causal_lm(model) -> None:
+    """``model`` must be a module that generates: a transformers model whose
+    ``can_generate()`` is False (``BertModel``, an encoder without an LM head) or
+    anything that is not a module (a model's name) is refused by name, before the slow
+    steps (they failed deep in export with a size mismatch or an AttributeError)."""
+    if not isinstance(model, torch.nn.Module) or not (
+            isinstance(model, ReferenceDecoder) or (hasattr(model, "get_input_embeddings")
+                                                    and hasattr(model, "config"))):
+        raise VkDelegateError(f"lower() takes a transformers *ForCausalLM or a "
+                              f"vkdelegate.llm ReferenceDecoder, got "
+                              f"{type(model).__name__} {model!r:.60}")
+    can_generate = getattr(model, "can_generate", None)
+    if callable(can_generate) and not isinstance(model, ReferenceDecoder) \
+            and not can_generate():
+        raise VkDelegateError(f"{type(model).__name__} cannot generate (its can_generate() "
+                              f"is False: no language-model head): vkdelegate.llm.lower "
+                              f"takes a *ForCausalLM; lower an encoder with to_backend "
+                              f"(docs/LOWERING.md)")
 
 
 def _check_learned_positions(model, max_seq_len) -> None:
