@@ -34,6 +34,16 @@ def test_prompt_text_with_tokenizer(saved, tmp_path, capsys):
     assert status == 0, err
     expected = hf_greedy(model, [7, 8, 9, 10], 6)
     assert out.strip() == tok.decode(expected)
+    assert "note: the tokenizer" not in err
+    # Another model's tokenizer (fewer ids than the program's vocabulary): a note.
+    small = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {f"w{i}": i for i in range(VOCAB // 2)}, unk_token="w0"))
+    small.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    small.save(str(tmp_path / "small.json"))
+    assert main(["generate", str(path), "--prompt", "w7 w8", "--tokenizer",
+                 str(tmp_path / "small.json"), "--max-new-tokens", "2"]) == 0
+    assert (f"note: the tokenizer has {VOCAB // 2} ids and the program's vocabulary "
+            f"{VOCAB}: is it this model's tokenizer?") in capsys.readouterr().err
 
 
 def test_prompt_ids_separators(saved, capsys):

@@ -52,7 +52,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     import vkdelegate
-    from vkdelegate.cli.generate import TokenStream, load_tokenizer
+    from vkdelegate.cli.generate import TokenStream, load_tokenizer, note_vocab_mismatch
     from vkdelegate.llm import Session
     from vkdelegate.llm.chat import load_template, render
 
@@ -64,6 +64,7 @@ def run(args) -> int:
     from vkdelegate.llm import cache_length
 
     program = vkdelegate.load(args.program, device=args.device)
+    note_vocab_mismatch(tokenizer, program)
     session = Session(program)
     max_seq_len = cache_length(program)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []

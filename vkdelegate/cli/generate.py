@@ -116,6 +116,23 @@ def image_patches(path: str, plan: dict):
     return values, positions
 
 
+def note_vocab_mismatch(tokenizer, program) -> None:
+    """A note on stderr when the tokenizer's vocabulary differs in size from the
+    program's (``lower`` recorded it): most likely another model's tokenizer, whose
+    ids decode to the wrong text or to nothing. Only a note: a checkpoint's embedding
+    table may be padded past its tokenizer's ids."""
+    from vkdelegate.backend import llm_checks
+
+    if tokenizer is None or "embed_text" not in program.method_names:
+        return
+    ours = llm_checks.vocab_size(program.methods["embed_text"].plan)
+    theirs = tokenizer.get_vocab_size(with_added_tokens=True)
+    if ours is not None and ours != theirs:
+        print(f"note: the tokenizer has {theirs} ids and the program's vocabulary "
+              f"{ours}: is it this model's tokenizer? (ids it does not know decode to "
+              f"nothing)", file=sys.stderr)
+
+
 def run(args) -> int:
     import vkdelegate
     from vkdelegate.llm import generate
@@ -149,6 +166,7 @@ def run(args) -> int:
     if args.image and args.image_token_id is None:
         raise VkDelegateError("--image needs --image-token-id (the placeholder id)")
     program = vkdelegate.load(args.program, device=args.device)
+    note_vocab_mismatch(tokenizer, program)
     image = None
     if args.image:
         if "vision_encoder" not in program.method_names:
