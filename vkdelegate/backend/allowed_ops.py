@@ -10,8 +10,10 @@ loaded, and ``to_backend`` refuses to write it (``refusal``).
 
 The list is a literal, so that a review reads exactly what a program may call. It is
 what lowering can leave on the CPU: the core ATen opset's pure functional overloads
-(``to_backend`` decomposes to core ATen), every op the Vulkan registry implements (kept
-whole at lowering; the reference executor runs them), the linear algebra that
+(``to_backend`` decomposes to core ATen), pure ATen ops outside it that decomposition
+leaves whole (``NON_CORE``: cumprod, var_mean, unfold, median, unique, ...), every op
+the Vulkan registry implements (kept whole at lowering; the reference executor runs
+them), the linear algebra that
 ``torch.linalg.inv``, ``solve`` and ``cholesky`` decompose to, the size and assert ops
 torch.export emits, the value checks of decompositions (``F.one_hot``), and the
 creation ops, allowed because the bytes they make are checked at load
