@@ -9,6 +9,8 @@ also rounds activations on the GPU, where a division that is not correctly round
 may move one activation to its neighbouring int8 quantum (~1e-3 of an output at
 most here): 2e-3.
 """
+import collections
+
 import pytest
 import torch
 
@@ -64,15 +66,22 @@ def test_quantized_decoder_greedy(scheme, embeddings):
                          VulkanPartitioner())
     assert not program.report.cpu_nodes, str(program.report)
     ops = [name for name, _ in delegated_nodes(program)]
-    # Every linear fused, on Vulkan; int4's o_proj and down_proj with their residual
-    # add (passes/fuse_linear_add); int4's and int8's lm_head with the final norm (the
-    # layers' norms have several readers of several rows: kept).
-    adds = ops.count("vkdelegate.linear_q4gsw_add.default")
-    assert adds == (4 if scheme == "int4" else 0), ops
-    normed = ops.count(NORMED[scheme]) if scheme in NORMED else 0
-    assert normed == (1 if scheme in NORMED else 0), ops
-    assert ops.count(FUSED[scheme]) + adds + normed == LINEARS, ops
-    assert ops.count("et_vk.rms_norm.default") == 2 * 2 + 1 - normed, ops
+    # Every linear fused, on Vulkan. int4 / int8: each layer's q/k/v and gate/up merged
+    # (passes/merge_linears; several rows: a narrow_last per part, none for a gate/up
+    # that takes its SwiGLU chain), every RMS norm folded into the one product that
+    # reads it (the merged q/k/v, the merged gate/up, lm_head: fuse_rms_norm_linear),
+    # int4's gate/up with its SwiGLU chain and its o_proj / down_proj with their
+    # residual add (fuse_linear_swiglu, fuse_linear_add). 8da4w: none of these.
+    counts = collections.Counter(ops)
+    expected = {
+        "int8": {NORMED["int8"]: 5, FUSED["int8"]: 4, "vkdelegate.narrow_last.default": 10,
+                 "et_vk.rms_norm.default": 0},
+        "int4": {NORMED["int4"]: 3, "vkdelegate.rms_norm_linear_q4gsw_swiglu.default": 2,
+                 "vkdelegate.linear_q4gsw_add.default": 4, FUSED["int4"]: 0,
+                 "vkdelegate.narrow_last.default": 6, "et_vk.rms_norm.default": 0},
+        "8da4w": {FUSED["8da4w"]: LINEARS, "et_vk.rms_norm.default": 2 * 2 + 1},
+    }[scheme]
+    assert {k: counts[k] for k in expected} == expected, ops
     assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)
     with torch.no_grad():
         tol = 2e-3 if scheme == "8da4w" else 1e-5
