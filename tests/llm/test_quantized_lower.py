@@ -112,8 +112,11 @@ def test_unquantized_moe_experts_are_named_in_a_warning():
         num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
         num_experts_per_tok=2)).eval()
     with pytest.warns(UserWarning, match=r"quantizes nn.Linear layers only: 2 weight\(s\) "
-                                         r"of 3 or more dims .* model.layers.0.mlp.experts"):
+                                         r"of 3 or more dims .* model.layers.0.mlp.experts"
+                      ) as caught:
         quantize_for_vulkan(model, "int8")
+    ours = [w for w in caught if "quantizes nn.Linear layers only" in str(w.message)]
+    assert ours[0].filename == __file__  # the user's call, not vkdelegate's code
     assert type(model.lm_head.weight.data).__name__ == "Int8Tensor"  # linears are
 
 

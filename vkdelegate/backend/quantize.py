@@ -118,7 +118,21 @@ def _warn_unquantized_experts(model) -> None:
         warnings.warn(f"quantize_for_vulkan quantizes nn.Linear layers only: {len(left)} "
                       f"weight(s) of 3 or more dims ({size / 2**20:.1f} MiB, e.g. "
                       f"{left[0][0]} {list(left[0][1].shape)}: stacked MoE experts) stay "
-                      f"in {left[0][1].dtype}", stacklevel=3)
+                      f"in {left[0][1].dtype}", stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside vkdelegate
+    (the user's ``quantize_for_vulkan`` or ``vkdelegate.llm.lower`` call)."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+            package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def plain_linears(model) -> int:
