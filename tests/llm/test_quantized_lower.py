@@ -136,6 +136,16 @@ def test_what_is_not_a_causal_lm_is_refused_by_name():
     with pytest.raises(VkDelegateError, match=r"BertModel cannot generate .* lower an "
                                               r"encoder with to_backend"):
         lower(bert, 32)
+    if hasattr(transformers, "DeepseekV3ForCausalLM"):  # failed deep in export
+        deepseek = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+            topk_group=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=16, moe_intermediate_size=32)).eval()
+        with pytest.raises(VkDelegateError, match=r"DeepseekV3ForCausalLM uses multi-head "
+                                                  r"latent attention \(config.kv_lora_rank "
+                                                  r"16"):
+            lower(deepseek, 32)
 
 
 def test_a_cache_past_a_learned_position_table_is_refused():

@@ -338,6 +338,12 @@ def _check_causal_lm(model) -> None:
         raise VkDelegateError(f"lower() takes a transformers *ForCausalLM or a "
                               f"vkdelegate.llm ReferenceDecoder, got "
                               f"{type(model).__name__} {model!r:.60}")
+    rank = getattr(getattr(model, "config", None), "kv_lora_rank", None)
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        raise VkDelegateError(f"{type(model).__name__} uses multi-head latent attention "
+                              f"(config.kv_lora_rank {rank}: DeepSeek-V2/V3's compressed "
+                              f"keys and values), which vkdelegate.llm's KV cache does not "
+                              f"hold; docs/LLM.md lists the decoder families that lower")
     can_generate = getattr(model, "can_generate", None)
     if callable(can_generate) and not isinstance(model, ReferenceDecoder) \
             and not can_generate():
