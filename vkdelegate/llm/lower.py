@@ -286,7 +286,8 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     A bfloat16 model (and vision tower) is converted to float32 IN PLACE first
     (exactly: every bf16 value is a float32 value; the device computes bf16 in
     float32 anyway), so that its KV cache is float32 state kept on the GPU; afterwards
-    the eager model is that float32 model.
+    the eager model is that float32 model. The model is put in eval mode (in place,
+    as ``model.eval()``: dropout off), which the exported methods need.
     The program's methods check the values of their inputs on the host before they
     run (``vkdelegate.backend.llm_checks``: start_pos and T + start_pos within the
     cache, token ids within the vocabulary, whose size is recorded in the plans,
