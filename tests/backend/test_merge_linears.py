@@ -40,8 +40,8 @@ class Siblings(nn.Module):
         return q.view(*q.shape[:-1], 4, 16) + 1, k * v, mlp
 
 
-def _lower(module, inputs, merge=True):
-    ep = torch.export.export(module.eval(), inputs)
+def _lower(module, inputs, merge=True, dynamic_shapes=None):
+    ep = torch.export.export(module.eval(), inputs, dynamic_shapes=dynamic_shapes)
     kept = passes.PASSES if merge else tuple(p for p in passes.PASSES
                                              if p is not merge_linears)
     with mock.patch.object(passes, "PASSES", kept):
@@ -160,26 +160,10 @@ def test_rows_merge_too(dtype, tol):
                                preserve=(aten.linear.default,))
     assert merge_linears(pg)
     rows = torch.export.Dim("rows", min=2, max=16)
-    ep = torch.export.export(m, (x,), dynamic_shapes=({1: rows},))
-    merged = to_backend(ep, VulkanPartitioner({"executor": "vulkan"}))
-    with mock.patch.object(passes, "PASSES",
-                           tuple(p for p in passes.PASSES if p is not merge_linears)):
-        plain = to_backend(ep, VulkanPartitioner({"executor": "vulkan"}))
-    try:
-        ops = _ops(merged)
-        assert ops.count("aten.linear.default") == 1 and ops.count(NARROW) == 3
-        assert ops.count("vkdelegate.linear_swiglu.default") == 1
-        for t in (5, 2, 16):
-            xt = torch.randn(1, t, 64).to(dtype)
-            with torch.no_grad():
-                want = m(xt)
-            got, ref = merged(xt), plain(xt)
-            assert_matches_eager(got, want, tol, tol)
-            for a, b in zip(got, ref):
-                assert torch.equal(a, b)
-    finally:
-        merged.close()
-        plain.close()
+    _check_merged(m, [x] + [torch.randn(1, t, 64).to(dtype) for t in (2, 16)],
+                  {"aten.linear.default": 1, NARROW: 3,
+                   "vkdelegate.linear_swiglu.default": 1}, {}, tol,
+                  dynamic_shapes=({1: rows},))
 
 
 class Q4Siblings(nn.Module):
@@ -224,18 +208,26 @@ def test_q4gsw_siblings_merge(dtype, bias, tol):
 
 
 def _check_merged_three(m, x, op, tol):
-    """Three sibling ``op`` nodes merge into one and three narrow_last parts; the
-    outputs are eager's within ``tol`` and bitwise the unmerged lowering's."""
-    merged, plain = _lower(m, (x,)), _lower(m, (x,), merge=False)
+    """Three sibling ``op`` nodes merge into one and three narrow_last parts."""
+    _check_merged(m, [x], {op: 1, NARROW: 3}, {op: 3}, tol)
+
+
+def _check_merged(m, xs, merged_counts, plain_counts, tol, dynamic_shapes=None):
+    """``m`` lowered with and without merge_linears (exported on ``xs[0]``): each
+    program's op counts (op -> count), and for every input of ``xs`` outputs that are
+    eager's within ``tol`` and bitwise the unmerged lowering's."""
+    merged = _lower(m, (xs[0],), dynamic_shapes=dynamic_shapes)
+    plain = _lower(m, (xs[0],), merge=False, dynamic_shapes=dynamic_shapes)
     try:
-        assert _ops(merged).count(op) == 1 and _ops(merged).count(NARROW) == 3
-        assert _ops(plain).count(op) == 3
-        with torch.no_grad():
-            want = m(x)
-        got, ref = merged(x), plain(x)
-        assert_matches_eager(got, want, tol, tol)
-        for a, b in zip(got, ref):
-            assert torch.equal(a, b)
+        assert {op: _ops(merged).count(op) for op in merged_counts} == merged_counts
+        assert {op: _ops(plain).count(op) for op in plain_counts} == plain_counts
+        for x in xs:
+            with torch.no_grad():
+                want = m(x)
+            got, ref = merged(x), plain(x)
+            assert_matches_eager(got, want, tol, tol)
+            for a, b in zip(got, ref):
+                assert torch.equal(a, b)
     finally:
         merged.close()
         plain.close()
