@@ -17,11 +17,12 @@ OP = "vkdelegate.narrow_last.default"
 
 
 class _Count:
-    """Counts the affine copies narrow_last records (its only dispatch)."""
+    """Counts the copies narrow_last records (copy_last_part: one affine copy, its only
+    dispatch)."""
 
     def __init__(self):
         self.copies = 0
-        self._real = movement.affine_copy
+        self._real = movement.copy_last_part
 
     def __call__(self, *args, **kwargs):
         self.copies += 1
@@ -53,7 +54,7 @@ def test_narrow_last_cpu_kernel():
 def test_one_row_parts_alias(dtype, tol):
     torch.manual_seed(0)
     count = _Count()
-    with mock.patch.object(movement, "affine_copy", count):
+    with mock.patch.object(movement, "copy_last_part", count):
         check_op(_parts, (torch.randn(1, 1, 96).to(dtype),), ops=[OP], rtol=tol, atol=tol)
     assert count.copies == 0  # every part bound inside y's memory
 
@@ -63,7 +64,7 @@ def test_rows_parts_copy(dtype, tol):
     # Three rows: each part is strided in y, so each is a copy.
     torch.manual_seed(1)
     count = _Count()
-    with mock.patch.object(movement, "affine_copy", count):
+    with mock.patch.object(movement, "copy_last_part", count):
         check_op(_parts, (torch.randn(1, 3, 96).to(dtype),), ops=[OP], rtol=tol, atol=tol)
     assert count.copies == 3
 
@@ -73,7 +74,7 @@ def test_unaligned_part_copies():
     # runtime gives it memory of its own and the op copies.
     torch.manual_seed(2)
     count = _Count()
-    with mock.patch.object(movement, "affine_copy", count):
+    with mock.patch.object(movement, "copy_last_part", count):
         check_op(lambda x: narrow(x * 2, 1, 5) + 1, (torch.randn(1, 1, 9).half(),),
                  ops=[OP], rtol=1e-2, atol=1e-2)
     assert count.copies == 1
@@ -81,6 +82,6 @@ def test_unaligned_part_copies():
 
 def test_part_of_an_input_is_a_copy():
     count = _Count()
-    with mock.patch.object(movement, "affine_copy", count):
+    with mock.patch.object(movement, "copy_last_part", count):
         check_op(lambda x: narrow(x, 4, 4), (torch.randn(1, 12),), ops=[OP], rtol=0, atol=0)
     assert count.copies == 1

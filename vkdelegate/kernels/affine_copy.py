@@ -240,6 +240,21 @@ def affine_copy(b, out, x, plan_fn: Callable[[], CopyPlan], fill=0) -> None:
                grid=lambda: (invocations(plan_fn(), chunk)[0],))
 
 
+def copy_last_part(b, out, x, start: int) -> None:
+    """Record out = x[..., start:start + out.shape[-1]] (a merged linear's part of
+    several rows: narrow_last's copy, and the halves of gemm.swiglu's GEMM-core form),
+    one affine copy whose plan follows the current sizes."""
+    dim = len(x.max_shape) - 1
+
+    def plan() -> CopyPlan:
+        in_strides = contiguous_strides(x.shape)
+        out_strides = contiguous_strides(out.shape)
+        dims = [CopyDim(s, out_strides[i], in_strides[i]) for i, s in enumerate(out.shape)]
+        dims[dim].start = start
+        return merged(CopyPlan(dims), around(dim + 1, dim))
+    affine_copy(b, out, x, plan)
+
+
 def copy_destination(b, out, x) -> None:
     """out <- x, element for element (the values a functional update's region does
     not overwrite), marked as a whole copy: where x is device state whose new value is

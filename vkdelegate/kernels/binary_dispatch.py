@@ -24,12 +24,10 @@ CHECKED_EXPRS = {"-x": "neg_checked(x)", "abs(x)": "abs_checked(x)",
                  "a + ALPHA * b": "add_checked(a, mul_checked(ALPHA, b))",
                  "a * b": "mul_checked(a, b)",
                  "div_trunc(a, b)": "div_trunc(a, div_guard(a, b))",
-                 "div_floor(a, b)": "div_floor(a, div_guard(a, b))",
-                 "remainder_edges(a, b)": "remainder_edges(a, zero_guard(b))",
-                 "fmod_edges(a, b)": "fmod_edges(a, zero_guard(b))"}
+                 "div_floor(a, b)": "div_floor(a, div_guard(a, b))"}
 
-#: The integer expressions of any integer result (int32, int8, uint8 too: ATen checks
-#: them as well) that flag a zero divisor (int_checked.h's zero_guard): ATen raises
+#: The integer expressions of any integer result that flag a zero divisor
+#: (int_checked.h's zero_guard; an int64 division's div_guard does too): ATen raises
 #: ZeroDivisionError where the shader's value would be 0 (or the dividend, for fmod).
 ZERO_CHECKED_EXPRS = {"div_trunc(a, b)": "div_trunc(a, zero_guard(b))",
                       "div_floor(a, b)": "div_floor(a, zero_guard(b))",

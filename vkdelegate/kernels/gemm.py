@@ -392,8 +392,7 @@ def _swiglu_after_core(b, form, out, a, mat, bias, steps: str) -> None:
     parts, fused_elementwise chain). The scratch tensors follow out's sizes."""
     from vkdelegate.errors import VkDelegateError
     from vkdelegate.kernels import elementwise_chain
-    from vkdelegate.kernels.affine_copy import (CopyDim, CopyPlan, affine_copy, around,
-                                                contiguous_strides, merged)
+    from vkdelegate.kernels.affine_copy import copy_last_part
     from vkdelegate.kernels.broadcast import plan_dispatch
 
     f = out.max_shape[-1]
@@ -408,12 +407,7 @@ def _swiglu_after_core(b, form, out, a, mat, bias, steps: str) -> None:
     b.on_resize(resize)
     record_core(b, form, y, a, mat, bias, "nk")
     for half, start in zip(halves, (0, f)):
-        def plan(half=half, start=start) -> CopyPlan:
-            dims = [CopyDim(s, so, si) for s, so, si in zip(
-                half.shape, contiguous_strides(half.shape), contiguous_strides(y.shape))]
-            dims[-1].start = start
-            return merged(CopyPlan(dims), around(len(dims), len(dims) - 1))
-        affine_copy(b, half, y, plan)
+        copy_last_part(b, half, y, start)
     try:
         parsed = elementwise_chain.parse(steps, 2, 0)
         defines = elementwise_chain.chain_defines(out, halves, parsed, [])

@@ -17,7 +17,7 @@ import math
 
 from vkdelegate.kernels.affine_copy import (MODULO, MOVE_DTYPES, CopyDim, CopyPlan,
                                             affine_copy, around, contiguous_strides,
-                                            flat_impl, merged, runs)
+                                            copy_last_part, flat_impl, merged, runs)
 from vkdelegate.kernels.dims import slice_bounds, wrap_dim
 from vkdelegate.kernels.rules import same_dtype, same_shape, shape_from_list
 from vkdelegate.ops.registry import REGISTRY, NodeSpec, OpSpec, register
@@ -296,15 +296,7 @@ def _narrow_last_impl(b, node):
     x, out = b.tensor(x_id), b.tensor(out_id)
     if x.buffer.region == out.buffer.region:
         return
-    start, dim = b.scalar(start_id), x.ndim - 1
-
-    def plan():
-        in_strides = contiguous_strides(x.shape)
-        out_strides = contiguous_strides(out.shape)
-        dims = [CopyDim(s, out_strides[i], in_strides[i]) for i, s in enumerate(out.shape)]
-        dims[dim].start = start
-        return merged(CopyPlan(dims), around(x.ndim, dim))
-    affine_copy(b, out, x, plan)
+    copy_last_part(b, out, x, b.scalar(start_id))
 
 
 register(OpSpec(name=NARROW_LAST, dtypes=frozenset({"float32", "float16"}),
