@@ -402,31 +402,20 @@ def init_lazy_rotary_state(model: nn.Module) -> list:
     found = []
     for name, module in model.named_modules():
         rope = getattr(module, "rope_type", None)
-        kinds = rope if isinstance(rope, dict) else {None: rope}
-        for layer_type, kind in kinds.items():
-            if kind != "longrope":
-                continue
-            prefix = f"{layer_type}_" if layer_type is not None else ""
-            inv_freq = getattr(module, f"{prefix}inv_freq", None)
-            if getattr(module, f"{prefix}long_inv_freq", None) is not None \
-                    or not isinstance(inv_freq, torch.Tensor):
-                continue
-            saved = inv_freq.clone()
-            x = torch.zeros(1, device=inv_freq.device)
-            position = torch.zeros(1, 1, dtype=torch.int64, device=inv_freq.device)
-            kwargs = {} if layer_type is None else {"layer_type": layer_type}
-            with torch.no_grad():
-                module(x, position, **kwargs)
-                getattr(module, f"{prefix}inv_freq").copy_(saved)
-            found.append(f"{name}.{prefix}inv_freq" if name else f"{prefix}inv_freq")
-    for name, module in model.named_modules():  # initialised earlier: still theirs
-        rope = getattr(module, "rope_type", None)
         for layer_type, kind in (rope if isinstance(rope, dict) else {None: rope}).items():
             prefix = f"{layer_type}_" if layer_type is not None else ""
-            fqn = f"{name}.{prefix}inv_freq" if name else f"{prefix}inv_freq"
-            if kind == "longrope" and fqn not in found \
-                    and isinstance(getattr(module, f"{prefix}inv_freq", None), torch.Tensor):
-                found.append(fqn)
+            inv_freq = getattr(module, f"{prefix}inv_freq", None)
+            if kind != "longrope" or not isinstance(inv_freq, torch.Tensor):
+                continue
+            if getattr(module, f"{prefix}long_inv_freq", None) is None:  # not run yet
+                saved = inv_freq.clone()
+                x = torch.zeros(1, device=inv_freq.device)
+                position = torch.zeros(1, 1, dtype=torch.int64, device=inv_freq.device)
+                kwargs = {} if layer_type is None else {"layer_type": layer_type}
+                with torch.no_grad():
+                    module(x, position, **kwargs)
+                    getattr(module, f"{prefix}inv_freq").copy_(saved)
+            found.append(f"{name}.{prefix}inv_freq" if name else f"{prefix}inv_freq")
     return found
 
 
