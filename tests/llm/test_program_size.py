@@ -1,10 +1,12 @@
-"""A lowered LLM's program file stores each weight once: prefill merges q/k/v and
-gate/up as decode does (passes/merge_linears), so both methods read the same merged
-constants and the file's cross-method dedup (SHA-256 of the bytes) keeps one copy.
-Before, decode's merged weights were stored beside prefill's separate ones (a 4-layer
-fp32 Llama: 15.5 MiB of parameters, a 25.1 MiB file; a new-user trial's finding).
-fp32, int4 and int8 weight-only, with greedy tokens equal to HF generate of the same
-(quantized) model."""
+"""A lowered LLM's program file, and the device once it is built, hold each weight
+once: prefill merges q/k/v and gate/up as decode does (passes/merge_linears), so both
+methods read the same merged constants and the file's cross-method dedup (SHA-256 of
+the bytes) keeps one copy; the methods' delegates take them from one constant pool
+(runtime/constant_pool.py). Before, decode's merged weights were stored beside
+prefill's separate ones (a 4-layer fp32 Llama: 15.5 MiB of parameters, a 25.1 MiB
+file; a new-user trial's finding), and each method uploaded its own copy. fp32, int4
+and int8 weight-only, with greedy tokens equal to HF generate of the same (quantized)
+model."""
 import json
 import struct
 
@@ -34,6 +36,13 @@ def _model():
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
+
+
+def _gpu(program) -> bool:
+    """Whether the program's delegates run on a GPU (not a CPU driver)."""
+    from vkdelegate.runtime import default_device
+
+    return default_device(program.options.device).info.type != "cpu"
 
 
 def _parameter_bytes(model, scheme) -> int:
@@ -93,5 +102,12 @@ def test_each_weight_stored_once(tmp_path, scheme):
         want = hf_greedy(model, prompt, 24)
         assert len(set(want)) > 1
         assert generate(program, prompt, 24) == want
+        # On the device too, every method's weights once (runtime/constant_pool.py):
+        # prefill, decode and decode_next share one buffer per weight and layout. The
+        # int4 / int8 texel layouts of prefill's several-row product (lavapipe) differ
+        # from decode's: at most two layouts of each weight, never three copies.
+        pooled = program.device_memory()["constants"]
+        layouts = 1 if scheme is None or _gpu(program) else 2
+        assert expected <= pooled <= layouts * RATIO * expected + 2**17, (pooled, expected)
     finally:
         program.close()

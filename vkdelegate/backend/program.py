@@ -61,6 +61,31 @@ class Method:
     report: object = None
 
 
+class SharedConstants:
+    """The device constant pools that the Vulkan delegates of one program share
+    (``runtime.constant_pool.ConstantPools``: each named constant, and each packed copy
+    of it, once per device), made at the first build so that the program layer does
+    not import the runtime before."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pools = None
+
+    def pools(self):
+        with self._lock:
+            if self._pools is None:
+                from vkdelegate.runtime.constant_pool import ConstantPools
+
+                self._pools = ConstantPools()
+            return self._pools
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of device memory the pools hold now."""
+        with self._lock:
+            return 0 if self._pools is None else self._pools.nbytes
+
+
 class _LazyDelegate:
     """Builds the delegate on the chosen executor (an ``executor.Executor``) at its
     first call; a ``MethodDelegate`` for the MethodRunner.
@@ -74,13 +99,16 @@ class _LazyDelegate:
     ``close`` from another thread waits for a call in flight, and a later call builds
     the delegate again.
     report: the method's PartitionReport (None: none); its ``fallbacks[index]`` holds
-    the message while the delegate runs on the CPU.
+    the message while the delegate runs on the CPU. shared: the program's
+    SharedConstants (None: the delegate keeps its constants in its own memory).
     """
 
     def __init__(self, delegate: Delegate, options: CompileOptions, where: str,
                  dynamic: bool = False, limits: "LoadLimits | None" = None,
-                 report: "PartitionReport | None" = None, index: int = 0):
+                 report: "PartitionReport | None" = None, index: int = 0,
+                 shared: "SharedConstants | None" = None):
         self.delegate, self.options, self.loaded = delegate, options, None
+        self.shared = shared
         self.limits = resolve_limits(limits)
         self.where = where
         self.dynamic = dynamic
@@ -114,7 +142,9 @@ class _LazyDelegate:
                                             self.delegate.named_data,
                                             device=self.options.device,
                                             progress=progress, limits=self.limits,
-                                            kernel_options=self.options.kernel_options)
+                                            kernel_options=self.options.kernel_options,
+                                            constant_pools=None if self.shared is None
+                                            else self.shared.pools())
             except DeviceLimitError as exc:
                 hint = f" ({DYNAMIC_HINT})" if self.dynamic else ""
                 message = f"{self.where}: {exc}{hint}"
@@ -236,12 +266,15 @@ class LoweredProgram:
         self.store = ProgramState(initial_state if initial_state is not None
                                   else current, current)
         self._runners = {}
+        #: Each weight once on the device for all methods (runtime/constant_pool.py).
+        self.shared_constants = SharedConstants()
         for name, m in methods.items():
             dynamic = any(not isinstance(dim, int) for spec in m.plan.get("inputs", [])
                           for dim in spec.get("shape", ()))
             report = m.report if isinstance(m.report, PartitionReport) else None
             delegates = [_LazyDelegate(d, self.options, f"method {name!r}, delegate {i}",
-                                       dynamic, self.limits, report, i)
+                                       dynamic, self.limits, report, i,
+                                       self.shared_constants)
                          for i, d in enumerate(m.delegates)]
             try:
                 self._runners[name] = MethodRunner(m.plan, m.constants, m.state, delegates,
@@ -359,6 +392,21 @@ class LoweredProgram:
         ``state_upload_bytes``/``state_download_bytes`` were program state (see
         ``MethodRunner.call_flat``); {} before the first call."""
         return dict(self.runner(method or self.default_method()).last_transfer)
+
+    def device_memory(self) -> dict:
+        """Bytes of device memory the built Vulkan delegates hold: ``"constants"``,
+        the weights all methods share (each once per layout, see
+        runtime/constant_pool.py), and per built delegate ``"<method>/<index>"`` its
+        own memory blocks (activations, state copies, small constants; blocks grow
+        1, 2, 4... MiB, so this counts reserved bytes). Delegates not built yet, or on
+        the CPU reference executor, are left out."""
+        out = {"constants": self.shared_constants.nbytes}
+        for name, runner in self._runners.items():
+            for i, d in enumerate(runner.delegates):
+                allocator = getattr(d.loaded, "allocator", None)
+                if allocator is not None:
+                    out[f"{name}/{i}"] = allocator.allocated_bytes
+        return out
 
     def num_delegates(self, method: "str | None" = None) -> int:
         return len(self.methods[method or self.default_method()].delegates)

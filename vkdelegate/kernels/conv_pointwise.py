@@ -155,11 +155,11 @@ def _reduce_bindings(d) -> Bindings:
                     params=(tensor_meta_block("out_meta"), PARAMS))
 
 
-def record(b, out, x, weight: np.ndarray, bias, lo: float, hi: float, clamp: bool,
+def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
            spatial: int, residual=None) -> None:
     """Record out = [residual +] clamp(conv1x1(x, weight) + bias) on the node builder
     ``b``: x [N, IC, *S], out [N, OC, *S] (``spatial`` = len(S), 1 or 2), ``weight`` the
-    constant host array [OC, IC, 1(, 1)], ``bias`` a fp32 Tensor [OC], clamp bounds
+    constant Tensor [OC, IC, 1(, 1)] (bound packed, ``pack_weight``), ``bias`` a fp32 Tensor [OC], clamp bounds
     ``lo``/``hi`` used when ``clamp``, ``residual`` None or a Tensor of out's shape
     and dtype. Raises DeviceLimitError (b.error) when a slice's channel loop would
     run past llvmpipe's loop budget. With ``split_k``'s splits > 1: two dispatches
@@ -171,7 +171,7 @@ def record(b, out, x, weight: np.ndarray, bias, lo: float, hi: float, clamp: boo
     splits, ks = split_k(b.device.info, mx[0], pixels, oc, ic)
     part = -(-ic // splits)  # the channels one split sums
     loop_limit.check(b, -(-part // ks) + loop_limit.SLACK, f"{ic} input channels")
-    w = b.prepacked(pack_weight(weight), "float32")
+    w = b.packed_constant(weight, pack_weight, "float32")
     params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
     grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0] * splits)
     rest = [residual] if residual is not None else []

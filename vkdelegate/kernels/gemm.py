@@ -371,7 +371,7 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[1.0, 1.0])))
     if layout == "packed":
-        mat = b.prepacked(pack_halves(b.constant_array(mat)), "float32")
+        mat = b.packed_constant(mat, pack_halves, "float32")
     grid = (-(-f // 4), -(-m // form.tile), batch)
     vec4 = a_vec4(layout, k)
     texels = texel_operands(b, a, mat if layout == "packed" else None, vec4)
@@ -463,7 +463,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
     params = [out.meta, a.meta, mat.meta] + ([bias.meta] if bias is not None else [])
     params.append(b.params(LINEAR_SCALARS.pack(scalars=[alpha, beta])))
     if layout == "packed":
-        mat = b.prepacked(pack_weight(b.constant_array(mat)), "float32")
+        mat = b.packed_constant(mat, pack_weight, "float32")
     grid = linear_grid(out.max_shape, form.tile)
     vec4 = a_vec4(layout, k)
     texels = texel_operands(b, a, mat if layout == "packed" else None, vec4)

@@ -21,6 +21,7 @@ from vkdelegate.runtime.params import ParamBuffer
 from vkdelegate.runtime import texel
 from vkdelegate.runtime.pipeline import STORAGE, TEXEL, UNIFORM
 from vkdelegate.runtime.tensor import Tensor
+from vkdelegate.runtime.values import PooledConstant, pack_key
 from vkdelegate.shaders.bindings import bindings_of
 from vkdelegate.serialization import vkgraph as g
 
@@ -172,12 +173,14 @@ class NodeBuilder:
         is t's only reader (one argument of one node of the graph; not a graph output)
         and the array, stored as ``dtype``, fits t's buffer. The device then holds the
         constant once; t itself must not be bound any more (its host copy,
-        ``constant_array``, keeps the original). Otherwise a new constant, as
-        ``prepacked``. Returns the tensor to bind: the array's shape and dtype."""
+        ``constant_array``, keeps the original). Otherwise (and for a constant of
+        the program's pool) a new constant, as ``prepacked``. Returns the tensor to
+        bind: the array's shape and dtype."""
         array = np.asarray(array)
         dtype = dtype or array.dtype.name
         values = self._graph.values
-        if not (t.constant and self._sole_reader(t.value_id)):
+        if not (t.constant and self._sole_reader(t.value_id)) \
+                or isinstance(t, PooledConstant):  # other graphs read its buffer
             return self.prepacked(array, dtype)
         ddt = device_dtype(dtype, self.device.info)
         if Tensor.nbytes_for(ddt, array.shape) > t.buffer.size:
@@ -186,6 +189,27 @@ class NodeBuilder:
                         values.new_meta(f"metadata of {t.name} repacked"), constant=True)
         values.upload(packed, array)
         return packed
+
+    def packed_constant(self, t: Tensor, pack: Callable[[np.ndarray], np.ndarray],
+                        dtype: str | None = None) -> Tensor:
+        """Constant ``t`` in the layout a shader wants: ``pack(constant_array(t))``
+        stored as graph dtype ``dtype`` (default: the packed array's), the Tensor to
+        bind (the packed array's shape). pack: a module-level function of the array, or
+        a functools.partial of one whose other arguments are ints, floats, bools,
+        strings or tuples of them; with t's bytes they name the layout. Where t is in
+        the program's constant pool (runtime/constant_pool.py) the packed copy is
+        pooled under that name, so the graphs of all methods share one device copy
+        per layout, packed once, and t's stored layout takes no device memory unless
+        some dispatch binds it; otherwise ``repacked`` (over t's own buffer when this
+        node is its only reader). TypeError for a ``pack`` that cannot name a layout
+        (a lambda or closure)."""
+        values = self._graph.values
+        entry = values.packed_constant(t, pack, dtype)
+        if entry is None:
+            pack_key(pack)  # the same contract with or without a pool
+            return self.repacked(t, pack(self.constant_array(t)), dtype)
+        return Tensor(-1, entry.dtype, entry.device_dtype, entry.shape, entry.buffer,
+                      values.new_meta(f"metadata of {t.name} packed"), constant=True)
 
     def _sole_reader(self, vid: int) -> bool:
         """Whether value ``vid`` is read by this node alone, once, and is no graph
@@ -280,6 +304,9 @@ class NodeBuilder:
                 math.prod(ls) > self.device.info.max_workgroup_invocations:
             raise self.error(f"dispatch of {shader} with {groups} workgroups of {list(ls)} "
                              f"exceeds this device's compute limits", limit=True)
+        for t in outputs:
+            if getattr(t, "constant", False):  # pooled constants are other graphs' too
+                raise self.error(f"dispatch of {shader} writes constant {t.name}")
         declared = self._check_bindings(shader, defines, outputs, inputs, params)
         formats = (None,) * len(outputs) + tuple(
             declared.texel_format(name) for name in declared.inputs) + (None,) * len(params)

@@ -71,6 +71,9 @@ class DelegateGraph(DeviceState):
     are looked up and checked in (runtime/op_table.py; None: every registered op, with
     ``vkdelegate.ops.load_checks``). kernel_options: switches op impls read with
     ``NodeBuilder.option`` (``CompileOptions.kernel_options``; None: all defaults).
+    constant_pools: the program's ``runtime.constant_pool.ConstantPools``: named
+    constants (and their packed copies) are then held once on the device for all the
+    graphs built with it (the methods of one program); None: in the graph's memory.
     Raises VkDelegateError on malformed graphs, unsupported ops, declared output sizes
     that differ from the op's (the table's ``check_nodes``), device limits;
     ResourceLimitError for a graph over ``limits``. All of these are checked before
@@ -104,7 +107,7 @@ class DelegateGraph(DeviceState):
     def __init__(self, graph: g.VkGraph, constant_bytes: Callable[[int], bytes],
                  device=None, staging: bool | None = None, timeout_s: float | None = None,
                  progress: bool = False, limits=None, ops: OpTable | None = None,
-                 kernel_options=None):
+                 kernel_options=None, constant_pools=None):
         self.progress = progress
         self.kernel_options = dict(kernel_options or {})
         self.limits = resolve_limits(limits)
@@ -150,10 +153,23 @@ class DelegateGraph(DeviceState):
             staging = (self.device.info.type == "discrete"
                        or not self._has_mappable_device_memory())
         self.staging = staging
+        pool = None
+        if constant_pools is not None:
+            pool = constant_pools.for_device(self.device, staging)
+            pool.attach()
+            self._res.constant_pool = pool  # detached when the graph is released
         self.values = self._res.values = GraphValues(graph, self.device, self.allocator,
-                                                     staging)
+                                                     staging, pool)
         try:
-            self._load(constant_bytes)
+            if pool is None:
+                self._load(constant_bytes)
+            else:  # no other graph binds a pooled constant before its upload ran
+                with pool.lock:
+                    try:
+                        self._load(constant_bytes)
+                    except BaseException:
+                        self.values.drop_unwritten()
+                        raise
         except BaseException:
             self.close()
             raise
@@ -182,6 +198,7 @@ class DelegateGraph(DeviceState):
         self._pool = commands.create_descriptor_sets(self.device, self.dispatches,
                                                      self.allocator.texel_view)
         self.values.flush_uploads(self.timeout_s)
+        self.values.upload_timeout_s = self.timeout_s
         self._cmd, self.barriers = self._record()
         self.recordings += 1
         dev = self.device.device

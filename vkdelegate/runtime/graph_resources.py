@@ -31,6 +31,7 @@ class GraphResources:
         self.device = device
         self.allocator = allocator
         self.values = None
+        self.constant_pool = None  # the program's ConstantPool the graph attached to
         self.cmd = self.profile_cmd = self.query_pool = self.fence = self.pool = None
         self.join_cmd = None  # the barrier between repeats (DelegateGraph.execute)
         self.lock = threading.Lock()
@@ -51,7 +52,12 @@ class GraphResources:
             self.device.untrack(self)
             if self.device.closed or vk is None:
                 return
-            self._free()
+            try:
+                self._free()
+            finally:
+                if self.constant_pool is not None:
+                    self.constant_pool.detach()  # after this graph's last run
+                    self.constant_pool = None
 
     def _free(self) -> None:
         device = self.device

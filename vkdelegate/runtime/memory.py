@@ -17,6 +17,7 @@ views first: an allocator belongs to one graph and lives as long as it.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,16 @@ STORAGE_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRAN
 # device's ``params_in_storage`` says so (lavapipe, see Device).
 UNIFORM_USAGE = vk.VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT | vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
 STAGING_USAGE = vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+
+#: Region ids of buffers that several graphs bind (state buffers, pooled constants):
+#: negative, so that they never equal a graph's own (positive, per-allocator) region
+#: ids in the recorder's hazard tracking.
+_SHARED_REGIONS = itertools.count(-1, -1)
+
+
+def shared_region() -> int:
+    """A new region id for a buffer bound by several graphs (see _SHARED_REGIONS)."""
+    return next(_SHARED_REGIONS)
 
 
 def tensor_usage(device) -> int:

@@ -13,7 +13,6 @@ one) to bind. ``Device.close()`` releases it with the graphs (``Device.track``).
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import weakref
 
@@ -22,13 +21,9 @@ import numpy as np
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import commands
 from vkdelegate.runtime.dtypes import from_device, to_device
-from vkdelegate.runtime.memory import STAGING_USAGE, Allocator, tensor_usage
+from vkdelegate.runtime.memory import (STAGING_USAGE, Allocator, shared_region,
+                                       tensor_usage)
 from vkdelegate.runtime.tensor import Tensor
-
-#: Region ids of state buffers: negative, so that they never equal a graph's own
-#: (positive, per-allocator) region ids in the recorder's hazard tracking.
-_REGIONS = itertools.count(-1, -1)
-
 
 class _Memory:
     """What a StateBuffer frees (the finalizer holds this, never the buffer)."""
@@ -73,7 +68,7 @@ class StateBuffer:
         self._finalizer.atexit = False
         self.buffer = self.allocator.buffer(self.nbytes, tensor_usage(device), not staging,
                                             "a shared state")
-        self.buffer.region = next(_REGIONS)
+        self.buffer.region = shared_region()
         self._staging = (self.allocator.buffer(self.nbytes, STAGING_USAGE, True,
                                                "a shared state's staging", cached=True)
                          if staging else None)

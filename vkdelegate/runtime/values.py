@@ -7,14 +7,22 @@ else through staging buffers copied once at load), creates each tensor's metadat
 uniform buffer, and resolves value ids to Tensors or Python values. It also allocates
 what op implementations ask for at load (temporaries, prepacked weights, op-owned
 uniform buffers).
+
+With a ConstantPool (runtime/constant_pool.py) a named constant that is no graph input
+or output is a ``PooledConstant``: its device buffer is the pool's, taken at its first
+use (``Tensor.buffer``), and its copies in other layouts are the pool's too
+(``packed_constant``).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import vulkan as vk
 
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime.commands import run_once
+from vkdelegate.runtime.constant_pool import ConstantPool
 from vkdelegate.runtime.dtypes import device_dtype, to_device
 from vkdelegate.runtime.memory import (STAGING_USAGE, UNIFORM_USAGE, Allocator,
                                        tensor_usage)
@@ -27,18 +35,50 @@ _SCALARS = {g.Int: "int_val", g.Double: "double_val", g.Bool: "bool_val",
             g.String: "string_val"}
 
 
+class PooledConstant(Tensor):
+    """A constant tensor whose device buffer is a ConstantPool's, made (and its bytes
+    uploaded) at the first read of ``buffer``: a constant that every op reads in
+    another layout (``GraphValues.packed_constant``) never takes device memory as
+    stored. pool_key: its key in the pool; source: its stored bytes."""
+
+    def __init__(self, value_id, dtype, device_dtype, max_shape, meta, values,
+                 pool_key, source):
+        self._buffer = None
+        self._values = values
+        self.pool_key, self.source = pool_key, source
+        super().__init__(value_id, dtype, device_dtype, max_shape, None, meta,
+                         constant=True)
+
+    @property
+    def buffer(self):
+        if self._buffer is None and self._values is not None:
+            self._buffer = self._values.pooled_buffer(self)
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, value) -> None:
+        self._buffer = value
+
+
 class GraphValues:
     """Device-side values of ``graph`` (see the module docstring).
 
     allocator: the graph's memory.Allocator. staging: True when inputs, outputs and
-    constants are not mapped and go through staging buffers.
+    constants are not mapped and go through staging buffers. pool: the program's
+    ConstantPool for this device and staging (attached by the graph), or None: every
+    constant in the graph's own memory.
     """
 
-    def __init__(self, graph: g.VkGraph, device, allocator, staging: bool):
+    def __init__(self, graph: g.VkGraph, device, allocator, staging: bool,
+                 pool: ConstantPool | None = None):
         self.graph = graph
         self.device = device
         self.allocator = allocator
         self.staging = staging
+        self.pool = pool
+        # Set by the graph once its load's uploads ran: a pooled buffer made later
+        # (PooledConstant.buffer) is uploaded at once, within this timeout.
+        self.upload_timeout_s: float | None = None
         self.constant_arrays: dict[int, np.ndarray] = {}
         self._values: dict[int, object] = {}
         # SymInt value id -> its current number (set by the node producing it, at load
@@ -48,6 +88,8 @@ class GraphValues:
         self._pending_uploads: list = []
         # Staging memory for constant uploads lives only until the copies ran.
         self._upload_allocator = None
+        # Pool keys this graph added whose bytes are still queued (staging).
+        self._unwritten: list = []
 
     def allocate(self, io_ids, constant_bytes, alias_nodes=frozenset()) -> None:
         """Allocate every VkTensor of the graph and upload the constants.
@@ -56,7 +98,8 @@ class GraphValues:
         parts = self._parts(io_ids, alias_nodes)
         groups: dict[int, list[int]] = {}
         for vid, v in enumerate(self.graph.values):
-            if isinstance(v, g.VkTensor) and vid not in parts:
+            if isinstance(v, g.VkTensor) and vid not in parts and \
+                    not self._pooled(vid, v, io_ids, constant_bytes):
                 key = v.mem_obj_id if v.mem_obj_id >= 0 and v.constant_id < 0 else -1 - vid
                 groups.setdefault(key, []).append(vid)
         for vids in groups.values():
@@ -129,17 +172,91 @@ class GraphValues:
         return parts
 
     def _load_constant(self, t: Tensor, cid: int, constant_bytes):
+        self.upload(t, self._constant_array(t.value_id, t.dtype, t.max_shape, cid,
+                                            constant_bytes(cid)))
+
+    def _constant_array(self, vid: int, dtype: str, shape, cid: int, data) -> np.ndarray:
+        """Constant ``cid``'s bytes ``data`` as tensor ``vid``'s host array (kept in
+        ``constant_arrays``); VkDelegateError when their length is not its size."""
         if not 0 <= cid < len(self.graph.constants):
-            raise VkDelegateError(f"{t.name}: constant_id {cid} out of range "
+            raise VkDelegateError(f"tensor {vid}: constant_id {cid} out of range "
                                   f"({len(self.graph.constants)} constants)")
-        data = constant_bytes(cid)
-        expected = t.max_numel * np.dtype(t.dtype).itemsize
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if len(data) != expected:
-            raise VkDelegateError(f"{t.name}: constant {cid} has {len(data)} bytes, "
-                                  f"{t.dtype} {list(t.max_shape)} needs {expected}")
-        array = np.frombuffer(data, dtype=t.dtype).reshape(t.max_shape)
-        self.constant_arrays[t.value_id] = array
-        self.upload(t, array)
+            raise VkDelegateError(f"tensor {vid}: constant {cid} has {len(data)} bytes, "
+                                  f"{dtype} {list(shape)} needs {expected}")
+        array = np.frombuffer(data, dtype=dtype).reshape(shape)
+        self.constant_arrays[vid] = array
+        return array
+
+    def _pooled(self, vid: int, spec, io_ids, constant_bytes) -> bool:
+        """Make tensor ``vid`` a PooledConstant when it can be one (a pool, a named
+        constant, no graph input or output); return whether it is."""
+        cid = spec.constant_id
+        if self.pool is None or cid < 0 or vid in io_ids or cid >= len(self.graph.constants) \
+                or not self.graph.constants[cid].is_named:
+            return False
+        dt = g.DTYPE_NAMES.get(spec.datatype)
+        if dt is None:
+            raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
+                                  f"{int(spec.datatype)})")
+        ddt = device_dtype(dt, self.device.info)
+        data = constant_bytes(cid)
+        self._constant_array(vid, dt, spec.dims, cid, data)
+        key = (self.graph.constants[cid].named_key, dt, ddt)
+        self._values[vid] = PooledConstant(vid, dt, ddt, spec.dims,
+                                           self._meta(f"metadata of tensor {vid}"), self,
+                                           key, data)
+        return True
+
+    def pooled_buffer(self, t: PooledConstant):
+        """The pool's device buffer of constant ``t``, made and uploaded on first use
+        (PooledConstant.buffer)."""
+        return self._from_pool(t.pool_key, t.source, t.name,
+                               lambda: self.constant_arrays[t.value_id], t.dtype).buffer
+
+    def packed_constant(self, t: Tensor, pack, dtype: str | None = None):
+        """Constant ``t`` in another layout, ``pack(constant_array(t))`` stored as
+        ``dtype``, as the pool's entry (PoolEntry), made on first request and keyed by
+        t's key and sizes and ``pack_key(pack)`` (see NodeBuilder.packed_constant).
+        None when ``t`` is not pooled."""
+        if not isinstance(t, PooledConstant):
+            return None
+        key = ("packed", t.pool_key, t.max_shape, pack_key(pack), dtype)
+        return self._from_pool(key, t.source, f"{t.name} packed",
+                               lambda: np.asarray(pack(self.constant_arrays[t.value_id])),
+                               dtype)
+
+    def _from_pool(self, key, source, what: str, make, dtype: str | None):
+        pool = self.pool
+        with pool.lock:
+            entry = pool.get(key, source, what)
+            if entry is not None:
+                return entry
+            array = make()
+            dt = dtype or array.dtype.name
+            ddt = device_dtype(dt, self.device.info)
+            entry = pool.add(key, source, array.shape, dt, ddt,
+                             Tensor.nbytes_for(ddt, array.shape),
+                             tensor_usage(self.device), f"pooled {what}")
+            self._write(entry.buffer, ddt, array, what)
+            if entry.buffer.host is None:
+                self._unwritten.append(key)
+            if self.upload_timeout_s is not None:  # after the load: upload now
+                try:
+                    self.flush_uploads(self.upload_timeout_s)
+                except BaseException:
+                    self.drop_unwritten()
+                    raise
+            return entry
+
+    def drop_unwritten(self) -> None:
+        """Take the pool entries this graph added out of the pool while their bytes are
+        still queued (a load that failed before ``flush_uploads``): no other graph
+        may bind a buffer that was never written."""
+        if self.pool is not None:
+            self.pool.discard(self._unwritten)
+        self._unwritten = []
 
     def new_meta(self, what: str) -> ParamBuffer:
         """A tensor metadata buffer (TensorMeta), for a Tensor an op makes over existing
@@ -168,19 +285,31 @@ class GraphValues:
     def upload(self, t: Tensor, array: np.ndarray) -> None:
         """Write ``array`` into ``t`` (directly if mapped, else through staging memory
         copied once before the command buffer is recorded)."""
-        data = to_device(array, t.device_dtype, t.name).reshape(-1)
-        if data.size != t.max_numel:
-            raise VkDelegateError(f"{t.name}: {data.size} values for {t.max_numel} elements")
-        raw = data.view(np.uint8)
-        if t.buffer.host is not None:
-            t.buffer.host[:raw.size] = raw
+        array = np.asarray(array)
+        if array.size != t.max_numel:
+            raise VkDelegateError(f"{t.name}: {array.size} values for {t.max_numel} "
+                                  f"elements")
+        self._write(t.buffer, t.device_dtype, array, t.name)
+
+    def _write(self, buffer, ddt: str, array: np.ndarray, what: str) -> None:
+        raw = to_device(array, ddt, what).reshape(-1).view(np.uint8)
+        if raw.size > buffer.size:
+            raise VkDelegateError(f"{what}: {raw.size} bytes for a {buffer.size}-byte "
+                                  f"buffer")
+        if buffer.host is not None:
+            buffer.host[:raw.size] = raw
             return
         if self._upload_allocator is None:
             self._upload_allocator = Allocator(self.device)
-        stage = self._upload_allocator.buffer(t.buffer.size, STAGING_USAGE, True,
-                                              f"upload of {t.name}")
+        stage = self._upload_allocator.buffer(buffer.size, STAGING_USAGE, True,
+                                              f"upload of {what}")
         stage.host[:raw.size] = raw
-        self._pending_uploads.append((stage, t.buffer))
+        # A constant repacked over its own buffer (NodeBuilder.repacked) is written
+        # twice: only the last copy runs (two copies to one buffer in one submit
+        # would need a barrier between them).
+        self._pending_uploads = [(s, d) for s, d in self._pending_uploads
+                                 if d is not buffer]
+        self._pending_uploads.append((stage, buffer))
 
     def flush_uploads(self, timeout_s: float) -> None:
         """Run the copies queued by ``upload`` for unmapped tensors (once, at load)."""
@@ -193,6 +322,7 @@ class GraphValues:
                                    [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=src.size)])
         try:
             run_once(self.device, fill, timeout_s)
+            self._unwritten = []
         finally:
             self._pending_uploads = []
             self.close_uploads()
@@ -242,3 +372,29 @@ class GraphValues:
             raise VkDelegateError(f"value {vid} has unsupported type {type(v).__name__}")
         self._values[vid] = out
         return out
+
+
+def pack_key(pack) -> tuple:
+    """What names the layout ``pack`` makes (a pool key part): a module-level function's
+    qualified name, or a functools.partial of one with its arguments, which must be
+    ints, floats, bools, strings or tuples of them. TypeError for anything else (a
+    lambda or closure: its captured values would not be part of the key)."""
+    args: tuple = ()
+    if isinstance(pack, functools.partial):
+        args = (pack.args, tuple(sorted(pack.keywords.items())))
+        _check_key_args(args, pack)
+        pack = pack.func
+    if not callable(pack) or getattr(pack, "__closure__", None) or \
+            "<" in getattr(pack, "__qualname__", "<"):
+        raise TypeError(f"packed_constant needs a module-level function or a "
+                        f"functools.partial of one, got {pack!r}")
+    return (f"{pack.__module__}.{pack.__qualname__}",) + args
+
+
+def _check_key_args(value, pack) -> None:
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            _check_key_args(item, pack)
+    elif not isinstance(value, (int, float, bool, str, type(None))):
+        raise TypeError(f"packed_constant: argument {value!r} of {pack!r} is not an int, "
+                        f"float, bool, string or tuple")

@@ -25,6 +25,8 @@ sizes; the channel count must be static.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from vkdelegate.kernels import conv_columns, conv_pointwise, gemm, loop_limit
@@ -286,7 +288,7 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
     fp32_bias = bias.dtype == "float32" and bias.device_dtype == "float32"
     if pointwise and conv_pointwise.use_gemm(b.device.info) and fp32_bias:
         # GPUs: the implicit GEMM of kernels/conv_pointwise.py.
-        conv_pointwise.record(b, out, x, weight, bias, lo, hi, clamp_ids is not None, n,
+        conv_pointwise.record(b, out, x, w, bias, lo, hi, clamp_ids is not None, n,
                               residual)
         return
     # Specialization constants 3..11: KH, KW, SH, SW, PH, PW, DH, DW, spatial dims.
@@ -294,8 +296,9 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
                 n)
     if USE_COLUMNS and not pointwise and fp32_bias and \
             conv_columns.applies(transposed, packed, kernel, stride, dil):
-        w = b.prepacked(pack_weight(weight, groups, False, conv_columns.tile(ocg)),
-                        "float32")
+        w = b.packed_constant(w, functools.partial(
+            pack_weight, groups=groups, transposed=False, tile=conv_columns.tile(ocg)),
+            "float32")
         conv_columns.record(b, out, x, w, bias, (icg, ocg), lo, hi, clamp_ids is not None,
                             geometry, residual)
         return
@@ -319,7 +322,8 @@ def _build(b, node, clamp_ids=None, end_padded=False, residual_id=None):
             # The LONG_LOOPS form: only the channel loop counts.
             loop_limit.check(b, icg, f"{icg} input channels per group")
     if packed:
-        w = b.prepacked(pack_weight(weight, groups, transposed, tile), "float32")
+        w = b.packed_constant(w, functools.partial(
+            pack_weight, groups=groups, transposed=transposed, tile=tile), "float32")
     params = b.params(CONV_PARAMS.pack(channels=[icg, ocg], clamp=[lo, hi]))
     mx = out.max_shape
     oh, ow = (mx[2], mx[3]) if n == 2 else (1, mx[2])

@@ -31,6 +31,10 @@ def _ranks(node: NodeSpec):
     return None
 
 
+def _transposed(weight: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(weight.T)
+
+
 def _impl(b, node):
     a_id, w_id, out_id = node.args
     a, w, out = b.tensor(a_id), b.tensor(w_id), b.tensor(out_id)
@@ -38,10 +42,9 @@ def _impl(b, node):
         raise b.error(f"mixed dtypes {a.dtype}, {w.dtype}, {out.dtype}")
     if a.ndim != 2 or w.ndim != 2 or a.max_shape[1] != w.max_shape[0]:
         raise b.error(f"cannot multiply {list(a.max_shape)} by {list(w.max_shape)}")
-    weight = b.constant_array(w)
-    transposed = weight is not None
+    transposed = b.constant_array(w) is not None
     if transposed:
-        w = b.prepacked(np.ascontiguousarray(weight.T), w.dtype)
+        w = b.packed_constant(w, _transposed, w.dtype)
     gemm.mm(b, out, a, w, transposed)
 
 

@@ -71,6 +71,7 @@ vectorized GEMV takes the product, else the unfused pair's dispatches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -416,14 +417,23 @@ def pack_texel_scales(s: np.ndarray, rows: int, r: int, swiglu: bool) -> np.ndar
     return np.ascontiguousarray(packed)
 
 
-def _texel_constant(b, t, array: np.ndarray, dtype: str, fmt: str):
-    """Constant ``t`` in the shader's layout ``array`` (of 4-value texels), over t's
-    own buffer where it fits (NodeBuilder.repacked: the device holds it once) and that
-    buffer can be viewed as ``fmt`` (whole texels), else a new constant."""
-    array = array.reshape(-1, 4)
-    packed = b.repacked(t, array, dtype)
-    if packed.buffer is t.buffer and not b.texel_input(packed, fmt):
-        packed = b.prepacked(array, dtype)
+def _texel_weight(w: np.ndarray, k: int, bits: int, r: int, swiglu: bool) -> np.ndarray:
+    """``pack_texel_weight`` as int32 texels [-1, 4]."""
+    return pack_texel_weight(w, k, bits, r, swiglu).view(np.int32).reshape(-1, 4)
+
+
+def _texel_scales(s: np.ndarray, rows: int, r: int, swiglu: bool) -> np.ndarray:
+    """``pack_texel_scales`` as texels [-1, 4]."""
+    return pack_texel_scales(s, rows, r, swiglu).reshape(-1, 4)
+
+
+def _texel_constant(b, t, pack, dtype: str, fmt: str):
+    """Constant ``t`` in the shader's layout ``pack`` makes (4-value texels), packed
+    once (NodeBuilder.packed_constant: pooled across methods, or over t's own
+    buffer), viewed as ``fmt`` (whole texels); else a new constant of its own size."""
+    packed = b.packed_constant(t, pack, dtype)
+    if not b.texel_input(packed, fmt):
+        packed = b.prepacked(pack(b.constant_array(t)), dtype)
     return packed
 
 
@@ -443,10 +453,10 @@ def _record_texel(b, x, w, s, bias, out, bits, group, k, n, m, residual=None,
         raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
     swiglu_rows = swiglu is not None
-    wt = _texel_constant(b, w, pack_texel_weight(b.constant_array(w), k, bits, r,
-                                                 swiglu_rows).view(np.int32), "int32",
-                         "rgba32ui")
-    st = _texel_constant(b, s, pack_texel_scales(b.constant_array(s), rows, r, swiglu_rows),
+    wt = _texel_constant(b, w, functools.partial(_texel_weight, k=k, bits=bits, r=r,
+                                                 swiglu=swiglu_rows), "int32", "rgba32ui")
+    st = _texel_constant(b, s, functools.partial(_texel_scales, rows=rows, r=r,
+                                                 swiglu=swiglu_rows),
                          s.dtype, "rgba16f" if _half(s) else "rgba32f")
     tiles = -(-n // (8 * r))
     params = [out.meta, b.params(PARAMS.pack(
