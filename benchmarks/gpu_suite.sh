@@ -39,6 +39,10 @@
 #   indirect the dispatch grids that follow the current sizes (vkCmdDispatchIndirect, on
 #           CPU drivers by default) forced on the GPU: the resize tests, the symbolic-size
 #           ops, the HF decoders and VLM, validation on; then chat_turns.py with it on, 300
+#   pool    the program constant pool (one device copy of each weight for all methods):
+#           the program, LLM, runtime and linear / mm / convolution / quantized tests,
+#           validation on, 330; then llm_decode.py fp16 and int4 with the device memory
+#           without the pool beside it (--memory-baseline), 240
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
@@ -128,6 +132,19 @@ for s in "$@"; do
             tests/ops/test_quantized_rotary_cache.py tests/ops/test_rotary_cache.py \
             tests/llm/test_decode_dispatches.py tests/ops/test_topk.py \
             tests/program/test_program_file.py ;;
+    pool) step pooltests 330 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
+            -p no:cacheprovider tests/program tests/llm tests/runtime tests/ops/test_linear.py \
+            tests/ops/test_linear_add.py tests/ops/test_linear_swiglu.py tests/ops/test_mm.py \
+            tests/ops/test_convolution.py tests/ops/test_conv_add_fusion.py \
+            tests/ops/test_gemm_core.py tests/ops/test_rms_norm_linear.py \
+            tests/ops/test_quantized_linear.py tests/ops/test_quantized_gemv.py \
+            tests/ops/test_quantized_texel.py tests/ops/test_quantized_swiglu.py \
+            tests/ops/test_quantized_decoder.py tests/ops/test_binary.py \
+            tests/ops/test_scalar_ops.py
+          grep -E "FAILED|ERROR" "$out/pooltests.log" | grep -v "^E " | head -40
+          step poolmem 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+            --hbm-tbps $hbm --quantization none int4 --runs 3 --hold-s 1 --memory-baseline \
+            --json "$out/llm_decode_pool.json" ;;
     boolwin) step boolwin 90 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
                --dtype float16 --filter bool --runs 5 ;;
     decode) step decode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py --hbm-tbps $hbm \

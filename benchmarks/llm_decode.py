@@ -141,6 +141,36 @@ def decode_profile(program, prompt, top: int) -> tuple:
     return rows, total, n, trace
 
 
+def device_memory(program, param_bytes: int) -> dict:
+    """GiB of device memory of the built program (``LoweredProgram.device_memory``):
+    the pooled constants all methods share, the methods' own blocks, and the model's
+    parameter bytes beside them."""
+    memory = program.device_memory()
+    return {"constants_gib": round(memory.pop("constants") / 2**30, 3),
+            "graphs_gib": round(sum(memory.values()) / 2**30, 3),
+            "params_gib": round(param_bytes / 2**30, 3)}
+
+
+def unpooled_memory(model, max_seq_len, fmt, group_size, options, prompt,
+                    param_bytes: int) -> dict:
+    """``device_memory`` of the same program built with every delegate holding its own
+    constants (the program's constant pool taken away before the first build)."""
+    from vkdelegate.llm import lower
+
+    program = lower(model, max_seq_len, quantization=None if fmt == "none" else fmt,
+                    group_size=None if fmt == "none" else group_size,
+                    options=options or None)
+    for name in program.method_names:
+        for d in program.runner(name).delegates:
+            d.shared = None
+    try:
+        program.build()
+        generate(program, prompt, 2)
+        return device_memory(program, param_bytes)
+    finally:
+        program.close()
+
+
 def hold(program, prompt, new_tokens: int, seconds: float) -> None:
     """Generate back to back for ``seconds``: the GPU's clocks rise to their working
     level under load (the H200 idles at 345 MHz, docs/PERF.md), so the timed runs
@@ -249,6 +279,10 @@ def main() -> None:
                          "0.9: the on-device sampler's search over the vocabulary)")
     ap.add_argument("--hbm-tbps", type=float, default=4.8,
                     help="memory bandwidth for the roofline share (H200 HBM3e: 4.8)")
+    ap.add_argument("--memory-baseline", action="store_true",
+                    help="also build the first row once with each method's delegates "
+                         "holding their own constants (no program constant pool, as "
+                         "before 2026-12-06) and print both device-memory totals")
     ap.add_argument("--json", default="out/llm_decode.json")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -304,6 +338,16 @@ def main() -> None:
         program.build()
         generate(program, prompt, 4)  # warm-up: pipelines, first uploads
         result["build_s"][scheme] = round(time.perf_counter() - t0, 1)
+        memory = device_memory(program, n_params * itemsize)
+        result.setdefault("device_memory", {})[scheme] = memory
+        print(f"device memory ({scheme}): {memory}", flush=True)
+        if args.memory_baseline and len(result["device_memory"]) == 1:
+            result["device_memory_unpooled"] = unpooled_memory(
+                copy.deepcopy(model), args.max_seq_len, fmt, args.group_size,
+                row_options, prompt,
+                n_params * itemsize)
+            print(f"device memory without the constant pool ({scheme}): "
+                  f"{result['device_memory_unpooled']}", flush=True)
         hold(program, prompt, args.new_tokens, args.hold_s)
         tps, per_token = [], []
         for _ in range(args.runs):
