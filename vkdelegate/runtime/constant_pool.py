@@ -136,12 +136,14 @@ class ConstantPool:
     @property
     def entries(self) -> int:
         """How many buffers the pool holds."""
-        return len(self._entries)
+        with self.lock:
+            return len(self._entries)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the pooled buffers (not counting block slack)."""
-        return sum(e.buffer.size for e in self._entries.values())
+        with self.lock:
+            return sum(e.buffer.size for e in self._entries.values())
 
 
 class ConstantPools:
