@@ -552,6 +552,10 @@ class MethodRunner:
         ``state_download_bytes``: program state read back or written for glue that
         needs it on the host, included in the totals). 0 on the reference executor.
         """
+        with self.store.calling():  # a program.close() in another thread waits
+            return self._call_flat(flat, repeat)
+
+    def _call_flat(self, flat: list, repeat: int) -> list:
         updates = self.plan.get("input_updates", {})
         if updates:
             check_mutated_inputs_unshared(flat, sorted(int(p) for p in updates))

@@ -425,10 +425,11 @@ class LoweredProgram:
         Thread-safe: each delegate waits for a call in flight in another thread. A
         program dropped without ``close()`` is released when it is collected (each
         Vulkan delegate has a finalizer, see DelegateGraph)."""
-        for runner in self._runners.values():
-            for d in runner.delegates:
-                d.close()
-        self.store.release()  # the shared state buffers, after the graphs using them
+        with self.store.closing():  # calls in other threads finish first, or wait
+            for runner in self._runners.values():
+                for d in runner.delegates:
+                    d.close()
+            self.store.release()  # the shared state buffers, after the graphs using them
 
     def __enter__(self) -> "LoweredProgram":
         return self

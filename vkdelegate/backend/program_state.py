@@ -17,6 +17,7 @@ the methods ``vkdelegate.llm`` lowers.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -38,6 +39,12 @@ class ProgramState:
     ``version``: bumped by every ``set``/``reset`` and every call of a method that
     has state (``touch``), so a caller that remembers what the state holds (an LLM
     ``Session``'s cached tokens) can tell whether anyone else changed it since.
+
+    Method calls and the program's ``close()`` exclude each other (``calling`` /
+    ``closing``): a close waits for the calls in flight in other threads, and a call
+    that starts meanwhile waits for the close to finish (then builds its delegates
+    and binds fresh state buffers). Without it a call in another thread could bind,
+    or run on, a state buffer the close was freeing.
     """
 
     def __init__(self, initial: dict, current: "dict | None" = None):
@@ -48,6 +55,42 @@ class ProgramState:
         self.upload_bytes = 0
         self.download_bytes = 0
         self.version = 0
+        self._gate = threading.Condition(threading.Lock())
+        self._calls: dict = {}  # thread id -> calls in flight in that thread
+        self._closing = False
+
+    @contextlib.contextmanager
+    def calling(self):
+        """Held for one method call: waits while the program is being closed."""
+        me = threading.get_ident()
+        with self._gate:
+            while self._closing:
+                self._gate.wait()
+            self._calls[me] = self._calls.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._calls[me] -= 1
+                if not self._calls[me]:
+                    del self._calls[me]
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def closing(self):
+        """Held while the program closes: waits for the calls in flight in other
+        threads (not this thread's own: a close from inside a call goes ahead)."""
+        me = threading.get_ident()
+        with self._gate:
+            while self._closing or any(t != me for t in self._calls):
+                self._gate.wait()
+            self._closing = True
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._closing = False
+                self._gate.notify_all()
 
     def touch(self) -> None:
         """A method that may change the state runs: bump ``version``."""
