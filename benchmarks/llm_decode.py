@@ -143,10 +143,11 @@ def decode_profile(program, prompt, top: int) -> tuple:
 
 def device_memory(program, param_bytes: int) -> dict:
     """GiB of device memory of the built program (``LoweredProgram.device_memory``):
-    the pooled constants all methods share, the methods' own blocks, and the model's
-    parameter bytes beside them."""
+    the pooled constants all methods share, the state (KV cache), the methods' own
+    blocks, and the model's parameter bytes beside them."""
     memory = program.device_memory()
     return {"constants_gib": round(memory.pop("constants") / 2**30, 3),
+            "state_gib": round(memory.pop("state") / 2**30, 3),
             "graphs_gib": round(sum(memory.values()) / 2**30, 3),
             "params_gib": round(param_bytes / 2**30, 3)}
 

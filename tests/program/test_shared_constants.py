@@ -67,9 +67,10 @@ def test_methods_share_each_weight_once_on_the_device():
     # place) or packed, one copy per layout, never one per method. Two methods with
     # their own copies would hold at least 2x; packed copies are padded up to 4 rows.
     assert weights * 0.99 <= memory["constants"] < 1.6 * weights, memory
-    assert set(memory) == {"constants", "gelu/0", "plain/0"}
+    assert set(memory) == {"constants", "state", "gelu/0", "plain/0"}
+    assert memory["state"] == 0  # no mutable buffers
     program.close()
-    assert program.device_memory() == {"constants": 0}
+    assert program.device_memory() == {"constants": 0, "state": 0}
     with torch.no_grad():  # rebuilt after close, from a fresh pool
         torch.testing.assert_close(program.plain(one), mlp.b(mlp.a(one)), rtol=1e-4,
                                    atol=1e-4)
@@ -139,11 +140,34 @@ def test_one_key_for_two_byte_strings_is_refused():
         "b": Method(mb.plan, mb.constants, mb.state, [Delegate(blob_b, renamed)])})
     with torch.no_grad():
         torch.testing.assert_close(crafted.a(x), lin_a(x), rtol=1e-4, atol=1e-4)
-        with pytest.raises(VkDelegateError, match="other bytes"):
+        with pytest.raises(VkDelegateError, match="other bytes") as info:
             crafted.b(x)
+    assert any(repr(k) in str(info.value) for k in da.named_data), info.value
     crafted.close()
     prog_a.close()
     prog_b.close()
+
+
+def test_a_file_naming_one_key_for_two_segments_is_refused_at_load(tmp_path):
+    """The same crafted program as a file: refused by ``load``, before any method runs
+    (the file format maps keys to segments per delegate)."""
+    from vkdelegate.serialization import program_file
+
+    mlp, program, rows, one = _program()
+    path = tmp_path / "p.vkd"
+    program.save(path)
+    program.close()
+    manifest, segments = program_file.read_program(path)
+    segments = [bytes(s) for s in segments]
+    b = manifest["methods"]["plain"]["delegates"][0]["named_data"]
+    key = max(b, key=lambda k: len(segments[b[k]]))  # the larger weight
+    changed = bytearray(segments[b[key]])
+    changed[100] ^= 0x40
+    segments.append(bytes(changed))
+    b[key] = len(segments) - 1
+    program_file.write_program(path, manifest, segments)
+    with pytest.raises(VkDelegateError, match="as segment .* another delegate as segment"):
+        load(path)
 
 
 def _add_one(array: np.ndarray, value: int) -> np.ndarray:

@@ -396,11 +396,14 @@ class LoweredProgram:
     def device_memory(self) -> dict:
         """Bytes of device memory the built Vulkan delegates hold: ``"constants"``,
         the weights all methods share (each once per layout, see
-        runtime/constant_pool.py), and per built delegate ``"<method>/<index>"`` its
-        own memory blocks (activations, state copies, small constants; blocks grow
-        1, 2, 4... MiB, so this counts reserved bytes). Delegates not built yet, or on
-        the CPU reference executor, are left out."""
-        out = {"constants": self.shared_constants.nbytes}
+        runtime/constant_pool.py; the bytes of the buffers), ``"state"``, the mutable
+        buffers kept on the device (a KV cache; their blocks), and per built delegate
+        ``"<method>/<index>"`` its own memory blocks (activations, its copies of state
+        inputs and outputs, small constants; blocks grow 1, 2, 4... MiB, so these
+        count reserved bytes). Delegates not built yet, or on the CPU reference
+        executor, are left out."""
+        out = {"constants": self.shared_constants.nbytes,
+               "state": self.store.device_bytes()}
         for name, runner in self._runners.items():
             for i, d in enumerate(runner.delegates):
                 allocator = getattr(d.loaded, "allocator", None)
@@ -590,6 +593,18 @@ def load(path, *, device: "int | None" = None, executor: "str | None" = None,
         if executor is not None:
             options["executor"] = executor
         methods = {}
+        # A key names one weight for every delegate of the program: the methods share
+        # its device copy (runtime/constant_pool.py). The writer stores each distinct
+        # byte string as one segment, so a key naming two segments is a crafted file.
+        key_segment: dict = {}
+        for name, m in manifest["methods"].items():
+            for i, d in enumerate(m["delegates"]):
+                for k, v in d["named_data"].items():
+                    if key_segment.setdefault(k, v) != v:
+                        raise VkDelegateError(
+                            f"{where}: method {name!r}, delegate {i} names constant "
+                            f"{printable(k)} as segment {v}, another delegate as segment "
+                            f"{key_segment[k]} (one key must be one weight)")
         # Named constants (the weights) stay views of the file's bytes, which were read
         # once and checksummed: a weight every method names is not copied at all.
         for name, m in manifest["methods"].items():

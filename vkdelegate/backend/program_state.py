@@ -114,6 +114,13 @@ class ProgramState:
         entry = self._device.get(fqn)
         return None if entry is None else entry[0]
 
+    def device_bytes(self) -> int:
+        """Bytes of device memory the state buffers hold (their blocks: at least
+        1 MiB each, see runtime/memory.py)."""
+        with self._lock:
+            return sum(buffer.allocator.allocated_bytes
+                       for buffer, _ in self._device.values() if not buffer.closed)
+
     def get(self, fqn: str):
         """The current value (host array/tensor; read back from the device buffer)."""
         with self._lock:

@@ -109,7 +109,8 @@ class ConstantPool:
         ``what`` when it was made from other bytes than ``source``."""
         entry = self._entries.get(key)
         if entry is not None and not same_bytes(entry.source, source):
-            raise VkDelegateError(f"{what}: named constant {key[0]!r} has other bytes "
+            name = key[1][0] if key[0] == "packed" else key[0]
+            raise VkDelegateError(f"{what}: named constant {name!r} has other bytes "
                                   f"here than in another delegate of this program")
         return entry
 
