@@ -108,8 +108,16 @@ def test_each_weight_stored_once(tmp_path, scheme):
         # from decode's: at most two layouts of each weight, never three copies.
         memory = program.device_memory()
         pooled = memory["constants"]
-        # The KV cache and the decode loop's record live in state buffers, counted apart.
+        # The KV cache and the decode loop's record live in state buffers, counted apart,
+        # and no method keeps memory of its own for a state the shared buffer replaced.
         assert memory["state"] > 0
+        for name in ("prefill", "decode_next"):  # what generate ran
+            graph = program.runner(name).delegates[0].loaded
+            assert graph.shared_states, name
+            for i, state in graph.shared_states.items():
+                t = graph.inputs[i]
+                assert t.buffer is state.buffer and id(t.buffer) not in \
+                    graph.values.owned_ids, (name, i)
         layouts = 1 if scheme is None or _gpu(program) else 2
         assert expected <= pooled <= layouts * RATIO * expected + 2**17, (pooled, expected)
     finally:

@@ -330,9 +330,16 @@ def test_two_graphs_bind_one_state_buffer(staging):
     with load_delegate(delegate.blob, delegate.named_data, staging=staging) as a, \
             load_delegate(delegate.blob, delegate.named_data, staging=staging) as b:
         buffer = a.state_buffer(0, count.copy())
+        own = a.inputs[0].buffer, a.inputs[0].staging
+        held = a.values.own_bytes
         try:
             a.bind_state(0, 0, None, download=False, shared=buffer)
             b.bind_state(0, 0, None, download=False, shared=buffer)
+            # The input's own memory (and staging buffer) is given back once the
+            # shared buffer replaces it: a KV cache is not held once per method.
+            assert a.inputs[0].buffer is buffer.buffer
+            assert not {id(o) for o in own if o is not None} & a.values.owned_ids
+            assert a.values.own_bytes < held
             for graph in (a, b, b, a, b):
                 x = rng.standard_normal(3).astype(np.float32)
                 _, y = graph.execute([None, x])

@@ -406,9 +406,9 @@ class LoweredProgram:
                "state": self.store.device_bytes()}
         for name, runner in self._runners.items():
             for i, d in enumerate(runner.delegates):
-                allocator = getattr(d.loaded, "allocator", None)
-                if allocator is not None:
-                    out[f"{name}/{i}"] = allocator.allocated_bytes
+                held = getattr(d.loaded, "device_bytes", None)
+                if held is not None:
+                    out[f"{name}/{i}"] = held
         return out
 
     def num_delegates(self, method: "str | None" = None) -> int:

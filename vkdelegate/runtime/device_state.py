@@ -89,6 +89,9 @@ class DeviceState:
                 if copy is not None:  # update in place: the new value IS the state
                     self.dispatches.remove(copy)
                     self._redirect(t_out, shared.buffer)
+                    self._out_views[output_index] = None  # never downloaded
+                    self.values.free_own(t_out.staging)
+                    t_out.staging = None
                 self._use_shared(t_in, shared.buffer)
                 self.shared_states[input_index] = shared
                 if t_in.set_shape(t_in.max_shape):
@@ -164,12 +167,15 @@ class DeviceState:
                 d.reads = {buffer.region if r == old.region else r for r in d.reads}
                 d.writes = {buffer.region if r == old.region else r for r in d.writes}
         tensor.buffer = buffer
+        if old is not buffer:
+            self.values.free_own(old)  # a graph input / output's own memory
 
     def _use_shared(self, tensor: Tensor, buffer) -> None:
         """Point every dispatch that binds input ``tensor``'s memory at ``buffer``
         instead (descriptor sets written again); the tensor's own memory is left
         unused."""
         self._redirect(tensor, buffer)
+        self.values.free_own(tensor.staging)
         tensor.staging = None  # never uploaded: the buffer holds the value
         self._in_views[self.inputs.index(tensor)] = None
         if self._pool is not None:

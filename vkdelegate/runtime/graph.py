@@ -184,8 +184,13 @@ class DelegateGraph(DeviceState):
         self.outputs = [self._io_tensor(v, "output") for v in graph.output_ids]
         if self.staging:
             for t in {id(t): t for t in self.inputs + self.outputs}.values():
-                t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
-                                                  f"staging of {t.name}", cached=True)
+                if id(t.buffer) in self.values.owned_ids:  # may become shared state
+                    t.staging = self.values.own_buffer(t.buffer.size, STAGING_USAGE,
+                                                       True, f"staging of {t.name}",
+                                                       cached=True)
+                else:
+                    t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
+                                                      f"staging of {t.name}", cached=True)
         self._build_nodes()
         if self._indirect_fns:  # VkDispatchIndirectCommand x, y, z (16-byte stride)
             n = len(self._indirect_fns)
@@ -483,6 +488,13 @@ class DelegateGraph(DeviceState):
                 pCommandBuffers=[self._profile_cmd])]
         return self._profile_submits
 
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of device (and staging) memory the graph holds: its blocks and the
+        memory of its own of its inputs and outputs that may be state (not the
+        program's constant pool or shared state buffers)."""
+        return self.allocator.allocated_bytes + self.values.own_bytes
+
     def close(self) -> None:
         """Free the command buffers, descriptor sets, fence and memory (idempotent,
         thread-safe: waits for a call in flight in another thread)."""
@@ -491,7 +503,7 @@ class DelegateGraph(DeviceState):
     def __repr__(self) -> str:
         state = "closed" if self._closed else (
             f"{len(self.dispatches)} dispatches, {getattr(self, 'barriers', 0)} barriers, "
-            f"{self.allocator.allocated_bytes / 2**20:.1f} MiB in blocks, "
+            f"{self.device_bytes / 2**20:.1f} MiB in blocks, "
             f"{'staged' if self.staging else 'mapped'} inputs/outputs")
         return (f"DelegateGraph({len(self.graph.chain)} nodes on {self.device.info.name}: "
                 f"{state})")

@@ -78,6 +78,8 @@ class GraphResources:
         if self.values is not None:
             self.values.close_uploads()
         self.allocator.close()
+        if self.values is not None:  # after the allocator's texel views of them
+            self.values.close_own()
 
 
 class owned:

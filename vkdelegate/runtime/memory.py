@@ -199,6 +199,12 @@ class Allocator:
             self._views[key] = (buffer, texel.create_view(self.device, buffer, fmt))
         return self._views[key][1]
 
+    def drop_views(self, buffer: Buffer) -> None:
+        """Destroy the texel views made of ``buffer`` (before its memory is freed)."""
+        for key in [k for k in self._views if k[0] == id(buffer)]:
+            _, view = self._views.pop(key)
+            vk.vkDestroyBufferView(self.device.device, view, None)
+
     @property
     def texel_views(self) -> int:
         """How many texel views this allocator holds (0 after ``close``)."""

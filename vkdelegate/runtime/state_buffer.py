@@ -62,7 +62,7 @@ class StateBuffer:
         self.shape = tuple(int(s) for s in shape)
         self.nbytes = Tensor.nbytes_for(device_dtype, self.shape)
         self.timeout_s = timeout_s
-        self.allocator = Allocator(device)
+        self.allocator = Allocator(device, block_size=max(self.nbytes, 16))  # no slack
         self._memory = _Memory(device, self.allocator)
         self._finalizer = weakref.finalize(self, self._memory.release)
         self._finalizer.atexit = False

@@ -25,7 +25,7 @@ from vkdelegate.runtime.commands import run_once
 from vkdelegate.runtime.constant_pool import ConstantPool
 from vkdelegate.runtime.dtypes import device_dtype, to_device
 from vkdelegate.runtime.memory import (STAGING_USAGE, UNIFORM_USAGE, Allocator,
-                                       tensor_usage)
+                                       shared_region, tensor_usage)
 from vkdelegate.runtime.params import META_BYTES, ParamBuffer
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.serialization import vkgraph as g
@@ -90,12 +90,16 @@ class GraphValues:
         self._upload_allocator = None
         # Pool keys this graph added whose bytes are still queued (staging).
         self._unwritten: list = []
+        # id(Buffer) -> the Allocator of its own that holds it: graph inputs and
+        # outputs a program may bind to a shared state buffer (own_buffer, free_own).
+        self._own: dict = {}
 
     def allocate(self, io_ids, constant_bytes, alias_nodes=frozenset()) -> None:
         """Allocate every VkTensor of the graph and upload the constants.
         alias_nodes: indexes in the chain of the nodes whose op may alias its input
         (``RuntimeOp.may_alias``), for ``_parts``."""
         parts = self._parts(io_ids, alias_nodes)
+        own = self._state_like()
         groups: dict[int, list[int]] = {}
         for vid, v in enumerate(self.graph.values):
             if isinstance(v, g.VkTensor) and vid not in parts and \
@@ -112,9 +116,15 @@ class GraphValues:
             dev_dtypes = [device_dtype(dt, self.device.info) for dt in dtypes]
             host = not self.staging and any(v in io_ids or s.constant_id >= 0
                                             for v, s in zip(vids, specs))
-            bufs = self.allocator.aliased(
-                [Tensor.nbytes_for(d, s.dims) for d, s in zip(dev_dtypes, specs)],
-                tensor_usage(self.device), host, [f"tensor {v}" for v in vids])
+            sizes = [Tensor.nbytes_for(d, s.dims) for d, s in zip(dev_dtypes, specs)]
+            if len(vids) == 1 and vids[0] in own and specs[0].constant_id < 0:
+                # A state input or output may later live in a shared state buffer
+                # (DeviceState.bind_state): memory of its own, freed then.
+                bufs = [self.own_buffer(sizes[0], tensor_usage(self.device), host,
+                                        f"tensor {vids[0]}")]
+            else:
+                bufs = self.allocator.aliased(sizes, tensor_usage(self.device), host,
+                                              [f"tensor {v}" for v in vids])
             for vid, s, dt, ddt, buf in zip(vids, specs, dtypes, dev_dtypes, bufs):
                 t = Tensor(vid, dt, ddt, s.dims, buf, self._meta(f"metadata of tensor {vid}"),
                            constant=s.constant_id >= 0)
@@ -138,6 +148,22 @@ class GraphValues:
                 buf = self.allocator.buffer(size, tensor_usage(self.device), False, what)
             self._values[vid] = Tensor(vid, dt, ddt, s.dims, buf,
                                        self._meta(f"metadata of tensor {vid}"))
+
+    def _state_like(self) -> set:
+        """Graph inputs and outputs that could be bound as state: an input and an
+        output of one dtype and sizes (a mutable buffer's old and new value), each
+        with no memory shared with other tensors."""
+        values = self.graph.values
+
+        def sig(vid):
+            v = values[vid] if 0 <= vid < len(values) else None
+            if not isinstance(v, g.VkTensor) or v.mem_obj_id >= 0:
+                return None
+            return (int(v.datatype), tuple(v.dims))
+        ins = {vid: sig(vid) for vid in self.graph.input_ids}
+        outs = {vid: sig(vid) for vid in self.graph.output_ids}
+        both = (set(ins.values()) & set(outs.values())) - {None}
+        return {vid for vid, s in list(ins.items()) + list(outs.items()) if s in both}
 
     def _parts(self, io_ids, alias_nodes) -> dict[int, tuple[int, int]]:
         """Tensors bound inside another's memory: tensor -> (source tensor, element
@@ -257,6 +283,46 @@ class GraphValues:
         if self.pool is not None:
             self.pool.discard(self._unwritten)
         self._unwritten = []
+
+    def own_buffer(self, size: int, usage: int, host_visible: bool, what: str,
+                   cached: bool = False):
+        """A buffer in memory of its own (an Allocator sized to it), which ``free_own``
+        can give back while the graph lives: a graph input or output, or its staging
+        buffer, that a shared state buffer may replace."""
+        allocator = Allocator(self.device, block_size=max(int(size), 16))
+        try:
+            buf = allocator.buffer(size, usage, host_visible, what, cached)
+        except BaseException:
+            allocator.close()
+            raise
+        buf.region = shared_region()  # unique across allocators (hazard tracking)
+        self._own[id(buf)] = (buf, allocator)
+        return buf
+
+    def free_own(self, buffer) -> None:
+        """Free ``buffer``'s memory if it is one of ``own_buffer``'s (nothing binds it
+        any more: its texel views go first); any other buffer is left alone."""
+        entry = self._own.pop(id(buffer), None) if buffer is not None else None
+        if entry is not None and entry[0] is buffer:
+            self.allocator.drop_views(buffer)
+            entry[1].close()
+
+    def close_own(self) -> None:
+        """Free every ``own_buffer`` (the graph is released; after its allocator,
+        whose texel views may view them)."""
+        for _, allocator in self._own.values():
+            allocator.close()
+        self._own = {}
+
+    @property
+    def owned_ids(self) -> set:
+        """id() of every ``own_buffer`` still held."""
+        return set(self._own)
+
+    @property
+    def own_bytes(self) -> int:
+        """Bytes of device memory the ``own_buffer``s hold."""
+        return sum(a.allocated_bytes for _, a in self._own.values())
 
     def new_meta(self, what: str) -> ParamBuffer:
         """A tensor metadata buffer (TensorMeta), for a Tensor an op makes over existing
