@@ -458,7 +458,7 @@ def pack_key(pack) -> tuple:
 
 
 def _check_key_args(value, pack) -> None:
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, tuple):  # hashable: a list could not be part of a pool key
         for item in value:
             _check_key_args(item, pack)
     elif not isinstance(value, (int, float, bool, str, type(None))):
