@@ -249,6 +249,16 @@ class MethodRunner:
                 self._tried.discard(d)
                 self._bound_inputs.pop(d, None)
 
+    def bind_states(self) -> None:
+        """Offer every delegate not offered yet its states now, as its first call would
+        (``LoweredProgram.build``): a built method that is never called then holds no
+        memory of its own for a state another method's buffer already holds."""
+        with self.store.calling(), self._bind_lock:
+            for node in self.plan["nodes"]:
+                index = node.get("index") if node.get("op") == "delegate" else None
+                if index in self._bindings and index not in self._tried:
+                    self._bind(index, node)
+
     def _bind(self, index: int, node: dict) -> None:
         """Offer delegate ``index`` its states (once per build of the delegate): the
         program's buffer of each FQN, made from this call's value the first time."""

@@ -416,11 +416,14 @@ class LoweredProgram:
 
     def build(self, progress: bool = False) -> "LoweredProgram":
         """Build every delegate now (decode, allocate, upload weights, compile and
-        record) instead of at its first call; returns the program. ``progress`` shows
-        a progress bar per delegate (tqdm, on stderr)."""
+        record) instead of at its first call, and bind the program's states to the
+        delegates that keep them on the device (a method never called holds no copy of
+        a KV cache of its own); returns the program. ``progress`` shows a progress bar
+        per delegate (tqdm, on stderr)."""
         for runner in self._runners.values():
             for d in runner.delegates:
                 d.build(progress)
+            runner.bind_states()  # the states in the program's buffers, not copies
         return self
 
     def close(self) -> None:
