@@ -94,7 +94,9 @@ class KernelMapper:
         if name in ("dim_order_ops::_to_dim_order_copy.out",
                     "dim_order_ops::_clone_dim_order.out"):
             return self._dim_order_copy(name, args, where)
-        match = _NAME.match(name) if isinstance(name, str) else None
+        # fullmatch: "$" alone also matches before a trailing newline (a fuzzer's
+        # "aten::cumsum.ou\n" reached torch.ops and a two-line message).
+        match = _NAME.fullmatch(name) if isinstance(name, str) else None
         if match is None or not name.startswith("aten::"):
             raise VkDelegateError(f"{where} calls operator {name!r}, which vkdelegate "
                                   f"does not run (ATen operators and ExecuTorch's size "
