@@ -72,6 +72,7 @@ class SharedConstants:
         self._pools = None
 
     def pools(self):
+        """The program's ``runtime.constant_pool.ConstantPools`` (made on first use)."""
         with self._lock:
             if self._pools is None:
                 from vkdelegate.runtime.constant_pool import ConstantPools
@@ -398,10 +399,9 @@ class LoweredProgram:
         the weights all methods share (each once per layout, see
         runtime/constant_pool.py; the bytes of the buffers), ``"state"``, the mutable
         buffers kept on the device (a KV cache; their blocks), and per built delegate
-        ``"<method>/<index>"`` its own memory blocks (activations, its copies of state
-        inputs and outputs, small constants; blocks grow 1, 2, 4... MiB, so these
-        count reserved bytes). Delegates not built yet, or on the CPU reference
-        executor, are left out."""
+        ``"<method>/<index>"`` its own memory (activations, inputs and outputs, small
+        constants; blocks grow 1, 2, 4... MiB, so these count reserved bytes).
+        Delegates not built yet, or on the CPU reference executor, are left out."""
         out = {"constants": self.shared_constants.nbytes,
                "state": self.store.device_bytes()}
         for name, runner in self._runners.items():

@@ -28,7 +28,9 @@ def load_delegate(blob: bytes, named_data: Mapping[str, bytes] | None = None,
     device: a Device, a device index or name substring, or None for the default.
     limits: the resource budget (``vkdelegate.limits.LoadLimits``; None: defaults).
     options: passed to DelegateGraph (staging, timeout_s, progress, ops: an OpTable;
-    None: every registered op, imported from vkdelegate.backend on first use).
+    None: every registered op, imported from vkdelegate.backend on first use;
+    constant_pools: a ``constant_pool.ConstantPools`` the graphs of one program share,
+    so that each named constant is on the device once).
     Raises VkDelegateError for a malformed blob, a missing constant, an unsupported op,
     a node whose declared output sizes are not the op's, or a device limit;
     ResourceLimitError for a blob over ``limits`` (see DelegateGraph).
