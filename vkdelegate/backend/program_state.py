@@ -58,13 +58,16 @@ class ProgramState:
         self._gate = threading.Condition(threading.Lock())
         self._calls: dict = {}  # thread id -> calls in flight in that thread
         self._closing = False
+        self._close_waiting = 0  # closes waiting for calls: new calls wait behind them
 
     @contextlib.contextmanager
     def calling(self):
-        """Held for one method call: waits while the program is being closed."""
+        """Held for one method call: waits while the program is being closed or a
+        close waits for the calls in flight (so back-to-back calls cannot starve it);
+        a thread already inside a call goes ahead."""
         me = threading.get_ident()
         with self._gate:
-            while self._closing:
+            while (self._closing or self._close_waiting) and me not in self._calls:
                 self._gate.wait()
             self._calls[me] = self._calls.get(me, 0) + 1
         try:
@@ -82,8 +85,12 @@ class ProgramState:
         threads (not this thread's own: a close from inside a call goes ahead)."""
         me = threading.get_ident()
         with self._gate:
-            while self._closing or any(t != me for t in self._calls):
-                self._gate.wait()
+            self._close_waiting += 1
+            try:
+                while self._closing or any(t != me for t in self._calls):
+                    self._gate.wait()
+            finally:
+                self._close_waiting -= 1
             self._closing = True
         try:
             yield
@@ -115,8 +122,8 @@ class ProgramState:
         return None if entry is None else entry[0]
 
     def device_bytes(self) -> int:
-        """Bytes of device memory the state buffers hold (their blocks: at least
-        1 MiB each, see runtime/memory.py)."""
+        """Bytes of device memory the state buffers hold (each sized to its value,
+        with its staging buffer where the device stages)."""
         with self._lock:
             return sum(buffer.allocator.allocated_bytes
                        for buffer, _ in self._device.values() if not buffer.closed)

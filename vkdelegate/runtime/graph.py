@@ -19,6 +19,7 @@ returns the output sizes.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from typing import Callable, Sequence
@@ -160,19 +161,14 @@ class DelegateGraph(DeviceState):
             self._res.constant_pool = pool  # detached when the graph is released
         self.values = self._res.values = GraphValues(graph, self.device, self.allocator,
                                                      staging, pool)
-        try:
-            if pool is None:
+        # With a pool: no other graph binds a pooled constant before its upload ran.
+        with pool.lock if pool is not None else contextlib.nullcontext():
+            try:
                 self._load(constant_bytes)
-            else:  # no other graph binds a pooled constant before its upload ran
-                with pool.lock:
-                    try:
-                        self._load(constant_bytes)
-                    except BaseException:
-                        self.values.drop_unwritten()
-                        raise
-        except BaseException:
-            self.close()
-            raise
+            except BaseException:
+                self.values.drop_unwritten()  # none without a pool
+                self.close()
+                raise
 
     # ---- load ------------------------------------------------------------------------
     def _load(self, constant_bytes):
@@ -184,13 +180,11 @@ class DelegateGraph(DeviceState):
         self.outputs = [self._io_tensor(v, "output") for v in graph.output_ids]
         if self.staging:
             for t in {id(t): t for t in self.inputs + self.outputs}.values():
-                if id(t.buffer) in self.values.owned_ids:  # may become shared state
-                    t.staging = self.values.own_buffer(t.buffer.size, STAGING_USAGE,
-                                                       True, f"staging of {t.name}",
-                                                       cached=True)
-                else:
-                    t.staging = self.allocator.buffer(t.buffer.size, STAGING_USAGE, True,
-                                                      f"staging of {t.name}", cached=True)
+                # A tensor that may become shared state: its staging is freed with it.
+                make = (self.values.own_buffer if id(t.buffer) in self.values.owned_ids
+                        else self.allocator.buffer)
+                t.staging = make(t.buffer.size, STAGING_USAGE, True,
+                                 f"staging of {t.name}", cached=True)
         self._build_nodes()
         if self._indirect_fns:  # VkDispatchIndirectCommand x, y, z (16-byte stride)
             n = len(self._indirect_fns)

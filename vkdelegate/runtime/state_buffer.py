@@ -25,6 +25,7 @@ from vkdelegate.runtime.memory import (STAGING_USAGE, Allocator, shared_region,
                                        tensor_usage)
 from vkdelegate.runtime.tensor import Tensor
 
+
 class _Memory:
     """What a StateBuffer frees (the finalizer holds this, never the buffer)."""
 

@@ -108,11 +108,7 @@ class GraphValues:
                 groups.setdefault(key, []).append(vid)
         for vids in groups.values():
             specs = [self.graph.values[v] for v in vids]
-            dtypes = [g.DTYPE_NAMES.get(s.datatype) for s in specs]
-            for vid, spec, dt in zip(vids, specs, dtypes):
-                if dt is None:
-                    raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
-                                          f"{int(spec.datatype)})")
+            dtypes = [_dtype_of(vid, spec) for vid, spec in zip(vids, specs)]
             dev_dtypes = [device_dtype(dt, self.device.info) for dt in dtypes]
             host = not self.staging and any(v in io_ids or s.constant_id >= 0
                                             for v, s in zip(vids, specs))
@@ -133,10 +129,7 @@ class GraphValues:
                     self._load_constant(t, s.constant_id, constant_bytes)
         for vid, (src, start) in parts.items():  # in chain order: sources first
             s, parent = self.graph.values[vid], self._values[src]
-            dt = g.DTYPE_NAMES.get(s.datatype)
-            if dt is None:
-                raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
-                                      f"{int(s.datatype)})")
+            dt = _dtype_of(vid, s)
             ddt = device_dtype(dt, self.device.info)
             size, what = Tensor.nbytes_for(ddt, s.dims), f"tensor {vid}"
             buf = None
@@ -222,10 +215,7 @@ class GraphValues:
         if self.pool is None or cid < 0 or vid in io_ids or cid >= len(self.graph.constants) \
                 or not self.graph.constants[cid].is_named:
             return False
-        dt = g.DTYPE_NAMES.get(spec.datatype)
-        if dt is None:
-            raise VkDelegateError(f"tensor {vid} has no dtype (datatype "
-                                  f"{int(spec.datatype)})")
+        dt = _dtype_of(vid, spec)
         ddt = device_dtype(dt, self.device.info)
         data = constant_bytes(cid)
         self._constant_array(vid, dt, spec.dims, cid, data)
@@ -438,6 +428,15 @@ class GraphValues:
             raise VkDelegateError(f"value {vid} has unsupported type {type(v).__name__}")
         self._values[vid] = out
         return out
+
+
+def _dtype_of(vid: int, spec) -> str:
+    """Graph dtype name of VkTensor ``spec`` (value ``vid``); VkDelegateError if its
+    datatype is none we know."""
+    dt = g.DTYPE_NAMES.get(spec.datatype)
+    if dt is None:
+        raise VkDelegateError(f"tensor {vid} has no dtype (datatype {int(spec.datatype)})")
+    return dt
 
 
 def pack_key(pack) -> tuple:
