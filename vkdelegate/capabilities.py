@@ -8,8 +8,10 @@ declares ``requires=`` fits the device (vkdelegate/shaders/variants.py). Torch- 
 Vulkan-free, so that every layer may import it.
 
 Feature names are the Vulkan spec's member names of VkPhysicalDeviceFeatures,
-VkPhysicalDeviceVulkan11/12/13Features and VkPhysicalDeviceCooperativeMatrixFeaturesKHR
-(``shaderFloat16``, ``storageBuffer16BitAccess``, ``cooperativeMatrix``, ...).
+VkPhysicalDeviceVulkan11/12/13Features, VkPhysicalDeviceCooperativeMatrixFeaturesKHR
+and VkPhysicalDeviceCooperativeMatrix2FeaturesNV (``shaderFloat16``,
+``storageBuffer16BitAccess``, ``cooperativeMatrix``,
+``cooperativeMatrixWorkgroupScope``, ...).
 """
 from __future__ import annotations
 
@@ -29,6 +31,12 @@ FEATURES = {
     "VkPhysicalDeviceVulkan13Features": ("subgroupSizeControl", "computeFullSubgroups",
                                          "shaderIntegerDotProduct", "maintenance4"),
     "VkPhysicalDeviceCooperativeMatrixFeaturesKHR": ("cooperativeMatrix",),
+    # VK_NV_cooperative_matrix2: matrices of workgroup scope (the driver stages their
+    # loads through shared memory) in sizes from the flexible-dimension list, loaded
+    # and stored through tensor layouts, with per-element operations.
+    "VkPhysicalDeviceCooperativeMatrix2FeaturesNV": (
+        "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
+        "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations"),
 }
 #: Device creation enables each of these the device has (and never one it lacks):
 #: the ones a shader variant may use (64/16-bit integers and doubles, narrow storage
@@ -37,6 +45,9 @@ FEATURES = {
 ALL_FEATURES = frozenset(n for names in FEATURES.values() for n in names)
 #: The extension that brings ``cooperativeMatrix`` (enabled with it).
 COOPERATIVE_MATRIX_EXTENSION = "VK_KHR_cooperative_matrix"
+#: The extension that brings ``cooperativeMatrixWorkgroupScope`` and the other
+#: features of its structure above (enabled with them; it needs the one above).
+COOPERATIVE_MATRIX2_EXTENSION = "VK_NV_cooperative_matrix2"
 #: The highest Vulkan version vkdelegate asks the instance for (and targets).
 MAX_API = (1, 3)
 
@@ -56,6 +67,26 @@ class CooperativeMatrixShape:
 
 
 @dataclass(frozen=True)
+class FlexibleMatrixShape:
+    """One VkCooperativeMatrixFlexibleDimensionsPropertiesNV entry (VK_NV_cooperative_
+    matrix2): matrices of any M x N x K that are multiples of ``m`` x ``n`` x ``k`` (up to
+    the device's ``cooperative_matrix_max_dimension``), these component types (as in
+    CooperativeMatrixShape), ``scope`` ("WORKGROUP" or "SUBGROUP", VkScopeKHR without
+    the prefix and suffix) and, for workgroup scope, the workgroup size in invocations
+    a shader using them must have."""
+
+    m: int
+    n: int
+    k: int
+    a: str
+    b: str
+    c: str
+    result: str
+    scope: str
+    workgroup_invocations: int
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What one device offers, as used: ``api_version`` is the effective version
     (the smaller of the device's and ``MAX_API``), (major, minor). ``features``: the
@@ -69,6 +100,10 @@ class Capabilities:
     max_subgroup_size: int = 0
     max_storage_buffer_range: int = 0
     cooperative_matrix_shapes: tuple = field(default=())
+    #: FlexibleMatrixShape entries (VK_NV_cooperative_matrix2), and the largest
+    #: dimension they may take (cooperativeMatrixFlexibleDimensionsMaxDimension).
+    flexible_matrix_shapes: tuple = field(default=())
+    cooperative_matrix_max_dimension: int = 0
 
     def has(self, feature: str) -> bool:
         """Whether the device has Vulkan feature ``feature``; VkDelegateError for a
@@ -108,7 +143,9 @@ class Capabilities:
                 "subgroup_size_range": [self.min_subgroup_size, self.max_subgroup_size],
                 "max_storage_buffer_range": self.max_storage_buffer_range,
                 "cooperative_matrix_shapes": [vars(s) for s in
-                                              self.cooperative_matrix_shapes]}
+                                              self.cooperative_matrix_shapes],
+                "flexible_matrix_shapes": [vars(s) for s in self.flexible_matrix_shapes],
+                "cooperative_matrix_max_dimension": self.cooperative_matrix_max_dimension}
 
 
 #: The table assumed where no device is at hand (``vkdelegate build-shaders`` without

@@ -80,8 +80,11 @@ def _mismatches(shader: str, defines: dict, in_storage: bool, spirv: bytes) -> l
 
 def test_every_variant_matches_its_declared_bindings():
     compiler = default_compiler()
+    # A shader this glslang cannot build (gemm_coopmat_wg.glsl's GL_NV_cooperative_
+    # matrix2 before glslang 15) is never chosen here: device creation keeps its
+    # features off.
     jobs = [(shader, defines, in_storage) for shader, defines in _representatives()
-            for in_storage in (False, True)]
+            if compiler.builds(shader) for in_storage in (False, True)]
 
     def check(job):
         shader, defines, in_storage = job

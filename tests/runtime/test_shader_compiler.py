@@ -1,4 +1,5 @@
 """ShaderCompiler: errors name file and line; the disk cache hits and is keyed right."""
+import os
 import pytest
 
 from vkdelegate.ops.registry import load_all
@@ -109,3 +110,50 @@ def test_supports_cooperative_matrix(tmp_path):
     with pytest.raises(VkDelegateError, match="no compiler probe for GLSL extension "
                                               "'GL_NOPE'"):
         compiler.supports("GL_NOPE")
+
+
+def test_a_shader_needing_another_glslang_gets_it(tmp_path, monkeypatch):
+    """A shader that requires a GLSL extension the first glslang lacks is compiled by
+    the first other one that has it (a system glslang 15 for GL_NV_cooperative_matrix2
+    beside the wheel's 13.1); every other shader stays with the first, and the cache
+    key carries the version of the one that compiles it."""
+    compiler = ShaderCompiler(cache=tmp_path / "cache")
+    if compiler.tool is None:
+        pytest.skip("no glslangValidator")
+    first = (compiler.tool, compiler.tool_env)
+    other = str(tmp_path / "glslangValidator")
+    with open(other, "w") as f:
+        f.write("#!/bin/sh\n[ \"$1\" = --version ] && echo 'Glslang Version: 11:99.0.0' "
+                "&& exit 0\nexit 1\n")  # compiles nothing: its probes fail
+    os.chmod(other, 0o755)
+    compiler.tools = [first, (other, None)]
+    ext = "GL_NV_cooperative_matrix2"
+    compiler._supports[f"{ext}@vulkan1.3@{first[0]}"] = False
+    compiler._supports[f"{ext}@vulkan1.3@{other}"] = True
+    compiler._supports[f"GL_KHR_cooperative_matrix@vulkan1.3@{other}"] = True
+    assert compiler.tool_for("gemm_coopmat_wg") == (other, None)
+    assert compiler.tool_for("binary_op") == first
+    assert compiler.supports(ext) and compiler.builds("gemm_coopmat_wg")
+    assert compiler._tool_version(other, None) == "Glslang Version: 11:99.0.0"
+    key_other = compiler.key("gemm_coopmat_wg", {}, "vulkan1.3")
+    compiler._supports[f"{ext}@vulkan1.3@{other}"] = False  # nobody builds it now
+    assert not compiler.builds("gemm_coopmat_wg") and not compiler.supports(ext)
+    assert compiler.tool_for("gemm_coopmat_wg") == first  # its error names the extension
+    assert compiler.key("gemm_coopmat_wg", {}, "vulkan1.3") != key_other
+    assert compiler.tool_for("gemm_coopmat_wg", "vulkan1.1") == first  # probes fail
+
+
+def test_glslangs_in_order_of_preference(tmp_path, monkeypatch):
+    from vkdelegate.shaders.compiler import find_glslang, find_glslangs
+    monkeypatch.delenv("VKDELEGATE_GLSLANG", raising=False)
+    found = find_glslangs()
+    if not found:
+        pytest.skip("no glslangValidator")
+    named = str(tmp_path / "glslangValidator")
+    with open(named, "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(named, 0o755)
+    monkeypatch.setenv("VKDELEGATE_GLSLANG", named)
+    assert find_glslangs()[0] == (named, None)
+    assert find_glslang() == (named, None)
+    assert [t for t, _ in find_glslangs()[1:]] == [t for t, _ in found]  # then the rest

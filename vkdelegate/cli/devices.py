@@ -67,6 +67,11 @@ def _capability_rows(caps) -> list:
              ["maxStorageBufferRange", f"{caps.max_storage_buffer_range} bytes"]]
     rows += [["cooperative matrix", f"{s.m}x{s.n}x{s.k} {s.a}*{s.b}+{s.c}->{s.result}"]
              for s in caps.cooperative_matrix_shapes]
+    rows += [["flexible cooperative matrix",
+              f"multiples of {s.m}x{s.n}x{s.k} (up to {caps.cooperative_matrix_max_dimension}) "
+              f"{s.a}*{s.b}+{s.c}->{s.result} {s.scope.lower()} scope"
+              + (f", {s.workgroup_invocations} invocations" if s.scope == "WORKGROUP" else "")]
+             for s in caps.flexible_matrix_shapes]
     return rows
 
 

