@@ -9,10 +9,12 @@ device), "legacy" (the simple shaders: matmul_tiled/matmul.glsl, linear.glsl),
 "small"/"large" (the GEMM core's 64 x 64 / 128 x 128 block forced), "novec" (no vec4
 global loads), "nosplit" (the GPU row without split-K), "gemv2"/"gemv8"
 (2 or 8 outputs per GEMV workgroup instead of 4), "nocoop" (the GPU row without the
-cooperative-matrix form), "TMxTNxBK" (that core block always) or
+cooperative-matrix forms), "nowg" (without the workgroup-scope form), "TMxTNxBK" (that core block always) or
 "cBMxBNxBKxWMxWNxSTAGES" (that gemm_coopmat.glsl block always; "+NAME=VALUE" parts
 after it add defines to its variant, e.g. "c128x256x32x64x64x1+PROBE=2": the
-shader's probes and ACC16, see gemm_coopmat.glsl); "TMxTNxBKn": the core block without
+shader's probes and ACC16, see gemm_coopmat.glsl), "wBMxBNxBKxUNROLL[tTHREADS]"
+(gemm_coopmat_wg.glsl's workgroup-scope block always, VK_NV_cooperative_matrix2; with
+"t" that workgroup size instead of the largest the device lists for the block); "TMxTNxBKn": the core block without
 vec4 loads. The "kernel" column names the shader and block recorded; the header lists
 the device's cooperative-matrix shapes (M x N x K A B C result).
 Our time: median of --runs profiled executes (GPU timestamp queries, all dispatches of
@@ -47,7 +49,8 @@ FORMS = {"table": None, "legacy": "legacy",
          "nosplit": gemm_tiles.GemmTiles(vec_load=gemm_tiles.DEFAULT.vec_load),
          "gemv2": gemm_tiles.GemmTiles(gemv_rows=2),
          "gemv8": gemm_tiles.GemmTiles(gemv_rows=8),
-         "nocoop": dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False)}
+         "nocoop": dataclasses.replace(gemm_tiles.DEFAULT, coopmat=False),
+         "nowg": dataclasses.replace(gemm_tiles.DEFAULT, coop_wg=(), coop_wg_small=())}
 
 
 def form_tiles(form: str):
@@ -60,6 +63,10 @@ def form_tiles(form: str):
         block = tuple(int(v) for v in form[1:].split("+")[0].split("x"))
         return dataclasses.replace(gemm_tiles.DEFAULT, coop_large=block,
                                    coop_large_min_groups=0)
+    if form.startswith("w"):
+        block = tuple(int(v) for v in form[1:].split("t")[0].split("x"))
+        return dataclasses.replace(gemm_tiles.DEFAULT, coop_wg=block, coop_wg_small=block,
+                                   coop_wg_min_macs=0)
     vec = not form.endswith("n")
     tm, tn, bk = (int(v) for v in form.rstrip("n").split("x"))
     return gemm_tiles.GemmTiles(large=(tm, tn, bk), large_min_groups=0, vec_load=vec)
@@ -108,6 +115,9 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
         return chosen[-1]
 
     gemm.select = spy
+    wg_threads = gemm_core.coopmat_wg_threads
+    if form.startswith("w") and "t" in form:
+        gemm_core.coopmat_wg_threads = lambda caps, block: int(form.split("t")[1])
     coop_defines = gemm_core.coopmat_defines
     extra = extra_defines(form)
     gemm_core.coopmat_defines = lambda *a, **kw: dict(coop_defines(*a, **kw), **extra)
@@ -119,6 +129,7 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
         dg = build(device, op, m, k, n, dtype, arrays[1])
     finally:
         gemm.select = select
+        gemm_core.coopmat_wg_threads = wg_threads
         gemm_core.coopmat_defines = coop_defines
         gemm_tiles.TABLE.clear()
         gemm_tiles.TABLE.update(saved)
@@ -129,7 +140,9 @@ def ours(device, form, op, m, k, n, dtype, arrays, runs):
         for _ in range(runs):
             dg.execute(inputs, profile=True)
             times.append(dg.last_profile.total_ns)
-    kernel = " ".join(f"{f.shader}{'x'.join(map(str, f.block))}" for f in chosen)
+    kernel = " ".join(f"{f.shader}{'x'.join(map(str, f.block))}"
+                      + (f"t{f.threads}" if f.shader == gemm_core.COOPMAT_WG_SHADER else "")
+                      for f in chosen)
     kernel += "".join(f"+{k}={v}" for k, v in extra.items())
     return statistics.median(times) / 1e6, out, kernel
 
@@ -205,7 +218,13 @@ def main(argv=None) -> int:
     shapes = device.info.capabilities.cooperative_matrix_shapes
     print(f"maxComputeSharedMemorySize: {device.info.max_shared_memory} bytes")
     print("cooperative-matrix shapes: " + ("; ".join(
-        f"{s.m}x{s.n}x{s.k} {s.a} {s.b} {s.c} {s.result}" for s in shapes) or "none") + "\n")
+        f"{s.m}x{s.n}x{s.k} {s.a} {s.b} {s.c} {s.result}" for s in shapes) or "none"))
+    caps = device.info.capabilities
+    print("flexible shapes (VK_NV_cooperative_matrix2, up to "
+          f"{caps.cooperative_matrix_max_dimension}): " + ("; ".join(
+              f"{s.m}x{s.n}x{s.k} {s.a} {s.b} {s.c} {s.result} {s.scope} "
+              f"{s.workgroup_invocations}" for s in caps.flexible_matrix_shapes) or "none")
+          + "\n")
     print(tabulate(rows, headers=["case M x K x N", "dtype", "form", "kernel", "ours ms", "TFLOP/s",
                                   "weight TB/s", "rel err", f"torch {dev} ms", "TFLOP/s",
                                   "torch rel err"]))

@@ -11,7 +11,10 @@ shaders,
   loads, and split-K for few blocks and a long K: gemm_reduce.glsl adds the parts).
 - gemm_coopmat.glsl, the core's cooperative-matrix form, in place of gemm.glsl for
   fp16 products on devices with VK_KHR_cooperative_matrix (16 x 16 x 16 FLOAT16 ->
-  FLOAT32 tiles, one fixed subgroup size: gemm_core.coopmat_subgroup).
+  FLOAT32 tiles, one fixed subgroup size: gemm_core.coopmat_subgroup); where the
+  tile row names a ``coop_wg`` block and the device has VK_NV_cooperative_matrix2
+  (workgroup scope, tensor addressing), gemm_coopmat_wg.glsl for the large products
+  (one matrix per workgroup, loads staged by the driver).
 - gemv.glsl, the GEMV path for one-row products (LLM decode): the K reduction split
   across a workgroup's invocations, vector loads of a constant B; with an
   ``RmsPrologue`` (vkdelegate.rms_norm_linear) the row RMS-normalized first, in the
@@ -54,8 +57,9 @@ import numpy as np
 
 from vkdelegate.kernels import gemm_core, loop_limit
 from vkdelegate.kernels import swiglu as swiglu_chains
-from vkdelegate.kernels.gemm_core import (COOPMAT_SHADER, CORE_SHADER, GEMV_SHADER,
-                                          GEMV_THREADS, LINEAR_SCALARS, coopmat_subgroup,
+from vkdelegate.kernels.gemm_core import (COOPMAT_SHADER, COOPMAT_WG_SHADER, CORE_SHADER,
+                                          GEMM_SHADERS, GEMV_SHADER, GEMV_THREADS,
+                                          LINEAR_SCALARS, coopmat_subgroup,
                                           coopmat_threads, record_core)
 from vkdelegate.kernels.gemm_tiles import tiles_for
 from vkdelegate.kernels.workgroup import workgroup_for
@@ -72,6 +76,10 @@ CONV_PX = 8  # pixels per invocation of conv2d.glsl's POINTWISE path (its PX)
 TILE = 16
 REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
 DTYPES = frozenset({"float32", "float16"})
+#: Whether fp16 products take gemm_coopmat_wg.glsl where the tile table and the device
+#: allow it (``_workgroup_scope``); a benchmark form (gemm.WORKGROUP_SCOPE=false)
+#: compares the subgroup form on the same device.
+WORKGROUP_SCOPE = True
 
 
 @dataclass(frozen=True)
@@ -88,10 +96,12 @@ class GemmForm:
     block: tuple = ()  # core: (TM, TN, BK); gemm_coopmat: (BM, BN, BK, WM, WN, STAGES)
     vec_load: bool = False  # the core's VEC_LOAD (vec4 global loads where aligned)
     splits: int = 1  # the core's split-K parts (SPLIT_K, then gemm_reduce.glsl)
-    threads: int = 0  # gemm_coopmat.glsl's invocations per workgroup
+    threads: int = 0  # gemm_coopmat(_wg).glsl's invocations per workgroup
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
+        if self.shader == COOPMAT_WG_SHADER:
+            return -(-k // self.block[2]) + 1
         if self.shader == COOPMAT_SHADER:
             return -(-k // self.block[2]) + 1
         if self.shader == CORE_SHADER:
@@ -188,8 +198,9 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
             block = tiles.coop_block(batch, m, n)
             shared = getattr(info, "max_shared_memory", 0)  # 0: not known, assume it fits
             if not shared or gemm_core.coopmat_shared_bytes(block, nk) <= shared:
-                return GemmForm(COOPMAT_SHADER, block=block,
+                form = GemmForm(COOPMAT_SHADER, block=block,
                                 threads=coopmat_threads(block, subgroup))
+                return _workgroup_scope(info, tiles, form, batch, m, n, k)
         if m != 1:
             block = tiles.core_block(batch, m, n, dtype)
             return GemmForm(CORE_SHADER, block=block,
@@ -200,6 +211,22 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
             return GemmForm(TILED_SHADER, register_block(m, n))
         return GemmForm(SIMPLE_SHADER)
     return GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
+
+
+def _workgroup_scope(info, tiles, form: GemmForm, batch: int, m: int, n: int,
+                     k: int) -> GemmForm:
+    """gemm_coopmat_wg.glsl in place of ``form`` (gemm_coopmat.glsl's) where the tile
+    row has a workgroup-scope block for the output (``coop_wg_block``), WORKGROUP_SCOPE
+    is on, the device
+    runs it (gemm_core.coopmat_wg_threads) and the product has at least
+    ``coop_wg_min_macs`` multiply-adds (upper bounds)."""
+    block = tiles.coop_wg_block(batch, m, n)
+    if not WORKGROUP_SCOPE or not block or batch * m * n * k < tiles.coop_wg_min_macs:
+        return form
+    threads = gemm_core.coopmat_wg_threads(info.capabilities, block)
+    if not threads:
+        return form
+    return GemmForm(COOPMAT_WG_SHADER, block=block, threads=threads)
 
 
 def checked_select(b, m: int, n: int, k: int, *, plain: bool,
@@ -236,7 +263,7 @@ def mm(b, out, a, w, transposed: bool) -> None:
     m, n = out.max_shape
     form = checked_select(b, m, n, a.max_shape[1], plain=True, dtype=out.dtype,
                           nk=transposed)
-    if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
+    if form.shader in GEMM_SHADERS + (GEMV_SHADER,):
         record_core(b, form, out, a, w, None, "nk" if transposed else "kn")
         return
     if form.shader == TILED_SHADER:
@@ -363,7 +390,7 @@ def swiglu(b, out, a, mat, bias, layout: str, chain: dict,
         record_core(b, form, out, a, mat, bias, "nk", swiglu=chain,
                     norm=None if norm is None else (norm.weight, norm.eps))
         return
-    if form.shader in (CORE_SHADER, COOPMAT_SHADER) and steps is not None:
+    if form.shader in GEMM_SHADERS and steps is not None:
         _swiglu_after_core(b, form, out, a, mat, bias, steps)
         return
     form = GemmForm(LINEAR_SHADER, 4 if m >= 4 else 1, loop_limit.over_budget(k))
@@ -454,7 +481,7 @@ def matmul(b, out, a, mat, bias, layout: str, alpha: float = 1.0, beta: float = 
         record_core(b, form, out, a, mat, bias, "nk", alpha, beta,
                     norm=(norm.weight, norm.eps))
         return False
-    if form.shader in (CORE_SHADER, COOPMAT_SHADER, GEMV_SHADER):
+    if form.shader in GEMM_SHADERS + (GEMV_SHADER,):
         # The core reads a constant [N, K] weight in place: no packing.
         fused = residual if form.shader == GEMV_SHADER else None
         record_core(b, form, out, a, mat, bias, "kn" if layout == "kn" else "nk",

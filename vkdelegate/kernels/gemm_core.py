@@ -7,6 +7,10 @@
   (GL_KHR_cooperative_matrix 16 x 16 x 16 FLOAT16 -> FLOAT32 tiles; a ``form.block``
   of (BM, BN, BK, WM, WN, STAGES), ``form.threads`` invocations per workgroup), on
   devices where ``coopmat_subgroup`` says it runs;
+- gemm_coopmat_wg.glsl, its workgroup-scope form (VK_NV_cooperative_matrix2: one
+  BM x BN matrix per workgroup, tensor-addressed loads the driver stages; a
+  ``form.block`` of (BM, BN, BK, UNROLL), ``form.threads`` the flexible shape's
+  workgroup size), on devices where ``coopmat_wg_threads`` says it runs;
 - gemv.glsl, the GEMV path for one row (``form.tile`` outputs per workgroup for
   b [N, K], GEMV_UNROLL vector loads per row in flight per invocation, subgroupAdd
   reduction where the device has subgroup arithmetic), its HAS_RESIDUAL form
@@ -46,6 +50,15 @@ COOPMAT_REQUIRES = ("cooperativeMatrix", "shaderFloat16", "storageBuffer16BitAcc
 #: (VkCooperativeMatrixPropertiesKHR, VK_KHR_cooperative_matrix).
 COOPMAT_SHAPE = (16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR")
 COOPMAT_SUBGROUPS = (32, 64)  # subgroup sizes its variants are declared for
+COOPMAT_WG_SHADER = "gemm_coopmat_wg"
+#: What gemm_coopmat_wg.glsl needs of the device beyond COOPMAT_REQUIRES.
+COOPMAT_WG_REQUIRES = COOPMAT_REQUIRES + (
+    "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
+    "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations")
+#: Its flexible shape's component types (A, B, C, result) and scope.
+COOPMAT_WG_TYPES = ("FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR", "WORKGROUP")
+#: The several-row forms ``record_core`` records (with the GEMV path: all its forms).
+GEMM_SHADERS = (CORE_SHADER, COOPMAT_SHADER, COOPMAT_WG_SHADER)
 REDUCE_SHADER = "gemm_reduce"  # split-K's second pass
 GEMV_SHADER = "gemv"
 GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
@@ -81,9 +94,10 @@ def _bindings(inputs: tuple, d) -> Bindings:
 
 @shader_bindings(CORE_SHADER)
 @shader_bindings(COOPMAT_SHADER)
+@shader_bindings(COOPMAT_WG_SHADER)
 @shader_bindings(GEMV_SHADER)
 def product_bindings(d) -> Bindings:
-    """Bindings of gemm.glsl, gemm_coopmat.glsl, gemv.glsl and linear.glsl (defines
+    """Bindings of gemm.glsl, gemm_coopmat(_wg).glsl, gemv.glsl and linear.glsl (defines
     ``d``): out_data; a_data, b_data (c_data with HAS_BIAS, then r_data with
     HAS_RESIDUAL, then n_data with RMS_NORM); out/a/b (c) metadata; scalars_block.
     gemv.glsl's ROTARY adds cache_data, cache2_data and error_flags to the outputs,
@@ -162,6 +176,24 @@ def coopmat_subgroup(caps) -> int:
     return size if COOPMAT_SHAPE in shapes and fixed and size in COOPMAT_SUBGROUPS else 0
 
 
+def coopmat_wg_threads(caps, block: tuple) -> int:
+    """The workgroup size (invocations) gemm_coopmat_wg.glsl runs ``block`` (BM, BN,
+    BK, UNROLL) with on a device whose capability table is ``caps``, or 0 where it
+    cannot: it needs COOPMAT_WG_REQUIRES and a flexible shape (VK_NV_cooperative_
+    matrix2) of COOPMAT_WG_TYPES whose granularities divide BM, BN and BK, each at
+    most the device's cooperative_matrix_max_dimension; of several such, the largest
+    workgroup."""
+    if caps.missing(COOPMAT_WG_REQUIRES):
+        return 0
+    bm, bn, bk = block[:3]
+    if max(bm, bn, bk) > caps.cooperative_matrix_max_dimension:
+        return 0
+    sizes = [s.workgroup_invocations for s in caps.flexible_matrix_shapes
+             if (s.a, s.b, s.c, s.result, s.scope) == COOPMAT_WG_TYPES
+             and bm % s.m == 0 and bn % s.n == 0 and bk % s.k == 0]
+    return max(sizes, default=0)
+
+
 def coopmat_threads(block: tuple, subgroup: int) -> int:
     """Invocations per workgroup of gemm_coopmat.glsl's ``block`` (BM, BN, BK, WM, WN,
     STAGES) with subgroups of ``subgroup`` invocations."""
@@ -192,6 +224,19 @@ def coopmat_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> di
     bm, bn, bk, wm, wn, stages = block
     d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None), BM=str(bm), BN=str(bn),
              BK=str(bk), WM=str(wm), WN=str(wn), STAGES=str(stages), THREADS=str(threads))
+    return d
+
+
+def coopmat_wg_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> dict:
+    """Defines of gemm_coopmat_wg.glsl (tensors as for ``core_defines``) for
+    ``block`` (BM, BN, BK, UNROLL) and ``threads`` invocations per workgroup."""
+    tensors = dict(OUT=out, A=a, B=b)
+    if bias is not None:
+        tensors["C"] = bias
+    d = storage_defines(**tensors)
+    bm, bn, bk, unroll = block
+    d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None), BM=str(bm), BN=str(bn),
+             BK=str(bk), UNROLL=str(unroll), THREADS=str(threads))
     return d
 
 
@@ -273,7 +318,11 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
-    if form.shader == COOPMAT_SHADER:
+    if form.shader == COOPMAT_WG_SHADER:
+        bm, bn = form.block[:2]
+        defines = coopmat_wg_defines(out, a, mat, bias, nk, form.block, form.threads)
+        grid, local = (-(-n // bn) * form.threads, -(-m // bm), batch), (form.threads, 1, 1)
+    elif form.shader == COOPMAT_SHADER:
         bm, bn = form.block[:2]
         defines = coopmat_defines(out, a, mat, bias, nk, form.block, form.threads)
         grid, local = (-(-n // bn) * form.threads, -(-m // bm), batch), (form.threads, 1, 1)
@@ -376,6 +425,12 @@ def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
                            block, threads)
 
 
+def _coopmat_wg_variant(dtype: str, nk: bool, bias: bool, block: tuple,
+                        threads: int) -> dict:
+    return coopmat_wg_defines(dtype, "float16", "float16", "float16" if bias else None, nk,
+                              block, threads)
+
+
 _GRID = dict(profile=STORAGE_PROFILES, dtype=DTYPES)
 _ROWS = [GPU_TILES] + [t for t in TABLE.values() if t is not None]  # tile-table rows
 _BLOCKS = sorted({t.large for t in _ROWS} | {t.small for t in _ROWS}
@@ -386,6 +441,14 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
              dtype=("float16",), nk=(False, True), bias=(False, True),
              block=sorted({t.coop_large for t in _ROWS} | {t.coop_small for t in _ROWS}),
              subgroup=COOPMAT_SUBGROUPS)
+#: gemm_coopmat_wg.glsl's blocks besides the tile table's (benchmarks/gemm.py's sweep).
+COOPMAT_WG_BLOCKS = ((128, 128, 32, 4), (128, 256, 16, 8), (128, 256, 32, 4),
+                     (256, 128, 16, 8), (256, 128, 32, 4), (256, 256, 16, 8))
+_WG_BLOCKS = sorted({b for t in _ROWS for b in (t.coop_wg, t.coop_wg_small) if b}
+                    | set(COOPMAT_WG_BLOCKS))
+declare_grid(COOPMAT_WG_SHADER, _coopmat_wg_variant, requires=COOPMAT_WG_REQUIRES,
+             dtype=("float16",), nk=(False, True), bias=(False, True), block=_WG_BLOCKS,
+             threads=(128, 256))
 declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),

@@ -45,7 +45,12 @@ class GemmTiles:
     tiles), ``coop_large`` from ``coop_large_min_groups`` such blocks on.
     ``large_fp32``: where set, float32 products take this block instead of ``large``
     once it alone gives ``large_min_groups`` blocks (else ``large`` / ``small`` as
-    above)."""
+    above). ``coop_wg`` / ``coop_wg_small``: where set, (BM, BN, BK, UNROLL) blocks
+    of gemm_coopmat_wg.glsl (workgroup-scope cooperative matrices with tensor
+    addressing, VK_NV_cooperative_matrix2), which fp16 products of at least
+    ``coop_wg_min_macs`` multiply-adds (batch * m * n * k at the upper bounds) take
+    instead of gemm_coopmat.glsl on devices that have it: ``coop_wg`` from
+    ``coop_wg_min_groups`` such blocks on, else ``coop_wg_small``."""
 
     large: tuple = (8, 8, 16)
     small: tuple = (4, 4, 16)
@@ -62,6 +67,10 @@ class GemmTiles:
     coop_small: tuple = (64, 64, 32, 32, 32, 2)
     coop_large_min_groups: int = 132
     large_fp32: "tuple | None" = None
+    coop_wg: tuple = ()
+    coop_wg_small: tuple = ()
+    coop_wg_min_groups: int = 256
+    coop_wg_min_macs: int = 1 << 29
 
     def core_block(self, batch: int, m: int, n: int, dtype: str = "float32") -> tuple:
         """(TM, TN, BK) for a [batch, m, n] output of graph dtype ``dtype``."""
@@ -76,6 +85,15 @@ class GemmTiles:
         bm, bn = self.coop_large[:2]
         groups = batch * -(-m // bm) * -(-n // bn)
         return self.coop_large if groups >= self.coop_large_min_groups else self.coop_small
+
+    def coop_wg_block(self, batch: int, m: int, n: int) -> tuple:
+        """(BM, BN, BK, UNROLL) of gemm_coopmat_wg.glsl for a [batch, m, n] output,
+        () where the row has none."""
+        if not self.coop_wg:
+            return ()
+        bm, bn = self.coop_wg[:2]
+        large = batch * -(-m // bm) * -(-n // bn) >= self.coop_wg_min_groups
+        return self.coop_wg if large or not self.coop_wg_small else self.coop_wg_small
 
     def splits(self, batch: int, m: int, n: int, k: int, block: tuple) -> int:
         """How many parts split-K cuts K into for this product and ``block`` (1: none)."""
@@ -119,8 +137,16 @@ TABLE: dict = {"cpu": GemmTiles(large_min_groups=0, plain_only=True, gemv=False,
 #: Split-K from K = 1024 (the dataclass's 2048 missed EfficientNet-Lite0's batch-8
 #: classifier, 8 x 1280 -> 1000 fp32: 16 workgroups over K = 1280, 66.5 us on an
 #: H100, docs/PERF.md "An H100, 2026-12-05 (fifth session)").
+#: Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2, tensor-addressed
+#: loads; H100, 2026-12-06, benchmarks/gemm.py forms wBMxBNxBKxUNROLL, fp16, TFLOP/s):
+#: 4096^3 mm (b [K, N]) 128 x 256 x 32 unrolled 32: 300 (the subgroup form 214; 16:
+#: 294, 8: 265, 1: 183; 256 x 128 272; BK 64 196-204), linear (b [N, K]) 263 (128 x 128
+#: x 64 x 32: 271; the subgroup form 204); below 256 such blocks 128 x 128 x 64 x 16:
+#: 256 x 4096 x 4096 122 (the subgroup form's 64 x 64 77, 128 x 256 64), 2048^3
+#: linear 231 (101). From 2^29 multiply-adds (128 x 2048 x 2048: both forms 30).
 DEFAULT = GemmTiles(vec_load=(("float16", "nk", (8, 8, 16)),), split_k_groups=264,
-                    split_k_min_k=1024, large_fp32=(8, 16, 16))
+                    split_k_min_k=1024, large_fp32=(8, 16, 16),
+                    coop_wg=(128, 256, 32, 32), coop_wg_small=(128, 128, 64, 16))
 
 
 def tiles_for(device_type: str) -> "GemmTiles | None":
