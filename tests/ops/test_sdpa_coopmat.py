@@ -85,6 +85,9 @@ def run_cases() -> None:
         print("the device has no cooperative matrices sdpa_coopmat.glsl can use")
         sys.exit(NO_COOP)
     ensure_defined()
+    # The forms sdpa_coopmat_wg.glsl would take on a device with VK_NV_cooperative_
+    # matrix2 (no mask tensor) stay on this kernel here (test_sdpa_coopmat_wg.py).
+    attention.COOP2_ENABLED = False
 
     def case(what, fn, args, ops=(SDPA,), exact=False):
         what = f"STAGES {attention.COOP_STAGES}: {what}"

@@ -7,7 +7,9 @@ kind) and calls ``dispatch``; this module picks the kernel, the head-dim bucket,
 tile sizes and the block-sparse early exit (compile option ``sdpa_skip_masked_tiles``,
 default on; exact). Kernels: for prefill (``use_tiled``: >= TILED_MIN_L queries, head
 dims <= TILED_MAX_D) sdpa_tiled.glsl, or for float16 on devices with cooperative
-matrices sdpa_coopmat.glsl (``coop_fits``; compile option ``sdpa_cooperative_matrix``);
+matrices sdpa_coopmat.glsl (``coop_fits``; compile option ``sdpa_cooperative_matrix``),
+or where VK_NV_cooperative_matrix2 allows it and there is no mask tensor or window
+sdpa_coopmat_wg.glsl (``coop2_fits``);
 else sdpa.glsl (one query row per invocation: decode, with the split-K / flash decoding
 form and its combine pass sdpa_combine.glsl for few queries over many keys, grouped-query
 heads packed per workgroup, head dim 256). With a boolean mask and the early exit, a
@@ -70,6 +72,25 @@ COOP_OPTION = "sdpa_cooperative_matrix"
 #: 8192-token window-1024 boolean prefill takes 3.41 ms there against torch's 3.51 ms
 #: (4.93 ms on sdpa_tiled.glsl; docs/PERF.md).
 COOP_BOOL_MASK = True
+#: The float16 prefill kernel on workgroup-scope cooperative matrices
+#: (sdpa_coopmat_wg.glsl, VK_NV_cooperative_matrix2 with glslang 15): COOP2_BR query
+#: rows per workgroup, tiles of COOP2_BC keys, head-dim buckets COOP2_D; for what
+#: it covers (``coop2_fits``: [B, H, L, D] tensors without a mask tensor or window)
+#: in place of sdpa_coopmat.glsl while COOP2_ENABLED is on (a benchmark form:
+#: attention.COOP2_ENABLED=false).
+COOP2 = "sdpa_coopmat_wg"
+#: H100 (2026-12-06, benchmarks/sdpa.py --prefill --filter "2048 causal", 32 / 8 heads
+#: x 128, fp16, 256 invocations): BR 128 x BC 64 0.235 ms (146 TFLOP/s); BR 64: 0.42-0.52
+#: (67-82); BR 32: 0.52; BC 32 (BR 128 / 64): 0.251 / 0.46; BC 128: 1.76 (the S, M and
+#: L matrices spill); 2 or 4 tiles per iteration: 0.24 (BR 128), 1.9-2.1 (BR 64).
+COOP2_BR = 128
+COOP2_BC = 64
+COOP2_UNROLL = 1  # key tiles per loop iteration (the shader's UNROLL)
+COOP2_D = (64, 128)
+COOP2_ENABLED = True
+COOP2_REQUIRES = COOP_REQUIRES + (
+    "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
+    "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations")
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]
@@ -159,6 +180,7 @@ def splits_for(l_max: int, heads: int, batch: int, s_max: int, d_max: int,
 
 
 @shader_bindings(COOP)
+@shader_bindings(COOP2)
 @shader_bindings(TILED)
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
@@ -339,6 +361,54 @@ def coop_fits(info, q, k, v, mask=None) -> bool:
             and all(_dtype(t) == "float16" for t in (q, k, v)))
 
 
+def coop2_threads(caps, d_max: int) -> int:
+    """The workgroup size sdpa_coopmat_wg.glsl runs head-dim bucket ``d_max`` with on
+    a device whose capability table is ``caps``, or 0 where it cannot: it needs
+    COOP2_REQUIRES and a workgroup-scope FLOAT16 x FLOAT16 -> FLOAT32 flexible shape
+    whose granularities divide its matrices (BR x D_MAX, D_MAX x BC, BR x BC, BC x
+    D_MAX); of several, the largest workgroup."""
+    if caps.missing(COOP2_REQUIRES) or d_max not in COOP2_D:
+        return 0
+    br, bc = COOP2_BR, COOP2_BC
+    if max(br, bc, d_max) > caps.cooperative_matrix_max_dimension:
+        return 0
+    sizes = [s.workgroup_invocations for s in caps.flexible_matrix_shapes
+             if (s.a, s.b, s.c, s.result, s.scope) ==
+             ("FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR", "WORKGROUP")
+             and br % s.m == 0 and all(x % s.n == 0 for x in (bc, d_max))
+             and all(x % s.k == 0 for x in (bc, d_max))]
+    return max(sizes, default=0)
+
+
+def coop2_fits(info, a: "Attention", d_max: int) -> int:
+    """The workgroup size sdpa_coopmat_wg.glsl runs attention ``a`` with on device
+    ``info``, or 0 where it does not take it: COOP2_ENABLED on, sdpa_coopmat.glsl's
+    conditions (``coop_fits``), no mask tensor, no window, the [B, H, L, D] layout,
+    head dims multiples of 8 (16-byte rows for the tensor-addressed loads) and
+    ``coop2_threads``."""
+    if not COOP2_ENABLED or a.mask is not None or a.window or a.seq_first:
+        return 0
+    if any(t.max_shape[-1] % 8 for t in (a.q, a.k, a.v)):
+        return 0
+    if not coop_fits(info, a.q, a.k, a.v):
+        return 0
+    return coop2_threads(info.capabilities, d_max)
+
+
+def coop2_defines(out, q, k, v, *, causal: bool, d_max: int, skip: bool, threads: int,
+                    nan_rows: bool = False, start=None) -> dict:
+    """The sdpa_coopmat_wg.glsl defines of one form (float16 tensors, no mask)."""
+    d = tiled_defines(out, q, k, v, None, causal=causal, window=False, d_max=d_max,
+                      skip=skip, nan_rows=nan_rows, start=start)
+    for name in ("WG", "BM", "BN", "SR", "SC", "PR", "PC"):
+        d.pop(name)
+    d.update(BR=str(COOP2_BR), BC=str(COOP2_BC), UNROLL=str(COOP2_UNROLL),
+             THREADS=str(threads))
+    if causal and COOP_HEAVY_FIRST:
+        d["HEAVY_FIRST"] = "1"
+    return d
+
+
 def combine_defines(out, d_max: int, nan_rows: bool, seq_first: bool) -> dict:
     """The sdpa_combine.glsl defines (out: a Tensor or (graph, device) dtype pair)."""
     d = storage_defines(OUT=out, PART="float32")
@@ -414,7 +484,13 @@ def dispatch(b, a: Attention) -> None:
     if tiled:
         form = dict(causal=a.causal, window=a.window > 0, d_max=d_max, skip=skip,
                     nan_rows=a.nan_rows, seq_first=a.seq_first, start=a.start)
-        if b.option(COOP_OPTION, True) and coop_fits(b.device.info, q, k, v, mask):
+        coop = b.option(COOP_OPTION, True)
+        threads = coop2_fits(b.device.info, a, d_max) if coop else 0
+        if threads:
+            form.pop("window"), form.pop("seq_first")
+            shader, d = COOP2, coop2_defines(out, q, k, v, threads=threads, **form)
+            wg, bm, bn = threads, COOP2_BR, COOP2_BC
+        elif coop and coop_fits(b.device.info, q, k, v, mask):
             shader, d, wg, bm = COOP, coop_defines(out, q, k, v, mask, **form), COOP_WG, COOP_BM
             bn = COOP_BN
         else:

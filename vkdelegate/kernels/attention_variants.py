@@ -13,7 +13,8 @@ with and without subgroup arithmetic) and its lanes form (one row: the early exi
 on and off, whole and split-K), of
 sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
 16-bit storage; declared with COOP_REQUIRES, so only devices with cooperative matrices
-build it), of sdpa_combine.glsl and, for boolean masks, of sdpa_tile_map.glsl (the
+build it), of sdpa_coopmat_wg.glsl (its forms without a mask tensor, window or the
+[B, L, H, D] layout; COOP2_REQUIRES), of sdpa_combine.glsl and, for boolean masks, of sdpa_tile_map.glsl (the
 block map the early exit reads, kernels/attention_map.py). Torch-free; registers no op.
 """
 from __future__ import annotations
@@ -66,6 +67,16 @@ def declare(forms, dtypes) -> None:
                 for t, m, kw, mask in _forms(forms, profile, "float16")
                 if mask != "bool" or at.COOP_BOOL_MASK for skip in (True, False)]
 
+    def coop2(profile, d_max: int, threads: int):
+        if d_max not in at.COOP2_D or not profile.storage_16bit:
+            return None
+        return [at.coop2_defines(t, t, t, t, d_max=d_max, skip=skip, threads=threads,
+                                 causal=kw["causal"], nan_rows=kw["nan_rows"],
+                                 start=kw.get("start"))
+                for t, m, kw, _ in _forms(forms, profile, "float16")
+                if m is None and not kw["window"] and not kw["seq_first"]
+                for skip in (True, False)]
+
     def combine(profile, dtype: str, d_max: int) -> list:
         t = (dtype, device_dtype(dtype, profile))
         return [at.combine_defines(t, d_max, nan, seq_first)
@@ -106,5 +117,7 @@ def declare(forms, dtypes) -> None:
                  d_max=at.D_BUCKETS)
     declare_grid(at.COOP, coop, requires=at.COOP_REQUIRES, profile=STORAGE_PROFILES,
                  d_max=at.D_BUCKETS)
+    declare_grid(at.COOP2, coop2, requires=at.COOP2_REQUIRES, profile=STORAGE_PROFILES,
+                 d_max=at.D_BUCKETS, threads=(128, 256))
     declare_grid(at.COMBINE, combine, profile=STORAGE_PROFILES, dtype=dtypes,
                  d_max=at.D_BUCKETS)
