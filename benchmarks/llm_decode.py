@@ -19,7 +19,8 @@ each format's row as it is measured, a table, and writes JSON after each format.
 
     python benchmarks/llm_decode.py [--new-tokens 64] [--prompt 32] [--layers 16]
         [--dtype float16] [--max-seq-len 256] [--quantization none int8 int4]
-        [--profile 12] [--sampled] [--option NAME=VALUE ...] [--json F]
+        [--profile 12] [--sampled] [--prefill 2048 --max-seq-len 2112]
+        [--option NAME=VALUE ...] [--json F]
 """
 from __future__ import annotations
 
@@ -98,6 +99,28 @@ def hf_decode_tps(model, prompt, new_tokens: int, device: str, runs: int) -> tup
     if device == "cuda":
         torch.cuda.empty_cache()
     return (new_tokens - 1) / max(t - one, 1e-9), full[-1][1]
+
+
+def hf_prefill_ms(model, prompt, device: str, runs: int) -> float:
+    """Median ms of one HF eager forward over ``prompt`` (a prefill, no generate) on
+    ``device`` (on a copy of ``model`` there)."""
+    import copy
+
+    model = copy.deepcopy(model).to(device)
+    ids = torch.tensor([prompt], device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    with torch.no_grad():
+        for i in range(runs + 1):  # the first is a warm-up
+            sync()
+            t0 = time.perf_counter()
+            model(ids, use_cache=True)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return statistics.median(times[1:])
 
 
 def linear_params(model) -> int:
@@ -284,8 +307,15 @@ def main() -> None:
                     help="also build the first row once with each method's delegates "
                          "holding their own constants (no program constant pool, as "
                          "before 2026-12-06) and print both device-memory totals")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="also time the prefill of an N-token prompt per format (ours: "
+                         "generate's prefill_s with one new token, median of --runs; "
+                         "HF: one eager forward); needs --max-seq-len > N")
     ap.add_argument("--json", default="out/llm_decode.json")
     args = ap.parse_args()
+    if args.prefill and args.prefill >= args.max_seq_len:
+        ap.error(f"--prefill {args.prefill} needs --max-seq-len above it "
+                 f"({args.max_seq_len} now)")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
 
     import copy
@@ -316,6 +346,13 @@ def main() -> None:
     hf_device = "cuda" if torch.cuda.is_available() else "cpu"
     hf, hf_ids = hf_decode_tps(model, prompt, args.new_tokens, hf_device, args.runs)
     print(f"HF eager generate ({hf_device}): {hf:.1f} decode tokens/s", flush=True)
+    long_prompt = torch.randint(1, args.vocab, (args.prefill,),
+                                generator=torch.Generator().manual_seed(2)).tolist()
+    hf_prefill = hf_prefill_ms(model, long_prompt, hf_device, args.runs) \
+        if args.prefill else None
+    if hf_prefill is not None:
+        print(f"HF eager forward ({hf_device}) over {args.prefill} tokens: "
+              f"{hf_prefill:.2f} ms", flush=True)
     device = default_device()
     result = {"machine": platform.node(), "vulkan_device": device.info.name,
               "torch": torch.__version__, "params": n_params, "dtype": args.dtype,
@@ -358,6 +395,16 @@ def main() -> None:
                                decode_chunk=chunk)
                 into.append(timings["decode_tokens"] / timings["decode_s"])
         result["per_token_tps"][scheme] = per_token
+        prefill = "-"
+        if args.prefill:
+            generate(program, long_prompt, 1)  # warm-up at the prompt's sizes
+            runs = []
+            for _ in range(args.runs):
+                timings = {}
+                generate(program, long_prompt, 1, timings=timings)
+                runs.append(timings["prefill_s"] * 1e3)
+            result.setdefault("prefill_ms", {})[scheme] = runs
+            prefill = f"{statistics.median(runs):.2f}"
         sampled = "-"
         if args.sampled:
             runs = []
@@ -390,7 +437,7 @@ def main() -> None:
         rows.append((f"vkdelegate (Vulkan), {name}", f"{ours:.1f}", f"{single:.1f}",
                      sampled, f"{ours / hf:.2f}x",
                      f"{step_bytes(scheme) / 1e9:.3f}",
-                     f"{100 * ours * step_bytes(scheme) / hbm:.1f}%", host))
+                     f"{100 * ours * step_bytes(scheme) / hbm:.1f}%", host, prefill))
         print(f"{rows[-1]}; lowering {result['lower_s'][scheme]} s, build "
               f"{result['build_s'][scheme]} s; per step {moved}", flush=True)
         split = step_breakdown(program, prompt, min(args.new_tokens, 48))
@@ -412,7 +459,8 @@ def main() -> None:
     rows.append((f"HF eager generate ({hf_device}), {args.dtype}", f"{hf:.1f}", "-", "-",
                  "1.00x",
                  f"{step_bytes('none') / 1e9:.3f}",
-                 f"{100 * hf * step_bytes('none') / hbm:.1f}%", "-"))
+                 f"{100 * hf * step_bytes('none') / hbm:.1f}%", "-",
+                 "-" if hf_prefill is None else f"{hf_prefill:.2f}"))
     print(f"\nLlama-shaped decoder, {n_params / 1e9:.2f} B params {args.dtype}, "
           f"{args.layers} layers, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"cache {args.max_seq_len}; Vulkan device {device.info.name}; torch "
@@ -427,7 +475,9 @@ def main() -> None:
           f"per-token: one decode call per token (the host between steps)")
     print(tabulate(rows, headers=("backend", "decode tokens/s", "per-token",
                                   "sampled (T 0.8, top-k 50, top-p 0.9)", "vs HF eager",
-                                  "GB read / token", "HBM share", "host B / step")))
+                                  "GB read / token", "HBM share", "host B / step",
+                                  f"prefill {args.prefill} ms" if args.prefill
+                                  else "prefill")))
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)
 
