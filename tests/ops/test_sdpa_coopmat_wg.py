@@ -61,6 +61,8 @@ def test_choice():
         ("a head dim not a multiple of 8", _attention(q=_t(1, 32, 2048, 36)), 64),
         ("head-dim bucket 32", _attention(), 32),
         ("fp32", _attention(q=_t(1, 32, 2048, 128, dtype="float32")), 128),
+        ("start_pos on the device (not yet run on a GPU)", _attention(start=_t(1)), 128),
+        ("NaN rows (not yet run on a GPU)", _attention(nan_rows=True), 128),
     ]:
         assert attention.coop2_fits(INFO, a, d) == 0, why
     assert attention.coop2_fits(

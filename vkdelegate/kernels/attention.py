@@ -385,8 +385,12 @@ def coop2_fits(info, a: "Attention", d_max: int) -> int:
     ``info``, or 0 where it does not take it: COOP2_ENABLED on, sdpa_coopmat.glsl's
     conditions (``coop_fits``), no mask tensor, no window, the [B, H, L, D] layout,
     head dims multiples of 8 (16-byte rows for the tensor-addressed loads) and
-    ``coop2_threads``."""
+    ``coop2_threads``. Forms no GPU has run yet stay on sdpa_coopmat.glsl: a start
+    position read on the device (vkdelegate.sdpa_at's POS_TENSOR) and NaN for fully
+    masked rows (et_vk.sdpa); the shader has both."""
     if not COOP2_ENABLED or a.mask is not None or a.window or a.seq_first:
+        return 0
+    if a.start is not None or a.nan_rows:
         return 0
     if any(t.max_shape[-1] % 8 for t in (a.q, a.k, a.v)):
         return 0

@@ -13,8 +13,8 @@ with and without subgroup arithmetic) and its lanes form (one row: the early exi
 on and off, whole and split-K), of
 sdpa_tiled.glsl (head dims up to TILED_MAX_D), of sdpa_coopmat.glsl (float16 with
 16-bit storage; declared with COOP_REQUIRES, so only devices with cooperative matrices
-build it), of sdpa_coopmat_wg.glsl (its forms without a mask tensor, window or the
-[B, L, H, D] layout; COOP2_REQUIRES), of sdpa_combine.glsl and, for boolean masks, of sdpa_tile_map.glsl (the
+build it), of sdpa_coopmat_wg.glsl (the forms ``coop2_fits`` lets it take: no mask
+tensor, window, [B, L, H, D] layout, start tensor or NaN rows; COOP2_REQUIRES), of sdpa_combine.glsl and, for boolean masks, of sdpa_tile_map.glsl (the
 block map the early exit reads, kernels/attention_map.py). Torch-free; registers no op.
 """
 from __future__ import annotations
@@ -71,10 +71,10 @@ def declare(forms, dtypes) -> None:
         if d_max not in at.COOP2_D or not profile.storage_16bit:
             return None
         return [at.coop2_defines(t, t, t, t, d_max=d_max, skip=skip, threads=threads,
-                                 causal=kw["causal"], nan_rows=kw["nan_rows"],
-                                 start=kw.get("start"))
+                                 causal=kw["causal"])
                 for t, m, kw, _ in _forms(forms, profile, "float16")
-                if m is None and not kw["window"] and not kw["seq_first"]
+                if m is None and not (kw["window"] or kw["seq_first"] or kw["nan_rows"]
+                                      or "start" in kw)
                 for skip in (True, False)]
 
     def combine(profile, dtype: str, d_max: int) -> list:
