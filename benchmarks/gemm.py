@@ -64,7 +64,15 @@ def form_tiles(form: str):
         return dataclasses.replace(gemm_tiles.DEFAULT, coop_large=block,
                                    coop_large_min_groups=0)
     if form.startswith("w"):
-        block = tuple(int(v) for v in form[1:].split("t")[0].split("x"))
+        body, sep, threads = form[1:].partition("t")
+        try:
+            block = tuple(int(v) for v in body.split("x"))
+            ok = len(block) == 4 and min(block) > 0 and (not sep or int(threads) > 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"form {form!r}: expected wBMxBNxBKxUNROLL[tTHREADS] with "
+                             f"positive integers, e.g. w128x256x32x32 or w128x128x64x16t128")
         return dataclasses.replace(gemm_tiles.DEFAULT, coop_wg=block, coop_wg_small=block,
                                    coop_wg_min_macs=0)
     vec = not form.endswith("n")
@@ -185,6 +193,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", nargs="*", default=None, help="dtypes to run")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
+    for form in args.forms:
+        try:
+            form_tiles(form)
+        except ValueError as e:
+            parser.error(f"--forms: {e}")
     device = default_device(args.device)
     rng = np.random.default_rng(0)
     rows = []

@@ -313,6 +313,8 @@ def main() -> None:
                          "HF: one eager forward); needs --max-seq-len > N")
     ap.add_argument("--json", default="out/llm_decode.json")
     args = ap.parse_args()
+    if args.prefill < 0:
+        ap.error(f"--prefill {args.prefill}: a token count, 0 or more")
     if args.prefill and args.prefill >= args.max_seq_len:
         ap.error(f"--prefill {args.prefill} needs --max-seq-len above it "
                  f"({args.max_seq_len} now)")

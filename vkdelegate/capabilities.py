@@ -33,10 +33,13 @@ FEATURES = {
     "VkPhysicalDeviceCooperativeMatrixFeaturesKHR": ("cooperativeMatrix",),
     # VK_NV_cooperative_matrix2: matrices of workgroup scope (the driver stages their
     # loads through shared memory) in sizes from the flexible-dimension list, loaded
-    # and stored through tensor layouts, with per-element operations.
+    # and stored through tensor layouts, with per-element operations, row/column
+    # reductions and conversions between uses (sdpa_coopmat_wg.glsl: SPIR-V
+    # capabilities CooperativeMatrixReductionsNV and CooperativeMatrixConversionsNV).
     "VkPhysicalDeviceCooperativeMatrix2FeaturesNV": (
         "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
-        "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations"),
+        "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations",
+        "cooperativeMatrixReductions", "cooperativeMatrixConversions"),
 }
 #: Device creation enables each of these the device has (and never one it lacks):
 #: the ones a shader variant may use (64/16-bit integers and doubles, narrow storage

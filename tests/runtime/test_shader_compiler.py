@@ -157,3 +157,17 @@ def test_glslangs_in_order_of_preference(tmp_path, monkeypatch):
     assert find_glslangs()[0] == (named, None)
     assert find_glslang() == (named, None)
     assert [t for t, _ in find_glslangs()[1:]] == [t for t, _ in found]  # then the rest
+
+
+def test_a_tool_that_writes_no_spirv_is_refused(tmp_path, monkeypatch):
+    """A "compiler" that exits 0 without writing SPIR-V (VKDELEGATE_GLSLANG=/bin/true)
+    neither passes a probe nor leaves an empty file in the cache."""
+    monkeypatch.setenv("VKDELEGATE_GLSLANG", "/bin/true")
+    compiler = ShaderCompiler(cache=tmp_path / "cache")
+    compiler.tools = compiler.tools[:1]
+    compiler._version = "fake"
+    assert not compiler.supports("GL_KHR_cooperative_matrix")
+    with pytest.raises(VkDelegateError, match=r"/bin/true exited 0 but wrote no SPIR-V "
+                                              r"for binary_op.glsl"):
+        compiler.compile("binary_op", {})
+    assert not list((tmp_path / "cache").rglob("*.spv"))

@@ -46,13 +46,29 @@ def run(args) -> int:
     declared = all_variants(caps)
     unknown = sorted(set(args.shader) - {n for n, _ in declared})
     if unknown:
+        every = {n for n, _ in all_variants()}
+        lacking = [n for n in unknown if n in every]
+        if lacking:
+            raise VkDelegateError(f"the device lacks the Vulkan features that every "
+                                  f"variant of {', '.join(lacking)} requires (see "
+                                  f"vkdelegate devices)")
         raise VkDelegateError(f"no shader named {', '.join(unknown)}; shaders: "
-                              f"{', '.join(sorted({n for n, _ in declared}))}")
+                              f"{', '.join(sorted(every))}")
+    compiler = ShaderCompiler(cache=args.cache)
+    # A shader that needs a GLSL extension no glslang at hand compiles (e.g.
+    # GL_NV_cooperative_matrix2 without a glslang 15) is skipped, as device creation
+    # turns its features off (runtime/device.py).
+    unbuilt = sorted(n for n in {n for n, _ in declared}
+                     if (not args.shader or n in args.shader) and compiler.tool
+                     and not compiler.builds(n))
+    for name in unbuilt:
+        print(f"skipping {name}: no glslang at hand compiles its GLSL extensions "
+              f"({', '.join(e for e in compiler.required_extensions(name) if not compiler.supports(e))})")
     # The defines runtime.pipeline.compile_defines gives, so the cache keys match.
     variants = [(n, flavor) for n, d in declared if not args.shader or n in args.shader
+                if n not in unbuilt
                 for full in (binding_defines(n, d),)
                 for flavor in (full, dict(full, PARAMS_IN_STORAGE="1"))]
-    compiler = ShaderCompiler(cache=args.cache)
     jobs = args.jobs or os.cpu_count() or 1
     # glslang runs as a subprocess, so threads compile in parallel.
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -52,7 +52,27 @@ def run(args) -> int:
             ["uniform texel buffers", f"{', '.join(sorted(d.texel_formats)) or '-'} "
              f"(maxTexelBufferElements {d.max_texel_buffer_elements})"]]
         print(tabulate(rows, headers=["capability", "value"]))
+    print(f"\nshader compilers (the first builds what it can): {_compilers()}")
     return 0
+
+
+def _compilers() -> str:
+    """The glslangValidators at hand and the GLSL extensions with a probe each builds:
+    a device enables cooperative-matrix features only where one of them builds the
+    extension (runtime/device.py), whatever its capability table above says."""
+    from vkdelegate.shaders.compiler import _PROBES, ShaderCompiler
+    try:
+        compiler = ShaderCompiler()
+    except VkDelegateError as exc:
+        return str(exc)
+    if not compiler.tools:
+        return "none (glslangValidator not found)"
+    parts = []
+    for tool, env in compiler.tools:
+        builds = [ext for ext in sorted(_PROBES)
+                  if compiler._tool_supports(tool, env, ext, "vulkan1.3")]
+        parts.append(f"{tool} ({', '.join(builds) or 'no probed extension'})")
+    return "; ".join(parts)
 
 
 def _capability_rows(caps) -> list:

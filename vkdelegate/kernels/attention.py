@@ -90,7 +90,8 @@ COOP2_D = (64, 128)
 COOP2_ENABLED = True
 COOP2_REQUIRES = COOP_REQUIRES + (
     "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
-    "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations")
+    "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations",
+    "cooperativeMatrixReductions", "cooperativeMatrixConversions")
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
 MAX_HEAD_DIM = D_BUCKETS[-1]

@@ -207,9 +207,10 @@ class ShaderCompiler:
             out = subprocess.run([tool, "-V", "--target-env", target_env, "-o",
                                   str(Path(tmp) / "probe.spv"), str(src)],
                                  capture_output=True, text=True, env=env)
-            return out.returncode == 0
+            spv = Path(tmp) / "probe.spv"
+            return out.returncode == 0 and spv.is_file() and spv.stat().st_size > 0
 
-    def _needs(self, name: str) -> list:
+    def required_extensions(self, name: str) -> list:
         """The GLSL extensions with a probe that shader ``name`` requires."""
         text = self.source_path(name).read_text()
         return [ext for ext in re.findall(r"^#extension (\w+) : require", text,
@@ -221,7 +222,7 @@ class ShaderCompiler:
         first, whose error then names the extension); (None, None) without one."""
         if self.tool is None:
             return None, None
-        needs = self._needs(name)
+        needs = self.required_extensions(name)
         for tool, env in self.tools:
             if all(self._tool_supports(tool, env, ext, target_env) for ext in needs):
                 return tool, env
@@ -232,7 +233,7 @@ class ShaderCompiler:
         extension with a probe that its source requires)."""
         tool, env = self.tool_for(name)
         return tool is not None and all(self._tool_supports(tool, env, ext, "vulkan1.3")
-                                        for ext in self._needs(name))
+                                        for ext in self.required_extensions(name))
 
     def _tool_version(self, tool: str, env) -> str:
         """The version text of ``tool``, one of ``tools`` other than the first."""
@@ -294,6 +295,11 @@ class ShaderCompiler:
             if out.returncode != 0:
                 raise VkDelegateError(self._describe_error(src, defines, out.stdout
                                                            + out.stderr))
+            with open(tmp, "rb") as f:
+                magic = f.read(4)
+            if magic not in (b"\x03\x02\x23\x07", b"\x07\x23\x02\x03"):
+                raise VkDelegateError(f"{tool} exited 0 but wrote no SPIR-V for "
+                                      f"{src.name}: is it a glslangValidator?")
             os.replace(tmp, cached)
         finally:
             if os.path.exists(tmp):
