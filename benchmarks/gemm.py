@@ -9,7 +9,7 @@ device), "legacy" (the simple shaders: matmul_tiled/matmul.glsl, linear.glsl),
 "small"/"large" (the GEMM core's 64 x 64 / 128 x 128 block forced), "novec" (no vec4
 global loads), "nosplit" (the GPU row without split-K), "gemv2"/"gemv8"
 (2 or 8 outputs per GEMV workgroup instead of 4), "nocoop" (the GPU row without the
-cooperative-matrix forms), "nowg" (without the workgroup-scope form), "TMxTNxBK" (that core block always) or
+cooperative-matrix forms), "nowg" (the GPU row without the workgroup-scope form), "TMxTNxBK" (that core block always) or
 "cBMxBNxBKxWMxWNxSTAGES" (that gemm_coopmat.glsl block always; "+NAME=VALUE" parts
 after it add defines to its variant, e.g. "c128x256x32x64x64x1+PROBE=2": the
 shader's probes and ACC16, see gemm_coopmat.glsl), "wBMxBNxBKxUNROLL[tTHREADS]"
@@ -188,7 +188,9 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--mlp-rows", type=int, default=256)
     parser.add_argument("--forms", nargs="+", default=["table", "legacy"],
-                        help=f"of {', '.join(FORMS)} or a core block TMxTNxBK")
+                        help=f"of {', '.join(FORMS)}, a core block TMxTNxBK[n], a "
+                             f"cooperative-matrix block cBMxBNxBKxWMxWNxSTAGES[+NAME=VALUE] "
+                             f"or a workgroup-scope block wBMxBNxBKxUNROLL[tTHREADS]")
     parser.add_argument("--only", nargs="*", default=None, help="case names to run")
     parser.add_argument("--dtypes", nargs="*", default=None, help="dtypes to run")
     parser.add_argument("--device", default=None)

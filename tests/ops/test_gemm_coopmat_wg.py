@@ -59,9 +59,10 @@ def test_select_takes_the_workgroup_form():
     assert form.shader == gemm_core.COOPMAT_WG_SHADER and form.block == WG
     assert form.threads == 256
     assert form.iterations(4096) == 4096 // 16 + 1
-    # The variant recorded is a declared one, with its requirements.
+    # The GPU row's blocks are declared variants, with their requirements (WG, the
+    # kernel tests' second BK and unroll, compiles on demand).
     defines = gemm_core.coopmat_wg_defines("float16", "float16", "float16", None, True,
-                                           WG, 256)
+                                           gemm_tiles.DEFAULT.coop_wg, 256)
     assert (gemm_core.COOPMAT_WG_SHADER, defines) in all_variants(WG_CAPS)
     assert set(requirements(gemm_core.COOPMAT_WG_SHADER, defines)) == \
         set(gemm_core.COOPMAT_WG_REQUIRES)

@@ -77,8 +77,8 @@ TILE = 16
 REG = 4  # outputs per invocation per dim in the register-blocked tiled shader
 DTYPES = frozenset({"float32", "float16"})
 #: Whether fp16 products take gemm_coopmat_wg.glsl where the tile table and the device
-#: allow it (``_workgroup_scope``); a benchmark form (gemm.WORKGROUP_SCOPE=false)
-#: compares the subgroup form on the same device.
+#: allow it (``_workgroup_scope``); benchmarks/forms.py's gemm.WORKGROUP_SCOPE=false
+#: (llm_decode.py rows, efficientnet.py --form) compares the subgroup form in one run.
 WORKGROUP_SCOPE = True
 
 
@@ -100,9 +100,7 @@ class GemmForm:
 
     def iterations(self, k: int) -> int:
         """Loop iterations one invocation of this form runs for a K of ``k``."""
-        if self.shader == COOPMAT_WG_SHADER:
-            return -(-k // self.block[2]) + 1
-        if self.shader == COOPMAT_SHADER:
+        if self.shader in (COOPMAT_SHADER, COOPMAT_WG_SHADER):
             return -(-k // self.block[2]) + 1
         if self.shader == CORE_SHADER:
             return -(-k // (self.block[2] * self.splits)) + 1
@@ -215,11 +213,10 @@ def select(info, m: int, n: int, k: int, *, plain: bool,
 
 def _workgroup_scope(info, tiles, form: GemmForm, batch: int, m: int, n: int,
                      k: int) -> GemmForm:
-    """gemm_coopmat_wg.glsl in place of ``form`` (gemm_coopmat.glsl's) where the tile
-    row has a workgroup-scope block for the output (``coop_wg_block``), WORKGROUP_SCOPE
-    is on, the device
-    runs it (gemm_core.coopmat_wg_threads) and the product has at least
-    ``coop_wg_min_macs`` multiply-adds (upper bounds)."""
+    """gemm_coopmat_wg.glsl in place of ``form`` (gemm_coopmat.glsl's) where
+    WORKGROUP_SCOPE is on, the tile row has a workgroup-scope block for the output
+    (``coop_wg_block``), the device runs it (gemm_core.coopmat_wg_threads) and the
+    product has at least ``coop_wg_min_macs`` multiply-adds (upper bounds)."""
     block = tiles.coop_wg_block(batch, m, n)
     if not WORKGROUP_SCOPE or not block or batch * m * n * k < tiles.coop_wg_min_macs:
         return form

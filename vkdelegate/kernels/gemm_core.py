@@ -441,11 +441,7 @@ declare_grid(COOPMAT_SHADER, _coopmat_variant, requires=COOPMAT_REQUIRES,
              dtype=("float16",), nk=(False, True), bias=(False, True),
              block=sorted({t.coop_large for t in _ROWS} | {t.coop_small for t in _ROWS}),
              subgroup=COOPMAT_SUBGROUPS)
-#: gemm_coopmat_wg.glsl's blocks besides the tile table's (benchmarks/gemm.py's sweep).
-COOPMAT_WG_BLOCKS = ((128, 128, 32, 4), (128, 256, 16, 8), (128, 256, 32, 4),
-                     (256, 128, 16, 8), (256, 128, 32, 4), (256, 256, 16, 8))
-_WG_BLOCKS = sorted({b for t in _ROWS for b in (t.coop_wg, t.coop_wg_small) if b}
-                    | set(COOPMAT_WG_BLOCKS))
+_WG_BLOCKS = sorted({b for t in _ROWS for b in (t.coop_wg, t.coop_wg_small) if b})
 declare_grid(COOPMAT_WG_SHADER, _coopmat_wg_variant, requires=COOPMAT_WG_REQUIRES,
              dtype=("float16",), nk=(False, True), bias=(False, True), block=_WG_BLOCKS,
              threads=(128, 256))
