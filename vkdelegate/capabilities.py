@@ -116,6 +116,19 @@ class Capabilities:
                                   f"{', '.join(sorted(ALL_FEATURES))}")
         return feature in self.features
 
+    def workgroup_matrix_invocations(self, types: tuple, m=(), n=(), k=()) -> int:
+        """The largest workgroup size (invocations) among the flexible shapes of
+        workgroup scope (VK_NV_cooperative_matrix2) with component types ``types`` (A,
+        B, C, result) whose M, N and K granularities divide every size of ``m``, ``n``
+        and ``k`` (the M, N and K sizes of a shader's matrices), each size at most
+        ``cooperative_matrix_max_dimension``; 0 where none does."""
+        if max((*m, *n, *k), default=0) > self.cooperative_matrix_max_dimension:
+            return 0
+        return max((s.workgroup_invocations for s in self.flexible_matrix_shapes
+                    if s.scope == "WORKGROUP" and (s.a, s.b, s.c, s.result) == tuple(types)
+                    and all(x % s.m == 0 for x in m) and all(x % s.n == 0 for x in n)
+                    and all(x % s.k == 0 for x in k)), default=0)
+
     def missing(self, requires) -> list[str]:
         """The features of ``requires`` (Vulkan names) this device lacks."""
         return [f for f in requires if not self.has(f)]

@@ -9,28 +9,17 @@ eager, that sdpa_coopmat.glsl ran (the variants check_op records) and, where mar
 that the early exit is exact. Without cooperative matrices (lavapipe) the test
 skips with the reason.
 """
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-NO_COOP = 77  # the subprocess's exit status when the device has no cooperative matrices
+from tests.ops.unvalidated import NO_DEVICE, run_cases_unvalidated
+
 
 
 def test_coopmat_forms_match_eager():
-    env = dict(os.environ, VKDELEGATE_VALIDATION="0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-c", "import tests.ops.test_sdpa_coopmat as t; "
-                          "t.run_cases()"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=1200)
-    if run.returncode == NO_COOP:
-        pytest.skip(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert "all cases passed" in run.stdout
+    run_cases_unvalidated("tests.ops.test_sdpa_coopmat")
 
 
 def test_shared_arrays_are_whole_16_byte_units():
@@ -70,7 +59,7 @@ def test_shared_arrays_are_whole_16_byte_units():
 
 
 def run_cases() -> None:
-    """The cases (in the subprocess): exit NO_COOP when the device cannot run
+    """The cases (in the subprocess): exit NO_DEVICE when the device cannot run
     sdpa_coopmat.glsl for float16, else raise on the first mismatch."""
     from tests.ops.attention_reference import (CUSTOM, FP16_TOL, OFF, SDPA, SLIDING,
                                                custom_fn, sdpa_fn, sliding_fn, window_mask)
@@ -83,7 +72,7 @@ def run_cases() -> None:
     half = ("float16", "float16")
     if not attention.coop_fits(default_device().info, half, half, half):
         print("the device has no cooperative matrices sdpa_coopmat.glsl can use")
-        sys.exit(NO_COOP)
+        sys.exit(NO_DEVICE)
     ensure_defined()
     # The forms sdpa_coopmat_wg.glsl would take on a device with VK_NV_cooperative_
     # matrix2 (no mask tensor) stay on this kernel here (test_sdpa_coopmat_wg.py).

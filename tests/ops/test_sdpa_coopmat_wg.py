@@ -13,20 +13,15 @@ outputs with it off). Cases: causal and not, grouped-query heads, query and key
 lengths that are no multiple of the 64-row / 64-key tiles, keys fewer and more than
 queries, head dims 64, 128 and 80 / 48 (padded to the bucket: zeros past E).
 """
-import os
-import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
 
+from tests.ops.unvalidated import NO_DEVICE, run_cases_unvalidated
 from vkdelegate.capabilities import Capabilities, CooperativeMatrixShape, FlexibleMatrixShape
 from vkdelegate.kernels import attention
 
-ROOT = Path(__file__).resolve().parents[2]
-NO_COOP2 = 77  # the subprocess's exit status when the device cannot run the kernel
 SHAPE = CooperativeMatrixShape(16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
                                "FLOAT32_KHR")
 FLEX = FlexibleMatrixShape(32, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
@@ -80,19 +75,11 @@ def test_choice():
 
 
 def test_workgroup_scope_attention_matches_eager():
-    env = dict(os.environ, VKDELEGATE_VALIDATION="0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-c", "import tests.ops.test_sdpa_coopmat_wg as t; "
-                          "t.run_cases()"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=1200)
-    if run.returncode == NO_COOP2:
-        pytest.skip(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert "all cases passed" in run.stdout
+    run_cases_unvalidated("tests.ops.test_sdpa_coopmat_wg")
 
 
 def run_cases() -> None:
-    """The cases (in the subprocess): exit NO_COOP2 when the device cannot run
+    """The cases (in the subprocess): exit NO_DEVICE when the device cannot run
     sdpa_coopmat_wg.glsl, else raise on the first mismatch."""
     from tests.ops import coverage
     from tests.ops.attention_reference import FP16_TOL, OFF, SDPA, sdpa_fn
@@ -106,7 +93,7 @@ def run_cases() -> None:
         print(f"{info.name} cannot run sdpa_coopmat_wg.glsl (needs "
               f"{', '.join(attention.COOP2_REQUIRES)} with a fitting flexible shape, "
               f"glslang 15 and validation off)")
-        sys.exit(NO_COOP2)
+        sys.exit(NO_DEVICE)
 
     def case(what, fn, args, exact=False):
         coverage.VARIANTS.clear()  # check_op records the shader variants it dispatched

@@ -60,7 +60,7 @@ def _compilers() -> str:
     """The glslangValidators at hand and the GLSL extensions with a probe each builds:
     a device enables cooperative-matrix features only where one of them builds the
     extension (runtime/device.py), whatever its capability table above says."""
-    from vkdelegate.shaders.compiler import _PROBES, ShaderCompiler
+    from vkdelegate.shaders.compiler import PROBED_EXTENSIONS, ShaderCompiler
     try:
         compiler = ShaderCompiler()
     except VkDelegateError as exc:
@@ -69,8 +69,7 @@ def _compilers() -> str:
         return "none (glslangValidator not found)"
     parts = []
     for tool, env in compiler.tools:
-        builds = [ext for ext in sorted(_PROBES)
-                  if compiler._tool_supports(tool, env, ext, "vulkan1.3")]
+        builds = [ext for ext in PROBED_EXTENSIONS if compiler.tool_supports(tool, env, ext)]
         parts.append(f"{tool} ({', '.join(builds) or 'no probed extension'})")
     return "; ".join(parts)
 

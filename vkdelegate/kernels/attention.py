@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import gemm_core, loop_limit
 from vkdelegate.runtime.dtypes import device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -88,9 +88,9 @@ COOP2_BC = 64
 COOP2_UNROLL = 1  # key tiles per loop iteration (the shader's UNROLL)
 COOP2_D = (64, 128)
 COOP2_ENABLED = True
-COOP2_REQUIRES = COOP_REQUIRES + (
-    "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
-    "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations",
+#: The workgroup-scope GEMM's features, and row reductions and the accumulator -> A
+#: conversion of P.
+COOP2_REQUIRES = gemm_core.COOPMAT_WG_REQUIRES + (
     "cooperativeMatrixReductions", "cooperativeMatrixConversions")
 #: Head-dim buckets (the shader's D_MAX): q/acc registers and tile rows are padded up.
 D_BUCKETS = (32, 64, 128, 256)
@@ -365,20 +365,12 @@ def coop_fits(info, q, k, v, mask=None) -> bool:
 def coop2_threads(caps, d_max: int) -> int:
     """The workgroup size sdpa_coopmat_wg.glsl runs head-dim bucket ``d_max`` with on
     a device whose capability table is ``caps``, or 0 where it cannot: it needs
-    COOP2_REQUIRES and a workgroup-scope FLOAT16 x FLOAT16 -> FLOAT32 flexible shape
-    whose granularities divide its matrices (BR x D_MAX, D_MAX x BC, BR x BC, BC x
-    D_MAX); of several, the largest workgroup."""
+    COOP2_REQUIRES and a flexible shape of the GEMM's types for its matrices (BR x
+    D_MAX, D_MAX x BC, BR x BC, BC x D_MAX: Capabilities.workgroup_matrix_invocations)."""
     if caps.missing(COOP2_REQUIRES) or d_max not in COOP2_D:
         return 0
-    br, bc = COOP2_BR, COOP2_BC
-    if max(br, bc, d_max) > caps.cooperative_matrix_max_dimension:
-        return 0
-    sizes = [s.workgroup_invocations for s in caps.flexible_matrix_shapes
-             if (s.a, s.b, s.c, s.result, s.scope) ==
-             ("FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR", "WORKGROUP")
-             and br % s.m == 0 and all(x % s.n == 0 for x in (bc, d_max))
-             and all(x % s.k == 0 for x in (bc, d_max))]
-    return max(sizes, default=0)
+    return caps.workgroup_matrix_invocations(gemm_core.COOPMAT_WG_TYPES, m=(COOP2_BR,),
+                                             n=(COOP2_BC, d_max), k=(COOP2_BC, d_max))
 
 
 def coop2_fits(info, a: "Attention", d_max: int) -> int:

@@ -55,8 +55,8 @@ COOPMAT_WG_SHADER = "gemm_coopmat_wg"
 COOPMAT_WG_REQUIRES = COOPMAT_REQUIRES + (
     "cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
     "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations")
-#: Its flexible shape's component types (A, B, C, result) and scope.
-COOPMAT_WG_TYPES = ("FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR", "WORKGROUP")
+#: Its flexible shape's component types (A, B, C, result), of workgroup scope.
+COOPMAT_WG_TYPES = ("FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR")
 #: The several-row forms ``record_core`` records (with the GEMV path: all its forms).
 GEMM_SHADERS = (CORE_SHADER, COOPMAT_SHADER, COOPMAT_WG_SHADER)
 REDUCE_SHADER = "gemm_reduce"  # split-K's second pass
@@ -179,19 +179,13 @@ def coopmat_subgroup(caps) -> int:
 def coopmat_wg_threads(caps, block: tuple) -> int:
     """The workgroup size (invocations) gemm_coopmat_wg.glsl runs ``block`` (BM, BN,
     BK, UNROLL) with on a device whose capability table is ``caps``, or 0 where it
-    cannot: it needs COOPMAT_WG_REQUIRES and a flexible shape (VK_NV_cooperative_
-    matrix2) of COOPMAT_WG_TYPES whose granularities divide BM, BN and BK, each at
-    most the device's cooperative_matrix_max_dimension; of several such, the largest
-    workgroup."""
+    cannot: it needs COOPMAT_WG_REQUIRES and a flexible shape of COOPMAT_WG_TYPES for
+    its BM x BK, BK x BN and BM x BN matrices (Capabilities.
+    workgroup_matrix_invocations)."""
     if caps.missing(COOPMAT_WG_REQUIRES):
         return 0
     bm, bn, bk = block[:3]
-    if max(bm, bn, bk) > caps.cooperative_matrix_max_dimension:
-        return 0
-    sizes = [s.workgroup_invocations for s in caps.flexible_matrix_shapes
-             if (s.a, s.b, s.c, s.result, s.scope) == COOPMAT_WG_TYPES
-             and bm % s.m == 0 and bn % s.n == 0 and bk % s.k == 0]
-    return max(sizes, default=0)
+    return caps.workgroup_matrix_invocations(COOPMAT_WG_TYPES, m=(bm,), n=(bn,), k=(bk,))
 
 
 def coopmat_threads(block: tuple, subgroup: int) -> int:

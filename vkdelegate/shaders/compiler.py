@@ -120,6 +120,10 @@ void main() {
 }
 
 
+#: The GLSL extensions ``supports`` can answer for.
+PROBED_EXTENSIONS = tuple(sorted(_PROBES))
+
+
 def cache_dir() -> Path:
     """Root folder of the on-disk cache ($VKDELEGATE_CACHE or ~/.cache/vkdelegate)."""
     root = os.environ.get("VKDELEGATE_CACHE")
@@ -186,10 +190,14 @@ class ShaderCompiler:
         an extension with no probe."""
         if self.tool is None:
             return False
-        return any(self._tool_supports(tool, env, extension, target_env)
+        return any(self.tool_supports(tool, env, extension, target_env)
                    for tool, env in self.tools)
 
-    def _tool_supports(self, tool: str, env, extension: str, target_env: str) -> bool:
+    def tool_supports(self, tool: str, env, extension: str,
+                      target_env: str = "vulkan1.3") -> bool:
+        """Whether glslang ``tool`` (one of ``tools``, run with ``env``) builds GLSL
+        ``extension`` (a key of PROBED_EXTENSIONS) for ``target_env``: its probe,
+        compiled once per process."""
         if extension not in _PROBES:
             raise VkDelegateError(f"no compiler probe for GLSL extension {extension!r}; "
                                   f"known: {', '.join(sorted(_PROBES))}")
@@ -224,7 +232,7 @@ class ShaderCompiler:
             return None, None
         needs = self.required_extensions(name)
         for tool, env in self.tools:
-            if all(self._tool_supports(tool, env, ext, target_env) for ext in needs):
+            if all(self.tool_supports(tool, env, ext, target_env) for ext in needs):
                 return tool, env
         return self.tool, self.tool_env
 
@@ -232,7 +240,7 @@ class ShaderCompiler:
         """Whether one of this compiler's glslangs builds shader ``name`` (every GLSL
         extension with a probe that its source requires)."""
         tool, env = self.tool_for(name)
-        return tool is not None and all(self._tool_supports(tool, env, ext, "vulkan1.3")
+        return tool is not None and all(self.tool_supports(tool, env, ext, "vulkan1.3")
                                         for ext in self.required_extensions(name))
 
     def _tool_version(self, tool: str, env) -> str:

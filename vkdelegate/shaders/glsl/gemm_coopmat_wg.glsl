@@ -51,6 +51,21 @@ TENSOR_META(c_meta)
 #define MAT_A coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
 #define MAT_B coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
 #define CLAMPED gl_CooperativeMatrixClampModeConstantNV
+// The K loop of both paths below, each with its own LOAD_A / LOAD_B (a's BM x BK and
+// B's BK x BN matrix at k = kk): UNROLL steps of BK per iteration up to k_main, then
+// single steps for the rest.
+#define STEP(kk) {                \
+    MAT_A am;                     \
+    MAT_B bm;                     \
+    LOAD_A(am, kk);               \
+    LOAD_B(bm, kk);               \
+    acc = coopMatMulAdd(am, bm, acc); \
+  }
+#define K_LOOP()                                                    \
+  for (int k = 0; k < k_main; k += BK * UNROLL) {                   \
+    [[unroll]] for (int u = 0; u < UNROLL; ++u) STEP(k + u * BK)    \
+  }                                                                 \
+  for (int k = k_main; k < K; k += BK) STEP(k)
 
 #ifdef HAS_BIAS
 // Element (r, c) of the block at (m0, n0): gemm.h's epilogue inside [M, N].
@@ -104,18 +119,10 @@ void main() {
 #define LOAD_B(bm, kk) coopMatLoadTensorNV(bm, b_data, uint(b_off & ~7), \
                                            sliceTensorLayoutNV(lb, kk, BK, n0, BN))
 #endif
-#define STEP(kk) { \
-      MAT_A am; \
-      MAT_B bm; \
-      coopMatLoadTensorNV(am, a_data, uint(a_off & ~7), sliceTensorLayoutNV(la, m0, BM, kk, BK)); \
-      LOAD_B(bm, kk); \
-      acc = coopMatMulAdd(am, bm, acc); \
-    }
-    for (int k = 0; k < k_main; k += BK * UNROLL) {
-      [[unroll]] for (int u = 0; u < UNROLL; ++u) STEP(k + u * BK)
-    }
-    for (int k = k_main; k < K; k += BK) STEP(k)
-#undef STEP
+#define LOAD_A(am, kk) coopMatLoadTensorNV(am, a_data, uint(a_off & ~7), \
+                                           sliceTensorLayoutNV(la, m0, BM, kk, BK))
+    K_LOOP()
+#undef LOAD_A
 #undef LOAD_B
   } else {
     // A block at an edge, or sizes without 16-byte rows: clamped 3-D layouts over
@@ -137,18 +144,10 @@ void main() {
 #define LOAD_B(bm, kk) coopMatLoadTensorNV(bm, b_data, 0, \
                                            sliceTensorLayoutNV(lb, b_batch, 1, kk, BK, n0, BN))
 #endif
-#define STEP(kk) { \
-      MAT_A am; \
-      MAT_B bm; \
-      coopMatLoadTensorNV(am, a_data, 0, sliceTensorLayoutNV(la, a_batch, 1, m0, BM, kk, BK)); \
-      LOAD_B(bm, kk); \
-      acc = coopMatMulAdd(am, bm, acc); \
-    }
-    for (int k = 0; k < k_main; k += BK * UNROLL) {
-      [[unroll]] for (int u = 0; u < UNROLL; ++u) STEP(k + u * BK)
-    }
-    for (int k = k_main; k < K; k += BK) STEP(k)
-#undef STEP
+#define LOAD_A(am, kk) coopMatLoadTensorNV(am, a_data, 0, \
+                                           sliceTensorLayoutNV(la, a_batch, 1, m0, BM, kk, BK))
+    K_LOOP()
+#undef LOAD_A
 #undef LOAD_B
   }
 #ifdef HAS_BIAS

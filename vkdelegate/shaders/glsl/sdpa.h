@@ -152,6 +152,23 @@ uvec2 tile_map_bits(int row, int t) {
   const int Ev = size_at(v_meta, 0); \
   const int qoff = sdpa_offset(L, S)
 
+// The query block of the prefill kernels' workgroup (sdpa_coopmat.glsl,
+// sdpa_coopmat_wg.glsl: grid x over blocks of `rows` query rows, y over the heads):
+// declares i0, its first query row, and h, its head. HEAVY_FIRST (causal): the
+// workgroups of one batch in order of decreasing work (the last query block of every
+// head first), so that the dispatch's tail is the light blocks.
+#ifdef HEAVY_FIRST
+#define SDPA_QUERY_BLOCK(rows) \
+  const int nb = int(gl_NumWorkGroups.x), nh = int(gl_NumWorkGroups.y); \
+  const int lin = int(gl_WorkGroupID.x) + nb * int(gl_WorkGroupID.y); \
+  const int i0 = (nb - 1 - lin / nh) * (rows); \
+  const int h = lin % nh
+#else
+#define SDPA_QUERY_BLOCK(rows) \
+  const int i0 = int(gl_WorkGroupID.x) * (rows); \
+  const int h = int(gl_WorkGroupID.y)
+#endif
+
 // The element offsets of query head h of batch bq (of Hq heads, B batches) and of the
 // K/V head and batch it reads (grouped-query heads h / (Hq / Hk), broadcast batches),
 // and the row strides: declares hk, bk, q_base, k_base, v_base, q_row, k_row, v_row.

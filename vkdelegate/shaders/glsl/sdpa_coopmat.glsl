@@ -113,17 +113,7 @@ void main() {
   const int lane = int(gl_LocalInvocationID.x);
   const int sg = int(gl_SubgroupID);
   const int sl = int(gl_SubgroupInvocationID);
-#ifdef HEAVY_FIRST
-  // Causal: the workgroups of one batch in order of decreasing work (the last query
-  // block of every head first), so that the dispatch's tail is the light blocks.
-  const int nb = int(gl_NumWorkGroups.x), nh = int(gl_NumWorkGroups.y);
-  const int lin = int(gl_WorkGroupID.x) + nb * int(gl_WorkGroupID.y);
-  const int i0 = (nb - 1 - lin / nh) * BM;
-  const int h = lin % nh;
-#else
-  const int i0 = int(gl_WorkGroupID.x) * BM;
-  const int h = int(gl_WorkGroupID.y);
-#endif
+  SDPA_QUERY_BLOCK(BM);  // sdpa.h: i0, h (HEAVY_FIRST: the longest rows first)
   const int bq = int(gl_WorkGroupID.z);
   SDPA_SIZES();  // sdpa.h: E, L, Hq, B, S, Ev, qoff
   if (i0 >= L || h >= Hq || bq >= B) {

@@ -78,15 +78,7 @@ float mask_elem(const in uint32_t r, const in uint32_t c, const in float v, cons
 }
 
 void main() {
-#ifdef HEAVY_FIRST
-  const int nb = int(gl_NumWorkGroups.x), nh = int(gl_NumWorkGroups.y);
-  const int lin = int(gl_WorkGroupID.x) + nb * int(gl_WorkGroupID.y);
-  const int i0 = (nb - 1 - lin / nh) * BR;
-  const int h = lin % nh;
-#else
-  const int i0 = int(gl_WorkGroupID.x) * BR;
-  const int h = int(gl_WorkGroupID.y);
-#endif
+  SDPA_QUERY_BLOCK(BR);  // sdpa.h: i0, h (HEAVY_FIRST: the longest rows first)
   const int bq = int(gl_WorkGroupID.z);
   SDPA_SIZES();  // sdpa.h: E, L, Hq, B, S, Ev, qoff
   if (i0 >= L || h >= Hq || bq >= B) {
