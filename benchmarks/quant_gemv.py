@@ -15,6 +15,7 @@ results are checked against numpy.
         [--shapes 4096x4096,4096x14336,14336x4096] [--gemv-everywhere]
         [--rows-per-workgroup 8] [--cases "linear float16,int4"] [--back-to-back]
         [--stream-mb 128] [--sweep] [--probe] [--pipeline-stats] [--reverse] [--hold-s 1]
+        [--form quantized_linear.VHALF=true+quantized_linear.VHWORDS=2 ...]
 
 --gemv-everywhere: the quantized GEMV forms on CPU drivers too (lavapipe gets the GEMM
 form by default); --rows-per-workgroup: linear_qw_gemv.glsl's outputs per workgroup
@@ -34,6 +35,9 @@ or sg_rows, invocations, rows (sg_rows: units) per workgroup, unroll).
 --probe: the int8 / int4 cases also in linear_qw_gemv.glsl's PROBE forms (wrong results,
 timing only): "probe loads" loads as the default form and skips the unpacking, "probe
 math" computes as the default form on weights made from indices (no weight loads).
+--form: the int8 / int4 cases also in that form, one row each (``MODULE.CONSTANT=VALUE``
+of benchmarks/forms.py, several joined by "+"; e.g. quantized_linear.VHALF=true, the
+int4 products with fp16 x in packed fp16 arithmetic).
 --reverse: each shape's cases in reverse order (is a case's time its place in the run?).
 --pipeline-stats: after the table, the driver's compiler statistics of every pipeline
 the run created (VK_KHR_pipeline_executable_properties, runtime/pipeline_stats.py;
@@ -42,6 +46,7 @@ e.g. NVIDIA's register count), one row per shader variant.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import numpy as np
@@ -51,6 +56,7 @@ import dataclasses
 import math
 import statistics
 
+import forms
 from one_node import _DT, OneNode, measure
 from vkdelegate.errors import DeviceLimitError
 from vkdelegate.kernels import gemm_core, gemm_tiles
@@ -232,13 +238,25 @@ def streamed(node, device, runs: int) -> tuple:
     return statistics.median(times) / 1e6, min(times) / 1e6, statistics.median(waits), out
 
 
-def _forms(sweep: bool, name: str, probe: bool = False):
+def _forms(sweep: bool, name: str, probe: bool = False, extra=()):
     """(label, apply) pairs: the forms a case runs in (the default only, or with
     --sweep the FP16_SWEEP / QUANT_SWEEP forms, with --probe the PROBE forms of the
-    int8 / int4 cases); apply() sets the module constants."""
+    int8 / int4 cases, and the int8 / int4 cases in each of ``extra``'s --form rows:
+    (label, {"module.CONSTANT": value}) pairs); apply() sets the module constants
+    (main restores the quantized-linear family's and the forms' after each)."""
     from vkdelegate.ops.families import quantized_linear as family
 
     default = ("", lambda: None)
+    if name.startswith(("int8", "int4")):
+        def row(label, values):
+            def apply():
+                forms.apply(values, _no_error)
+            return f" [{label}]", apply
+        rows = [row(label, values) for label, values in extra]
+        if rows and not sweep and not probe:
+            return [default] + rows
+    else:
+        rows = []
     probes = []
     if probe and name.startswith(("int8", "int4")):
         def probe_form(level, label):
@@ -247,7 +265,7 @@ def _forms(sweep: bool, name: str, probe: bool = False):
             return f" [probe {label}]", apply
         probes = [probe_form(1, "loads"), probe_form(2, "math")]
     if probes and not sweep:
-        return [default] + probes
+        return [default] + probes + rows
     if not sweep or name.startswith(("linear float32", "8da4w")):
         return [default]
     if name.startswith("linear"):
@@ -266,7 +284,11 @@ def _forms(sweep: bool, name: str, probe: bool = False):
             family.VSG_ROWS = sg
         form = "sg_rows" if sg else "direct" if direct else "staged"
         return f" [{form} wg{wg} r{rows} u{unroll}]", apply
-    return [default] + probes + [quant(*f) for f in QUANT_SWEEP]
+    return [default] + probes + rows + [quant(*f) for f in QUANT_SWEEP]
+
+
+def _no_error(message):
+    raise SystemExit(message)  # --form rows are checked when parsed
 
 
 family_device_type = [""]  # the device type whose tile-table row --sweep replaces
@@ -282,7 +304,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--gemv-everywhere", action="store_true")
     parser.add_argument("--rows-per-workgroup", type=int, default=None, choices=range(1, 17))
-    parser.add_argument("--cases", default="", help="comma-separated name filters")
+    parser.add_argument("--cases", default="", help="comma-separated name filters (substrings "
+                        "of the cases' names; a comma followed by a space is part of one)")
     parser.add_argument("--hold-s", type=float, default=HOLD_S,
                         help="seconds of back-to-back executes before each streamed case "
                              "(clocks up)")
@@ -293,7 +316,12 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--probe", action="store_true")
     parser.add_argument("--pipeline-stats", action="store_true")
+    parser.add_argument("--form", action="append", default=[],
+                        metavar="MODULE.CONSTANT=VALUE[+...]",
+                        help="the int8 / int4 cases also in this form (benchmarks/forms.py; "
+                             "several joined by +), one row each; repeatable")
     args = parser.parse_args(argv)
+    extra = [(item, forms.parse(item.split("+"), parser.error)) for item in args.form]
     if args.pipeline_stats:
         import os
         os.environ["VKDELEGATE_PIPELINE_STATS"] = "1"  # before the device is created
@@ -308,6 +336,8 @@ def main(argv=None) -> int:
     saved = ((gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K), dict(gemm_tiles.TABLE),
              family.VDIRECT, family.VWG,
              family.VROWS, family.VUNROLL, family.VPROBE, family.VSG_ROWS)
+    saved_forms = {name: forms.resolve(name, value, parser.error).__dict__[name.rpartition(".")[2]]
+                   for _, values in extra for name, value in values.items()}
     globals()["HOLD_S"] = args.hold_s
     mb, rows = args.stream_mb, []
     for shape in args.shapes.split(","):
@@ -320,7 +350,7 @@ def main(argv=None) -> int:
         names = ["linear float32", "linear float16", "int8 weights, float32 x",
                  "int8 weights, float16 x", f"int4 g{gs} weights, float32 x",
                  f"int4 g{gs} weights, float16 x", f"8da4w g{gs}"]
-        keep = [c for c in args.cases.split(",") if c]
+        keep = [c for c in re.split(r",(?! )", args.cases) if c]
         timed = []  # (node, label, (median, best) GPU ms, or the device limit's message)
         order = list(enumerate(cases))
         for i, make in (order[::-1] if args.reverse else order):
@@ -328,7 +358,7 @@ def main(argv=None) -> int:
                 continue
             node = make()  # one weight set for all of its forms
             ref = reference(node)
-            for label, apply in _forms(args.sweep, names[i], args.probe):
+            for label, apply in _forms(args.sweep, names[i], args.probe, extra):
                 apply()
                 try:
                     if mb:
@@ -346,6 +376,7 @@ def main(argv=None) -> int:
                     gemm_tiles.TABLE.update(saved[1])
                     (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL,
                      family.VPROBE, family.VSG_ROWS) = saved[2:]
+                    forms.apply(saved_forms, parser.error)
                 print(timed[-1][1:3], node.name, file=sys.stderr, flush=True)
         base = next((ms[0] for node, label, ms, _ in timed
                      if node.name == "linear float16" and not label and
@@ -376,6 +407,7 @@ def main(argv=None) -> int:
 
 #: Defines that tell the forms of one shader apart in --pipeline-stats' table.
 _FORM_DEFINES = ("W4", "W8", "X16", "DIRECT", "SG_ROWS", "WG", "ROWS", "UNROLL", "SVEC",
+                 "HALF_DOT", "HWORDS",
                  "PROBE", "DQ8CA", "GEMV_ROWS", "GEMV_UNROLL", "OUT_T", "K_STEP", "R_MAX")
 
 

@@ -26,21 +26,37 @@ INT8PACK, Q4GSW = "aten._weight_int8pack_mm.default", "et_vk.linear_q4gsw.defaul
 DQ8CA = "et_vk.linear_dq8ca_q4gsw.default"
 
 
-@pytest.fixture(params=["direct", "staged", "sg_rows"])
+@pytest.fixture(params=["direct", "staged", "sg_rows", "half", "half_sg_rows"])
 def family(monkeypatch, request):
     """The quantized-linear family with the GEMV forms on every device (a CPU driver
     gets the GEMM form by default), in its DIRECT form (x loaded per invocation), the
-    staged one (x in shared memory per sweep) or SG_ROWS (VSG_ROWS: a subgroup per
-    output over its whole K; where the device has subgroup arithmetic, else DIRECT),
-    and a count of linear_qw_gemv dispatches (SG_ROWS: each checked to take it)."""
+    staged one (x in shared memory per sweep), SG_ROWS (VSG_ROWS: a subgroup per
+    output over its whole K; where the device has subgroup arithmetic, else DIRECT)
+    or HALF_DOT (VHALF: int4 with fp16 x in packed fp16 arithmetic; DIRECT with 4 words
+    per fp16 partial sum, the most the form allows, or SG_ROWS with 1), and a count of
+    linear_qw_gemv dispatches (SG_ROWS: each checked to take it; ``family.halves``:
+    the HALF_DOT forms chosen)."""
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
-    direct, sg = request.param != "staged", request.param == "sg_rows"
-    if (direct, sg) != (family.VDIRECT, family.VSG_ROWS):
+    form = request.param
+    direct, sg, half = form != "staged", form.endswith("sg_rows"), form.startswith("half")
+    if (direct, sg, half) != (family.VDIRECT, family.VSG_ROWS, family.VHALF):
         monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)  # --sweep forms: undeclared
     monkeypatch.setattr(family, "VDIRECT", direct)
     monkeypatch.setattr(family, "VSG_ROWS", sg)
+    monkeypatch.setattr(family, "VHALF", half)
+    # HALF_DOT's partial sums: 4 words in the DIRECT form (the most rounding), 1 in SG_ROWS
+    monkeypatch.setattr(family, "VHWORDS", {"half": 4, "half_sg_rows": 1}.get(form, 1))
+    halves = []
+    half_dot = family.half_dot
+
+    def counted_half(defines):
+        halves.append(defines["W4"])
+        return half_dot(defines)
+
+    monkeypatch.setattr(family, "half_dot", counted_half)
+    family.halves = halves
     calls = []
     record = family._record_vector
 
@@ -54,7 +70,7 @@ def family(monkeypatch, request):
     monkeypatch.setattr(family, "_record_vector", counted)
     family.calls = calls
     yield family
-    del family.calls
+    del family.calls, family.halves
 
 
 def _linear(k, n, dtype, bias=True):
@@ -78,6 +94,7 @@ def test_int4_gemv(family, monkeypatch, group, dtype, subgroup):
         x = torch.randn(rows, k).to(dtype)
         check_op(model, (x,), ops=[Q4GSW], rtol=_tol(dtype), atol=_tol(dtype))
     assert family.calls == [4, 4]
+    assert len(family.halves) == (2 if family.VHALF and dtype == torch.float16 else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -194,3 +211,30 @@ def test_int4_int8_forms(monkeypatch, dtype, form):
     assert ["SVEC" in d for d in seen] == [whole, False, False]
     assert all(("DIRECT" in d) == (form[0] or sg) and d["WG"] == str(form[1])
                and ("SG_ROWS" in d) == sg for d in seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_few_workgroups_take_fewer_rows(family, monkeypatch, dtype):
+    """VMIN_GROUPS: a product of few outputs halves VROWS (8 -> 4 -> 2) until it has
+    that many workgroups; N = 37, 13 and 3 rows of int4 (group 32, SVEC where the run
+    allows it) and int8, against eager, each dispatch's ROWS and grid as computed
+    (SG_ROWS keeps VROWS)."""
+    from vkdelegate.runtime import default_device
+
+    monkeypatch.setattr(family, "VMIN_GROUPS", 10)
+    monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)  # not the default
+    seen = []
+    defines = family.vector_defines
+    monkeypatch.setattr(family, "vector_defines",
+                        lambda *a, **kw: seen.append(defines(*a, **kw)) or seen[-1])
+    sg = family.sg_rows(default_device().info)
+    k = 2080
+    torch.manual_seed(4)
+    for n, want in ((37, 4), (13, 2), (3, 2)):
+        model = quantize_for_vulkan(_linear(k, n, dtype), "int4", group_size=32)
+        x = torch.randn(2, k).to(dtype)
+        check_op(model, (x,), ops=[Q4GSW], rtol=_tol(dtype), atol=_tol(dtype))
+        model = quantize_for_vulkan(_linear(k, n, dtype), "int8")
+        check_op(model, (x,), ops=[INT8PACK], rtol=_tol(dtype), atol=_tol(dtype))
+        assert [d["ROWS"] for d in seen] == [str(8 if sg else want)] * 2, (n, seen)
+        seen.clear()

@@ -114,6 +114,12 @@ VSG_ROWS = False  # linear_qw_gemv's SG_ROWS form (devices with subgroup arithme
 #                  Off: on an H100 it was about 2x slower than DIRECT at 2048 x 16384
 #                  int4 and the int4 decode 8% slower (docs/PERF.md, "An H100,
 #                  2026-12-05 (fifth session)"); a --sweep form for other GPUs
+VMIN_GROUPS = 0  # linear_qw_gemv: fewer rows per workgroup (VROWS halved, down to 2) while
+#                 a dispatch would have fewer workgroups than this (0: VROWS always)
+VHALF = False  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
+#              shaderFloat16): the block products in packed fp16 arithmetic, summed in
+#              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32
+VHWORDS = 1  # HALF_DOT: words (1, 2 or 4) per fp16 partial sum
 VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE form, wrong results
 # VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
 # --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
@@ -217,42 +223,59 @@ def sg_rows(info) -> bool:
         and VWG % max(1, info.capabilities.max_subgroup_size) == 0
 
 
-def units_per_workgroup(paired: bool, sg: bool) -> int:
+def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:
     """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
-    workgroup: VROWS in the SG_ROWS form (``sg``), else ``out_rows(paired)``."""
-    return VROWS if sg else out_rows(paired)
+    workgroup: ``rows`` (None: VROWS) in the SG_ROWS form (``sg``), else
+    ``out_rows(paired, rows)``."""
+    return (rows or VROWS) if sg else out_rows(paired, rows)
 
 
-def out_rows(swiglu: bool) -> int:
-    """Outputs of a linear_qw_gemv.glsl workgroup: VROWS, or VROWS / 2 (at least one)
-    in the SWIGLU form (its 2 * out_rows weight rows, as many as the plain GEMV's: that
-    many gate rows, then the matching up rows). Also the runs of consecutive weight
-    rows whose scales SVEC reads by vector loads."""
-    return max(1, VROWS // 2) if swiglu else VROWS
+def out_rows(swiglu: bool, rows: "int | None" = None) -> int:
+    """Outputs of a linear_qw_gemv.glsl workgroup of ``rows`` weight rows (None:
+    VROWS): that many, or half (at least one) in the SWIGLU form (its 2 * out_rows
+    weight rows, as many as the plain GEMV's: that many gate rows, then the matching
+    up rows). Also the runs of consecutive weight rows whose scales SVEC reads by
+    vector loads."""
+    rows = rows or VROWS
+    return max(1, rows // 2) if swiglu else rows
 
 
-def scales_per_load(s, swiglu: bool = False) -> int:
+def workgroup_rows(units: int, paired: bool, sg: bool) -> int:
+    """The weight rows (SG_ROWS: units) of one linear_qw_gemv.glsl workgroup for a
+    product of ``units`` outputs (ROTARY: row pairs): VROWS, halved (down to 2) while
+    the dispatch would have fewer than VMIN_GROUPS workgroups (not in SG_ROWS)."""
+    rows = VROWS
+    while VMIN_GROUPS and not sg and rows > 2 and \
+            -(-units // out_rows(paired, rows)) < VMIN_GROUPS:
+        rows //= 2
+    return rows
+
+
+def scales_per_load(s, swiglu: bool = False, rows: "int | None" = None) -> int:
     """Int4 scales linear_qw_gemv.glsl's SVEC form reads per vector load: 8 stored as
     fp16 (a uvec4), 4 as fp32 (a vec4) (s a Tensor or (graph dtype, device dtype)
     pair); the SWIGLU form's fp16 scales 4 (a uvec2) where its runs of ``out_rows``
     rows hold no whole uvec4 (VROWS = 8: runs of 4)."""
     if not _half(s):
         return 4
-    return 4 if swiglu and out_rows(True) % 8 else 8
+    return 4 if swiglu and out_rows(True, rows) % 8 else 8
 
 
-def vector_scales(s, n: int, s_stride: int, swiglu: bool = False) -> bool:
+def vector_scales(s, n: int, s_stride: int, swiglu: bool = False,
+                  rows: "int | None" = None) -> bool:
     """Whether the int4 scales [K / group, >= n] (row stride ``s_stride``) can be read
-    by SVEC's vector loads: the run (``out_rows``) and the stride multiples of
-    scales_per_load, n (the output columns) one of the run."""
-    run = out_rows(swiglu)
-    spl = scales_per_load(s, swiglu)
+    by SVEC's vector loads in a workgroup of ``rows`` weight rows (None: VROWS): the
+    run (``out_rows``) and the stride multiples of scales_per_load, n (the output
+    columns) one of the run."""
+    run = out_rows(swiglu, rows)
+    spl = scales_per_load(s, swiglu, rows)
     return run % spl == 0 and n % run == 0 and s_stride % spl == 0
 
 
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
-                   norm: bool = False, rotary=None, sg: "bool | None" = None) -> dict:
+                   norm: bool = False, rotary=None, sg: "bool | None" = None,
+                   rows: "int | None" = None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -262,7 +285,9 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     form (the norm folded in; its weight has x's dtype); rotary: None, or
     kernels/rotary_cache.py's defines of the ROTARY epilogue (no svec: a unit's rows
     are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
-    ``subgroup``), VROWS units per workgroup, no svec."""
+    ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
+    units) of a workgroup (``workgroup_rows``; None: VROWS)."""
+    rows = rows or VROWS
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -277,16 +302,16 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     if sg is None:
         sg = VSG_ROWS and subgroup
     if sg:  # ROWS: the units of a workgroup
-        d.update(WG=str(VWG), ROWS=str(VROWS), SG_ROWS="1", DIRECT="1",
+        d.update(WG=str(VWG), ROWS=str(rows), SG_ROWS="1", DIRECT="1",
                  UNROLL=str(VUNROLL))
     else:
-        d.update(WG=str(VWG), ROWS=str(2 * out_rows(True) if paired else VROWS))
+        d.update(WG=str(VWG), ROWS=str(2 * out_rows(True, rows) if paired else rows))
     if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
     if VPROBE:
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4 and not sg:
-        spl = scales_per_load(s, swiglu is not None)
+        spl = scales_per_load(s, swiglu is not None, rows)
         half = _half(s)
         d.update(SVEC="1", SPL=str(spl),
                  SV_T=("uvec4" if spl == 8 else "uvec2") if half else "vec4",
@@ -296,6 +321,13 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     if rotary is not None:
         d.update(rotary)
     return d
+
+
+def half_dot(defines: dict) -> dict:
+    """linear_qw_gemv.glsl's HALF_DOT form of int4 ``defines`` with fp16 x (X16, not
+    DQ8CA): the block products in packed fp16 arithmetic, VHWORDS words per fp16
+    partial sum; declared to require shaderFloat16."""
+    return dict(defines, HALF_DOT="1", HWORDS=str(VHWORDS))
 
 
 def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
@@ -594,14 +626,18 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
     s_stride = s.max_shape[1] if bits == 4 else rows
+    paired = swiglu is not None or rotary is not None  # two weight rows per output
+    rows = workgroup_rows(n // 2 if rotary is not None else n, paired, sg)
     svec = bits == 4 and rotary is None and not sg \
-        and vector_scales(s, n, s_stride, swiglu is not None)
+        and vector_scales(s, n, s_stride, swiglu is not None, rows)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
-                             None if rotary is None else rotary.defines, sg)
+                             None if rotary is None else rotary.defines, sg, rows)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
+    elif VHALF and bits == 4 and "X16" in defines:
+        defines = choose(VSHADER, [half_dot(defines), defines], b.device.info.capabilities)
     sums_stride = dq[2].max_shape[1] if dq is not None else 0
     params = [out.meta, b.params(PARAMS.pack(
         qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]
@@ -616,7 +652,7 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         inputs += rotary.inputs
         params.append(rotary.params)
     # outputs (ROTARY: units) per workgroup
-    per_group = units_per_workgroup(swiglu is not None or rotary is not None, sg)
+    per_group = units_per_workgroup(paired, sg, rows)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
                global_size=(-(-units // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
 
@@ -796,6 +832,18 @@ declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), d
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
              norm=(False, True), rotary=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
+
+
+def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, residual: bool,
+                 chain: "str | None", norm: bool, rotary: bool):
+    found = _vector_variants(profile, Q4GSW, "float16", bias, subgroup, svec, residual,
+                             chain, norm, rotary)
+    return None if found is None else [half_dot(d) for d in found if "X16" in d]
+
+
+declare_grid(VSHADER, _vector_half, requires=("shaderFloat16",), **_VAXES,
+             residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
+             norm=(False, True), rotary=(False, True))
 
 
 def _texel_variants(profile, op: str, dtype: str, bias: bool, m_tile: int,

@@ -6,6 +6,9 @@
 #ifdef SUBGROUP
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
+#ifdef HALF_DOT
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #include "common.h"
 #ifndef PROBE
 #define PROBE 0
@@ -88,6 +91,15 @@
 // whole x row itself as it reads it for each unit (subgroupAdd), so every sum of a
 // row's squares is the same value. Results differ from the other forms' in
 // summation order only.
+// HALF_DOT (W4 with X16, not DQ8CA; devices with shaderFloat16): each block's products
+// in packed fp16 arithmetic (block_hdot: a nibble pair per 32-bit word, mask-and-OR
+// into 1024's fp16 bits, one subtraction or FMA, one FMA for two weights: about half
+// the instructions of block_dot's fp32 form), summed in fp16 over HWORDS words (4 to
+// 16 products per lane) and then in fp32. x (times the norm weight with RMS_NORM) is
+// rounded to fp16 once per block and the weights taken / 16 (exact), so a partial sum
+// overflows only where |x| > 65504 * 16 / (8 * 4 * HWORDS); the products are rounded
+// to fp16 (2^-11 relative, as eager's fp16 dequantized weights are), the partial sums
+// too.
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
@@ -113,6 +125,9 @@
 #else
 #define UNIT_ROWS 1
 #define SV_RUNS 1
+#endif
+#if defined(HALF_DOT) && (!defined(W4) || !defined(X16) || defined(DQ8CA))
+#error "HALF_DOT is a W4 form with X16, without DQ8CA"
 #endif
 #ifdef SG_ROWS
 #if !defined(SUBGROUP) || !defined(DIRECT) || defined(SVEC)
@@ -302,6 +317,52 @@ float block_dot(vec4 xv[XV], uvec4 w) {
 #endif
 }
 
+#ifdef HALF_DOT
+#ifndef HWORDS
+#define HWORDS 1
+#endif
+// x of a block for block_hdot as fp16 pairs (k, k + 4) of each word's 8 values
+// (xh[4 i + j] = (x[8 i + j], x[8 i + 4 + j]): the lanes of a word's nibble pairs).
+void half_x(vec4 xv[XV], out f16vec2 xh[16]) {
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    [[unroll]] for (int j = 0; j < 4; ++j) {
+      xh[4 * i + j] = f16vec2(xv[2 * i][j], xv[2 * i + 1][j]);
+    }
+  }
+}
+
+// block_dot in packed fp16, / 16: word i's nibbles at bits 4j and 16 + 4j are k = 8 i
+// + j and 8 i + 4 + j. Masked pairs ORed into 0x6400 (1024.0) are 1024 + v (bits 0-3)
+// or 1024 + 16 v (bits 4-7), exactly; one FMA (times 1/16 minus 64.5, or times 1/256
+// minus 4.5) makes either (v - 8) / 16, exactly; the upper two pairs after one shift
+// by 8. The weights / 16 keep each partial sum 16x from fp16's overflow.
+float block_hdot(f16vec2 xh[16], uvec4 w) {
+  float total = 0.0;
+  f16vec2 acc = f16vec2(0.0hf);
+  [[unroll]] for (int i = 0; i < 4; ++i) {
+    const uint lo = w[i], hi = w[i] >> 8;
+    const f16vec2 q0 = fma(unpackFloat2x16((lo & 0x000F000Fu) | 0x64006400u),
+                           f16vec2(0.0625hf), f16vec2(-64.5hf));
+    const f16vec2 q1 = fma(unpackFloat2x16((lo & 0x00F000F0u) | 0x64006400u),
+                           f16vec2(0.00390625hf), f16vec2(-4.5hf));
+    const f16vec2 q2 = fma(unpackFloat2x16((hi & 0x000F000Fu) | 0x64006400u),
+                           f16vec2(0.0625hf), f16vec2(-64.5hf));
+    const f16vec2 q3 = fma(unpackFloat2x16((hi & 0x00F000F0u) | 0x64006400u),
+                           f16vec2(0.00390625hf), f16vec2(-4.5hf));
+    acc = fma(xh[4 * i], q0, acc);
+    acc = fma(xh[4 * i + 1], q1, acc);
+    acc = fma(xh[4 * i + 2], q2, acc);
+    acc = fma(xh[4 * i + 3], q3, acc);
+    if ((i + 1) % HWORDS == 0) {
+      const vec2 f = vec2(acc);
+      total += f.x + f.y;
+      acc = f16vec2(0.0hf);
+    }
+  }
+  return total * 16.0;
+}
+#endif
+
 #ifdef INT_DOT
 // The block's integer sum of xq * (nibble - 8): x packed by k parity (the low nibbles
 // of a word hold k even), against the stored nibbles (value + 8), minus 8 * sum(xq).
@@ -397,9 +458,15 @@ void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LR
   }
   return;
 #endif
+#ifdef HALF_DOT
+  f16vec2 xh[16];
+  half_x(xv, xh);  // once for the rows
+#endif
   [[unroll]] for (int r = 0; r < LROWS; ++r) {
 #ifdef INT_DOT
     float d = block_idot(xv, wv[r]);
+#elif defined(HALF_DOT)
+    float d = block_hdot(xh, wv[r]);
 #else
     float d = block_dot(xv, wv[r]);
 #endif
