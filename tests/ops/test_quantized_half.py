@@ -23,9 +23,9 @@ from tests.ops import test_quantized_rms_norm as rms_tests
 from tests.ops import test_quantized_rotary_cache as rotary_tests
 from tests.ops import test_quantized_swiglu as swiglu_tests
 from tests.ops.harness import check_op, spy_dispatches
+from tests.ops.test_quantized_sg_rows import run_in_form
 from tests.ops.test_rotary_cache import _inputs as rotary_inputs
 from tests.vulkan_skip import vulkan_unavailable
-from vkdelegate import VulkanPartitioner, to_backend
 
 pytest.importorskip("torchao")
 
@@ -75,22 +75,10 @@ def _check_forms(seen, *epilogues) -> None:
             assert (flag in d) == (flag in epilogues), (flag, d)
 
 
-def _run(monkeypatch, module, inputs, on: bool, **options) -> tuple:
-    """The outputs of ``module`` lowered and run with VHALF = ``on``."""
-    monkeypatch.setattr(_family(), "VHALF", on)
-    program = to_backend(torch.export.export(module, inputs), VulkanPartitioner(options))
-    try:
-        out = program(*inputs)
-    finally:
-        program.close()
-    monkeypatch.setattr(_family(), "VHALF", True)
-    return out if isinstance(out, tuple) else (out,)
-
-
 def _against_fp32_form(monkeypatch, module, inputs, **options):
     """HALF_DOT's outputs and the fp32 form's, within CLOSE; returns HALF_DOT's."""
-    got = _run(monkeypatch, module, inputs, True, **options)
-    want = _run(monkeypatch, module, inputs, False, **options)
+    got = run_in_form(monkeypatch, "VHALF", True, module, inputs, **options)
+    want = run_in_form(monkeypatch, "VHALF", False, module, inputs, **options)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **CLOSE)
     return got

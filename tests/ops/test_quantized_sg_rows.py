@@ -37,8 +37,6 @@ from tests.ops.harness import check_op, spy_dispatches
 from tests.ops.test_rotary_cache import _inputs as rotary_inputs
 from tests.vulkan_skip import vulkan_unavailable
 from vkdelegate import VulkanPartitioner, to_backend
-from vkdelegate.backend import custom_ops
-from vkdelegate.kernels import swiglu
 
 pytest.importorskip("torchao")
 
@@ -88,16 +86,26 @@ def _check_forms(seen, *epilogues) -> None:
             assert (flag in d) == (flag in epilogues), (flag, d)
 
 
+def run_in_form(monkeypatch, name: str, value, module, inputs, **options) -> tuple:
+    """The outputs of ``module`` lowered and run with the quantized-linear family's
+    constant ``name`` set to ``value`` (its value before restored after)."""
+    family = _family()
+    saved = getattr(family, name)
+    monkeypatch.setattr(family, name, value)
+    try:
+        program = to_backend(torch.export.export(module, inputs), VulkanPartitioner(options))
+        try:
+            out = program(*inputs)
+        finally:
+            program.close()
+    finally:
+        monkeypatch.setattr(family, name, saved)
+    return out if isinstance(out, tuple) else (out,)
+
+
 def _run(monkeypatch, module, inputs, sg: bool, **options) -> tuple:
     """The outputs of ``module`` lowered and run with VSG_ROWS = ``sg``."""
-    monkeypatch.setattr(_family(), "VSG_ROWS", sg)
-    program = to_backend(torch.export.export(module, inputs), VulkanPartitioner(options))
-    try:
-        out = program(*inputs)
-    finally:
-        program.close()
-    monkeypatch.setattr(_family(), "VSG_ROWS", True)
-    return out if isinstance(out, tuple) else (out,)
+    return run_in_form(monkeypatch, "VSG_ROWS", sg, module, inputs, **options)
 
 
 def _close(dtype, chain=False) -> dict:
