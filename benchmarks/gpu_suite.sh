@@ -48,6 +48,10 @@
 #           benchmarks/fetch_glslang.sh): their tests and the subgroup forms', validation
 #           off, 240; benchmarks/gemm.py's fp16 cases with it and without (nowg), 180;
 #           sdpa.py's fp16 causal prefill with it and without, 240
+#   q4half  the int4 decode GEMV's HALF_DOT form and VMIN_GROUPS (the defaults since
+#           2026-12-06) against the fp32 form with VROWS always, one llm_decode run
+#           with --profile, then quant_gemv.py's int4 fp16-x cases with --probe and
+#           those forms as rows, 420
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
@@ -199,6 +203,16 @@ for s in "$@"; do
           python3 sdpa.py --prefill --dtype float16 --runs 5 --filter causal &&
           python3 sdpa.py --prefill --dtype float16 --runs 5 --filter causal \
             --form attention.COOP2_ENABLED=false" ;;
+    q4half) Q=quantized_linear
+            step q4half 300 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+              --hbm-tbps $hbm --quantization none int4 \
+              int4+$Q.VHALF=false+$Q.VMIN_GROUPS=0 int4+$Q.VMIN_GROUPS=0 --runs 2 --hold-s 1 \
+              --profile 6 --json "$out/llm_decode_q4half.json"
+            step q4half_gemv 120 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py \
+              --runs 10 --shapes 2048x16384,2048x3072,2048x128256 \
+              --cases "int4 g128 weights, float16 x" --probe --form $Q.VHALF=false \
+              --form $Q.VHWORDS=4 --form $Q.VMIN_GROUPS=0 --hold-s 0.3 --stream-mb 128 \
+              --pipeline-stats ;;
     chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
             --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;

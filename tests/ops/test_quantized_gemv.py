@@ -41,13 +41,15 @@ def family(monkeypatch, request):
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
     form = request.param
     direct, sg, half = form != "staged", form.endswith("sg_rows"), form.startswith("half")
-    if (direct, sg, half) != (family.VDIRECT, family.VSG_ROWS, family.VHALF):
+    # HALF_DOT's partial sums: 4 words in the DIRECT form (the most rounding), 1 in SG_ROWS
+    hwords = {"half": 4, "half_sg_rows": 1}.get(form, family.VHWORDS)
+    if (direct, sg, half, hwords) != (family.VDIRECT, family.VSG_ROWS, family.VHALF,
+                                      family.VHWORDS):
         monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)  # --sweep forms: undeclared
     monkeypatch.setattr(family, "VDIRECT", direct)
     monkeypatch.setattr(family, "VSG_ROWS", sg)
     monkeypatch.setattr(family, "VHALF", half)
-    # HALF_DOT's partial sums: 4 words in the DIRECT form (the most rounding), 1 in SG_ROWS
-    monkeypatch.setattr(family, "VHWORDS", {"half": 4, "half_sg_rows": 1}.get(form, 1))
+    monkeypatch.setattr(family, "VHWORDS", hwords)
     halves = []
     half_dot = family.half_dot
 
@@ -186,6 +188,7 @@ def _form_id(f):
 def test_int4_int8_forms(monkeypatch, dtype, form):
     from vkdelegate.ops.families import quantized_linear as family
     from vkdelegate.runtime import default_device
+    monkeypatch.setattr(family, "VMIN_GROUPS", 0)  # VROWS whatever N: its runs of scales
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
     names = ("VDIRECT", "VWG", "VROWS", "VUNROLL", "VSG_ROWS")

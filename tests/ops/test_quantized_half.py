@@ -1,7 +1,7 @@
-"""linear_qw_gemv.glsl's HALF_DOT form (quantized_linear.VHALF: int4 weights with fp16 x,
-each block's products in packed fp16 arithmetic, summed in fp16 over VHWORDS words,
-then in fp32) on every epilogue a decode step uses, forced as
-tests/ops/test_quantized_gemv.py forces the vectorized GEMV. tests/ops/test_quantized_gemv.py
+"""linear_qw_gemv.glsl's HALF_DOT form (quantized_linear.VHALF, the default on devices
+with shaderFloat16: int4 weights with fp16 x, each block's products in packed fp16
+arithmetic, summed in fp16 over VHWORDS words, then in fp32) on every epilogue a decode
+step uses, forced as tests/ops/test_quantized_gemv.py forces the vectorized GEMV, which
 runs its plain int4 cases in it too.
 
 Tolerances. Against eager (or the op's CPU kernel): the fp16 tolerances of each form's
@@ -42,7 +42,9 @@ def _family():
 @pytest.fixture(params=[1, 4], ids=["hwords1", "hwords4"])
 def half(monkeypatch, request) -> list:
     """The vectorized GEMV forced for up to GEMV_ROWS rows (not the texel form), in the
-    HALF_DOT form with ``request.param`` words per fp16 partial sum; skipped on a
+    HALF_DOT form (the GPUs' default) with ``request.param`` words per fp16 partial sum,
+    and VMIN_GROUPS as it is (the products here have few outputs: 2 or 4 rows a
+    workgroup); skipped on a
     device without shaderFloat16. Returns the list of the defines of each
     linear_qw_gemv dispatch recorded from now on, with "VHALF" added: the constant's
     value then."""
@@ -57,8 +59,9 @@ def half(monkeypatch, request) -> list:
     monkeypatch.setattr(family, "texel_form", lambda *args: False)
     monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
     monkeypatch.setattr(family, "VHALF", True)
+    if request.param != family.VHWORDS:
+        monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)  # a --form row: undeclared
     monkeypatch.setattr(family, "VHWORDS", request.param)
-    monkeypatch.setattr(coverage, "RECORD_VARIANTS", False)  # a --form row, not the default
     return spy_dispatches(monkeypatch, lambda shader, defines: None
                           if shader != "linear_qw_gemv"
                           else dict(defines, VHALF=family.VHALF))
@@ -188,3 +191,24 @@ def test_rotary(half, monkeypatch, scheme, bias):
     half.clear()
     _against_fp32_form(monkeypatch, module, inputs)
     _check_forms(half, "ROTARY", "RMS_NORM")
+
+
+def test_int4_fp16_decoder_greedy_matches_eager(half, request):
+    """A small fp16 Llama quantized int4 (group 32) through vkdelegate.llm with every
+    decode product in HALF_DOT: greedy tokens equal HF generate of the same quantized
+    model for 32 steps (tests/llm/test_quantized_lower.py's check, fp16)."""
+    if request.node.callspec.params["half"] != 1:
+        pytest.skip("one partial-sum length is enough for the whole decoder")
+    from tests.llm.models import VOCAB, hf_greedy, make_model
+    from vkdelegate.llm import generate, lower
+
+    torch.manual_seed(0)
+    model = make_model("llama").half()
+    program = lower(model, 48, quantization="int4", group_size=32)
+    try:
+        prompt = torch.randint(0, VOCAB, (8,),
+                               generator=torch.Generator().manual_seed(3)).tolist()
+        assert generate(program, prompt, 32) == hf_greedy(model, prompt, 32)
+    finally:
+        program.close()
+    assert any("HALF_DOT" in d for d in half if d is not None)

@@ -190,6 +190,7 @@ def test_vector_scale_loads(monkeypatch, scheme, dtype):
     """F = 16: linear_qw_gemv.glsl's SVEC form reads each half's 4 int4 scales in one
     vector load (fp32: a vec4; fp16: a uvec2), as the plain op reads its 8 rows'."""
     from vkdelegate.ops.families import quantized_linear as family
+    monkeypatch.setattr(family, "VMIN_GROUPS", 0)  # VROWS whatever N: its runs of scales
 
     seen = _force(monkeypatch, "vector")
     svec = []

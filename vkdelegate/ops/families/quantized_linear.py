@@ -18,7 +18,9 @@ torchao's quantized linears).
 Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
-workgroup, x loaded per invocation (VDIRECT) or staged in shared memory, or with
+workgroup (fewer for products of few outputs: VMIN_GROUPS; int4 with fp16 x on devices
+with shaderFloat16 in packed fp16 arithmetic: VHALF, the HALF_DOT form), x loaded per
+invocation (VDIRECT) or staged in shared memory, or with
 VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
 it loads it) where the weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
@@ -114,12 +116,18 @@ VSG_ROWS = False  # linear_qw_gemv's SG_ROWS form (devices with subgroup arithme
 #                  Off: on an H100 it was about 2x slower than DIRECT at 2048 x 16384
 #                  int4 and the int4 decode 8% slower (docs/PERF.md, "An H100,
 #                  2026-12-05 (fifth session)"); a --sweep form for other GPUs
-VMIN_GROUPS = 0  # linear_qw_gemv: fewer rows per workgroup (VROWS halved, down to 2) while
-#                 a dispatch would have fewer workgroups than this (0: VROWS always)
-VHALF = False  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
+VMIN_GROUPS = 528  # linear_qw_gemv: fewer rows per workgroup (VROWS halved, down to 2)
+#                   while a dispatch would have fewer workgroups than this (0: VROWS
+#                   always). 528 = 4 per SM of an H100 / H200 (132 SMs): the 1B int4
+#                   decode's q/k/v, o_proj and down_proj products (256-384 workgroups
+#                   of 8 rows) then take 768-1024; decode 862 -> 943 tokens/s on an
+#                   H100 (docs/PERF.md, "An H100, 2026-12-06 (twelfth session)")
+VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
-#              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32
-VHWORDS = 1  # HALF_DOT: words (1, 2 or 4) per fp16 partial sum
+#              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
+#              decode 788 -> 862 tokens/s on an H100 (same section)
+VHWORDS = 1  # HALF_DOT: words (1, 2 or 4) per fp16 partial sum (4: 3% faster per
+#              GEMV on the H100, 4x the rounding, overflow from |x| > 8188)
 VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE form, wrong results
 # VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
 # --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
@@ -788,7 +796,8 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
-                     chain: "str | None" = None, norm: bool = False, rotary: bool = False):
+                     chain: "str | None" = None, norm: bool = False, rotary: bool = False,
+                     rows: "int | None" = None):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
     if residual and op == DQ8CA:
@@ -809,7 +818,8 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     if op == DQ8CA:
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
     if svec and (VSG_ROWS and subgroup
-                 or out_rows(chain is not None) % scales_per_load(pair, chain is not None)):
+                 or out_rows(chain is not None, rows)
+                 % scales_per_load(pair, chain is not None, rows)):
         return None  # SG_ROWS reads no scales by vector loads
     # The rotary epilogue's cos/sin have the product's dtype, its positions either index
     # dtype.
@@ -818,26 +828,29 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     return [vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq,
                            svec, pair if residual else None,
                            None if chain is None else swiglu_chains.defines(chain, dtype),
-                           norm, r) for r in rotaries]
+                           norm, r, rows=rows) for r in rotaries]
 
 
-def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool):
-    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec)
+def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool, rows: int):
+    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec, rows=rows)
     return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
+#: workgroup_rows' choices: VROWS, halved down to 2 for products of few outputs.
+_ROWS = tuple(r for r in (VROWS, VROWS // 2, VROWS // 4, VROWS // 8)
+              if r >= 2 and (r == VROWS or VMIN_GROUPS))
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
-              svec=(False, True))
+              svec=(False, True), rows=_ROWS)
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
              norm=(False, True), rotary=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
 
 
-def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, residual: bool,
-                 chain: "str | None", norm: bool, rotary: bool):
+def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int,
+                 residual: bool, chain: "str | None", norm: bool, rotary: bool):
     found = _vector_variants(profile, Q4GSW, "float16", bias, subgroup, svec, residual,
-                             chain, norm, rotary)
+                             chain, norm, rotary, rows)
     return None if found is None else [half_dot(d) for d in found if "X16" in d]
 
 
