@@ -58,7 +58,7 @@ import statistics
 
 import forms
 from one_node import _DT, OneNode, measure
-from vkdelegate.errors import DeviceLimitError
+from vkdelegate.errors import DeviceLimitError, VkDelegateError
 from vkdelegate.kernels import gemm_core, gemm_tiles
 from vkdelegate.runtime import DelegateGraph, default_device
 from vkdelegate.serialization import vkgraph as g
@@ -321,6 +321,17 @@ def main(argv=None) -> int:
                         help="the int8 / int4 cases also in this form (benchmarks/forms.py; "
                              "several joined by +), one row each; repeatable")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: at least 1")
+    shapes = []
+    for shape in args.shapes.split(","):
+        try:
+            k, n = (int(v) for v in shape.split("x"))
+            if k < 1 or n < 1:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--shapes: {shape!r} is not KxN (positive sizes, e.g. 4096x4096)")
+        shapes.append((k, n))
     extra = [(item, forms.parse(item.split("+"), parser.error)) for item in args.form]
     if args.pipeline_stats:
         import os
@@ -340,17 +351,20 @@ def main(argv=None) -> int:
                    for _, values in extra for name, value in values.items()}
     globals()["HOLD_S"] = args.hold_s
     mb, rows = args.stream_mb, []
-    for shape in args.shapes.split(","):
-        k, n = (int(v) for v in shape.split("x"))
-        m, gs = args.rows, args.group
+    m, gs = args.rows, args.group
+    names = ["linear float32", "linear float16", "int8 weights, float32 x",
+             "int8 weights, float16 x", f"int4 g{gs} weights, float32 x",
+             f"int4 g{gs} weights, float16 x", f"8da4w g{gs}"]
+    keep = [c for c in re.split(r",(?! )", args.cases) if c.strip()]
+    if args.cases and not any(f in name for f in keep for name in names
+                              if name != "linear float16"):
+        parser.error(f"--cases {args.cases!r} names none of the cases (the fp16 linear, "
+                     f"the baseline, always runs): {'; '.join(names)}")
+    for k, n in shapes:
         cases = [lambda: _linear(m, k, n, "float32", mb), lambda: _linear(m, k, n, "float16", mb),
                  lambda: _int8(m, k, n, "float32", mb), lambda: _int8(m, k, n, "float16", mb),
                  lambda: _int4(m, k, n, "float32", gs, mb),
                  lambda: _int4(m, k, n, "float16", gs, mb), lambda: _8da4w(m, k, n, gs, mb)]
-        names = ["linear float32", "linear float16", "int8 weights, float32 x",
-                 "int8 weights, float16 x", f"int4 g{gs} weights, float32 x",
-                 f"int4 g{gs} weights, float16 x", f"8da4w g{gs}"]
-        keep = [c for c in re.split(r",(?! )", args.cases) if c]
         timed = []  # (node, label, (median, best) GPU ms, or the device limit's message)
         order = list(enumerate(cases))
         for i, make in (order[::-1] if args.reverse else order):
@@ -370,6 +384,8 @@ def main(argv=None) -> int:
                     timed.append((node, label, ms, rel_err(out, ref)))
                 except DeviceLimitError as exc:  # lavapipe: 128 MiB storage buffers at most
                     timed.append((node, label, str(exc).split(',')[0], ""))
+                except VkDelegateError as exc:  # a --form the kernels refuse
+                    parser.error(f"{node.name}{label}: {exc}")
                 finally:
                     gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K = saved[0]
                     gemm_tiles.TABLE.clear()
@@ -377,7 +393,9 @@ def main(argv=None) -> int:
                     (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL,
                      family.VPROBE, family.VSG_ROWS) = saved[2:]
                     forms.apply(saved_forms, parser.error)
-                print(timed[-1][1:3], node.name, file=sys.stderr, flush=True)
+                ms = timed[-1][2]
+                print(f"{k}x{n} {node.name}{label}: " + (ms if isinstance(ms, str) else
+                      f"{ms[0]:.4f} ms"), file=sys.stderr, flush=True)
         base = next((ms[0] for node, label, ms, _ in timed
                      if node.name == "linear float16" and not label and
                      not isinstance(ms, str)), None)

@@ -78,6 +78,7 @@ import math
 
 import numpy as np
 
+from vkdelegate.errors import VkDelegateError
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import loop_limit
 from vkdelegate.kernels import residual
@@ -126,8 +127,9 @@ VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (dev
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
 #              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
 #              decode 788 -> 862 tokens/s on an H100 (same section)
-VHWORDS = 1  # HALF_DOT: words (1, 2 or 4) per fp16 partial sum (4: 3% faster per
-#              GEMV on the H100, 4x the rounding, overflow from |x| > 8188)
+VHWORDS = 1  # HALF_DOT: words (1, 2 or 4) per fp16 partial sum (1: no finite fp16 x
+#              overflows it; 4: 3% faster per GEMV on the H100, 4x the rounding,
+#              overflow from |x| > 32752)
 VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE form, wrong results
 # VDIRECT / VWG / VROWS / VUNROLL: from the H200 sweep (benchmarks/quant_gemv.py --sweep
 # --stream-mb 128, docs/PERF.md): DIRECT with 128 invocations and 8 rows was best or
@@ -334,7 +336,11 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
 def half_dot(defines: dict) -> dict:
     """linear_qw_gemv.glsl's HALF_DOT form of int4 ``defines`` with fp16 x (X16, not
     DQ8CA): the block products in packed fp16 arithmetic, VHWORDS words per fp16
-    partial sum; declared to require shaderFloat16."""
+    partial sum; declared to require shaderFloat16. VkDelegateError for a VHWORDS
+    other than 1, 2 or 4 (the shader sums a block's 4 words in runs of it)."""
+    if VHWORDS not in (1, 2, 4):
+        raise VkDelegateError(f"quantized_linear.VHWORDS = {VHWORDS!r}: the words per fp16 "
+                              f"partial sum of the HALF_DOT form are 1, 2 or 4")
     return dict(defines, HALF_DOT="1", HWORDS=str(VHWORDS))
 
 

@@ -96,10 +96,12 @@
 // into 1024's fp16 bits, one subtraction or FMA, one FMA for two weights: about half
 // the instructions of block_dot's fp32 form), summed in fp16 over HWORDS words (4 to
 // 16 products per lane) and then in fp32. x (times the norm weight with RMS_NORM) is
-// rounded to fp16 once per block and the weights taken / 16 (exact), so a partial sum
-// overflows only where |x| > 65504 * 16 / (8 * 4 * HWORDS); the products are rounded
-// to fp16 (2^-11 relative, as eager's fp16 dequantized weights are), the partial sums
-// too.
+// rounded to fp16 once per block (RMS_NORM: inf where |x * norm weight| > 65504, which
+// eager's normalized row never reaches) and the weights taken / 64 (exact), so a
+// partial sum overflows only where |x| > 65504 * 64 / (8 * 4 * HWORDS): never for
+// HWORDS 1, from 32752 for 4; the products are rounded to fp16 (2^-11 relative, as
+// eager's fp16 dequantized weights are; products below 2^-14 keep 2^-24 absolute),
+// the partial sums too.
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
@@ -321,6 +323,9 @@ float block_dot(vec4 xv[XV], uvec4 w) {
 #ifndef HWORDS
 #define HWORDS 1
 #endif
+#if HWORDS != 1 && HWORDS != 2 && HWORDS != 4
+#error "HWORDS (words per fp16 partial sum) is 1, 2 or 4"
+#endif
 // x of a block for block_hdot as fp16 pairs (k, k + 4) of each word's 8 values
 // (xh[4 i + j] = (x[8 i + j], x[8 i + 4 + j]): the lanes of a word's nibble pairs).
 void half_x(vec4 xv[XV], out f16vec2 xh[16]) {
@@ -331,24 +336,25 @@ void half_x(vec4 xv[XV], out f16vec2 xh[16]) {
   }
 }
 
-// block_dot in packed fp16, / 16: word i's nibbles at bits 4j and 16 + 4j are k = 8 i
+// block_dot in packed fp16, / 64: word i's nibbles at bits 4j and 16 + 4j are k = 8 i
 // + j and 8 i + 4 + j. Masked pairs ORed into 0x6400 (1024.0) are 1024 + v (bits 0-3)
-// or 1024 + 16 v (bits 4-7), exactly; one FMA (times 1/16 minus 64.5, or times 1/256
-// minus 4.5) makes either (v - 8) / 16, exactly; the upper two pairs after one shift
-// by 8. The weights / 16 keep each partial sum 16x from fp16's overflow.
+// or 1024 + 16 v (bits 4-7), exactly; one FMA (times 1/64 minus 16.125, or times
+// 1/1024 minus 1.125) makes either (v - 8) / 64, exactly; the upper two pairs after one
+// shift by 8. The weights / 64 keep a partial sum of 4 products (HWORDS 1) under
+// 4 * 8 / 64 * 65504 = 32752: no finite fp16 x overflows it.
 float block_hdot(f16vec2 xh[16], uvec4 w) {
   float total = 0.0;
   f16vec2 acc = f16vec2(0.0hf);
   [[unroll]] for (int i = 0; i < 4; ++i) {
     const uint lo = w[i], hi = w[i] >> 8;
     const f16vec2 q0 = fma(unpackFloat2x16((lo & 0x000F000Fu) | 0x64006400u),
-                           f16vec2(0.0625hf), f16vec2(-64.5hf));
+                           f16vec2(0.015625hf), f16vec2(-16.125hf));
     const f16vec2 q1 = fma(unpackFloat2x16((lo & 0x00F000F0u) | 0x64006400u),
-                           f16vec2(0.00390625hf), f16vec2(-4.5hf));
+                           f16vec2(0.0009765625hf), f16vec2(-1.125hf));
     const f16vec2 q2 = fma(unpackFloat2x16((hi & 0x000F000Fu) | 0x64006400u),
-                           f16vec2(0.0625hf), f16vec2(-64.5hf));
+                           f16vec2(0.015625hf), f16vec2(-16.125hf));
     const f16vec2 q3 = fma(unpackFloat2x16((hi & 0x00F000F0u) | 0x64006400u),
-                           f16vec2(0.00390625hf), f16vec2(-4.5hf));
+                           f16vec2(0.0009765625hf), f16vec2(-1.125hf));
     acc = fma(xh[4 * i], q0, acc);
     acc = fma(xh[4 * i + 1], q1, acc);
     acc = fma(xh[4 * i + 2], q2, acc);
@@ -359,7 +365,7 @@ float block_hdot(f16vec2 xh[16], uvec4 w) {
       acc = f16vec2(0.0hf);
     }
   }
-  return total * 16.0;
+  return total * 64.0;
 }
 #endif
 
