@@ -51,6 +51,8 @@ COOPERATIVE_MATRIX_EXTENSION = "VK_KHR_cooperative_matrix"
 #: The extension that brings ``cooperativeMatrixWorkgroupScope`` and the other
 #: features of its structure above (enabled with them; it needs the one above).
 COOPERATIVE_MATRIX2_EXTENSION = "VK_NV_cooperative_matrix2"
+#: The features of that extension's structure.
+COOPERATIVE_MATRIX2_FEATURES = FEATURES["VkPhysicalDeviceCooperativeMatrix2FeaturesNV"]
 #: The highest Vulkan version vkdelegate asks the instance for (and targets).
 MAX_API = (1, 3)
 

@@ -65,3 +65,28 @@ def window_mask(lq, s, window, start_pos=0):
     i = torch.arange(lq)[:, None] + start_pos
     j = torch.arange(s)[None, :]
     return (j <= i) & (j > i - window)
+
+
+def half_qkv(hq, hk, lq, s, e, ev=None, seed=0):
+    """fp16 q [1, Hq, Lq, E], k [1, Hk, S, E], v [1, Hk, S, Ev or E] (seeded)."""
+    torch.manual_seed(seed)
+    return (torch.randn(1, hq, lq, e).half(), torch.randn(1, hk, s, e).half(),
+            torch.randn(1, hk, s, ev or e).half())
+
+
+def check_kernel_case(what, shader, fn, args, ops=(SDPA,), exact=False):
+    """fp16 ``fn(*args)`` lowered against eager (check_op, FP16_TOL), asserting that
+    ``shader`` was among the variants it dispatched and, with ``exact``, that the
+    block-sparse early exit is bit-exact (the program with it off gives the same
+    bits); prints "ok WHAT" (the unvalidated subprocess's progress)."""
+    from tests.ops import coverage
+    from tests.ops.harness import check_op
+
+    coverage.VARIANTS.clear()  # check_op records the shader variants it dispatched
+    on = check_op(fn, args, ops=list(ops), **FP16_TOL)
+    ran = {key[0] for keys in coverage.VARIANTS.values() for key in keys}
+    assert shader in ran, f"{what}: ran {sorted(ran)}"
+    if exact:
+        off = check_op(fn, args, ops=list(ops), **FP16_TOL, options=OFF)
+        assert torch.equal(on(*args), off(*args)), f"{what}: early exit not exact"
+    print("ok", what, flush=True)

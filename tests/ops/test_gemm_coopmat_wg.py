@@ -30,14 +30,26 @@ from vkdelegate.shaders.variants import all_variants, requirements
 MM, BMM, ADDMM, LINEAR = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default",
                           "aten.linear.default")
 F16 = dict(rtol=1e-2, atol=1e-2)
-SHAPE = CooperativeMatrixShape(16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
-                               "FLOAT32_KHR")
-FLEX = FlexibleMatrixShape(16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
-                           "FLOAT32_KHR", "WORKGROUP", 256)
-WG_CAPS = Capabilities(api_version=(1, 3), subgroup_size=32, min_subgroup_size=32,
-                       max_subgroup_size=32, cooperative_matrix_shapes=(SHAPE,),
-                       flexible_matrix_shapes=(FLEX,), cooperative_matrix_max_dimension=256,
-                       features=frozenset(gemm_core.COOPMAT_WG_REQUIRES + ("maintenance4",)))
+FP16 = ("FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR", "FLOAT32_KHR")  # A, B, C, result
+
+
+def nv2_caps(granularity: tuple, invocations: int, max_dimension: int,
+             requires: tuple) -> Capabilities:
+    """A Vulkan 1.3 capability table with 16 x 16 x 16 fp16 cooperative matrices, one
+    workgroup-scope flexible shape of M x N x K ``granularity`` for ``invocations``
+    (VK_NV_cooperative_matrix2), ``max_dimension``, the features ``requires`` and
+    maintenance4."""
+    return Capabilities(api_version=(1, 3), subgroup_size=32, min_subgroup_size=32,
+                        max_subgroup_size=32,
+                        cooperative_matrix_shapes=(CooperativeMatrixShape(16, 16, 16, *FP16),),
+                        flexible_matrix_shapes=(FlexibleMatrixShape(
+                            *granularity, *FP16, "WORKGROUP", invocations),),
+                        cooperative_matrix_max_dimension=max_dimension,
+                        features=frozenset(tuple(requires) + ("maintenance4",)))
+
+
+WG_CAPS = nv2_caps((16, 16, 16), 256, 256, gemm_core.COOPMAT_WG_REQUIRES)
+FLEX = WG_CAPS.flexible_matrix_shapes[0]
 WG = (128, 256, 16, 8)
 WG_TILES = dataclasses.replace(gemm_tiles.DEFAULT, coop_wg=WG, coop_wg_small=WG,
                                coop_wg_min_macs=0)
@@ -145,8 +157,8 @@ def test_feature_chain_links_the_nv2_structure():
     caps = WG_CAPS
     _, _, _, names = df.enable_chain(caps, exts)
     assert names == ["VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix2"]
-    from vkdelegate.runtime.device import COOPERATIVE_MATRIX2
-    _, _, _, names = df.enable_chain(caps.without(*COOPERATIVE_MATRIX2), exts)
+    from vkdelegate.capabilities import COOPERATIVE_MATRIX2_FEATURES
+    _, _, _, names = df.enable_chain(caps.without(*COOPERATIVE_MATRIX2_FEATURES), exts)
     assert names == ["VK_KHR_cooperative_matrix"]
 
 

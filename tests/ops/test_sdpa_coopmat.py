@@ -61,13 +61,12 @@ def test_shared_arrays_are_whole_16_byte_units():
 def run_cases() -> None:
     """The cases (in the subprocess): exit NO_DEVICE when the device cannot run
     sdpa_coopmat.glsl for float16, else raise on the first mismatch."""
-    from tests.ops.attention_reference import (CUSTOM, FP16_TOL, OFF, SDPA, SLIDING,
-                                               custom_fn, sdpa_fn, sliding_fn, window_mask)
-    from tests.ops.harness import check_op
+    from tests.ops.attention_reference import (CUSTOM, SDPA, SLIDING, check_kernel_case,
+                                               custom_fn, half_qkv, sdpa_fn, sliding_fn,
+                                               window_mask)
     from vkdelegate.backend.custom_ops import ensure_defined
     from vkdelegate.kernels import attention
     from vkdelegate.runtime import default_device
-    from tests.ops import coverage
 
     half = ("float16", "float16")
     if not attention.coop_fits(default_device().info, half, half, half):
@@ -79,34 +78,22 @@ def run_cases() -> None:
     attention.COOP2_ENABLED = False
 
     def case(what, fn, args, ops=(SDPA,), exact=False):
-        what = f"STAGES {attention.COOP_STAGES}: {what}"
-        coverage.VARIANTS.clear()  # check_op records the shader variants it dispatched
-        on = check_op(fn, args, ops=list(ops), **FP16_TOL)
-        ran = {key[0] for keys in coverage.VARIANTS.values() for key in keys}
-        assert attention.COOP in ran, f"{what}: ran {sorted(ran)}"
-        if exact:
-            off = check_op(fn, args, ops=list(ops), **FP16_TOL, options=OFF)
-            assert torch.equal(on(*args), off(*args)), f"{what}: early exit not exact"
-        print("ok", what, flush=True)
-
-    def qkv(hq, hk, lq, s, e, ev=None, seed=0):
-        torch.manual_seed(seed)
-        return (torch.randn(1, hq, lq, e).half(), torch.randn(1, hk, s, e).half(),
-                torch.randn(1, hk, s, ev or e).half())
+        check_kernel_case(f"STAGES {attention.COOP_STAGES}: {what}", attention.COOP, fn,
+                          args, ops, exact)
 
     # Both forms of the K / V buffers (kernels/attention.py COOP_STAGES): one buffer,
     # and two with the next tile loaded during the current one's products.
     for stages in (1, 2):
         attention.COOP_STAGES = stages
-        q, k, v = qkv(4, 2, 200, 200, 64)
+        q, k, v = half_qkv(4, 2, 200, 200, 64)
         case("causal 200, gqa 2", sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v), exact=True)
-        q, k, v = qkv(4, 4, 37, 70, 48, 16, seed=1)
+        q, k, v = half_qkv(4, 4, 37, 70, 48, 16, seed=1)
         case("no mask 37 x 70, E 48, Ev 16", sdpa_fn(), (q, k, v))
-        q, k, v = qkv(2, 2, 100, 130, 32, seed=2)
+        q, k, v = half_qkv(2, 2, 100, 130, 32, seed=2)
         mask = torch.randn(1, 2, 100, 130).half()
         mask[:, :, 7] = float("-inf")  # a fully masked row: 0, as ATen
         case("float mask 100 x 130, a fully masked row", sdpa_fn(), (q, k, v, mask))
-        q, k, v = qkv(4, 2, 320, 320, 128, seed=3)
+        q, k, v = half_qkv(4, 2, 320, 320, 128, seed=3)
         case("causal 320, E 128", sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v),
              exact=True)
         fmask = torch.where(window_mask(320, 320, 100)[None, None], torch.randn(320, 320),
@@ -118,7 +105,7 @@ def run_cases() -> None:
         torch.manual_seed(4)
         qc, kc, vc = (torch.randn(1, n, h, 64).half() for n, h in ((40, 8), (120, 2), (120, 2)))
         case("custom_sdpa [B, L, H, D], start_pos 50", custom_fn(50), (qc, kc, vc), ops=(CUSTOM,))
-        q, k, v = qkv(4, 2, 320, 320, 128, seed=3)
+        q, k, v = half_qkv(4, 2, 320, 320, 128, seed=3)
         if attention.COOP_BOOL_MASK:  # else boolean masks run sdpa_tiled.glsl
             case("bool window mask 320, E 128", sdpa_fn(enable_gqa=True),
                  (q, k, v, window_mask(320, 320, 100)[None, None]), exact=True)
@@ -127,18 +114,18 @@ def run_cases() -> None:
             bmask[:, 32:96] = False
             bmask[:64, 128:] = False
             bmask[5] = False
-            q, k, v = qkv(2, 2, 200, 200, 64, seed=6)
+            q, k, v = half_qkv(2, 2, 200, 200, 64, seed=6)
             case("bool blocks 200, a fully masked row", sdpa_fn(), (q, k, v, bmask), exact=True)
             # The block map (64 x 32 blocks): per-head and broadcast block-sparse masks with
             # dead query blocks, full and partial tiles, lengths not multiples of the tiles.
             from tests.ops.test_sdpa_tile_map import block_mask
-            q, k, v = qkv(4, 2, 141, 203, 128, seed=8)
+            q, k, v = half_qkv(4, 2, 141, 203, 128, seed=8)
             case("bool per-head block mask 141 x 203, E 128", sdpa_fn(enable_gqa=True),
                  (q, k, v, block_mask((1, 4, 141, 203), seed=8)), exact=True)
             case("bool broadcast block mask 141 x 203, E 128", sdpa_fn(enable_gqa=True),
                  (q, k, v, block_mask((1, 1, 141, 203), seed=9)), exact=True)
-        q, k, v = qkv(2, 2, 90, 75, 36, 20, seed=7)  # head dims not multiples of 8: scalar loads
+        q, k, v = half_qkv(2, 2, 90, 75, 36, 20, seed=7)  # head dims not multiples of 8: scalar loads
         case("causal 90 x 75, E 36, Ev 20", sdpa_fn(is_causal=True), (q, k, v))
-        q, k, v = qkv(2, 2, 1024, 1024, 128, seed=5)
+        q, k, v = half_qkv(2, 2, 1024, 1024, 128, seed=5)
         case("causal 1024, E 128", sdpa_fn(is_causal=True), (q, k, v), exact=True)
     print("all cases passed")

@@ -16,20 +16,13 @@ queries, head dims 64, 128 and 80 / 48 (padded to the bucket: zeros past E).
 import sys
 from types import SimpleNamespace
 
-import torch
 
 from tests.ops.unvalidated import NO_DEVICE, run_cases_unvalidated
-from vkdelegate.capabilities import Capabilities, CooperativeMatrixShape, FlexibleMatrixShape
+from tests.ops.test_gemm_coopmat_wg import FP16, nv2_caps
+from vkdelegate.capabilities import Capabilities, FlexibleMatrixShape
 from vkdelegate.kernels import attention
 
-SHAPE = CooperativeMatrixShape(16, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
-                               "FLOAT32_KHR")
-FLEX = FlexibleMatrixShape(32, 16, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
-                           "FLOAT32_KHR", "WORKGROUP", 128)
-CAPS = Capabilities(api_version=(1, 3), subgroup_size=32, min_subgroup_size=32,
-                    max_subgroup_size=32, cooperative_matrix_shapes=(SHAPE,),
-                    flexible_matrix_shapes=(FLEX,), cooperative_matrix_max_dimension=1024,
-                    features=frozenset(attention.COOP2_REQUIRES + ("maintenance4",)))
+CAPS = nv2_caps((32, 16, 16), 128, 1024, attention.COOP2_REQUIRES)
 INFO = SimpleNamespace(type="discrete", capabilities=CAPS, subgroup_ops=("shuffle",),
                        max_shared_memory=49152)
 
@@ -64,8 +57,7 @@ def test_choice():
         SimpleNamespace(**{**vars(INFO), "capabilities": CAPS.without(
             "cooperativeMatrixTensorAddressing")}), _attention(), 128) == 0
     coarse = Capabilities(**{**vars(CAPS), "flexible_matrix_shapes": (
-        FlexibleMatrixShape(32, 128, 16, "FLOAT16_KHR", "FLOAT16_KHR", "FLOAT32_KHR",
-                            "FLOAT32_KHR", "WORKGROUP", 256),)})
+        FlexibleMatrixShape(32, 128, 16, *FP16, "WORKGROUP", 256),)})
     assert attention.coop2_threads(coarse, 128) == 0  # 128 does not divide BC = 64
     attention.COOP2_ENABLED = False
     try:
@@ -81,9 +73,7 @@ def test_workgroup_scope_attention_matches_eager():
 def run_cases() -> None:
     """The cases (in the subprocess): exit NO_DEVICE when the device cannot run
     sdpa_coopmat_wg.glsl, else raise on the first mismatch."""
-    from tests.ops import coverage
-    from tests.ops.attention_reference import FP16_TOL, OFF, SDPA, sdpa_fn
-    from tests.ops.harness import check_op
+    from tests.ops.attention_reference import check_kernel_case, half_qkv, sdpa_fn
     from vkdelegate.runtime import default_device
 
     info = default_device().info
@@ -96,32 +86,20 @@ def run_cases() -> None:
         sys.exit(NO_DEVICE)
 
     def case(what, fn, args, exact=False):
-        coverage.VARIANTS.clear()  # check_op records the shader variants it dispatched
-        on = check_op(fn, args, ops=[SDPA], **FP16_TOL)
-        ran = {key[0] for keys in coverage.VARIANTS.values() for key in keys}
-        assert attention.COOP2 in ran, f"{what}: ran {sorted(ran)}"
-        if exact:
-            off = check_op(fn, args, ops=[SDPA], **FP16_TOL, options=OFF)
-            assert torch.equal(on(*args), off(*args)), f"{what}: early exit not exact"
-        print("ok", what, flush=True)
+        check_kernel_case(what, attention.COOP2, fn, args, exact=exact)
 
-    def qkv(hq, hk, lq, s, e, ev=None, seed=0):
-        torch.manual_seed(seed)
-        return (torch.randn(1, hq, lq, e).half(), torch.randn(1, hk, s, e).half(),
-                torch.randn(1, hk, s, ev or e).half())
-
-    q, k, v = qkv(4, 2, 200, 200, 64)
+    q, k, v = half_qkv(4, 2, 200, 200, 64)
     case("causal 200, gqa 2, E 64", sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v),
          exact=True)
-    q, k, v = qkv(4, 4, 37, 70, 48, 16, seed=1)
+    q, k, v = half_qkv(4, 4, 37, 70, 48, 16, seed=1)
     case("no mask 37 x 70, E 48, Ev 16", sdpa_fn(), (q, k, v))
-    q, k, v = qkv(4, 2, 320, 320, 128, seed=3)
+    q, k, v = half_qkv(4, 2, 320, 320, 128, seed=3)
     case("causal 320, E 128", sdpa_fn(is_causal=True, enable_gqa=True), (q, k, v), exact=True)
-    q, k, v = qkv(2, 2, 130, 300, 80, seed=4)
+    q, k, v = half_qkv(2, 2, 130, 300, 80, seed=4)
     case("no mask 130 x 300, E 80", sdpa_fn(), (q, k, v))
-    q, k, v = qkv(2, 2, 300, 130, 128, seed=5)
+    q, k, v = half_qkv(2, 2, 300, 130, 128, seed=5)
     case("causal 300 x 130 (fewer keys than queries)", sdpa_fn(is_causal=True), (q, k, v),
          exact=True)
-    q, k, v = qkv(2, 2, 1024, 1024, 128, seed=6)
+    q, k, v = half_qkv(2, 2, 1024, 1024, 128, seed=6)
     case("causal 1024, E 128", sdpa_fn(is_causal=True), (q, k, v), exact=True)
     print("all cases passed")

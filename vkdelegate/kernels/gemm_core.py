@@ -207,14 +207,17 @@ def coopmat_shared_bytes(block: tuple, nk: bool) -> int:
     return 16 * stages * (bm * (bk // 8 + 1) + b_rows * (b_row // 8 + 1))
 
 
+def _coopmat_storage(out, a, b, bias) -> dict:
+    """The storage defines of out, a, b and the bias (None: none) of both
+    cooperative-matrix GEMMs."""
+    return storage_defines(OUT=out, A=a, B=b, **({} if bias is None else {"C": bias}))
+
+
 def coopmat_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> dict:
     """Defines of gemm_coopmat.glsl (tensors as for ``core_defines``; fp16 a and b
     stored as fp16) for ``block`` (BM, BN, BK, WM, WN, STAGES) and ``threads``
     invocations per workgroup."""
-    tensors = dict(OUT=out, A=a, B=b)
-    if bias is not None:
-        tensors["C"] = bias
-    d = storage_defines(**tensors)
+    d = _coopmat_storage(out, a, b, bias)
     bm, bn, bk, wm, wn, stages = block
     d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None), BM=str(bm), BN=str(bn),
              BK=str(bk), WM=str(wm), WN=str(wn), STAGES=str(stages), THREADS=str(threads))
@@ -224,10 +227,7 @@ def coopmat_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> di
 def coopmat_wg_defines(out, a, b, bias, nk: bool, block: tuple, threads: int) -> dict:
     """Defines of gemm_coopmat_wg.glsl (tensors as for ``core_defines``) for
     ``block`` (BM, BN, BK, UNROLL) and ``threads`` invocations per workgroup."""
-    tensors = dict(OUT=out, A=a, B=b)
-    if bias is not None:
-        tensors["C"] = bias
-    d = storage_defines(**tensors)
+    d = _coopmat_storage(out, a, b, bias)
     bm, bn, bk, unroll = block
     d.update(flag_defines(B_NK=nk, HAS_BIAS=bias is not None), BM=str(bm), BN=str(bn),
              BK=str(bk), UNROLL=str(unroll), THREADS=str(threads))
@@ -312,13 +312,10 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
     if form.shader == CORE_SHADER and form.splits > 1:
         _record_split_k(b, form, out, a, mat, bias, nk, params, (m, n, batch))
         return
-    if form.shader == COOPMAT_WG_SHADER:
+    if form.shader in (COOPMAT_SHADER, COOPMAT_WG_SHADER):  # one BM x BN block a workgroup
         bm, bn = form.block[:2]
-        defines = coopmat_wg_defines(out, a, mat, bias, nk, form.block, form.threads)
-        grid, local = (-(-n // bn) * form.threads, -(-m // bm), batch), (form.threads, 1, 1)
-    elif form.shader == COOPMAT_SHADER:
-        bm, bn = form.block[:2]
-        defines = coopmat_defines(out, a, mat, bias, nk, form.block, form.threads)
+        make = coopmat_defines if form.shader == COOPMAT_SHADER else coopmat_wg_defines
+        defines = make(out, a, mat, bias, nk, form.block, form.threads)
         grid, local = (-(-n // bn) * form.threads, -(-m // bm), batch), (form.threads, 1, 1)
     elif form.shader == CORE_SHADER:
         tm, tn, _ = form.block

@@ -20,7 +20,7 @@ import threading
 
 import vulkan as vk
 
-from vkdelegate.capabilities import FEATURES, MAX_API, Capabilities
+from vkdelegate.capabilities import COOPERATIVE_MATRIX2_FEATURES, MAX_API, Capabilities
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import device_features, pipeline_stats
 from vkdelegate.runtime.device_info import DeviceInfo, describe, select, text
@@ -41,8 +41,6 @@ def _cooperative_matrix_usable(validation: bool) -> bool:
         return False
     from vkdelegate.shaders.compiler import default_compiler
     return default_compiler().supports("GL_KHR_cooperative_matrix")
-#: The features of VK_NV_cooperative_matrix2's structure (capabilities.FEATURES).
-COOPERATIVE_MATRIX2 = FEATURES["VkPhysicalDeviceCooperativeMatrix2FeaturesNV"]
 
 
 def _cooperative_matrix2_usable() -> bool:
@@ -192,10 +190,11 @@ class Device:
                                                "storageBuffer8BitAccess")))
         if not _cooperative_matrix_usable(validation):
             self.info = dataclasses.replace(self.info, capabilities=(
-                self.info.capabilities.without("cooperativeMatrix", *COOPERATIVE_MATRIX2)))
+                self.info.capabilities.without("cooperativeMatrix",
+                                               *COOPERATIVE_MATRIX2_FEATURES)))
         elif not _cooperative_matrix2_usable():
             self.info = dataclasses.replace(self.info, capabilities=(
-                self.info.capabilities.without(*COOPERATIVE_MATRIX2)))
+                self.info.capabilities.without(*COOPERATIVE_MATRIX2_FEATURES)))
         self.physical = physical[self.info.index]
         self.params_in_storage = (uniform_inlining_driver(self.info)
                                   if params_in_storage is None else bool(params_in_storage))

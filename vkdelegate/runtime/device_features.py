@@ -16,6 +16,7 @@ import cffi
 import vulkan as vk
 
 from vkdelegate.capabilities import (ALL_FEATURES, COOPERATIVE_MATRIX2_EXTENSION,
+                                     COOPERATIVE_MATRIX2_FEATURES,
                                      COOPERATIVE_MATRIX_EXTENSION, FEATURES, MAX_API,
                                      Capabilities, CooperativeMatrixShape,
                                      FlexibleMatrixShape)
@@ -131,7 +132,7 @@ def query(instance, pd, extensions: frozenset, validation: bool = False) -> Capa
         if "cooperativeMatrix" in present:
             shapes = _cooperative_matrix_shapes(instance, pd)
         else:
-            present -= set(FEATURES["VkPhysicalDeviceCooperativeMatrix2FeaturesNV"])
+            present -= set(COOPERATIVE_MATRIX2_FEATURES)
     flexible, max_dim = ((), 0)
     if "cooperativeMatrixFlexibleDimensions" in present:
         flexible, max_dim = _flexible_shapes(instance, pd)
@@ -222,7 +223,7 @@ def enable_chain(caps: Capabilities, extensions: frozenset):
     core = vk.VkPhysicalDeviceFeatures(**{f: values[f]
                                           for f in FEATURES["VkPhysicalDeviceFeatures"]})
     nv2 = values["cooperativeMatrix"] and any(
-        values[f] for f in FEATURES["VkPhysicalDeviceCooperativeMatrix2FeaturesNV"])
+        values[f] for f in COOPERATIVE_MATRIX2_FEATURES)
     exts = ([COOPERATIVE_MATRIX_EXTENSION] if values["cooperativeMatrix"] else []) + \
         ([COOPERATIVE_MATRIX2_EXTENSION] if nv2 else [])
     # An extension's feature structure goes in the chain only with that extension

@@ -120,6 +120,12 @@ void main() {
 }
 
 
+def _version_text(tool: str, env) -> str:
+    """``tool --version``'s output (a glslangValidator run with ``env``)."""
+    return subprocess.run([tool, "--version"], capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
 #: The GLSL extensions ``supports`` can answer for.
 PROBED_EXTENSIONS = tuple(sorted(_PROBES))
 
@@ -164,9 +170,7 @@ class ShaderCompiler:
     def _read_version(self) -> str:
         recorded = self.cache / "compiler-version.txt"
         if self.tool:
-            out = subprocess.run([self.tool, "--version"], capture_output=True,
-                                 text=True, env=self.tool_env)
-            version = out.stdout.strip()
+            version = _version_text(self.tool, self.tool_env)
             if not recorded.is_file() or recorded.read_text() != version:
                 # Another process may record at the same time: a private
                 # temporary file, then an atomic rename.
@@ -247,9 +251,7 @@ class ShaderCompiler:
         """The version text of ``tool``, one of ``tools`` other than the first."""
         with self._lock:
             if tool not in self._versions:
-                out = subprocess.run([tool, "--version"], capture_output=True, text=True,
-                                     env=env)
-                self._versions[tool] = out.stdout.strip()
+                self._versions[tool] = _version_text(tool, env)
             return self._versions[tool]
 
     def source_path(self, name: str) -> Path:
