@@ -281,7 +281,7 @@ def _forms(sweep: bool, name: str, probe: bool = False, extra=()):
     def quant(direct, wg, rows, unroll, sg):
         def apply():
             family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL = direct, wg, rows, unroll
-            family.VSG_ROWS = sg
+            family.VSG_ROWS, family.VWG_FIT = sg, 0  # the invocations named
         form = "sg_rows" if sg else "direct" if direct else "staged"
         return f" [{form} wg{wg} r{rows} u{unroll}]", apply
     return [default] + probes + rows + [quant(*f) for f in QUANT_SWEEP]
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     family_device_type[0] = device.info.type
     saved = ((gemm_core.GEMV_UNROLL, gemm_core.GEMV_SHORT_K), dict(gemm_tiles.TABLE),
              family.VDIRECT, family.VWG,
-             family.VROWS, family.VUNROLL, family.VPROBE, family.VSG_ROWS)
+             family.VROWS, family.VUNROLL, family.VPROBE, family.VSG_ROWS, family.VWG_FIT)
     saved_forms = {name: forms.resolve(name, value, parser.error).__dict__[name.rpartition(".")[2]]
                    for _, values in extra for name, value in values.items()}
     globals()["HOLD_S"] = args.hold_s
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
                     gemm_tiles.TABLE.clear()
                     gemm_tiles.TABLE.update(saved[1])
                     (family.VDIRECT, family.VWG, family.VROWS, family.VUNROLL,
-                     family.VPROBE, family.VSG_ROWS) = saved[2:]
+                     family.VPROBE, family.VSG_ROWS, family.VWG_FIT) = saved[2:]
                     forms.apply(saved_forms, parser.error)
                 ms = timed[-1][2]
                 print(f"{k}x{n} {node.name}{label}: " + (ms if isinstance(ms, str) else

@@ -241,3 +241,45 @@ def test_few_workgroups_take_fewer_rows(family, monkeypatch, dtype):
         check_op(model, (x,), ops=[INT8PACK], rtol=_tol(dtype), atol=_tol(dtype))
         assert [d["ROWS"] for d in seen] == [str(8 if sg else want)] * 2, (n, seen)
         seen.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_short_rows_take_fitted_workgroups(family, monkeypatch, dtype):
+    """VWG_FIT: rows of at most that many weight blocks take workgroups of VWG_FIT
+    invocations (none idles), longer rows VWG; int4 K = 2048 (64 blocks) and 2080 (65),
+    int8 K = 1024 (64) and 2048 (128), against eager, each dispatch's WG and workgroup
+    size as computed (SG_ROWS keeps VWG)."""
+    from vkdelegate.runtime import default_device
+
+    assert 0 < family.VWG_FIT < family.VWG  # the default fits the 1B decode's K = 2048
+    seen, sizes = [], []
+    defines = family.vector_defines
+    monkeypatch.setattr(family, "vector_defines",
+                        lambda *a, **kw: seen.append(defines(*a, **kw)) or seen[-1])
+    record = family._record_vector
+
+    def sized(b, *args, **kwargs):
+        dispatch = b.dispatch
+
+        def spy(*a, **kw):
+            sizes.append(kw["local_size"][0])
+            return dispatch(*a, **kw)
+        b.dispatch = spy
+        try:
+            return record(b, *args, **kwargs)
+        finally:
+            del b.dispatch
+    monkeypatch.setattr(family, "_record_vector", sized)
+    sg = family.sg_rows(default_device().info)
+    fit = family.VWG if sg else family.VWG_FIT
+    torch.manual_seed(5)
+    for bits, k, want in ((4, 2048, fit), (4, 2080, family.VWG), (8, 1024, fit),
+                          (8, 2048, family.VWG)):
+        model = quantize_for_vulkan(_linear(k, 24, dtype), "int4" if bits == 4 else "int8",
+                                    group_size=32)
+        x = torch.randn(1, k).to(dtype)
+        check_op(model, (x,), ops=[Q4GSW if bits == 4 else INT8PACK], rtol=_tol(dtype),
+                 atol=_tol(dtype))
+        assert [d["WG"] for d in seen] == [str(want)] and sizes == [want], (bits, k, seen)
+        seen.clear()
+        sizes.clear()

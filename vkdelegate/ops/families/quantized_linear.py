@@ -17,8 +17,9 @@ torchao's quantized linears).
 
 Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), the
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
-int4 group scale once per 32 values, subgroupAdd reduction, VROWS outputs per
-workgroup (fewer for products of few outputs: VMIN_GROUPS; int4 with fp16 x on devices
+int4 group scale once per 32 values, subgroupAdd reduction, VWG invocations (VWG_FIT
+for rows of few blocks) and VROWS outputs per workgroup (fewer for products of few
+outputs: VMIN_GROUPS; int4 with fp16 x on devices
 with shaderFloat16 in packed fp16 arithmetic: VHALF, the HALF_DOT form), x loaded per
 invocation (VDIRECT) or staged in shared memory, or with
 VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
@@ -123,6 +124,13 @@ VMIN_GROUPS = 528  # linear_qw_gemv: fewer rows per workgroup (VROWS halved, dow
 #                   decode's q/k/v, o_proj and down_proj products (256-384 workgroups
 #                   of 8 rows) then take 768-1024; decode 862 -> 943 tokens/s on an
 #                   H100 (docs/PERF.md, "An H100, 2026-12-06 (twelfth session)")
+VWG_FIT = 64  # linear_qw_gemv: a product whose rows hold at most this many weight blocks
+#             (K <= 2048 int4, 1024 int8) takes workgroups of this many invocations
+#             instead of VWG, so that none idles (0: VWG always; not in SG_ROWS). The
+#             1B int4 decode on an H100: 956 -> 989 tokens/s, 983 -> 900 us a step
+#             (lm_head 103 -> 71, norm + gate/up + SwiGLU 280 -> 234); VWG = 64 for
+#             every K made its K = 8192 down_proj slower (docs/PERF.md, "An H100,
+#             2026-12-06 (thirteenth session)")
 VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
 #              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
@@ -233,6 +241,18 @@ def sg_rows(info) -> bool:
         and VWG % max(1, info.capabilities.max_subgroup_size) == 0
 
 
+def workgroup_size(blocks: int, sg: bool, info=None) -> int:
+    """Invocations of one linear_qw_gemv.glsl workgroup for rows of ``blocks`` weight
+    blocks (16 bytes: 32 int4 or 16 int8 values): VWG_FIT where the rows hold at most
+    that many (every invocation then has a block of each row; not in the SG_ROWS form
+    ``sg``, nor below the device's largest subgroup, ``info`` a DeviceInfo or None),
+    else VWG."""
+    largest = info.capabilities.max_subgroup_size if info is not None else 1
+    if not sg and 0 < VWG_FIT < VWG and blocks <= VWG_FIT and VWG_FIT >= largest:
+        return VWG_FIT
+    return VWG
+
+
 def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:
     """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
     workgroup: ``rows`` (None: VROWS) in the SG_ROWS form (``sg``), else
@@ -285,7 +305,7 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False,
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
                    norm: bool = False, rotary=None, sg: "bool | None" = None,
-                   rows: "int | None" = None) -> dict:
+                   rows: "int | None" = None, wg: "int | None" = None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -296,8 +316,10 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     kernels/rotary_cache.py's defines of the ROTARY epilogue (no svec: a unit's rows
     are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
     ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
-    units) of a workgroup (``workgroup_rows``; None: VROWS)."""
+    units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
+    (``workgroup_size``; None: VWG)."""
     rows = rows or VROWS
+    wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
@@ -312,10 +334,10 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     if sg is None:
         sg = VSG_ROWS and subgroup
     if sg:  # ROWS: the units of a workgroup
-        d.update(WG=str(VWG), ROWS=str(rows), SG_ROWS="1", DIRECT="1",
+        d.update(WG=str(wg), ROWS=str(rows), SG_ROWS="1", DIRECT="1",
                  UNROLL=str(VUNROLL))
     else:
-        d.update(WG=str(VWG), ROWS=str(2 * out_rows(True, rows) if paired else rows))
+        d.update(WG=str(wg), ROWS=str(2 * out_rows(True, rows) if paired else rows))
     if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
     if VPROBE:
@@ -631,11 +653,12 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     rows = w.max_shape[0]
     blocks = k // (32 if bits == 4 else 16)
     sg = sg_rows(b.device.info)
+    wg = workgroup_size(blocks, sg, b.device.info)
     if sg:  # a subgroup's units one after the other, each over its K by subgroup
         lanes = max(1, b.device.info.capabilities.min_subgroup_size)
         loop_limit.check(b, VROWS * (-(-blocks // (VUNROLL * lanes)) + 2), f"K = {k}")
     else:
-        loop_limit.check(b, -(-blocks // VWG) + 8, f"K = {k}")
+        loop_limit.check(b, -(-blocks // wg) + 8, f"K = {k}")
     if bits == 4 and (s.ndim != 2 or s.max_shape[1] < rows or s.max_shape[0] != k // group):
         raise b.error(f"weight scales {list(s.max_shape)} for K = {k}, N = {rows} and "
                       f"group size {group}")
@@ -646,7 +669,7 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         and vector_scales(s, n, s_stride, swiglu is not None, rows)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
-                             None if rotary is None else rotary.defines, sg, rows)
+                             None if rotary is None else rotary.defines, sg, rows, wg)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -668,7 +691,7 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     # outputs (ROTARY: units) per workgroup
     per_group = units_per_workgroup(paired, sg, rows)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
-               global_size=(-(-units // per_group) * VWG, max(m, 1)), local_size=(VWG, 1, 1))
+               global_size=(-(-units // per_group) * wg, max(m, 1)), local_size=(wg, 1, 1))
 
 
 def _int8pack_impl(b, node):
@@ -803,7 +826,7 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
                      chain: "str | None" = None, norm: bool = False, rotary: bool = False,
-                     rows: "int | None" = None):
+                     rows: "int | None" = None, wg: "int | None" = None):
     if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
         return None
     if residual and op == DQ8CA:
@@ -823,6 +846,8 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     dq = None
     if op == DQ8CA:
         dq = (pair, ("int8", device_dtype("int8", profile)), ("int32", "int32"))
+    if wg not in (None, VWG) and VSG_ROWS and subgroup:
+        return None  # SG_ROWS takes VWG
     if svec and (VSG_ROWS and subgroup
                  or out_rows(chain is not None, rows)
                  % scales_per_load(pair, chain is not None, rows)):
@@ -834,29 +859,32 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     return [vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq,
                            svec, pair if residual else None,
                            None if chain is None else swiglu_chains.defines(chain, dtype),
-                           norm, r, rows=rows) for r in rotaries]
+                           norm, r, rows=rows, wg=wg) for r in rotaries]
 
 
-def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool, rows: int):
-    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec, rows=rows)
+def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int):
+    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec, rows=rows,
+                             wg=wg)
     return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
 #: workgroup_rows' choices: VROWS, halved down to 2 for products of few outputs.
 _ROWS = tuple(r for r in (VROWS, VROWS // 2, VROWS // 4, VROWS // 8)
               if r >= 2 and (r == VROWS or VMIN_GROUPS))
+#: workgroup_size's choices: VWG, and VWG_FIT for short rows.
+_WGS = (VWG,) + ((VWG_FIT,) if 0 < VWG_FIT < VWG else ())
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
-              svec=(False, True), rows=_ROWS)
+              svec=(False, True), rows=_ROWS, wg=_WGS)
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
              norm=(False, True), rotary=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
 
 
-def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int,
+def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int,
                  residual: bool, chain: "str | None", norm: bool, rotary: bool):
     found = _vector_variants(profile, Q4GSW, "float16", bias, subgroup, svec, residual,
-                             chain, norm, rotary, rows)
+                             chain, norm, rotary, rows, wg)
     return None if found is None else [half_dot(d) for d in found if "X16" in d]
 
 
