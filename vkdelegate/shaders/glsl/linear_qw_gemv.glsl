@@ -41,7 +41,9 @@
 // SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads (SV_HALF:
 // stored as fp16, two per 32-bit word; SWIGLU: two runs of ROWS / 2 rows).
 // HAS_RESIDUAL (vkdelegate.linear_q4gsw_add): r_data (out's shape, [M, N]) added to
-// each output in fp32 after the bias, one rounding at the store.
+// each output in fp32 after the bias, one rounding at the store. The plain epilogue's
+// reads (the int8 scale, the bias, the residual: finish_loads) are requested by its
+// invocations before the products, so that their latency is not paid after the sums.
 // SWIGLU (W4 or W8, not DQ8CA or HAS_RESIDUAL; vkdelegate.linear_q4gsw_swiglu /
 // weight_int8pack_mm_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
 // rows for an output of N columns (qdims.y = N; the scales and bias index the merged
@@ -685,6 +687,13 @@ void main() {
     loads = rotary_loads(n0 + t);
   }
 #endif
+#if !defined(SWIGLU) && !defined(ROTARY)
+  // The epilogue's invocations (t < ROWS, an output each) request what finish reads now.
+  FinishLoads fin = FinishLoads(1.0, 0.0, 0.0);
+  if (live && t < ROWS && n0 + t < N) {
+    fin = finish_loads(m, n0 + t);
+  }
+#endif
   if (live) {
 #ifdef DIRECT
     direct_rows(m, K, blocks, t, WG, w_row, inv, z, xscale, acc, ss);
@@ -760,7 +769,7 @@ void main() {
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
       total += PARTIAL(t, int(i));
     }
-    out_data[m * N + n0 + t] = OUT_STORE(finish(NORM_SCALE(total), m, n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(total), fin));
   }
 #endif
 #else
@@ -795,7 +804,7 @@ void main() {
   }
 #else
   if (live && t < ROWS && n0 + t < N) {
-    out_data[m * N + n0 + t] = OUT_STORE(finish(NORM_SCALE(PARTIAL(t, 0)), m, n0 + t));
+    out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(PARTIAL(t, 0)), fin));
   }
 #endif
 #endif
