@@ -62,16 +62,23 @@ def delegated_nodes(program) -> list[tuple[str, tuple[str, ...]]]:
     return nodes
 
 
-def spy_dispatches(monkeypatch, record=lambda shader, defines: shader) -> list:
+def spy_dispatches(monkeypatch, record=lambda shader, defines: shader,
+                   sizes: bool = False) -> list:
     """A list that collects ``record(shader, defines)`` for every dispatch a node
-    builder records from now on (the test's monkeypatch undoes the spy)."""
+    builder records from now on (the test's monkeypatch undoes the spy); with
+    ``sizes``, ``record(shader, defines, (global_size, local_size))`` (the dispatch's
+    keyword arguments: invocations in all, per workgroup)."""
     from vkdelegate.runtime.builder import NodeBuilder
 
     seen = []
     original = NodeBuilder.dispatch
 
     def spy(self, shader, defines, *args, **kwargs):
-        seen.append(record(shader, defines))
+        if sizes:
+            seen.append(record(shader, defines, (kwargs.get("global_size"),
+                                                 kwargs.get("local_size"))))
+        else:
+            seen.append(record(shader, defines))
         return original(self, shader, defines, *args, **kwargs)
 
     monkeypatch.setattr(NodeBuilder, "dispatch", spy)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.ops import coverage
-from tests.ops.harness import check_op
+from tests.ops.harness import check_op, spy_dispatches
 from tests.ops.test_quantized_linear import _one_quantum
 from vkdelegate.backend.quantize import quantize_for_vulkan
 
@@ -252,24 +252,8 @@ def test_short_rows_take_fitted_workgroups(family, monkeypatch, dtype):
     from vkdelegate.runtime import default_device
 
     assert 0 < family.VWG_FIT < family.VWG  # the default fits the 1B decode's K = 2048
-    seen, sizes = [], []
-    defines = family.vector_defines
-    monkeypatch.setattr(family, "vector_defines",
-                        lambda *a, **kw: seen.append(defines(*a, **kw)) or seen[-1])
-    record = family._record_vector
-
-    def sized(b, *args, **kwargs):
-        dispatch = b.dispatch
-
-        def spy(*a, **kw):
-            sizes.append(kw["local_size"][0])
-            return dispatch(*a, **kw)
-        b.dispatch = spy
-        try:
-            return record(b, *args, **kwargs)
-        finally:
-            del b.dispatch
-    monkeypatch.setattr(family, "_record_vector", sized)
+    seen = spy_dispatches(monkeypatch, lambda shader, defines, sizes: (
+        defines["WG"], sizes[1][0]) if shader == "linear_qw_gemv" else None, sizes=True)
     sg = family.sg_rows(default_device().info)
     fit = family.VWG if sg else family.VWG_FIT
     torch.manual_seed(5)
@@ -280,6 +264,5 @@ def test_short_rows_take_fitted_workgroups(family, monkeypatch, dtype):
         x = torch.randn(1, k).to(dtype)
         check_op(model, (x,), ops=[Q4GSW if bits == 4 else INT8PACK], rtol=_tol(dtype),
                  atol=_tol(dtype))
-        assert [d["WG"] for d in seen] == [str(want)] and sizes == [want], (bits, k, seen)
+        assert [d for d in seen if d] == [(str(want), want)], (bits, k, seen)
         seen.clear()
-        sizes.clear()

@@ -19,7 +19,8 @@ Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), th
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VWG invocations (VWG_FIT
 for rows of few blocks) and VROWS outputs per workgroup (fewer for products of few
-outputs: VMIN_GROUPS; int4 with fp16 x on devices
+outputs: VMIN_GROUPS; VPERSIST, a tuning form: fewer workgroups, each over several
+tiles; int4 with fp16 x on devices
 with shaderFloat16 in packed fp16 arithmetic: VHALF, the HALF_DOT form), x loaded per
 invocation (VDIRECT) or staged in shared memory, or with
 VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
@@ -131,6 +132,11 @@ VWG_FIT = 64  # linear_qw_gemv: a product whose rows hold at most this many weig
 #             (lm_head 103 -> 71, norm + gate/up + SwiGLU 280 -> 234); VWG = 64 for
 #             every K made its K = 8192 down_proj slower (docs/PERF.md, "An H100,
 #             2026-12-06 (thirteenth session)")
+VPERSIST = 0  # linear_qw_gemv's PERSIST form (a tuning form, off: 0): a product whose rows
+#              hold at most a workgroup's blocks (DIRECT, UNROLL 1, not SG_ROWS) runs
+#              at most this many workgroups a row, each over tiles g, g + groups, ...
+#              (x converted once, the next tile's weights requested before the
+#              current tile's products and reduction); not measured on a GPU yet
 VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
 #              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
@@ -253,6 +259,13 @@ def workgroup_size(blocks: int, sg: bool, info=None) -> int:
     return VWG
 
 
+def persists(blocks: int, sg: bool, wg: int) -> bool:
+    """Whether a product with rows of ``blocks`` weight blocks runs linear_qw_gemv.glsl's
+    PERSIST form in workgroups of ``wg`` invocations: VPERSIST on, the DIRECT form with
+    VUNROLL 1 (not SG_ROWS) and every row's blocks one per invocation."""
+    return VPERSIST > 0 and VDIRECT and not sg and VUNROLL == 1 and blocks <= wg
+
+
 def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:
     """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
     workgroup: ``rows`` (None: VROWS) in the SG_ROWS form (``sg``), else
@@ -305,7 +318,8 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False,
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
                    norm: bool = False, rotary=None, sg: "bool | None" = None,
-                   rows: "int | None" = None, wg: "int | None" = None) -> dict:
+                   rows: "int | None" = None, wg: "int | None" = None,
+                   persist: bool = False) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -317,7 +331,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
     ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
-    (``workgroup_size``; None: VWG)."""
+    (``workgroup_size``; None: VWG); persist: the PERSIST form (``persists``)."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -340,6 +354,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
         d.update(WG=str(wg), ROWS=str(2 * out_rows(True, rows) if paired else rows))
     if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
+    if persist:
+        d["PERSIST"] = "1"
     if VPROBE:
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4 and not sg:
@@ -669,7 +685,8 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         and vector_scales(s, n, s_stride, swiglu is not None, rows)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
-                             None if rotary is None else rotary.defines, sg, rows, wg)
+                             None if rotary is None else rotary.defines, sg, rows, wg,
+                             persists(blocks, sg, wg))
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -690,8 +707,12 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         params.append(rotary.params)
     # outputs (ROTARY: units) per workgroup
     per_group = units_per_workgroup(paired, sg, rows)
+    groups = -(-units // per_group)
+    if "PERSIST" in defines:  # each workgroup over tiles g, g + groups, ...
+        loop_limit.check(b, -(-groups // VPERSIST) + 8, f"{units} outputs")
+        groups = min(groups, VPERSIST)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
-               global_size=(-(-units // per_group) * wg, max(m, 1)), local_size=(wg, 1, 1))
+               global_size=(groups * wg, max(m, 1)), local_size=(wg, 1, 1))
 
 
 def _int8pack_impl(b, node):

@@ -110,7 +110,9 @@
 // Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2)); ROTARY:
 // ceil(N / 2 / (ROWS / 2)); SG_ROWS: ceil(units / ROWS), N / 2 units for ROTARY), y
 // the row m (rows past M and columns past N compute the last valid one and store
-// nothing; SG_ROWS: computes nothing either).
+// nothing; SG_ROWS: computes nothing either). PERSIST (DIRECT, UNROLL 1, rows of at most
+// WG blocks; quantized_linear.VPERSIST, a tuning form): fewer workgroups in x, each
+// over the tiles g, g + gl_NumWorkGroups.x, ... (main's comment), the same results.
 
 #ifdef SWIGLU
 #if defined(DQ8CA) || defined(HAS_RESIDUAL)
@@ -447,6 +449,16 @@ void load_block(int bc, int w_row[LROWS], int z, float xscale, out uvec4 wv[LROW
   }
 }
 
+#ifdef HALF_DOT
+// acc[r] += the block's products with row r in HALF_DOT (x as half_x's pairs xh).
+void add_hblock(inout float acc[LROWS], f16vec2 xh[16], uvec4 wv[LROWS],
+                float sv[LROWS]) {
+  [[unroll]] for (int r = 0; r < LROWS; ++r) {
+    acc[r] = fma(block_hdot(xh, wv[r]), sv[r], acc[r]);
+  }
+}
+#endif
+
 // acc[r] += block's products with row r (x values xv; loads from load_block).
 // PROBE (benchmarks/quant_gemv.py --probe only; wrong results): 1 = every load as in
 // the real form, no unpacking (one XOR-fold of the weight block and one add of the x
@@ -469,12 +481,11 @@ void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LR
 #ifdef HALF_DOT
   f16vec2 xh[16];
   half_x(xv, xh);  // once for the rows
-#endif
+  add_hblock(acc, xh, wv, sv);
+#else
   [[unroll]] for (int r = 0; r < LROWS; ++r) {
 #ifdef INT_DOT
     float d = block_idot(xv, wv[r]);
-#elif defined(HALF_DOT)
-    float d = block_hdot(xh, wv[r]);
 #else
     float d = block_dot(xv, wv[r]);
 #endif
@@ -487,6 +498,7 @@ void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LR
     acc[r] += d;
 #endif
   }
+#endif
 }
 
 #ifdef DIRECT
@@ -646,30 +658,26 @@ void main() {
 // the sums of squares).
 #define PARTIAL(r, i) xs[((r) * WG + (i)) / 4][((r) * WG + (i)) % 4]
 
-void main() {
-  const int K = qdims.x;
-  const int N = qdims.y;
-  const int blocks = qdims.w;
-  const int M = N > 0 ? numel_of(out_meta) / N : 0;
-  const int t = int(gl_LocalInvocationID.x);
-  const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
+// What the epilogue reads besides the sums, requested by its invocations before the
+// products: ROTARY's cos / sin and positions, the plain epilogue's finish_loads
+// (SWIGLU: nothing early).
 #ifdef ROTARY
-  const int units = N / 2;  // the outputs: row pairs (rotary_row)
+#define EPI_LOADS RotaryLoads
+#define EPI_NONE RotaryLoads(0.0, 0.0, 0.0, 0.0, 0, 0)
+#define EPI_LOAD(m, u) rotary_loads(u)
+#elif !defined(SWIGLU)
+#define EPI_LOADS FinishLoads
+#define EPI_NONE FinishLoads(1.0, 0.0, 0.0)
+#define EPI_LOAD(m, n) finish_loads(m, n)
 #else
-  const int units = N;
+#define EPI_LOADS int
+#define EPI_NONE 0
+#define EPI_LOAD(m, n) 0
 #endif
-  const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
-  const bool live = int(gl_WorkGroupID.y) < M && n0 < units;  // uniform in the workgroup
-  float inv = 0.0, xscale = 1.0;
-  int z = 0;
-#ifdef DQ8CA
-  if (live) {
-    row_qparams(m, inv, xscale, z);
-  }
-#endif
-  int w_row[ROWS];
-  float acc[ROWS];
-  float ss = 0.0;  // RMS_NORM: the sum of squares of the x values this invocation read
+
+// The weight rows of the workgroup's ROWS slots for outputs (ROTARY: units) n0 ..
+// (past the last: the last valid one's, computed and not stored).
+void tile_rows(int n0, int N, int units, out int w_row[ROWS]) {
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
 #ifdef SWIGLU
     w_row[r] = r < OUT_ROWS ? min(n0 + r, N - 1) : N + min(n0 + r - OUT_ROWS, N - 1);
@@ -678,49 +686,31 @@ void main() {
 #else
     w_row[r] = min(n0 + r, N - 1);
 #endif
-    acc[r] = 0.0;
   }
+}
+
+// The epilogue's loads of invocation t for outputs n0 .. (EPI_NONE past them or where
+// the workgroup is not live).
+EPI_LOADS tile_loads(bool live, int m, int n0, int N, int units) {
+  const int t = int(gl_LocalInvocationID.x);
 #ifdef ROTARY
-  // The epilogue's invocations (t < OUT_ROWS, a unit each) load what it reads now.
-  RotaryLoads loads = RotaryLoads(0.0, 0.0, 0.0, 0.0, 0, 0);
   if (live && t < OUT_ROWS && n0 + t < units) {
-    loads = rotary_loads(n0 + t);
-  }
-#endif
-#if !defined(SWIGLU) && !defined(ROTARY)
-  // The epilogue's invocations (t < ROWS, an output each) request what finish reads now.
-  FinishLoads fin = FinishLoads(1.0, 0.0, 0.0);
-  if (live && t < ROWS && n0 + t < N) {
-    fin = finish_loads(m, n0 + t);
-  }
-#endif
-  if (live) {
-#ifdef DIRECT
-    direct_rows(m, K, blocks, t, WG, w_row, inv, z, xscale, acc, ss);
 #else
-    for (int b0 = 0; b0 < blocks; b0 += WG) {
-      // The sweep's weight blocks and scales are requested first, so that their
-      // latency overlaps the staging of x and its barriers.
-      const int b = b0 + t;
-      uvec4 wv[ROWS];
-      float sv[ROWS];
-      int zs[ROWS];
-      load_block(min(b, blocks - 1), w_row, z, xscale, wv, sv, zs);
-      if (b0 > 0) {
-        barrier();  // the previous sweep's reads of xs are done
-      }
-      stage_x(m, b0, K, blocks, inv, z, ss);
-      barrier();
-      if (b < blocks) {
-        vec4 xv[XV];
-        [[unroll]] for (int e = 0; e < XV; ++e) {
-          xv[e] = xs[t * XV + (e ^ swizzle(t))];
-        }
-        add_block(acc, xv, wv, sv, zs);
-      }
-    }
+  if (live && t < OUT_ROWS && n0 + t < N) {
 #endif
+    return EPI_LOAD(m, n0 + t);
   }
+  return EPI_NONE;
+}
+
+// The workgroup's partial sums acc (and RMS_NORM's ss) reduced over its invocations,
+// finished and stored for outputs (ROTARY: units) n0 .. of row m by invocations t <
+// OUT_ROWS (nothing stored where not live). Begins with a barrier (xs free for the
+// partial sums); called in uniform control flow.
+void reduce_store(int m, int n0, int N, int units, bool live, float acc[ROWS], float ss,
+                  EPI_LOADS epi) {
+  const int K = qdims.x;
+  const int t = int(gl_LocalInvocationID.x);
   barrier();  // xs is free for the partial sums
 #ifdef SUBGROUP
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
@@ -761,7 +751,7 @@ void main() {
       first += PARTIAL(t, int(i));
       second += PARTIAL(t + OUT_ROWS, int(i));
     }
-    rotary_out(NORM_SCALE(first), NORM_SCALE(second), m, n0 + t, loads);
+    rotary_out(NORM_SCALE(first), NORM_SCALE(second), m, n0 + t, epi);
   }
 #else
   if (live && t < ROWS && n0 + t < N) {
@@ -769,7 +759,7 @@ void main() {
     for (uint i = 0u; i < gl_NumSubgroups; ++i) {
       total += PARTIAL(t, int(i));
     }
-    out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(total), fin));
+    out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(total), epi));
   }
 #endif
 #else
@@ -800,13 +790,166 @@ void main() {
 #elif defined(ROTARY)
   if (live && t < OUT_ROWS && n0 + t < units) {
     rotary_out(NORM_SCALE(PARTIAL(t, 0)), NORM_SCALE(PARTIAL(t + OUT_ROWS, 0)), m, n0 + t,
-               loads);
+               epi);
   }
 #else
   if (live && t < ROWS && n0 + t < N) {
-    out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(PARTIAL(t, 0)), fin));
+    out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(PARTIAL(t, 0)), epi));
   }
 #endif
 #endif
 }
+
+#ifdef PERSIST
+#if !defined(DIRECT) || UNROLL != 1
+#error "PERSIST is a DIRECT form with UNROLL 1"
+#endif
+// PERSIST (rows of at most WG blocks: invocation t reads block t of each row): each
+// workgroup computes the tiles (OUT_ROWS outputs, ROTARY units, each) g, g +
+// gl_NumWorkGroups.x, ... of row m. x's block (times the norm weight) is loaded and
+// converted once; the next tile's weight blocks and scales are requested before the
+// current tile's products, reduction and epilogue, so that their latency overlaps
+// them. Each tile's sums, reduction and epilogue are the workgroup form's: the same
+// results.
+void main() {
+  const int K = qdims.x;
+  const int N = qdims.y;
+  const int blocks = qdims.w;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+  const int t = int(gl_LocalInvocationID.x);
+#ifdef ROTARY
+  const int units = N / 2;
+#else
+  const int units = N;
+#endif
+  const int tiles = (units + OUT_ROWS - 1) / OUT_ROWS;
+  const int step = int(gl_NumWorkGroups.x);
+  const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
+  const bool live = int(gl_WorkGroupID.y) < M;  // uniform in the workgroup
+  const bool mine = live && t < blocks;  // this invocation has a block of each row
+  const int bc = min(t, max(blocks - 1, 0));
+  float inv = 0.0, xscale = 1.0;
+  int z = 0;
+#ifdef DQ8CA
+  if (live) {
+    row_qparams(m, inv, xscale, z);
+  }
+#endif
+  float ss = 0.0;  // RMS_NORM: the sum of squares of this invocation's x values
+  XRAW xr[XR];
+  load_x(m, K, bc, xr);
+#ifdef RMS_NORM
+  XRAW nr[XR];
+  load_n(bc, nr);
+#endif
+  int tile = int(gl_WorkGroupID.x);
+  int w_row[ROWS];
+  uvec4 wv[ROWS];
+  float sv[ROWS];
+  int zs[ROWS];
+  tile_rows(tile * OUT_ROWS, N, units, w_row);
+  load_block(bc, w_row, z, xscale, wv, sv, zs);
+  vec4 xv[XV];
+#ifdef RMS_NORM
+  unpack_x(xr, nr, inv, z, xv, ss);
+#else
+  unpack_x(xr, inv, z, xv);
+#endif
+  if (!mine) {
+    ss = 0.0;
+  }
+#ifdef HALF_DOT
+  f16vec2 xh[16];
+  half_x(xv, xh);
+#endif
+  for (; tile < tiles; tile += step) {  // uniform in the workgroup
+    const int n0 = tile * OUT_ROWS;
+    const EPI_LOADS epi = tile_loads(live, m, n0, N, units);
+    uvec4 wn[ROWS];
+    float sn[ROWS];
+    int zn[ROWS];
+    if (tile + step < tiles) {  // the next tile's, requested now
+      tile_rows((tile + step) * OUT_ROWS, N, units, w_row);
+      load_block(bc, w_row, z, xscale, wn, sn, zn);
+    }
+    float acc[ROWS];
+    [[unroll]] for (int r = 0; r < ROWS; ++r) {
+      acc[r] = 0.0;
+    }
+    if (mine) {
+#ifdef HALF_DOT
+      add_hblock(acc, xh, wv, sv);
+#else
+      add_block(acc, xv, wv, sv, zs);
+#endif
+    }
+    reduce_store(m, n0, N, units, live, acc, ss, epi);
+    barrier();  // the partial sums read before the next tile writes them
+    wv = wn;
+    sv = sn;
+    zs = zn;
+  }
+}
+#else
+void main() {
+  const int K = qdims.x;
+  const int N = qdims.y;
+  const int blocks = qdims.w;
+  const int M = N > 0 ? numel_of(out_meta) / N : 0;
+  const int t = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
+#ifdef ROTARY
+  const int units = N / 2;  // the outputs: row pairs (rotary_row)
+#else
+  const int units = N;
+#endif
+  const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
+  const bool live = int(gl_WorkGroupID.y) < M && n0 < units;  // uniform in the workgroup
+  float inv = 0.0, xscale = 1.0;
+  int z = 0;
+#ifdef DQ8CA
+  if (live) {
+    row_qparams(m, inv, xscale, z);
+  }
+#endif
+  int w_row[ROWS];
+  float acc[ROWS];
+  float ss = 0.0;  // RMS_NORM: the sum of squares of the x values this invocation read
+  tile_rows(n0, N, units, w_row);
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    acc[r] = 0.0;
+  }
+  // The epilogue's invocations (t < OUT_ROWS, an output or unit each) request what it
+  // reads now.
+  const EPI_LOADS epi = tile_loads(live, m, n0, N, units);
+  if (live) {
+#ifdef DIRECT
+    direct_rows(m, K, blocks, t, WG, w_row, inv, z, xscale, acc, ss);
+#else
+    for (int b0 = 0; b0 < blocks; b0 += WG) {
+      // The sweep's weight blocks and scales are requested first, so that their
+      // latency overlaps the staging of x and its barriers.
+      const int b = b0 + t;
+      uvec4 wv[ROWS];
+      float sv[ROWS];
+      int zs[ROWS];
+      load_block(min(b, blocks - 1), w_row, z, xscale, wv, sv, zs);
+      if (b0 > 0) {
+        barrier();  // the previous sweep's reads of xs are done
+      }
+      stage_x(m, b0, K, blocks, inv, z, ss);
+      barrier();
+      if (b < blocks) {
+        vec4 xv[XV];
+        [[unroll]] for (int e = 0; e < XV; ++e) {
+          xv[e] = xs[t * XV + (e ^ swizzle(t))];
+        }
+        add_block(acc, xv, wv, sv, zs);
+      }
+    }
+#endif
+  }
+  reduce_store(m, n0, N, units, live, acc, ss, epi);
+}
+#endif  // PERSIST
 #endif  // SG_ROWS
