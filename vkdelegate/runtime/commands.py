@@ -85,6 +85,21 @@ def _copy(cmd, src, dst, size):
     vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [region])
 
 
+def barriers_before(dispatches) -> list[bool]:
+    """Per dispatch, whether ``record`` puts a pipeline barrier before it (without
+    timestamps): it reads a region written since the previous barrier, or writes one
+    read or written since then. A "stage" is a barrier-free run of dispatches."""
+    written, read, out = set(), set(), []
+    for d in dispatches:
+        hazard = bool((d.reads & written) or (d.writes & (written | read)))
+        if hazard:
+            written, read = set(), set()
+        out.append(hazard)
+        written |= d.writes
+        read |= d.reads
+    return out
+
+
 def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
            state_copies=(), state_in_place=False, indirect_buffer=None):
     """Allocate and record one primary command buffer; return (command buffer,
@@ -115,12 +130,10 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
         # every earlier command), so the first dispatch's time is its own, not the
         # upload's (over PCIe on a discrete GPU, often longer than the dispatch).
         vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps, 0)
-    written, read, barriers = set(), set(), 0
-    for i, d in enumerate(dispatches):
-        hazard = (d.reads & written) or (d.writes & (written | read))
+    barriers = 0
+    for i, (d, hazard) in enumerate(zip(dispatches, barriers_before(dispatches))):
         if hazard or (timestamps is not None and i > 0):
             _barrier(cmd, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _COMPUTE, _SHADER_RW)
-            written, read = set(), set()
             barriers += 1
         vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.pipeline)
         vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
@@ -132,8 +145,6 @@ def record(device, dispatches, staged_inputs, staged_outputs, timestamps=None,
         if timestamps is not None:
             vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
                                    timestamps, i + 1)
-        written |= d.writes
-        read |= d.reads
     if staged_outputs or state_copies:
         # The host reads the error flags (NodeBuilder.error_flag) straight from the
         # shaders' writes, not through a copy.
