@@ -400,6 +400,19 @@ float block_idot(vec4 xv[XV], uvec4 w) {
 #include "rotary_cache.h"
 #endif
 
+// Row m's 8da4w activation parameters (DQ8CA: row_qparams where ``live``), else
+// (0, 1, 0): 1 / scale, scale, zero point.
+void row_params(bool live, int m, out float inv, out float xscale, out int z) {
+  inv = 0.0;
+  xscale = 1.0;
+  z = 0;
+#ifdef DQ8CA
+  if (live) {
+    row_qparams(m, inv, xscale, z);
+  }
+#endif
+}
+
 // Requests block bc's weight blocks (wv), W4 scales (sv, times 8da4w's x scale) and
 // DQ8CA zero-point shares (zs: z * the group's weight sum where bc starts a group)
 // of the LROWS rows w_row (the workgroup's ROWS; SG_ROWS: a unit's).
@@ -603,11 +616,9 @@ void main() {
   if (m >= M) {
     return;  // uniform in the workgroup, and no barrier follows
   }
-  float inv = 0.0, xscale = 1.0;
-  int z = 0;
-#ifdef DQ8CA
-  row_qparams(m, inv, xscale, z);
-#endif
+  float inv, xscale;
+  int z;
+  row_params(true, m, inv, xscale, z);
   for (int u = int(gl_SubgroupID); u < ROWS; u += int(gl_NumSubgroups)) {
     const int n = int(gl_WorkGroupID.x) * ROWS + u;  // the unit (uniform in the subgroup)
     if (n >= units) {
@@ -828,13 +839,9 @@ void main() {
   const bool live = int(gl_WorkGroupID.y) < M;  // uniform in the workgroup
   const bool mine = live && t < blocks;  // this invocation has a block of each row
   const int bc = min(t, max(blocks - 1, 0));
-  float inv = 0.0, xscale = 1.0;
-  int z = 0;
-#ifdef DQ8CA
-  if (live) {
-    row_qparams(m, inv, xscale, z);
-  }
-#endif
+  float inv, xscale;
+  int z;
+  row_params(live, m, inv, xscale, z);
   float ss = 0.0;  // RMS_NORM: the sum of squares of this invocation's x values
   XRAW xr[XR];
   load_x(m, K, bc, xr);
@@ -905,13 +912,9 @@ void main() {
 #endif
   const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
   const bool live = int(gl_WorkGroupID.y) < M && n0 < units;  // uniform in the workgroup
-  float inv = 0.0, xscale = 1.0;
-  int z = 0;
-#ifdef DQ8CA
-  if (live) {
-    row_qparams(m, inv, xscale, z);
-  }
-#endif
+  float inv, xscale;
+  int z;
+  row_params(live, m, inv, xscale, z);
   int w_row[ROWS];
   float acc[ROWS];
   float ss = 0.0;  // RMS_NORM: the sum of squares of the x values this invocation read
