@@ -27,6 +27,7 @@ from tests.ops import test_quantized_rms_norm as rms_tests
 from tests.ops import test_quantized_rotary_cache as rotary_tests
 from tests.ops import test_quantized_swiglu as swiglu_tests
 from tests.ops.harness import check_op, spy_dispatches
+from tests.ops.test_quantized_linear import _one_quantum
 from tests.ops.test_quantized_sg_rows import run_in_form
 from tests.ops.test_rotary_cache import _inputs as rotary_inputs
 from tests.vulkan_skip import vulkan_unavailable
@@ -128,7 +129,6 @@ def test_8da4w(persist, monkeypatch, group):
     """8da4w (x quantized per row as it is loaded, integer sums per block), K = 2048,
     N = 37, one and three rows: eager within one activation quantum, the default
     form's bits."""
-    from tests.ops.test_quantized_linear import _one_quantum
     from vkdelegate.backend.quantize import quantize_for_vulkan
 
     model = quantize_for_vulkan(_linear(2048, 37, torch.float32, True), "8da4w",
@@ -138,6 +138,28 @@ def test_8da4w(persist, monkeypatch, group):
         x = torch.randn(rows, 2048)
         check_op(model, (x,), ops=[DQ8CA], rtol=2e-5, atol=2e-5 + _one_quantum(model, x))
         _bitwise_default_form(monkeypatch, model, (x,))
+    _check_forms(persist)
+
+
+def test_forms_are_chosen_before_persist(persist, monkeypatch):
+    """``choose`` sees the declared forms (HALF_DOT, INT_DOT: their feature
+    requirements), PERSIST is added after it: an fp16 int4 product and an 8da4w one."""
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+
+    family = _family()
+    asked = []
+    choose = family.choose
+    monkeypatch.setattr(family, "choose", lambda shader, candidates, caps: (
+        asked.extend(candidates), choose(shader, candidates, caps))[1])
+    fp16 = quantize_for_vulkan(_linear(2048, 13, torch.float16, False), "int4",
+                               group_size=32)
+    check_op(fp16, (torch.randn(1, 2048).half(),), ops=[Q4], rtol=1e-2, atol=1e-2)
+    dq = quantize_for_vulkan(_linear(2048, 13, torch.float32, False), "8da4w",
+                             group_size=32)
+    x = torch.randn(1, 2048)
+    check_op(dq, (x,), ops=[DQ8CA], rtol=2e-5, atol=2e-5 + _one_quantum(dq, x))
+    assert {"HALF_DOT", "INT_DOT"} <= {k for d in asked for k in d}, asked
+    assert not any("PERSIST" in d for d in asked), asked
     _check_forms(persist)
 
 

@@ -31,25 +31,31 @@ def _stage_dispatches(spec):
 
 def test_plan_keeps_the_window_within_the_budget():
     """A decode layer's shape in int4 MB: q/k/v 3.3, attention (none), o_proj 2.2,
-    gate/up 17.8, down 8.9, then the next layer's q/k/v. Budget 24 MB."""
+    gate/up 17.8, down 8.9, then the next layer's q/k/v; the running stage's own
+    constants count against the budget."""
     qkv, o, gu, down, qkv2 = (_buf("qkv", 3.3), _buf("o", 2.2), _buf("gu", 17.8),
                               _buf("down", 8.9), _buf("qkv2", 3.3))
     d = _stage_dispatches([[qkv], [], [o], [gu], [down], [qkv2]])
-    got = prefetch.plan(d, 24 * MB)
-    names = {at: [b.name for b in bufs] for at, bufs in got.items()}
-    # end of q/k/v (index 1): o and gate/up (20 MB; down would make 28.9);
-    # end of gate/up (index 4): down and the next q/k/v (12.2);
-    # the last stage: the first stage's q/k/v, for the next run.
-    assert names == {1: ["o", "gu"], 4: ["down", "qkv2"], 6: ["qkv"]}
+
+    def names(budget_mb):
+        return {at: [b.name for b in bufs]
+                for at, bufs in prefetch.plan(d, budget_mb * MB).items()}
+    # 24 MB. End of q/k/v (index 1): o and gate/up (3.3 + 20 = 23.3; down would make
+    # 32.2); down never fits beside gate/up (26.7); end of down (index 5): the next
+    # q/k/v (12.2); the last stage: the first stage's q/k/v, for the next run.
+    assert names(24) == {1: ["o", "gu"], 5: ["qkv2"], 6: ["qkv"]}
+    # 32 MB: down at the end of the attention (2.2 + 17.8 + 8.9 = 28.9), the next
+    # q/k/v at the end of gate/up (17.8 + 8.9 + 3.3 = 30; beside o_proj: 32.2).
+    assert names(32) == {1: ["o", "gu"], 2: ["down"], 4: ["qkv2"], 6: ["qkv"]}
 
 
 def test_plan_skips_what_exceeds_the_budget():
-    """A stage larger than the budget is never prefetched, and the window moves past
-    it once it has run; a budget of 0 plans nothing."""
-    a, big, c = _buf("a", 1), _buf("big", 40), _buf("c", 2)
-    d = _stage_dispatches([[a], [big], [c]])
+    """A stage larger than the budget is never prefetched, nor anything while it runs,
+    and the window moves past it once it has run; a budget of 0 plans nothing."""
+    a, big, c, e = _buf("a", 1), _buf("big", 40), _buf("c", 2), _buf("e", 3)
+    d = _stage_dispatches([[a], [big], [c], [e]])
     names = {at: [b.name for b in bufs] for at, bufs in prefetch.plan(d, 24 * MB).items()}
-    assert names == {2: ["c"], 3: ["a"]}
+    assert names == {3: ["e"], 4: ["a"]}
     assert prefetch.plan(d, 0) == {}
 
 

@@ -5,13 +5,15 @@ An LLM decode step is a chain of dependent dispatches ("stages": the barrier-fre
 of ``commands.barriers_before``), many of them bound by latency rather than by memory
 (the attention of one token, the small GEMVs): the memory system idles while they run,
 and the next GEMV then waits for its weights from DRAM. With PREFETCH_MB > 0 the graph
-gets, at the end of each stage, one l2_prefetch.glsl dispatch per constant buffer that
-the next stages read, as far ahead as keeps the prefetched-but-unread bytes within
-PREFETCH_MB (a buffer larger than that is never prefetched); the last stage prefetches
-the first stage's constants, for the next run (``execute(repeat=)``, a decode loop).
-A prefetch reads only constants and writes only a buffer of its own, so it adds no
-barrier: it runs beside the stage it joins, and the barrier after that stage waits for
-it too. Results are unchanged (the same dispatches read the same bytes).
+gets, at the end of each stage, one l2_prefetch.glsl dispatch per constant buffer (of
+MIN_BYTES or more) that the next stages read, as far ahead as keeps the running stage's
+constants and the prefetched-but-unread ones within PREFETCH_MB (a stage whose
+constants alone exceed it is never prefetched); the last stage prefetches the first
+stage's constants, for the next run (``execute(repeat=)``, a decode loop). A prefetch
+reads only constants and writes only a buffer of its own, so it adds no barrier: it
+runs beside the stage it joins, and the barrier after that stage waits for it too (a
+prefetch for two stages ahead is on the next stage's critical path). Results are
+unchanged (the same dispatches read the same bytes).
 
 Off (0) by default and on CPU drivers (no cache to fill): a tuning form until measured
 on a GPU (benchmarks/gpu_suite.sh ``prefetch``; docs/PERF.md). Set it as the benchmarks
@@ -58,11 +60,12 @@ def stages(dispatches) -> list[range]:
 
 def plan(dispatches, budget: int) -> dict[int, list]:
     """Where to prefetch which constant buffers: {index of the stage's end (insert
-    before it), [Buffer, ...]} for a budget of ``budget`` bytes prefetched ahead of
-    their readers at once. Each stage's constants (``Dispatch.constants``, distinct
-    buffers of MIN_BYTES or more) are prefetched at the end of the earliest stage before theirs whose
-    window allows: stages in order, as long as the bytes prefetched for stages not yet
-    run stay within the budget; the last stage prefetches the first's."""
+    before it), [Buffer, ...]} for a budget of ``budget`` bytes. Each stage's constants
+    (``Dispatch.constants``, distinct buffers of MIN_BYTES or more) are prefetched at
+    the end of the earliest stage before theirs whose window allows: stages in order,
+    as long as the running stage's constants and those prefetched for stages not yet
+    run stay within the budget (a stage whose constants alone exceed it is never
+    prefetched); the last stage prefetches the first's, within the same rule."""
     runs = stages(dispatches)
     wanted = []  # per stage: its distinct constant buffers
     for run in runs:
@@ -77,14 +80,15 @@ def plan(dispatches, budget: int) -> dict[int, list]:
     ahead = [0] * len(runs)  # bytes prefetched for stage k, not yet read
     nxt = 1
     for s, run in enumerate(runs):
-        ahead[s] = 0  # stage s has read its constants
+        ahead[s] = size[s]  # stage s reads its own meanwhile: they count too
         nxt = max(nxt, s + 1)
         while nxt < len(runs) and sum(ahead) + size[nxt] <= budget:
             if wanted[nxt]:
                 out.setdefault(run.stop, []).extend(wanted[nxt])
                 ahead[nxt] = size[nxt]
             nxt += 1
-    if len(runs) > 1 and wanted[0] and size[0] <= budget:
+        ahead[s] = 0  # read once the stage ends
+    if len(runs) > 1 and wanted[0] and size[-1] + size[0] <= budget:
         out.setdefault(runs[-1].stop, []).extend(wanted[0])  # for the next run
     return out
 

@@ -318,8 +318,7 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False,
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
                    norm: bool = False, rotary=None, sg: "bool | None" = None,
-                   rows: "int | None" = None, wg: "int | None" = None,
-                   persist: bool = False) -> dict:
+                   rows: "int | None" = None, wg: "int | None" = None) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -331,7 +330,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
     ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
-    (``workgroup_size``; None: VWG); persist: the PERSIST form (``persists``)."""
+    (``workgroup_size``; None: VWG). The PERSIST form (``persists``) is added by the
+    caller after ``choose``."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -354,8 +354,6 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
         d.update(WG=str(wg), ROWS=str(2 * out_rows(True, rows) if paired else rows))
     if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
-    if persist:
-        d["PERSIST"] = "1"
     if VPROBE:
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4 and not sg:
@@ -685,13 +683,14 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         and vector_scales(s, n, s_stride, swiglu is not None, rows)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
-                             None if rotary is None else rotary.defines, sg, rows, wg,
-                             persists(blocks, sg, wg))
+                             None if rotary is None else rotary.defines, sg, rows, wg)
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
     elif VHALF and bits == 4 and "X16" in defines:
         defines = choose(VSHADER, [half_dot(defines), defines], b.device.info.capabilities)
+    if persists(blocks, sg, wg):  # after choose: the declared forms carry the requirements
+        defines["PERSIST"] = "1"
     sums_stride = dq[2].max_shape[1] if dq is not None else 0
     params = [out.meta, b.params(PARAMS.pack(
         qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]

@@ -41,9 +41,10 @@
 // SVEC: a workgroup's ROWS int4 scales of a group in ROWS / SPL vector loads (SV_HALF:
 // stored as fp16, two per 32-bit word; SWIGLU: two runs of ROWS / 2 rows).
 // HAS_RESIDUAL (vkdelegate.linear_q4gsw_add): r_data (out's shape, [M, N]) added to
-// each output in fp32 after the bias, one rounding at the store. The plain epilogue's
-// reads (the int8 scale, the bias, the residual: finish_loads) are requested by its
-// invocations before the products, so that their latency is not paid after the sums.
+// each output in fp32 after the bias, one rounding at the store. In the workgroup forms
+// the plain epilogue's reads (the int8 scale, the bias, the residual: finish_loads) are
+// requested by its invocations before the products, so that their latency is not paid
+// after the sums (SG_ROWS: after them).
 // SWIGLU (W4 or W8, not DQ8CA or HAS_RESIDUAL; vkdelegate.linear_q4gsw_swiglu /
 // weight_int8pack_mm_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
 // rows for an output of N columns (qdims.y = N; the scales and bias index the merged
@@ -812,8 +813,8 @@ void reduce_store(int m, int n0, int N, int units, bool live, float acc[ROWS], f
 }
 
 #ifdef PERSIST
-#if !defined(DIRECT) || UNROLL != 1
-#error "PERSIST is a DIRECT form with UNROLL 1"
+#if !defined(DIRECT) || UNROLL != 1 || PROBE != 0
+#error "PERSIST is a DIRECT form with UNROLL 1, without PROBE"
 #endif
 // PERSIST (rows of at most WG blocks: invocation t reads block t of each row): each
 // workgroup computes the tiles (OUT_ROWS outputs, ROTARY units, each) g, g +
