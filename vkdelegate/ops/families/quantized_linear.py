@@ -247,13 +247,13 @@ def sg_rows(info) -> bool:
         and VWG % max(1, info.capabilities.max_subgroup_size) == 0
 
 
-def workgroup_size(blocks: int, sg: bool, info=None) -> int:
+def workgroup_size(blocks: int, sg: bool, info) -> int:
     """Invocations of one linear_qw_gemv.glsl workgroup for rows of ``blocks`` weight
     blocks (16 bytes: 32 int4 or 16 int8 values): VWG_FIT where the rows hold at most
     that many (every invocation then has a block of each row; not in the SG_ROWS form
-    ``sg``, nor below the device's largest subgroup, ``info`` a DeviceInfo or None),
+    ``sg``, nor below the largest subgroup of the device, ``info`` its DeviceInfo),
     else VWG."""
-    largest = info.capabilities.max_subgroup_size if info is not None else 1
+    largest = info.capabilities.max_subgroup_size
     if not sg and 0 < VWG_FIT < VWG and blocks <= VWG_FIT and VWG_FIT >= largest:
         return VWG_FIT
     return VWG
@@ -689,7 +689,8 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
                          b.device.info.capabilities)
     elif VHALF and bits == 4 and "X16" in defines:
         defines = choose(VSHADER, [half_dot(defines), defines], b.device.info.capabilities)
-    if persists(blocks, sg, wg):  # after choose: the declared forms carry the requirements
+    persist = persists(blocks, sg, wg)
+    if persist:  # after choose: the declared forms carry the requirements
         defines["PERSIST"] = "1"
     sums_stride = dq[2].max_shape[1] if dq is not None else 0
     params = [out.meta, b.params(PARAMS.pack(
@@ -707,7 +708,7 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     # outputs (ROTARY: units) per workgroup
     per_group = units_per_workgroup(paired, sg, rows)
     groups = -(-units // per_group)
-    if "PERSIST" in defines:  # each workgroup over tiles g, g + groups, ...
+    if persist:  # each workgroup over tiles g, g + groups, ...
         loop_limit.check(b, -(-groups // VPERSIST) + 8, f"{units} outputs")
         groups = min(groups, VPERSIST)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
