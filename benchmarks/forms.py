@@ -1,6 +1,6 @@
 """Kernel forms for a benchmark run: ``MODULE.CONSTANT=VALUE`` sets an UPPER_CASE module
-constant of vkdelegate.kernels, vkdelegate.ops.families or vkdelegate.runtime
-(``conv_pointwise.SPLIT_K=false``, ``prefetch.PREFETCH_MB=24``) before the program is
+constant of vkdelegate.kernels or vkdelegate.ops.families
+(``conv_pointwise.SPLIT_K=false``) before the program is
 built, so that one script compares forms across runs (efficientnet.py ``--form``) or rows (llm_decode.py ``--quantization
 int4+quantized_linear.VSG_ROWS=true``). VALUE is JSON (true, 132) of the constant's
 current type (an int where it is a float is taken); forms are read when a program is
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 
-PACKAGES = ("vkdelegate.kernels", "vkdelegate.ops.families", "vkdelegate.runtime")
+PACKAGES = ("vkdelegate.kernels", "vkdelegate.ops.families")
 
 
 def parse(items: list, error, flag: str = "--form") -> dict:

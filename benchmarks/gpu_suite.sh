@@ -52,16 +52,9 @@
 #           2026-12-06) against the fp32 form with VROWS always, one llm_decode run
 #           with --profile, then quant_gemv.py's int4 fp16-x cases with --probe and
 #           those forms as rows, 420
-#   persist linear_qw_gemv's PERSIST form (not yet measured: quantized_linear.VPERSIST,
-#           at most that many workgroups a row over the product's tiles, the next
-#           tile's weights requested early): its tests with validation, 120; one
-#           llm_decode run of int4 against VPERSIST 528 / 1056 / 2112 with --profile,
-#           360; quant_gemv.py's int4 fp16-x cases at the 1B shapes with those forms, 100
-#           (one device call: run persist and prefetch in two)
-#   prefetch the L2 prefetch of the next stages' weights (runtime/prefetch.py, off by
-#           default, not yet measured): its tests with validation, 60; one llm_decode
-#           run, fp16 with PREFETCH_MB 0 / 24 and int4 with 0 / 24 / 40 (no --profile: a
-#           profiled run serializes the prefetches), 450
+#   chunks  benchmarks/decode_chunks.py: the 1B-shaped decode loop's time per token at
+#           1 / 4 / 16 / 63 steps a submit, fp16 and int4 (run_repeated's fence wait,
+#           the history read, generate's per-token time), 240
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
@@ -223,22 +216,8 @@ for s in "$@"; do
               --cases "int4 g128 weights, float16 x" --probe --form $Q.VHALF=false \
               --form $Q.VHWORDS=4 --form $Q.VMIN_GROUPS=0 --hold-s 0.3 --stream-mb 128 \
               --pipeline-stats ;;
-    persist) Q=quantized_linear
-            step persist_tests 120 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
-              -p no:cacheprovider tests/ops/test_quantized_persist.py
-            step persist 360 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
-              --hbm-tbps $hbm --quantization int4 int4+$Q.VPERSIST=528 int4+$Q.VPERSIST=1056 \
-              int4+$Q.VPERSIST=2112 --runs 2 --hold-s 1 --profile 6 \
-              --json "$out/llm_decode_persist.json"
-            step persist_gemv 100 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py \
-              --runs 10 --shapes 2048x16384,2048x3072,2048x128256 \
-              --cases "int4 g128 weights, float16 x" --form $Q.VPERSIST=528 \
-              --form $Q.VPERSIST=1056 --form $Q.VPERSIST=2112 --hold-s 0.3 --stream-mb 128 ;;
-    prefetch) P=prefetch.PREFETCH_MB
-            step prefetch_tests 60 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q \
-              -p no:cacheprovider tests/runtime/test_prefetch.py
-            step prefetch 450 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
-              --hbm-tbps $hbm --quantization none none+$P=24 int4 int4+$P=24 int4+$P=40 --runs 2 --hold-s 1 --json "$out/llm_decode_prefetch.json" ;;
+    chunks) step chunks 240 env VKDELEGATE_VALIDATION=0 bash -c "cd benchmarks &&
+              python3 decode_chunks.py --quantization none int4 --runs 5" ;;
     chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
             --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;

@@ -37,8 +37,6 @@ class Dispatch:
     groups: tuple            # workgroup counts (x, y, z)
     reads: set = field(default_factory=set)   # memory regions read
     writes: set = field(default_factory=set)  # memory regions written
-    #: the buffers of its constant inputs (weights), for runtime/prefetch.py
-    constants: tuple = ()
     descriptor_set: object = None
     #: per binding, the texel format of a uniform texel buffer binding, else None
     #: (empty when the dispatch has none)
@@ -346,7 +344,6 @@ class NodeBuilder:
             # Error-flag words are only set (atomicOr, order-free) and read by the host
             # after the final barrier: they need no barrier between dispatches.
             writes={t.buffer.region for t in outputs if not isinstance(t, ErrorFlag)},
-            constants=tuple(t.buffer for t in inputs if getattr(t, "constant", False)),
             indirect=indirect))
 
 

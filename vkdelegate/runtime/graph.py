@@ -30,7 +30,7 @@ import vulkan as vk
 from vkdelegate.dtypes import ITEMSIZE
 from vkdelegate.errors import VkDelegateError, node_label
 from vkdelegate.limits import resolve_limits
-from vkdelegate.runtime import commands, prefetch
+from vkdelegate.runtime import commands
 from vkdelegate.runtime.builder import ErrorFlag, NodeBuilder
 from vkdelegate.runtime.device import Device, default_device
 from vkdelegate.runtime.device_state import DeviceState
@@ -186,7 +186,6 @@ class DelegateGraph(DeviceState):
                 t.staging = make(t.buffer.size, STAGING_USAGE, True,
                                  f"staging of {t.name}", cached=True)
         self._build_nodes()
-        prefetch.add_prefetches(self)
         if self._indirect_fns:  # VkDispatchIndirectCommand x, y, z (16-byte stride)
             n = len(self._indirect_fns)
             self._indirect_buffer = self.allocator.buffer(

@@ -19,8 +19,7 @@ Shaders: for at most GEMV_ROWS rows (the upper bound) on GPUs (``use_gemv``), th
 vectorized GEMV linear_qw_gemv.glsl (16-byte weight loads unpacked in registers, the
 int4 group scale once per 32 values, subgroupAdd reduction, VWG invocations (VWG_FIT
 for rows of few blocks) and VROWS outputs per workgroup (fewer for products of few
-outputs: VMIN_GROUPS; VPERSIST, a tuning form: fewer workgroups, each over several
-tiles; int4 with fp16 x on devices
+outputs: VMIN_GROUPS; int4 with fp16 x on devices
 with shaderFloat16 in packed fp16 arithmetic: VHALF, the HALF_DOT form), x loaded per
 invocation (VDIRECT) or staged in shared memory, or with
 VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
@@ -132,11 +131,6 @@ VWG_FIT = 64  # linear_qw_gemv: a product whose rows hold at most this many weig
 #             (lm_head 103 -> 71, norm + gate/up + SwiGLU 280 -> 234); VWG = 64 for
 #             every K made its K = 8192 down_proj slower (docs/PERF.md, "An H100,
 #             2026-12-06 (thirteenth session)")
-VPERSIST = 0  # linear_qw_gemv's PERSIST form (a tuning form, off: 0): a product whose rows
-#              hold at most a workgroup's blocks (DIRECT, UNROLL 1, not SG_ROWS) runs
-#              at most this many workgroups a row, each over tiles g, g + groups, ...
-#              (x converted once, the next tile's weights requested before the
-#              current tile's products and reduction); not measured on a GPU yet
 VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
 #              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
@@ -259,13 +253,6 @@ def workgroup_size(blocks: int, sg: bool, info) -> int:
     return VWG
 
 
-def persists(blocks: int, sg: bool, wg: int) -> bool:
-    """Whether a product with rows of ``blocks`` weight blocks runs linear_qw_gemv.glsl's
-    PERSIST form in workgroups of ``wg`` invocations: VPERSIST on, the DIRECT form with
-    VUNROLL 1 (not SG_ROWS) and every row's blocks one per invocation."""
-    return VPERSIST > 0 and VDIRECT and not sg and VUNROLL == 1 and blocks <= wg
-
-
 def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:
     """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
     workgroup: ``rows`` (None: VROWS) in the SG_ROWS form (``sg``), else
@@ -330,8 +317,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
     ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
-    (``workgroup_size``; None: VWG). The PERSIST form (``persists``) is added by the
-    caller after ``choose``."""
+    (``workgroup_size``; None: VWG)."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -689,9 +675,6 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
                          b.device.info.capabilities)
     elif VHALF and bits == 4 and "X16" in defines:
         defines = choose(VSHADER, [half_dot(defines), defines], b.device.info.capabilities)
-    persist = persists(blocks, sg, wg)
-    if persist:  # after choose: the declared forms carry the requirements
-        defines["PERSIST"] = "1"
     sums_stride = dq[2].max_shape[1] if dq is not None else 0
     params = [out.meta, b.params(PARAMS.pack(
         qdims=[k, n, group, blocks], qstrides=[s_stride, sums_stride, w.max_shape[1] // 16, 0]))]
@@ -708,9 +691,6 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     # outputs (ROTARY: units) per workgroup
     per_group = units_per_workgroup(paired, sg, rows)
     groups = -(-units // per_group)
-    if persist:  # each workgroup over tiles g, g + groups, ...
-        loop_limit.check(b, -(-groups // VPERSIST) + 8, f"{units} outputs")
-        groups = min(groups, VPERSIST)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
                global_size=(groups * wg, max(m, 1)), local_size=(wg, 1, 1))
 

@@ -111,9 +111,7 @@
 // Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2)); ROTARY:
 // ceil(N / 2 / (ROWS / 2)); SG_ROWS: ceil(units / ROWS), N / 2 units for ROTARY), y
 // the row m (rows past M and columns past N compute the last valid one and store
-// nothing; SG_ROWS: computes nothing either). PERSIST (DIRECT, UNROLL 1, rows of at most
-// WG blocks; quantized_linear.VPERSIST, a tuning form): fewer workgroups in x, each
-// over the tiles g, g + gl_NumWorkGroups.x, ... (main's comment), the same results.
+// nothing; SG_ROWS: computes nothing either).
 
 #ifdef SWIGLU
 #if defined(DQ8CA) || defined(HAS_RESIDUAL)
@@ -812,93 +810,6 @@ void reduce_store(int m, int n0, int N, int units, bool live, float acc[ROWS], f
 #endif
 }
 
-#ifdef PERSIST
-#if !defined(DIRECT) || UNROLL != 1 || PROBE != 0
-#error "PERSIST is a DIRECT form with UNROLL 1, without PROBE"
-#endif
-// PERSIST (rows of at most WG blocks: invocation t reads block t of each row): each
-// workgroup computes the tiles (OUT_ROWS outputs, ROTARY units, each) g, g +
-// gl_NumWorkGroups.x, ... of row m. x's block (times the norm weight) is loaded and
-// converted once; the next tile's weight blocks and scales are requested before the
-// current tile's products, reduction and epilogue, so that their latency overlaps
-// them. Each tile's sums, reduction and epilogue are the workgroup form's: the same
-// results.
-void main() {
-  const int K = qdims.x;
-  const int N = qdims.y;
-  const int blocks = qdims.w;
-  const int M = N > 0 ? numel_of(out_meta) / N : 0;
-  const int t = int(gl_LocalInvocationID.x);
-#ifdef ROTARY
-  const int units = N / 2;
-#else
-  const int units = N;
-#endif
-  const int tiles = (units + OUT_ROWS - 1) / OUT_ROWS;
-  const int step = int(gl_NumWorkGroups.x);
-  const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
-  const bool live = int(gl_WorkGroupID.y) < M;  // uniform in the workgroup
-  const bool mine = live && t < blocks;  // this invocation has a block of each row
-  const int bc = min(t, max(blocks - 1, 0));
-  float inv, xscale;
-  int z;
-  row_params(live, m, inv, xscale, z);
-  float ss = 0.0;  // RMS_NORM: the sum of squares of this invocation's x values
-  XRAW xr[XR];
-  load_x(m, K, bc, xr);
-#ifdef RMS_NORM
-  XRAW nr[XR];
-  load_n(bc, nr);
-#endif
-  int tile = int(gl_WorkGroupID.x);
-  int w_row[ROWS];
-  uvec4 wv[ROWS];
-  float sv[ROWS];
-  int zs[ROWS];
-  tile_rows(tile * OUT_ROWS, N, units, w_row);
-  load_block(bc, w_row, z, xscale, wv, sv, zs);
-  vec4 xv[XV];
-#ifdef RMS_NORM
-  unpack_x(xr, nr, inv, z, xv, ss);
-#else
-  unpack_x(xr, inv, z, xv);
-#endif
-  if (!mine) {
-    ss = 0.0;
-  }
-#ifdef HALF_DOT
-  f16vec2 xh[16];
-  half_x(xv, xh);
-#endif
-  for (; tile < tiles; tile += step) {  // uniform in the workgroup
-    const int n0 = tile * OUT_ROWS;
-    const EPI_LOADS epi = tile_loads(live, m, n0, N, units);
-    uvec4 wn[ROWS];
-    float sn[ROWS];
-    int zn[ROWS];
-    if (tile + step < tiles) {  // the next tile's, requested now
-      tile_rows((tile + step) * OUT_ROWS, N, units, w_row);
-      load_block(bc, w_row, z, xscale, wn, sn, zn);
-    }
-    float acc[ROWS];
-    [[unroll]] for (int r = 0; r < ROWS; ++r) {
-      acc[r] = 0.0;
-    }
-    if (mine) {
-#ifdef HALF_DOT
-      add_hblock(acc, xh, wv, sv);
-#else
-      add_block(acc, xv, wv, sv, zs);
-#endif
-    }
-    reduce_store(m, n0, N, units, live, acc, ss, epi);
-    barrier();  // the partial sums read before the next tile writes them
-    wv = wn;
-    sv = sn;
-    zs = zn;
-  }
-}
-#else
 void main() {
   const int K = qdims.x;
   const int N = qdims.y;
@@ -955,5 +866,4 @@ void main() {
   }
   reduce_store(m, n0, N, units, live, acc, ss, epi);
 }
-#endif  // PERSIST
 #endif  // SG_ROWS
