@@ -191,25 +191,33 @@ def record_join(device):
 
 
 def run_once(device, fill, timeout_s: float = 60.0) -> None:
-    """Record commands with ``fill(cmd)`` into a one-time command buffer, submit it and
-    wait (used at load, e.g. to copy constants from staging memory)."""
+    """Record commands with ``fill(cmd)`` into the device's one-off command buffer,
+    submit it and wait (used at load, e.g. to copy constants from staging memory, and
+    to read or write a state through its staging buffer). The command buffer and fence
+    are made once per Device and reused (``Device.one_off``); calls from several
+    threads take turns. Raises VkDelegateError if the GPU does not finish within
+    ``timeout_s`` (that pair is then never reused)."""
     from vkdelegate.runtime.vkcall import wait_fence
     dev = device.device
-    cmd = _begin(device, what="an upload", flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
-    fill(cmd)
-    vk_call(vk.vkEndCommandBuffer, cmd, what="an upload")
-    fence = vk_call(vk.vkCreateFence, dev,
-                    vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None,
-                    what="an upload")
-    submit = vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1,
-                             pCommandBuffers=[cmd])
-    try:
-        with device.queue_lock:
-            vk_call(vk.vkQueueSubmit, device.queue, 1, [submit], fence, what="an upload")
-        wait_fence(dev, fence, timeout_s, "an upload")
-    finally:
-        vk.vkDestroyFence(dev, fence, None)
-        vk.vkFreeCommandBuffers(dev, device.command_pool, 1, [cmd])
+    with device.once_lock:
+        cmd, fence = device.one_off()
+        try:
+            # The pool resets command buffers: beginning one resets it.
+            begin = vk.VkCommandBufferBeginInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
+            vk_call(vk.vkBeginCommandBuffer, cmd, begin, what="an upload")
+            fill(cmd)
+            vk_call(vk.vkEndCommandBuffer, cmd, what="an upload")
+            vk_call(vk.vkResetFences, dev, 1, [fence], what="an upload")
+            submit = vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                     commandBufferCount=1, pCommandBuffers=[cmd])
+            with device.queue_lock:
+                vk_call(vk.vkQueueSubmit, device.queue, 1, [submit], fence, what="an upload")
+            wait_fence(dev, fence, timeout_s, "an upload")
+        except BaseException:
+            device.drop_one_off()
+            raise
 
 
 def copy_once(device, copies, timeout_s: float = 60.0) -> None:
