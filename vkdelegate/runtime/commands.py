@@ -61,17 +61,27 @@ def create_descriptor_sets(device, dispatches, views=None):
     return pool
 
 
-def _begin(device, what: str, flags: int = 0):
-    """A primary command buffer from the device's pool, begun for recording."""
+def allocate(device, what: str):
+    """A primary command buffer from the device's pool (not begun)."""
     alloc = vk.VkCommandBufferAllocateInfo(
         sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
         commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
         commandBufferCount=1)
-    cmd = vk_call(vk.vkAllocateCommandBuffers, device.device, alloc, what=what)[0]
+    return vk_call(vk.vkAllocateCommandBuffers, device.device, alloc, what=what)[0]
+
+
+def _start(cmd, what: str, flags: int = 0):
+    """Begin recording ``cmd`` (a command buffer of the device's pool, which resets
+    command buffers: beginning a used one resets it); returns it."""
     begin = vk.VkCommandBufferBeginInfo(
         sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=flags)
     vk_call(vk.vkBeginCommandBuffer, cmd, begin, what=what)
     return cmd
+
+
+def _begin(device, what: str, flags: int = 0):
+    """A primary command buffer from the device's pool, begun for recording."""
+    return _start(allocate(device, what), what, flags)
 
 
 def _barrier(cmd, src_stage, src_access, dst_stage, dst_access):
@@ -202,11 +212,7 @@ def run_once(device, fill, timeout_s: float = 60.0) -> None:
     with device.once_lock:
         cmd, fence = device.one_off()
         try:
-            # The pool resets command buffers: beginning one resets it.
-            begin = vk.VkCommandBufferBeginInfo(
-                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
-            vk_call(vk.vkBeginCommandBuffer, cmd, begin, what="an upload")
+            _start(cmd, "an upload", vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
             fill(cmd)
             vk_call(vk.vkEndCommandBuffer, cmd, what="an upload")
             vk_call(vk.vkResetFences, dev, 1, [fence], what="an upload")

@@ -303,12 +303,8 @@ class Device:
         """(command buffer, fence) for ``commands.run_once``: made once, reused; the
         caller holds ``once_lock``."""
         if self._once is None:
-            alloc = vk.VkCommandBufferAllocateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-                commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                commandBufferCount=1)
-            cmd = vk_call(vk.vkAllocateCommandBuffers, self.device, alloc,
-                          what="a one-off command buffer")[0]
+            from vkdelegate.runtime.commands import allocate
+            cmd = allocate(self, "a one-off command buffer")
             fence = vk_call(vk.vkCreateFence, self.device,
                             vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO),
                             None, what="a one-off fence")
