@@ -316,13 +316,18 @@ def test_profiled_calls_keep_the_state():
     assert program.runner("forward").states_on_device == ["b_total"]
 
 
-@pytest.mark.parametrize("staging", [False, True])
-def test_two_graphs_bind_one_state_buffer(staging):
+@pytest.mark.parametrize("staging, mapped_bytes", [(False, None), (True, 0), (True, None)])
+def test_two_graphs_bind_one_state_buffer(staging, mapped_bytes, monkeypatch):
     """Runtime level: two DelegateGraphs of one Device bind the same StateBuffer and
-    each sees the other's updates (with and without staging buffers)."""
+    each sees the other's updates: without staging buffers, through a staging buffer
+    (no state small enough to map: MAPPED_STATE_BYTES 0), and with staging asked for
+    but the 12-byte state mapped where the device has device-local, host-visible
+    memory (lavapipe's; a discrete GPU's BAR window)."""
     from vkdelegate import VkDelegateError
-    from vkdelegate.runtime import load_delegate
+    from vkdelegate.runtime import load_delegate, state_buffer
 
+    if mapped_bytes is not None:
+        monkeypatch.setattr(state_buffer, "MAPPED_STATE_BYTES", mapped_bytes)
     program = _lower(Counter().eval(), torch.zeros(3))
     delegate = program.methods["forward"].delegates[0]
     rng = np.random.default_rng(12)
@@ -330,6 +335,11 @@ def test_two_graphs_bind_one_state_buffer(staging):
     with load_delegate(delegate.blob, delegate.named_data, staging=staging) as a, \
             load_delegate(delegate.blob, delegate.named_data, staging=staging) as b:
         buffer = a.state_buffer(0, count.copy())
+        mapped = buffer.nbytes <= state_buffer.MAPPED_STATE_BYTES \
+            and a.device.mappable_device_local
+        assert buffer.staged == (staging and not mapped)
+        if not buffer.staged:
+            assert buffer.buffer.host is not None  # read and written through its mapping
         own = a.inputs[0].buffer, a.inputs[0].staging
         held = a.values.own_bytes
         try:

@@ -299,6 +299,17 @@ class Device:
     def memory_flags(self, type_index: int) -> int:
         return self.memory_properties.memoryTypes[type_index].propertyFlags
 
+    @property
+    def mappable_device_local(self) -> bool:
+        """Whether a memory type is both device-local and host-visible, coherent (an
+        integrated GPU's or CPU driver's memory; a discrete GPU's BAR or resizable
+        BAR window): what the host maps there, the GPU reads at device speed."""
+        want = (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+                | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+        mp = self.memory_properties
+        return any((mp.memoryTypes[i].propertyFlags & want) == want
+                   for i in range(mp.memoryTypeCount))
+
     def one_off(self):
         """(command buffer, fence) for ``commands.run_once``: made once, reused; the
         caller holds ``once_lock``."""

@@ -39,7 +39,7 @@ from vkdelegate.runtime.dtypes import (ZERO_DIVISION, ZERO_DIVISION_BIT, device_
 from vkdelegate.runtime.graph_resources import GraphResources, owned
 from vkdelegate.runtime.host_copy import copy_bytes
 from vkdelegate.runtime.op_table import OpTable, resolve_ops
-from vkdelegate.runtime.memory import HOST_FLAGS, STAGING_USAGE, STORAGE_USAGE, Allocator
+from vkdelegate.runtime.memory import STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.runtime.values import GraphValues
@@ -152,7 +152,7 @@ class DelegateGraph(DeviceState):
         self._record_again = False
         if staging is None:
             staging = (self.device.info.type == "discrete"
-                       or not self._has_mappable_device_memory())
+                       or not self.device.mappable_device_local)
         self.staging = staging
         pool = None
         if constant_pools is not None:
@@ -209,12 +209,6 @@ class DelegateGraph(DeviceState):
         self._out_views = [t.host_view() for t in self.outputs]
         self._shapes = tuple(t.shape for t in self.inputs)
         self._closed = False
-
-    def _has_mappable_device_memory(self) -> bool:
-        want = HOST_FLAGS | vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-        mp = self.device.memory_properties
-        return any((mp.memoryTypes[i].propertyFlags & want) == want
-                   for i in range(mp.memoryTypeCount))
 
     def indirect_slot(self, current) -> int:
         """A slot of the graph's indirect buffer for one dispatch whose workgroup

@@ -45,6 +45,15 @@ class _Memory:
                 self.allocator.close()
 
 
+#: States of at most this many bytes skip ``staging`` where the device has memory that
+#: is device-local and host-visible (``Device.mappable_device_local``: a discrete GPU's
+#: BAR window): the host maps the buffer itself, so a read or write is a memcpy, not a
+#: submitted copy and a fence wait (about 250 us on an H100 for the decode loop's token
+#: history, read after every chunk of steps; docs/PERF.md), and the GPU still reads it
+#: from its own memory. Small, since that window may be only 256 MiB for the device.
+MAPPED_STATE_BYTES = 64 << 10
+
+
 class StateBuffer:
     """A state tensor of fixed sizes in device memory, shared by graphs.
 
@@ -52,8 +61,11 @@ class StateBuffer:
     device_dtype: its storage dtype on the device (``runtime.dtypes.device_dtype``);
     shape: sizes. staging: keep the data in device-local memory and go through a
     host-visible staging buffer for ``write``/``read`` (discrete GPUs), else map the
-    buffer itself. initial: the first value (``dtype``, ``shape``).
-    Attributes: ``buffer`` (the memory.Buffer graphs bind), ``nbytes``.
+    buffer itself; a state of at most MAPPED_STATE_BYTES is mapped even so where the
+    device has device-local, host-visible memory. initial: the first value (``dtype``,
+    ``shape``).
+    Attributes: ``buffer`` (the memory.Buffer graphs bind), ``nbytes``, ``staged``
+    (whether reads and writes go through a staging buffer).
     Raises VkDelegateError for an initial value of another dtype or sizes.
     """
 
@@ -62,6 +74,9 @@ class StateBuffer:
         self.device, self.dtype, self.device_dtype = device, dtype, device_dtype
         self.shape = tuple(int(s) for s in shape)
         self.nbytes = Tensor.nbytes_for(device_dtype, self.shape)
+        if staging and self.nbytes <= MAPPED_STATE_BYTES and device.mappable_device_local:
+            staging = False
+        self.staged = staging
         self.timeout_s = timeout_s
         self.allocator = Allocator(device, block_size=max(self.nbytes, 16))  # no slack
         self._memory = _Memory(device, self.allocator)
