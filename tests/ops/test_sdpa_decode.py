@@ -246,3 +246,83 @@ def test_lanes_form_choice(monkeypatch):
     assert dec.lanes_for(info(32, shared=16384), 1, 64) == 8      # 32 x 264 bytes
     monkeypatch.setattr(dec, "LANES_FORM", False)
     assert dec.lanes_for(info(32), 1, 64) is None
+
+
+@pytest.fixture
+def last_merge(decode, monkeypatch):
+    """The lanes form with LAST_MERGE: the splits merged by the last one to finish (no
+    sdpa_combine.glsl dispatch; both asserted), in splits of 64 keys."""
+    monkeypatch.setattr(dec, "LANES_FORM", True)
+    monkeypatch.setattr(dec, "LAST_MERGE", True)
+    monkeypatch.setattr(dec, "LANES_SPLIT_KEYS", 64)
+    merged = []
+    lanes_defines = dec.lanes_defines
+    monkeypatch.setattr(dec, "lanes_defines", lambda *a, **kw: merged.append(
+        kw.get("last_merge")) or lanes_defines(*a, **kw))
+
+    def no_combine(*a, **kw):
+        raise AssertionError("sdpa_combine.glsl dispatched with LAST_MERGE")
+
+    monkeypatch.setattr(dec.at, "dispatch_combine", no_combine)
+    yield
+    assert any(merged), "the lanes form's LAST_MERGE was not taken"
+
+
+def _again(fn, eager, args, dtype):
+    """The lowered fn (check_op's program: its delegates closed, so built again by the
+    first call here) on ``args`` and then, built, on another query (the first arg),
+    each against eager: the first call's split counters went back to zero (else no
+    split would merge and the output would keep the first call's values)."""
+    again = (torch.randn_like(args[0].float()).to(dtype),) + tuple(args[1:])
+    for call in (args, again):
+        torch.testing.assert_close(fn(*call), eager(*call), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("start", [0, 37, 200, 255])
+def test_last_merge_llama_step(last_merge, dtype, start):
+    # The 1B decode step's attention at 256 cached positions: 4 splits of 64 keys (of
+    # which those past the position see no key), 32 rows of counters.
+    torch.manual_seed(20 + start)
+    q, k, v = (torch.randn(1, h, n, 64).to(dtype) for h, n in ((32, 1), (8, 256), (8, 256)))
+    mask = (torch.arange(256) <= start)[None, None, None, :]
+    fn = sdpa_fn(enable_gqa=True)
+    _on_off(fn, (q, k, v, mask), [SDPA], dtype)
+    _again(check_op(fn, (q, k, v, mask), ops=[SDPA], **_tol(dtype)), fn, (q, k, v, mask),
+           dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_last_merge_long_cache_and_batch(last_merge, dtype):
+    # 2 batches x 8 heads over 1500 keys: 24 splits, whole splits masked, a boolean mask
+    # per batch; one batch's row sees no key at all (0, as ATen gives).
+    torch.manual_seed(21)
+    q, k, v = (torch.randn(2, h, n, 64).to(dtype) for h, n in ((8, 1), (2, 1500), (2, 1500)))
+    mask = torch.rand(2, 1, 1, 1500) > 0.3
+    mask[:, :, :, 200:1100] = False
+    mask[1] = False
+    fn = sdpa_fn(enable_gqa=True)
+    out = _on_off(fn, (q, k, v, mask), [SDPA], dtype)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    _again(check_op(fn, (q, k, v, mask), ops=[SDPA], **_tol(dtype)), fn, (q, k, v, mask),
+           dtype)
+
+
+@pytest.mark.parametrize("start_pos", [0, 130, 1023])
+def test_last_merge_executorch_layout(last_merge, start_pos):
+    # llama.custom_sdpa, start_pos read on the device: splits past it see no key and
+    # must not read the NaN keys there.
+    q, k, v = cache_qkv(1, 1, 8, 1024, 2, 64, torch.float16)
+    k[:, start_pos + 1:] = float("nan")
+    got = check_op(custom_fn(start_pos), (q, k, v), ops=[CUSTOM], **FP16_TOL)
+    for query in (q, torch.randn_like(q.float()).half()):  # twice: the counters reset
+        torch.testing.assert_close(got(query, k, v), eager_cache_attention(
+            query, k, v, start_pos, start_pos + 1, True), **FP16_TOL)
+
+
+def test_last_merge_sliding_window(last_merge):
+    torch.manual_seed(22)
+    q, k, v = (torch.randn(1, h, n, 64) for h, n in ((4, 1), (2, 600), (2, 600)))
+    fn = sliding_fn(100, 450)
+    _on_off(fn, (q, k, v), [SLIDING], torch.float32)
+    _again(check_op(fn, (q, k, v), ops=[SLIDING], **FP32_TOL), fn, (q, k, v), torch.float32)

@@ -13,12 +13,13 @@ CPU drivers (llvmpipe) keep sdpa.glsl (``use_decode``). Torch-free; registers no
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from vkdelegate.kernels import attention as at
 from vkdelegate.kernels import loop_limit
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
-from vkdelegate.shaders.bindings import shader_bindings
+from vkdelegate.shaders.bindings import Bindings, shader_bindings
 
 SHADER = "sdpa_decode"
 #: Invocations per workgroup and keys per chunk (a power of two >= the largest D4, 64).
@@ -33,7 +34,16 @@ SPLIT_BELOW = 128
 shader_bindings(SHADER)(at._bindings)  # sdpa.glsl's bindings (sdpa.h)
 
 LANES_SHADER = "sdpa_decode_lanes"
-shader_bindings(LANES_SHADER)(at._bindings)
+
+
+@shader_bindings(LANES_SHADER)
+def _lanes_bindings(d) -> Bindings:
+    """sdpa.glsl's bindings; LAST_MERGE adds the split rows and the row counters as
+    outputs after out_data."""
+    found = at._bindings(d)
+    if "LAST_MERGE" in d:
+        found = dataclasses.replace(found, outputs=found.outputs + ("part_data", "count_data"))
+    return found
 #: Whether one-row decode attention takes sdpa_decode_lanes.glsl where it applies
 #: (``lanes_for``). Measured on an H100 (2026-12-06, docs/PERF.md; 32/8 heads x 64,
 #: fp16): 13.2 -> 10.2 us at 256 cached / position 96, 26.9 -> 18.6 at 2048 / 1500
@@ -52,6 +62,15 @@ LANES_KB = 2
 LANES_DL4 = 2
 #: The most lanes a key (8: lavapipe's subgroups, the smallest common GPU ones).
 LANES_MAX = 8
+#: Whether the lanes form merges its key splits in the dispatch itself: the split of a
+#: query row that finishes last (an atomic counter per row) merges them all
+#: (sdpa_decode_lanes.glsl's LAST_MERGE) instead of sdpa_combine.glsl's second
+#: dispatch; the keys are then split once the query-head groups leave the GPU idle
+#: (fewer than SPLIT_BELOW workgroups) into LANES_SPLIT_KEYS keys a split, at most
+#: attention.MAX_SPLITS, so that a decode step's few workgroups become many short
+#: ones without a dispatch more.
+LAST_MERGE = False
+LANES_SPLIT_KEYS = 64
 
 
 def rows_max(d_max: int) -> int:
@@ -130,17 +149,22 @@ def lanes_shape(d_max: int, smallest: int) -> "tuple[int, int] | None":
 
 def lanes_shared_bytes(d_max: int, max_sg: int) -> int:
     """sdpa_decode_lanes.glsl's shared memory in bytes for ``max_sg`` subgroups a
-    workgroup: each subgroup's merged accumulator (d_max floats) and its (m, l)."""
-    return max_sg * (4 * d_max + 8)
+    workgroup: each subgroup's merged accumulator (d_max floats) and its (m, l), and
+    LAST_MERGE's flag."""
+    return max_sg * (4 * d_max + 8) + 4
 
 
-def lanes_defines(out, q, k, v, mask, *, lanes: int, max_sg: int, **form) -> dict:
+def lanes_defines(out, q, k, v, mask, *, lanes: int, max_sg: int, last_merge: bool = False,
+                  **form) -> dict:
     """The sdpa_decode_lanes.glsl defines: ``defines``' (one row, no R_MAX or SUBGROUP)
     with WG = LANES_WG, LANES, KB = LANES_KB and MAX_SG (LANES_WG / the device's
-    smallest subgroup size)."""
+    smallest subgroup size); ``last_merge``: LAST_MERGE (the form's ``split`` is then
+    False: the output is the attention's own)."""
     d = defines(out, q, k, v, mask, subgroup=False, rows=1, **form)
     del d["R_MAX"]
     d.update(WG=str(LANES_WG), LANES=str(lanes), KB=str(LANES_KB), MAX_SG=str(max_sg))
+    if last_merge:
+        d["LAST_MERGE"] = "1"
     return d
 
 
@@ -151,13 +175,13 @@ def lanes_iterations(s_max: int, lanes: int) -> int:
     return -(-s_max // chunk) + LANES_WG
 
 
-def splits_for(groups: int, s_max: int) -> int:
+def splits_for(groups: int, s_max: int, keys: int = 0) -> int:
     """Key splits for ``groups`` workgroups (query-head groups x batch) over ``s_max``
-    keys: 1 unless the groups alone are few, else one per SPLIT_KEYS keys (at most
-    MAX_SPLITS, attention.py's bound of the combine pass)."""
+    keys: 1 unless the groups alone are few, else one per ``keys`` keys (0:
+    SPLIT_KEYS; at most MAX_SPLITS, attention.py's bound of the combine pass)."""
     if groups >= SPLIT_BELOW:
         return 1
-    return max(1, min(at.MAX_SPLITS, -(-s_max // SPLIT_KEYS)))
+    return max(1, min(at.MAX_SPLITS, -(-s_max // (keys or SPLIT_KEYS))))
 
 
 def iterations(s_max: int, d_max: int) -> int:
@@ -199,30 +223,40 @@ def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: i
     head = -2 if a.seq_first else -3
     group = pack(l_max, heads, k.max_shape[head], d_max)
     groups = heads // group * batch
-    splits = splits_for(groups, s_max)
     lanes = lanes_for(b.device.info, l_max * group, d_max)
+    last_merge = lanes is not None and LAST_MERGE
     chunk = WG if lanes is None else LANES_WG // lanes * LANES_KB
+    # LAST_MERGE: splits of whole chunks of about LANES_SPLIT_KEYS keys.
+    splits = splits_for(groups, s_max,
+                        max(chunk, LANES_SPLIT_KEYS // chunk * chunk) if last_merge else 0)
     chunks = -(-s_max // chunk)
     per_split = -(-chunks // splits)
     loop_limit.check(b, iterations(min(s_max, per_split * WG), d_max) if lanes is None
                      else lanes_iterations(min(s_max, per_split * chunk), lanes),
                      f"{s_max} keys of head dim {d_max}")
     target = out
-    if splits > 1:
+    if splits > 1 and not last_merge:
         target = b.temporary((batch * heads * l_max * splits, d_max + 4), "float32")
     mask = a.mask
     metas = [target.meta, q.meta, k.meta, v.meta] + ([mask.meta] if mask else [])
     form = dict(causal=a.causal, window=a.window > 0, d_max=d_max,
                 skip=bool(b.option(at.SKIP_OPTION, True)), nan_rows=a.nan_rows,
-                seq_first=a.seq_first, split=splits > 1, start=a.start)
+                seq_first=a.seq_first, split=splits > 1 and not last_merge, start=a.start)
     inputs = [q, k, v] + ([mask] if mask else []) + ([a.start] if a.start is not None else [])
     params = metas + [params_for(splits, per_split, group)]
     if lanes is not None:
         caps = b.device.info.capabilities
         max_sg = lanes_shape(d_max, caps.min_subgroup_size or caps.subgroup_size)[1]
+        outputs = [target]
+        if last_merge:
+            # The splits' rows, and one counter per query row, zero at load and
+            # returned to zero by the split that merges.
+            outputs += [b.temporary((batch * heads * splits, d_max + 4), "float32"),
+                        b.zeroed((batch * heads,), "int32")]
         b.dispatch(LANES_SHADER, lanes_defines(target, q, k, v, mask, lanes=lanes,
-                                               max_sg=max_sg, **form),
-                   outputs=[target], inputs=inputs, params=params,
+                                               max_sg=max_sg, last_merge=last_merge,
+                                               **form),
+                   outputs=outputs, inputs=inputs, params=params,
                    global_size=(splits * LANES_WG, heads, batch),
                    local_size=(LANES_WG, 1, 1))
     else:
@@ -230,7 +264,7 @@ def dispatch(b, a, *, d_max: int, scale: float, l_max: int, s_max: int, heads: i
                     rows=l_max * group, **form)
         b.dispatch(SHADER, d, outputs=[target], inputs=inputs, params=params,
                    global_size=(splits * WG, heads // group, batch), local_size=(WG, 1, 1))
-    if splits > 1:
+    if splits > 1 and not last_merge:
         at.dispatch_combine(b, out, target, d_max=d_max, splits=splits, l_max=l_max,
                             rows=batch * heads, nan_rows=a.nan_rows,
                             seq_first=a.seq_first)

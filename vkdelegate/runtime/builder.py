@@ -154,6 +154,15 @@ class NodeBuilder:
                         limits.max_tensor_bytes, "max_tensor_bytes", self._where())
         return self._graph.values.new_tensor(-1, dtype, shape)
 
+    def zeroed(self, shape, dtype: str) -> Tensor:
+        """``temporary(shape, dtype)`` holding zeros from the load on: for a shader's
+        own counters (atomic counts that the shader itself returns to zero before its
+        dispatch ends, such as sdpa_decode_lanes.glsl's LAST_MERGE). Same limits and
+        errors as ``temporary``."""
+        t = self.temporary(shape, dtype)
+        self._graph.values.upload(t, np.zeros(tuple(shape), dtype))
+        return t
+
     def constant_array(self, t: Tensor) -> np.ndarray | None:
         """The host copy (graph dtype, shaped) of a constant tensor, else None."""
         return self._graph.values.constant_arrays.get(t.value_id)

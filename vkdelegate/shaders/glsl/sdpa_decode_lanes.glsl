@@ -34,6 +34,13 @@
 // (never multiplied in), and a batch with no live key leaves its cluster's state
 // untouched, so a fully masked chunk visited and one skipped give the same bits.
 // A key masked for the row is not read.
+// LAST_MERGE (not with SPLIT_K; pos.w > 1 splits): each split writes its (acc, m, l) to
+// part_data (rows of D_MAX + 4, as SPLIT_K's) and counts itself in count_data[b * Hq +
+// h] (atomicAdd after a device-scope memory barrier); the split that counts last
+// resets the counter to 0 for the next dispatch, merges every split's row in split
+// order (so the result does not depend on which split ended last) and writes the
+// output row: the flash-decoding merge without sdpa_combine.glsl's second dispatch.
+// count_data must hold zeros before the first dispatch.
 // Defines: sdpa.glsl's OUT_T, Q_T, K_T, V_T, OUT_STORE(v), D_MAX, CAUSAL, WINDOW,
 // MASK_BOOL / MASK_FLOAT (MASK_T), FULLY_MASKED, SKIP_MASKED_TILES, SEQ_FIRST, SPLIT_K,
 // POS_TENSOR (START_T); K4_T, V4_T (4-element storage types of K and V); WG (local
@@ -53,6 +60,19 @@ layout(set = 0, binding = BINDING_v_data) readonly buffer v4_buffer { V4_T v4_da
 // The subgroups' merged states: acc vec4 e of subgroup s at red_acc[s * D4 + e]; m, l.
 shared vec4 red_acc[MAX_SG * D4];
 shared vec2 red_ml[MAX_SG];
+
+#ifdef LAST_MERGE
+#ifdef SPLIT_K
+#error "LAST_MERGE merges the splits itself: not with SPLIT_K"
+#endif
+layout(set = 0, binding = BINDING_part_data) coherent buffer part_buffer {
+  float part_data[];
+};
+layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
+  uint count_data[];
+};
+shared bool last_split;  // this workgroup's split is the last of its row to finish
+#endif
 
 // Merges state (m2, l2, acc2) into (m, l, acc) by the log-sum-exp rule; a state with
 // m = -inf (no key seen) has l = 0 and acc = 0 and contributes nothing.
@@ -212,16 +232,66 @@ void main() {
     }
   }
   barrier();
-  if (t >= LANES) {
-    return;  // after the only barrier
-  }
-  for (int s2 = 1; s2 < int(gl_NumSubgroups); ++s2) {
-    vec4 acc2[DL4];
-    [[unroll]] for (int c = 0; c < DL4; ++c) {
-      acc2[c] = red_acc[s2 * D4 + lane + LANES * c];
+  if (t < LANES) {
+    for (int s2 = 1; s2 < int(gl_NumSubgroups); ++s2) {
+      vec4 acc2[DL4];
+      [[unroll]] for (int c = 0; c < DL4; ++c) {
+        acc2[c] = red_acc[s2 * D4 + lane + LANES * c];
+      }
+      const vec2 ml = red_ml[s2];
+      merge(m, l, acc, ml.x, ml.y, acc2);
     }
-    const vec2 ml = red_ml[s2];
-    merge(m, l, acc, ml.x, ml.y, acc2);
+  }
+#ifdef LAST_MERGE
+  if (splits > 1) {  // uniform: every barrier below is reached by the whole workgroup
+    const int row = bq * Hq + h;
+    if (t < LANES) {
+      const int p_base = (row * splits + split_id) * (D_MAX + 4);
+      [[unroll]] for (int c = 0; c < DL4; ++c) {
+        const int e = lane + LANES * c;
+        [[unroll]] for (int u = 0; u < 4; ++u) {
+          part_data[p_base + 4 * e + u] = acc[c][u];
+        }
+      }
+      if (lane == 0) {
+        part_data[p_base + D_MAX] = m;
+        part_data[p_base + D_MAX + 1] = l;
+      }
+    }
+    memoryBarrierBuffer();  // the row written before it is counted
+    barrier();
+    if (t == 0) {
+      last_split = atomicAdd(count_data[row], 1u) == uint(splits - 1);
+      if (last_split) {
+        count_data[row] = 0u;  // every split of this dispatch has counted
+      }
+    }
+    barrier();
+    if (!last_split) {
+      return;
+    }
+    memoryBarrierBuffer();  // the other splits' rows are read after the count
+    if (t < LANES) {
+      m = NEG_INF;
+      l = 0.0;
+      [[unroll]] for (int c = 0; c < DL4; ++c) {
+        acc[c] = vec4(0.0);
+      }
+      for (int s2 = 0; s2 < splits; ++s2) {
+        const int base = (row * splits + s2) * (D_MAX + 4);
+        vec4 acc2[DL4];
+        [[unroll]] for (int c = 0; c < DL4; ++c) {
+          const int e = lane + LANES * c;
+          acc2[c] = vec4(part_data[base + 4 * e], part_data[base + 4 * e + 1],
+                         part_data[base + 4 * e + 2], part_data[base + 4 * e + 3]);
+        }
+        merge(m, l, acc, part_data[base + D_MAX], part_data[base + D_MAX + 1], acc2);
+      }
+    }
+  }
+#endif
+  if (t >= LANES) {
+    return;  // after the last barrier
   }
 #ifdef SPLIT_K
   const int p_base = ((bq * Hq + h) * splits + split_id) * (D_MAX + 4);
