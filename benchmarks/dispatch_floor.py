@@ -15,7 +15,8 @@ Two measurements, printed as tables:
    on purpose; then extra shader defines, pack=0/1 for PACK_GQA, and lanes=1 for the
    lanes form, sdpa_decode_lanes.glsl (the default; lanes=0 the workgroup form), with
    kb=, lwg=, dl4= for its LANES_KB, LANES_WG,
-   LANES_DL4). ``--force-decode`` runs that kernel on a CPU driver too.
+   LANES_DL4, merge=1 for LAST_MERGE (the splits merged in the dispatch) and skeys= for
+   LANES_SPLIT_KEYS). ``--force-decode`` runs that kernel on a CPU driver too.
 
     python benchmarks/dispatch_floor.py [--chain 256] [--runs 20] [--forms 0:0 64:64]
     python benchmarks/dispatch_floor.py --only sdpa --forms 0:0 0:0:0:lanes=1 \
@@ -125,7 +126,8 @@ def sdpa(args):
         q.float(), k[:, :, :args.pos + 1].float(), v[:, :, :args.pos + 1].float(),
         enable_gqa=True)
     defaults = (ad.WG, ad.SPLIT_KEYS, ad.SPLIT_BELOW, ad.use_decode, ad.defines, ad.PACK_GQA,
-                ad.LANES_FORM, ad.LANES_KB, ad.LANES_WG, ad.LANES_DL4)
+                ad.LANES_FORM, ad.LANES_KB, ad.LANES_WG, ad.LANES_DL4, ad.LAST_MERGE,
+                ad.LANES_SPLIT_KEYS)
     print(f"sdpa_at decode, 32/8 heads x 64, fp16 cache {args.cache}, position {args.pos}")
     print(f"{'WG:keys':>10}  {'dispatches (us each)':<60} {'total us':>9} {'max diff':>9}")
     for form in args.forms:
@@ -139,7 +141,10 @@ def sdpa(args):
             ad.PACK_GQA = extra.pop("pack") == "1"
         if "lanes" in extra:  # lanes=1: sdpa_decode_lanes.glsl
             ad.LANES_FORM = extra.pop("lanes") == "1"
-        for key, const in (("kb", "LANES_KB"), ("lwg", "LANES_WG"), ("dl4", "LANES_DL4")):
+        if "merge" in extra:  # merge=1: LAST_MERGE
+            ad.LAST_MERGE = extra.pop("merge") == "1"
+        for key, const in (("kb", "LANES_KB"), ("lwg", "LANES_WG"), ("dl4", "LANES_DL4"),
+                           ("skeys", "LANES_SPLIT_KEYS")):
             if key in extra:
                 setattr(ad, const, int(extra.pop(key)))
         if extra:
@@ -154,7 +159,8 @@ def sdpa(args):
             diff = (program(q, k, v, pos).float() - ref).abs().max().item()
         finally:
             (ad.WG, ad.SPLIT_KEYS, ad.SPLIT_BELOW, ad.use_decode, ad.defines,
-             ad.PACK_GQA, ad.LANES_FORM, ad.LANES_KB, ad.LANES_WG, ad.LANES_DL4) = defaults
+             ad.PACK_GQA, ad.LANES_FORM, ad.LANES_KB, ad.LANES_WG, ad.LANES_DL4,
+             ad.LAST_MERGE, ad.LANES_SPLIT_KEYS) = defaults
         cells = " ".join(f"{n}:{us:.1f}" for n, us in prof)
         print(f"{form:>10}  {cells:<60} {sum(us for _, us in prof):9.1f} "
               f"{diff:9.2e} {_sm_clock()}")
