@@ -50,8 +50,12 @@ class _Memory:
 #: BAR window): the host maps the buffer itself, so a read or write is a memcpy, not a
 #: submitted copy and a fence wait (about 250 us on an H100 for the decode loop's token
 #: history, read after every chunk of steps; docs/PERF.md), and the GPU still reads it
-#: from its own memory. Small, since that window may be only 256 MiB for the device.
-MAPPED_STATE_BYTES = 64 << 10
+#: from its own memory. Small: the host's reads of such memory are uncached, one bus
+#: round trip per load (of the order of 1 us for 32 bytes over PCIe), so a large state
+#: reads faster through a copy; 4 KiB also keeps to the BAR window of a GPU without
+#: resizable BAR (256 MiB for the whole device). The decode loop's token, position and
+#: history (up to 1023 positions: int32 on the device) fit.
+MAPPED_STATE_BYTES = 4 << 10
 
 
 class StateBuffer:
