@@ -150,3 +150,32 @@ def test_decode_over_a_device_limit_falls_back_to_the_per_token_loop(caplog):
     assert any("CPU reference executor" in r.getMessage() for r in caplog.records)
     assert "CPU reference executor" in program.runner("decode_next").repeat_blocker()
     program.close()
+
+
+def test_state_rows_read_on_host_and_device(monkeypatch):
+    """ProgramState.get(rows=): the host value's rows, and a device buffer's (mapped:
+    just those bytes read; staged: MAPPED_STATE_BYTES 0), equal to the whole value's
+    slice."""
+    import numpy as np
+
+    from vkdelegate.backend.program_state import ProgramState
+    from vkdelegate.runtime import default_device, state_buffer
+    from vkdelegate.runtime.state_buffer import StateBuffer
+
+    monkeypatch.setattr(state_buffer, "MAPPED_STATE_BYTES", 0)
+
+    history = np.arange(40, dtype=np.int32).reshape(10, 4)
+    state = ProgramState({"h": history})
+    np.testing.assert_array_equal(state.get("h", rows=slice(3, 5)), history[3:5])
+    for staging in (False, True):
+        buffer = StateBuffer(default_device(), "int32", "int32", (10, 4), staging, history)
+        try:
+            assert buffer.staged == staging
+            state = ProgramState({"h": history})
+            state.adopt("h", buffer)
+            before = state.download_bytes
+            np.testing.assert_array_equal(state.get("h", rows=slice(3, 5)), history[3:5])
+            assert state.download_bytes - before == 2 * 4 * 4
+            np.testing.assert_array_equal(state.get("h"), history)
+        finally:
+            buffer.close()

@@ -357,6 +357,10 @@ def test_two_graphs_bind_one_state_buffer(staging, mapped_bytes, monkeypatch):
                 np.testing.assert_allclose(y, x + count, rtol=1e-6)
                 assert graph.last_transfer == {"upload_bytes": 12, "download_bytes": 12}
             np.testing.assert_allclose(buffer.read(), count, rtol=1e-6)
+            np.testing.assert_allclose(buffer.read(slice(1, 3)), count[1:3], rtol=1e-6)
+            assert buffer.read(slice(2, 2)).shape == (0,)
+            with pytest.raises(VkDelegateError, match="step 2"):
+                buffer.read(slice(0, 3, 2))
             np.testing.assert_allclose(b.read_state(0), count, rtol=1e-6)
             buffer.write(np.zeros(3, np.float32))
             _, y = a.execute([None, np.zeros(3, np.float32)])

@@ -128,14 +128,17 @@ class ProgramState:
             return sum(buffer.allocator.allocated_bytes
                        for buffer, _ in self._device.values() if not buffer.closed)
 
-    def get(self, fqn: str):
-        """The current value (host array/tensor; read back from the device buffer)."""
+    def get(self, fqn: str, rows: "slice | None" = None):
+        """The current value (host array/tensor; read back from the device buffer), or
+        with ``rows`` (a slice of its first dim, step 1) those rows only (a device
+        buffer then reads just them where it is mapped: ``StateBuffer.read``)."""
         with self._lock:
             if fqn not in self._device:
-                return self._host[fqn]
+                value = self._host[fqn]
+                return value if rows is None else value[rows]
             buffer, dtype = self._device[fqn]
-            value = buffer.read()
-            self.download_bytes += buffer.nbytes
+            value = buffer.read(rows)
+            self.download_bytes += value.nbytes if rows is not None else buffer.nbytes
             return value if dtype is None else value.astype(dtype)
 
     def set(self, fqn: str, value) -> None:

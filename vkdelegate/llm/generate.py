@@ -99,8 +99,8 @@ def _decode_loop(program, first, out, max_new_tokens, eos, on_token, chunk, para
         if switch is not None and position < switch:
             k = min(k, switch - position)
         program.run_repeated("decode_next", k, sampling, table)
-        history = to_numpy(program.store.get(_HISTORY))
-        for token in history[position + 1:position + 1 + k].tolist():
+        new = to_numpy(program.store.get(_HISTORY, rows=slice(position + 1, position + 1 + k)))
+        for token in new.tolist():
             out.append(int(token))
             if on_token is not None:
                 on_token(int(token))

@@ -52,10 +52,12 @@ class _Memory:
 #: history, read after every chunk of steps; docs/PERF.md), and the GPU still reads it
 #: from its own memory. Small: the host's reads of such memory are uncached, one bus
 #: round trip per load (of the order of 1 us for 32 bytes over PCIe), so a large state
-#: reads faster through a copy; 4 KiB also keeps to the BAR window of a GPU without
-#: resizable BAR (256 MiB for the whole device). The decode loop's token, position and
-#: history (up to 1023 positions: int32 on the device) fit.
-MAPPED_STATE_BYTES = 4 << 10
+#: read whole is slower than through a copy: the decode loop reads only a chunk's rows
+#: of its history (``read(rows=)``), and 64 KiB bounds a whole read (``state_dict``)
+#: and keeps well inside the BAR window of a GPU without resizable BAR (256 MiB for the
+#: whole device). The decode loop's token, position and history (up to 16383
+#: positions: int32 on the device) fit.
+MAPPED_STATE_BYTES = 64 << 10
 
 
 class StateBuffer:
@@ -117,13 +119,25 @@ class StateBuffer:
             commands.copy_once(self.device, [(self._staging, self.buffer, self.nbytes)],
                                self.timeout_s)
 
-    def read(self) -> np.ndarray:
-        """The current contents (a new array, ``dtype``, ``shape``)."""
+    def read(self, rows: "slice | None" = None) -> np.ndarray:
+        """The current contents (a new array, ``dtype``, ``shape``), or with ``rows``
+        (a slice of the first dim, step 1) those rows only: a mapped state then reads
+        just their bytes (the decode loop reads a chunk's new ids from its history).
+        Raises VkDelegateError for a slice with another step."""
         view = self._view()
         if self._staging is not None:
             commands.copy_once(self.device, [(self.buffer, self._staging, self.nbytes)],
                                self.timeout_s)
-        return from_device(view, self.dtype).reshape(self.shape).copy()
+        if rows is None:
+            return from_device(view, self.dtype).reshape(self.shape).copy()
+        first = self.shape[0] if self.shape else 1
+        start, stop, step = rows.indices(first)
+        if step != 1:
+            raise VkDelegateError(f"shared state rows {rows}: step {step}, not 1")
+        stop = max(start, stop)
+        inner = int(np.prod(self.shape[1:], dtype=np.int64))
+        part = view[start * inner:stop * inner]
+        return from_device(part, self.dtype).reshape((stop - start,) + self.shape[1:]).copy()
 
     def close(self) -> None:
         """Free the memory (idempotent); the graphs bound to it must not run again."""
