@@ -55,6 +55,10 @@
 #   chunks  benchmarks/decode_chunks.py: the 1B-shaped decode loop's time per token at
 #           1 / 4 / 16 / 63 steps a submit, fp16 and int4 (run_repeated's fence wait,
 #           the history read, generate's per-token time), 240
+#   merge   the decode attention's splits merged in one dispatch (LAST_MERGE, off until
+#           measured): its tests and the mapped states' with validation on, 150;
+#           dispatch_floor.py's sdpa_at at 256 / 96 and 2048 / 1500 with and without
+#           it, 120; the 1B decode fp16 / int4 with it as llm_decode rows, 330
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
@@ -218,6 +222,18 @@ for s in "$@"; do
               --pipeline-stats ;;
     chunks) step chunks 240 env VKDELEGATE_VALIDATION=0 bash -c "cd benchmarks &&
               python3 decode_chunks.py --quantization none int4 --runs 5" ;;
+    merge)
+      step mergetests 150 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
+        -p no:cacheprovider tests/ops/test_sdpa_decode.py tests/program/test_state_on_gpu.py \
+        tests/runtime/test_run_once.py tests/llm/test_decode_loop.py
+      step mergefloor 120 env VKDELEGATE_VALIDATION=0 bash -c "cd benchmarks &&
+        python3 dispatch_floor.py --only sdpa --forms 0:0 0:0:0:merge=1 0:0:0:merge=1,skeys=128 &&
+        python3 dispatch_floor.py --only sdpa --cache 2048 --pos 1500 --forms 0:0 \
+          0:0:0:merge=1 0:0:0:merge=1,skeys=128 0:0:0:merge=1,skeys=256"
+      step mergedecode 330 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
+        --hbm-tbps $hbm --profile 8 --runs 2 --hold-s 1 --quantization none \
+        none+attention_decode.LAST_MERGE=true int4 int4+attention_decode.LAST_MERGE=true \
+        int4+quantized_linear.VROWS=16 --json "$out/llm_decode_merge.json" ;;
     chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
             --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
