@@ -44,6 +44,8 @@ def _lanes_bindings(d) -> Bindings:
     if "LAST_MERGE" in d:
         found = dataclasses.replace(found, outputs=found.outputs + ("part_data", "count_data"))
     return found
+
+
 #: Whether one-row decode attention takes sdpa_decode_lanes.glsl where it applies
 #: (``lanes_for``). Measured on an H100 (2026-12-06, docs/PERF.md; 32/8 heads x 64,
 #: fp16): 13.2 -> 10.2 us at 256 cached / position 96, 26.9 -> 18.6 at 2048 / 1500

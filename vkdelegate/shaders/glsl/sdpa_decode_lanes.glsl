@@ -74,6 +74,21 @@ layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
 shared bool last_split;  // this workgroup's split is the last of its row to finish
 #endif
 
+// A split's row (SPLIT_K, LAST_MERGE) at offset base of buffer buf, this lane's share
+// of it: its acc vec4s, and (lane 0) m and l at D_MAX and D_MAX + 1, each stored
+// through STORE (the buffer's conversion).
+#define STORE_SPLIT_ROW(buf, base, STORE)                                 \
+  [[unroll]] for (int c = 0; c < DL4; ++c) {                              \
+    [[unroll]] for (int u = 0; u < 4; ++u) {                              \
+      buf[(base) + 4 * (lane + LANES * c) + u] = STORE(acc[c][u]);        \
+    }                                                                     \
+  }                                                                       \
+  if (lane == 0) {                                                        \
+    buf[(base) + D_MAX] = STORE(m);                                       \
+    buf[(base) + D_MAX + 1] = STORE(l);                                   \
+  }
+#define AS_FLOAT(v) (v)
+
 // Merges state (m2, l2, acc2) into (m, l, acc) by the log-sum-exp rule; a state with
 // m = -inf (no key seen) has l = 0 and acc = 0 and contributes nothing.
 void merge(inout float m, inout float l, inout vec4 acc[DL4], float m2, float l2,
@@ -246,17 +261,7 @@ void main() {
   if (splits > 1) {  // uniform: every barrier below is reached by the whole workgroup
     const int row = bq * Hq + h;
     if (t < LANES) {
-      const int p_base = (row * splits + split_id) * (D_MAX + 4);
-      [[unroll]] for (int c = 0; c < DL4; ++c) {
-        const int e = lane + LANES * c;
-        [[unroll]] for (int u = 0; u < 4; ++u) {
-          part_data[p_base + 4 * e + u] = acc[c][u];
-        }
-      }
-      if (lane == 0) {
-        part_data[p_base + D_MAX] = m;
-        part_data[p_base + D_MAX + 1] = l;
-      }
+      STORE_SPLIT_ROW(part_data, (row * splits + split_id) * (D_MAX + 4), AS_FLOAT);
     }
     memoryBarrierBuffer();  // the row written before it is counted
     barrier();
@@ -294,17 +299,7 @@ void main() {
     return;  // after the last barrier
   }
 #ifdef SPLIT_K
-  const int p_base = ((bq * Hq + h) * splits + split_id) * (D_MAX + 4);
-  [[unroll]] for (int c = 0; c < DL4; ++c) {
-    const int e = lane + LANES * c;
-    [[unroll]] for (int u = 0; u < 4; ++u) {
-      out_data[p_base + 4 * e + u] = OUT_STORE(acc[c][u]);
-    }
-  }
-  if (lane == 0) {
-    out_data[p_base + D_MAX] = OUT_STORE(m);
-    out_data[p_base + D_MAX + 1] = OUT_STORE(l);
-  }
+  STORE_SPLIT_ROW(out_data, ((bq * Hq + h) * splits + split_id) * (D_MAX + 4), OUT_STORE);
 #else
   const int o_base = bq * stride_at(out_meta, 3) + h * stride_at(out_meta, HEAD_DIM);
   [[unroll]] for (int c = 0; c < DL4; ++c) {
