@@ -34,7 +34,8 @@ linear_qw_gemv.glsl forms of QUANT_SWEEP (the case name says which: staged, dire
 or sg_rows, invocations, rows (sg_rows: units) per workgroup, unroll).
 --probe: the int8 / int4 cases also in linear_qw_gemv.glsl's PROBE forms (wrong results,
 timing only): "probe loads" loads as the default form and skips the unpacking, "probe
-math" computes as the default form on weights made from indices (no weight loads).
+math" computes as the default form on weights made from indices (no weight loads),
+"probe empty" runs no block loop (the workgroups' launch, reduction and stores alone).
 --form: the int8 / int4 cases also in that form, one row each (``MODULE.CONSTANT=VALUE``
 of benchmarks/forms.py, several joined by "+"; e.g. quantized_linear.VHALF=true, the
 int4 products with fp16 x in packed fp16 arithmetic).
@@ -263,7 +264,7 @@ def _forms(sweep: bool, name: str, probe: bool = False, extra=()):
             def apply():
                 family.VPROBE = level
             return f" [probe {label}]", apply
-        probes = [probe_form(1, "loads"), probe_form(2, "math")]
+        probes = [probe_form(1, "loads"), probe_form(2, "math"), probe_form(3, "empty")]
     if probes and not sweep:
         return [default] + probes + rows
     if not sweep or name.startswith(("linear float32", "8da4w")):

@@ -475,7 +475,8 @@ void add_hblock(inout float acc[LROWS], f16vec2 xh[16], uvec4 wv[LROWS],
 // PROBE (benchmarks/quant_gemv.py --probe only; wrong results): 1 = every load as in
 // the real form, no unpacking (one XOR-fold of the weight block and one add of the x
 // block per row); 2 = the real arithmetic on the loaded x and a weight block made
-// from the row and block numbers (no weight load): memory against arithmetic.
+// from the row and block numbers (no weight load): memory against arithmetic; 3 (the
+// workgroup forms' main): no block loop at all.
 void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LROWS],
                int zs[LROWS]) {
 #if PROBE == 1
@@ -837,7 +838,16 @@ void main() {
   // The epilogue's invocations (t < OUT_ROWS, an output or unit each) request what it
   // reads now.
   const EPI_LOADS epi = tile_loads(live, m, n0, N, units);
+#if PROBE == 3
+  // PROBE 3 (benchmarks only, wrong results): no block loop (no weight, scale or x
+  // loads, no products): the workgroup's launch, epilogue loads, reduction and stores.
+  [[unroll]] for (int r = 0; r < ROWS; ++r) {
+    acc[r] = float(r + t);
+  }
+  if (false) {
+#else
   if (live) {
+#endif
 #ifdef DIRECT
     direct_rows(m, K, blocks, t, WG, w_row, inv, z, xscale, acc, ss);
 #else
