@@ -15,6 +15,9 @@
 #   gemv1b  quant_gemv.py's int4 forms (--sweep), fp16 x, at the Llama-3.2-1B decode's
 #           larger shapes (gate/up, down, lm_head; K 2048: 64 int4 blocks a row), clocks
 #           held up, 240 (all five shapes with int8 and fp32 x ran past 240 s)
+#   gemvprobe the int4 GEMV at the 1B decode's gate/up, down and lm_head shapes with the
+#           probe forms (loads only, math only, "empty": no block loop, the workgroups'
+#           launch, reduction and stores alone) and VROWS 16, 100
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
 #   prefill sdpa.py --prefill fp16 (issue 12's 2048-token causal SDPA, issue 14's
 #           boolean window) with sdpa_coopmat.glsl's forms and pipeline statistics, 150
@@ -127,6 +130,10 @@ for s in "$@"; do
     gemv1b) step gemv1b 240 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py --runs 10 \
               --shapes 2048x16384,8192x2048,2048x128256 --cases "int4 g128 weights, float16 x" \
               --sweep --hold-s 1 --stream-mb 128 ;;
+    gemvprobe) step gemvprobe 100 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py \
+                 --runs 10 --shapes 2048x16384,8192x2048,2048x128256 \
+                 --cases "int4 g128 weights, float16 x" --probe --form quantized_linear.VROWS=16 \
+                 --hold-s 0.3 --stream-mb 128 ;;
     sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
     prefill) step prefill 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
                --dtype float16 --runs 5 --pipeline-stats ;;
