@@ -17,7 +17,7 @@
 #           held up, 240 (all five shapes with int8 and fp32 x ran past 240 s)
 #   gemvprobe the int4 GEMV at the 1B decode's gate/up, down and lm_head shapes with the
 #           probe forms (loads only, math only, "empty": no block loop, the workgroups'
-#           launch, reduction and stores alone) and VROWS 16, 100
+#           launch, reduction and stores alone), VROWS 16 and 32 x 2 unrolled, 100
 #   sdpa    benchmarks/sdpa.py (prefill attention), 150
 #   prefill sdpa.py --prefill fp16 (issue 12's 2048-token causal SDPA, issue 14's
 #           boolean window) with sdpa_coopmat.glsl's forms and pipeline statistics, 150
@@ -133,6 +133,7 @@ for s in "$@"; do
     gemvprobe) step gemvprobe 100 env VKDELEGATE_VALIDATION=0 python3 benchmarks/quant_gemv.py \
                  --runs 10 --shapes 2048x16384,8192x2048,2048x128256 \
                  --cases "int4 g128 weights, float16 x" --probe --form quantized_linear.VROWS=16 \
+                 --form quantized_linear.VWG_FIT=32+quantized_linear.VUNROLL=2 \
                  --hold-s 0.3 --stream-mb 128 ;;
     sdpa) step sdpa 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py ;;
     prefill) step prefill 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/sdpa.py --prefill \
