@@ -182,7 +182,7 @@ def unpooled_memory(model, max_seq_len, fmt, group_size, options, prompt,
     from vkdelegate.llm import lower
 
     program = lower(model, max_seq_len, quantization=None if fmt == "none" else fmt,
-                    group_size=None if fmt == "none" else group_size,
+                    group_size=None if fmt in ("none", "int8") else group_size,
                     options=options or None)
     for name in program.method_names:
         for d in program.runner(name).delegates:
@@ -379,7 +379,7 @@ def main() -> None:
             kept = None
             program = lower(copy.deepcopy(model), args.max_seq_len,
                             quantization=None if fmt == "none" else fmt,
-                            group_size=None if fmt == "none" else args.group_size,
+                            group_size=None if fmt in ("none", "int8") else args.group_size,
                             options=row_options or None)
             kept_key, kept = key, program
         result["lower_s"][scheme] = round(time.perf_counter() - t0, 1)

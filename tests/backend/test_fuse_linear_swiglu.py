@@ -143,7 +143,8 @@ def _quantized_mlp(scheme, kind="llama", dtype=torch.float32):
     from vkdelegate.backend.quantize import quantize_for_vulkan
 
     torch.manual_seed(0)
-    return quantize_for_vulkan(_Mlp(64, 96, kind).to(dtype).eval(), scheme, group_size=32)
+    return quantize_for_vulkan(_Mlp(64, 96, kind).to(dtype).eval(), scheme,
+                               group_size=None if scheme == "int8" else 32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -198,8 +198,9 @@ def _quantized_pair(scheme: str, options: dict):
     pytest.importorskip("transformers")
     pytest.importorskip("torchao")
     model, other = make_model("llama"), make_model("llama")
-    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=32)
-    other = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=32, options=options)
+    group = None if scheme == "int8" else 32  # int8: per output channel
+    program = lower(model, MAX_SEQ_LEN, quantization=scheme, group_size=group)
+    other = lower(other, MAX_SEQ_LEN, quantization=scheme, group_size=group, options=options)
     prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(5)).tolist()
     expected = hf_greedy(model, prompt, 12)
     assert generate(program, prompt, 12) == expected

@@ -6,6 +6,7 @@ dequantized weights are exact, so only summation order differs from eager)."""
 import pytest
 import torch
 
+from tests.llm.conftest import MAX_SEQ_LEN
 from tests.llm.models import VOCAB, hf_greedy, make_model
 from tests.vulkan_skip import vulkan_unavailable
 
@@ -29,7 +30,8 @@ def test_quantized_llama_greedy_matches_eager(scheme):
     from vkdelegate.llm import generate, lower
 
     model = make_model("llama")
-    program = lower(model, 48, quantization=scheme, group_size=32)
+    program = lower(model, 48, quantization=scheme,
+                    group_size=None if scheme == "int8" else 32)
     decode = program.methods["decode"].report
     assert not decode.cpu_nodes, str(decode)
     ops = [d.op for d in decode.decisions]
@@ -87,6 +89,20 @@ def test_argument_mistakes_are_refused_before_the_slow_steps():
     with pytest.raises(VkDelegateError, match="group_size applies to quantization "
                                               "'int4' and '8da4w'; no quantization"):
         lower(model, 16, group_size=64)
+    # int8 is per output channel: a group size was silently ignored.
+    with pytest.raises(VkDelegateError, match="group_size applies to quantization "
+                                              "'int4' and '8da4w'; int8 weights are "
+                                              "quantized per output channel"):
+        lower(model, 16, quantization="int8", group_size=32)
+    # Hidden 64, FFN 128: at group size 256 no linear would be quantized (the program
+    # was lowered in float, "int4" in name only).
+    with pytest.raises(VkDelegateError, match=r"int4 with group size 256: no linear "
+                                              r"layer's in_features is a multiple of it "
+                                              r"\(model.layers.0.self_attn.q_proj "
+                                              r"\(in_features 64\).* none would be "
+                                              r"quantized"):
+        lower(model, 16, quantization="int4", group_size=256)
+    assert type(model.lm_head.weight.data) is torch.Tensor  # nothing was changed
     model.generation_config.eos_token_id = VOCAB + 5
     with pytest.raises(VkDelegateError, match=rf"end-of-sequence id {VOCAB + 5} .* outside "
                                               rf"its vocabulary of {VOCAB}: set "
@@ -97,6 +113,20 @@ def test_argument_mistakes_are_refused_before_the_slow_steps():
     with pytest.raises(VkDelegateError, match=r"model.layers.0.self_attn.q_proj is "
                                               r"quantized already \(Int8Tensor weight\)"):
         lower(model, 16, quantization="int4")
+
+
+def test_the_cli_spelling_none_is_no_quantization(lowered):
+    """lower(quantization="none") is lower() (vkdelegate lower-llm's --quantization
+    none; it was refused in Python)."""
+    from vkdelegate.llm import generate, lower
+
+    model, program = lowered("llama")
+    prompt = [3, 1, 4, 1, 5]
+    again = lower(model, MAX_SEQ_LEN, quantization="none")
+    try:
+        assert generate(again, prompt, 6) == generate(program, prompt, 6)
+    finally:
+        again.close()
 
 
 def test_unquantized_moe_experts_are_named_in_a_warning():

@@ -50,7 +50,8 @@ def _decoder(scheme, embeddings=False):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config).eval()
-    return _Logits(quantize_for_vulkan(model, scheme, group_size=32,
+    return _Logits(quantize_for_vulkan(model, scheme,
+                                       group_size=None if scheme == "int8" else 32,
                                        embeddings=embeddings)).eval()
 
 

@@ -133,12 +133,34 @@ def test_quantize_for_vulkan_rejects_bad_arguments():
         quantize_for_vulkan(_mlp(8, 8, 8), "int3")
     with pytest.raises(VkDelegateError, match="group size 48"):
         quantize_for_vulkan(_mlp(96, 8, 8), "int4", group_size=48)
+    with pytest.raises(VkDelegateError, match="group size 32: int8 weights are quantized "
+                                              "per output channel"):
+        quantize_for_vulkan(_mlp(64, 8, 8), "int8", group_size=32)
+    # No layer the group size divides: refused, nothing changed (it was a float model).
+    model = _mlp(40, 24, 8)
+    with pytest.raises(VkDelegateError, match=r"int4 with group size 64: no linear "
+                                              r"layer's in_features is a multiple of it "
+                                              r"\(0 \(in_features 40\), 2 \(in_features "
+                                              r"24\)\), so none would be quantized"):
+        quantize_for_vulkan(model, "int4", group_size=64)
+    assert type(model[0].weight) is torch.nn.Parameter
 
 
 def test_layers_not_divisible_by_the_group_stay_float():
-    model = quantize_for_vulkan(_mlp(64, 40, 24), "int4", group_size=64)
+    with pytest.warns(UserWarning, match=r"int4 with group size 64: 1 of 2 linear layers "
+                                         r"stay in floating point, their in_features not "
+                                         r"a multiple of it: 2 \(in_features 40\)") as got:
+        model = quantize_for_vulkan(_mlp(64, 40, 24), "int4", group_size=64)
+    assert got[0].filename == __file__  # the user's call, not vkdelegate's code
     assert type(model[0].weight) is not torch.nn.Parameter  # a torchao tensor
     assert type(model[2].weight) is torch.nn.Parameter  # in_features 40
+    # filter_fn's choices are the caller's: no warning for them.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_for_vulkan(_mlp(64, 40, 24), "int4", group_size=64,
+                            filter_fn=lambda m, fqn: fqn == "0")
 
 
 def test_q4gsw_with_executorch_padding():
@@ -196,7 +218,8 @@ def test_gemm_form_of_few_rows(monkeypatch, scheme, rows):
     from vkdelegate.ops.families import quantized_linear as family
 
     monkeypatch.setattr(family, "use_gemv", lambda info, m: False)
-    model = quantize_for_vulkan(_mlp(64, 64, 24), scheme, group_size=32)
+    model = quantize_for_vulkan(_mlp(64, 64, 24), scheme,
+                                group_size=None if scheme == "int8" else 32)
     x = torch.randn(rows, 64)
     atol = 2e-5 + (_one_quantum(model, x) if scheme == "8da4w" else 0)
     op = {"int8": INT8PACK, "int4": Q4GSW, "8da4w": DQ8CA}[scheme]

@@ -48,7 +48,7 @@ def _constant_tensors(graph):
     ("int8", 0, torch.float32, 1.1), ("int8", 0, torch.float16, 1.1)])
 def test_bytes_per_weight(tmp_path, scheme, group, dtype, limit):
     # Two 512 x 512 layers: 524288 weights; biases and scales count too.
-    model = quantize_for_vulkan(_mlp(512, 512, 512, dtype), scheme, group_size=group or 32)
+    model = quantize_for_vulkan(_mlp(512, 512, 512, dtype), scheme, group_size=group or None)
     x = torch.randn(1, 512).to(dtype)
     program = _lower(model, x)
     weights = 2 * 512 * 512
@@ -114,7 +114,8 @@ def test_other_device_paths(vk_device, forms_by_rows, scheme, rows, device):
     # wide: no 8/16-bit storage, so each weight byte is an int32 and the shader
     # assembles words; no_int_dot: 8da4w's portable integer loop. fp32 sums in
     # another order: 2e-5; 8da4w plus one activation quantum (test_quantized_linear).
-    model = quantize_for_vulkan(_mlp(64, 64, 24), scheme, group_size=32)
+    model = quantize_for_vulkan(_mlp(64, 64, 24), scheme,
+                                group_size=None if scheme == "int8" else 32)
     torch.manual_seed(1)
     x = torch.randn(rows, 64)
     delegate = _delegate(_lower(model, x))

@@ -40,28 +40,38 @@ def _refuse_quantized(model) -> None:
                 f"quantization=, or quantize a fresh copy")
 
 
-def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None,
-                        embeddings: bool = False):
+def quantize_for_vulkan(model, scheme: str, group_size: "int | None" = None,
+                        filter_fn=None, embeddings: bool = False):
     """Quantize ``model``'s ``nn.Linear`` layers in place with torchao and return it.
 
     scheme: "int8", "int4" or "8da4w" (see the module docstring). group_size: input
-    features per scale for int4 / 8da4w (32, 64, 128 or 256; ignored for int8).
-    Layers whose in_features is not a multiple of the group size (or, for int4, of 8)
-    stay in floating point, as do those ``filter_fn(module, fqn)`` rejects.
+    features per scale for int4 / 8da4w (32, 64, 128 or 256; None: 32); int8 is per
+    output channel and takes none.
+    Layers whose in_features is not a multiple of the group size stay in floating
+    point, said with a warning that names them (a smaller group size quantizes
+    them), as do those ``filter_fn(module, fqn)`` rejects (silently: the caller's
+    choice).
     embeddings: also quantize fp32 ``nn.Embedding`` tables int4 group-wise
     (``IntxWeightOnlyConfig(torch.int4, PerGroup(group_size))``, fused into
     ``et_vk.embedding_q4gsw``; schemes "int4" and "8da4w" only).
     Layers that compute a linear map under another class are made ``nn.Linear``
     first (``plain_linears``: transformers' ``Conv1D`` of GPT-2, ``nn.Linear``
     subclasses with their own forward such as Falcon's), so they are quantized too.
-    Raises VkDelegateError for an unknown scheme or group size, a model quantized
-    already, or when torchao is not installed.
+    Raises VkDelegateError for an unknown scheme or group size, a group size given
+    with "int8", a model quantized already, no linear layer the group size divides
+    (every candidate would stay in floating point), or when torchao is not installed.
     """
     if scheme not in SCHEMES:
         raise VkDelegateError(f"quantization scheme {scheme!r}: expected one of "
                               f"{', '.join(SCHEMES)}")
-    if scheme != "int8" and group_size not in GROUP_SIZES:
-        raise VkDelegateError(f"group size {group_size}: expected one of {GROUP_SIZES}")
+    if scheme == "int8" and group_size is not None:
+        raise VkDelegateError(f"group size {group_size}: int8 weights are quantized per "
+                              f"output channel; group sizes apply to 'int4' and '8da4w'")
+    if scheme != "int8":
+        group_size = 32 if group_size is None else group_size
+        if group_size not in GROUP_SIZES:
+            raise VkDelegateError(f"group size {group_size}: expected one of "
+                                  f"{GROUP_SIZES}")
     try:
         import torch
         from torchao.quantization import (Int8DynamicActivationIntxWeightConfig,
@@ -83,11 +93,12 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
     plain_linears(model)
     step = 1 if scheme == "int8" else group_size
 
-    def accept(module, fqn):
-        return isinstance(module, torch.nn.Linear) and module.in_features % step == 0 \
-            and (filter_fn is None or filter_fn(module, fqn))
-
-    quantize_(model, config, filter_fn=accept)
+    candidates = [(fqn, module) for fqn, module in model.named_modules()
+                  if isinstance(module, torch.nn.Linear)
+                  and (filter_fn is None or filter_fn(module, fqn))]
+    _check_group_divides(candidates, step, scheme)
+    chosen = {id(module) for _, module in candidates if module.in_features % step == 0}
+    quantize_(model, config, filter_fn=lambda module, fqn: id(module) in chosen)
     if embeddings and scheme != "int8":
         table = IntxWeightOnlyConfig(weight_dtype=torch.int4,
                                      granularity=PerGroup(group_size))
@@ -96,6 +107,29 @@ def quantize_for_vulkan(model, scheme: str, group_size: int = 32, filter_fn=None
                   and (filter_fn is None or filter_fn(m, fqn)))
     _warn_unquantized_experts(model)
     return model
+
+
+def _check_group_divides(candidates, step: int, scheme: str) -> None:
+    """The linears (fqn, module) of ``candidates`` whose in_features ``step`` (the
+    group size) does not divide stay in floating point: a warning names them, and
+    when that is every candidate, VkDelegateError (the model would be lowered as
+    quantized with nothing quantized)."""
+    import warnings
+
+    left = [(fqn, m.in_features) for fqn, m in candidates if m.in_features % step]
+    if not left:
+        return
+    names = ", ".join(f"{fqn or 'the model'} (in_features {k})" for fqn, k in left[:3])
+    more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+    if len(left) == len(candidates):
+        raise VkDelegateError(
+            f"{scheme} with group size {step}: no linear layer's in_features is a "
+            f"multiple of it ({names}{more}), so none would be quantized; pick a group "
+            f"size that divides them (32, 64, 128 or 256)")
+    warnings.warn(f"{scheme} with group size {step}: {len(left)} of {len(candidates)} "
+                  f"linear layers stay in floating point, their in_features not a "
+                  f"multiple of it: {names}{more}; a smaller group size quantizes them",
+                  stacklevel=_caller_level())
 
 
 def _warn_unquantized_experts(model) -> None:

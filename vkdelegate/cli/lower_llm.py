@@ -46,7 +46,6 @@ def run(args) -> int:
     if args.group_size is not None and args.quantization not in ("int4", "8da4w"):
         raise VkDelegateError(f"--group-size applies to --quantization int4 and 8da4w, "
                               f"not {args.quantization}")
-    group_size = args.group_size or 32
     if not os.path.isdir(args.folder):
         raise VkDelegateError(f"{args.folder}: not a folder")
     # Said before the slow steps, not after them.
@@ -77,22 +76,13 @@ def run(args) -> int:
     if isinstance(positions, int) and args.max_seq_len > positions:
         print(f"note: --max-seq-len {args.max_seq_len} is past the model's "
               f"max_position_embeddings {positions}", file=sys.stderr)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if args.quantization != "none":
-        step = 1 if args.quantization == "int8" else group_size
-        kept = sum(m.in_features % step != 0 for m in linears)
-        if kept:
-            print(f"note: {kept} of {len(linears)} linear layers stay in float (input "
-                  f"features not a multiple of the group size {group_size})",
-                  file=sys.stderr)
     params = sum(p.numel() for p in model.parameters())
     print(f"lowering {type(model).__name__} ({params / 1e6:.1f} M parameters, "
           f"{next(model.parameters()).dtype}) with a cache of {args.max_seq_len} "
           f"positions ...", file=sys.stderr, flush=True)
-    program = lower(model, args.max_seq_len,
-                    quantization=None if args.quantization == "none" else args.quantization,
-                    group_size=group_size if args.quantization in ("int4", "8da4w")
-                    else None)
+    # A linear the group size does not divide stays in float: lower warns, naming it.
+    program = lower(model, args.max_seq_len, quantization=args.quantization,
+                    group_size=args.group_size)
     for name in program.method_names:
         report = program.methods[name].report
         print(f"  {name}: {report.summary() if report is not None else '-'}")

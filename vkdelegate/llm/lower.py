@@ -272,7 +272,8 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     max_seq_len: static KV cache positions (int >= 2).
     vision: a vision tower + projector (``vkdelegate.llm.vision.VisionEncoder``).
     options: compile options for ``VulkanPartitioner`` (dict or CompileOptions).
-    quantization: None (the model's own dtype), or "int8" (per-channel weight-only),
+    quantization: None or "none" (the model's own dtype), or "int8" (per-channel
+        weight-only),
         "int4" (group-wise weight-only) or "8da4w" (dynamic int8 activations x int4
         weights): applied with torchao to the model's ``nn.Linear`` layers IN PLACE
         before export (``vkdelegate.backend.quantize.quantize_for_vulkan``; needs the
@@ -281,8 +282,10 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
         (docs/LOWERING.md, "Quantized models"). A model quantized already (by an
         earlier ``lower`` with ``quantization=``) is refused: lower it without
         ``quantization=``. group_size: input features per scale for int4 / 8da4w
-        (32, 64, 128 or 256; None: 32; ignored for int8); refused without a
-        quantization.
+        (32, 64, 128 or 256; None: 32); refused with "int8" (per output channel) and
+        without a quantization. Linears whose in_features the group size does not
+        divide stay in floating point with a warning naming them; when that is every
+        linear, VkDelegateError.
     A bfloat16 model (and vision tower) is converted to float32 IN PLACE first
     (exactly: every bf16 value is a float32 value; the device computes bf16 in
     float32 anyway), so that its KV cache is float32 state kept on the GPU; afterwards
@@ -312,15 +315,19 @@ def lower(model, max_seq_len: int, *, vision=None, options=None,
     # parameters until to_backend has packed them, so they cannot go back to bf16.
     for m in bf16:
         m.float()
-    if group_size is not None and quantization is None:
-        raise VkDelegateError("group_size applies to quantization 'int4' and '8da4w'; "
-                              "no quantization was given")
+    if quantization == "none":  # the CLI's spelling (vkdelegate lower-llm)
+        quantization = None
+    if group_size is not None and quantization in (None, "int8"):
+        raise VkDelegateError(
+            "group_size applies to quantization 'int4' and '8da4w'; " +
+            ("no quantization was given" if quantization is None else
+             "int8 weights are quantized per output channel"))
     _check_eos_ids(model)
     _check_learned_positions(model, max_seq_len)
     if quantization is not None:
         from vkdelegate.backend.quantize import quantize_for_vulkan
 
-        quantize_for_vulkan(model, quantization, 32 if group_size is None else group_size)
+        quantize_for_vulkan(model, quantization, group_size)
     programs = export_methods(model, max_seq_len, vision)
     program = to_backend(programs, VulkanPartitioner(options))
     record_vocab_size(program, _vocab_size(model), _eos_token_ids(model),
