@@ -182,16 +182,31 @@ def _rewrite(path, edit):
     program_file.write_program(path, manifest, [bytes(s) for s in segments])
 
 
-@pytest.mark.parametrize("where", ["manifest", "data", "header", "reserved"])
+@pytest.mark.parametrize("where", ["manifest", "data", "header", "reserved", "padding",
+                                   "last"])
 def test_flipped_byte_is_refused(tmp_path, where):
     path = _saved(tmp_path)
     raw = bytearray(path.read_bytes())
+    manifest, segments = program_file.read_program(path)
     # reserved: bytes 48..64 of the header, zero in every file we write (a flip there
-    # loaded until a new user's trial).
-    offset = {"header": 20, "manifest": 100, "data": len(raw) - 100, "reserved": 57}[where]
+    # loaded until a new user's trial); padding: the zeros after the manifest (to the
+    # 64-byte aligned data section) and last: the file's last byte, the last
+    # segment's alignment padding (a flip in either loaded until a later trial).
+    m_size = program_file.HEADER.unpack_from(raw)[4]
+    assert len(segments[-1]) % 64, "the last segment must end before its padding"
+    offset = {"header": 20, "manifest": 100, "data": len(raw) - 100, "reserved": 57,
+              "padding": program_file.HEADER_SIZE + m_size, "last": len(raw) - 1}[where]
+    assert where in ("header", "manifest", "data") or raw[offset] == 0
     raw[offset] ^= 0x40
     path.write_bytes(bytes(raw))
     with pytest.raises(VkDelegateError, match="corrupt|checksum|truncated"):
+        vkdelegate.load(path)
+
+
+def test_appended_bytes_are_refused(tmp_path):
+    path = _saved(tmp_path)
+    path.write_bytes(path.read_bytes() + b"\0")
+    with pytest.raises(VkDelegateError, match=r"has 1 bytes after its data section"):
         vkdelegate.load(path)
 
 

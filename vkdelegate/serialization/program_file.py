@@ -192,6 +192,26 @@ def _segment_ranges(table, data_size: int, where: str, limits: LoadLimits
     return ranges
 
 
+def _check_padding(raw, manifest: tuple[int, int], d_off: int, ranges, where: str
+                   ) -> None:
+    """Every byte of the file that neither the header, the manifest nor a segment
+    covers is the writer's zero padding (to the 64-byte alignments), and the file ends
+    where the data section does: so a flipped byte anywhere fails the load, not only
+    one inside a checksummed range. Raises VkDelegateError naming the byte range."""
+    covered = sorted([(0, HEADER_SIZE), manifest] +
+                     [(d_off + start, d_off + start + size) for start, size, _ in ranges
+                      if size > 0])
+    at = 0
+    for start, end in covered + [(len(raw), len(raw))]:
+        if start > at:
+            gap = raw[at:start]
+            if any(gap):
+                first = at + next(i for i, b in enumerate(gap) if b)
+                raise VkDelegateError(f"{where}: byte {first} (padding between the "
+                                      f"checksummed parts) is not zero (file corrupted)")
+        at = max(at, end)
+
+
 def read_program(path, limits: "LoadLimits | None" = None
                  ) -> tuple[dict, list[memoryview]]:
     """The manifest and the verified segments of a program file.
@@ -199,7 +219,9 @@ def read_program(path, limits: "LoadLimits | None" = None
     Raises VkDelegateError naming the file and the problem for a file that is not a
     program file (wrong magic, e.g. a pickle or a zip), is truncated, or whose
     manifest or any segment does not match its checksum, and for a ``path`` that is
-    not a str or os.PathLike (open() would take an int as a file descriptor).
+    not a str or os.PathLike (open() would take an int as a file descriptor), and
+    for a nonzero padding byte or bytes after the data section (``_check_padding``:
+    no byte of the file goes unchecked).
     limits: the budget (``vkdelegate.limits.LoadLimits``, None: the defaults); a
     manifest nested deeper than ``max_json_depth`` or with more than
     ``max_segments`` segments raises ResourceLimitError. Segment offsets and sizes
@@ -236,6 +258,10 @@ def read_program(path, limits: "LoadLimits | None" = None
                               f"{len(raw)}; the header says: header {hlen} bytes (expected "
                               f"{HEADER_SIZE}), manifest ends at {m_off + m_size}, data "
                               f"ends at {d_off + d_size})")
+    if d_off + d_size < len(raw):
+        raise VkDelegateError(f"{where} has {len(raw) - d_off - d_size} bytes after its "
+                              f"data section (which ends at byte {d_off + d_size}): "
+                              f"not a file save() wrote as it is (appended to?)")
     text = raw[m_off:m_off + m_size]
     if zlib.crc32(text) != crc:
         raise VkDelegateError(f"{where}: manifest checksum mismatch (file corrupted)")
@@ -247,6 +273,7 @@ def read_program(path, limits: "LoadLimits | None" = None
                               f"not supported (this vkdelegate reads {FORMAT_VERSION})")
     data = memoryview(raw)[d_off:d_off + d_size]
     ranges = _segment_ranges(manifest.get("segments", []), len(data), where, limits)
+    _check_padding(raw, (m_off, m_off + m_size), d_off, ranges, where)
     segments = []
     for i, (start, size, digest) in enumerate(ranges):
         seg = data[start:start + size]
