@@ -232,4 +232,6 @@ class MethodGuard:
             f"max_seq_len - loop.pos steps fit after prefill or decode; the steps past "
             f"the cache wrote nothing to it or to loop.history (the rest is as the steps "
             f"inside it left it). Call prefill or decode with a start_pos, or "
-            f"reset_state(), to go on. (device: {exc})")
+            f"reset_state(), to go on. (The first of the device's errors it raised, "
+            f"for the record; a graph's tables such as the rotary one hold 2 x "
+            f"max_seq_len rows: {exc})")

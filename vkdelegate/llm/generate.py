@@ -193,7 +193,12 @@ def _check_length(prompt: int, max_new_tokens: int, max_seq_len: int, note: str)
                           f"{prompt} prompt tokens{note} + {max_new_tokens} new need "
                           f"{need} cache positions (the last new token is not stored); "
                           f"the program has {max_seq_len} (max_seq_len), so at most "
-                          f"{max_seq_len - prompt + 1} new tokens fit this prompt")
+                          f"{_tokens(max_seq_len - prompt + 1)} fit this prompt")
+
+
+def _tokens(n: int) -> str:
+    """``n`` new token(s), in words: "1 new token", "5 new tokens"."""
+    return f"{n} new token" + ("" if n == 1 else "s")
 
 
 def _prompt_list(prompt_ids) -> list:
