@@ -808,6 +808,45 @@ LINEAR_DQ8CA_Q4GSW = declare_custom_op(
     "Tensor? bias=None) -> Tensor", _linear_dq8ca_q4gsw)
 
 
+#: FLT_MIN (torch.finfo(torch.float32).tiny): torchao's eps for an fp32 activation
+#: scale, the smallest a per-token scale may be.
+QPARAMS_EPS = 1.1754943508222875e-38
+
+
+def _choose_qparams_per_token(x):
+    """torchao 0.18's per-token asymmetric int8 qparams of an fp32 x (8da4w's
+    activation, choose_qparams_affine as it decomposes), op for op."""
+    import torch
+
+    lo, hi = torch.amin(x, [-1]), torch.amax(x, [-1])
+    lo = torch.minimum(lo, torch.full_like(lo, 0))
+    hi = torch.maximum(hi, torch.full_like(hi, 0))
+    scale = torch.clamp((hi - lo) / 255.0, QPARAMS_EPS)
+    zp = torch.clamp(-128 - torch.round(lo / scale), -128, 127).to(torch.int8)
+    return scale, zp
+
+
+#: The per-token (row) asymmetric int8 quantization parameters of 8da4w's activation:
+#: x [..., K] fp32 (K >= 1) -> (scale fp32 [...], zero point int8 [...]), bit for bit
+#: the nodes torchao's ``choose_qparams_affine`` (MappingType.ASYMMETRIC, int8, per
+#: token, eps FLT_MIN) decomposes into: min(amin, 0), max(amax, 0), their difference /
+#: 255 clamped to eps, -128 - round(min / scale) clamped to [-128, 127].
+#: ``passes/quantized_linear.fuse_choose_qparams`` creates it from those nodes (about
+#: eight dispatches a row of x before, one after); Vulkan:
+#: ``ops/families/choose_qparams.py``.
+def _choose_qparams_meta(x):
+    """Shapes only (fake tensors with symbolic sizes, which full_like refuses)."""
+    import torch
+
+    return x.new_empty(x.shape[:-1]), x.new_empty(x.shape[:-1], dtype=torch.int8)
+
+
+CHOOSE_QPARAMS_PER_TOKEN = declare_custom_op(
+    "vkdelegate.choose_qparams_per_token.default",
+    "choose_qparams_per_token(Tensor x) -> (Tensor, Tensor)", _choose_qparams_per_token,
+    meta=_choose_qparams_meta)
+
+
 def _embedding_q4gsw(weight, weight_scales, group_size, indices, is_linear_weight=False):
     import torch
 

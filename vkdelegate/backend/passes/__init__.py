@@ -28,7 +28,8 @@ from vkdelegate.backend.passes.pair_cache_updates import pair_cache_updates
 from vkdelegate.backend.passes.local_symints import local_symints
 from vkdelegate.backend.passes.permute_to_view import permute_to_view
 from vkdelegate.backend.passes.quantized_embedding import fuse_quantized_embedding
-from vkdelegate.backend.passes.quantized_linear import fuse_quantized_linear
+from vkdelegate.backend.passes.quantized_linear import (fuse_choose_qparams,
+                                                       fuse_quantized_linear)
 from vkdelegate.backend.passes.remove_noops import remove_noop_copies
 from vkdelegate.backend.passes.rotary_tables import rotary_tables
 from vkdelegate.backend.passes.sdpa_seq_first import sdpa_seq_first
@@ -76,6 +77,10 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 # 5a'. values every call computes alike (an integer arange of static bounds, a dtype
 #    copy of a constant) -> constants (fold_constants), after cse, so that merged
 #    duplicates fold once;
+# 5a'+. torchao's per-token activation qparams (8da4w's amin / amax / ... chain) -> one
+#    choose_qparams_per_token (fuse_choose_qparams), after cse, which gives the
+#    chains over one x one amin, and before fuse_elementwise, which would hide the
+#    chain's nodes in fused chains;
 # 5a''. an accumulating index_put whose constant indices name each element once ->
 #    gather, add, index_put (unique_index_put), after fold_constants, which makes
 #    the indices (nn.functional.fold's arange arithmetic) constants;
@@ -129,7 +134,7 @@ from vkdelegate.backend.passes.zero_dim_operands import zero_dim_operands
 PASSES = (bfloat16_to_float32, remove_noop_copies, as_strided_views, zero_dim_operands,
           fuse_quantized_linear, fuse_quantized_embedding, addmm_to_linear,
           fold_batch_norm, fuse_conv_clamp, fold_conv_padding, fuse_conv_add,
-          merge_linears, fuse_rms_norm, fuse_rotary, cse, fold_constants,
+          merge_linears, fuse_rms_norm, fuse_rotary, cse, fold_constants, fuse_choose_qparams,
           unique_index_put, index_put_values, cache_positions, pair_cache_updates, rotary_tables,
           fuse_linear_add, fuse_rms_norm_linear, fuse_elementwise, fuse_linear_swiglu,
           permute_to_view, fuse_linear_rotary_cache, sdpa_seq_first, symbolic_view_sizes,

@@ -18,13 +18,18 @@ float constants and the arithmetic of their dequantization:
 - 8da4w's activation: ``x_dq = mul(sub(_to_copy(q_x), _to_copy(zp)), scale)`` with
   ``q_x = _to_copy(clamp(add(round(mul(x, mul(reciprocal(scale), 1.0))), zp), -128,
   127), int8)``: with an int4 weight this becomes ``et_vk.linear_dq8ca_q4gsw(x,
-  scale, zp, ...)``; choose_qparams' own nodes (amin/amax/...) stay.
+  scale, zp, ...)``; choose_qparams' own nodes (amin, amax, full_like, minimum,
+  maximum, the arithmetic, the cast to int8) become one
+  ``vkdelegate.choose_qparams_per_token`` (``fuse_choose_qparams``, a later pass:
+  after cse, which gives the chains over one activation one amin).
 
 Not fused (left as the decomposition, which still runs): nonzero weight zero points
 (asymmetric weights), int8 per-group weights, int4 with K not a multiple of 8.
 Runs only when the registry has the fused ops.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -323,3 +328,117 @@ def _replace(graph, node, fused, inner) -> None:
     node.replace_all_uses_with(fused)
     graph.erase_node(node)
     _erase_dead(graph, [n for n in inner if n is not node])
+
+
+def _scalar_is(value, expected) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and float(value) == float(expected)
+
+
+def _per_token_bounds(node, zero_with):
+    """(x, the amin node) when ``node`` is ``minimum(amin(x, [-1]), full_like(that
+    amin, 0))`` (zero_with = aten.amin, aten.minimum) or the amax / maximum form, else
+    None."""
+    reduce_op, bound_op = zero_with
+    if not _call(node, bound_op) or len(node.args) != 2:
+        return None
+    red, zero = node.args
+    if not _call(red, reduce_op) or not _call(zero, aten.full_like.default) \
+            or zero.args[0] is not red or not _scalar_is(zero.args[1], 0) \
+            or zero.kwargs.get("dtype") not in (None, torch.float32):
+        return None
+    x, dims = red.args[0], (red.args[1] if len(red.args) > 1 else red.kwargs.get("dim"))
+    keep = red.args[2] if len(red.args) > 2 else red.kwargs.get("keepdim", False)
+    val = _val(x)
+    if keep or val is None or val.dtype != torch.float32 or val.dim() < 1 \
+            or list(dims or []) not in ([val.dim() - 1], [-1]):
+        return None
+    return x, red
+
+
+def _choose_qparams_chain(zp):
+    """(x, scale node, amin node) when ``zp`` is the int8 zero point of torchao's per-token
+    asymmetric int8 qparams of an fp32 x (choose_qparams_affine decomposed, as torchao
+    0.18 with torch 2.13 exports it):
+    ``_to_copy(clamp(sub(-128, round(div(lo, scale))), -128, 127), int8)`` with
+    ``scale = clamp(div(sub(hi, lo), 255.0), FLT_MIN)``, ``lo = minimum(amin(x, [-1]),
+    full_like(., 0))``, ``hi = maximum(amax(x, [-1]), full_like(., 0))``; else None."""
+    from vkdelegate.backend.custom_ops import QPARAMS_EPS
+
+    if not _call(zp, aten._to_copy.default) or zp.kwargs.get("dtype") != torch.int8 \
+            or set(zp.kwargs) - {"dtype"}:
+        return None
+    clamp = zp.args[0]
+    if not _call(clamp, aten.clamp.default) or len(clamp.args) != 3 \
+            or not (_scalar_is(clamp.args[1], -128) and _scalar_is(clamp.args[2], 127)):
+        return None
+    sub = clamp.args[0]
+    if not _call(sub, aten.sub.Tensor) or not _scalar_is(sub.args[0], -128) \
+            or len(sub.args) != 2 or sub.kwargs.get("alpha", 1) != 1:
+        return None
+    rnd = sub.args[1]
+    if not _call(rnd, aten.round.default) or len(rnd.args) != 1 or rnd.kwargs:
+        return None
+    div = rnd.args[0]
+    if not _call(div, aten.div.Tensor) or len(div.args) != 2 or div.kwargs:
+        return None
+    lo, scale = div.args
+    if not _call(scale, aten.clamp.default) or len(scale.args) != 2 \
+            or not _scalar_is(scale.args[1], QPARAMS_EPS) or scale.kwargs:
+        return None
+    span = scale.args[0]
+    if not _call(span, aten.div.Tensor) or not _scalar_is(span.args[1], 255.0) \
+            or span.kwargs:
+        return None
+    diff = span.args[0]
+    if not _call(diff, aten.sub.Tensor) or len(diff.args) != 2 or diff.kwargs \
+            or diff.args[1] is not lo:
+        return None
+    low = _per_token_bounds(lo, (aten.amin.default, aten.minimum.default))
+    high = _per_token_bounds(diff.args[0], (aten.amax.default, aten.maximum.default))
+    if low is None or high is None or low[0] is not high[0]:
+        return None
+    x = low[0]
+    for n, want in ((scale, torch.float32), (zp, torch.int8)):
+        v = _val(n)
+        if v is None or v.dtype != want or list(v.shape) != list(_val(x).shape[:-1]):
+            return None
+    return x, scale, low[1]
+
+
+def fuse_choose_qparams(pg) -> bool:
+    """torchao's decomposed per-token int8 qparams of an activation (8da4w: about
+    eight nodes, each its own dispatch) -> one ``vkdelegate.choose_qparams_per_token``
+    (backend/custom_ops.py), whose (scale, zero point) replace the chain's; one node
+    per amin (cse merges the amin of several linears' chains over one x, not their
+    float elementwise nodes). Runs after cse and before fuse_elementwise, which would hide the
+    chain's nodes. True if any."""
+    from vkdelegate.backend.custom_ops import CHOOSE_QPARAMS_PER_TOKEN
+
+    if CHOOSE_QPARAMS_PER_TOKEN.name not in registry.load_all():
+        return False
+    graph = pg.gm.graph
+    made = {}  # amin node -> (scale getitem, zp getitem), placed before that amin
+    changed = False
+    for node in list(graph.nodes):
+        if node.graph is not graph:
+            continue
+        found = _choose_qparams_chain(node)
+        if found is None:
+            continue
+        x, scale, amin = found
+        if amin not in made:
+            # Before the amin, which every node reading the chain's results follows.
+            with graph.inserting_before(amin):
+                fused = _traced(graph, CHOOSE_QPARAMS_PER_TOKEN.overload(), (x,))
+                s = graph.call_function(operator.getitem, (fused, 0))
+                z = graph.call_function(operator.getitem, (fused, 1))
+            s.meta["val"], z.meta["val"] = fused.meta["val"]
+            made[amin] = (s, z)
+        s, z = made[amin]
+        chain = _ancestors(node, {x})
+        scale.replace_all_uses_with(s)
+        node.replace_all_uses_with(z)
+        _erase_dead(graph, [node] + [n for n in chain if n is not node])
+        changed = True
+    return changed
