@@ -28,7 +28,6 @@ pytestmark = [needs_torch_213,  # a dynamic seq: torch 2.11 refuses its own guar
 
 FUSED = {"int8": "aten._weight_int8pack_mm.default", "int4": "et_vk.linear_q4gsw.default",
          "8da4w": "et_vk.linear_dq8ca_q4gsw.default"}
-LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
 # The final norm, read by lm_head alone, folded into it (passes/fuse_rms_norm_linear).
 NORMED = {"int8": "vkdelegate.rms_norm_weight_int8pack_mm.default",
           "int4": "vkdelegate.rms_norm_linear_q4gsw.default"}
@@ -72,7 +71,9 @@ def test_quantized_decoder_greedy(scheme, embeddings):
     # that takes its SwiGLU chain), every RMS norm folded into the one product that
     # reads it (the merged q/k/v, the merged gate/up, lm_head: fuse_rms_norm_linear),
     # int4's gate/up with its SwiGLU chain and its o_proj / down_proj with their
-    # residual add (fuse_linear_swiglu, fuse_linear_add). 8da4w: none of these.
+    # residual add (fuse_linear_swiglu, fuse_linear_add). 8da4w: only the merges (2 x
+    # (qkv, o, gate_up, down) + lm_head; a narrow_last per part: 5 a layer) and one
+    # per-token qparams node per activation the products read (fuse_choose_qparams).
     counts = collections.Counter(ops)
     expected = {
         "int8": {NORMED["int8"]: 5, FUSED["int8"]: 4, "vkdelegate.narrow_last.default": 10,
@@ -80,7 +81,9 @@ def test_quantized_decoder_greedy(scheme, embeddings):
         "int4": {NORMED["int4"]: 3, "vkdelegate.rms_norm_linear_q4gsw_swiglu.default": 2,
                  "vkdelegate.linear_q4gsw_add.default": 4, FUSED["int4"]: 0,
                  "vkdelegate.narrow_last.default": 6, "et_vk.rms_norm.default": 0},
-        "8da4w": {FUSED["8da4w"]: LINEARS, "et_vk.rms_norm.default": 2 * 2 + 1},
+        "8da4w": {FUSED["8da4w"]: 9, "et_vk.rms_norm.default": 2 * 2 + 1,
+                  "vkdelegate.narrow_last.default": 10,
+                  "vkdelegate.choose_qparams_per_token.default": 9, "aten.amin.default": 0},
     }[scheme]
     assert {k: counts[k] for k in expected} == expected, ops
     assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)

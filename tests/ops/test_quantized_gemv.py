@@ -260,7 +260,7 @@ def test_short_rows_take_fitted_workgroups(family, monkeypatch, dtype):
     for bits, k, want in ((4, 2048, fit), (4, 2080, family.VWG), (8, 1024, fit),
                           (8, 2048, family.VWG)):
         model = quantize_for_vulkan(_linear(k, 24, dtype), "int4" if bits == 4 else "int8",
-                                    group_size=32)
+                                    group_size=32 if bits == 4 else None)
         x = torch.randn(1, k).to(dtype)
         check_op(model, (x,), ops=[Q4GSW if bits == 4 else INT8PACK], rtol=_tol(dtype),
                  atol=_tol(dtype))

@@ -171,7 +171,7 @@ def test_other_weights_keep_the_gemm_form(shaders, scheme, k, group):
         from tests.ops.test_quantized_linear import _one_quantum
 
         model = quantize_for_vulkan(_linear(k, 13, torch.float32), scheme,
-                                    group_size=group or 32)
+                                    group_size=group or None)
         atol = 2e-5 + (_one_quantum(model, x) if scheme == "8da4w" else 0)
         check_op(model, (x,), ops=[DQ8CA if scheme == "8da4w" else INT8PACK], rtol=2e-5,
                  atol=atol)

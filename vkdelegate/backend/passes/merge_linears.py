@@ -38,15 +38,19 @@ group size and K: packed weights uint8 [N_i, K/2] concatenated along rows, scale
 along N. torchao's int8 weight-only linears (``aten._weight_int8pack_mm(x2, w, scales)``
 of one 2-D view x2 = [M, K] of x: equal views of one node are made one first, as cse
 would later) merge too: int8
-weights [N_i, K] along rows, scales [N_i] along N. 8da4w
-(``et_vk.linear_dq8ca_q4gsw``, with per-group weight sums) is not merged.
+weights [N_i, K] along rows, scales [N_i] along N. 8da4w (``et_vk.linear_dq8ca_q4gsw``)
+merges like int4 (its per-group weight sums [K/gs, N_i padded to 8] along columns,
+padded again) where every member's activation scale and zero point are the
+per-token qparams of x itself (torchao's chain, ``quantized_linear.
+_choose_qparams_chain``: a function of x alone, so equal): the merged node takes the
+first member's, and the others' chains die.
 Runs only when the registry has ``aten.linear`` and ``narrow_last``.
 """
 from __future__ import annotations
 
 import torch
 
-from vkdelegate.backend.custom_ops import LINEAR_Q4GSW
+from vkdelegate.backend.custom_ops import LINEAR_DQ8CA_Q4GSW, LINEAR_Q4GSW
 from vkdelegate.backend.custom_ops_llm import NARROW_LAST
 from vkdelegate.ops import registry
 
@@ -114,6 +118,26 @@ def _member(pg, node, x):
         ok, bias = _bias(pg, node.args[4] if len(node.args) > 4 else None, dtype, n)
         return ((LINEAR_Q4GSW.name, group, tuple(weight.shape[1:]), tuple(scales.shape[:1]),
                  bias is not None), [weight, scales[:, :n], bias]) if ok else None
+    if node.target == LINEAR_DQ8CA_Q4GSW.overload() and len(node.args) in (7, 8):
+        from vkdelegate.backend.passes.quantized_linear import _choose_qparams_chain
+
+        chain = _choose_qparams_chain(node.args[2])
+        weight = _constant(pg, node.args[3], torch.uint8, 2)
+        sums = _constant(pg, node.args[4], torch.int32, 2)
+        scales = _constant(pg, node.args[5], dtype, 2)
+        group = node.args[6]
+        if chain is None or chain[0] is not x or chain[1] is not node.args[1] \
+                or weight is None or sums is None or scales is None \
+                or not isinstance(group, int) or isinstance(group, bool) \
+                or weight.shape[0] == 0 or scales.shape[1] < weight.shape[0] \
+                or sums.shape[1] < weight.shape[0]:
+            return None
+        n = weight.shape[0]
+        ok, bias = _bias(pg, node.args[7] if len(node.args) > 7 else None, dtype, n)
+        return ((LINEAR_DQ8CA_Q4GSW.name, group, tuple(weight.shape[1:]),
+                 tuple(scales.shape[:1]), bias is not None),
+                [weight, scales[:, :n], bias, sums[:, :n], node.args[1], node.args[2]]) \
+            if ok else None
     if node.target == aten._weight_int8pack_mm.default and len(node.args) == 3:
         weight = _constant(pg, node.args[1], torch.int8, 2)
         scales = _constant(pg, node.args[2], dtype, 1)
@@ -124,13 +148,17 @@ def _member(pg, node, x):
     return None
 
 
-def _share_int8_views(graph) -> None:
-    """Make equal ``aten.view`` nodes of one input that feed _weight_int8pack_mm one node
-    (torchao's int8 linears each view x as [-1, K]; an exact rewrite, as cse's)."""
+def _share_quantized_views(graph) -> None:
+    """Make equal ``aten.view`` nodes of one input that feed _weight_int8pack_mm,
+    linear_dq8ca_q4gsw or 8da4w's per-token amin / amax one node (torchao's int8 and
+    8da4w linears each view x as [-1, K], 8da4w's qparams chain once more; an exact
+    rewrite, as cse's)."""
+    readers = (aten._weight_int8pack_mm.default, LINEAR_DQ8CA_Q4GSW.overload(),
+               aten.amin.default, aten.amax.default)
     seen: dict = {}
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target != aten.view.default or node.kwargs \
-                or not any(u.target == aten._weight_int8pack_mm.default for u in node.users):
+                or not any(u.target in readers for u in node.users):
             continue
         key = (node.args[0], tuple(node.args[1]) if isinstance(node.args[1], (list, tuple))
                else node.args[1])
@@ -143,7 +171,7 @@ def _share_int8_views(graph) -> None:
 def _groups(pg):
     """(x, key, [(linear node, tensors)]), one per mergeable group, in graph order."""
     groups = []
-    _share_int8_views(pg.gm.graph)
+    _share_quantized_views(pg.gm.graph)
     for x in pg.gm.graph.nodes:
         if not _mergeable_input(x):
             continue
@@ -171,6 +199,14 @@ def _merged_args(pg, x, key, group):
         return aten.linear.default, (x, cat(0, 1, 0), cat(1, 2, 0))
     if key[0] == "int8pack":
         return aten._weight_int8pack_mm.default, (x, cat(0, 1, 0), cat(1, 2, 0))
+    if key[0] == LINEAR_DQ8CA_Q4GSW.name:
+        sums = torch.cat([tensors[3] for _, tensors in group], 1)
+        n8 = -(-sums.shape[1] // 8) * 8
+        sums = pg.add_constant(f"{first.args[4].name}_merged", torch.nn.functional.pad(
+            sums, (0, n8 - sums.shape[1])).contiguous())
+        x_scale, x_zp = group[0][1][4:6]
+        return LINEAR_DQ8CA_Q4GSW.overload(), (x, x_scale, x_zp, cat(0, 3, 0), sums,
+                                               cat(1, 5, 1), key[1], cat(2, 7, 0))
     return LINEAR_Q4GSW.overload(), (x, cat(0, 1, 0), cat(1, 2, 1), key[1],
                                      cat(2, 4, 0))
 
