@@ -89,6 +89,10 @@ def test_the_custom_op_kernel_is_torchao():
     pytest.importorskip("torchao")
     from vkdelegate.backend.custom_ops import CHOOSE_QPARAMS_PER_TOKEN
 
+    from vkdelegate.backend.custom_ops import QPARAMS_EPS
+    from vkdelegate.ops.families.choose_qparams import EPS
+
+    assert EPS == QPARAMS_EPS == torch.finfo(torch.float32).tiny
     x = _rows((8, 33), 3)
     scale, zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(x)
     want_scale, want_zp = _Qparams()(x)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-from vkdelegate.backend.custom_ops import QPARAMS_EPS
 from vkdelegate.kernels import loop_limit
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -28,6 +27,9 @@ from vkdelegate.shaders.variants import declare_grid
 SHADER = "choose_qparams"
 NAME = "vkdelegate.choose_qparams_per_token.default"
 WG = 64  # invocations per row (a power of two)
+#: FLT_MIN, the least scale (backend/custom_ops.QPARAMS_EPS, which the op's definition
+#: uses: ops do not import the backend; tests/ops/test_choose_qparams.py compares them).
+EPS = 1.1754943508222875e-38
 #: x: rows now, y: K; fparams x: 255 (the int8 range), y: eps (FLT_MIN).
 PARAMS = ParamBlock("qparams_block", [("info", "ivec4"), ("fparams", "vec4")])
 
@@ -61,7 +63,7 @@ def _impl(b, node):
 
     def pack():
         return PARAMS.pack(info=[x.numel // max(x.shape[-1], 1), x.shape[-1]],
-                           fparams=[255.0, QPARAMS_EPS])
+                           fparams=[255.0, EPS])
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
     b.dispatch(SHADER, _defines(scale, zp), outputs=[scale, zp], inputs=[x],
