@@ -8,7 +8,8 @@
 //   lo = min(amin(x), 0), hi = max(amax(x), 0) (a NaN in the row: both NaN),
 //   scale = max((hi - lo) / 255, FLT_MIN) (NaN handled before: torch.clamp keeps it),
 //   zp = int8(clamp(-128 - roundEven(lo / scale), -128, 127)) (NaN: 0, as eager's
-//   cast gives on the CPU).
+//   cast gives on the CPU),
+// both divisions correctly rounded (div_rn), as the CPU's are.
 // Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past the current rows
 // (params.info.x; the grid is sized for the most) write nothing.
 // Defines: WG (a power of two), SCALE_T / SCALE_STORE(v), ZP_T / ZP_STORE(v).
@@ -18,10 +19,43 @@ TENSOR_OUT(zp_data, ZP_T)
 TENSOR_IN(x_data, float)
 PARAMS(qparams_block) {
   ivec4 info;     // x: rows now, y: K
-  vec4 fparams;   // x: 255 (quant_max - quant_min), y: eps (FLT_MIN): uniforms, so
-                  // that the compiler divides as the elementwise div does (by a
-                  // value, not by a constant it may turn into a reciprocal product)
+  vec4 fparams;   // x: 255 (quant_max - quant_min), y: eps (FLT_MIN)
 };
+
+// a / b (b > 0) rounded to nearest even, as the CPU's division: GLSL's `/` may be off
+// by a few ulp (Vulkan allows 2.5; the H100 gave a row's scale one ulp off). The
+// quotient is corrected once by its remainder, which brings it within an ulp, so that
+// the remainder r = a - q b is exact (one fma); then the true quotient lies past the
+// midpoint to a neighbour q' exactly when r passes (q' - q) / 2 * b (exact: a power of
+// two times b), and equals it at a tie (then the even mantissa). Finite nonzero
+// quotients only (the others are returned as they are).
+float next_toward(float q, bool up) {
+  const uint u = floatBitsToUint(q);
+  return uintBitsToFloat((q > 0.0) == up ? u + 1u : u - 1u);
+}
+
+float div_rn(float a, float b) {
+  float q = a / b;
+  if (isinf(q) || isnan(q) || q == 0.0) {
+    return q;
+  }
+  q += fma(-q, b, a) / b;
+  if (q == 0.0) {
+    return q;
+  }
+  precise const float r = fma(-q, b, a);
+  const float qu = next_toward(q, true);
+  const float qd = next_toward(q, false);
+  precise const float hu = (qu - q) * 0.5 * b;
+  precise const float hd = (q - qd) * 0.5 * b;
+  if (r > hu || (r == hu && (floatBitsToUint(qu) & 1u) == 0u)) {
+    return qu;
+  }
+  if (r < -hd || (r == -hd && (floatBitsToUint(qd) & 1u) == 0u)) {
+    return qd;
+  }
+  return q;
+}
 
 shared float s_lo[WG];
 shared float s_hi[WG];
@@ -65,8 +99,8 @@ void main() {
     }
     // -0.0 cannot arise: lo starts at +0 and min(+0, -0) may give either, but
     // hi - lo and lo / scale are then +-0 alike, and -128 - round(+-0) is -128.
-    const float scale = max((s_hi[0] - s_lo[0]) / fparams.x, fparams.y);
-    const float zp = clamp(-128.0 - roundEven(s_lo[0] / scale), -128.0, 127.0);
+    const float scale = max(div_rn(s_hi[0] - s_lo[0], fparams.x), fparams.y);
+    const float zp = clamp(-128.0 - roundEven(div_rn(s_lo[0], scale)), -128.0, 127.0);
     scale_data[row] = SCALE_STORE(scale);
     zp_data[row] = ZP_STORE(int(zp));
   }
