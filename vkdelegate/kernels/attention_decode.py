@@ -70,7 +70,10 @@ LANES_MAX = 8
 #: dispatch; the keys are then split once the query-head groups leave the GPU idle
 #: (fewer than SPLIT_BELOW workgroups) into LANES_SPLIT_KEYS keys a split, at most
 #: attention.MAX_SPLITS, so that a decode step's few workgroups become many short
-#: ones without a dispatch more.
+#: ones without a dispatch more. Off: right on an H100 (validation on), but slower
+#: there at the 1B decode (cache 256: 140 -> 185 us of attention a step; the last
+#: split's serial merge costs more than the shorter chains save; docs/PERF.md,
+#: "lavapipe, 2026-12-07 (sixteenth session)"); long caches not measured.
 LAST_MERGE = False
 LANES_SPLIT_KEYS = 64
 
