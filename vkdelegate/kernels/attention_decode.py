@@ -73,7 +73,7 @@ LANES_MAX = 8
 #: ones without a dispatch more. Off: right on an H100 (validation on), but slower
 #: there at the 1B decode (cache 256: 140 -> 185 us of attention a step; the last
 #: split's serial merge costs more than the shorter chains save; docs/PERF.md,
-#: "lavapipe, 2026-12-07 (sixteenth session)"); long caches not measured.
+#: "An H100 and lavapipe, 2026-12-07 (sixteenth session)"); long caches not measured.
 LAST_MERGE = False
 LANES_SPLIT_KEYS = 64
 
