@@ -58,7 +58,8 @@
 #   chunks  benchmarks/decode_chunks.py: the 1B-shaped decode loop's time per token at
 #           1 / 4 / 16 / 63 steps a submit, fp16 and int4 (run_repeated's fence wait,
 #           the history read, generate's per-token time), 240
-#   merge   the decode attention's splits merged in one dispatch (LAST_MERGE, off until
+#   merge   the decode attention's splits merged in one dispatch (LAST_MERGE, off: slower
+#           at the 1B decode's cache of 256 on an H100, 2026-12-07; long caches not
 #           measured): its tests and the mapped states' with validation on, 150;
 #           dispatch_floor.py's sdpa_at at 256 / 96 and 2048 / 1500 with and without
 #           it, 120; the 1B decode fp16 / int4 with it as llm_decode rows, 330
