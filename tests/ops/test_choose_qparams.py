@@ -39,20 +39,23 @@ def _rows(shape, seed):
     flat = x.reshape(-1, shape[-1])
     # Rows that reach every branch: all positive (lo = 0), all negative (hi = 0),
     # zeros (scale clamped to FLT_MIN), denormals, ties of lo / scale at .5, an inf, a
-    # NaN, -0.0.
+    # NaN, -0.0, a -inf, both infs.
     special = [torch.rand(shape[-1], generator=g) + 1, -torch.rand(shape[-1], generator=g),
                torch.zeros(shape[-1]), torch.full((shape[-1],), 1e-40),
                torch.full((shape[-1],), -2.5) * torch.arange(shape[-1]) / shape[-1],
                torch.randn(shape[-1], generator=g), torch.randn(shape[-1], generator=g),
-               torch.full((shape[-1],), -0.0)]
+               torch.full((shape[-1],), -0.0), torch.randn(shape[-1], generator=g),
+               torch.randn(shape[-1], generator=g)]
     special[5][0] = math.inf
     special[6][-1] = math.nan
+    special[8][-1] = -math.inf  # scale inf, -inf / inf = NaN: zero point 0 (a trial's find)
+    special[9][0], special[9][-1] = math.inf, -math.inf
     for i, row in enumerate(special[:flat.shape[0]]):
         flat[i] = row
     return x
 
 
-@pytest.mark.parametrize("shape", [(8, 64), (1, 1, 7), (3, 5, 200), (9, 4097)])
+@pytest.mark.parametrize("shape", [(10, 64), (1, 1, 7), (3, 5, 200), (9, 4097)])
 def test_equals_torchao(shape):
     pytest.importorskip("torchao")
     x = _rows(shape, sum(shape))
@@ -93,7 +96,7 @@ def test_the_custom_op_kernel_is_torchao():
     from vkdelegate.ops.families.choose_qparams import EPS
 
     assert EPS == QPARAMS_EPS == torch.finfo(torch.float32).tiny
-    x = _rows((8, 33), 3)
+    x = _rows((10, 33), 3)
     scale, zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(x)
     want_scale, want_zp = _Qparams()(x)
     assert torch.equal(scale.nan_to_num(7.0), want_scale.reshape(-1).nan_to_num(7.0))

@@ -9,7 +9,8 @@ FLT_MIN), zp = clamp(-128 - round(lo / scale), -128, 127): the same float operat
 as the decomposition's nodes, each division correctly rounded as the CPU's (the
 shader's div_rn: GLSL's `/` may be off by a few ulp, and an H100 gave a scale one ulp
 off with it), so the same bits (a row holding a NaN: scale NaN, zero point 0, as
-eager's cast gives). One dispatch, choose_qparams.glsl: a workgroup of WG
+eager's cast gives; a row holding -inf: scale inf, -inf / inf is NaN, zero point 0
+likewise). One dispatch, choose_qparams.glsl: a workgroup of WG
 invocations per row (min / max partials, then a shared-memory tree); before, the
 decomposition took about eight dispatches a row (amin, amax, two full_like, minimum,
 the chains, the cast). Rows may vary at run time (prefill's T): the grid is sized for

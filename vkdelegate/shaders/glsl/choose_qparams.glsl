@@ -7,8 +7,8 @@
 // decomposition computes them (custom_ops._choose_qparams_per_token):
 //   lo = min(amin(x), 0), hi = max(amax(x), 0) (a NaN in the row: both NaN),
 //   scale = max((hi - lo) / 255, FLT_MIN) (NaN handled before: torch.clamp keeps it),
-//   zp = int8(clamp(-128 - roundEven(lo / scale), -128, 127)) (NaN: 0, as eager's
-//   cast gives on the CPU),
+//   zp = int8(clamp(-128 - roundEven(lo / scale), -128, 127)) (NaN, from a NaN or
+//   a -inf in the row: 0, as eager's cast gives on the CPU),
 // both divisions correctly rounded (div_rn), as the CPU's are.
 // Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past the current rows
 // (params.info.x; the grid is sized for the most) write nothing.
@@ -100,8 +100,10 @@ void main() {
     // -0.0 cannot arise: lo starts at +0 and min(+0, -0) may give either, but
     // hi - lo and lo / scale are then +-0 alike, and -128 - round(+-0) is -128.
     const float scale = max(div_rn(s_hi[0] - s_lo[0], fparams.x), fparams.y);
-    const float zp = clamp(-128.0 - roundEven(div_rn(s_lo[0], scale)), -128.0, 127.0);
+    // lo = -inf gives inf / inf = NaN here (GLSL's clamp of NaN is undefined): 0, as
+    // eager's cast of the NaN gives.
+    const float zp = -128.0 - roundEven(div_rn(s_lo[0], scale));
     scale_data[row] = SCALE_STORE(scale);
-    zp_data[row] = ZP_STORE(int(zp));
+    zp_data[row] = ZP_STORE(isnan(zp) ? 0 : int(clamp(zp, -128.0, 127.0)));
   }
 }
