@@ -206,7 +206,7 @@ def test_flipped_byte_is_refused(tmp_path, where):
 def test_appended_bytes_are_refused(tmp_path):
     path = _saved(tmp_path)
     path.write_bytes(path.read_bytes() + b"\0")
-    with pytest.raises(VkDelegateError, match=r"has 1 bytes after its data section"):
+    with pytest.raises(VkDelegateError, match=r"has 1 byte after its data section"):
         vkdelegate.load(path)
 
 

@@ -122,10 +122,13 @@ def _check_group_divides(candidates, step: int, scheme: str) -> None:
     names = ", ".join(f"{fqn or 'the model'} (in_features {k})" for fqn, k in left[:3])
     more = f" and {len(left) - 3} more" if len(left) > 3 else ""
     if len(left) == len(candidates):
+        fits = [g for g in GROUP_SIZES if any(m.in_features % g == 0 for _, m in candidates)]
+        hint = (f"a group size of {' or '.join(map(str, fits))} quantizes some of them"
+                if fits else f"none of the group sizes {GROUP_SIZES} divides them (int8, "
+                             f"per channel, takes any size)")
         raise VkDelegateError(
             f"{scheme} with group size {step}: no linear layer's in_features is a "
-            f"multiple of it ({names}{more}), so none would be quantized; pick a group "
-            f"size that divides them (32, 64, 128 or 256)")
+            f"multiple of it ({names}{more}), so none would be quantized; {hint}")
     warnings.warn(f"{scheme} with group size {step}: {len(left)} of {len(candidates)} "
                   f"linear layers stay in floating point, their in_features not a "
                   f"multiple of it: {names}{more}; a smaller group size quantizes them",

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from vkdelegate.errors import VkDelegateError
 
@@ -83,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
+    formatwarning = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None):
+        """A warning as the command's own line (vkdelegate's warnings point at the
+        caller's frame, which for the command is its entry script)."""
+        kind = "warning" if category is UserWarning else category.__name__
+        return f"vkdelegate {args.command}: {kind}: {message}\n"
+    warnings.formatwarning = one_line
     try:
         return int(args.func(args) or 0)
     except (VkDelegateError, OSError) as exc:
@@ -102,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def missing_package_hint(package: str) -> str:

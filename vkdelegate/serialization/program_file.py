@@ -259,9 +259,11 @@ def read_program(path, limits: "LoadLimits | None" = None
                               f"{HEADER_SIZE}), manifest ends at {m_off + m_size}, data "
                               f"ends at {d_off + d_size})")
     if d_off + d_size < len(raw):
-        raise VkDelegateError(f"{where} has {len(raw) - d_off - d_size} bytes after its "
-                              f"data section (which ends at byte {d_off + d_size}): "
-                              f"not a file save() wrote as it is (appended to?)")
+        extra = len(raw) - d_off - d_size
+        raise VkDelegateError(f"{where} has {extra} byte{'s' if extra != 1 else ''} after "
+                              f"its data section (which ends at byte {d_off + d_size}): "
+                              f"not a file save() wrote as it is (appended to, or a "
+                              f"corrupt header)")
     text = raw[m_off:m_off + m_size]
     if zlib.crc32(text) != crc:
         raise VkDelegateError(f"{where}: manifest checksum mismatch (file corrupted)")
