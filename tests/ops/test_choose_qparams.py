@@ -6,6 +6,8 @@ point equal torchao's eager ones bit for bit: the same float operations (a divis
 a uniform 255, round half to even), whatever the row holds."""
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -132,3 +134,53 @@ def test_8da4w_linears_share_one_per_input(rows):
     assert ops.count("et_vk.linear_dq8ca_q4gsw.default") == 2, sorted(ops)  # q/k, o
     assert ops.count("vkdelegate.narrow_last.default") == 2, sorted(ops)
     assert "aten.amin.default" not in ops, ops
+
+
+def _blob(x=(6, 40), x_dtype="float32", outs=None):
+    """A blob of one choose_qparams_per_token node on x of these sizes with outputs
+    declared ``outs`` ((shape, dtype) pairs; default: what the op gives)."""
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.serialization import vkgraph as g
+
+    m = GraphMaker()
+    xid = m.input(x, x_dtype)
+    outs = outs or [(x[:-1], "float32"), (x[:-1], "int8")]
+    ids = [m.tensor(shape, dtype) for shape, dtype in outs]
+    out = m._add(g.ValueList(ids))
+    m.graph.chain.append(g.OperatorCall(0, CHOOSE, [xid, out]))
+    for i in ids:
+        m.output(i)
+    return m
+
+
+def test_matching_blob_runs(vk_device):
+    from vkdelegate.backend.custom_ops import CHOOSE_QPARAMS_PER_TOKEN
+    from vkdelegate.runtime import load_delegate
+
+    x = _rows((6, 40), 9)
+    with load_delegate(_blob().blob()) as graph:
+        scale, zp = graph.execute([x.numpy()])
+    want_scale, want_zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(x)
+    assert np.array_equal(scale, want_scale.numpy(), equal_nan=True)
+    assert np.array_equal(zp, want_zp.numpy())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(outs=[((2,), "float32"), ((6,), "int8")]), r"output"),
+    (dict(outs=[((6,), "float32"), ((60,), "int8")]), r"output"),
+    (dict(outs=[((6,), "float32"), ((6,), "int32")]), r"dtype"),
+    (dict(x_dtype="float16"), r"dtype float16"),
+])
+def test_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
+    """A blob whose node the kernel could not run as the op defines it (a scale or
+    zero point smaller than the rows would be written past) is refused before anything
+    is built, by the Vulkan loader and the reference executor alike."""
+    from vkdelegate.backend.reference import load_reference
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    blob = _blob(**kwargs).blob()
+    for load in (load_delegate, load_reference):
+        with pytest.raises(VkDelegateError, match=r"node 0 \(vkdelegate.choose_qparams_per"
+                                                  r"_token.default\): .*" + match):
+            load(blob)

@@ -826,6 +826,13 @@ def _choose_qparams_per_token(x):
     return scale, zp
 
 
+def _choose_qparams_meta(x):
+    """Shapes only (fake tensors with symbolic sizes, which full_like refuses)."""
+    import torch
+
+    return x.new_empty(x.shape[:-1]), x.new_empty(x.shape[:-1], dtype=torch.int8)
+
+
 #: The per-token (row) asymmetric int8 quantization parameters of 8da4w's activation:
 #: x [..., K] fp32 (K >= 1) -> (scale fp32 [...], zero point int8 [...]), bit for bit
 #: the nodes torchao's ``choose_qparams_affine`` (MappingType.ASYMMETRIC, int8, per
@@ -834,13 +841,6 @@ def _choose_qparams_per_token(x):
 #: ``passes/quantized_linear.fuse_choose_qparams`` creates it from those nodes (about
 #: eight dispatches a row of x before, one after); Vulkan:
 #: ``ops/families/choose_qparams.py``.
-def _choose_qparams_meta(x):
-    """Shapes only (fake tensors with symbolic sizes, which full_like refuses)."""
-    import torch
-
-    return x.new_empty(x.shape[:-1]), x.new_empty(x.shape[:-1], dtype=torch.int8)
-
-
 CHOOSE_QPARAMS_PER_TOKEN = declare_custom_op(
     "vkdelegate.choose_qparams_per_token.default",
     "choose_qparams_per_token(Tensor x) -> (Tensor, Tensor)", _choose_qparams_per_token,

@@ -195,9 +195,10 @@ def _segment_ranges(table, data_size: int, where: str, limits: LoadLimits
 def _check_padding(raw, manifest: tuple[int, int], d_off: int, ranges, where: str
                    ) -> None:
     """Every byte of the file that neither the header, the manifest nor a segment
-    covers is the writer's zero padding (to the 64-byte alignments), and the file ends
-    where the data section does: so a flipped byte anywhere fails the load, not only
-    one inside a checksummed range. Raises VkDelegateError naming the byte range."""
+    covers is the writer's zero padding (to the 64-byte alignments), so that a flipped
+    byte anywhere fails the load, not only one inside a checksummed range (read_program
+    has checked that the file ends with its data section). Raises VkDelegateError
+    naming the first nonzero padding byte."""
     covered = sorted([(0, HEADER_SIZE), manifest] +
                      [(d_off + start, d_off + start + size) for start, size, _ in ranges
                       if size > 0])

@@ -52,6 +52,7 @@ import torch
 
 from vkdelegate.backend.custom_ops import LINEAR_DQ8CA_Q4GSW, LINEAR_Q4GSW
 from vkdelegate.backend.custom_ops_llm import NARROW_LAST
+from vkdelegate.backend.passes.quantized_linear import _choose_qparams_chain
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -119,8 +120,6 @@ def _member(pg, node, x):
         return ((LINEAR_Q4GSW.name, group, tuple(weight.shape[1:]), tuple(scales.shape[:1]),
                  bias is not None), [weight, scales[:, :n], bias]) if ok else None
     if node.target == LINEAR_DQ8CA_Q4GSW.overload() and len(node.args) in (7, 8):
-        from vkdelegate.backend.passes.quantized_linear import _choose_qparams_chain
-
         chain = _choose_qparams_chain(node.args[2])
         weight = _constant(pg, node.args[3], torch.uint8, 2)
         sums = _constant(pg, node.args[4], torch.int32, 2)

@@ -33,7 +33,8 @@ import operator
 
 import torch
 
-from vkdelegate.backend.custom_ops import LINEAR_DQ8CA_Q4GSW, LINEAR_Q4GSW
+from vkdelegate.backend.custom_ops import (CHOOSE_QPARAMS_PER_TOKEN, LINEAR_DQ8CA_Q4GSW,
+                                          LINEAR_Q4GSW, QPARAMS_EPS)
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -363,8 +364,6 @@ def _choose_qparams_chain(zp):
     ``_to_copy(clamp(sub(-128, round(div(lo, scale))), -128, 127), int8)`` with
     ``scale = clamp(div(sub(hi, lo), 255.0), FLT_MIN)``, ``lo = minimum(amin(x, [-1]),
     full_like(., 0))``, ``hi = maximum(amax(x, [-1]), full_like(., 0))``; else None."""
-    from vkdelegate.backend.custom_ops import QPARAMS_EPS
-
     if not _call(zp, aten._to_copy.default) or zp.kwargs.get("dtype") != torch.int8 \
             or set(zp.kwargs) - {"dtype"}:
         return None
@@ -411,10 +410,8 @@ def fuse_choose_qparams(pg) -> bool:
     eight nodes, each its own dispatch) -> one ``vkdelegate.choose_qparams_per_token``
     (backend/custom_ops.py), whose (scale, zero point) replace the chain's; one node
     per amin (cse merges the amin of several linears' chains over one x, not their
-    float elementwise nodes). Runs after cse and before fuse_elementwise, which would hide the
-    chain's nodes. True if any."""
-    from vkdelegate.backend.custom_ops import CHOOSE_QPARAMS_PER_TOKEN
-
+    float elementwise nodes). Runs after cse and before fuse_elementwise, which would
+    hide the chain's nodes. True if any."""
     if CHOOSE_QPARAMS_PER_TOKEN.name not in registry.load_all():
         return False
     graph = pg.gm.graph
@@ -436,9 +433,9 @@ def fuse_choose_qparams(pg) -> bool:
             s.meta["val"], z.meta["val"] = fused.meta["val"]
             made[amin] = (s, z)
         s, z = made[amin]
-        chain = _ancestors(node, {x})
+        chain = _ancestors(node, {x})  # node, scale and their ancestors up to x
         scale.replace_all_uses_with(s)
         node.replace_all_uses_with(z)
-        _erase_dead(graph, [node] + [n for n in chain if n is not node])
+        _erase_dead(graph, chain)
         changed = True
     return changed

@@ -10,8 +10,8 @@
 //   zp = int8(clamp(-128 - roundEven(lo / scale), -128, 127)) (NaN, from a NaN or
 //   a -inf in the row: 0, as eager's cast gives on the CPU),
 // both divisions correctly rounded (div_rn), as the CPU's are.
-// Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past the current rows
-// (params.info.x; the grid is sized for the most) write nothing.
+// Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past
+// the current rows (params.info.x; the grid is sized for the most) write nothing.
 // Defines: WG (a power of two), SCALE_T / SCALE_STORE(v), ZP_T / ZP_STORE(v).
 
 TENSOR_OUT(scale_data, SCALE_T)
@@ -97,8 +97,9 @@ void main() {
       zp_data[row] = ZP_STORE(0);
       return;
     }
-    // -0.0 cannot arise: lo starts at +0 and min(+0, -0) may give either, but
-    // hi - lo and lo / scale are then +-0 alike, and -128 - round(+-0) is -128.
+    // lo may be -0.0 or +0.0 where eager's is the other (min(+0, -0) may give
+    // either): hi - lo and lo / scale are then the same or +-0, and -128 - round(+-0)
+    // is -128 either way.
     const float scale = max(div_rn(s_hi[0] - s_lo[0], fparams.x), fparams.y);
     // lo = -inf gives inf / inf = NaN here (GLSL's clamp of NaN is undefined): 0, as
     // eager's cast of the NaN gives.
