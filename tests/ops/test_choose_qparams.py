@@ -3,7 +3,8 @@ qparams (8da4w) in one dispatch. A module calling torchao's own
 ``choose_qparams_affine`` exports as the decomposed chain; lowered, the chain becomes
 the op (backend/passes/quantized_linear.fuse_choose_qparams) and its scale and zero
 point equal torchao's eager ones bit for bit: the same float operations (a division by
-a uniform 255, round half to even), whatever the row holds."""
+a uniform 255, round half to even), whatever the row holds; for an fp16 x each in fp16
+as eager rounds it (the difference and both quotients rounded to fp16)."""
 import math
 
 import numpy as np
@@ -57,10 +58,34 @@ def _rows(shape, seed):
     return x
 
 
+def _rows16(shape, seed):
+    """fp16 rows over fp16's range (6e-8 .. 65504): subnormals, a difference hi - lo
+    that overflows to inf (scale inf, zero point -128), a scale clamped to fp16's eps,
+    quotients lo / scale that round to fp16 at .5 ties, an inf, a NaN, a -inf."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * torch.logspace(-7, 4.5, shape[-1])[
+        torch.randperm(shape[-1], generator=g)]).half()
+    flat = x.reshape(-1, shape[-1])
+    k = shape[-1]
+    special = [torch.rand(k, generator=g) + 1, -torch.rand(k, generator=g) * 3e4,
+               torch.zeros(k), torch.full((k,), 3e-7),
+               torch.full((k,), -2.5) * torch.arange(k) / k,
+               torch.randn(k, generator=g), torch.randn(k, generator=g),
+               torch.linspace(-60000, 60000, k), torch.randn(k, generator=g) * 1e-4,
+               torch.randn(k, generator=g)]
+    special[5][0] = math.inf
+    special[6][-1] = math.nan
+    special[9][-1] = -math.inf
+    for i, row in enumerate(special[:flat.shape[0]]):
+        flat[i] = row.half()
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("shape", [(10, 64), (1, 1, 7), (3, 5, 200), (9, 4097)])
-def test_equals_torchao(shape):
+def test_equals_torchao(shape, dtype):
     pytest.importorskip("torchao")
-    x = _rows(shape, sum(shape))
+    x = (_rows if dtype == torch.float32 else _rows16)(shape, sum(shape))
     program = check_op(_Qparams().eval(), (x,), ops=[CHOOSE], atol=0, rtol=0)
     ops = [name for name, _ in delegated_nodes(program)]
     assert ops.count(CHOOSE) == 1, ops
@@ -97,12 +122,14 @@ def test_the_custom_op_kernel_is_torchao():
     from vkdelegate.backend.custom_ops import QPARAMS_EPS
     from vkdelegate.ops.families.choose_qparams import EPS
 
-    assert EPS == QPARAMS_EPS == torch.finfo(torch.float32).tiny
-    x = _rows((10, 33), 3)
-    scale, zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(x)
-    want_scale, want_zp = _Qparams()(x)
-    assert torch.equal(scale.nan_to_num(7.0), want_scale.reshape(-1).nan_to_num(7.0))
-    assert torch.equal(zp, want_zp.reshape(-1))
+    assert EPS == QPARAMS_EPS == {"float32": torch.finfo(torch.float32).tiny,
+                                  "float16": torch.finfo(torch.float16).tiny}
+    for x in (_rows((10, 33), 3), _rows16((10, 33), 3)):
+        scale, zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(x)
+        want_scale, want_zp = _Qparams()(x)
+        assert scale.dtype == want_scale.dtype == x.dtype
+        assert torch.equal(scale.nan_to_num(7.0), want_scale.reshape(-1).nan_to_num(7.0))
+        assert torch.equal(zp, want_zp.reshape(-1))
 
 
 @pytest.mark.parametrize("rows", [1, 6])
@@ -169,7 +196,8 @@ def test_matching_blob_runs(vk_device):
     (dict(outs=[((2,), "float32"), ((6,), "int8")]), r"output"),
     (dict(outs=[((6,), "float32"), ((60,), "int8")]), r"output"),
     (dict(outs=[((6,), "float32"), ((6,), "int32")]), r"dtype"),
-    (dict(x_dtype="float16"), r"dtype float16"),
+    (dict(x_dtype="float16"), r"outputs other than \(float16 scale"),
+    (dict(x_dtype="int32", outs=[((6,), "int32"), ((6,), "int8")]), r"dtype int32"),
 ])
 def test_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
     """A blob whose node the kernel could not run as the op defines it (a scale or
@@ -184,3 +212,107 @@ def test_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
         with pytest.raises(VkDelegateError, match=r"node 0 \(vkdelegate.choose_qparams_per"
                                                   r"_token.default\): .*" + match):
             load(blob)
+
+
+# ---- the RMS norm folded in (vkdelegate.rms_norm_choose_qparams) ----------------------
+NORM_QPARAMS = "vkdelegate.rms_norm_choose_qparams.default"
+
+
+class _NormedLinears(torch.nn.Module):
+    """An HF-style RMS norm read by two linears (q and k of a layer), and ``float_too``:
+    also by a third that stays float (its norm then keeps its own node)."""
+
+    def __init__(self, k=96, float_too=False):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        self.norm = LlamaRMSNorm(k, eps=1e-6)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.rand(k) + 0.5)
+        self.q, self.k = torch.nn.Linear(k, 32), torch.nn.Linear(k, 64)
+        self.extra = torch.nn.Linear(k, 8) if float_too else None
+
+    def forward(self, x):
+        h = self.norm(x)
+        out = torch.cat([self.q(h), self.k(h)], -1)
+        return out if self.extra is None else (out, self.extra(h))
+
+
+def _normed(dtype, float_too=False):
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+
+    torch.manual_seed(0)
+    model = _NormedLinears(float_too=float_too).to(dtype).eval()
+    quantize_for_vulkan(model.q, "8da4w", group_size=32)
+    quantize_for_vulkan(model.k, "8da4w", group_size=32)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_norm_read_by_8da4w_products_folds_in(dtype, rows):
+    """A norm only 8da4w products read: the norm and their activation's qparams in one
+    dispatch, the products (merged) as eager's within test_quantized_linear's 8da4w
+    tolerance (the fp16 one for fp16)."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("transformers")
+    from tests.ops.test_quantized_linear import _one_quantum
+
+    model = _normed(dtype)
+    torch.manual_seed(1)
+    x = torch.randn(1, rows, 96).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    quantum = _one_quantum(torch.nn.Sequential(model.k), x.float() * 2)
+    program = check_op(model, (x,), ops=[NORM_QPARAMS], rtol=tol, atol=tol + quantum)
+    ops = [name for name, _ in delegated_nodes(program)]
+    assert ops.count(NORM_QPARAMS) == 1, ops
+    assert not {CHOOSE, "et_vk.rms_norm.default"} & set(ops), ops
+
+
+def test_norm_a_float_linear_reads_is_not_folded():
+    pytest.importorskip("torchao")
+    pytest.importorskip("transformers")
+    model = _normed(torch.float32, float_too=True)
+    program = check_op(model, (torch.randn(1, 1, 96),), ops=[CHOOSE], rtol=1e-3, atol=1e-2)
+    ops = [name for name, _ in delegated_nodes(program)]
+    assert NORM_QPARAMS not in ops and ops.count(CHOOSE) == 1, ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_norm_qparams_are_those_of_the_y_written(dtype):
+    """The op's y is the norm's within its rounding (another summation order), and its
+    scale and zero point are choose_qparams_per_token of that y bit for bit: rows of
+    4097 values (past a workgroup's sweep), large and tiny rows, a NaN row; rows
+    changing at run time."""
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    from vkdelegate import VulkanPartitioner, to_backend
+    from vkdelegate.backend.custom_ops import (CHOOSE_QPARAMS_PER_TOKEN,
+                                               RMS_NORM_CHOOSE_QPARAMS, _rms_norm)
+
+    def fn(x, w):
+        return RMS_NORM_CHOOSE_QPARAMS.overload()(x, w, 1e-5)
+
+    class Fn(torch.nn.Module):
+        def forward(self, x, w):
+            return fn(x, w)
+
+    t = torch.export.Dim("t", min=1, max=12)
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(1, 7, 4097, generator=g) * torch.logspace(-3, 3, 7).reshape(1, 7, 1))
+    x[0, 3, 5] = math.nan
+    x = x.to(dtype)
+    w = (torch.rand(4097, generator=g) + 0.5).to(dtype)
+    program = to_backend(torch.export.export(Fn(), (x, w), dynamic_shapes=({1: t}, None)),
+                         VulkanPartitioner())
+    try:
+        for xi in (x, x[:, :2], torch.cat([x, x[:, :4]], 1)):
+            y, scale, zp = program(xi, w)
+            torch.testing.assert_close(y, _rms_norm(xi, w, 1e-5), equal_nan=True,
+                                       rtol=1e-5 if dtype == torch.float32 else 2e-3,
+                                       atol=0)
+            want_scale, want_zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(y)
+            assert torch.equal(scale.nan_to_num(7.0), want_scale.nan_to_num(7.0))
+            assert torch.equal(zp, want_zp)
+    finally:
+        program.close()

@@ -1,12 +1,13 @@
 """A residual ``aten.add.Tensor`` after a linear fuses into ``vkdelegate.linear_add``
 (``vkdelegate.linear_q4gsw_add`` for torchao's int4 weight-only linear,
-``vkdelegate.weight_int8pack_mm_add`` for its int8 one; passes/fuse_linear_add.py), against eager: fp32 and fp16, bias and none, one row and
-several, either operand order, rank 2 and 3, dynamic rows; on the form a CPU driver
-takes (linear.glsl, the add in its epilogue), the GPU forms forced here as
-tests/ops/test_gemm_core.py does (gemv.glsl's epilogue for one row; the GEMM core and
-split-K then an in-place add for several) and the int4 / int8 forms
-(linear_qw_gemv.glsl's epilogue; a CPU driver's linear_qw_texel.glsl's epilogue;
-linear_qw.glsl then the add). The add is gone from the delegate; adds the
+``vkdelegate.weight_int8pack_mm_add`` for its int8 one,
+``vkdelegate.linear_dq8ca_q4gsw_add`` for 8da4w; passes/fuse_linear_add.py), against
+eager: fp32 and fp16, bias and none, one row and several, either operand order, rank 2
+and 3, dynamic rows; on the form a CPU driver takes (linear.glsl, the add in its
+epilogue), the GPU forms forced here as tests/ops/test_gemm_core.py does (gemv.glsl's
+epilogue for one row; the GEMM core and split-K then an in-place add for several) and
+the quantized forms (the add in the epilogue of linear_qw_gemv.glsl, a CPU driver's
+linear_qw_texel.glsl and linear_qw.glsl). The add is gone from the delegate; adds the
 pass must leave alone (alpha != 1, broadcasting, type promotion, a linear read twice)
 stay; the CPU kernel (reference executor) agrees.
 
@@ -261,21 +262,12 @@ def test_int4_gemv_adds_in_the_epilogue(q4_family, dtype, bias):
     assert q4_family["adds"] == 0
 
 
-def _texel_adds() -> int:
-    """The adds recorded after a 5-row quantized product on the default device: none
-    where it takes linear_qw_texel.glsl (CPU drivers: the residual in its epilogue),
-    else one (linear_qw.glsl's GEMM form)."""
-    from vkdelegate.runtime import default_device
-
-    return 0 if default_device().texel_inputs else 1
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("texel", [False, True], ids=["gemm", "default"])
-def test_int4_gemm_form_then_the_add(monkeypatch, spied, dtype, texel):
+def test_int4_gemm_form_adds_in_the_epilogue(monkeypatch, spied, dtype, texel):
     pytest.importorskip("torchao")
-    # linear_qw.glsl's GEMM form (5 rows, every device; forced on CPU drivers): the
-    # linear then the in-place add; a CPU driver's own texel form adds in its epilogue.
+    # linear_qw.glsl's GEMM form (5 rows, every device; forced on CPU drivers) and a CPU
+    # driver's own texel form: the residual in the epilogue, no add dispatch.
     from vkdelegate.ops.families import quantized_linear as family
 
     if not texel:
@@ -285,7 +277,38 @@ def test_int4_gemm_form_then_the_add(monkeypatch, spied, dtype, texel):
     program = check_op(model, _inputs(5, 64, 13, dtype), ops=[Q4_FUSED], rtol=tol,
                        atol=tol)
     assert _ops(program) == [Q4_FUSED]
-    assert spied["adds"] == (_texel_adds() if texel else 1)
+    assert spied["adds"] == 0
+
+
+# ---- 8da4w (et_vk.linear_dq8ca_q4gsw) -------------------------------------------------
+DQ_FUSED = custom_ops.LINEAR_DQ8CA_Q4GSW_ADD.name
+QPARAMS = custom_ops.CHOOSE_QPARAMS_PER_TOKEN.name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("rows,gemv", [(1, True), (3, True), (5, False)],
+                         ids=["gemv", "gemv3", "gemm"])
+def test_8da4w_adds_in_the_epilogue(monkeypatch, spied, dtype, rows, gemv):
+    """8da4w's linear + residual: in linear_qw_gemv.glsl's epilogue for GEMV rows
+    (forced on CPU drivers), in linear_qw.glsl's GEMM form's for more. Tolerances:
+    test_quantized_linear's 8da4w ones (one activation quantum more: x's range / 255
+    * max|w|, where a driver's reciprocal is not correctly rounded)."""
+    pytest.importorskip("torchao")
+    from tests.ops.test_quantized_linear import _one_quantum
+    from vkdelegate.backend.quantize import quantize_for_vulkan
+    from vkdelegate.ops.families import quantized_linear as family
+
+    monkeypatch.setattr(family, "use_gemv", lambda info, m: gemv and m <= family.GEMV_ROWS)
+    torch.manual_seed(0)
+    module = _Residual(2080, 13, bias=True).to(dtype).eval()
+    model = quantize_for_vulkan(module, "8da4w", group_size=32)
+    x, r = _inputs(rows, 2080, 13, dtype)
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    quantum = _one_quantum(torch.nn.Sequential(model.linear), x.float())
+    program = check_op(model, (x, r), ops=[DQ_FUSED], rtol=tol, atol=tol + quantum)
+    ops = _ops(program)
+    assert ops.count(DQ_FUSED) == 1 and ops.count(QPARAMS) == 1 and ADD not in ops, ops
+    assert spied["adds"] == 0
 
 
 # ---- load-time checks of crafted blobs ------------------------------------------------
@@ -389,11 +412,10 @@ def test_int8_gemv_adds_in_the_epilogue(q4_family, dtype, rank):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("texel", [False, True], ids=["gemm", "default"])
-def test_int8_gemm_form_then_the_add(monkeypatch, spied, dtype, texel):
+def test_int8_gemm_form_adds_in_the_epilogue(monkeypatch, spied, dtype, texel):
     pytest.importorskip("torchao")
-    # Several rows (linear_qw.glsl's GEMM form on every device; forced on CPU drivers):
-    # the product, then the in-place add; a CPU driver's texel form adds in its
-    # epilogue.
+    # Several rows (linear_qw.glsl's GEMM form on every device; forced on CPU drivers)
+    # and a CPU driver's texel form: the residual in the epilogue, no add dispatch.
     from vkdelegate.ops.families import quantized_linear as family
 
     if not texel:
@@ -403,7 +425,7 @@ def test_int8_gemm_form_then_the_add(monkeypatch, spied, dtype, texel):
     program = check_op(model, _inputs(5, 64, 13, dtype), ops=[Q8_FUSED], rtol=tol,
                        atol=tol)
     assert ADD not in _ops(program)
-    assert spied["adds"] == (_texel_adds() if texel else 1)
+    assert spied["adds"] == 0
 
 
 def test_q8_mismatched_residual_is_refused_at_load(vk_device):

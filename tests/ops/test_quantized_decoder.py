@@ -71,9 +71,11 @@ def test_quantized_decoder_greedy(scheme, embeddings):
     # that takes its SwiGLU chain), every RMS norm folded into the one product that
     # reads it (the merged q/k/v, the merged gate/up, lm_head: fuse_rms_norm_linear),
     # int4's gate/up with its SwiGLU chain and its o_proj / down_proj with their
-    # residual add (fuse_linear_swiglu, fuse_linear_add). 8da4w: only the merges (2 x
-    # (qkv, o, gate_up, down) + lm_head; a narrow_last per part: 5 a layer) and one
-    # per-token qparams node per activation the products read (fuse_choose_qparams).
+    # residual add (fuse_linear_swiglu, fuse_linear_add). 8da4w: the merges (2 x qkv +
+    # lm_head; a narrow_last per q/k/v part: 3 a layer), gate_up with its SwiGLU chain,
+    # o_proj / down_proj with their residual add, and one per-token qparams node per
+    # activation the products read (fuse_choose_qparams), the norms' with the norm
+    # (rms_norm_choose_qparams).
     counts = collections.Counter(ops)
     expected = {
         "int8": {NORMED["int8"]: 5, FUSED["int8"]: 4, "vkdelegate.narrow_last.default": 10,
@@ -81,9 +83,12 @@ def test_quantized_decoder_greedy(scheme, embeddings):
         "int4": {NORMED["int4"]: 3, "vkdelegate.rms_norm_linear_q4gsw_swiglu.default": 2,
                  "vkdelegate.linear_q4gsw_add.default": 4, FUSED["int4"]: 0,
                  "vkdelegate.narrow_last.default": 6, "et_vk.rms_norm.default": 0},
-        "8da4w": {FUSED["8da4w"]: 9, "et_vk.rms_norm.default": 2 * 2 + 1,
-                  "vkdelegate.narrow_last.default": 10,
-                  "vkdelegate.choose_qparams_per_token.default": 9, "aten.amin.default": 0},
+        "8da4w": {FUSED["8da4w"]: 3, "vkdelegate.linear_dq8ca_q4gsw_add.default": 4,
+                  "vkdelegate.linear_dq8ca_q4gsw_swiglu.default": 2,
+                  "et_vk.rms_norm.default": 0,
+                  "vkdelegate.rms_norm_choose_qparams.default": 2 * 2 + 1,
+                  "vkdelegate.narrow_last.default": 6,
+                  "vkdelegate.choose_qparams_per_token.default": 4, "aten.amin.default": 0},
     }[scheme]
     assert {k: counts[k] for k in expected} == expected, ops
     assert ops.count("et_vk.embedding_q4gsw.default") == int(embeddings)

@@ -116,14 +116,52 @@ def _one_quantum(model, x):
     return float(scale.max() * w.abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("group,rows", [(32, 1), (64, 6), (128, 2)])
-def test_8da4w(group, rows):
-    model = quantize_for_vulkan(_mlp(128, 128, 40), "8da4w", group_size=group)
+def test_8da4w(group, rows, dtype):
+    # fp16: torchao's activation chain runs in fp16 (its qparams, the quantization of x
+    # and the dequantization each rounded to fp16): the fused ops reproduce the first
+    # two exactly (test_8da4w_fp16_quantizes_x_as_eager) and skip the last.
+    model = quantize_for_vulkan(_mlp(128, 128, 40, dtype), "8da4w", group_size=group)
     torch.manual_seed(1)
-    x = torch.randn(rows, 128)
-    program = check_op(model, (x,), ops=[DQ8CA], rtol=2e-5,
-                       atol=2e-5 + _one_quantum(model, x))
+    x = torch.randn(rows, 128).to(dtype)
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    program = check_op(model, (x,), ops=[DQ8CA], rtol=tol,
+                       atol=tol + _one_quantum(model, x.float()))
     _check_fused(program, DQ8CA)
+
+
+@pytest.mark.parametrize("rows", [1, 5], ids=["gemv", "gemm"])
+def test_8da4w_fp16_quantizes_x_as_eager(rows):
+    """An fp16 activation's int8 values are eager's: x * fp16(1 / scale) rounded to
+    fp16 before its round (values past 64 are multiples of 1/16 in fp16, so a
+    quantization in fp32 differs from eager's at about 1 in 16 of them). The reference
+    is exact: eager's int8 activation and int4 weight values, their integer products
+    per group times both fp16 scales in float64, rounded once to fp16; our kernel sums
+    the same integers and scales each group's sum in fp32 (relative error ~K/gs *
+    2^-24), so every output is within one fp16 ulp of it (a moved activation value
+    shifts an output by several: x's range / 255 * |w|, ~2^-9 of it here)."""
+    from vkdelegate.backend.custom_ops import _choose_qparams_per_token
+
+    k, n, group = 256, 48, 32
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).half().eval()
+    quantize_for_vulkan(model, "8da4w", group_size=group)
+    x = (torch.randn(rows, k) * torch.linspace(0.5, 3, k)).half()
+    program = check_op(model, (x,), ops=[DQ8CA], rtol=1e-2, atol=1e-2)
+    with torch.no_grad():
+        got = program(x)
+    program.close()
+    scale, zp = _choose_qparams_per_token(x)
+    s, z = scale.unsqueeze(-1), zp.unsqueeze(-1).half()
+    q = torch.clamp(torch.round(x * (torch.reciprocal(s) * 1.0)) + z, -128, 127)
+    w = model[0].weight
+    qw = w.qdata.double().reshape(n, k // group, group)
+    prods = ((q.double() - z.double()).reshape(rows, 1, k // group, group) * qw).sum(-1)
+    want = (prods * w.scale.double()).sum(-1) * scale.double().unsqueeze(-1)
+    ulp = torch.finfo(torch.float16).eps * want.abs().clamp(min=2 ** -14)
+    err = (got.double() - want).abs()
+    assert bool((err <= ulp).all()), (err / ulp).max()
 
 
 def test_quantize_for_vulkan_rejects_bad_arguments():

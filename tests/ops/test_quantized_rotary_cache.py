@@ -40,10 +40,12 @@ pytest.importorskip("torchao")
 
 Q4 = custom_ops.RMS_NORM_LINEAR_Q4GSW_ROTARY_CACHE.name
 Q8 = custom_ops.RMS_NORM_WEIGHT_INT8PACK_MM_ROTARY_CACHE.name
-FUSED = {"int4_g32": Q4, "int4_g128": Q4, "int8": Q8}
+DQ = custom_ops.LINEAR_DQ8CA_Q4GSW_ROTARY_CACHE.name
+FUSED = {"int4_g32": Q4, "int4_g128": Q4, "int8": Q8, "8da4w": DQ}
 PRODUCT = {"int4_g32": custom_ops.RMS_NORM_LINEAR_Q4GSW.name,
            "int4_g128": custom_ops.RMS_NORM_LINEAR_Q4GSW.name,
-           "int8": custom_ops.RMS_NORM_WEIGHT_INT8PACK_MM.name}
+           "int8": custom_ops.RMS_NORM_WEIGHT_INT8PACK_MM.name,
+           "8da4w": custom_ops.LINEAR_DQ8CA_Q4GSW.name}
 ROTARY = "vkdelegate.rotary_index_put_pair.default"
 OFF = {"fuse_linear_rotary_cache": False}
 F16 = dict(rtol=2e-2, atol=2e-2)
@@ -104,7 +106,8 @@ def _module(scheme: str, dtype, bias=False, k=None, **kwargs):
     module = Attention(k=k or max(128, 2 * group), bias=bias, dtype=dtype, **kwargs).eval()
     if scheme == "int8":
         return quantize_for_vulkan(module, "int8")
-    return quantize_for_vulkan(module, "int4", group_size=group)
+    return quantize_for_vulkan(module, "8da4w" if scheme == "8da4w" else "int4",
+                               group_size=group)
 
 
 def _lower(module, inputs, options=None):
@@ -198,6 +201,36 @@ def test_norm_prologue_off(monkeypatch, scheme, dtype):
     check_op(module, inputs, ops=[FUSED[scheme]], options=options, **_tol(dtype))
     assert _products(seen) == [("norm", False), ("linear_qw_gemv", True)], seen
     _bitwise_unfused(module, inputs, scheme, options)
+
+
+# ---- 8da4w (et_vk.linear_dq8ca_q4gsw: the norm stays before the product) ------------
+# Tolerance against eager: the fp16 one for both dtypes (one activation moved to its
+# neighbouring int8 quantum where a driver's reciprocal is not correctly rounded moves
+# an output by x's range / 255 * max|w|; test_quantized_linear's 8da4w tests).
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("form,subgroup", [("vector", True), ("vector", False),
+                                           ("default", True), ("words", True)],
+                         ids=["vector", "vector_shared", "gemm", "words"])
+def test_8da4w(monkeypatch, form, subgroup, dtype):
+    """The ROTARY epilogue on an 8da4w product (x quantized per row as it is loaded):
+    one linear_qw_gemv.glsl dispatch; linear_qw.glsl's forms the unfused pair's; the
+    unfused pair's bits and eager's values either way, at a negative position too."""
+    from vkdelegate.ops.families import quantized_linear as family
+
+    seen = _force(monkeypatch, form)
+    if not subgroup:
+        monkeypatch.setattr(family, "has_subgroup_arithmetic", lambda info: False)
+    torch.manual_seed(6)
+    module = _module("8da4w", dtype, bias=True)
+    for pos in (7, -3):
+        inputs = _inputs(module, dtype, pos)
+        check_op(module, inputs, ops=[DQ], **F16)
+        want = [("linear_qw_gemv", True)] if form == "vector" else \
+            [("linear_qw", False), ("rotary_scatter_pair", False)]
+        assert _products(seen) == want, seen
+        seen.clear()
+        _bitwise_unfused(module, inputs, "8da4w")
+        seen.clear()
 
 
 # ---- the other forms: the unfused pair's dispatches ----------------------------------

@@ -796,8 +796,9 @@ def _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_
 
 
 #: ExecuTorch's dynamic int8 activation x int4 group-wise weight linear (torchao's
-#: 8da4w): x [..., K] fp32, input_scales [M] fp32 and input_zp [M] int8 (per row of x,
-#: from the graph's choose_qparams), weights / weight_scales / group_size / bias as
+#: 8da4w): x [..., K] fp32 or fp16, input_scales [M] of x's dtype and input_zp [M]
+#: int8 (per row of x, from the graph's choose_qparams; x quantized in its dtype as
+#: torchao's fp16 chain rounds it), weights / weight_scales / group_size / bias as
 #: linear_q4gsw, weight_sums int32 [K / group_size, ceil(N/8)*8] (per group sums of the
 #: int4 values, for the zero-point correction of integer dot products). The CPU kernel
 #: quantizes x as torchao does (ExecuTorch's own reference skips that step).
@@ -808,20 +809,84 @@ LINEAR_DQ8CA_Q4GSW = declare_custom_op(
     "Tensor? bias=None) -> Tensor", _linear_dq8ca_q4gsw)
 
 
-#: FLT_MIN (torch.finfo(torch.float32).tiny): torchao's eps for an fp32 activation
-#: scale, the smallest a per-token scale may be.
-QPARAMS_EPS = 1.1754943508222875e-38
+def _linear_dq8ca_q4gsw_add(x, input_scales, input_zp, weights, weight_sums, weight_scales,
+                            group_size, bias, residual):
+    return residual + _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums,
+                                          weight_scales, group_size, bias)
+
+
+#: ``linear_dq8ca_q4gsw`` (its arguments, bias required in the schema but may be None)
+#: whose result is added to ``residual`` (the output's shape and dtype): the 8da4w
+#: form of ``linear_q4gsw_add``, made by ``passes/fuse_linear_add`` from
+#: et_vk.linear_dq8ca_q4gsw -> aten.add.Tensor; ours, only in our blobs.
+LINEAR_DQ8CA_Q4GSW_ADD = declare_custom_op(
+    "vkdelegate.linear_dq8ca_q4gsw_add.default",
+    "linear_dq8ca_q4gsw_add(Tensor input, Tensor input_scales, Tensor input_zp, "
+    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
+    "Tensor? bias, Tensor residual) -> Tensor", _linear_dq8ca_q4gsw_add)
+
+
+def _linear_dq8ca_q4gsw_swiglu(x, input_scales, input_zp, weights, weight_sums,
+                               weight_scales, group_size, bias, steps):
+    _swiglu_chain("linear_dq8ca_q4gsw_swiglu", steps)
+    return _swiglu_halves(_linear_dq8ca_q4gsw(x, input_scales, input_zp, weights,
+                                              weight_sums, weight_scales, group_size,
+                                              bias), steps)
+
+
+#: ``linear_dq8ca_q4gsw`` of a merged gate/up weight (its arguments: weights uint8
+#: [2F, K/2], weight_sums and weight_scales of >= 2F columns, bias [2F]?) and the
+#: SwiGLU chain ``steps`` over the halves of its output: the 8da4w form of
+#: ``linear_q4gsw_swiglu`` (output [..., F]). The CPU kernel is the two ops (the
+#: product rounded to its dtype, then the chain). ``passes/fuse_linear_swiglu`` creates
+#: it from a merged et_vk.linear_dq8ca_q4gsw; ours, only in our blobs.
+LINEAR_DQ8CA_Q4GSW_SWIGLU = declare_custom_op(
+    "vkdelegate.linear_dq8ca_q4gsw_swiglu.default",
+    "linear_dq8ca_q4gsw_swiglu(Tensor input, Tensor input_scales, Tensor input_zp, "
+    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
+    "Tensor? bias, str steps) -> Tensor", _linear_dq8ca_q4gsw_swiglu)
+
+
+def _linear_dq8ca_q4gsw_rotary_cache(x, input_scales, input_zp, weights, weight_sums,
+                                     weight_scales, group_size, bias, cos, sin, cache,
+                                     cache2, indices, q_sizes, kv_sizes):
+    return _rotary_cache_of(
+        _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums, weight_scales,
+                            group_size, bias), cos, sin, cache, cache2, indices, q_sizes,
+        kv_sizes)
+
+
+#: The 8da4w form of ``rms_norm_linear_q4gsw_rotary_cache`` (without the norm, which
+#: 8da4w's activation quantization reads): y = linear_dq8ca_q4gsw(...) of ONE row
+#: (weights uint8 [Nq + 2 Nk, K/2], the merged q/k/v product), then
+#: rotary_index_put_pair of its q, k and v parts (q_sizes, kv_sizes) -> (q', cache',
+#: cache2'). The CPU kernel is exactly those ops. ``passes/fuse_linear_rotary_cache``
+#: creates it; ours, only in our blobs. Vulkan: ``ops/families/quantized_linear.py``
+#: (linear_qw_gemv.glsl's ROTARY epilogue).
+LINEAR_DQ8CA_Q4GSW_ROTARY_CACHE = declare_custom_op(
+    "vkdelegate.linear_dq8ca_q4gsw_rotary_cache.default",
+    "linear_dq8ca_q4gsw_rotary_cache(Tensor input, Tensor input_scales, Tensor input_zp, "
+    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
+    "Tensor? bias, Tensor cos, Tensor sin, Tensor cache, Tensor cache2, "
+    "Tensor?[] indices, int[] q_sizes, int[] kv_sizes) -> (Tensor, Tensor, Tensor)",
+    _linear_dq8ca_q4gsw_rotary_cache, meta=_rotary_cache_meta)
+
+
+#: torchao's eps for a per-token activation scale, the smallest a scale may be: the
+#: activation dtype's least normal number (torch.finfo(dtype).tiny; FLT_MIN for fp32).
+QPARAMS_EPS = {"float32": 1.1754943508222875e-38, "float16": 6.103515625e-05}
 
 
 def _choose_qparams_per_token(x):
-    """torchao 0.18's per-token asymmetric int8 qparams of an fp32 x (8da4w's
-    activation, choose_qparams_affine as it decomposes), op for op."""
+    """torchao 0.18's per-token asymmetric int8 qparams of an fp32 or fp16 x (8da4w's
+    activation, choose_qparams_affine as it decomposes), op for op in x's dtype."""
     import torch
 
+    eps = QPARAMS_EPS[str(x.dtype).removeprefix("torch.")]
     lo, hi = torch.amin(x, [-1]), torch.amax(x, [-1])
     lo = torch.minimum(lo, torch.full_like(lo, 0))
     hi = torch.maximum(hi, torch.full_like(hi, 0))
-    scale = torch.clamp((hi - lo) / 255.0, QPARAMS_EPS)
+    scale = torch.clamp((hi - lo) / 255.0, eps)
     zp = torch.clamp(-128 - torch.round(lo / scale), -128, 127).to(torch.int8)
     return scale, zp
 
@@ -834,10 +899,12 @@ def _choose_qparams_meta(x):
 
 
 #: The per-token (row) asymmetric int8 quantization parameters of 8da4w's activation:
-#: x [..., K] fp32 (K >= 1) -> (scale fp32 [...], zero point int8 [...]), bit for bit
-#: the nodes torchao's ``choose_qparams_affine`` (MappingType.ASYMMETRIC, int8, per
-#: token, eps FLT_MIN) decomposes into: min(amin, 0), max(amax, 0), their difference /
-#: 255 clamped to eps, -128 - round(min / scale) clamped to [-128, 127].
+#: x [..., K] fp32 or fp16 (K >= 1) -> (scale [...] of x's dtype, zero point int8
+#: [...]), bit for bit the nodes torchao's ``choose_qparams_affine``
+#: (MappingType.ASYMMETRIC, int8, per token, eps QPARAMS_EPS[x's dtype]) decomposes
+#: into, each rounded to x's dtype as eager rounds it: min(amin, 0), max(amax, 0),
+#: their difference / 255 clamped to eps, -128 - round(min / scale) clamped to
+#: [-128, 127].
 #: ``passes/quantized_linear.fuse_choose_qparams`` creates it from those nodes (about
 #: eight dispatches a row of x before, one after); Vulkan:
 #: ``ops/families/choose_qparams.py``.
@@ -845,6 +912,28 @@ CHOOSE_QPARAMS_PER_TOKEN = declare_custom_op(
     "vkdelegate.choose_qparams_per_token.default",
     "choose_qparams_per_token(Tensor x) -> (Tensor, Tensor)", _choose_qparams_per_token,
     meta=_choose_qparams_meta)
+
+
+def _rms_norm_choose_qparams(x, weight, eps):
+    y = _rms_norm(x, weight, eps)
+    return (y,) + _choose_qparams_per_token(y)
+
+
+def _rms_norm_choose_qparams_meta(x, weight, eps):
+    return (x.new_empty(x.shape),) + _choose_qparams_meta(x)
+
+
+#: An RMS norm and the per-token int8 qparams of its output: (y, scale, zp) with y =
+#: et_vk.rms_norm(x, weight, eps) (x [..., K] fp32 or fp16, weight [K] of x's dtype)
+#: and (scale, zp) = choose_qparams_per_token(y), the qparams of y as stored. The CPU
+#: kernel is exactly those two ops. ``passes/quantized_linear.fuse_choose_qparams``
+#: creates it where an 8da4w product's activation is a norm that only 8da4w products
+#: read (a Llama layer's two norms and the final one): one dispatch instead of two.
+#: Vulkan: ``ops/families/choose_qparams.py``; ours, only in our blobs.
+RMS_NORM_CHOOSE_QPARAMS = declare_custom_op(
+    "vkdelegate.rms_norm_choose_qparams.default",
+    "rms_norm_choose_qparams(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)",
+    _rms_norm_choose_qparams, meta=_rms_norm_choose_qparams_meta)
 
 
 def _embedding_q4gsw(weight, weight_scales, group_size, indices, is_linear_weight=False):

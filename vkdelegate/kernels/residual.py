@@ -7,14 +7,16 @@ linear -> aten.add.Tensor (backend/custom_ops.py defines them).
   = residual + linear(input, weight, bias): aten.linear's semantics, residual of
   exactly the output's shape and dtype.
 - linear_q4gsw_add(self, weights, weight_scales, group_size, bias?, residual) =
-  residual + et_vk.linear_q4gsw(...).
+  residual + et_vk.linear_q4gsw(...); likewise weight_int8pack_mm_add and
+  linear_dq8ca_q4gsw_add (ops/families/quantized_linear.py).
 
 The forms that decode takes add the residual in their epilogue, in one dispatch: the
 GEMV path (gemv.glsl, one row on GPUs), linear.glsl (every product on CPU drivers) and
-the int4 vectorized GEMV (linear_qw_gemv.glsl), each with HAS_RESIDUAL. The others
-(the GEMM core and its cooperative-matrix form for prefill on GPUs, linear_qw.glsl)
-run the linear's dispatch into the output and then ``add_after`` (aten.add.Tensor's
-binary_op.glsl) on it in place: two dispatches, as unfused.
+the quantized products' kernels (linear_qw_gemv.glsl, linear_qw_texel.glsl and
+linear_qw.glsl), each with HAS_RESIDUAL. The others (the GEMM core and its
+cooperative-matrix form for prefill on GPUs) run the linear's dispatch into the output
+and then ``add_after`` (aten.add.Tensor's binary_op.glsl) on it in place: two
+dispatches, as unfused.
 
 Rounding: fused, the residual is added in fp32 to the fp32 result of the product and
 bias, and the sum rounded once at the store; eager rounds the linear's output to the

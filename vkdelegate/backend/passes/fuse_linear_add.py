@@ -1,5 +1,6 @@
 """Fuse a linear and the residual add after it into ``vkdelegate.linear_add`` (or
-``vkdelegate.linear_q4gsw_add`` for ExecuTorch's int4 weight-only linear).
+``vkdelegate.linear_q4gsw_add`` for ExecuTorch's int4 weight-only linear,
+``vkdelegate.linear_dq8ca_q4gsw_add`` for its 8da4w linear).
 
 Every decoder layer of an HF Llama/Qwen2/Mistral ends its attention and its MLP in
 ``h + o_proj(attn)`` and ``h + down_proj(mlp)``: the fused op adds the residual as the
@@ -9,9 +10,9 @@ add. Safe only where the add is exactly that sum, which the pass checks:
 
 - ``aten.add.Tensor`` with alpha 1 (float addition is commutative: either operand
   order fuses);
-- of an ``aten.linear.default`` (input, weight, bias?) or ``et_vk.linear_q4gsw.default``
-  (made by passes/quantized_linear from torchao's int4 weight-only linears) that
-  nothing else reads;
+- of an ``aten.linear.default`` (input, weight, bias?), ``et_vk.linear_q4gsw.default``
+  or ``et_vk.linear_dq8ca_q4gsw.default`` (made by passes/quantized_linear from
+  torchao's int4 weight-only and 8da4w linears) that nothing else reads;
 - and a residual tensor of the add's output shape and dtype, float32 or float16 (no
   broadcasting, no type promotion), which is also the linear's output type.
 
@@ -33,8 +34,9 @@ import torch
 
 import math
 
-from vkdelegate.backend.custom_ops import (LINEAR_ADD, LINEAR_Q4GSW, LINEAR_Q4GSW_ADD,
-                                           WEIGHT_INT8PACK_MM_ADD)
+from vkdelegate.backend.custom_ops import (LINEAR_ADD, LINEAR_DQ8CA_Q4GSW,
+                                           LINEAR_DQ8CA_Q4GSW_ADD, LINEAR_Q4GSW,
+                                           LINEAR_Q4GSW_ADD, WEIGHT_INT8PACK_MM_ADD)
 from vkdelegate.backend.passes.residual_add import fuse_adds, plain_add
 from vkdelegate.ops import registry
 
@@ -53,6 +55,10 @@ def _fused_call(node) -> "tuple | None":
     if node.target == LINEAR_Q4GSW.overload() and len(node.args) in (4, 5):
         args = tuple(node.args)
         return LINEAR_Q4GSW_ADD.overload(), args + (None,) * (5 - len(args))
+    if node.target == LINEAR_DQ8CA_Q4GSW.overload() and len(node.args) in (7, 8) \
+            and LINEAR_DQ8CA_Q4GSW_ADD.name in registry.load_all():
+        args = tuple(node.args)
+        return LINEAR_DQ8CA_Q4GSW_ADD.overload(), args + (None,) * (8 - len(args))
     return None
 
 

@@ -13,7 +13,9 @@ weight_scales, group_size, bias)`` give ``vkdelegate.rms_norm_linear_q4gsw_rotar
 kv_sizes)``, of ``rms_norm_weight_int8pack_mm(x, norm_weight, eps, mat2, scales)``
 ``vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache(<its arguments>, cos, ...)``
 (ops/families/quantized_linear.py: linear_qw_gemv.glsl's ROTARY epilogue, one dispatch
-on GPUs).
+on GPUs); an 8da4w product (``et_vk.linear_dq8ca_q4gsw``, whose norm stays before it:
+its activation is quantized per row) ``vkdelegate.linear_dq8ca_q4gsw_rotary_cache(<its
+arguments, bias None where absent>, cos, ...)``.
 
 In an HF Llama/Qwen2/Mistral decode step passes/merge_linears merges q_proj, k_proj
 and v_proj (a one-row input) into one linear whose parts, viewed to [1, H, 1, D] (the
@@ -29,8 +31,8 @@ likewise: its rms_norm_* form). Fused only when exactly that is there:
 - the parts are q = [0, Nq), k = [Nq, Nq + Nk) and v = [Nq + Nk, Nq + 2 Nk) of the
   producer's last dim of Nq + 2 Nk (merge_linears' order: q_proj, k_proj, v_proj),
   k's and v's sizes equal (kv_sizes), q's sizes q_sizes;
-- the producer is ``vkdelegate.rms_norm_linear``, ``rms_norm_linear_q4gsw`` or
-  ``rms_norm_weight_int8pack_mm`` of an x of rank 1-4 whose every dim but the last is
+- the producer is ``vkdelegate.rms_norm_linear``, ``rms_norm_linear_q4gsw``,
+  ``rms_norm_weight_int8pack_mm`` or ``et_vk.linear_dq8ca_q4gsw`` of an x of rank 1-4 whose every dim but the last is
   statically 1 (decode's one row; prefill's merged q/k/v is left alone);
 - x, the norm weight, the float weight (or the quantized one's scales), the bias, cos,
   sin and the caches share one dtype, float32 or float16.
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from vkdelegate.backend.custom_ops import (
+    LINEAR_DQ8CA_Q4GSW, LINEAR_DQ8CA_Q4GSW_ROTARY_CACHE,
     RMS_NORM_LINEAR, RMS_NORM_LINEAR_Q4GSW, RMS_NORM_LINEAR_Q4GSW_ROTARY_CACHE,
     RMS_NORM_LINEAR_ROTARY_CACHE, RMS_NORM_WEIGHT_INT8PACK_MM,
     RMS_NORM_WEIGHT_INT8PACK_MM_ROTARY_CACHE, CustomOp)
@@ -76,6 +79,8 @@ _PRODUCERS = (
     _Producer(RMS_NORM_LINEAR_Q4GSW, RMS_NORM_LINEAR_Q4GSW_ROTARY_CACHE, 6, True, (1, 4)),
     _Producer(RMS_NORM_WEIGHT_INT8PACK_MM, RMS_NORM_WEIGHT_INT8PACK_MM_ROTARY_CACHE, 5,
               False, (1, 4)),
+    # 8da4w: x, its scales (x's dtype) and zero points, weights, sums, scales, group size
+    _Producer(LINEAR_DQ8CA_Q4GSW, LINEAR_DQ8CA_Q4GSW_ROTARY_CACHE, 7, True, (1, 5)),
 )
 
 

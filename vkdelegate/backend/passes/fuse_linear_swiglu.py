@@ -8,7 +8,9 @@ the output's bits are the unfused pair's. The quantized linears the same way: y 
 ``et_vk.linear_q4gsw(x, weights, scales, group_size, bias?)`` (torchao's int4
 weight-only) becomes ``vkdelegate.linear_q4gsw_swiglu(x, weights, scales, group_size,
 bias, steps')``, y = ``aten._weight_int8pack_mm(x, weight, scales)`` (int8 weight-only)
-``vkdelegate.weight_int8pack_mm_swiglu(x, weight, scales, steps')``
+``vkdelegate.weight_int8pack_mm_swiglu(x, weight, scales, steps')``, y =
+``et_vk.linear_dq8ca_q4gsw(x, x_scales, x_zp, weights, sums, scales, group_size, bias?)``
+(8da4w) ``vkdelegate.linear_dq8ca_q4gsw_swiglu(..., bias, steps')``
 (ops/families/quantized_linear.py: the chain in linear_qw_gemv.glsl's and linear_qw.glsl's
 epilogues).
 
@@ -40,15 +42,15 @@ around the SiLU). Fused only when exactly that is there:
   ``rms_norm_weight_int8pack_mm``, passes/fuse_rms_norm_linear), which make
   ``vkdelegate.rms_norm_linear_q4gsw_swiglu(x, norm_weight, eps, weights, scales,
   group_size, bias, steps')`` / ``rms_norm_weight_int8pack_mm_swiglu(x, norm_weight,
-  eps, mat2, scales, steps')``;
+  eps, mat2, scales, steps')``; or ``et_vk.linear_dq8ca_q4gsw`` (8da4w, merged by
+  merge_linears) with int4 weights [2F, K/2] and sums and scales of >= 2F columns;
 - the producer's output, the parts and the chain's output are float32 or float16 of
   one dtype, and the chain computes exactly one of kernels/swiglu.py's ``CHAINS``
   (``swiglu.match_roles``: SiLU of the first half times the second, with the same
   rounding steps; no scalars), whose canonical text the fused op then carries.
 
 A chain over the halves in the other roles (SiLU of the second half), a GeGLU (gemma's
-gelu), a part read elsewhere or a graph output, a merged q/k/v linear, 8da4w
-(``et_vk.linear_dq8ca_q4gsw``, which merge_linears does not merge): left alone.
+gelu), a part read elsewhere or a graph output, a merged q/k/v linear: left alone.
 Runs right after fuse_elementwise (which makes the chain); off with compile option
 ``fuse_linear_swiglu`` = False, and where the registry lacks the fused op.
 """
@@ -56,7 +58,8 @@ from __future__ import annotations
 
 import torch
 
-from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_Q4GSW,
+from vkdelegate.backend.custom_ops import (FUSED_ELEMENTWISE, LINEAR_DQ8CA_Q4GSW,
+                                           LINEAR_DQ8CA_Q4GSW_SWIGLU, LINEAR_Q4GSW,
                                            LINEAR_Q4GSW_SWIGLU, LINEAR_SWIGLU,
                                            RMS_NORM_LINEAR, RMS_NORM_LINEAR_Q4GSW,
                                            RMS_NORM_LINEAR_Q4GSW_SWIGLU,
@@ -103,8 +106,10 @@ def _linear_args(producer):
     if found is None:
         return None
     fused, args, w, bias = found
-    at = 3 if fused in (RMS_NORM_LINEAR_Q4GSW_SWIGLU, RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU) \
-        else 1  # the weight's position
+    at = 3 if fused in (RMS_NORM_LINEAR_Q4GSW_SWIGLU, RMS_NORM_WEIGHT_INT8PACK_MM_SWIGLU,
+                        LINEAR_DQ8CA_Q4GSW_SWIGLU) else 1  # the weight's position
+    if fused is LINEAR_DQ8CA_Q4GSW_SWIGLU:  # x, its qparams, weights, sums, scales, gs
+        return fused, args, w, bias, args[5], args[6]
     if fused in _Q4:
         return fused, args, w, bias, args[at + 1], args[at + 2]
     if fused in _Q8:
@@ -129,6 +134,9 @@ def _producer_args(producer):
         bias = args[4] if len(args) == 5 else None
         return LINEAR_Q4GSW_SWIGLU, [args[0], args[1], args[2], args[3], bias], args[1], \
             bias
+    if producer.target == LINEAR_DQ8CA_Q4GSW.overload() and len(args) in (7, 8):
+        bias = args[7] if len(args) == 8 else None
+        return LINEAR_DQ8CA_Q4GSW_SWIGLU, list(args[:7]) + [bias], args[3], bias
     if producer.target == aten._weight_int8pack_mm.default and len(args) == 3:
         return WEIGHT_INT8PACK_MM_SWIGLU, list(args), args[1], None
     if producer.target == RMS_NORM_LINEAR_Q4GSW.overload() and len(args) in (6, 7):
@@ -150,7 +158,7 @@ def _weight_ok(fused, w, scales, group, f: int, dtype) -> bool:
     sv = _val(scales)
     if not isinstance(sv, torch.Tensor) or sv.dtype != dtype:
         return False
-    if fused in _Q4:
+    if fused in _Q4 or fused is LINEAR_DQ8CA_Q4GSW_SWIGLU:
         return wv.dtype == torch.uint8 and sv.dim() == 2 and sv.shape[1] >= 2 * f \
             and isinstance(group, int) and not isinstance(group, bool)
     return wv.dtype == torch.int8 and tuple(sv.shape) == (2 * f,)

@@ -21,7 +21,8 @@ float constants and the arithmetic of their dequantization:
   scale, zp, ...)``; choose_qparams' own nodes (amin, amax, full_like, minimum,
   maximum, the arithmetic, the cast to int8) become one
   ``vkdelegate.choose_qparams_per_token`` (``fuse_choose_qparams``, a later pass:
-  after cse, which gives the chains over one activation one amin).
+  after cse, which gives the chains over one activation one amin). An fp16 x's chain
+  is the same nodes in fp16 (each rounding to fp16), which the fused ops reproduce.
 
 Not fused (left as the decomposition, which still runs): nonzero weight zero points
 (asymmetric weights), int8 per-group weights, int4 with K not a multiple of 8.
@@ -34,7 +35,8 @@ import operator
 import torch
 
 from vkdelegate.backend.custom_ops import (CHOOSE_QPARAMS_PER_TOKEN, LINEAR_DQ8CA_Q4GSW,
-                                          LINEAR_Q4GSW, QPARAMS_EPS)
+                                          LINEAR_Q4GSW, QPARAMS_EPS, RMS_NORM,
+                                          RMS_NORM_CHOOSE_QPARAMS)
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -292,7 +294,7 @@ def fuse_quantized_linear(pg) -> bool:
         qmat = pg.constants[q_node.name].reshape(n, k)
         packed = pg.add_constant(q_node.name + "_q4", pack_4bit(qmat))
         s_node = pg.add_constant(q_node.name + "_scales", scales.t().contiguous())
-        act = _dynamic_activation(x) if _val(x).dtype == torch.float32 else None
+        act = _dynamic_activation(x) if _val(x).dtype in _QPARAMS_DTYPES else None
         with graph.inserting_before(node):
             if act is None:
                 fused = graph.call_function(LINEAR_Q4GSW.overload(),
@@ -331,6 +333,14 @@ def _replace(graph, node, fused, inner) -> None:
     _erase_dead(graph, [n for n in inner if n is not node])
 
 
+#: The activation dtypes of 8da4w's per-token qparams (custom_ops.QPARAMS_EPS's).
+_QPARAMS_DTYPES = (torch.float32, torch.float16)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _scalar_is(value, expected) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) \
         and float(value) == float(expected)
@@ -346,12 +356,13 @@ def _per_token_bounds(node, zero_with):
     red, zero = node.args
     if not _call(red, reduce_op) or not _call(zero, aten.full_like.default) \
             or zero.args[0] is not red or not _scalar_is(zero.args[1], 0) \
-            or zero.kwargs.get("dtype") not in (None, torch.float32):
+            or zero.kwargs.get("dtype") not in (None, _val(red).dtype if _val(red) is not None
+                                                else None):
         return None
     x, dims = red.args[0], (red.args[1] if len(red.args) > 1 else red.kwargs.get("dim"))
     keep = red.args[2] if len(red.args) > 2 else red.kwargs.get("keepdim", False)
     val = _val(x)
-    if keep or val is None or val.dtype != torch.float32 or val.dim() < 1 \
+    if keep or val is None or val.dtype not in _QPARAMS_DTYPES or val.dim() < 1 \
             or list(dims or []) not in ([val.dim() - 1], [-1]):
         return None
     return x, red
@@ -359,10 +370,10 @@ def _per_token_bounds(node, zero_with):
 
 def _choose_qparams_chain(zp):
     """(x, scale node, amin node) when ``zp`` is the int8 zero point of torchao's per-token
-    asymmetric int8 qparams of an fp32 x (choose_qparams_affine decomposed, as torchao
-    0.18 with torch 2.13 exports it):
+    asymmetric int8 qparams of an fp32 or fp16 x (choose_qparams_affine decomposed, as
+    torchao 0.18 with torch 2.13 exports it, every node in x's dtype):
     ``_to_copy(clamp(sub(-128, round(div(lo, scale))), -128, 127), int8)`` with
-    ``scale = clamp(div(sub(hi, lo), 255.0), FLT_MIN)``, ``lo = minimum(amin(x, [-1]),
+    ``scale = clamp(div(sub(hi, lo), 255.0), eps)`` (eps: QPARAMS_EPS of x's dtype), ``lo = minimum(amin(x, [-1]),
     full_like(., 0))``, ``hi = maximum(amax(x, [-1]), full_like(., 0))``; else None."""
     if not _call(zp, aten._to_copy.default) or zp.kwargs.get("dtype") != torch.int8 \
             or set(zp.kwargs) - {"dtype"}:
@@ -383,7 +394,8 @@ def _choose_qparams_chain(zp):
         return None
     lo, scale = div.args
     if not _call(scale, aten.clamp.default) or len(scale.args) != 2 \
-            or not _scalar_is(scale.args[1], QPARAMS_EPS) or scale.kwargs:
+            or not any(_scalar_is(scale.args[1], e) for e in QPARAMS_EPS.values()) \
+            or scale.kwargs:
         return None
     span = scale.args[0]
     if not _call(span, aten.div.Tensor) or not _scalar_is(span.args[1], 255.0) \
@@ -398,7 +410,9 @@ def _choose_qparams_chain(zp):
     if low is None or high is None or low[0] is not high[0]:
         return None
     x = low[0]
-    for n, want in ((scale, torch.float32), (zp, torch.int8)):
+    if not _scalar_is(scale.args[1], QPARAMS_EPS[_dtype_name(_val(x).dtype)]):
+        return None  # another dtype's eps
+    for n, want in ((scale, _val(x).dtype), (zp, torch.int8)):
         v = _val(n)
         if v is None or v.dtype != want or list(v.shape) != list(_val(x).shape[:-1]):
             return None
@@ -438,4 +452,59 @@ def fuse_choose_qparams(pg) -> bool:
         node.replace_all_uses_with(z)
         _erase_dead(graph, chain)
         changed = True
+    if made and RMS_NORM_CHOOSE_QPARAMS.name in registry.load_all():
+        # The products' replaced activation chains (merged q/k/v's, gate/up's) may
+        # still read the norm: gone first, so that they count as no reader.
+        graph.eliminate_dead_code()
+        for s, z in made.values():
+            _fold_norm(graph, s, z)
     return changed
+
+
+def _only_8da4w_readers_but(node, skip) -> bool:
+    """Whether every reader of ``node`` but ``skip`` is an 8da4w product, directly or
+    through views that only 8da4w products (or ``skip``, or views) read."""
+    for user in node.users:
+        if user is skip:
+            continue
+        if _call(user, aten.view.default, aten._unsafe_view.default):
+            if not _only_8da4w_readers_but(user, skip):
+                return False
+        elif not _call(user, LINEAR_DQ8CA_Q4GSW.overload()):
+            return False
+    return True
+
+
+def _fold_norm(graph, s, z) -> None:
+    """The qparams node behind getitems (s, z) of an x that is an ``et_vk.rms_norm``
+    (or a view of one) whose other readers are all 8da4w products (directly or through
+    views) -> one ``rms_norm_choose_qparams`` giving the norm's output and the qparams
+    (viewed to the qparams node's sizes where x was a view). Left alone otherwise (a
+    norm a float linear also reads keeps its node for passes/fuse_rms_norm_linear)."""
+    qparams = s.args[0]
+    x = qparams.args[0]
+    views = []
+    norm = x
+    while _call(norm, aten.view.default, aten._unsafe_view.default):
+        views.append(norm)
+        norm = norm.args[0]
+    if not _call(norm, RMS_NORM.overload()) or len(norm.args) != 3 or norm.kwargs \
+            or set(qparams.users) != {s, z} or not _only_8da4w_readers_but(norm, qparams):
+        return
+    with graph.inserting_before(norm):
+        fused = _traced(graph, RMS_NORM_CHOOSE_QPARAMS.overload(), tuple(norm.args))
+        parts = [graph.call_function(operator.getitem, (fused, i)) for i in range(3)]
+        for part, val in zip(parts, fused.meta["val"]):
+            part.meta["val"] = val
+        for i, old in ((1, s), (2, z)):
+            if tuple(_val(parts[i]).shape) != tuple(_val(old).shape):
+                parts[i] = _traced(graph, aten.view.default,
+                                   (parts[i], list(_val(old).shape)))
+    s.replace_all_uses_with(parts[1])
+    z.replace_all_uses_with(parts[2])
+    for dead in (s, z, qparams):
+        graph.erase_node(dead)
+    parts[0].meta = dict(norm.meta, val=parts[0].meta["val"])
+    norm.replace_all_uses_with(parts[0])
+    graph.erase_node(norm)
+    _erase_dead(graph, views)

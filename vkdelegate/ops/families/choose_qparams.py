@@ -3,10 +3,12 @@
 backend/passes/quantized_linear.fuse_choose_qparams from torchao's decomposed
 choose_qparams_affine).
 
-choose_qparams_per_token(x fp32 [..., K]) -> (scale fp32 [...], zero point int8 [...]):
-per row of x, lo = min(amin, 0), hi = max(amax, 0), scale = max((hi - lo) / 255,
-FLT_MIN), zp = clamp(-128 - round(lo / scale), -128, 127): the same float operations
-as the decomposition's nodes, each division correctly rounded as the CPU's (the
+choose_qparams_per_token(x fp32 or fp16 [..., K]) -> (scale [...] of x's dtype, zero
+point int8 [...]): per row of x, lo = min(amin, 0), hi = max(amax, 0), scale =
+max((hi - lo) / 255, eps), zp = clamp(-128 - round(lo / scale), -128, 127), eps the
+least normal number of x's dtype (torchao's; FLT_MIN for fp32): the same float
+operations as the decomposition's nodes, each rounded to x's dtype as eager rounds
+it (fp16: in fp32, then to fp16), each division correctly rounded as the CPU's (the
 shader's div_rn: GLSL's `/` may be off by a few ulp, and an H100 gave a scale one ulp
 off with it), so the same bits (a row holding a NaN: scale NaN, zero point 0, as
 eager's cast gives; a row holding -inf: scale inf, -inf / inf is NaN, zero point 0
@@ -15,6 +17,13 @@ invocations per row (min / max partials, then a shared-memory tree); before, the
 decomposition took about eight dispatches a row (amin, amax, two full_like, minimum,
 the chains, the cast). Rows may vary at run time (prefill's T): the grid is sized for
 the most, workgroups past the current rows return.
+
+vkdelegate.rms_norm_choose_qparams.default(x, weight, eps) -> (y, scale, zp): y =
+et_vk.rms_norm(x, weight, eps) and the qparams of y (custom_ops.RMS_NORM_CHOOSE_QPARAMS;
+made by fuse_choose_qparams where only 8da4w products read the norm): the shader's NORM
+form, one dispatch where the norm and the qparams took two; y is the norm's value
+within its rounding (the sum of squares in another order than norm.glsl's), and the
+qparams are bit for bit those of the y written.
 """
 from __future__ import annotations
 
@@ -25,60 +34,99 @@ from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
-from vkdelegate.shaders.variants import declare_grid
+from vkdelegate.shaders.variants import declare_grid, flag_defines
 
 SHADER = "choose_qparams"
 NAME = "vkdelegate.choose_qparams_per_token.default"
+NORM_NAME = "vkdelegate.rms_norm_choose_qparams.default"
 WG = 64  # invocations per row (a power of two)
-#: FLT_MIN, the least scale (backend/custom_ops.QPARAMS_EPS, which the op's definition
-#: uses: ops do not import the backend; tests/ops/test_choose_qparams.py compares them).
-EPS = 1.1754943508222875e-38
-#: x: rows now, y: K; fparams x: 255 (the int8 range), y: eps (FLT_MIN).
+#: The least scale per x dtype: its least normal number (backend/custom_ops.QPARAMS_EPS,
+#: which the op's definition uses: ops do not import the backend;
+#: tests/ops/test_choose_qparams.py compares them).
+EPS = {"float32": 1.1754943508222875e-38, "float16": 6.103515625e-05}
+DTYPES = frozenset(EPS)
+#: x: rows now, y: K; fparams x: 255 (the int8 range), y: eps (EPS[x's dtype]).
 PARAMS = ParamBlock("qparams_block", [("info", "ivec4"), ("fparams", "vec4")])
 
 
 @shader_bindings(SHADER)
-def _bindings(_defines) -> Bindings:
+def _bindings(defines) -> Bindings:
+    if "NORM" in defines:
+        return Bindings(outputs=("y_data", "scale_data", "zp_data"),
+                        inputs=("x_data", "w_data"), params=(PARAMS,))
     return Bindings(outputs=("scale_data", "zp_data"), inputs=("x_data",),
                     params=(PARAMS,))
 
 
-def _defines(scale, zp) -> dict:
-    d = storage_defines(SCALE=scale, ZP=zp)
+def _defines(x, scale, zp, y=None, w=None) -> dict:
+    """Defines of choose_qparams.glsl; y and w (the normalized row and the norm weight):
+    its NORM form."""
+    d = storage_defines(X=x, SCALE=scale, ZP=zp, **(dict(Y=y, W=w) if y is not None else {}))
     d["WG"] = str(WG)
+    d.update(flag_defines(F16=(x.dtype if hasattr(x, "dtype") else x[0]) == "float16",
+                          NORM=y is not None))
     return d
 
 
-def _impl(b, node):
-    x_id, out_ids = node.args
-    outs = b.value(out_ids)
-    if not isinstance(outs, list) or len(outs) != 2:
-        raise b.error("choose_qparams_per_token has two outputs")
-    x = b.tensor(x_id)
-    scale, zp = (b.tensor(o) if isinstance(o, int) else o for o in outs)
+def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
+    """One workgroup per row of x: outs = [scale, zp], or with the norm weight w
+    (rms_norm_choose_qparams) [y, scale, zp]."""
     # The loader has checked x, the outputs' dtypes and their sizes against the op's
     # rule and shape_fn (tests/ops/test_choose_qparams.py's crafted blobs).
     k = x.max_shape[-1]
     rows = math.prod(x.max_shape[:-1])
-    loop_limit.check(b, -(-k // WG) + int(math.log2(WG)) + 2,
+    passes = 2 if w is not None else 1
+    loop_limit.check(b, passes * (-(-k // WG) + int(math.log2(WG))) + 2,
                      f"quantization parameters of rows of {k} values")
 
     def pack():
         return PARAMS.pack(info=[x.numel // max(x.shape[-1], 1), x.shape[-1]],
-                           fparams=[255.0, EPS])
+                           fparams=[255.0, EPS[x.dtype], eps])
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
-    b.dispatch(SHADER, _defines(scale, zp), outputs=[scale, zp], inputs=[x],
-               params=[params], global_size=(max(rows, 1) * WG,), local_size=(WG, 1, 1))
+    y = outs[0] if w is not None else None
+    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w), outputs=list(outs),
+               inputs=[x] + ([w] if w is not None else []), params=[params],
+               global_size=(max(rows, 1) * WG,), local_size=(WG, 1, 1))
+
+
+def _outputs(b, out_ids, count: int, what: str) -> list:
+    outs = b.value(out_ids)
+    if not isinstance(outs, list) or len(outs) != count:
+        raise b.error(f"{what} has {count} outputs")
+    return [b.tensor(o) if isinstance(o, int) else o for o in outs]
+
+
+def _impl(b, node):
+    x_id, out_ids = node.args
+    _record(b, b.tensor(x_id), _outputs(b, out_ids, 2, "choose_qparams_per_token"))
+
+
+def _norm_impl(b, node):
+    x_id, w_id, eps_id, out_ids = node.args
+    _record(b, b.tensor(x_id), _outputs(b, out_ids, 3, "rms_norm_choose_qparams"),
+            b.tensor(w_id), float(b.scalar(eps_id)))
 
 
 def _rule(node: NodeSpec):
     x = node.args[0]
     if x.rank < 1 or x.shape[-1] < 1:
         return f"x of sizes {list(x.shape)} (rows of at least one value expected)"
-    if len(node.outputs) != 2 or node.outputs[0].dtype != "float32" or \
-            node.outputs[1].dtype != "int8":
-        return "outputs other than (float32 scale, int8 zero point)"
+    qparams = node.outputs[-2:]
+    if len(qparams) != 2 or qparams[0].dtype != x.dtype or qparams[1].dtype != "int8":
+        return f"outputs other than ({x.dtype} scale, int8 zero point)"
+    return None
+
+
+def _norm_rule(node: NodeSpec):
+    x, w = node.args[:2]
+    if len(node.outputs) != 3 or node.outputs[0].dtype != x.dtype:
+        return f"outputs other than ({x.dtype} y, scale, zero point)"
+    if w.rank != 1 or x.rank < 1 or w.shape[0] != x.shape[-1] or w.dtype != x.dtype:
+        return (f"norm weight {list(w.shape)} {w.dtype} for x {list(x.shape)} {x.dtype}: "
+                f"[K] of x's dtype expected")
+    if x.dynamic and x.dynamic[-1]:
+        return "x with a dynamic last dim"
     return None
 
 
@@ -87,11 +135,28 @@ def _shape(args):
     return [rows, rows]
 
 
-register(OpSpec(name=NAME, dtypes=frozenset({"float32", "int8"}), impl=_impl,
-                shape_fn=_shape, rules=(_rule,), arg_dtypes={0: frozenset({"float32"})},
+def _norm_shape(args):
+    return [tuple(args[0].shape)] + _shape(args)
+
+
+register(OpSpec(name=NAME, dtypes=DTYPES | {"int8"}, impl=_impl,
+                shape_fn=_shape, rules=(_rule,), arg_dtypes={0: DTYPES},
                 notes="8da4w's per-row asymmetric int8 scale and zero point, bit for bit "
                       "torchao's decomposition; one workgroup a row"))
+register(OpSpec(name=NORM_NAME, dtypes=DTYPES | {"int8"}, impl=_norm_impl,
+                shape_fn=_norm_shape, rules=(_rule, _norm_rule),
+                arg_dtypes={0: DTYPES, 1: DTYPES},
+                notes="et_vk.rms_norm and choose_qparams_per_token of its output in one "
+                      "dispatch (a workgroup a row: the sum of squares, then the "
+                      "normalized row and its min / max); the qparams bit for bit those "
+                      "of the y written"))
 
-declare_grid(SHADER, lambda profile: _defines(
-    ("float32", "float32"), ("int8", device_dtype("int8", profile))),
-    profile=STORAGE_PROFILES)
+
+def _grid(profile, dtype, norm):
+    pair = (dtype, device_dtype(dtype, profile))
+    return _defines(pair, pair, ("int8", device_dtype("int8", profile)),
+                    pair if norm else None, pair if norm else None)
+
+
+declare_grid(SHADER, _grid, profile=STORAGE_PROFILES, dtype=sorted(DTYPES),
+             norm=(False, True))

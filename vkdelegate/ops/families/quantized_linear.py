@@ -9,8 +9,8 @@ torchao's quantized linears).
   group_size, bias [N]?) -> [..., N]: int4 group-wise symmetric weights two per byte
   (ET's packing: k even in the low nibble, + 8); group sizes multiples of 8 dividing K;
   scales and bias may be padded past N (ExecuTorch's blobs pad them to 4).
-- linear_dq8ca_q4gsw(input [..., K] fp32, input_scales and input_zp int8 one per row
-  of input ([...], [..., 1] or [M]), weights,
+- linear_dq8ca_q4gsw(input [..., K] fp32 or fp16, input_scales (input's dtype) and
+  input_zp int8 one per row of input ([...], [..., 1] or [M]), weights,
   weight_sums int32, weight_scales, group_size, bias?): 8da4w, the activation
   quantized per row in the shader, integer products per group (dotPacked4x8EXT where
   the device has shaderIntegerDotProduct, a portable loop otherwise).
@@ -44,10 +44,11 @@ storage (stored once: 0.5 byte per int4 weight, 1 per int8). fp32 accumulation; 
 rounds an fp16 model's dequantized int4 weights to fp16 as its eager dequantize does,
 linear_qw_gemv.glsl and linear_qw_texel.glsl scale each block's or group's sum instead
 (at most 2^-12 of each product).
-``_record`` also serves vkdelegate.linear_q4gsw_add and vkdelegate.weight_int8pack_mm_add
-(registered below; kernels/residual.py): linear_qw_gemv.glsl's HAS_RESIDUAL adds the
-residual in its epilogue; and vkdelegate.linear_q4gsw_swiglu and
-vkdelegate.weight_int8pack_mm_swiglu (registered below; kernels/swiglu.py): a merged
+``_record`` also serves vkdelegate.linear_q4gsw_add, weight_int8pack_mm_add and
+linear_dq8ca_q4gsw_add (registered below; kernels/residual.py): every form's
+HAS_RESIDUAL adds the residual in its epilogue; and vkdelegate.linear_q4gsw_swiglu,
+weight_int8pack_mm_swiglu and linear_dq8ca_q4gsw_swiglu (registered below;
+kernels/swiglu.py): a merged
 gate/up weight [2F, ...] whose SwiGLU chain every form (linear_qw_gemv.glsl, and
 linear_qw.glsl's GEMV and GEMM forms) runs in its epilogue (SWIGLU: row pairs
 (n, F + n), each sum finished and rounded as the plain op's store, then the chain),
@@ -327,8 +328,10 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
         tensors["R"] = residual
     d = storage_defines(**tensors)
     xdev = x.device_dtype if hasattr(x, "device_dtype") else x[1]
+    xdt = x.dtype if hasattr(x, "device_dtype") else x[0]
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
+                          XQ16=dq is not None and xdt == "float16",
                           HAS_RESIDUAL=residual is not None, RMS_NORM=norm))
     paired = swiglu is not None or rotary is not None  # two weight rows per output
     if sg is None:
@@ -367,11 +370,13 @@ def half_dot(defines: dict) -> dict:
 
 
 def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool,
-                    dq=None, int_dot: bool = False, m_tile: int = 4, swiglu=None) -> dict:
+                    dq=None, int_dot: bool = False, m_tile: int = 4, swiglu=None,
+                    residual=None) -> dict:
     """Defines of linear_qw.glsl. Tensors as Tensors or (graph dtype, device dtype)
     pairs; dq: (input_scales, input_zp, weight_sums) for DQ8CA; m_tile: the GEMM
     form's rows per invocation (4, or 1 for fewer than 4 rows); swiglu: None, or
-    kernels/swiglu.py's defines of the SWIGLU epilogue."""
+    kernels/swiglu.py's defines of the SWIGLU epilogue; residual: None, or the Tensor
+    (pair) of out's shape that HAS_RESIDUAL adds to the output."""
     tensors = dict(OUT=out, X=x, S=s)
     pair = (w.dtype, w.device_dtype) if hasattr(w, "device_dtype") else w
     words = _words(pair, k, bits)
@@ -381,10 +386,14 @@ def qlinear_defines(out, x, w, s, bias, bits: int, k: int, gemv: bool, f16: bool
         tensors["C"] = bias
     if dq is not None:
         tensors.update(XS=dq[0], XZ=dq[1])
+    if residual is not None:
+        tensors["R"] = residual
     d = storage_defines(**tensors)
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, W_WORDS=words, GEMV=gemv,
+                          HAS_RESIDUAL=residual is not None,
                           HAS_BIAS=bias is not None, F16_WEIGHTS=f16 and bits == 4,
-                          DQ8CA=dq is not None, INT_DOT=int_dot))
+                          DQ8CA=dq is not None, XQ16=dq is not None and f16,
+                          INT_DOT=int_dot))
     if gemv:
         d.update(WG=str(WG), NPW=str(NPW))
     else:
@@ -552,9 +561,8 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
             residual=None, swiglu=None, norm=None, rotary=None) -> bool:
     """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
     ``residual`` (None, or a Tensor of out's shape and dtype) is added in the epilogue
-    by linear_qw_gemv.glsl (HAS_RESIDUAL) and left to the caller by linear_qw.glsl.
-    Returns whether it was added (False without one). ``swiglu`` (None, or
-    kernels/swiglu.py's defines; not with dq or a residual): w is a merged gate/up
+    of every form (HAS_RESIDUAL). Returns whether it was added (False without one). ``swiglu`` (None, or
+    kernels/swiglu.py's defines; not with a residual): w is a merged gate/up
     weight [2F, ...], out [..., F] the chain over the product's halves, in every
     form's epilogue (SWIGLU). ``norm`` (None, or a kernels/gemm.py RmsPrologue; not
     with dq or a residual): the product of et_vk.rms_norm(x, norm.weight, norm.eps),
@@ -568,13 +576,12 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     rows = w.max_shape[0]  # weight rows: the product's columns
     n = rows // 2 if swiglu is not None else rows  # output columns
     k = x.max_shape[-1] if x.ndim else 1
-    if swiglu is not None and (dq is not None or residual is not None or rows % 2):
+    if swiglu is not None and (residual is not None or rows % 2):
         raise b.error(f"weights [{rows}, {w.max_shape[1]}]: no SwiGLU epilogue for "
                       f"this product")
     if norm is not None and (dq is not None or residual is not None):
         raise b.error("no RMS norm for this product")
-    if rotary is not None and (dq is not None or residual is not None
-                               or swiglu is not None or rows % 2):
+    if rotary is not None and (residual is not None or swiglu is not None or rows % 2):
         raise b.error(f"weights [{rows}, {w.max_shape[1]}]: no rotary epilogue for this "
                       f"product")
     if bits == 4 and (k % 8 or group % 8 or k % group or w.max_shape[1] * 2 < k):
@@ -605,12 +612,13 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
-                           m_tile=m_tile, swiglu=swiglu)
+                           m_tile=m_tile, swiglu=swiglu, residual=residual)
     defines = base
     if dq is not None:
         defines = choose(SHADER, [dict(base, INT_DOT="1"), base],
                          b.device.info.capabilities)
-    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else [])
+    inputs = [x, w, s] + ([bias] if bias is not None else []) + (list(dq) if dq else []) \
+        + ([residual] if residual is not None else [])
     s_stride = s.max_shape[1] if bits == 4 else rows
     w_stride = w.max_shape[1] // 4 if bits == 4 else chunks  # int4: words per row
     if bits == 4 and w.max_shape[1] % 4:
@@ -635,7 +643,7 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
             return (grid[0], -(-_rows_of(out) // m_tile))
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=grid, local_size=local, grid=now)
-    return False
+    return residual is not None
 
 
 def _rows_of(out) -> int:
@@ -754,6 +762,8 @@ def _dq8ca_rule(node: NodeSpec):
     if not per_row or xz.shape != xs.shape or xs.is_dynamic != x.is_dynamic:
         return (f"input scales {list(xs.shape)} / zero points {list(xz.shape)}: expected "
                 f"one per row of the input {list(x.shape)}")
+    if xs.dtype != x.dtype:
+        return f"input scales {xs.dtype} for input {x.dtype}"
     sums = node.args[4]
     n = node.args[3].shape[0] if node.args[3].rank == 2 else -1
     gs = node.args[6]
@@ -778,7 +788,7 @@ register(OpSpec(name=Q4GSW, dtypes=DTYPES, impl=_q4gsw_impl, shape_fn=_shape(1),
                 notes="int4 group-wise weights two per byte (ET packing), groups of "
                       "8k; GEMV (16-byte blocks for groups of 32k) / GEMM forms; CPU "
                       "drivers: texel-buffer form (groups of 32k)"))
-register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
+register(OpSpec(name=DQ8CA, dtypes=DTYPES, impl=_dq8ca_impl,
                 shape_fn=_shape(3), rules=(_dq8ca_rule,),
                 arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
                             4: frozenset({"int32"})},
@@ -789,11 +799,11 @@ register(OpSpec(name=DQ8CA, dtypes=frozenset({"float32"}), impl=_dq8ca_impl,
 
 # ---- variants ---------------------------------------------------------------------
 def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool,
-              m_tile: int = 4, chain: "str | None" = None):
-    if op == DQ8CA and dtype != "float32" or op != INT8PACK and odd_k:
+              m_tile: int = 4, chain: "str | None" = None, residual: bool = False):
+    if op != INT8PACK and odd_k or residual and chain is not None:
         return None
-    if chain is not None and (op == DQ8CA or chain not in swiglu_chains.CHAINS_FOR[dtype]):
-        return None  # SWIGLU: the int4 and int8 weight-only forms
+    if chain is not None and chain not in swiglu_chains.CHAINS_FOR[dtype]:
+        return None
     if op == INT8PACK and bias:
         return None
     pair = (dtype, device_dtype(dtype, profile))
@@ -809,35 +819,36 @@ def _variants(profile, op: str, dtype: str, gemv: bool, bias: bool, odd_k: bool,
     return qlinear_defines(pair, pair, w, pair, pair if bias else None, bits, k, gemv,
                            dtype == "float16", dq, m_tile=m_tile,
                            swiglu=None if chain is None else swiglu_chains.defines(chain,
-                                                                                   dtype))
+                                                                                   dtype),
+                           residual=pair if residual else None)
 
 
-def _dq8ca_dot(profile, gemv: bool, bias: bool, m_tile: int):
-    found = _variants(profile, DQ8CA, "float32", gemv, bias, False, m_tile)
+def _dq8ca_dot(profile, dtype: str, gemv: bool, bias: bool, m_tile: int,
+               chain: "str | None", residual: bool):
+    found = _variants(profile, DQ8CA, dtype, gemv, bias, False, m_tile, chain, residual)
     return None if found is None else dict(found, INT_DOT="1")
 
 
 _AXES = dict(profile=STORAGE_PROFILES, gemv=(True, False), bias=(False, True),
              m_tile=(1, 4))
 declare_grid(SHADER, _variants, **_AXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
-             odd_k=(False, True), chain=(None,) + swiglu_chains.CHAINS)
-declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES)
+             odd_k=(False, True), chain=(None,) + swiglu_chains.CHAINS,
+             residual=(False, True))
+declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES,
+             dtype=DTYPES, chain=(None,) + swiglu_chains.CHAINS, residual=(False, True))
 
 
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
                      chain: "str | None" = None, norm: bool = False, rotary: bool = False,
                      rows: "int | None" = None, wg: "int | None" = None):
-    if op == INT8PACK and (bias or svec) or op == DQ8CA and dtype != "float32":
+    if op == INT8PACK and (bias or svec):
         return None
-    if residual and op == DQ8CA:
-        return None  # vkdelegate.linear_q4gsw_add and weight_int8pack_mm_add only
     if norm and (op == DQ8CA or residual):
         return None  # RMS_NORM: the rms_norm_* forms of the weight-only products
-    if chain is not None and (op == DQ8CA or residual
-                              or chain not in swiglu_chains.CHAINS_FOR[dtype]):
-        return None  # SWIGLU: linear_q4gsw_swiglu and weight_int8pack_mm_swiglu only
-    if rotary and (op == DQ8CA or residual or chain is not None or svec):
+    if chain is not None and (residual or chain not in swiglu_chains.CHAINS_FOR[dtype]):
+        return None  # SWIGLU: the *_swiglu ops, no residual
+    if rotary and (residual or chain is not None or svec):
         return None  # ROTARY: the *_rotary_cache forms (their norm folded in or not)
     pair = (dtype, device_dtype(dtype, profile))
     bits = 8 if op == INT8PACK else 4
@@ -863,9 +874,10 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                            norm, r, rows=rows, wg=wg) for r in rotaries]
 
 
-def _vector_dot(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int):
-    found = _vector_variants(profile, DQ8CA, "float32", bias, subgroup, svec, rows=rows,
-                             wg=wg)
+def _vector_dot(profile, dtype: str, bias: bool, subgroup: bool, svec: bool, rows: int,
+                wg: int, residual: bool, chain: "str | None", rotary: bool):
+    found = _vector_variants(profile, DQ8CA, dtype, bias, subgroup, svec, residual, chain,
+                             rotary=rotary, rows=rows, wg=wg)
     return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
@@ -879,7 +891,9 @@ _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, Fals
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
              norm=(False, True), rotary=(False, True))
-declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES)
+declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES,
+             dtype=DTYPES, residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
+             rotary=(False, True))
 
 
 def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int,
@@ -938,6 +952,28 @@ register(OpSpec(name=Q4GSW_ADD, dtypes=DTYPES, impl=_q4gsw_add_impl, shape_fn=_q
                       "the other forms; fused from aten.add.Tensor"))
 
 
+# ---- vkdelegate.linear_dq8ca_q4gsw_add.default: residual + linear_dq8ca_q4gsw -------
+DQ8CA_ADD = "vkdelegate.linear_dq8ca_q4gsw_add.default"
+
+
+def _dq8ca_add_impl(b, node):
+    x_id, xs_id, xz_id, w_id, sums_id, s_id, gs_id, bias_id, r_id, out_id = node.args
+    out, r = residual.residual_tensor(b, out_id, r_id)
+    dq = (b.tensor(xs_id), b.tensor(xz_id), b.tensor(sums_id))
+    if not _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
+                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), dq, residual=r):
+        residual.add_after(b, out, r)
+
+
+register(OpSpec(name=DQ8CA_ADD, dtypes=DTYPES, impl=_dq8ca_add_impl, shape_fn=_shape(3),
+                rules=(_dq8ca_rule, residual.residual_rule(8)),
+                arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
+                            4: frozenset({"int32"})},
+                notes="residual + linear_dq8ca_q4gsw(...) (8da4w): the add in the "
+                      "vectorized GEMV's epilogue, a second dispatch on the GEMM form; "
+                      "fused from aten.add.Tensor"))
+
+
 # ---- vkdelegate.weight_int8pack_mm_add.default: residual + _weight_int8pack_mm -----
 INT8PACK_ADD = "vkdelegate.weight_int8pack_mm_add.default"
 
@@ -988,6 +1024,25 @@ register(OpSpec(name=Q4GSW_SWIGLU, dtypes=DTYPES, impl=_q4gsw_swiglu_impl,
                       "(weights [2F, K/2]) -> [..., F]: the chain in every form's "
                       "epilogue (one dispatch); fused from the linear's narrow_last "
                       "parts and vkdelegate.fused_elementwise"))
+def _dq8ca_swiglu_impl(b, node):
+    x_id, xs_id, xz_id, w_id, sums_id, s_id, gs_id, bias_id, steps_id, out_id = node.args
+    out = b.tensor(out_id)
+    dq = (b.tensor(xs_id), b.tensor(xz_id), b.tensor(sums_id))
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), b.value(bias_id), out,
+            4, int(b.scalar(gs_id)), dq,
+            swiglu=swiglu_chains.node_defines(b, steps_id, out.dtype))
+
+
+DQ8CA_SWIGLU = "vkdelegate.linear_dq8ca_q4gsw_swiglu.default"
+register(OpSpec(name=DQ8CA_SWIGLU, dtypes=DTYPES, impl=_dq8ca_swiglu_impl,
+                shape_fn=swiglu_chains.halves_shape(3),
+                rules=(_dq8ca_rule, swiglu_chains.halves_rule(3, 8, 7)),
+                arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
+                            4: frozenset({"int32"})},
+                notes="SwiGLU chain over the halves of a merged gate/up "
+                      "linear_dq8ca_q4gsw (8da4w; weights [2F, K/2]) -> [..., F]: the "
+                      "chain in every form's epilogue (one dispatch); fused from the "
+                      "product's narrow_last parts and vkdelegate.fused_elementwise"))
 register(OpSpec(name=INT8PACK_SWIGLU, dtypes=DTYPES, impl=_int8pack_swiglu_impl,
                 shape_fn=swiglu_chains.halves_shape(1),
                 rules=(_int8pack_rule, swiglu_chains.halves_rule(1, 3, None)),
@@ -1097,20 +1152,26 @@ register(OpSpec(name=RMS_INT8PACK_SWIGLU, dtypes=DTYPES, impl=_rms_int8pack_impl
 # on the same form (tests/ops/test_quantized_rotary_cache.py).
 RMS_Q4GSW_ROTARY = "vkdelegate.rms_norm_linear_q4gsw_rotary_cache.default"
 RMS_INT8PACK_ROTARY = "vkdelegate.rms_norm_weight_int8pack_mm_rotary_cache.default"
+DQ8CA_ROTARY = "vkdelegate.linear_dq8ca_q4gsw_rotary_cache.default"
 
 
-def _record_rotary(b, node, at: int, bias, bits: int, group: int) -> None:
+def _record_rotary(b, node, at: int, bias, bits: int, group: int, s_at: int = 4,
+                   dq8ca: bool = False) -> None:
     """Record a *_rotary_cache node (its product's weight and scales at arguments 3 and
-    4, cos and the rest from ``at``)."""
-    x, w, s = (b.tensor(i) for i in (node.args[0], node.args[3], node.args[4]))
+    ``s_at``, cos and the rest from ``at``; the norm's weight and eps at 1 and 2, or
+    with ``dq8ca`` x's scales and zero points there and the weight sums at 4)."""
+    x, w, s = (b.tensor(i) for i in (node.args[0], node.args[3], node.args[s_at]))
     write = rotary_cache.CacheWrite(b, node, at, x, w.max_shape[0])
-    norm = rms_prologue(b, node, x, node.args[1], node.args[2])
+    if dq8ca:
+        norm, dq = None, tuple(b.tensor(node.args[i]) for i in (1, 2, 4))
+    else:
+        norm, dq = rms_prologue(b, node, x, node.args[1], node.args[2]), None
     if vector_form(b, w, x.max_shape[-1], bits, group, 1):
         product, rotary = write.fused(b)
-        _record(b, node, x, w, s, bias, product, bits, group, norm=norm, rotary=rotary)
+        _record(b, node, x, w, s, bias, product, bits, group, dq, norm=norm, rotary=rotary)
         return
     y = write.product_row(b)
-    _record(b, node, x, w, s, bias, y, bits, group, norm=norm)
+    _record(b, node, x, w, s, bias, y, bits, group, dq, norm=norm)
     write.unfused(b, y)
 
 
@@ -1120,6 +1181,11 @@ def _rms_q4gsw_rotary_impl(b, node):
 
 def _rms_int8pack_rotary_impl(b, node):
     _record_rotary(b, node, 5, None, 8, 0)
+
+
+def _dq8ca_rotary_impl(b, node):
+    _record_rotary(b, node, 8, b.value(node.args[7]), 4, int(b.scalar(node.args[6])), 5,
+                   dq8ca=True)
 
 
 _ROTARY_NOTE = ("rotary_index_put_pair of the q/k/v parts of a one-row {product} (a "
@@ -1133,6 +1199,16 @@ register(OpSpec(name=RMS_Q4GSW_ROTARY, dtypes=DTYPES, impl=_rms_q4gsw_rotary_imp
                        rotary_cache.rule(7, 3, (1, 4, 6))),
                 arg_dtypes={3: frozenset({"uint8"}), 11: INDEX_DTYPES}, max_rank=4,
                 notes=_ROTARY_NOTE.format(product="rms_norm_linear_q4gsw", bits=4)))
+register(OpSpec(name=DQ8CA_ROTARY, dtypes=DTYPES, impl=_dq8ca_rotary_impl,
+                shape_fn=rotary_cache.shape(8),
+                rules=(_dq8ca_rule, rotary_cache.rule(8, 3, (1, 5, 7))),
+                arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
+                            4: frozenset({"int32"}), 12: INDEX_DTYPES}, max_rank=4,
+                notes="rotary_index_put_pair of the q/k/v parts of a one-row "
+                      "linear_dq8ca_q4gsw (8da4w; a decode layer's q/k/v GEMV, rotary "
+                      "and K/V cache writes): one dispatch on the vectorized GEMV (the "
+                      "rotary pairs and cache writes in its epilogue), else the unfused "
+                      "pair's; bitwise the pair's"))
 register(OpSpec(name=RMS_INT8PACK_ROTARY, dtypes=DTYPES, impl=_rms_int8pack_rotary_impl,
                 shape_fn=rotary_cache.shape(5),
                 rules=(_norm_rule, _rms_int8pack_rule, rotary_cache.rule(5, 3, (1, 4))),

@@ -26,8 +26,8 @@
 //     valid part.
 // DQ8CA's zero point is corrected with the precomputed per-group weight sums; INT_DOT:
 // int8 dot products of 4 packed values (dotPacked4x8EXT).
-// SWIGLU (W4 or W8, not DQ8CA; vkdelegate.linear_q4gsw_swiglu /
-// weight_int8pack_mm_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
+// SWIGLU (W4 or W8, with or without DQ8CA; vkdelegate.linear_q4gsw_swiglu /
+// weight_int8pack_mm_swiglu / linear_dq8ca_q4gsw_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
 // rows for an output of N columns (qdims.y = N; scales and bias index the merged
 // rows). Output n has the sums of rows n (gate) and N + n (up), each accumulated
 // exactly as the plain form accumulates that column (GEMV: a workgroup's NPW rows are
@@ -35,10 +35,13 @@
 // columns accumulate their gate and up rows), finished as the plain op finishes them
 // and rounded as its store rounds them (SWIGLU_HALF: round_to_half), then CHAIN_BODY
 // (the fused elementwise chain's GLSL) over r0 = gate and r1 = up.
+// HAS_RESIDUAL (not SWIGLU; the *_add ops, kernels/residual.py): r_data (out's shape,
+// [M, N]) added to each output in fp32 after the bias, one rounding at the store.
 
-#if defined(SWIGLU) && defined(DQ8CA)
-#error "SWIGLU takes no DQ8CA"
+#if defined(SWIGLU) && defined(HAS_RESIDUAL)
+#error "SWIGLU takes no HAS_RESIDUAL"
 #endif
+
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_IN(x_data, X_T)
@@ -55,6 +58,9 @@ TENSOR_IN(c_data, C_T)
 TENSOR_IN(xs_data, XS_T)
 TENSOR_IN(xz_data, XZ_T)
 TENSOR_IN(sum_data, int)
+#endif
+#ifdef HAS_RESIDUAL
+TENSOR_IN(r_data, R_T)
 #endif
 TENSOR_META(out_meta)
 // qdims: K, N, group size (W4), weight chunks per row (K / CH); qstrides: row strides
@@ -199,6 +205,15 @@ float finish(float acc, int n) {
   return acc;
 }
 
+// Output (m, n)'s stored value from its sum: finish, plus the residual.
+float plain_out(float acc, int m, int n) {
+#ifdef HAS_RESIDUAL
+  return finish(acc, n) + float(r_data[m * qdims.y + n]);
+#else
+  return finish(acc, n);
+#endif
+}
+
 #ifdef SWIGLU
 // Output column n from its gate and up sums: finish for merged rows n and N + n, each
 // rounded as the plain op's store rounds it, then the chain.
@@ -271,7 +286,7 @@ void main() {
   }
 #else
   if (live && lid < NPW && n0 + lid < N) {
-    out_data[m * N + n0 + lid] = OUT_STORE(finish(partial[lid * WG], n0 + lid));
+    out_data[m * N + n0 + lid] = OUT_STORE(plain_out(partial[lid * WG], m, n0 + lid));
   }
 #endif
 }
@@ -345,7 +360,7 @@ void main() {
         out_data[(m0 + i) * N + n0 + j] = OUT_STORE(swiglu_out(acc[i][j], acc_up[i][j],
                                                                n0 + j));
 #else
-        out_data[(m0 + i) * N + n0 + j] = OUT_STORE(finish(acc[i][j], n0 + j));
+        out_data[(m0 + i) * N + n0 + j] = OUT_STORE(plain_out(acc[i][j], m0 + i, n0 + j));
 #endif
       }
     }

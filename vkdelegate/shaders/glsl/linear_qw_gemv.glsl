@@ -45,8 +45,8 @@
 // the plain epilogue's reads (the int8 scale, the bias, the residual: finish_loads) are
 // requested by its invocations before the products, so that their latency is not paid
 // after the sums (SG_ROWS: after them).
-// SWIGLU (W4 or W8, not DQ8CA or HAS_RESIDUAL; vkdelegate.linear_q4gsw_swiglu /
-// weight_int8pack_mm_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
+// SWIGLU (W4 or W8, not HAS_RESIDUAL; vkdelegate.linear_q4gsw_swiglu /
+// weight_int8pack_mm_swiglu / linear_dq8ca_q4gsw_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
 // rows for an output of N columns (qdims.y = N; the scales and bias index the merged
 // rows); a workgroup's ROWS rows are the gate rows n0 .. n0 + ROWS/2 - 1 and the up
 // rows N + n0 .., so each of its ROWS/2 outputs has its pair (n, N + n) of sums (each
@@ -64,8 +64,9 @@
 // 1 / sqrt(sum / K + eps) before finish (W8's scale, the bias) and SWIGLU's chain. fp32
 // throughout: the normalized row is not rounded to x's dtype, as et_vk.rms_norm's
 // output is.
-// ROTARY (W4 or W8, not DQ8CA, HAS_RESIDUAL, SWIGLU or SVEC; with or without RMS_NORM;
-// vkdelegate.rms_norm_linear_q4gsw_rotary_cache, rms_norm_weight_int8pack_mm_rotary_cache,
+// ROTARY (W4 or W8, not HAS_RESIDUAL, SWIGLU or SVEC; with RMS_NORM or DQ8CA or
+// neither; vkdelegate.rms_norm_linear_q4gsw_rotary_cache,
+// rms_norm_weight_int8pack_mm_rotary_cache, linear_dq8ca_q4gsw_rotary_cache,
 // kernels/rotary_cache.py): w is a merged q/k/v weight of N = Nq + 2 Nk rows (qdims.y
 // = N) whose product y [N] of one row is never stored: a workgroup's ROWS rows are
 // ROWS/2 units of two rows (rotary_cache.h's ``rotary_row``: a q or k head's rotary
@@ -114,8 +115,8 @@
 // nothing; SG_ROWS: computes nothing either).
 
 #ifdef SWIGLU
-#if defined(DQ8CA) || defined(HAS_RESIDUAL)
-#error "SWIGLU takes neither DQ8CA nor HAS_RESIDUAL"
+#ifdef HAS_RESIDUAL
+#error "SWIGLU takes no HAS_RESIDUAL"
 #endif
 #define UNIT_ROWS 2          // weight rows per output: its gate row and its up row
 #define SV_RUNS 2            // SVEC: runs of consecutive rows (gate, up)
@@ -123,8 +124,8 @@
 #error "SWIGLU and ROTARY are two epilogues"
 #endif
 #elif defined(ROTARY)
-#if defined(DQ8CA) || defined(HAS_RESIDUAL) || defined(SVEC)
-#error "ROTARY takes neither DQ8CA, HAS_RESIDUAL nor SVEC"
+#if defined(HAS_RESIDUAL) || defined(SVEC)
+#error "ROTARY takes neither HAS_RESIDUAL nor SVEC"
 #endif
 #define UNIT_ROWS 2  // weight rows per unit (rotary_row)
 #else
