@@ -111,6 +111,25 @@ def test_8da4w_float16_llama_greedy_matches_eager():
     program.close()
 
 
+def test_8da4w_under_the_reference_executor():
+    """The reference executor (the lowered graph's ops as torch CPU kernels) runs every
+    fused 8da4w op (the SwiGLU form's chain string was refused by its allow-list: a
+    new user's trial) and gives HF's greedy tokens."""
+    pytest.importorskip("torchao")
+    from vkdelegate.llm import generate, lower
+
+    model = make_model("llama")
+    program = lower(model, 32, quantization="8da4w", group_size=32,
+                    options={"executor": "reference"})
+    try:
+        ops = {d.op for d in program.methods["decode"].report.decisions}
+        assert {DQ8CA_SWIGLU, DQ8CA_ADD, DQ8CA_ROTARY, NORM_QPARAMS} <= ops, sorted(ops)
+        prompt = [3, 1, 4, 1, 5, 9]
+        assert generate(program, prompt, 8) == hf_greedy(model, prompt, 8)
+    finally:
+        program.close()
+
+
 def test_unknown_scheme_is_a_clear_error():
     from vkdelegate.errors import VkDelegateError
     from vkdelegate.llm import lower

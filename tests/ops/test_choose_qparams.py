@@ -316,3 +316,56 @@ def test_norm_qparams_are_those_of_the_y_written(dtype):
             assert torch.equal(zp, want_zp)
     finally:
         program.close()
+
+
+def _norm_blob(x=(3, 40), w=(40,), x_dtype="float32", w_dtype="float32", outs=None):
+    """A blob of one rms_norm_choose_qparams node (x, norm weight, eps 1e-5)."""
+    from tests.runtime.graphs import GraphMaker
+    from vkdelegate.serialization import vkgraph as g
+
+    m = GraphMaker()
+    xid, wid = m.input(x, x_dtype), m.input(w, w_dtype)
+    outs = outs or [(x, x_dtype), (x[:-1], x_dtype), (x[:-1], "int8")]
+    ids = [m.tensor(shape, dtype) for shape, dtype in outs]
+    out = m._add(g.ValueList(ids))
+    m.graph.chain.append(g.OperatorCall(0, NORM_QPARAMS, [xid, wid, m.scalar(1e-5), out]))
+    for i in ids:
+        m.output(i)
+    return m
+
+
+def test_norm_matching_blob_runs(vk_device):
+    from vkdelegate.backend.custom_ops import CHOOSE_QPARAMS_PER_TOKEN, _rms_norm
+    from vkdelegate.runtime import load_delegate
+
+    x, w = _rows((3, 40), 5), torch.rand(40) + 0.5
+    x[2] = 0.0  # an all-zero row: y 0, scale eps
+    with load_delegate(_norm_blob().blob()) as graph:
+        y, scale, zp = graph.execute([x.numpy(), w.numpy()])
+    torch.testing.assert_close(torch.from_numpy(y), _rms_norm(x, w, 1e-5), rtol=1e-5,
+                               atol=0, equal_nan=True)
+    want_scale, want_zp = CHOOSE_QPARAMS_PER_TOKEN.overload()(torch.from_numpy(y))
+    assert np.array_equal(scale, want_scale.numpy(), equal_nan=True)
+    assert np.array_equal(zp, want_zp.numpy())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(w=(41,)), r"norm weight \[41\]"),
+    (dict(w_dtype="float16"), r"dtype float16|norm weight \[40\] float16"),
+    (dict(outs=[((3, 40), "float32"), ((3,), "float32"), ((3,), "int32")]), r"dtype"),
+    (dict(outs=[((3, 40), "float32"), ((2,), "float32"), ((3,), "int8")]), r"output"),
+    (dict(outs=[((3, 39), "float32"), ((3,), "float32"), ((3,), "int8")]), r"output"),
+])
+def test_norm_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
+    """A norm weight other than [K] of x's dtype, or outputs other than the op's, are
+    refused before anything is built (the kernel indexes the weight by k and writes
+    y, scale and zero point by row), by the Vulkan loader and the reference executor."""
+    from vkdelegate.backend.reference import load_reference
+    from vkdelegate.errors import VkDelegateError
+    from vkdelegate.runtime import load_delegate
+
+    blob = _norm_blob(**kwargs).blob()
+    for load in (load_delegate, load_reference):
+        with pytest.raises(VkDelegateError, match=r"node 0 \(vkdelegate.rms_norm_choose_"
+                                                  r"qparams.default\): .*" + match):
+            load(blob)

@@ -171,6 +171,11 @@ def test_quantize_for_vulkan_rejects_bad_arguments():
         quantize_for_vulkan(_mlp(8, 8, 8), "int3")
     with pytest.raises(VkDelegateError, match="group size 48"):
         quantize_for_vulkan(_mlp(96, 8, 8), "int4", group_size=48)
+    # A string that reads as an allowed size: its repr, so the message is not "32: ...
+    # expected one of (32, ...)" (a new user's trial).
+    with pytest.raises(VkDelegateError, match=r"group size '32': expected one of the "
+                                              r"ints \(32, 64, 128, 256\)"):
+        quantize_for_vulkan(_mlp(96, 8, 8), "int4", group_size="32")
     with pytest.raises(VkDelegateError, match="group size 32: int8 weights are quantized "
                                               "per output channel"):
         quantize_for_vulkan(_mlp(64, 8, 8), "int8", group_size=32)

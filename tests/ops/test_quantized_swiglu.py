@@ -201,6 +201,8 @@ def test_8da4w_fused_equals_unfused(monkeypatch, form, dtype):
     the fp16 tolerance (plus one activation quantum: test_quantized_linear's)."""
     seen = _force(monkeypatch, form)
     _check_fused("8da4w_g32", dtype, 13, bias=True, scales=(1.0, 4.0))
+    module = _quantized("8da4w_g32", 256, 13, dtype, bias=True)
+    check_op(module, (torch.randn(2, 256).to(dtype),), ops=[DQ], **F16)
     want = TAKES[form]
     assert (want, True) in seen and {f for f, _ in seen} == {want}, seen
 

@@ -215,6 +215,7 @@ STR_CHOICES = {
     "vkdelegate.weight_int8pack_mm_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.rms_norm_linear_q4gsw_swiglu.default": {"steps": SWIGLU_CHAINS},
     "vkdelegate.rms_norm_weight_int8pack_mm_swiglu.default": {"steps": SWIGLU_CHAINS},
+    "vkdelegate.linear_dq8ca_q4gsw_swiglu.default": {"steps": SWIGLU_CHAINS},
 }
 
 

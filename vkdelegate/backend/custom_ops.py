@@ -809,6 +809,11 @@ LINEAR_DQ8CA_Q4GSW = declare_custom_op(
     "Tensor? bias=None) -> Tensor", _linear_dq8ca_q4gsw)
 
 
+#: The arguments of the fused 8da4w ops' schemas up to the bias (linear_dq8ca_q4gsw's).
+_DQ8CA_ARGS = ("Tensor input, Tensor input_scales, Tensor input_zp, Tensor weights, "
+               "Tensor weight_sums, Tensor weight_scales, int group_size, Tensor? bias")
+
+
 def _linear_dq8ca_q4gsw_add(x, input_scales, input_zp, weights, weight_sums, weight_scales,
                             group_size, bias, residual):
     return residual + _linear_dq8ca_q4gsw(x, input_scales, input_zp, weights, weight_sums,
@@ -821,9 +826,8 @@ def _linear_dq8ca_q4gsw_add(x, input_scales, input_zp, weights, weight_sums, wei
 #: et_vk.linear_dq8ca_q4gsw -> aten.add.Tensor; ours, only in our blobs.
 LINEAR_DQ8CA_Q4GSW_ADD = declare_custom_op(
     "vkdelegate.linear_dq8ca_q4gsw_add.default",
-    "linear_dq8ca_q4gsw_add(Tensor input, Tensor input_scales, Tensor input_zp, "
-    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
-    "Tensor? bias, Tensor residual) -> Tensor", _linear_dq8ca_q4gsw_add)
+    f"linear_dq8ca_q4gsw_add({_DQ8CA_ARGS}, Tensor residual) -> Tensor",
+    _linear_dq8ca_q4gsw_add)
 
 
 def _linear_dq8ca_q4gsw_swiglu(x, input_scales, input_zp, weights, weight_sums,
@@ -842,9 +846,8 @@ def _linear_dq8ca_q4gsw_swiglu(x, input_scales, input_zp, weights, weight_sums,
 #: it from a merged et_vk.linear_dq8ca_q4gsw; ours, only in our blobs.
 LINEAR_DQ8CA_Q4GSW_SWIGLU = declare_custom_op(
     "vkdelegate.linear_dq8ca_q4gsw_swiglu.default",
-    "linear_dq8ca_q4gsw_swiglu(Tensor input, Tensor input_scales, Tensor input_zp, "
-    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
-    "Tensor? bias, str steps) -> Tensor", _linear_dq8ca_q4gsw_swiglu)
+    f"linear_dq8ca_q4gsw_swiglu({_DQ8CA_ARGS}, str steps) -> Tensor",
+    _linear_dq8ca_q4gsw_swiglu)
 
 
 def _linear_dq8ca_q4gsw_rotary_cache(x, input_scales, input_zp, weights, weight_sums,
@@ -865,10 +868,9 @@ def _linear_dq8ca_q4gsw_rotary_cache(x, input_scales, input_zp, weights, weight_
 #: (linear_qw_gemv.glsl's ROTARY epilogue).
 LINEAR_DQ8CA_Q4GSW_ROTARY_CACHE = declare_custom_op(
     "vkdelegate.linear_dq8ca_q4gsw_rotary_cache.default",
-    "linear_dq8ca_q4gsw_rotary_cache(Tensor input, Tensor input_scales, Tensor input_zp, "
-    "Tensor weights, Tensor weight_sums, Tensor weight_scales, int group_size, "
-    "Tensor? bias, Tensor cos, Tensor sin, Tensor cache, Tensor cache2, "
-    "Tensor?[] indices, int[] q_sizes, int[] kv_sizes) -> (Tensor, Tensor, Tensor)",
+    f"linear_dq8ca_q4gsw_rotary_cache({_DQ8CA_ARGS}, Tensor cos, Tensor sin, "
+    "Tensor cache, Tensor cache2, Tensor?[] indices, int[] q_sizes, int[] kv_sizes) -> "
+    "(Tensor, Tensor, Tensor)",
     _linear_dq8ca_q4gsw_rotary_cache, meta=_rotary_cache_meta)
 
 

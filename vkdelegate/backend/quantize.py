@@ -36,8 +36,8 @@ def _refuse_quantized(model) -> None:
                 type(weight.data) is not torch.Tensor:
             raise VkDelegateError(
                 f"{fqn or 'the model'} is quantized already ({type(weight.data).__name__} "
-                f"weight): quantization works in place, so lower this model without "
-                f"quantization=, or quantize a fresh copy")
+                f"weight): quantization works in place, so use this model as it is (with "
+                f"llm.lower: without quantization=), or quantize a fresh copy")
 
 
 def quantize_for_vulkan(model, scheme: str, group_size: "int | None" = None,
@@ -70,8 +70,8 @@ def quantize_for_vulkan(model, scheme: str, group_size: "int | None" = None,
     if scheme != "int8":
         group_size = 32 if group_size is None else group_size
         if group_size not in GROUP_SIZES:
-            raise VkDelegateError(f"group size {group_size}: expected one of "
-                                  f"{GROUP_SIZES}")
+            raise VkDelegateError(f"group size {group_size!r}: expected one of the "
+                                  f"ints {GROUP_SIZES}")
     try:
         import torch
         from torchao.quantization import (Int8DynamicActivationIntxWeightConfig,
