@@ -291,8 +291,8 @@ QPARAMS = custom_ops.CHOOSE_QPARAMS_PER_TOKEN.name
 def test_8da4w_adds_in_the_epilogue(monkeypatch, spied, dtype, rows, gemv):
     """8da4w's linear + residual: in linear_qw_gemv.glsl's epilogue for GEMV rows
     (forced on CPU drivers), in linear_qw.glsl's GEMM form's for more. Tolerances:
-    test_quantized_linear's 8da4w ones (one activation quantum more: x's range / 255
-    * max|w|, where a driver's reciprocal is not correctly rounded)."""
+    test_quantized_linear's 8da4w ones (with its one activation quantum of margin:
+    x's range / 255 * max|w|)."""
     pytest.importorskip("torchao")
     from tests.ops.test_quantized_linear import _one_quantum
     from vkdelegate.backend.quantize import quantize_for_vulkan

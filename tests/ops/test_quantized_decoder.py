@@ -5,9 +5,9 @@ program exported with a dynamic sequence length: no KV cache needed).
 
 Tolerance: dequantized weights are exact (the lowering checks them bit for bit), so
 fp32 logits differ by summation order only: 1e-5 on logits of magnitude ~0.5. 8da4w
-also rounds activations on the GPU, where a division that is not correctly rounded
-may move one activation to its neighbouring int8 quantum (~1e-3 of an output at
-most here): 2e-3.
+also rounds activations on the GPU, with test_quantized_linear's margin of one
+activation moved to its neighbouring int8 quantum (~1e-3 of an output at most here):
+2e-3.
 """
 import collections
 

@@ -9,8 +9,7 @@ summation order only (outputs ~1 from K ~ 4600 products: 2e-5 relative + absolut
 fp16 activations: eager rounds its product to fp16 (2^-11 relative) and its int4
 weights to fp16 before the product, which this form skips (the scale is applied to
 the block's sum: at most 2^-12 of each product): 1e-2, as the fp16 linear tests.
-8da4w: as test_quantized_linear (one activation quantum more: a division that is not
-correctly rounded may move one value to the neighbouring int8 quantum).
+8da4w: as test_quantized_linear (its margin of one activation quantum).
 """
 import pytest
 import torch

@@ -5,9 +5,11 @@ Tolerances: the lowering's dequantized weights are bit-equal to torchao's (the p
 checks that), so in fp32 the outputs differ from eager only by summation order:
 outputs of magnitude ~1 from K <= 256 products, 2e-5. The int8 weight-only scheme
 applies the per-channel scale after the sum on both sides. 8da4w quantizes the
-activation on the GPU with 1 / scale: a driver whose division is not correctly
-rounded may round one activation value to the neighbouring quantum, which moves an
-output by at most scale_x * max|w| (the test's atol adds that). fp16 activations:
+activation on the GPU with 1 / scale, correctly rounded since 2026-12-07 (qlinear.h's
+div_rn; before, a Newton step a driver's division could leave an ulp off, which may
+round one activation value to the neighbouring quantum); the tests keep that quantum
+as a margin in atol (scale_x * max|w|, what it moves an output by) until a GPU run
+has confirmed that no value lands there. fp16 activations:
 eager rounds its fp16 product once more than our fp32 accumulation: 1e-2 (as the fp16
 linear tests).
 """

@@ -204,9 +204,9 @@ def test_norm_prologue_off(monkeypatch, scheme, dtype):
 
 
 # ---- 8da4w (et_vk.linear_dq8ca_q4gsw: the norm stays before the product) ------------
-# Tolerance against eager: the fp16 one for both dtypes (one activation moved to its
-# neighbouring int8 quantum where a driver's reciprocal is not correctly rounded moves
-# an output by x's range / 255 * max|w|; test_quantized_linear's 8da4w tests).
+# Tolerance against eager: the fp16 one for both dtypes (test_quantized_linear's margin
+# of one activation at its neighbouring int8 quantum moves an output by x's range / 255
+# * max|w|).
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("form,subgroup", [("vector", True), ("vector", False),
                                            ("default", True), ("words", True)],

@@ -160,9 +160,9 @@ def _check_fused(scheme, dtype, f, k=256, bias=False, scales=(1.0, 4.0, 30.0)):
         assert torch.equal(got, want), (scale, (got - want).abs().max())
         if scale <= 4.0:  # (fp16: larger products overflow eager's and ours apart)
             with torch.no_grad():
-                # 8da4w: one activation moved to its neighbouring int8 quantum where a
-                # driver's reciprocal is not correctly rounded moves an output by up to
-                # x's range / 255 * max|w| (~1e-2 here): the fp16 tolerance.
+                # 8da4w: test_quantized_linear's margin of one activation at its
+                # neighbouring int8 quantum moves an output by up to x's range / 255 *
+                # max|w| (~1e-2 here): the fp16 tolerance.
                 tol = F16 if dtype == torch.float16 or scheme.startswith("8da4w") \
                     else dict(rtol=1e-4, atol=1e-4)
                 torch.testing.assert_close(got, module(xi), **tol)

@@ -21,24 +21,19 @@ uint packed_bytes(ivec4 v) {
 #endif
 
 #ifdef DQ8CA
-#ifdef XQ16
 #include "div_rn.h"
-#endif
 // Row m's quantization (xs_data, xz_data: one scale / int8 zero point per row):
 // (1 / scale, scale, zero point). torchao multiplies x by ATen's correctly rounded
-// reciprocal; GLSL's division may be 2.5 ulp off, so one Newton step (fma, exact
-// residual) refines the driver's quotient. XQ16 (an fp16 x: torchao's chain runs in
-// fp16): the reciprocal is the fp16 tensor eager's reciprocal makes, the correctly
-// rounded fp32 quotient rounded to fp16 (as ATen computes an fp16 op: in fp32, one
-// rounding to fp16 at the store).
+// reciprocal; GLSL's division may be 2.5 ulp off, so the quotient is div_rn's
+// (correctly rounded). XQ16 (an fp16 x: torchao's chain runs in fp16): the reciprocal
+// is the fp16 tensor eager's reciprocal makes, that fp32 quotient rounded to fp16 (as
+// ATen computes an fp16 op: in fp32, one rounding to fp16 at the store).
 void row_qparams(int m, out float inv, out float xs, out int z) {
   xs = float(xs_data[m]);
 #ifdef XQ16
   inv = round_to_half(div_rn(1.0, xs));
 #else
-  precise float r = 1.0 / xs;
-  precise float e = fma(-xs, r, 1.0);
-  inv = fma(r, e, r);
+  inv = div_rn(1.0, xs);
 #endif
   z = int(xz_data[m]);
 }
