@@ -18,6 +18,20 @@ from tests.vulkan_skip import vulkan_unavailable
 CHOOSE = "vkdelegate.choose_qparams_per_token.default"
 
 
+@pytest.fixture(params=["default", "gpu", "gpu_tree"])
+def form(request, monkeypatch):
+    """This device's own workgroups (a CPU driver's: WG invocations, a shared-memory
+    tree), or the GPUs' forced: 256 invocations a row with subgroup reductions, or
+    with the tree (a GPU without subgroup arithmetic)."""
+    from vkdelegate.ops.families import choose_qparams as family
+
+    if request.param != "default":
+        monkeypatch.setattr(family, "workgroup", lambda info, k: 256)
+    if request.param == "gpu_tree":
+        monkeypatch.setattr(family, "has_subgroup_arithmetic", lambda info: False)
+    return request.param
+
+
 class _Qparams(torch.nn.Module):
     """torchao 0.18's 8da4w activation qparams (intx_unpacked_to_int8_tensor's
     _apply_int8_act_asym_per_token_quant_dequant), returned."""
@@ -83,7 +97,7 @@ def _rows16(shape, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("shape", [(10, 64), (1, 1, 7), (3, 5, 200), (9, 4097)])
-def test_equals_torchao(shape, dtype):
+def test_equals_torchao(form, shape, dtype):
     pytest.importorskip("torchao")
     x = (_rows if dtype == torch.float32 else _rows16)(shape, sum(shape))
     program = check_op(_Qparams().eval(), (x,), ops=[CHOOSE], atol=0, rtol=0)
@@ -279,7 +293,7 @@ def test_norm_a_float_linear_reads_is_not_folded():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_norm_qparams_are_those_of_the_y_written(dtype):
+def test_norm_qparams_are_those_of_the_y_written(form, dtype):
     """The op's y is the norm's within its rounding (another summation order), and its
     scale and zero point are choose_qparams_per_token of that y bit for bit: rows of
     4097 values (past a workgroup's sweep), large and tiny rows, a NaN row; rows

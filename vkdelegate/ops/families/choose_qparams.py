@@ -12,8 +12,9 @@ it (fp16: in fp32, then to fp16), each division correctly rounded as the CPU's (
 shader's div_rn: GLSL's `/` may be off by a few ulp, and an H100 gave a scale one ulp
 off with it), so the same bits (a row holding a NaN: scale NaN, zero point 0, as
 eager's cast gives; a row holding -inf: scale inf, -inf / inf is NaN, zero point 0
-likewise). One dispatch, choose_qparams.glsl: a workgroup of WG
-invocations per row (min / max partials, then a shared-memory tree); before, the
+likewise). One dispatch, choose_qparams.glsl: a workgroup per row (``workgroup``: WG
+invocations and a shared-memory tree on CPU drivers; on GPUs up to GPU_WG, about two
+values each, reduced by subgroup operations where the device has them); before, the
 decomposition took about eight dispatches a row (amin, amax, two full_like, minimum,
 the chains, the cast). Rows may vary at run time (prefill's T): the grid is sized for
 the most, workgroups past the current rows return.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock
@@ -39,7 +41,12 @@ from vkdelegate.shaders.variants import declare_grid, flag_defines
 SHADER = "choose_qparams"
 NAME = "vkdelegate.choose_qparams_per_token.default"
 NORM_NAME = "vkdelegate.rms_norm_choose_qparams.default"
-WG = 64  # invocations per row (a power of two)
+WG = 64  # invocations per row (a power of two) on CPU drivers
+#: GPUs: up to this many invocations a row (``workgroup``), with subgroup reductions
+#: where the device has subgroup arithmetic. A workgroup of 64 left each invocation's
+#: strided loads in series on an H100: 9.8 us for one row of 2048 (choose_qparams)
+#: and 14.8 us with the norm (two passes), 2026-12-07.
+GPU_WG = 1024
 #: The least scale per x dtype: its least normal number (backend/custom_ops.QPARAMS_EPS,
 #: which the op's definition uses: ops do not import the backend;
 #: tests/ops/test_choose_qparams.py compares them).
@@ -58,13 +65,27 @@ def _bindings(defines) -> Bindings:
                     params=(PARAMS,))
 
 
-def _defines(x, scale, zp, y=None, w=None) -> dict:
+def workgroup(info, k: int) -> int:
+    """Invocations per row of k values on device ``info``: WG on CPU drivers (their
+    barriers cost more than the parallel loads save); on GPUs a power of two from WG
+    with about two values each, at most GPU_WG and the device's limit."""
+    if info.type == "cpu":
+        return WG
+    limit = min(GPU_WG, info.max_workgroup_invocations or GPU_WG,
+                info.max_workgroup_size[0] if info.max_workgroup_size else GPU_WG)
+    wg = WG
+    while 2 * wg <= limit and 2 * wg < k:
+        wg *= 2
+    return wg
+
+
+def _defines(x, scale, zp, y=None, w=None, wg: int = WG, subgroup: bool = False) -> dict:
     """Defines of choose_qparams.glsl; y and w (the normalized row and the norm weight):
-    its NORM form."""
+    its NORM form; wg: invocations a row; subgroup: the SUBGROUP reductions."""
     d = storage_defines(X=x, SCALE=scale, ZP=zp, **(dict(Y=y, W=w) if y is not None else {}))
-    d["WG"] = str(WG)
+    d["WG"] = str(wg)
     d.update(flag_defines(F16=(x.dtype if hasattr(x, "dtype") else x[0]) == "float16",
-                          NORM=y is not None))
+                          NORM=y is not None, SUBGROUP=subgroup))
     return d
 
 
@@ -76,7 +97,9 @@ def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
     k = x.max_shape[-1]
     rows = math.prod(x.max_shape[:-1])
     passes = 2 if w is not None else 1
-    loop_limit.check(b, passes * (-(-k // WG) + int(math.log2(WG))) + 2,
+    wg = workgroup(b.device.info, k)
+    subgroup = wg > WG and has_subgroup_arithmetic(b.device.info)
+    loop_limit.check(b, passes * (-(-k // wg) + int(math.log2(wg)) + 64) + 2,
                      f"quantization parameters of rows of {k} values")
 
     def pack():
@@ -85,9 +108,9 @@ def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
     y = outs[0] if w is not None else None
-    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w), outputs=list(outs),
-               inputs=[x] + ([w] if w is not None else []), params=[params],
-               global_size=(max(rows, 1) * WG,), local_size=(WG, 1, 1))
+    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w, wg, subgroup),
+               outputs=list(outs), inputs=[x] + ([w] if w is not None else []),
+               params=[params], global_size=(max(rows, 1) * wg,), local_size=(wg, 1, 1))
 
 
 def _outputs(b, out_ids, count: int, what: str) -> list:
@@ -152,11 +175,14 @@ register(OpSpec(name=NORM_NAME, dtypes=DTYPES | {"int8"}, impl=_norm_impl,
                       "of the y written"))
 
 
-def _grid(profile, dtype, norm):
+def _grid(profile, dtype, norm, wg, subgroup):
+    if subgroup and wg == WG:
+        return None  # the CPU drivers' form: a tree
     pair = (dtype, device_dtype(dtype, profile))
     return _defines(pair, pair, ("int8", device_dtype("int8", profile)),
-                    pair if norm else None, pair if norm else None)
+                    pair if norm else None, pair if norm else None, wg, subgroup)
 
 
 declare_grid(SHADER, _grid, profile=STORAGE_PROFILES, dtype=sorted(DTYPES),
-             norm=(False, True))
+             norm=(False, True), wg=tuple(WG << i for i in range(5)),
+             subgroup=(False, True))

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 #include "common.h"
 
 // vkdelegate.choose_qparams_per_token (ops/families/choose_qparams.py): per row of x
@@ -20,7 +23,7 @@
 // Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past
 // the current rows (params.info.x; the grid is sized for the most) write nothing.
 // Defines: WG (a power of two), X_T, SCALE_T / SCALE_STORE(v), ZP_T / ZP_STORE(v), F16;
-// NORM: Y_T / Y_STORE(v), W_T.
+// NORM: Y_T / Y_STORE(v), W_T; SUBGROUP (the reductions by subgroup operations).
 
 #ifdef NORM
 TENSOR_OUT(y_data, Y_T)
@@ -47,7 +50,48 @@ PARAMS(qparams_block) {
 
 shared float s_lo[WG];
 shared float s_hi[WG];
-shared bool s_nan[WG];
+shared float s_nan[WG];  // 1.0 where the invocation (SUBGROUP: the subgroup) saw a NaN
+
+// The workgroup's sum (NORM's squares), minimum, maximum and NaN flag of each
+// invocation's (s, lo, hi, nan): SUBGROUP (GPUs with subgroup arithmetic): one
+// subgroup reduction, one shared slot per subgroup, every invocation folding the
+// slots; else a shared-memory tree. Results in s_lo[0], s_hi[0], s_nan[0] (the sum in
+// s_lo[0] when ``sum``); a barrier after, so that they may be read.
+void reduce(bool sum, float lo, float hi, float nan) {
+  const int t = int(gl_LocalInvocationID.x);
+#ifdef SUBGROUP
+  lo = sum ? subgroupAdd(lo) : subgroupMin(lo);
+  hi = subgroupMax(hi);
+  nan = subgroupMax(nan);
+  if (subgroupElect()) {
+    s_lo[gl_SubgroupID] = lo;
+    s_hi[gl_SubgroupID] = hi;
+    s_nan[gl_SubgroupID] = nan;
+  }
+  barrier();
+  if (t == 0) {
+    for (uint i = 1u; i < gl_NumSubgroups; ++i) {
+      s_lo[0] = sum ? s_lo[0] + s_lo[i] : min(s_lo[0], s_lo[i]);
+      s_hi[0] = max(s_hi[0], s_hi[i]);
+      s_nan[0] = max(s_nan[0], s_nan[i]);
+    }
+  }
+  barrier();
+#else
+  s_lo[t] = lo;
+  s_hi[t] = hi;
+  s_nan[t] = nan;
+  barrier();
+  for (int s = WG / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      s_lo[t] = sum ? s_lo[t] + s_lo[t + s] : min(s_lo[t], s_lo[t + s]);
+      s_hi[t] = max(s_hi[t], s_hi[t + s]);
+      s_nan[t] = max(s_nan[t], s_nan[t + s]);
+    }
+    barrier();
+  }
+#endif
+}
 
 void main() {
   const int t = int(gl_LocalInvocationID.x);
@@ -62,19 +106,12 @@ void main() {
     const float v = float(x_data[row * K + k]);
     ss += v * v;
   }
-  s_lo[t] = ss;
-  barrier();
-  for (int s = WG / 2; s > 0; s >>= 1) {
-    if (t < s) {
-      s_lo[t] += s_lo[t + s];
-    }
-    barrier();
-  }
+  reduce(true, ss, 0.0, 0.0);
   const float rstd = 1.0 / sqrt(s_lo[0] / float(K) + fparams.z);
   barrier();  // every invocation has read the sum before s_lo is reused
 #endif
   float lo = 0.0, hi = 0.0;  // min(., 0) and max(., 0) of the row: start at 0
-  bool nan = false;
+  float nan = 0.0;
   for (int k = t; k < K; k += WG) {
 #ifdef NORM
     const float v = ROUND_X(float(x_data[row * K + k]) * rstd * float(w_data[k]));
@@ -83,26 +120,15 @@ void main() {
     const float v = float(x_data[row * K + k]);
 #endif
     if (isnan(v)) {
-      nan = true;
+      nan = 1.0;
     } else {
       lo = min(lo, v);
       hi = max(hi, v);
     }
   }
-  s_lo[t] = lo;
-  s_hi[t] = hi;
-  s_nan[t] = nan;
-  barrier();
-  for (int s = WG / 2; s > 0; s >>= 1) {
-    if (t < s) {
-      s_lo[t] = min(s_lo[t], s_lo[t + s]);
-      s_hi[t] = max(s_hi[t], s_hi[t + s]);
-      s_nan[t] = s_nan[t] || s_nan[t + s];
-    }
-    barrier();
-  }
+  reduce(false, lo, hi, nan);
   if (t == 0) {
-    if (s_nan[0]) {
+    if (s_nan[0] != 0.0) {
       scale_data[row] = SCALE_STORE(NAN_F);
       zp_data[row] = ZP_STORE(0);
       return;
