@@ -383,3 +383,20 @@ def test_norm_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
         with pytest.raises(VkDelegateError, match=r"node 0 \(vkdelegate.rms_norm_choose_"
                                                   r"qparams.default\): .*" + match):
             load(blob)
+
+
+def test_workgroup_sizes():
+    """WG on CPU drivers; on GPUs about two values an invocation, from WG up to GPU_WG
+    and the device's limits."""
+    from types import SimpleNamespace
+
+    from vkdelegate.ops.families.choose_qparams import GPU_WG, WG, workgroup
+
+    def gpu(limit=1024):
+        return SimpleNamespace(type="discrete", max_workgroup_size=(limit, limit, 64),
+                               max_workgroup_invocations=limit)
+
+    assert workgroup(SimpleNamespace(type="cpu"), 8192) == WG
+    sizes = [workgroup(gpu(), k) for k in (7, 128, 129, 2048, 8192)]
+    assert sizes == [WG, WG, 2 * WG, 1024, GPU_WG]
+    assert workgroup(gpu(256), 8192) == 256

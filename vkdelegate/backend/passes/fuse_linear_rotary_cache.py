@@ -32,8 +32,8 @@ likewise: its rms_norm_* form). Fused only when exactly that is there:
   producer's last dim of Nq + 2 Nk (merge_linears' order: q_proj, k_proj, v_proj),
   k's and v's sizes equal (kv_sizes), q's sizes q_sizes;
 - the producer is ``vkdelegate.rms_norm_linear``, ``rms_norm_linear_q4gsw``,
-  ``rms_norm_weight_int8pack_mm`` or ``et_vk.linear_dq8ca_q4gsw`` of an x of rank 1-4 whose every dim but the last is
-  statically 1 (decode's one row; prefill's merged q/k/v is left alone);
+  ``rms_norm_weight_int8pack_mm`` or ``et_vk.linear_dq8ca_q4gsw`` of an x of rank 1-4
+  whose every dim but the last is statically 1 (decode's one row; prefill's merged q/k/v is left alone);
 - x, the norm weight, the float weight (or the quantized one's scales), the bias, cos,
   sin and the caches share one dtype, float32 or float16.
 

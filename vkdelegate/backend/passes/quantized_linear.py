@@ -37,6 +37,7 @@ import torch
 from vkdelegate.backend.custom_ops import (CHOOSE_QPARAMS_PER_TOKEN, LINEAR_DQ8CA_Q4GSW,
                                           LINEAR_Q4GSW, QPARAMS_EPS, RMS_NORM,
                                           RMS_NORM_CHOOSE_QPARAMS)
+from vkdelegate.backend.node_specs import dtype_name
 from vkdelegate.ops import registry
 
 aten = torch.ops.aten
@@ -337,10 +338,6 @@ def _replace(graph, node, fused, inner) -> None:
 _QPARAMS_DTYPES = (torch.float32, torch.float16)
 
 
-def _dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _scalar_is(value, expected) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) \
         and float(value) == float(expected)
@@ -373,8 +370,8 @@ def _choose_qparams_chain(zp):
     asymmetric int8 qparams of an fp32 or fp16 x (choose_qparams_affine decomposed, as
     torchao 0.18 with torch 2.13 exports it, every node in x's dtype):
     ``_to_copy(clamp(sub(-128, round(div(lo, scale))), -128, 127), int8)`` with
-    ``scale = clamp(div(sub(hi, lo), 255.0), eps)`` (eps: QPARAMS_EPS of x's dtype), ``lo = minimum(amin(x, [-1]),
-    full_like(., 0))``, ``hi = maximum(amax(x, [-1]), full_like(., 0))``; else None."""
+    ``scale = clamp(div(sub(hi, lo), 255.0), eps)`` (eps: QPARAMS_EPS of x's dtype),
+    ``lo = minimum(amin(x, [-1]), full_like(., 0))``, ``hi = maximum(amax(x, [-1]), full_like(., 0))``; else None."""
     if not _call(zp, aten._to_copy.default) or zp.kwargs.get("dtype") != torch.int8 \
             or set(zp.kwargs) - {"dtype"}:
         return None
@@ -410,7 +407,7 @@ def _choose_qparams_chain(zp):
     if low is None or high is None or low[0] is not high[0]:
         return None
     x = low[0]
-    if not _scalar_is(scale.args[1], QPARAMS_EPS[_dtype_name(_val(x).dtype)]):
+    if not _scalar_is(scale.args[1], QPARAMS_EPS[dtype_name(_val(x).dtype)]):
         return None  # another dtype's eps
     for n, want in ((scale, _val(x).dtype), (zp, torch.int8)):
         v = _val(n)

@@ -71,8 +71,7 @@ def workgroup(info, k: int) -> int:
     with about two values each, at most GPU_WG and the device's limit."""
     if info.type == "cpu":
         return WG
-    limit = min(GPU_WG, info.max_workgroup_invocations or GPU_WG,
-                info.max_workgroup_size[0] if info.max_workgroup_size else GPU_WG)
+    limit = min(GPU_WG, info.max_workgroup_size[0], info.max_workgroup_invocations)
     wg = WG
     while 2 * wg <= limit and 2 * wg < k:
         wg *= 2

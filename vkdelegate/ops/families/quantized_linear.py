@@ -558,11 +558,11 @@ def vector_form(b, w, k: int, bits: int, group: int, m: int) -> bool:
 
 
 def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
-            residual=None, swiglu=None, norm=None, rotary=None) -> bool:
+            residual=None, swiglu=None, norm=None, rotary=None) -> None:
     """Record out = x @ dequant(w).T [+ bias] on the form for the device and sizes;
     ``residual`` (None, or a Tensor of out's shape and dtype) is added in the epilogue
-    of every form (HAS_RESIDUAL). Returns whether it was added (False without one). ``swiglu`` (None, or
-    kernels/swiglu.py's defines; not with a residual): w is a merged gate/up
+    of every form (HAS_RESIDUAL). ``swiglu`` (None, or kernels/swiglu.py's defines;
+    not with a residual): w is a merged gate/up
     weight [2F, ...], out [..., F] the chain over the product's halves, in every
     form's epilogue (SWIGLU). ``norm`` (None, or a kernels/gemm.py RmsPrologue; not
     with dq or a residual): the product of et_vk.rms_norm(x, norm.weight, norm.eps),
@@ -604,11 +604,11 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
     x, norm = norm_input(b, norm, x, vector or fold)
     if texel and b.texel_input(x, xfmt):
         _record_texel(b, x, w, s, bias, out, bits, group, k, n, m, residual, swiglu, norm)
-        return residual is not None
+        return
     if vector:
         _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq, residual, swiglu,
                        norm, rotary)
-        return residual is not None
+        return
     loop_limit.check(b, -(-chunks // WG) + 8 if gemv else chunks, f"K = {k}")
     m_tile = 4 if m >= 4 else 1
     base = qlinear_defines(out, x, w, s, bias, bits, k, gemv, x.dtype == "float16", dq,
@@ -643,7 +643,6 @@ def _record(b, node, x, w, s, bias, out, bits: int, group: int, dq=None,
             return (grid[0], -(-_rows_of(out) // m_tile))
     b.dispatch(SHADER, defines, outputs=[out], inputs=inputs, params=params,
                global_size=grid, local_size=local, grid=now)
-    return residual is not None
 
 
 def _rows_of(out) -> int:
@@ -935,9 +934,8 @@ Q4GSW_ADD = "vkdelegate.linear_q4gsw_add.default"
 def _q4gsw_add_impl(b, node):
     x_id, w_id, s_id, gs_id, bias_id, r_id, out_id = node.args
     out, r = residual.residual_tensor(b, out_id, r_id)
-    if not _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
-                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), residual=r):
-        residual.add_after(b, out, r)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
+                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), residual=r)
 
 
 def _q4_add_shape(args):
@@ -947,9 +945,8 @@ def _q4_add_shape(args):
 register(OpSpec(name=Q4GSW_ADD, dtypes=DTYPES, impl=_q4gsw_add_impl, shape_fn=_q4_add_shape,
                 rules=(lambda n: _q4_rule(n, 1, 2, 3), residual.residual_rule(5)),
                 arg_dtypes={1: frozenset({"uint8"})},
-                notes="residual + linear_q4gsw(...): the add in the int4 vectorized "
-                      "GEMV's and the texel-buffer form's epilogue, a second dispatch on "
-                      "the other forms; fused from aten.add.Tensor"))
+                notes="residual + linear_q4gsw(...): the add in every form's epilogue "
+                      "(one dispatch); fused from aten.add.Tensor"))
 
 
 # ---- vkdelegate.linear_dq8ca_q4gsw_add.default: residual + linear_dq8ca_q4gsw -------
@@ -960,18 +957,16 @@ def _dq8ca_add_impl(b, node):
     x_id, xs_id, xz_id, w_id, sums_id, s_id, gs_id, bias_id, r_id, out_id = node.args
     out, r = residual.residual_tensor(b, out_id, r_id)
     dq = (b.tensor(xs_id), b.tensor(xz_id), b.tensor(sums_id))
-    if not _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
-                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), dq, residual=r):
-        residual.add_after(b, out, r)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
+                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), dq, residual=r)
 
 
 register(OpSpec(name=DQ8CA_ADD, dtypes=DTYPES, impl=_dq8ca_add_impl, shape_fn=_shape(3),
                 rules=(_dq8ca_rule, residual.residual_rule(8)),
                 arg_dtypes={2: frozenset({"int8"}), 3: frozenset({"uint8"}),
                             4: frozenset({"int32"})},
-                notes="residual + linear_dq8ca_q4gsw(...) (8da4w): the add in the "
-                      "vectorized GEMV's epilogue, a second dispatch on the GEMM form; "
-                      "fused from aten.add.Tensor"))
+                notes="residual + linear_dq8ca_q4gsw(...) (8da4w): the add in every "
+                      "form's epilogue (one dispatch); fused from aten.add.Tensor"))
 
 
 # ---- vkdelegate.weight_int8pack_mm_add.default: residual + _weight_int8pack_mm -----
@@ -981,17 +976,15 @@ INT8PACK_ADD = "vkdelegate.weight_int8pack_mm_add.default"
 def _int8pack_add_impl(b, node):
     x_id, w_id, s_id, r_id, out_id = node.args
     out, r = residual.residual_tensor(b, out_id, r_id)
-    if not _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None, out, 8, 0,
-                   residual=r):
-        residual.add_after(b, out, r)
+    _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None, out, 8, 0,
+                   residual=r)
 
 
 register(OpSpec(name=INT8PACK_ADD, dtypes=DTYPES, impl=_int8pack_add_impl,
                 shape_fn=_shape(1), rules=(_int8pack_rule, residual.residual_rule(3)),
                 arg_dtypes={1: frozenset({"int8"})}, max_rank=2,
-                notes="residual + _weight_int8pack_mm(...): the add in the int8 "
-                      "vectorized GEMV's and the texel-buffer form's epilogue, a second "
-                      "dispatch on the other forms; fused from aten.add.Tensor"))
+                notes="residual + _weight_int8pack_mm(...): the add in every form's "
+                      "epilogue (one dispatch); fused from aten.add.Tensor"))
 
 
 # ---- the SwiGLU chain in the epilogue (kernels/swiglu.py) -----------------------------
@@ -1024,6 +1017,8 @@ register(OpSpec(name=Q4GSW_SWIGLU, dtypes=DTYPES, impl=_q4gsw_swiglu_impl,
                       "(weights [2F, K/2]) -> [..., F]: the chain in every form's "
                       "epilogue (one dispatch); fused from the linear's narrow_last "
                       "parts and vkdelegate.fused_elementwise"))
+
+
 def _dq8ca_swiglu_impl(b, node):
     x_id, xs_id, xz_id, w_id, sums_id, s_id, gs_id, bias_id, steps_id, out_id = node.args
     out = b.tensor(out_id)

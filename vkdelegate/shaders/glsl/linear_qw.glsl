@@ -27,9 +27,9 @@
 // DQ8CA's zero point is corrected with the precomputed per-group weight sums; INT_DOT:
 // int8 dot products of 4 packed values (dotPacked4x8EXT).
 // SWIGLU (W4 or W8, with or without DQ8CA; vkdelegate.linear_q4gsw_swiglu /
-// weight_int8pack_mm_swiglu / linear_dq8ca_q4gsw_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
-// rows for an output of N columns (qdims.y = N; scales and bias index the merged
-// rows). Output n has the sums of rows n (gate) and N + n (up), each accumulated
+// weight_int8pack_mm_swiglu / linear_dq8ca_q4gsw_swiglu, kernels/swiglu.py): w is a
+// merged gate/up weight of 2N rows for an output of N columns (qdims.y = N; scales
+// and bias index the merged rows). Output n has the sums of rows n (gate) and N + n (up), each accumulated
 // exactly as the plain form accumulates that column (GEMV: a workgroup's NPW rows are
 // NPW / 2 gate rows and the matching up rows, NPW / 2 outputs; GEMM: an invocation's 4
 // columns accumulate their gate and up rows), finished as the plain op finishes them
@@ -195,35 +195,10 @@ float chunk_dot(XChunk x, uint word, int n, int c, ivec4 dims, float xs, int z) 
 #endif
 }
 
-float finish(float acc, int n) {
 #ifdef W8
-  acc *= float(s_data[n]);
+#define SCALE_LAST  // the int8 scale once per output, after the sum
 #endif
-#ifdef HAS_BIAS
-  acc += float(c_data[n]);
-#endif
-  return acc;
-}
-
-// Output (m, n)'s stored value from its sum: finish, plus the residual.
-float plain_out(float acc, int m, int n) {
-#ifdef HAS_RESIDUAL
-  return finish(acc, n) + float(r_data[m * qdims.y + n]);
-#else
-  return finish(acc, n);
-#endif
-}
-
-#ifdef SWIGLU
-// Output column n from its gate and up sums: finish for merged rows n and N + n, each
-// rounded as the plain op's store rounds it, then the chain.
-float swiglu_out(float gate_acc, float up_acc, int n) {
-  const float r0 = SWIGLU_ROUND(finish(gate_acc, n));
-  const float r1 = SWIGLU_ROUND(finish(up_acc, qdims.y + n));
-  CHAIN_BODY
-  return CHAIN_RESULT;
-}
-#endif
+#include "qlinear_out.h"  // finish(acc, m, n) (the scale, bias, residual), swiglu_out
 
 #ifdef GEMV
 shared float partial[NPW * WG];
@@ -281,12 +256,12 @@ void main() {
   }
 #ifdef SWIGLU
   if (live && lid < OUT_NPW && n0 + lid < N) {
-    out_data[m * N + n0 + lid] = OUT_STORE(swiglu_out(partial[lid * WG],
-                                                      partial[(lid + OUT_NPW) * WG], n0 + lid));
+    out_data[m * N + n0 + lid] = OUT_STORE(swiglu_out(
+        partial[lid * WG], partial[(lid + OUT_NPW) * WG], m, n0 + lid));
   }
 #else
   if (live && lid < NPW && n0 + lid < N) {
-    out_data[m * N + n0 + lid] = OUT_STORE(plain_out(partial[lid * WG], m, n0 + lid));
+    out_data[m * N + n0 + lid] = OUT_STORE(finish(partial[lid * WG], m, n0 + lid));
   }
 #endif
 }
@@ -358,9 +333,9 @@ void main() {
       if (m0 + i < M && n0 + j < N) {
 #ifdef SWIGLU
         out_data[(m0 + i) * N + n0 + j] = OUT_STORE(swiglu_out(acc[i][j], acc_up[i][j],
-                                                               n0 + j));
+                                                               m0 + i, n0 + j));
 #else
-        out_data[(m0 + i) * N + n0 + j] = OUT_STORE(plain_out(acc[i][j], m0 + i, n0 + j));
+        out_data[(m0 + i) * N + n0 + j] = OUT_STORE(finish(acc[i][j], m0 + i, n0 + j));
 #endif
       }
     }

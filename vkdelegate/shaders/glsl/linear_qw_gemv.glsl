@@ -46,9 +46,9 @@
 // requested by its invocations before the products, so that their latency is not paid
 // after the sums (SG_ROWS: after them).
 // SWIGLU (W4 or W8, not HAS_RESIDUAL; vkdelegate.linear_q4gsw_swiglu /
-// weight_int8pack_mm_swiglu / linear_dq8ca_q4gsw_swiglu, kernels/swiglu.py): w is a merged gate/up weight of 2N
-// rows for an output of N columns (qdims.y = N; the scales and bias index the merged
-// rows); a workgroup's ROWS rows are the gate rows n0 .. n0 + ROWS/2 - 1 and the up
+// weight_int8pack_mm_swiglu / linear_dq8ca_q4gsw_swiglu, kernels/swiglu.py): w is a
+// merged gate/up weight of 2N rows for an output of N columns (qdims.y = N; the scales
+// and bias index the merged rows); a workgroup's ROWS rows are the gate rows n0 .. n0 + ROWS/2 - 1 and the up
 // rows N + n0 .., so each of its ROWS/2 outputs has its pair (n, N + n) of sums (each
 // computed and reduced exactly as the plain GEMV computes that row), finished as the
 // plain op finishes them (finish: W8's scale, the bias) and rounded as its store

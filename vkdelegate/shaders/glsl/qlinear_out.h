@@ -1,6 +1,6 @@
 // The output epilogue shared by the quantized linears that finish one sum per output
-// (linear_qw_gemv.glsl, linear_qw_texel.glsl), included after their bindings (c_data,
-// r_data, s_data, qdims).
+// (linear_qw_gemv.glsl, linear_qw_texel.glsl, linear_qw.glsl), included after their
+// bindings (c_data, r_data, s_data, qdims).
 #ifndef VKDELEGATE_QLINEAR_OUT_H
 #define VKDELEGATE_QLINEAR_OUT_H
 
