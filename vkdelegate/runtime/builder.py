@@ -89,6 +89,7 @@ class NodeBuilder:
         self._graph = graph
         self.device = graph.device
         self.node: g.OperatorCall | None = None
+        self._published: dict = {}
 
     # ---- arguments -------------------------------------------------------------------
     def value(self, vid: int):
@@ -162,6 +163,20 @@ class NodeBuilder:
         t = self.temporary(shape, dtype)
         self._graph.values.upload(t, np.zeros(tuple(shape), dtype))
         return t
+
+    def publish(self, key: tuple, t: Tensor) -> None:
+        """Offer ``t``, which the node being built writes on every run, to the later
+        nodes of this graph under ``key`` (a tuple naming what it holds by value ids,
+        e.g. ``("q8x", x, scale, zero point)``: 8da4w's activation row quantized once
+        by its qparams' dispatch, ops/families/choose_qparams.py). A node finding it
+        (``published``) may read it instead of computing the same values itself; one
+        that does not is unaffected. The key's value ids must be the node's own inputs
+        and outputs, so that a reader with the same ids reads what it would compute."""
+        self._published[key] = t
+
+    def published(self, key: tuple) -> "Tensor | None":
+        """What an earlier node of this graph published under ``key``, else None."""
+        return self._published.get(key)
 
     def constant_array(self, t: Tensor) -> np.ndarray | None:
         """The host copy (graph dtype, shaped) of a constant tensor, else None."""

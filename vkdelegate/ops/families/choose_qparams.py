@@ -19,6 +19,13 @@ decomposition took about eight dispatches a row (amin, amax, two full_like, mini
 the chains, the cast). Rows may vary at run time (prefill's T): the grid is sized for
 the most, workgroups past the current rows return.
 
+On GPUs, where the products of these rows run linear_qw_gemv.glsl's GEMV, the
+dispatch also writes the rows quantized with the qparams it found (the shader's QX
+form: int8 values packed as the int4 weight's nibbles pair them, ``qx_words(K)``
+32-bit words a row) and publishes them (``NodeBuilder.publish`` under ``qx_key``):
+a product of the same (x, scale, zero point) then reads them (QX_IN) instead of
+quantizing x again in each of its workgroups (ops/families/quantized_linear.py).
+
 vkdelegate.rms_norm_choose_qparams.default(x, weight, eps) -> (y, scale, zp): y =
 et_vk.rms_norm(x, weight, eps) and the qparams of y (custom_ops.RMS_NORM_CHOOSE_QPARAMS;
 made by fuse_choose_qparams where only 8da4w products read the norm): the shader's NORM
@@ -47,22 +54,54 @@ WG = 64  # invocations per row (a power of two) on CPU drivers
 #: strided loads in series on an H100: 9.8 us for one row of 2048 (choose_qparams)
 #: and 14.8 us with the norm (two passes), 2026-12-07.
 GPU_WG = 1024
+#: Write and publish the quantized rows for the products' GEMV (QX; GPUs only). Off:
+#: each GEMV workgroup quantizes x as it loads it.
+QX = True
 #: The least scale per x dtype: its least normal number (backend/custom_ops.QPARAMS_EPS,
 #: which the op's definition uses: ops do not import the backend;
 #: tests/ops/test_choose_qparams.py compares them).
 EPS = {"float32": 1.1754943508222875e-38, "float16": 6.103515625e-05}
 DTYPES = frozenset(EPS)
-#: x: rows now, y: K; fparams x: 255 (the int8 range), y: eps (EPS[x's dtype]).
+#: x: rows now, y: K, z: QX's words a row; fparams x: 255 (the int8 range), y: eps
+#: (EPS[x's dtype]), z: NORM's eps.
 PARAMS = ParamBlock("qparams_block", [("info", "ivec4"), ("fparams", "vec4")])
 
 
 @shader_bindings(SHADER)
 def _bindings(defines) -> Bindings:
+    qx = ("qx_data",) if "QX" in defines else ()
     if "NORM" in defines:
-        return Bindings(outputs=("y_data", "scale_data", "zp_data"),
+        return Bindings(outputs=("y_data", "scale_data", "zp_data") + qx,
                         inputs=("x_data", "w_data"), params=(PARAMS,))
-    return Bindings(outputs=("scale_data", "zp_data"), inputs=("x_data",),
+    return Bindings(outputs=("scale_data", "zp_data") + qx, inputs=("x_data",),
                     params=(PARAMS,))
+
+
+def qx_words(k: int) -> int:
+    """32-bit words of one row of k values quantized in the QX layout (8 per 32
+    values: k padded to a multiple of 32, as linear_qw_gemv.glsl's blocks)."""
+    return 8 * -(-k // 32)
+
+
+def qx_key(scale, zp) -> "tuple | None":
+    """The key under which the quantized rows found with qparams (Tensors scale, zero
+    point: the op's outputs) are published: their value ids (None for an op's
+    temporary: nothing to match). Not x's: the products of our lowering read x or a
+    view of it (an aten.view of the norm's y, the same values row by row); a product
+    of other values with these qparams (a crafted blob) reads the published rows of
+    its own sizes (quantized_linear._quantized_x checks them): other values, never
+    out of bounds."""
+    ids = (scale.value_id, zp.value_id)
+    return ("q8x",) + ids if min(ids) >= 0 else None
+
+
+def publishes_qx(info, rows: int) -> bool:
+    """Whether qparams of ``rows`` rows (the upper bound) on device ``info`` write and
+    publish their quantized rows: QX, and their products would run the GEMV
+    (quantized_linear.use_gemv: GPUs, few rows)."""
+    from vkdelegate.ops.families import quantized_linear  # it imports this module
+
+    return QX and quantized_linear.use_gemv(info, rows)
 
 
 def workgroup(info, k: int) -> int:
@@ -78,13 +117,15 @@ def workgroup(info, k: int) -> int:
     return wg
 
 
-def _defines(x, scale, zp, y=None, w=None, wg: int = WG, subgroup: bool = False) -> dict:
+def _defines(x, scale, zp, y=None, w=None, wg: int = WG, subgroup: bool = False,
+             qx: bool = False) -> dict:
     """Defines of choose_qparams.glsl; y and w (the normalized row and the norm weight):
-    its NORM form; wg: invocations a row; subgroup: the SUBGROUP reductions."""
+    its NORM form; wg: invocations a row; subgroup: the SUBGROUP reductions; qx: the
+    QX form (the quantized rows written too)."""
     d = storage_defines(X=x, SCALE=scale, ZP=zp, **(dict(Y=y, W=w) if y is not None else {}))
     d["WG"] = str(wg)
     d.update(flag_defines(F16=(x.dtype if hasattr(x, "dtype") else x[0]) == "float16",
-                          NORM=y is not None, SUBGROUP=subgroup))
+                          NORM=y is not None, SUBGROUP=subgroup, QX=qx))
     return d
 
 
@@ -98,18 +139,27 @@ def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
     passes = 2 if w is not None else 1
     wg = workgroup(b.device.info, k)
     subgroup = wg > WG and has_subgroup_arithmetic(b.device.info)
+    key = qx_key(outs[-2], outs[-1])
+    qx = None
+    if key is not None and publishes_qx(b.device.info, rows):
+        qx = b.temporary([max(rows, 1), qx_words(k)], "int32")
+        passes += 1
     loop_limit.check(b, passes * (-(-k // wg) + int(math.log2(wg)) + 64) + 2,
                      f"quantization parameters of rows of {k} values")
+    words = qx_words(k) if qx is not None else 0
 
     def pack():
-        return PARAMS.pack(info=[x.numel // max(x.shape[-1], 1), x.shape[-1]],
+        return PARAMS.pack(info=[x.numel // max(x.shape[-1], 1), x.shape[-1], words],
                            fparams=[255.0, EPS[x.dtype], eps])
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
     y = outs[0] if w is not None else None
-    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w, wg, subgroup),
-               outputs=list(outs), inputs=[x] + ([w] if w is not None else []),
+    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w, wg, subgroup, qx is not None),
+               outputs=list(outs) + ([qx] if qx is not None else []),
+               inputs=[x] + ([w] if w is not None else []),
                params=[params], global_size=(max(rows, 1) * wg,), local_size=(wg, 1, 1))
+    if qx is not None:
+        b.publish(key, qx)
 
 
 def _outputs(b, out_ids, count: int, what: str) -> list:
@@ -164,7 +214,8 @@ def _norm_shape(args):
 register(OpSpec(name=NAME, dtypes=DTYPES | {"int8"}, impl=_impl,
                 shape_fn=_shape, rules=(_rule,), arg_dtypes={0: DTYPES},
                 notes="8da4w's per-row asymmetric int8 scale and zero point, bit for bit "
-                      "torchao's decomposition; one workgroup a row"))
+                      "torchao's decomposition; one workgroup a row; on GPUs, for rows "
+                      "of a GEMV, also the rows quantized, which the products read"))
 register(OpSpec(name=NORM_NAME, dtypes=DTYPES | {"int8"}, impl=_norm_impl,
                 shape_fn=_norm_shape, rules=(_rule, _norm_rule),
                 arg_dtypes={0: DTYPES, 1: DTYPES},
@@ -174,14 +225,14 @@ register(OpSpec(name=NORM_NAME, dtypes=DTYPES | {"int8"}, impl=_norm_impl,
                       "of the y written"))
 
 
-def _grid(profile, dtype, norm, wg, subgroup):
+def _grid(profile, dtype, norm, wg, subgroup, qx):
     if subgroup and wg == WG:
         return None  # the CPU drivers' form: a tree
     pair = (dtype, device_dtype(dtype, profile))
     return _defines(pair, pair, ("int8", device_dtype("int8", profile)),
-                    pair if norm else None, pair if norm else None, wg, subgroup)
+                    pair if norm else None, pair if norm else None, wg, subgroup, qx)
 
 
 declare_grid(SHADER, _grid, profile=STORAGE_PROFILES, dtype=sorted(DTYPES),
              norm=(False, True), wg=tuple(WG << i for i in range(5)),
-             subgroup=(False, True))
+             subgroup=(False, True), qx=(False, True))

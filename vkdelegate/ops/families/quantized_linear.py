@@ -22,8 +22,10 @@ for rows of few blocks) and VROWS outputs per workgroup (fewer for products of f
 outputs: VMIN_GROUPS; int4 with fp16 x on devices
 with shaderFloat16 in packed fp16 arithmetic: VHALF, the HALF_DOT form), x loaded per
 invocation (VDIRECT) or staged in shared memory, or with
-VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w quantizes x as
-it loads it) where the weight allows it
+VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w reads x as its
+qparams' dispatch quantized it, QX_IN, where that dispatch published the rows
+(choose_qparams.QX; ``_quantized_x``), else quantizes x as it loads it) where the
+weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
 of 16); else linear_qw.glsl, whose
 GEMV form (a workgroup of WG invocations per NPW columns of one row, K split in 32-bit
@@ -90,6 +92,7 @@ from vkdelegate.kernels.cache_pair import INDEX_DTYPES
 from vkdelegate.kernels.gemm import norm_input
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
+from vkdelegate.ops.families import choose_qparams
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -306,7 +309,8 @@ def vector_scales(s, n: int, s_stride: int, swiglu: bool = False,
 def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
                    norm: bool = False, rotary=None, sg: "bool | None" = None,
-                   rows: "int | None" = None, wg: "int | None" = None) -> dict:
+                   rows: "int | None" = None, wg: "int | None" = None,
+                   qx: bool = False) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -318,7 +322,9 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     are not a run); sg: the SG_ROWS form (``sg_rows``; None: VSG_ROWS where
     ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
-    (``workgroup_size``; None: VWG)."""
+    (``workgroup_size``; None: VWG); qx: with dq, the QX_IN form (x bound is the row
+    quantized by the qparams' dispatch, choose_qparams.qx_words(K) words a row; the
+    DIRECT and SG_ROWS forms only)."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -332,7 +338,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     d.update(flag_defines(W4=bits == 4, W8=bits == 8, HAS_BIAS=bias is not None,
                           X16=xdev == "float16", SUBGROUP=subgroup, DQ8CA=dq is not None,
                           XQ16=dq is not None and xdt == "float16",
-                          HAS_RESIDUAL=residual is not None, RMS_NORM=norm))
+                          HAS_RESIDUAL=residual is not None, RMS_NORM=norm,
+                          QX_IN=qx and dq is not None))
     paired = swiglu is not None or rotary is not None  # two weight rows per output
     if sg is None:
         sg = VSG_ROWS and subgroup
@@ -674,9 +681,13 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     rows = workgroup_rows(n // 2 if rotary is not None else n, paired, sg)
     svec = bits == 4 and rotary is None and not sg \
         and vector_scales(s, n, s_stride, swiglu is not None, rows)
+    qx = _quantized_x(b, x, dq, blocks, m) if (VDIRECT or sg) else None
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
-                             None if rotary is None else rotary.defines, sg, rows, wg)
+                             None if rotary is None else rotary.defines, sg, rows, wg,
+                             qx is not None)
+    if qx is not None:
+        x = qx  # QX_IN: bound in x's place
     if dq is not None:
         defines = choose(VSHADER, [dict(defines, INT_DOT="1"), defines],
                          b.device.info.capabilities)
@@ -700,6 +711,21 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     groups = -(-units // per_group)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
                global_size=(groups * wg, max(m, 1)), local_size=(wg, 1, 1))
+
+
+def _quantized_x(b, x, dq, blocks: int, m: int):
+    """8da4w (dq not None): the rows of x already quantized by the dispatch of its
+    qparams (choose_qparams' QX form, published under the qx_key of dq's scale and
+    zero point) when they cover this product's ``m`` rows of ``blocks`` int4 blocks
+    (K = 32 * blocks), else None (x is quantized as it is loaded)."""
+    if dq is None:
+        return None
+    key = choose_qparams.qx_key(dq[0], dq[1])
+    qx = b.published(key) if key is not None else None
+    if qx is None or qx.max_shape[0] < max(m, 1) \
+            or qx.max_shape[1] != choose_qparams.qx_words(32 * blocks):
+        return None
+    return qx
 
 
 def _int8pack_impl(b, node):
@@ -840,9 +866,11 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES,
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
                      chain: "str | None" = None, norm: bool = False, rotary: bool = False,
-                     rows: "int | None" = None, wg: "int | None" = None):
+                     rows: "int | None" = None, wg: "int | None" = None, qx: bool = False):
     if op == INT8PACK and (bias or svec):
         return None
+    if qx and (op != DQ8CA or not (VDIRECT or VSG_ROWS and subgroup)):
+        return None  # QX_IN: 8da4w's DIRECT and SG_ROWS forms
     if norm and (op == DQ8CA or residual):
         return None  # RMS_NORM: the rms_norm_* forms of the weight-only products
     if chain is not None and (residual or chain not in swiglu_chains.CHAINS_FOR[dtype]):
@@ -870,13 +898,13 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     return [vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq,
                            svec, pair if residual else None,
                            None if chain is None else swiglu_chains.defines(chain, dtype),
-                           norm, r, rows=rows, wg=wg) for r in rotaries]
+                           norm, r, rows=rows, wg=wg, qx=qx) for r in rotaries]
 
 
 def _vector_dot(profile, dtype: str, bias: bool, subgroup: bool, svec: bool, rows: int,
-                wg: int, residual: bool, chain: "str | None", rotary: bool):
+                wg: int, residual: bool, chain: "str | None", rotary: bool, qx: bool):
     found = _vector_variants(profile, DQ8CA, dtype, bias, subgroup, svec, residual, chain,
-                             rotary=rotary, rows=rows, wg=wg)
+                             rotary=rotary, rows=rows, wg=wg, qx=qx)
     return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
@@ -889,10 +917,10 @@ _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, Fals
               svec=(False, True), rows=_ROWS, wg=_WGS)
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
-             norm=(False, True), rotary=(False, True))
+             norm=(False, True), rotary=(False, True), qx=(False, True))
 declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAXES,
              dtype=DTYPES, residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
-             rotary=(False, True))
+             rotary=(False, True), qx=(False, True))
 
 
 def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int,

@@ -20,22 +20,33 @@
 // rstd = 1 / sqrt(mean(x * x) + eps), one rounding to x's dtype), written to y_data,
 // and the qparams are those of y as stored (so bit for bit choose_qparams_per_token of
 // the y written). One pass for the sum of squares, one for y and its min / max.
+// QX (GPUs, rows for the products' GEMV: kernels choose_qparams.publishes_qx): the row
+// quantized with those qparams is written too, as the products would quantize each
+// value (quantize_x.h: the same float operations, so the same int8 values), for
+// linear_qw_gemv.glsl's QX_IN form, which then reads 1 byte a value and quantizes
+// nothing: qx_data [rows, W] 32-bit words, W = 8 * ceil(K / 32); the 8 values k = 8g ..
+// 8g + 7 are words 2g (k = 8g, 8g + 2, 8g + 4, 8g + 6, in bytes 0 .. 3) and 2g + 1 (the
+// odd k): the k parity of an int4 weight word's low and high nibbles; past K, 0. A
+// row holding a NaN gets zeros (its scale is NaN: the product's sums are NaN anyway).
 // Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past
 // the current rows (params.info.x; the grid is sized for the most) write nothing.
 // Defines: WG (a power of two), X_T, SCALE_T / SCALE_STORE(v), ZP_T / ZP_STORE(v), F16;
-// NORM: Y_T / Y_STORE(v), W_T; SUBGROUP (the reductions by subgroup operations).
+// NORM: Y_T / Y_STORE(v), W_T; SUBGROUP (the reductions by subgroup operations); QX.
 
 #ifdef NORM
 TENSOR_OUT(y_data, Y_T)
 #endif
 TENSOR_OUT(scale_data, SCALE_T)
 TENSOR_OUT(zp_data, ZP_T)
+#ifdef QX
+TENSOR_OUT(qx_data, uint)
+#endif
 TENSOR_IN(x_data, X_T)
 #ifdef NORM
 TENSOR_IN(w_data, W_T)
 #endif
 PARAMS(qparams_block) {
-  ivec4 info;     // x: rows now, y: K
+  ivec4 info;     // x: rows now, y: K, z: QX's words per row
   vec4 fparams;   // x: 255 (quant_max - quant_min), y: eps (x's dtype's least normal),
                   // z: NORM's eps
 };
@@ -46,7 +57,10 @@ PARAMS(qparams_block) {
 #define ROUND_X(v) (v)
 #endif
 
-#include "div_rn.h"
+#ifdef F16
+#define XQ16  // quantize_x.h: x's chain in fp16
+#endif
+#include "quantize_x.h"
 
 shared float s_lo[WG];
 shared float s_hi[WG];
@@ -93,6 +107,16 @@ void reduce(bool sum, float lo, float hi, float nan) {
 #endif
 }
 
+// Value k of row r as the qparams see it: x, or NORM's y (x * rstd * weight, rounded
+// to x's dtype) exactly as written to y_data.
+float row_value(int row, int K, int k, float rstd) {
+#ifdef NORM
+  return ROUND_X(float(x_data[row * K + k]) * rstd * float(w_data[k]));
+#else
+  return float(x_data[row * K + k]);
+#endif
+}
+
 void main() {
   const int t = int(gl_LocalInvocationID.x);
   const int row = int(linear_id()) / WG;  // the grid may fold into y (linear_id)
@@ -100,6 +124,7 @@ void main() {
     return;  // the whole workgroup leaves together
   }
   const int K = info.y;
+  float rstd = 1.0;
 #ifdef NORM
   float ss = 0.0;
   for (int k = t; k < K; k += WG) {
@@ -107,17 +132,15 @@ void main() {
     ss += v * v;
   }
   reduce(true, ss, 0.0, 0.0);
-  const float rstd = 1.0 / sqrt(s_lo[0] / float(K) + fparams.z);
+  rstd = 1.0 / sqrt(s_lo[0] / float(K) + fparams.z);
   barrier();  // every invocation has read the sum before s_lo is reused
 #endif
   float lo = 0.0, hi = 0.0;  // min(., 0) and max(., 0) of the row: start at 0
   float nan = 0.0;
   for (int k = t; k < K; k += WG) {
+    const float v = row_value(row, K, k, rstd);
 #ifdef NORM
-    const float v = ROUND_X(float(x_data[row * K + k]) * rstd * float(w_data[k]));
     y_data[row * K + k] = Y_STORE(v);
-#else
-    const float v = float(x_data[row * K + k]);
 #endif
     if (isnan(v)) {
       nan = 1.0;
@@ -127,21 +150,42 @@ void main() {
     }
   }
   reduce(false, lo, hi, nan);
+  // Every invocation computes the row's qparams (the same operations on the same
+  // values: the same bits); the first stores them.
+  const bool has_nan = s_nan[0] != 0.0;
+  // lo may be -0.0 or +0.0 where eager's is the other (min(+0, -0) may give
+  // either): hi - lo and lo / scale are then the same or +-0, and -128 - round(+-0)
+  // is -128 either way.
+  const float scale = max(ROUND_X(div_rn(ROUND_X(s_hi[0] - s_lo[0]), fparams.x)),
+                          fparams.y);
+  // lo = -inf gives inf / inf = NaN here (GLSL's clamp of NaN is undefined): 0, as
+  // eager's cast of the NaN gives.
+  const float zpf = -128.0 - roundEven(ROUND_X(div_rn(s_lo[0], scale)));
+  const int zp = has_nan || isnan(zpf) ? 0 : int(clamp(zpf, -128.0, 127.0));
   if (t == 0) {
-    if (s_nan[0] != 0.0) {
-      scale_data[row] = SCALE_STORE(NAN_F);
-      zp_data[row] = ZP_STORE(0);
-      return;
-    }
-    // lo may be -0.0 or +0.0 where eager's is the other (min(+0, -0) may give
-    // either): hi - lo and lo / scale are then the same or +-0, and -128 - round(+-0)
-    // is -128 either way.
-    const float scale = max(ROUND_X(div_rn(ROUND_X(s_hi[0] - s_lo[0]), fparams.x)),
-                            fparams.y);
-    // lo = -inf gives inf / inf = NaN here (GLSL's clamp of NaN is undefined): 0, as
-    // eager's cast of the NaN gives.
-    const float zp = -128.0 - roundEven(ROUND_X(div_rn(s_lo[0], scale)));
-    scale_data[row] = SCALE_STORE(scale);
-    zp_data[row] = ZP_STORE(isnan(zp) ? 0 : int(clamp(zp, -128.0, 127.0)));
+    scale_data[row] = SCALE_STORE(has_nan ? NAN_F : scale);
+    zp_data[row] = ZP_STORE(zp);
   }
+#ifdef QX
+  const int words = info.z;
+  const float inv = inverse_scale(scale);
+  for (int g = t; g < words / 2; g += WG) {
+    uint even = 0u, odd = 0u;
+    [[unroll]] for (int j = 0; j < 8; ++j) {
+      const int k = 8 * g + j;
+      int q = 0;
+      if (k < K && !has_nan) {
+        q = int(quantize_x(row_value(row, K, k, rstd), inv, zp));
+      }
+      const uint byte = (uint(q) & 0xFFu) << (8 * (j / 2));
+      if (j % 2 == 0) {
+        even |= byte;
+      } else {
+        odd |= byte;
+      }
+    }
+    qx_data[row * words + 2 * g] = even;
+    qx_data[row * words + 2 * g + 1] = odd;
+  }
+#endif
 }

@@ -29,6 +29,13 @@
 //       block_dot: integer sums, exact below 2^24, else rounded by at most 2^-24
 //       relative), the zero point's share (z * the group's weight sum) subtracted at
 //       the block that starts a group, then * scale_w * scale_x.
+//   QX_IN (DQ8CA, the DIRECT and SG_ROWS forms; kernels choose_qparams.publishes_qx):
+//       x_data is not x but the row already quantized by the qparams' dispatch
+//       (choose_qparams.glsl's QX words: 8 a block, k parity-packed as the weight's
+//       nibbles), so no value is quantized here and a block's x is 32 bytes, not 64
+//       or 128; xs_data / xz_data still give the scale and zero point. The sums are
+//       the same integers as the form that quantizes x as it loads it: the same
+//       results, bit for bit.
 // The weight is streamed in uvec4 (16-byte) blocks: a workgroup of WG invocations
 // computes ROWS outputs of row m, invocation t reading blocks t, t + WG, ... of each
 // of its ROWS weight rows (adjacent invocations adjacent 16 bytes). Each sweep of WG
@@ -145,6 +152,9 @@
 #define OUT_ROWS (ROWS / UNIT_ROWS)  // outputs (ROTARY: units) per workgroup
 #define LROWS ROWS
 #endif
+#if defined(QX_IN) && (!defined(DQ8CA) || !defined(DIRECT))
+#error "QX_IN is a DQ8CA form of DIRECT (or SG_ROWS)"
+#endif
 #ifdef RMS_NORM
 #if defined(DQ8CA) || defined(HAS_RESIDUAL)
 #error "RMS_NORM takes neither DQ8CA nor HAS_RESIDUAL"
@@ -155,7 +165,7 @@
 #endif
 
 TENSOR_OUT(out_data, OUT_T)
-#ifdef X16
+#if defined(X16) || defined(QX_IN)
 TENSOR_IN(x_data, uvec4)
 #else
 TENSOR_IN(x_data, vec4)
@@ -518,7 +528,10 @@ void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LR
 #ifdef DIRECT
 // DIRECT: each invocation loads its blocks' x values from global memory (XR raw
 // vectors; unpacked, and quantized for DQ8CA, by unpack_x).
-#ifdef X16
+#ifdef QX_IN
+#define XRAW uvec4
+#define XR 2  // a block's 32 quantized values: 8 words
+#elif defined(X16)
 #define XRAW uvec4
 #define XR (XV / 2)
 #else
@@ -528,9 +541,53 @@ void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LR
 
 void load_x(int m, int K, int bc, out XRAW xr[XR]) {
   [[unroll]] for (int i = 0; i < XR; ++i) {
+#ifdef QX_IN
+    xr[i] = x_data[(m * qdims.w + bc) * XR + i];  // rows of qdims.w blocks
+#else
     xr[i] = x_data[(m * K + bc * KV) / (4 * XV / XR) + i];
+#endif
   }
 }
+
+#ifdef QX_IN
+// Word i (0 .. 7) of a block's QX words: 2j holds k = 8j, 8j + 2, 8j + 4, 8j + 6 of the
+// block, 2j + 1 the odd k.
+uint qword(uvec4 xq[XR], int i) {
+  return xq[i / 4][i % 4];
+}
+
+// acc[r] += the block's products with row r, x already quantized (QX_IN): the integer
+// sum of xq * (nibble - 8), as block_idot's (INT_DOT: the word's low nibbles against
+// the even k, the high against the odd; 8 * sum(xq) once for the rows), minus the
+// zero point's share, times the scales; else the values unpacked for add_block.
+void add_qblock(inout float acc[LROWS], uvec4 xq[XR], uvec4 wv[LROWS], float sv[LROWS],
+                int zs[LROWS]) {
+#ifdef INT_DOT
+  int xsum = 0;
+  [[unroll]] for (int i = 0; i < 8; ++i) {
+    xsum += dotPacked4x8EXT(qword(xq, i), 0x01010101u);
+  }
+  [[unroll]] for (int r = 0; r < LROWS; ++r) {
+    int isum = -8 * xsum;
+    [[unroll]] for (int i = 0; i < 4; ++i) {
+      isum += dotPacked4x8EXT(qword(xq, 2 * i), wv[r][i] & 0x0F0F0F0Fu)
+          + dotPacked4x8EXT(qword(xq, 2 * i + 1), (wv[r][i] >> 4) & 0x0F0F0F0Fu);
+    }
+    acc[r] = fma(float(isum) - float(zs[r]), sv[r], acc[r]);
+  }
+#else
+  vec4 xv[XV];
+  [[unroll]] for (int i = 0; i < 4; ++i) {  // k = 8 i .. 8 i + 7
+    const int e = int(qword(xq, 2 * i)), o = int(qword(xq, 2 * i + 1));
+    xv[2 * i] = vec4(bitfieldExtract(e, 0, 8), bitfieldExtract(o, 0, 8),
+                     bitfieldExtract(e, 8, 8), bitfieldExtract(o, 8, 8));
+    xv[2 * i + 1] = vec4(bitfieldExtract(e, 16, 8), bitfieldExtract(o, 16, 8),
+                         bitfieldExtract(e, 24, 8), bitfieldExtract(o, 24, 8));
+  }
+  add_block(acc, xv, wv, sv, zs);
+#endif
+}
+#endif
 
 #ifdef RMS_NORM
 // The norm weight's values of block bc (as load_x's of x).
@@ -541,6 +598,7 @@ void load_n(int bc, out XRAW nr[XR]) {
 }
 #endif
 
+#ifndef QX_IN
 // RMS_NORM: times the norm weight's values nr, the squares of xr's values added to ss.
 #ifdef RMS_NORM
 void unpack_x(XRAW xr[XR], XRAW nr[XR], float inv, int z, out vec4 xv[XV],
@@ -559,6 +617,7 @@ void unpack_x(XRAW xr[XR], float inv, int z, out vec4 xv[XV]) {
 #endif
   }
 }
+#endif
 
 // The DIRECT loop over row m: acc[r] += the products of weight row w_row[r] with x
 // over blocks first, first + stride, ... (the workgroup forms: the invocation, WG;
@@ -585,6 +644,9 @@ void direct_rows(int m, int K, int blocks, int first, int stride, int w_row[LROW
     }
     [[unroll]] for (int u = 0; u < UNROLL; ++u) {
       if (b0 + u * stride < blocks) {
+#ifdef QX_IN
+        add_qblock(acc, xr[u], wv[u], sv[u], zs[u]);
+#else
         vec4 xv[XV];
 #ifdef RMS_NORM
         unpack_x(xr[u], nr[u], inv, z, xv, ss);
@@ -592,6 +654,7 @@ void direct_rows(int m, int K, int blocks, int first, int stride, int w_row[LROW
         unpack_x(xr[u], inv, z, xv);
 #endif
         add_block(acc, xv, wv[u], sv[u], zs[u]);
+#endif
       }
     }
   }

@@ -21,32 +21,13 @@ uint packed_bytes(ivec4 v) {
 #endif
 
 #ifdef DQ8CA
-#include "div_rn.h"
+#include "quantize_x.h"
 // Row m's quantization (xs_data, xz_data: one scale / int8 zero point per row):
-// (1 / scale, scale, zero point). torchao multiplies x by ATen's correctly rounded
-// reciprocal; GLSL's division may be 2.5 ulp off, so the quotient is div_rn's
-// (correctly rounded). XQ16 (an fp16 x: torchao's chain runs in fp16): the reciprocal
-// is the fp16 tensor eager's reciprocal makes, that fp32 quotient rounded to fp16 (as
-// ATen computes an fp16 op: in fp32, one rounding to fp16 at the store).
+// (1 / scale as torchao's chain computes it, scale, zero point).
 void row_qparams(int m, out float inv, out float xs, out int z) {
   xs = float(xs_data[m]);
-#ifdef XQ16
-  inv = round_to_half(div_rn(1.0, xs));
-#else
-  inv = div_rn(1.0, xs);
-#endif
+  inv = inverse_scale(xs);
   z = int(xz_data[m]);
-}
-
-// x quantized as torchao's quantize_affine: clamp(roundEven(x / s) + z, -128, 127).
-// XQ16: x * (1 / s) is the fp16 product eager rounds before its round (the fp32
-// product of two fp16 values is exact, so one rounding, as eager's).
-float quantize_x(float x, float inv, int z) {
-#ifdef XQ16
-  return clamp(roundEven(round_to_half(x * inv)) + float(z), -128.0, 127.0);
-#else
-  return clamp(roundEven(x * inv) + float(z), -128.0, 127.0);
-#endif
 }
 #endif
 
