@@ -386,8 +386,8 @@ def test_norm_crafted_blob_is_refused_at_load(vk_device, kwargs, match):
 
 
 def test_workgroup_sizes():
-    """WG on CPU drivers; on GPUs about two values an invocation, from WG up to GPU_WG
-    and the device's limits."""
+    """WG on CPU drivers; on GPUs about one group of 8 values an invocation, from WG up
+    to GPU_WG and the device's limits."""
     from types import SimpleNamespace
 
     from vkdelegate.ops.families.choose_qparams import GPU_WG, WG, workgroup
@@ -398,5 +398,31 @@ def test_workgroup_sizes():
 
     assert workgroup(SimpleNamespace(type="cpu"), 8192) == WG
     sizes = [workgroup(gpu(), k) for k in (7, 128, 129, 2048, 8192)]
-    assert sizes == [WG, WG, 2 * WG, 1024, GPU_WG]
+    assert sizes == [WG, WG, WG, 256, GPU_WG]
+    assert workgroup(gpu(), 16384) == GPU_WG
     assert workgroup(gpu(256), 8192) == 256
+
+
+def test_layout():
+    """Each invocation holds GPI groups of 8 values (QX's 4 a block of 32, rounded up to
+    a power of two), at most MAX_GPI: more invocations past that, up to the device's
+    limit, then a DeviceLimitError naming the row length."""
+    from types import SimpleNamespace
+
+    from vkdelegate.errors import DeviceLimitError
+    from vkdelegate.ops.families.choose_qparams import MAX_GPI, WG, layout
+
+    def builder(kind, limit=1024):
+        info = SimpleNamespace(type=kind, max_workgroup_size=(limit, limit, 64),
+                               max_workgroup_invocations=limit)
+        return SimpleNamespace(device=SimpleNamespace(info=info),
+                               error=lambda message, limit=False: DeviceLimitError(message))
+
+    assert layout(builder("cpu"), 40) == (WG, 1)  # 8 groups (2 blocks)
+    assert layout(builder("cpu"), 4097) == (WG, 16)  # 516 groups: 9 -> 16
+    assert layout(builder("cpu"), 8 * WG * MAX_GPI) == (WG, MAX_GPI)
+    assert layout(builder("cpu"), 8 * WG * MAX_GPI + 1) == (2 * WG, 32)
+    assert layout(builder("discrete"), 2048) == (256, 1)
+    assert layout(builder("discrete"), 14336) == (1024, 2)
+    with pytest.raises(DeviceLimitError, match="rows of 262145 values"):
+        layout(builder("discrete"), 8 * 1024 * MAX_GPI + 1)

@@ -104,26 +104,50 @@ def publishes_qx(info, rows: int) -> bool:
     return QX and quantized_linear.use_gemv(info, rows)
 
 
+#: At most this many groups of 8 values an invocation holds (GPI; a power of two).
+MAX_GPI = 32
+
+
 def workgroup(info, k: int) -> int:
     """Invocations per row of k values on device ``info``: WG on CPU drivers (their
     barriers cost more than the parallel loads save); on GPUs a power of two from WG
-    with about two values each, at most GPU_WG and the device's limit."""
+    with about one group of 8 values each, at most GPU_WG and the device's limit."""
     if info.type == "cpu":
         return WG
     limit = min(GPU_WG, info.max_workgroup_size[0], info.max_workgroup_invocations)
     wg = WG
-    while 2 * wg <= limit and 2 * wg < k:
+    while 2 * wg <= limit and 16 * wg <= k:
         wg *= 2
     return wg
 
 
+def layout(b, k: int) -> tuple:
+    """(invocations, GPI) of a row of k values on b's device: ``workgroup``'s
+    invocations, each holding GPI groups of 8 values (enough for QX's groups, 4 per
+    32 values, rounded up to a power of two); where that would be over MAX_GPI, more
+    invocations (up to the device's limit). DeviceLimitError (b.error) for rows
+    longer still."""
+    info = b.device.info
+    wg = workgroup(info, k)
+    groups = qx_words(k) // 2
+    limit = min(info.max_workgroup_size[0], info.max_workgroup_invocations)
+    while -(-groups // wg) > MAX_GPI and 2 * wg <= limit:
+        wg *= 2
+    per = -(-groups // wg)
+    if per > MAX_GPI:
+        raise b.error(f"rows of {k} values: more than {MAX_GPI * 8 * wg} (the values "
+                      f"one workgroup of this device holds)", limit=True)
+    return wg, 1 << (per - 1).bit_length()
+
+
 def _defines(x, scale, zp, y=None, w=None, wg: int = WG, subgroup: bool = False,
-             qx: bool = False) -> dict:
+             qx: bool = False, gpi: int = 1) -> dict:
     """Defines of choose_qparams.glsl; y and w (the normalized row and the norm weight):
     its NORM form; wg: invocations a row; subgroup: the SUBGROUP reductions; qx: the
-    QX form (the quantized rows written too)."""
+    QX form (the quantized rows written too); gpi: groups of 8 values an invocation
+    holds (``layout``)."""
     d = storage_defines(X=x, SCALE=scale, ZP=zp, **(dict(Y=y, W=w) if y is not None else {}))
-    d["WG"] = str(wg)
+    d.update(WG=str(wg), GPI=str(gpi))
     d.update(flag_defines(F16=(x.dtype if hasattr(x, "dtype") else x[0]) == "float16",
                           NORM=y is not None, SUBGROUP=subgroup, QX=qx))
     return d
@@ -136,15 +160,15 @@ def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
     # rule and shape_fn (tests/ops/test_choose_qparams.py's crafted blobs).
     k = x.max_shape[-1]
     rows = math.prod(x.max_shape[:-1])
-    passes = 2 if w is not None else 1
-    wg = workgroup(b.device.info, k)
+    wg, gpi = layout(b, k)
     subgroup = wg > WG and has_subgroup_arithmetic(b.device.info)
     key = qx_key(outs[-2], outs[-1])
     qx = None
     if key is not None and publishes_qx(b.device.info, rows):
         qx = b.temporary([max(rows, 1), qx_words(k)], "int32")
-        passes += 1
-    loop_limit.check(b, passes * (-(-k // wg) + int(math.log2(wg)) + 64) + 2,
+    # The loops: three passes over the values held, the reductions (a tree of
+    # log2(wg) steps, or the slots' fold).
+    loop_limit.check(b, 3 * 8 * gpi + 2 * (wg // 32 + int(math.log2(wg))) + 64,
                      f"quantization parameters of rows of {k} values")
     words = qx_words(k) if qx is not None else 0
 
@@ -154,7 +178,8 @@ def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
     params = b.params(pack())
     b.on_resize(lambda: params.write(pack()))
     y = outs[0] if w is not None else None
-    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w, wg, subgroup, qx is not None),
+    b.dispatch(SHADER, _defines(x, outs[-2], outs[-1], y, w, wg, subgroup, qx is not None,
+                                gpi),
                outputs=list(outs) + ([qx] if qx is not None else []),
                inputs=[x] + ([w] if w is not None else []),
                params=[params], global_size=(max(rows, 1) * wg,), local_size=(wg, 1, 1))
@@ -225,14 +250,15 @@ register(OpSpec(name=NORM_NAME, dtypes=DTYPES | {"int8"}, impl=_norm_impl,
                       "of the y written"))
 
 
-def _grid(profile, dtype, norm, wg, subgroup, qx):
+def _grid(profile, dtype, norm, wg, subgroup, qx, gpi):
     if subgroup and wg == WG:
         return None  # the CPU drivers' form: a tree
     pair = (dtype, device_dtype(dtype, profile))
     return _defines(pair, pair, ("int8", device_dtype("int8", profile)),
-                    pair if norm else None, pair if norm else None, wg, subgroup, qx)
+                    pair if norm else None, pair if norm else None, wg, subgroup, qx, gpi)
 
 
 declare_grid(SHADER, _grid, profile=STORAGE_PROFILES, dtype=sorted(DTYPES),
              norm=(False, True), wg=tuple(WG << i for i in range(5)),
-             subgroup=(False, True), qx=(False, True))
+             subgroup=(False, True), qx=(False, True),
+             gpi=tuple(1 << i for i in range(MAX_GPI.bit_length())))

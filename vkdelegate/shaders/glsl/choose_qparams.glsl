@@ -19,7 +19,8 @@
 // et_vk.rms_norm does (ops/families/norm.py's norm.glsl: fp32, x * rstd * weight with
 // rstd = 1 / sqrt(mean(x * x) + eps), one rounding to x's dtype), written to y_data,
 // and the qparams are those of y as stored (so bit for bit choose_qparams_per_token of
-// the y written). One pass for the sum of squares, one for y and its min / max.
+// the y written). The row is read once (main), the sum of squares, y and its
+// min / max computed from the values held.
 // QX (GPUs, rows for the products' GEMV: kernels choose_qparams.publishes_qx): the row
 // quantized with those qparams is written too, as the products would quantize each
 // value (quantize_x.h: the same float operations, so the same int8 values), for
@@ -31,7 +32,8 @@
 // Workgroup r (of WG invocations, linear_id() / WG) reduces row r; workgroups past
 // the current rows (params.info.x; the grid is sized for the most) write nothing.
 // Defines: WG (a power of two), X_T, SCALE_T / SCALE_STORE(v), ZP_T / ZP_STORE(v), F16;
-// NORM: Y_T / Y_STORE(v), W_T; SUBGROUP (the reductions by subgroup operations); QX.
+// NORM: Y_T / Y_STORE(v), W_T; SUBGROUP (the reductions by subgroup operations); QX;
+// GPI (groups of 8 values an invocation holds: ops/families/choose_qparams.layout).
 
 #ifdef NORM
 TENSOR_OUT(y_data, Y_T)
@@ -65,12 +67,14 @@ PARAMS(qparams_block) {
 shared float s_lo[WG];
 shared float s_hi[WG];
 shared float s_nan[WG];  // 1.0 where the invocation (SUBGROUP: the subgroup) saw a NaN
+shared float r_lo, r_hi, r_nan;  // reduce's results
 
 // The workgroup's sum (NORM's squares), minimum, maximum and NaN flag of each
-// invocation's (s, lo, hi, nan): SUBGROUP (GPUs with subgroup arithmetic): one
-// subgroup reduction, one shared slot per subgroup, every invocation folding the
-// slots; else a shared-memory tree. Results in s_lo[0], s_hi[0], s_nan[0] (the sum in
-// s_lo[0] when ``sum``); a barrier after, so that they may be read.
+// invocation's (s, lo, hi, nan), into r_lo (the sum when ``sum``), r_hi, r_nan, with a
+// barrier after, so that they may be read. SUBGROUP (GPUs with subgroup arithmetic):
+// a subgroup reduction, one shared slot per subgroup, the slots reduced by the first
+// subgroup (each lane folding slots lane, lane + its size, ...); else a shared-memory
+// tree.
 void reduce(bool sum, float lo, float hi, float nan) {
   const int t = int(gl_LocalInvocationID.x);
 #ifdef SUBGROUP
@@ -83,11 +87,21 @@ void reduce(bool sum, float lo, float hi, float nan) {
     s_nan[gl_SubgroupID] = nan;
   }
   barrier();
-  if (t == 0) {
-    for (uint i = 1u; i < gl_NumSubgroups; ++i) {
-      s_lo[0] = sum ? s_lo[0] + s_lo[i] : min(s_lo[0], s_lo[i]);
-      s_hi[0] = max(s_hi[0], s_hi[i]);
-      s_nan[0] = max(s_nan[0], s_nan[i]);
+  if (gl_SubgroupID == 0u) {
+    // Lanes past the slots: the sum's 0, slot 0's minimum and maximum (no change).
+    float a = sum ? 0.0 : s_lo[0], b = s_hi[0], c = 0.0;
+    for (uint i = gl_SubgroupInvocationID; i < gl_NumSubgroups; i += gl_SubgroupSize) {
+      a = sum ? a + s_lo[i] : min(a, s_lo[i]);
+      b = max(b, s_hi[i]);
+      c = max(c, s_nan[i]);
+    }
+    a = sum ? subgroupAdd(a) : subgroupMin(a);
+    b = subgroupMax(b);
+    c = subgroupMax(c);
+    if (subgroupElect()) {
+      r_lo = a;
+      r_hi = b;
+      r_nan = c;
     }
   }
   barrier();
@@ -104,19 +118,18 @@ void reduce(bool sum, float lo, float hi, float nan) {
     }
     barrier();
   }
+  if (t == 0) {
+    r_lo = s_lo[0];
+    r_hi = s_hi[0];
+    r_nan = s_nan[0];
+  }
+  barrier();
 #endif
 }
 
-// Value k of row r as the qparams see it: x, or NORM's y (x * rstd * weight, rounded
-// to x's dtype) exactly as written to y_data.
-float row_value(int row, int K, int k, float rstd) {
-#ifdef NORM
-  return ROUND_X(float(x_data[row * K + k]) * rstd * float(w_data[k]));
-#else
-  return float(x_data[row * K + k]);
-#endif
-}
-
+// The row's values are read once, GPI groups of 8 consecutive values an invocation
+// (group g = t + i WG holds k = 8g .. 8g + 7; 0 past K), and kept in registers for
+// every pass (NORM: the sum of squares, then y; the min / max; QX's quantization).
 void main() {
   const int t = int(gl_LocalInvocationID.x);
   const int row = int(linear_id()) / WG;  // the grid may fold into y (linear_id)
@@ -124,43 +137,54 @@ void main() {
     return;  // the whole workgroup leaves together
   }
   const int K = info.y;
-  float rstd = 1.0;
+  float v[8 * GPI];
+  [[unroll]] for (int i = 0; i < GPI; ++i) {
+    [[unroll]] for (int j = 0; j < 8; ++j) {
+      const int k = 8 * (t + i * WG) + j;
+      v[8 * i + j] = k < K ? float(x_data[row * K + k]) : 0.0;
+    }
+  }
 #ifdef NORM
   float ss = 0.0;
-  for (int k = t; k < K; k += WG) {
-    const float v = float(x_data[row * K + k]);
-    ss += v * v;
+  [[unroll]] for (int e = 0; e < 8 * GPI; ++e) {
+    ss += v[e] * v[e];  // 0 past K
   }
   reduce(true, ss, 0.0, 0.0);
-  rstd = 1.0 / sqrt(s_lo[0] / float(K) + fparams.z);
-  barrier();  // every invocation has read the sum before s_lo is reused
+  // r_lo is written again only after every invocation passed the next reduce's first
+  // barrier, so after this read.
+  const float rstd = 1.0 / sqrt(r_lo / float(K) + fparams.z);
 #endif
   float lo = 0.0, hi = 0.0;  // min(., 0) and max(., 0) of the row: start at 0
   float nan = 0.0;
-  for (int k = t; k < K; k += WG) {
-    const float v = row_value(row, K, k, rstd);
+  [[unroll]] for (int i = 0; i < GPI; ++i) {
+    [[unroll]] for (int j = 0; j < 8; ++j) {
+      const int k = 8 * (t + i * WG) + j;
+      if (k < K) {
 #ifdef NORM
-    y_data[row * K + k] = Y_STORE(v);
+        v[8 * i + j] = ROUND_X(v[8 * i + j] * rstd * float(w_data[k]));
+        y_data[row * K + k] = Y_STORE(v[8 * i + j]);
 #endif
-    if (isnan(v)) {
-      nan = 1.0;
-    } else {
-      lo = min(lo, v);
-      hi = max(hi, v);
+        const float x = v[8 * i + j];
+        if (isnan(x)) {
+          nan = 1.0;
+        } else {
+          lo = min(lo, x);
+          hi = max(hi, x);
+        }
+      }
     }
   }
   reduce(false, lo, hi, nan);
   // Every invocation computes the row's qparams (the same operations on the same
   // values: the same bits); the first stores them.
-  const bool has_nan = s_nan[0] != 0.0;
+  const bool has_nan = r_nan != 0.0;
   // lo may be -0.0 or +0.0 where eager's is the other (min(+0, -0) may give
   // either): hi - lo and lo / scale are then the same or +-0, and -128 - round(+-0)
   // is -128 either way.
-  const float scale = max(ROUND_X(div_rn(ROUND_X(s_hi[0] - s_lo[0]), fparams.x)),
-                          fparams.y);
+  const float scale = max(ROUND_X(div_rn(ROUND_X(r_hi - r_lo), fparams.x)), fparams.y);
   // lo = -inf gives inf / inf = NaN here (GLSL's clamp of NaN is undefined): 0, as
   // eager's cast of the NaN gives.
-  const float zpf = -128.0 - roundEven(ROUND_X(div_rn(s_lo[0], scale)));
+  const float zpf = -128.0 - roundEven(ROUND_X(div_rn(r_lo, scale)));
   const int zp = has_nan || isnan(zpf) ? 0 : int(clamp(zpf, -128.0, 127.0));
   if (t == 0) {
     scale_data[row] = SCALE_STORE(has_nan ? NAN_F : scale);
@@ -169,23 +193,23 @@ void main() {
 #ifdef QX
   const int words = info.z;
   const float inv = inverse_scale(scale);
-  for (int g = t; g < words / 2; g += WG) {
-    uint even = 0u, odd = 0u;
-    [[unroll]] for (int j = 0; j < 8; ++j) {
-      const int k = 8 * g + j;
-      int q = 0;
-      if (k < K && !has_nan) {
-        q = int(quantize_x(row_value(row, K, k, rstd), inv, zp));
+  [[unroll]] for (int i = 0; i < GPI; ++i) {
+    const int g = t + i * WG;
+    if (g < words / 2) {
+      uint even = 0u, odd = 0u;
+      [[unroll]] for (int j = 0; j < 8; ++j) {
+        const int q = 8 * g + j < K && !has_nan
+            ? int(quantize_x(v[8 * i + j], inv, zp)) : 0;
+        const uint byte = (uint(q) & 0xFFu) << (8 * (j / 2));
+        if (j % 2 == 0) {
+          even |= byte;
+        } else {
+          odd |= byte;
+        }
       }
-      const uint byte = (uint(q) & 0xFFu) << (8 * (j / 2));
-      if (j % 2 == 0) {
-        even |= byte;
-      } else {
-        odd |= byte;
-      }
+      qx_data[row * words + 2 * g] = even;
+      qx_data[row * words + 2 * g + 1] = odd;
     }
-    qx_data[row * words + 2 * g] = even;
-    qx_data[row * words + 2 * g + 1] = odd;
   }
 #endif
 }
