@@ -1,7 +1,7 @@
 """8da4w's activation quantized once: on GPUs the qparams' dispatch
-(choose_qparams.glsl's QX form) also writes the rows quantized, and the products'
-GEMV (linear_qw_gemv.glsl's QX_IN form, DIRECT and SG_ROWS) reads those int8 values
-instead of quantizing x in each of its workgroups. Forced on this device as
+(choose_qparams.glsl's QX form, kernels/quantized_x.py) also writes the rows quantized,
+and the products' GEMV (linear_qw_gemv.glsl's QX_IN form, DIRECT and SG_ROWS) reads
+those int8 values instead of quantizing x in each of its workgroups. Forced on this device as
 tests/ops/test_quantized_gemv.py forces the GPUs' GEMV (a CPU driver takes the GEMM and
 texel forms, which quantize x themselves), with the qparams in their GPU workgroups.
 
@@ -28,10 +28,12 @@ DQ8CA = "et_vk.linear_dq8ca_q4gsw.default"
 
 @pytest.fixture(params=["direct_int_dot", "direct_portable", "sg_rows"])
 def forced(monkeypatch, request) -> list:
-    """The GPUs' forms on this device: the vectorized GEMV for up to GEMV_ROWS rows (its
-    DIRECT form with the integer dot product or, that candidate dropped, the portable
-    fp32 sums; or SG_ROWS), the qparams' 256 invocations a row. Returns the (shader,
+    """The GPUs' forms on this device (quantized_x.gemv_device, which use_gemv reads
+    too): the vectorized GEMV for up to GEMV_ROWS rows (its DIRECT form with the
+    integer dot product or, that candidate dropped, the portable fp32 sums; or
+    SG_ROWS), the qparams' 256 invocations a row. Returns the (shader,
     defines) of each linear_qw_gemv and choose_qparams dispatch from now on."""
+    from vkdelegate.kernels import quantized_x
     from vkdelegate.ops.families import choose_qparams
     from vkdelegate.ops.families import quantized_linear as family
 
@@ -39,7 +41,7 @@ def forced(monkeypatch, request) -> list:
     if reason:
         pytest.skip(reason)
     monkeypatch.setattr(family, "texel_form", lambda *args: False)
-    monkeypatch.setattr(family, "use_gemv", lambda info, m: m <= family.GEMV_ROWS)
+    monkeypatch.setattr(quantized_x, "gemv_device", lambda info: True)
     monkeypatch.setattr(choose_qparams, "workgroup", lambda info, k: 256)
     if request.param == "direct_portable":
         monkeypatch.setattr(family, "choose", lambda shader, candidates, caps:
@@ -62,16 +64,16 @@ def _check_forms(seen, products: int, norm: bool = False) -> None:
 
 
 def _run(monkeypatch, module, inputs, qx: bool) -> tuple:
-    """The outputs of ``module`` lowered and run with choose_qparams.QX = ``qx``."""
-    from vkdelegate.ops.families import choose_qparams
+    """The outputs of ``module`` lowered and run with quantized_x.QX = ``qx``."""
+    from vkdelegate.kernels import quantized_x
 
-    monkeypatch.setattr(choose_qparams, "QX", qx)
+    monkeypatch.setattr(quantized_x, "QX", qx)
     program = to_backend(torch.export.export(module, inputs), VulkanPartitioner({}))
     try:
         out = program(*inputs)
     finally:
         program.close()
-        monkeypatch.setattr(choose_qparams, "QX", True)
+        monkeypatch.setattr(quantized_x, "QX", True)
     return out if isinstance(out, tuple) else (out,)
 
 
@@ -139,7 +141,7 @@ def test_decoder_greedy(forced, request, monkeypatch):
     pytest.importorskip("transformers")
     from tests.llm.models import VOCAB, hf_greedy, make_model
     from vkdelegate.llm import generate, lower
-    from vkdelegate.ops.families import choose_qparams
+    from vkdelegate.kernels import quantized_x
 
     model = make_model("llama")
     prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -147,7 +149,7 @@ def test_decoder_greedy(forced, request, monkeypatch):
     tokens = {}
     try:
         for qx in (True, False):  # built again after close, with QX as it is then
-            monkeypatch.setattr(choose_qparams, "QX", qx)
+            monkeypatch.setattr(quantized_x, "QX", qx)
             forced.clear()
             tokens[qx] = generate(program, prompt, 32)
             program.close()

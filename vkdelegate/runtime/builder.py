@@ -166,12 +166,13 @@ class NodeBuilder:
 
     def publish(self, key: tuple, t: Tensor) -> None:
         """Offer ``t``, which the node being built writes on every run, to the later
-        nodes of this graph under ``key`` (a tuple naming what it holds by value ids,
-        e.g. ``("q8x", x, scale, zero point)``: 8da4w's activation row quantized once
-        by its qparams' dispatch, ops/families/choose_qparams.py). A node finding it
-        (``published``) may read it instead of computing the same values itself; one
-        that does not is unaffected. The key's value ids must be the node's own inputs
-        and outputs, so that a reader with the same ids reads what it would compute."""
+        nodes of this graph under ``key`` (a tuple naming what it holds by value ids of
+        this node's own outputs, e.g. ``("q8x", scale, zero point)``: 8da4w's
+        activation rows quantized once by its qparams' dispatch,
+        kernels/quantized_x.py). A node finding it (``published``) may read it instead
+        of computing the same values itself, after checking that its sizes cover what
+        it reads (a crafted blob may pair the key's values with other data: it then
+        reads other values, never out of bounds); one that does not is unaffected."""
         self._published[key] = t
 
     def published(self, key: tuple) -> "Tensor | None":

@@ -13,18 +13,20 @@ shader's div_rn: GLSL's `/` may be off by a few ulp, and an H100 gave a scale on
 off with it), so the same bits (a row holding a NaN: scale NaN, zero point 0, as
 eager's cast gives; a row holding -inf: scale inf, -inf / inf is NaN, zero point 0
 likewise). One dispatch, choose_qparams.glsl: a workgroup per row (``workgroup``: WG
-invocations and a shared-memory tree on CPU drivers; on GPUs up to GPU_WG, about two
-values each, reduced by subgroup operations where the device has them); before, the
+invocations and a shared-memory tree on CPU drivers; on GPUs up to GPU_WG, about one
+group of 8 values each, reduced by subgroup operations where the device has them);
+before, the
 decomposition took about eight dispatches a row (amin, amax, two full_like, minimum,
 the chains, the cast). Rows may vary at run time (prefill's T): the grid is sized for
 the most, workgroups past the current rows return.
 
 On GPUs, where the products of these rows run linear_qw_gemv.glsl's GEMV, the
 dispatch also writes the rows quantized with the qparams it found (the shader's QX
-form: int8 values packed as the int4 weight's nibbles pair them, ``qx_words(K)``
-32-bit words a row) and publishes them (``NodeBuilder.publish`` under ``qx_key``):
-a product of the same (x, scale, zero point) then reads them (QX_IN) instead of
-quantizing x again in each of its workgroups (ops/families/quantized_linear.py).
+form, kernels/quantized_x.py's layout) and publishes them (``NodeBuilder.publish``
+under ``quantized_x.key``): a product of these qparams then reads them (QX_IN) instead
+of quantizing x again in each of its workgroups (ops/families/quantized_linear.py).
+The row is read once: each invocation holds GPI groups of 8 values in registers for
+every pass (``layout``).
 
 vkdelegate.rms_norm_choose_qparams.default(x, weight, eps) -> (y, scale, zp): y =
 et_vk.rms_norm(x, weight, eps) and the qparams of y (custom_ops.RMS_NORM_CHOOSE_QPARAMS;
@@ -38,6 +40,7 @@ from __future__ import annotations
 import math
 
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import quantized_x
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
@@ -54,9 +57,6 @@ WG = 64  # invocations per row (a power of two) on CPU drivers
 #: strided loads in series on an H100: 9.8 us for one row of 2048 (choose_qparams)
 #: and 14.8 us with the norm (two passes), 2026-12-07.
 GPU_WG = 1024
-#: Write and publish the quantized rows for the products' GEMV (QX; GPUs only). Off:
-#: each GEMV workgroup quantizes x as it loads it.
-QX = True
 #: The least scale per x dtype: its least normal number (backend/custom_ops.QPARAMS_EPS,
 #: which the op's definition uses: ops do not import the backend;
 #: tests/ops/test_choose_qparams.py compares them).
@@ -75,33 +75,6 @@ def _bindings(defines) -> Bindings:
                         inputs=("x_data", "w_data"), params=(PARAMS,))
     return Bindings(outputs=("scale_data", "zp_data") + qx, inputs=("x_data",),
                     params=(PARAMS,))
-
-
-def qx_words(k: int) -> int:
-    """32-bit words of one row of k values quantized in the QX layout (8 per 32
-    values: k padded to a multiple of 32, as linear_qw_gemv.glsl's blocks)."""
-    return 8 * -(-k // 32)
-
-
-def qx_key(scale, zp) -> "tuple | None":
-    """The key under which the quantized rows found with qparams (Tensors scale, zero
-    point: the op's outputs) are published: their value ids (None for an op's
-    temporary: nothing to match). Not x's: the products of our lowering read x or a
-    view of it (an aten.view of the norm's y, the same values row by row); a product
-    of other values with these qparams (a crafted blob) reads the published rows of
-    its own sizes (quantized_linear._quantized_x checks them): other values, never
-    out of bounds."""
-    ids = (scale.value_id, zp.value_id)
-    return ("q8x",) + ids if min(ids) >= 0 else None
-
-
-def publishes_qx(info, rows: int) -> bool:
-    """Whether qparams of ``rows`` rows (the upper bound) on device ``info`` write and
-    publish their quantized rows: QX, and their products would run the GEMV
-    (quantized_linear.use_gemv: GPUs, few rows)."""
-    from vkdelegate.ops.families import quantized_linear  # it imports this module
-
-    return QX and quantized_linear.use_gemv(info, rows)
 
 
 #: At most this many groups of 8 values an invocation holds (GPI; a power of two).
@@ -125,12 +98,12 @@ def layout(b, k: int) -> tuple:
     """(invocations, GPI) of a row of k values on b's device: ``workgroup``'s
     invocations, each holding GPI groups of 8 values (enough for QX's groups, 4 per
     32 values, rounded up to a power of two); where that would be over MAX_GPI, more
-    invocations (up to the device's limit). DeviceLimitError (b.error) for rows
-    longer still."""
+    invocations (up to GPU_WG and the device's limit). DeviceLimitError (b.error) for
+    rows longer still (past 8 * MAX_GPI * GPU_WG = 262144 values)."""
     info = b.device.info
     wg = workgroup(info, k)
-    groups = qx_words(k) // 2
-    limit = min(info.max_workgroup_size[0], info.max_workgroup_invocations)
+    groups = quantized_x.words(k) // 2
+    limit = min(GPU_WG, info.max_workgroup_size[0], info.max_workgroup_invocations)
     while -(-groups // wg) > MAX_GPI and 2 * wg <= limit:
         wg *= 2
     per = -(-groups // wg)
@@ -162,15 +135,15 @@ def _record(b, x, outs: list, w=None, eps: float = 0.0) -> None:
     rows = math.prod(x.max_shape[:-1])
     wg, gpi = layout(b, k)
     subgroup = wg > WG and has_subgroup_arithmetic(b.device.info)
-    key = qx_key(outs[-2], outs[-1])
+    key = quantized_x.key(outs[-2], outs[-1])
     qx = None
-    if key is not None and publishes_qx(b.device.info, rows):
-        qx = b.temporary([max(rows, 1), qx_words(k)], "int32")
+    if key is not None and quantized_x.publishes(b.device.info, rows, k):
+        qx = b.temporary([max(rows, 1), quantized_x.words(k)], "int32")
     # The loops: three passes over the values held, the reductions (a tree of
     # log2(wg) steps, or the slots' fold).
     loop_limit.check(b, 3 * 8 * gpi + 2 * (wg // 32 + int(math.log2(wg))) + 64,
                      f"quantization parameters of rows of {k} values")
-    words = qx_words(k) if qx is not None else 0
+    words = quantized_x.words(k) if qx is not None else 0
 
     def pack():
         return PARAMS.pack(info=[x.numel // max(x.shape[-1], 1), x.shape[-1], words],
@@ -247,7 +220,8 @@ register(OpSpec(name=NORM_NAME, dtypes=DTYPES | {"int8"}, impl=_norm_impl,
                 notes="et_vk.rms_norm and choose_qparams_per_token of its output in one "
                       "dispatch (a workgroup a row: the sum of squares, then the "
                       "normalized row and its min / max); the qparams bit for bit those "
-                      "of the y written"))
+                      "of the y written; on GPUs, for rows of a GEMV, also y quantized, "
+                      "which the products read"))
 
 
 def _grid(profile, dtype, norm, wg, subgroup, qx, gpi):

@@ -24,7 +24,7 @@ with shaderFloat16 in packed fp16 arithmetic: VHALF, the HALF_DOT form), x loade
 invocation (VDIRECT) or staged in shared memory, or with
 VSG_ROWS a subgroup per output over its whole K (no barrier); 8da4w reads x as its
 qparams' dispatch quantized it, QX_IN, where that dispatch published the rows
-(choose_qparams.QX; ``_quantized_x``), else quantizes x as it loads it) where the
+(kernels/quantized_x.py; ``_quantized_x``), else quantizes x as it loads it) where the
 weight allows it
 (``vector_gemv``: 8-bit storage, int4 group sizes multiples of 32, int8 K a multiple
 of 16); else linear_qw.glsl, whose
@@ -85,6 +85,7 @@ import numpy as np
 from vkdelegate.errors import VkDelegateError
 from vkdelegate.ops.registry import NodeSpec, OpSpec, register
 from vkdelegate.kernels import loop_limit
+from vkdelegate.kernels import quantized_x
 from vkdelegate.kernels import residual
 from vkdelegate.kernels import rotary_cache
 from vkdelegate.kernels import swiglu as swiglu_chains
@@ -92,7 +93,6 @@ from vkdelegate.kernels.cache_pair import INDEX_DTYPES
 from vkdelegate.kernels.gemm import norm_input
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
 from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
-from vkdelegate.ops.families import choose_qparams
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -149,7 +149,7 @@ VPROBE = 0  # benchmarks only (quant_gemv.py --probe): linear_qw_gemv's PROBE fo
 DTYPES = frozenset({"float32", "float16"})
 WG = 64  # GEMV invocations per workgroup (a power of two)
 NPW = 4  # GEMV output columns per workgroup
-GEMV_ROWS = 4  # at most this many rows (upper bound) run the GEMV form
+GEMV_ROWS = quantized_x.ROWS  # at most this many rows (upper bound) run the GEMV form
 # qdims: K, N, group size, weight chunks per row; qstrides: the row strides of the
 # scales and of the weight sums (ExecuTorch's blobs pad N: scales to a multiple of 4,
 # sums of 8).
@@ -201,7 +201,7 @@ def use_gemv(info, m: int) -> bool:
     """The GEMV form for at most GEMV_ROWS rows (the upper bound) on GPUs. CPU drivers
     (llvmpipe) get the GEMM form: a workgroup barrier costs more there than splitting
     K saves (4096 x 4096, one row, int8: 89 ms GEMV, 30 ms GEMM on lavapipe)."""
-    return m <= GEMV_ROWS and info.type != "cpu"
+    return m <= GEMV_ROWS and quantized_x.gemv_device(info)
 
 
 def folds_rms_norm(device, m: int) -> bool:
@@ -323,8 +323,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     ``subgroup``), ``rows`` units per workgroup, no svec; rows: the weight rows (SG_ROWS:
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
     (``workgroup_size``; None: VWG); qx: with dq, the QX_IN form (x bound is the row
-    quantized by the qparams' dispatch, choose_qparams.qx_words(K) words a row; the
-    DIRECT and SG_ROWS forms only)."""
+    quantized by the qparams' dispatch, kernels/quantized_x.py's layout; the DIRECT and
+    SG_ROWS forms only)."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -720,10 +720,10 @@ def _quantized_x(b, x, dq, blocks: int, m: int):
     (K = 32 * blocks), else None (x is quantized as it is loaded)."""
     if dq is None:
         return None
-    key = choose_qparams.qx_key(dq[0], dq[1])
+    key = quantized_x.key(dq[0], dq[1])
     qx = b.published(key) if key is not None else None
     if qx is None or qx.max_shape[0] < max(m, 1) \
-            or qx.max_shape[1] != choose_qparams.qx_words(32 * blocks):
+            or qx.max_shape[1] != quantized_x.words(32 * blocks):
         return None
     return qx
 

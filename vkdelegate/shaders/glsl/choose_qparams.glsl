@@ -21,7 +21,7 @@
 // and the qparams are those of y as stored (so bit for bit choose_qparams_per_token of
 // the y written). The row is read once (main), the sum of squares, y and its
 // min / max computed from the values held.
-// QX (GPUs, rows for the products' GEMV: kernels choose_qparams.publishes_qx): the row
+// QX (GPUs, rows for the products' GEMV: kernels/quantized_x.py's publishes): the row
 // quantized with those qparams is written too, as the products would quantize each
 // value (quantize_x.h: the same float operations, so the same int8 values), for
 // linear_qw_gemv.glsl's QX_IN form, which then reads 1 byte a value and quantizes
@@ -88,12 +88,17 @@ void reduce(bool sum, float lo, float hi, float nan) {
   }
   barrier();
   if (gl_SubgroupID == 0u) {
-    // Lanes past the slots: the sum's 0, slot 0's minimum and maximum (no change).
+    // Lanes past the slots: the sum's 0, slot 0's minimum and maximum (no change). The
+    // loop's trip count is the subgroup's, so that its lanes reach the reductions
+    // together.
     float a = sum ? 0.0 : s_lo[0], b = s_hi[0], c = 0.0;
-    for (uint i = gl_SubgroupInvocationID; i < gl_NumSubgroups; i += gl_SubgroupSize) {
-      a = sum ? a + s_lo[i] : min(a, s_lo[i]);
-      b = max(b, s_hi[i]);
-      c = max(c, s_nan[i]);
+    for (uint i0 = 0u; i0 < gl_NumSubgroups; i0 += gl_SubgroupSize) {
+      const uint i = i0 + gl_SubgroupInvocationID;
+      if (i < gl_NumSubgroups) {
+        a = sum ? a + s_lo[i] : min(a, s_lo[i]);
+        b = max(b, s_hi[i]);
+        c = max(c, s_nan[i]);
+      }
     }
     a = sum ? subgroupAdd(a) : subgroupMin(a);
     b = subgroupMax(b);

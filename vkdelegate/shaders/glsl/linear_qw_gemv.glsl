@@ -24,12 +24,12 @@
 //   W8: aten._weight_int8pack_mm (int8 [N, K], K a multiple of 16; scales [N], applied
 //       after the sum as ATen does).
 //   DQ8CA (with W4): et_vk.linear_dq8ca_q4gsw (8da4w): x quantized per row as it is
-//       staged (qlinear.h), each block's products summed as integers (INT_DOT: four
+//       staged (quantize_x.h), each block's products summed as integers (INT_DOT: four
 //       dotPacked4x8EXT on the nibbles against x packed by k parity; else in fp32 by
 //       block_dot: integer sums, exact below 2^24, else rounded by at most 2^-24
 //       relative), the zero point's share (z * the group's weight sum) subtracted at
 //       the block that starts a group, then * scale_w * scale_x.
-//   QX_IN (DQ8CA, the DIRECT and SG_ROWS forms; kernels choose_qparams.publishes_qx):
+//   QX_IN (DQ8CA, the DIRECT and SG_ROWS forms; kernels/quantized_x.py's publishes):
 //       x_data is not x but the row already quantized by the qparams' dispatch
 //       (choose_qparams.glsl's QX words: 8 a block, k parity-packed as the weight's
 //       nibbles), so no value is quantized here and a block's x is 32 bytes, not 64
@@ -527,7 +527,8 @@ void add_block(inout float acc[LROWS], vec4 xv[XV], uvec4 wv[LROWS], float sv[LR
 
 #ifdef DIRECT
 // DIRECT: each invocation loads its blocks' x values from global memory (XR raw
-// vectors; unpacked, and quantized for DQ8CA, by unpack_x).
+// vectors; unpacked, and quantized for DQ8CA, by unpack_x; QX_IN: 2 uvec4s of int8
+// values, summed by add_qblock).
 #ifdef QX_IN
 #define XRAW uvec4
 #define XR 2  // a block's 32 quantized values: 8 words
