@@ -159,3 +159,29 @@ def test_decoder_greedy(forced, request, monkeypatch):
     finally:
         program.close()
     assert tokens[True] == tokens[False] == hf_greedy(model, prompt, 32)
+
+
+def test_published_rows_are_read_only_where_they_fit():
+    """The product reads the published rows only under its own qparams' key and where
+    they cover its rows and its K (a crafted blob may pair those qparams with other
+    data: never a read past the rows written); an op's temporary qparams (value id -1)
+    have no key."""
+    from types import SimpleNamespace
+
+    from vkdelegate.kernels import quantized_x
+    from vkdelegate.ops.families.quantized_linear import _quantized_x
+
+    def tensor(vid, shape=()):
+        return SimpleNamespace(value_id=vid, max_shape=tuple(shape))
+
+    scale, zp, sums = tensor(5), tensor(6), tensor(7)
+    rows = tensor(-1, (4, quantized_x.words(2048)))
+    published = {quantized_x.key(scale, zp): rows}
+    b = SimpleNamespace(published=published.get)
+    x = tensor(3)
+    assert _quantized_x(b, x, (scale, zp, sums), 2048 // 32, 4) is rows
+    assert _quantized_x(b, x, (scale, zp, sums), 2048 // 32, 5) is None  # more rows
+    assert _quantized_x(b, x, (scale, zp, sums), 4096 // 32, 1) is None  # another K
+    assert _quantized_x(b, x, (tensor(8), zp, sums), 2048 // 32, 1) is None  # other qparams
+    assert _quantized_x(b, x, None, 2048 // 32, 1) is None  # not 8da4w
+    assert quantized_x.key(tensor(-1), zp) is None
