@@ -81,13 +81,19 @@ def _bindings(defines) -> Bindings:
 MAX_GPI = 32
 
 
+def _limit(info) -> int:
+    """The most invocations of a row's workgroup on device ``info``: GPU_WG, or the
+    device's limit where lower."""
+    return min(GPU_WG, info.max_workgroup_size[0], info.max_workgroup_invocations)
+
+
 def workgroup(info, k: int) -> int:
     """Invocations per row of k values on device ``info``: WG on CPU drivers (their
     barriers cost more than the parallel loads save); on GPUs a power of two from WG
     with about one group of 8 values each, at most GPU_WG and the device's limit."""
     if info.type == "cpu":
         return WG
-    limit = min(GPU_WG, info.max_workgroup_size[0], info.max_workgroup_invocations)
+    limit = _limit(info)
     wg = WG
     while 2 * wg <= limit and 16 * wg <= k:
         wg *= 2
@@ -103,8 +109,7 @@ def layout(b, k: int) -> tuple:
     info = b.device.info
     wg = workgroup(info, k)
     groups = quantized_x.words(k) // 2
-    limit = min(GPU_WG, info.max_workgroup_size[0], info.max_workgroup_invocations)
-    while -(-groups // wg) > MAX_GPI and 2 * wg <= limit:
+    while -(-groups // wg) > MAX_GPI and 2 * wg <= _limit(info):
         wg *= 2
     per = -(-groups // wg)
     if per > MAX_GPI:

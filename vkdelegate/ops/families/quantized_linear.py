@@ -235,7 +235,6 @@ def _half(t) -> bool:
     return (t.device_dtype if hasattr(t, "device_dtype") else t[1]) == "float16"
 
 
-
 def sg_rows(info) -> bool:
     """Whether linear_qw_gemv.glsl runs its SG_ROWS form on device ``info`` (a
     DeviceInfo): VSG_ROWS, subgroup arithmetic, and VWG a multiple of every subgroup
@@ -715,8 +714,8 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
 
 def _quantized_x(b, x, dq, blocks: int, m: int):
     """8da4w (dq not None): the rows of x already quantized by the dispatch of its
-    qparams (choose_qparams' QX form, published under the qx_key of dq's scale and
-    zero point) when they cover this product's ``m`` rows of ``blocks`` int4 blocks
+    qparams (choose_qparams' QX form, published under the quantized_x.key of dq's
+    scale and zero point) when they cover this product's ``m`` rows of ``blocks`` int4 blocks
     (K = 32 * blocks), else None (x is quantized as it is loaded)."""
     if dq is None:
         return None
@@ -963,7 +962,7 @@ def _q4gsw_add_impl(b, node):
     x_id, w_id, s_id, gs_id, bias_id, r_id, out_id = node.args
     out, r = residual.residual_tensor(b, out_id, r_id)
     _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
-                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), residual=r)
+            b.value(bias_id), out, 4, int(b.scalar(gs_id)), residual=r)
 
 
 def _q4_add_shape(args):
@@ -986,7 +985,7 @@ def _dq8ca_add_impl(b, node):
     out, r = residual.residual_tensor(b, out_id, r_id)
     dq = (b.tensor(xs_id), b.tensor(xz_id), b.tensor(sums_id))
     _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id),
-                   b.value(bias_id), out, 4, int(b.scalar(gs_id)), dq, residual=r)
+            b.value(bias_id), out, 4, int(b.scalar(gs_id)), dq, residual=r)
 
 
 register(OpSpec(name=DQ8CA_ADD, dtypes=DTYPES, impl=_dq8ca_add_impl, shape_fn=_shape(3),
@@ -1005,7 +1004,7 @@ def _int8pack_add_impl(b, node):
     x_id, w_id, s_id, r_id, out_id = node.args
     out, r = residual.residual_tensor(b, out_id, r_id)
     _record(b, node, b.tensor(x_id), b.tensor(w_id), b.tensor(s_id), None, out, 8, 0,
-                   residual=r)
+            residual=r)
 
 
 register(OpSpec(name=INT8PACK_ADD, dtypes=DTYPES, impl=_int8pack_add_impl,

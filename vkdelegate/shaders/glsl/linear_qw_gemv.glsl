@@ -384,16 +384,21 @@ float block_hdot(f16vec2 xh[16], uvec4 w) {
 #endif
 
 #ifdef INT_DOT
+// The integer sum of xq * stored nibble (value + 8) over one weight word's 8 values:
+// ``even`` / ``odd`` the int8 xq of its even / odd k (the low / high nibbles).
+int nibble_dot(uint even, uint odd, uint word) {
+  return dotPacked4x8EXT(even, word & 0x0F0F0F0Fu)
+      + dotPacked4x8EXT(odd, (word >> 4) & 0x0F0F0F0Fu);
+}
+
 // The block's integer sum of xq * (nibble - 8): x packed by k parity (the low nibbles
 // of a word hold k even), against the stored nibbles (value + 8), minus 8 * sum(xq).
 float block_idot(vec4 xv[XV], uvec4 w) {
   int isum = 0;
   [[unroll]] for (int i = 0; i < 4; ++i) {
     const ivec4 a = ivec4(xv[2 * i]), b = ivec4(xv[2 * i + 1]);  // k = 8 i .. 8 i + 7
-    const uint even = packed_bytes(ivec4(a.x, a.z, b.x, b.z));
-    const uint odd = packed_bytes(ivec4(a.y, a.w, b.y, b.w));
-    isum += dotPacked4x8EXT(even, w[i] & 0x0F0F0F0Fu)
-        + dotPacked4x8EXT(odd, (w[i] >> 4) & 0x0F0F0F0Fu)
+    isum += nibble_dot(packed_bytes(ivec4(a.x, a.z, b.x, b.z)),
+                       packed_bytes(ivec4(a.y, a.w, b.y, b.w)), w[i])
         - 8 * (a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w);
   }
   return float(isum);
@@ -571,8 +576,7 @@ void add_qblock(inout float acc[LROWS], uvec4 xq[XR], uvec4 wv[LROWS], float sv[
   [[unroll]] for (int r = 0; r < LROWS; ++r) {
     int isum = -8 * xsum;
     [[unroll]] for (int i = 0; i < 4; ++i) {
-      isum += dotPacked4x8EXT(qword(xq, 2 * i), wv[r][i] & 0x0F0F0F0Fu)
-          + dotPacked4x8EXT(qword(xq, 2 * i + 1), (wv[r][i] >> 4) & 0x0F0F0F0Fu);
+      isum += nibble_dot(qword(xq, 2 * i), qword(xq, 2 * i + 1), wv[r][i]);
     }
     acc[r] = fma(float(isum) - float(zs[r]), sv[r], acc[r]);
   }
