@@ -135,6 +135,9 @@ VWG_FIT = 64  # linear_qw_gemv: a product whose rows hold at most this many weig
 #             (lm_head 103 -> 71, norm + gate/up + SwiGLU 280 -> 234); VWG = 64 for
 #             every K made its K = 8192 down_proj slower (docs/PERF.md, "An H100,
 #             2026-12-06 (thirteenth session)")
+VTILES = 1  # linear_qw_gemv's DIRECT form (not SG_ROWS): workgroups of VTILES tiles, each
+#            what one workgroup computes without it (``workgroup_tiles``): the same
+#            results from 1 / VTILES as many workgroups to launch
 VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
 #              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
@@ -256,6 +259,19 @@ def workgroup_size(blocks: int, sg: bool, info) -> int:
     return VWG
 
 
+def workgroup_tiles(wg: int, sg: bool, info) -> int:
+    """Tiles of ``wg`` invocations in one linear_qw_gemv workgroup (the TILES form):
+    VTILES in the DIRECT form (VDIRECT, not SG_ROWS ``sg``) on a device ``info`` with
+    subgroup arithmetic whose every subgroup size divides ``wg`` (a tile is whole
+    subgroups) and that takes VTILES * wg invocations a workgroup; else 1."""
+    caps = info.capabilities
+    if VTILES <= 1 or sg or not VDIRECT or not has_subgroup_arithmetic(info) \
+            or wg % max(1, caps.max_subgroup_size) \
+            or VTILES * wg > (info.max_workgroup_invocations or 128):
+        return 1
+    return VTILES
+
+
 def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:
     """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
     workgroup: ``rows`` (None: VROWS) in the SG_ROWS form (``sg``), else
@@ -309,7 +325,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
                    norm: bool = False, rotary=None, sg: "bool | None" = None,
                    rows: "int | None" = None, wg: "int | None" = None,
-                   qx: bool = False) -> dict:
+                   qx: bool = False, tiles: int = 1) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -323,7 +339,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
     (``workgroup_size``; None: VWG); qx: with dq, the QX_IN form (x bound is the row
     quantized by the qparams' dispatch, kernels/quantized_x.py's layout; the DIRECT and
-    SG_ROWS forms only)."""
+    SG_ROWS forms only); tiles: the TILES form's tiles of ``wg`` a workgroup
+    (``workgroup_tiles``; DIRECT with subgroup, not SG_ROWS; 1: not that form)."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -349,6 +366,8 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
         d.update(WG=str(wg), ROWS=str(2 * out_rows(True, rows) if paired else rows))
     if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
+        if tiles > 1 and subgroup:
+            d["TILES"] = str(tiles)
     if VPROBE:
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4 and not sg:
@@ -681,10 +700,11 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     svec = bits == 4 and rotary is None and not sg \
         and vector_scales(s, n, s_stride, swiglu is not None, rows)
     qx = _quantized_x(b, x, dq, blocks, m) if (VDIRECT or sg) else None
+    tile_count = workgroup_tiles(wg, sg, b.device.info)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
                              None if rotary is None else rotary.defines, sg, rows, wg,
-                             qx is not None)
+                             qx is not None, tile_count)
     if qx is not None:
         x = qx  # QX_IN: bound in x's place
     if dq is not None:
@@ -707,9 +727,11 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         params.append(rotary.params)
     # outputs (ROTARY: units) per workgroup
     per_group = units_per_workgroup(paired, sg, rows)
-    groups = -(-units // per_group)
+    groups = -(-units // per_group)  # of wg invocations (TILES: tiles)
+    local = wg * tile_count
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
-               global_size=(groups * wg, max(m, 1)), local_size=(wg, 1, 1))
+               global_size=(-(-groups // tile_count) * local, max(m, 1)),
+               local_size=(local, 1, 1))
 
 
 def _quantized_x(b, x, dq, blocks: int, m: int):
