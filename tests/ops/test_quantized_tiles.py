@@ -173,24 +173,15 @@ def test_rotary(tiled, monkeypatch, tiles):
     _bitwise(tiled, monkeypatch, module, inputs, tiles, "ROTARY", "RMS_NORM")
 
 
-class _Info:
-    """What workgroup_tiles reads of a DeviceInfo."""
+def test_workgroup_tiles_only_in_the_direct_form(monkeypatch):
+    """VTILES where kernels/workgroup.workgroup_tiles allows it (tests/ops/
+    test_gemv_tiles.py), never in SG_ROWS or the staged form."""
+    from tests.ops.test_gemv_tiles import _Info
 
-    def __init__(self, ops=("arithmetic",), largest=32, invocations=1024):
-        from vkdelegate.capabilities import Capabilities
-
-        self.subgroup_ops = list(ops)
-        self.capabilities = Capabilities(max_subgroup_size=largest)
-        self.max_workgroup_invocations = invocations
-
-
-def test_workgroup_tiles_only_where_a_tile_is_whole_subgroups(monkeypatch):
     family = _family()
     monkeypatch.setattr(family, "VTILES", 4)
     assert family.workgroup_tiles(64, False, _Info()) == 4
     assert family.workgroup_tiles(64, True, _Info()) == 1  # SG_ROWS
-    assert family.workgroup_tiles(64, False, _Info(ops=())) == 1  # no subgroupAdd
     assert family.workgroup_tiles(64, False, _Info(largest=128)) == 1  # a tile in a subgroup
-    assert family.workgroup_tiles(128, False, _Info(invocations=256)) == 1  # too large
     monkeypatch.setattr(family, "VDIRECT", False)
     assert family.workgroup_tiles(64, False, _Info()) == 1  # the staged form

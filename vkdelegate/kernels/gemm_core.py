@@ -36,7 +36,7 @@ import math
 
 from vkdelegate.kernels import rotary_cache, swiglu
 from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE
-from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic, workgroup_tiles
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -72,6 +72,10 @@ GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
 #: evening).
 GEMV_UNROLL = 4
 GEMV_SHORT_K = 2048
+#: gemv.glsl's TILES form for b [N, K] (tiles.h; devices with subgroup arithmetic,
+#: ``workgroup.workgroup_tiles``): workgroups of GEMV_TILES tiles of 128 invocations,
+#: each what one workgroup computes without it (1: off).
+GEMV_TILES = 1
 LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta, eps
 DTYPES = ("float32", "float16")
 
@@ -118,7 +122,8 @@ def _vector_types(d: dict) -> dict:
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
                  vec: int = 1, unroll: int = 1, subgroup: bool = False,
-                 residual=None, norm_weight=None, swiglu=None, rotary=None) -> dict:
+                 residual=None, norm_weight=None, swiglu=None, rotary=None,
+                 tiles: int = 1) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
     BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
@@ -129,7 +134,8 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     form with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
     only); its SWIGLU epilogue with ``swiglu`` (None, or kernels/swiglu.py's defines
     of the chain; b [N, K] only; with or without RMS_NORM); its ROTARY epilogue with
-    ``rotary`` (None, or kernels/rotary_cache.py's defines; b [N, K] only)."""
+    ``rotary`` (None, or kernels/rotary_cache.py's defines; b [N, K] only); its TILES
+    form with ``tiles`` > 1 (b [N, K] with ``subgroup``; ``workgroup_tiles``)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -154,6 +160,8 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
         return d
     if nk:
         d.update(ROWS=str(rows), UNROLL=str(unroll), **flag_defines(SUBGROUP=subgroup))
+        if tiles > 1 and subgroup:
+            d["TILES"] = str(tiles)
     if vec == 4:
         d.update(VEC4="1", **_vector_types(d))
     elif vec == 8:
@@ -326,18 +334,22 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
         vec = gemv_vec(mat, k, n, nk)
         paired = swiglu is not None or rotary is not None  # two rows per output unit
         rows = swiglu_rows(form.tile) if paired else form.tile
+        subgroup = nk and has_subgroup_arithmetic(b.device.info)
+        threads = GEMV_THREADS[True]
+        tiles = workgroup_tiles(GEMV_TILES, threads, b.device.info) if subgroup else 1
         defines = core_defines(out, a, mat, bias, nk, rows=rows, vec=vec,
                                unroll=gemv_unroll(k) if nk else GEMV_UNROLL,
-                               subgroup=nk and has_subgroup_arithmetic(b.device.info),
-                               residual=residual,
+                               subgroup=subgroup, residual=residual,
                                norm_weight=None if norm is None else norm[0],
                                swiglu=swiglu,
-                               rotary=None if rotary is None else rotary.defines)
+                               rotary=None if rotary is None else rotary.defines,
+                               tiles=tiles)
         if nk:
-            out_rows = rows // 2 if paired else rows  # output units per workgroup
+            out_rows = rows // 2 if paired else rows  # output units per tile
             units = n // 2 if rotary is not None else n  # ROTARY: N / 2 row pairs
-            grid, local = (-(-units // out_rows) * GEMV_THREADS[True], 1, batch), \
-                (128, 1, 1)
+            groups = -(-units // out_rows)  # of 128 invocations (TILES: tiles)
+            grid, local = (-(-groups // tiles) * threads * tiles, 1, batch), \
+                (threads * tiles, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
     b.dispatch(form.shader, defines, outputs=outputs, inputs=inputs, params=params,

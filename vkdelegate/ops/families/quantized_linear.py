@@ -92,7 +92,7 @@ from vkdelegate.kernels import swiglu as swiglu_chains
 from vkdelegate.kernels.cache_pair import INDEX_DTYPES
 from vkdelegate.kernels.gemm import norm_input
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
-from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic, workgroup_tiles as tiles_for
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -261,15 +261,11 @@ def workgroup_size(blocks: int, sg: bool, info) -> int:
 
 def workgroup_tiles(wg: int, sg: bool, info) -> int:
     """Tiles of ``wg`` invocations in one linear_qw_gemv workgroup (the TILES form):
-    VTILES in the DIRECT form (VDIRECT, not SG_ROWS ``sg``) on a device ``info`` with
-    subgroup arithmetic whose every subgroup size divides ``wg`` (a tile is whole
-    subgroups) and that takes VTILES * wg invocations a workgroup; else 1."""
-    caps = info.capabilities
-    if VTILES <= 1 or sg or not VDIRECT or not has_subgroup_arithmetic(info) \
-            or wg % max(1, caps.max_subgroup_size) \
-            or VTILES * wg > (info.max_workgroup_invocations or 128):
+    VTILES in the DIRECT form (VDIRECT, not SG_ROWS ``sg``) where
+    kernels/workgroup.workgroup_tiles allows it on device ``info``; else 1."""
+    if sg or not VDIRECT:
         return 1
-    return VTILES
+    return tiles_for(VTILES, wg, info)
 
 
 def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:

@@ -156,29 +156,10 @@
 #define OUT_ROWS (ROWS / UNIT_ROWS)  // outputs (ROTARY: units) per workgroup
 #define LROWS ROWS
 #endif
-#ifndef TILES
-#define TILES 1
-#endif
-#if TILES > 1 && (!defined(DIRECT) || defined(SG_ROWS) || !defined(SUBGROUP))
+#if defined(TILES) && TILES > 1 && (!defined(DIRECT) || defined(SG_ROWS) || !defined(SUBGROUP))
 #error "TILES > 1 is a DIRECT form with SUBGROUP, not SG_ROWS"
 #endif
-#if TILES > 1
-// TILES: the workgroup's TILES * WG invocations are TILES tiles of WG, each computing
-// what one workgroup of WG invocations computes without it (tile i of workgroup g:
-// the outputs of workgroup g * TILES + i). A tile is whole subgroups (WG a multiple of
-// the subgroup size: the host checks), tile i the subgroups i * SPT .. (i + 1) * SPT
-// - 1, so that it needs no particular mapping of invocations to subgroups; LANE is the
-// invocation's place in its tile.
-#define SPT (int(gl_NumSubgroups) / TILES)  // subgroups per tile
-#define TILE (int(gl_SubgroupID) / SPT)
-#define TILE_SG (int(gl_SubgroupID) % SPT)  // the subgroup's place in its tile
-#define LANE (TILE_SG * int(gl_SubgroupSize) + int(gl_SubgroupInvocationID))
-#else
-#define TILE 0
-#define LANE int(gl_LocalInvocationID.x)
-#define SPT int(gl_NumSubgroups)
-#define TILE_SG int(gl_SubgroupID)
-#endif
+#include "tiles.h"
 #if defined(QX_IN) && (!defined(DQ8CA) || !defined(DIRECT))
 #error "QX_IN is a DQ8CA form of DIRECT (or SG_ROWS)"
 #endif
