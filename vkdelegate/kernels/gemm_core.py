@@ -393,10 +393,11 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
                   subgroup: bool, residual: bool, short: bool,
-                  rms: bool, chain: "str | None", rotary: bool) -> "list | None":
+                  rms: bool, chain: "str | None", rotary: bool,
+                  tiles: int = 1) -> "list | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk \
-            or short and not nk:
+            or short and not nk or tiles > 1 and not subgroup:
         return None
     if rms and (residual or not nk):
         return None  # the RMS norm form: b [N, K], no residual
@@ -415,7 +416,7 @@ def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
                          subgroup=subgroup, residual=ddt if residual else None,
                          norm_weight=ddt if rms else None,
                          swiglu=None if chain is None else swiglu.defines(chain, dtype),
-                         rotary=r) for r in rotaries]
+                         rotary=r, tiles=tiles) for r in rotaries]
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -452,4 +453,4 @@ declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),
              short=(False, True), rms=(False, True), chain=(None,) + swiglu.CHAINS,
-             rotary=(False, True))
+             rotary=(False, True), tiles=(1,) + ((GEMV_TILES,) if GEMV_TILES > 1 else ()))

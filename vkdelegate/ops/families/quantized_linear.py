@@ -883,9 +883,12 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES,
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
                      chain: "str | None" = None, norm: bool = False, rotary: bool = False,
-                     rows: "int | None" = None, wg: "int | None" = None, qx: bool = False):
+                     rows: "int | None" = None, wg: "int | None" = None, qx: bool = False,
+                     tiles: int = 1):
     if op == INT8PACK and (bias or svec):
         return None
+    if tiles > 1 and (not subgroup or not VDIRECT or VSG_ROWS):
+        return None  # TILES: the DIRECT form with subgroup arithmetic
     if qx and (op != DQ8CA or not (VDIRECT or VSG_ROWS and subgroup)):
         return None  # QX_IN: 8da4w's DIRECT and SG_ROWS forms
     if norm and (op == DQ8CA or residual):
@@ -915,13 +918,14 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     return [vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq,
                            svec, pair if residual else None,
                            None if chain is None else swiglu_chains.defines(chain, dtype),
-                           norm, r, rows=rows, wg=wg, qx=qx) for r in rotaries]
+                           norm, r, rows=rows, wg=wg, qx=qx, tiles=tiles) for r in rotaries]
 
 
 def _vector_dot(profile, dtype: str, bias: bool, subgroup: bool, svec: bool, rows: int,
-                wg: int, residual: bool, chain: "str | None", rotary: bool, qx: bool):
+                wg: int, residual: bool, chain: "str | None", rotary: bool, qx: bool,
+                tiles: int):
     found = _vector_variants(profile, DQ8CA, dtype, bias, subgroup, svec, residual, chain,
-                             rotary=rotary, rows=rows, wg=wg, qx=qx)
+                             rotary=rotary, rows=rows, wg=wg, qx=qx, tiles=tiles)
     return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
@@ -930,8 +934,10 @@ _ROWS = tuple(r for r in (VROWS, VROWS // 2, VROWS // 4, VROWS // 8)
               if r >= 2 and (r == VROWS or VMIN_GROUPS))
 #: workgroup_size's choices: VWG, and VWG_FIT for short rows.
 _WGS = (VWG,) + ((VWG_FIT,) if 0 < VWG_FIT < VWG else ())
+#: workgroup_tiles' choices: 1, and VTILES where it is on.
+_TILES = (1,) + ((VTILES,) if VTILES > 1 else ())
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
-              svec=(False, True), rows=_ROWS, wg=_WGS)
+              svec=(False, True), rows=_ROWS, wg=_WGS, tiles=_TILES)
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
              norm=(False, True), rotary=(False, True), qx=(False, True))
@@ -941,9 +947,9 @@ declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAX
 
 
 def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int,
-                 residual: bool, chain: "str | None", norm: bool, rotary: bool):
+                 residual: bool, chain: "str | None", norm: bool, rotary: bool, tiles: int):
     found = _vector_variants(profile, Q4GSW, "float16", bias, subgroup, svec, residual,
-                             chain, norm, rotary, rows, wg)
+                             chain, norm, rotary, rows, wg, tiles=tiles)
     return None if found is None else [half_dot(d) for d in found if "X16" in d]
 
 
