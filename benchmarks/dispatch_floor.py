@@ -30,6 +30,7 @@ import time
 
 import torch
 
+import gpu_clock
 from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
 from vkdelegate.backend.to_backend import to_backend
@@ -68,19 +69,9 @@ def _wall(program, inputs, runs, hold_s=0.0):
 
 
 def _hold(program, inputs, seconds):
-    """Call ``program`` back to back for ``seconds``: the GPU idles its clocks down
-    within seconds (the H200: 1980 -> 345 MHz, docs/PERF.md), so measure busy. With
-    CUDA (the GPU machine's torch), matrix products keep the same GPU busy instead."""
-    end = time.perf_counter() + seconds
-    if seconds > 0 and torch.cuda.is_available():
-        a = torch.randn(4096, 4096, device="cuda")
-        while time.perf_counter() < end:
-            for _ in range(8):
-                a = (a @ a).clamp_(-1, 1)
-            torch.cuda.synchronize()
-        return
-    while time.perf_counter() < end:
-        program(*inputs)
+    """Keep the GPU busy for ``seconds`` (gpu_clock.hold: CUDA matrix products, else
+    ``program`` called back to back)."""
+    gpu_clock.hold(seconds, lambda: program(*inputs))
 
 
 def _profiled(program, inputs, runs, hold_s=0.0):

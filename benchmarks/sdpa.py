@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import forms as kernel_forms
+import gpu_clock
 
 from vkdelegate.backend.custom_ops import ensure_defined
 from vkdelegate.backend.partitioner import VulkanPartitioner
@@ -92,9 +93,11 @@ def _inputs(b, hq, hk, lq, s, e, mode, dtype):
 
 def measure_program(program, inputs, runs: int) -> tuple[float, float, torch.Tensor]:
     """(median GPU ms of a call: the sum of its dispatches' timestamps, median wall ms
-    of a call with host inputs and outputs, the output) over ``runs`` calls each;
-    benchmarks/sample.py uses it too."""
+    of a call with host inputs and outputs, the output) over ``runs`` calls each, the
+    GPU held busy for gpu_clock.HOLD_S first (--hold-s); benchmarks/sample.py uses it
+    too."""
     out = program(*inputs)  # build and warm up
+    gpu_clock.hold(gpu_clock.HOLD_S, lambda: program(*inputs))
     program.set_profiling(True)
     gpu = []
     for _ in range(runs):
@@ -229,7 +232,13 @@ def main() -> None:
                     help="set a kernel form before lowering (repeatable; VALUE is JSON), "
                          "e.g. attention.COOP_STAGES=1")
     ap.add_argument("--pipeline-stats", action="store_true")
+    ap.add_argument("--hold-s", type=float,
+                    default=gpu_clock.HOLD_S if torch.cuda.is_available() else 0.0,
+                    help="seconds the GPU is kept busy before each measurement (its "
+                         "clock idles down within seconds; gpu_clock.py); default "
+                         f"{gpu_clock.HOLD_S} with CUDA (the GPU machine), else 0")
     args = ap.parse_args()
+    gpu_clock.HOLD_S = args.hold_s
     if args.pipeline_stats:
         import os
         os.environ["VKDELEGATE_PIPELINE_STATS"] = "1"  # before the device is created
