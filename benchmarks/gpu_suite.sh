@@ -66,10 +66,6 @@
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
-#   tiles   the one-row products' TILES form (tiles.h: several tiles of the GEMV's
-#           workgroup in one, fewer workgroups to launch): its tests with validation on,
-#           150; the 1B decode int4 with quantized_linear.VTILES 1 / 2 / 4 and fp16 with
-#           gemm_core.GEMV_TILES 1 / 2 / 4 (llm_decode rows, --profile 8), 360
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
@@ -233,14 +229,6 @@ for s in "$@"; do
               --cases "int4 g128 weights, float16 x" --probe --form $Q.VHALF=false \
               --form $Q.VHWORDS=4 --form $Q.VMIN_GROUPS=0 --hold-s 0.3 --stream-mb 128 \
               --pipeline-stats ;;
-    tiles)
-      step tilestests 150 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
-        -p no:cacheprovider tests/ops/test_quantized_tiles.py tests/ops/test_gemv_tiles.py
-      step tilesdecode 360 env VKDELEGATE_VALIDATION=0 python3 benchmarks/llm_decode.py \
-        --hbm-tbps $hbm --quantization int4 int4+quantized_linear.VTILES=2 \
-        int4+quantized_linear.VTILES=4 none none+gemm_core.GEMV_TILES=2 \
-        none+gemm_core.GEMV_TILES=4 --runs 2 --hold-s 1 --profile 8 \
-        --json "$out/llm_decode_tiles.json" ;;
     chunks) step chunks 240 env VKDELEGATE_VALIDATION=0 bash -c "cd benchmarks &&
               python3 decode_chunks.py --quantization none int4 --runs 5" ;;
     merge)

@@ -36,7 +36,7 @@ import math
 
 from vkdelegate.kernels import rotary_cache, swiglu
 from vkdelegate.kernels.gemm_tiles import DEFAULT as GPU_TILES, TABLE
-from vkdelegate.kernels.workgroup import has_subgroup_arithmetic, workgroup_tiles
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -72,10 +72,6 @@ GEMV_THREADS = {True: 128, False: 16}  # gemv.glsl's K split: B_NK, b [K, N]
 #: evening).
 GEMV_UNROLL = 4
 GEMV_SHORT_K = 2048
-#: gemv.glsl's TILES form for b [N, K] (tiles.h; devices with subgroup arithmetic,
-#: ``workgroup.workgroup_tiles``): workgroups of GEMV_TILES tiles of 128 invocations,
-#: each what one workgroup computes without it (1: off).
-GEMV_TILES = 1
 LINEAR_SCALARS = ParamBlock("scalars_block", [("scalars", "vec4")])  # alpha, beta, eps
 DTYPES = ("float32", "float16")
 
@@ -122,8 +118,7 @@ def _vector_types(d: dict) -> dict:
 def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
                  vec_load: bool = False, split: bool = False, rows: int = 0,
                  vec: int = 1, unroll: int = 1, subgroup: bool = False,
-                 residual=None, norm_weight=None, swiglu=None, rotary=None,
-                 tiles: int = 1) -> dict:
+                 residual=None, norm_weight=None, swiglu=None, rotary=None) -> dict:
     """Defines for out, a, b, bias (None, or the bias Tensor; Tensors or (graph dtype,
     device dtype) pairs), b [N, K] when ``nk``: gemm.glsl's with ``block`` (TM, TN,
     BK), ``vec_load`` and ``split`` (SPLIT_K); else gemv.glsl's, ``vec`` elements per
@@ -134,8 +129,7 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
     form with ``norm_weight`` (None, or the norm weight's Tensor or pair; b [N, K]
     only); its SWIGLU epilogue with ``swiglu`` (None, or kernels/swiglu.py's defines
     of the chain; b [N, K] only; with or without RMS_NORM); its ROTARY epilogue with
-    ``rotary`` (None, or kernels/rotary_cache.py's defines; b [N, K] only); its TILES
-    form with ``tiles`` > 1 (b [N, K] with ``subgroup``; ``workgroup_tiles``)."""
+    ``rotary`` (None, or kernels/rotary_cache.py's defines; b [N, K] only)."""
     tensors = dict(OUT=out, A=a, B=b)
     if bias is not None:
         tensors["C"] = bias
@@ -160,8 +154,6 @@ def core_defines(out, a, b, bias, nk: bool, *, block: "tuple | None" = None,
         return d
     if nk:
         d.update(ROWS=str(rows), UNROLL=str(unroll), **flag_defines(SUBGROUP=subgroup))
-        if tiles > 1 and subgroup:
-            d["TILES"] = str(tiles)
     if vec == 4:
         d.update(VEC4="1", **_vector_types(d))
     elif vec == 8:
@@ -334,22 +326,18 @@ def record_core(b, form, out, a, mat, bias, layout: str, alpha: float = 1.0,
         vec = gemv_vec(mat, k, n, nk)
         paired = swiglu is not None or rotary is not None  # two rows per output unit
         rows = swiglu_rows(form.tile) if paired else form.tile
-        subgroup = nk and has_subgroup_arithmetic(b.device.info)
-        threads = GEMV_THREADS[True]
-        tiles = workgroup_tiles(GEMV_TILES, threads, b.device.info) if subgroup else 1
         defines = core_defines(out, a, mat, bias, nk, rows=rows, vec=vec,
                                unroll=gemv_unroll(k) if nk else GEMV_UNROLL,
-                               subgroup=subgroup, residual=residual,
+                               subgroup=nk and has_subgroup_arithmetic(b.device.info),
+                               residual=residual,
                                norm_weight=None if norm is None else norm[0],
                                swiglu=swiglu,
-                               rotary=None if rotary is None else rotary.defines,
-                               tiles=tiles)
+                               rotary=None if rotary is None else rotary.defines)
         if nk:
-            out_rows = rows // 2 if paired else rows  # output units per tile
+            out_rows = rows // 2 if paired else rows  # output units per workgroup
             units = n // 2 if rotary is not None else n  # ROTARY: N / 2 row pairs
-            groups = -(-units // out_rows)  # of 128 invocations (TILES: tiles)
-            grid, local = (-(-groups // tiles) * threads * tiles, 1, batch), \
-                (threads * tiles, 1, 1)
+            grid, local = (-(-units // out_rows) * GEMV_THREADS[True], 1, batch), \
+                (128, 1, 1)
         else:
             grid, local = (-(-n // 64) * 16, 16, batch), (16, 16, 1)
     b.dispatch(form.shader, defines, outputs=outputs, inputs=inputs, params=params,
@@ -393,11 +381,10 @@ def _reduce_variant(profile, dtype: str, bias: bool) -> dict:
 
 def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
                   subgroup: bool, residual: bool, short: bool,
-                  rms: bool, chain: "str | None", rotary: bool,
-                  tiles: int = 1) -> "list | None":
+                  rms: bool, chain: "str | None", rotary: bool) -> "list | None":
     ddt = (dtype, device_dtype(dtype, profile))
     if vec == 8 and not (nk and ddt[1] == "float16") or subgroup and not nk \
-            or short and not nk or tiles > 1 and not subgroup:
+            or short and not nk:
         return None
     if rms and (residual or not nk):
         return None  # the RMS norm form: b [N, K], no residual
@@ -416,7 +403,7 @@ def _gemv_variant(profile, dtype: str, nk: bool, bias: bool, vec: int,
                          subgroup=subgroup, residual=ddt if residual else None,
                          norm_weight=ddt if rms else None,
                          swiglu=None if chain is None else swiglu.defines(chain, dtype),
-                         rotary=r, tiles=tiles) for r in rotaries]
+                         rotary=r) for r in rotaries]
 
 
 def _coopmat_variant(dtype: str, nk: bool, bias: bool, block: tuple,
@@ -453,4 +440,4 @@ declare_grid(REDUCE_SHADER, _reduce_variant, **_GRID, bias=(False, True))
 declare_grid(GEMV_SHADER, _gemv_variant, **_GRID, nk=(False, True), bias=(False, True),
              vec=(1, 4, 8), subgroup=(False, True), residual=(False, True),
              short=(False, True), rms=(False, True), chain=(None,) + swiglu.CHAINS,
-             rotary=(False, True), tiles=(1,) + ((GEMV_TILES,) if GEMV_TILES > 1 else ()))
+             rotary=(False, True))

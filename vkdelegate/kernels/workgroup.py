@@ -27,18 +27,3 @@ def has_subgroup_arithmetic(info) -> bool:
     SUBGROUP reductions of linear_qw_gemv.glsl, norm.glsl's row form and
     sdpa_decode.glsl and gemv.glsl, which otherwise reduce through a shared-memory tree."""
     return "arithmetic" in info.subgroup_ops
-
-
-def workgroup_tiles(tiles: int, invocations: int, info) -> int:
-    """Tiles of ``invocations`` a workgroup of the one-row products' TILES form
-    (shaders/glsl/tiles.h: linear_qw_gemv.glsl, gemv.glsl) on device ``info`` (a
-    DeviceInfo): ``tiles`` where the device has subgroup arithmetic (a tile's
-    reduction is by subgroups), every subgroup size it may use divides
-    ``invocations`` (a tile is whole subgroups) and a workgroup may have ``tiles *
-    invocations`` invocations (maxComputeWorkGroupInvocations; 128 where unknown);
-    else 1."""
-    largest = max(1, info.capabilities.max_subgroup_size)
-    if tiles <= 1 or not has_subgroup_arithmetic(info) or invocations % largest \
-            or tiles * invocations > (info.max_workgroup_invocations or 128):
-        return 1
-    return tiles

@@ -92,7 +92,7 @@ from vkdelegate.kernels import swiglu as swiglu_chains
 from vkdelegate.kernels.cache_pair import INDEX_DTYPES
 from vkdelegate.kernels.gemm import norm_input
 from vkdelegate.kernels.norm_dispatch import rms_input_rule, rms_prologue
-from vkdelegate.kernels.workgroup import has_subgroup_arithmetic, workgroup_tiles as tiles_for
+from vkdelegate.kernels.workgroup import has_subgroup_arithmetic
 from vkdelegate.runtime.dtypes import STORAGE_PROFILES, device_dtype, storage_defines
 from vkdelegate.runtime.param_block import ParamBlock, tensor_meta_block
 from vkdelegate.shaders.bindings import Bindings, shader_bindings
@@ -135,9 +135,6 @@ VWG_FIT = 64  # linear_qw_gemv: a product whose rows hold at most this many weig
 #             (lm_head 103 -> 71, norm + gate/up + SwiGLU 280 -> 234); VWG = 64 for
 #             every K made its K = 8192 down_proj slower (docs/PERF.md, "An H100,
 #             2026-12-06 (thirteenth session)")
-VTILES = 1  # linear_qw_gemv's DIRECT form (not SG_ROWS): workgroups of VTILES tiles, each
-#            what one workgroup computes without it (``workgroup_tiles``): the same
-#            results from 1 / VTILES as many workgroups to launch
 VHALF = True  # linear_qw_gemv's HALF_DOT form for int4 weights with fp16 x (devices with
 #              shaderFloat16): the block products in packed fp16 arithmetic, summed in
 #              fp16 over VHWORDS 32-bit words (8 weights each), then in fp32; the int4
@@ -259,15 +256,6 @@ def workgroup_size(blocks: int, sg: bool, info) -> int:
     return VWG
 
 
-def workgroup_tiles(wg: int, sg: bool, info) -> int:
-    """Tiles of ``wg`` invocations in one linear_qw_gemv workgroup (the TILES form):
-    VTILES in the DIRECT form (VDIRECT, not SG_ROWS ``sg``) where
-    kernels/workgroup.workgroup_tiles allows it on device ``info``; else 1."""
-    if sg or not VDIRECT:
-        return 1
-    return tiles_for(VTILES, wg, info)
-
-
 def units_per_workgroup(paired: bool, sg: bool, rows: "int | None" = None) -> int:
     """Units (outputs; SWIGLU's and ROTARY's row pairs) of a linear_qw_gemv.glsl
     workgroup: ``rows`` (None: VROWS) in the SG_ROWS form (``sg``), else
@@ -321,7 +309,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
                    svec: bool = False, residual=None, swiglu=None,
                    norm: bool = False, rotary=None, sg: "bool | None" = None,
                    rows: "int | None" = None, wg: "int | None" = None,
-                   qx: bool = False, tiles: int = 1) -> dict:
+                   qx: bool = False) -> dict:
     """Defines of linear_qw_gemv.glsl (tensors and dq as for ``qlinear_defines``, the
     integer-dot variant added by ``choose``); subgroup: the device has subgroup
     arithmetic (VkPhysicalDeviceSubgroupProperties); svec: the int4 scales of a
@@ -335,8 +323,7 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
     units) of a workgroup (``workgroup_rows``; None: VROWS); wg: its invocations
     (``workgroup_size``; None: VWG); qx: with dq, the QX_IN form (x bound is the row
     quantized by the qparams' dispatch, kernels/quantized_x.py's layout; the DIRECT and
-    SG_ROWS forms only); tiles: the TILES form's tiles of ``wg`` a workgroup
-    (``workgroup_tiles``; DIRECT with subgroup, not SG_ROWS; 1: not that form)."""
+    SG_ROWS forms only)."""
     rows = rows or VROWS
     wg = wg or VWG
     tensors = dict(OUT=out, S=s) | (dict(C=bias) if bias is not None else {})
@@ -362,8 +349,6 @@ def vector_defines(out, x, s, bias, bits: int, subgroup: bool, dq=None,
         d.update(WG=str(wg), ROWS=str(2 * out_rows(True, rows) if paired else rows))
     if VDIRECT and not sg:
         d.update(DIRECT="1", UNROLL=str(VUNROLL))
-        if tiles > 1 and subgroup:
-            d["TILES"] = str(tiles)
     if VPROBE:
         d["PROBE"] = str(VPROBE)
     if svec and bits == 4 and not sg:
@@ -696,11 +681,10 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
     svec = bits == 4 and rotary is None and not sg \
         and vector_scales(s, n, s_stride, swiglu is not None, rows)
     qx = _quantized_x(b, x, dq, blocks, m) if (VDIRECT or sg) else None
-    tile_count = workgroup_tiles(wg, sg, b.device.info)
     defines = vector_defines(out, x, s, bias, bits, has_subgroup_arithmetic(b.device.info),
                              dq, svec, residual, swiglu, norm is not None,
                              None if rotary is None else rotary.defines, sg, rows, wg,
-                             qx is not None, tile_count)
+                             qx is not None)
     if qx is not None:
         x = qx  # QX_IN: bound in x's place
     if dq is not None:
@@ -723,11 +707,9 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
         params.append(rotary.params)
     # outputs (ROTARY: units) per workgroup
     per_group = units_per_workgroup(paired, sg, rows)
-    groups = -(-units // per_group)  # of wg invocations (TILES: tiles)
-    local = wg * tile_count
+    groups = -(-units // per_group)
     b.dispatch(VSHADER, defines, outputs=outputs, inputs=inputs, params=params,
-               global_size=(-(-groups // tile_count) * local, max(m, 1)),
-               local_size=(local, 1, 1))
+               global_size=(groups * wg, max(m, 1)), local_size=(wg, 1, 1))
 
 
 def _quantized_x(b, x, dq, blocks: int, m: int):
@@ -883,12 +865,9 @@ declare_grid(SHADER, _dq8ca_dot, requires=("shaderIntegerDotProduct",), **_AXES,
 def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
                      svec: bool = False, residual: bool = False,
                      chain: "str | None" = None, norm: bool = False, rotary: bool = False,
-                     rows: "int | None" = None, wg: "int | None" = None, qx: bool = False,
-                     tiles: int = 1):
+                     rows: "int | None" = None, wg: "int | None" = None, qx: bool = False):
     if op == INT8PACK and (bias or svec):
         return None
-    if tiles > 1 and (not subgroup or not VDIRECT or VSG_ROWS):
-        return None  # TILES: the DIRECT form with subgroup arithmetic
     if qx and (op != DQ8CA or not (VDIRECT or VSG_ROWS and subgroup)):
         return None  # QX_IN: 8da4w's DIRECT and SG_ROWS forms
     if norm and (op == DQ8CA or residual):
@@ -918,14 +897,13 @@ def _vector_variants(profile, op: str, dtype: str, bias: bool, subgroup: bool,
     return [vector_defines(pair, pair, pair, pair if bias else None, bits, subgroup, dq,
                            svec, pair if residual else None,
                            None if chain is None else swiglu_chains.defines(chain, dtype),
-                           norm, r, rows=rows, wg=wg, qx=qx, tiles=tiles) for r in rotaries]
+                           norm, r, rows=rows, wg=wg, qx=qx) for r in rotaries]
 
 
 def _vector_dot(profile, dtype: str, bias: bool, subgroup: bool, svec: bool, rows: int,
-                wg: int, residual: bool, chain: "str | None", rotary: bool, qx: bool,
-                tiles: int):
+                wg: int, residual: bool, chain: "str | None", rotary: bool, qx: bool):
     found = _vector_variants(profile, DQ8CA, dtype, bias, subgroup, svec, residual, chain,
-                             rotary=rotary, rows=rows, wg=wg, qx=qx, tiles=tiles)
+                             rotary=rotary, rows=rows, wg=wg, qx=qx)
     return None if found is None else [dict(d, INT_DOT="1") for d in found]
 
 
@@ -934,10 +912,8 @@ _ROWS = tuple(r for r in (VROWS, VROWS // 2, VROWS // 4, VROWS // 8)
               if r >= 2 and (r == VROWS or VMIN_GROUPS))
 #: workgroup_size's choices: VWG, and VWG_FIT for short rows.
 _WGS = (VWG,) + ((VWG_FIT,) if 0 < VWG_FIT < VWG else ())
-#: workgroup_tiles' choices: 1, and VTILES where it is on.
-_TILES = (1,) + ((VTILES,) if VTILES > 1 else ())
 _VAXES = dict(profile=STORAGE_PROFILES, bias=(False, True), subgroup=(True, False),
-              svec=(False, True), rows=_ROWS, wg=_WGS, tiles=_TILES)
+              svec=(False, True), rows=_ROWS, wg=_WGS)
 declare_grid(VSHADER, _vector_variants, **_VAXES, op=(INT8PACK, Q4GSW, DQ8CA), dtype=DTYPES,
              residual=(False, True), chain=(None,) + swiglu_chains.CHAINS,
              norm=(False, True), rotary=(False, True), qx=(False, True))
@@ -947,9 +923,9 @@ declare_grid(VSHADER, _vector_dot, requires=("shaderIntegerDotProduct",), **_VAX
 
 
 def _vector_half(profile, bias: bool, subgroup: bool, svec: bool, rows: int, wg: int,
-                 residual: bool, chain: "str | None", norm: bool, rotary: bool, tiles: int):
+                 residual: bool, chain: "str | None", norm: bool, rotary: bool):
     found = _vector_variants(profile, Q4GSW, "float16", bias, subgroup, svec, residual,
-                             chain, norm, rotary, rows, wg, tiles=tiles)
+                             chain, norm, rotary, rows, wg)
     return None if found is None else [half_dot(d) for d in found if "X16" in d]
 
 

@@ -53,10 +53,7 @@
 // error_flags[rot.w] and writes nothing). Its cos/sin and positions are loaded before
 // the products (``rotary_loads``).
 // Each row's sum is computed exactly as the plain GEMV computes it.
-// TILES (B_NK with SUBGROUP; tiles.h): a workgroup of TILES * 128 invocations is TILES
-// tiles of 128, each computing exactly what a workgroup of 128 computes without it:
-// the same results from 1 / TILES as many workgroups.
-// fp32 accumulation. Grid: x over the output blocks (TILES: TILES a workgroup),
+// fp32 accumulation. Grid: x over the output blocks,
 // z the batch index (as gemm.glsl); out's M must be 1.
 
 TENSOR_OUT(out_data, OUT_T)
@@ -103,18 +100,13 @@ TENSOR_META(c_meta)
 #endif
 
 #ifdef B_NK
-#define THREADS 128  // a tile's invocations (TILES: tiles.h)
-#if defined(TILES) && TILES > 1 && !defined(SUBGROUP)
-#error "TILES > 1 needs SUBGROUP"
-#endif
-#include "tiles.h"
+#define THREADS 128
 #ifdef RMS_NORM
 #define SLOTS (ROWS + 1)  // the rows' sums, then the sum of squares of a's row
 #else
 #define SLOTS ROWS
 #endif
-shared float partial[TILES * SLOTS][THREADS];  // tile i's rows from i * SLOTS
-#define PARTIAL(r, i) partial[TILE * SLOTS + (r)][i]
+shared float partial[SLOTS][THREADS];
 #else
 #ifdef RMS_NORM
 #error "RMS_NORM needs B_NK"
@@ -167,8 +159,8 @@ void main() {
   }
   const int out_off = int(gl_WorkGroupID.z) * N;
 #ifdef B_NK
-  const int t = LANE;
-  const int n0 = (int(gl_WorkGroupID.x) * TILES + TILE) * OUT_ROWS;
+  const int t = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
 #ifdef ROTARY
   // The epilogue's invocations (t < OUT_ROWS, a unit each) load what it reads now.
   RotaryLoads loads = RotaryLoads(0.0, 0.0, 0.0, 0.0, 0, 0);
@@ -274,30 +266,30 @@ void main() {
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     const float s = subgroupAdd(acc[r]);
     if (subgroupElect()) {
-      PARTIAL(r, TILE_SG) = s;
+      partial[r][gl_SubgroupID] = s;
     }
   }
 #ifdef RMS_NORM
   {
     const float s = subgroupAdd(ss);
     if (subgroupElect()) {
-      PARTIAL(ROWS, TILE_SG) = s;
+      partial[ROWS][gl_SubgroupID] = s;
     }
   }
 #endif
   barrier();
   float ss_total = 0.0;
 #ifdef RMS_NORM
-  for (int i = 0; i < SPT; ++i) {
-    ss_total += PARTIAL(ROWS, i);
+  for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+    ss_total += partial[ROWS][i];
   }
 #endif
 #ifdef SWIGLU
   if (t < OUT_ROWS && n0 + t < N) {
     float gate = 0.0, up = 0.0;
-    for (int i = 0; i < SPT; ++i) {
-      gate += PARTIAL(t, i);
-      up += PARTIAL(t + OUT_ROWS, i);
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      gate += partial[t][i];
+      up += partial[t + OUT_ROWS][i];
     }
     out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(gate, ss_total),
                                                       NORM_SCALE(up, ss_total), c_off,
@@ -306,9 +298,9 @@ void main() {
 #elif defined(ROTARY)
   if (t < OUT_ROWS && n0 + t < N / 2) {
     float first = 0.0, second = 0.0;
-    for (int i = 0; i < SPT; ++i) {
-      first += PARTIAL(t, i);
-      second += PARTIAL(t + OUT_ROWS, i);
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      first += partial[t][i];
+      second += partial[t + OUT_ROWS][i];
     }
     rotary_out(NORM_SCALE(first, ss_total), NORM_SCALE(second, ss_total), c_off, n0 + t,
                loads);
@@ -316,8 +308,8 @@ void main() {
 #else
   if (t < ROWS && n0 + t < N) {
     float total = 0.0;
-    for (int i = 0; i < SPT; ++i) {
-      total += PARTIAL(t, i);
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      total += partial[t][i];
     }
     out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(
         epilogue(NORM_SCALE(total, ss_total), c_off, 0, n0 + t), out_off + n0 + t));
@@ -325,40 +317,40 @@ void main() {
 #endif
 #else
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
-    PARTIAL(r, t) = acc[r];
+    partial[r][t] = acc[r];
   }
 #ifdef RMS_NORM
-  PARTIAL(ROWS, t) = ss;
+  partial[ROWS][t] = ss;
 #endif
   barrier();
   [[unroll]] for (int s = THREADS / 2; s > 0; s >>= 1) {
     if (t < s) {
       [[unroll]] for (int r = 0; r < SLOTS; ++r) {
-        PARTIAL(r, t) += PARTIAL(r, t + s);
+        partial[r][t] += partial[r][t + s];
       }
     }
     barrier();
   }
 #ifdef RMS_NORM
-  const float ss_total = PARTIAL(ROWS, 0);
+  const float ss_total = partial[ROWS][0];
 #else
   const float ss_total = 0.0;
 #endif
 #ifdef SWIGLU
   if (t < OUT_ROWS && n0 + t < N) {
     out_data[out_off + n0 + t] = OUT_STORE(swiglu_out(
-        NORM_SCALE(PARTIAL(t, 0), ss_total), NORM_SCALE(PARTIAL(t + OUT_ROWS, 0), ss_total),
+        NORM_SCALE(partial[t][0], ss_total), NORM_SCALE(partial[t + OUT_ROWS][0], ss_total),
         c_off, N, n0 + t));
   }
 #elif defined(ROTARY)
   if (t < OUT_ROWS && n0 + t < N / 2) {
-    rotary_out(NORM_SCALE(PARTIAL(t, 0), ss_total),
-               NORM_SCALE(PARTIAL(t + OUT_ROWS, 0), ss_total), c_off, n0 + t, loads);
+    rotary_out(NORM_SCALE(partial[t][0], ss_total),
+               NORM_SCALE(partial[t + OUT_ROWS][0], ss_total), c_off, n0 + t, loads);
   }
 #else
   if (t < ROWS && n0 + t < N) {
     out_data[out_off + n0 + t] = OUT_STORE(WITH_RESIDUAL(
-        epilogue(NORM_SCALE(PARTIAL(t, 0), ss_total), c_off, 0, n0 + t), out_off + n0 + t));
+        epilogue(NORM_SCALE(partial[t][0], ss_total), c_off, 0, n0 + t), out_off + n0 + t));
   }
 #endif
 #endif

@@ -116,13 +116,9 @@
 // Values are unpacked in registers without integer-to-float
 // conversions (block_dot). Reduction: subgroupAdd, then one shared-memory slot per
 // subgroup (SUBGROUP, devices with subgroup arithmetic), else a shared-memory tree.
-// TILES (DIRECT with SUBGROUP, not SG_ROWS): a workgroup of TILES * WG invocations is
-// TILES tiles of WG, each computing (reads, sums, reduction, epilogue) exactly what a
-// workgroup of WG computes without it, so the same results bit for bit with 1 / TILES
-// as many workgroups to launch.
 // Grid: x over ceil(N / ROWS) workgroups (SWIGLU: ceil(N / (ROWS / 2)); ROTARY:
-// ceil(N / 2 / (ROWS / 2)); SG_ROWS: ceil(units / ROWS), N / 2 units for ROTARY; TILES:
-// those tiles, TILES a workgroup), y the row m (rows past M and columns past N compute the last valid one and store
+// ceil(N / 2 / (ROWS / 2)); SG_ROWS: ceil(units / ROWS), N / 2 units for ROTARY), y
+// the row m (rows past M and columns past N compute the last valid one and store
 // nothing; SG_ROWS: computes nothing either).
 
 #ifdef SWIGLU
@@ -156,10 +152,6 @@
 #define OUT_ROWS (ROWS / UNIT_ROWS)  // outputs (ROTARY: units) per workgroup
 #define LROWS ROWS
 #endif
-#if defined(TILES) && TILES > 1 && (!defined(DIRECT) || defined(SG_ROWS) || !defined(SUBGROUP))
-#error "TILES > 1 is a DIRECT form with SUBGROUP, not SG_ROWS"
-#endif
-#include "tiles.h"
 #if defined(QX_IN) && (!defined(DQ8CA) || !defined(DIRECT))
 #error "QX_IN is a DQ8CA form of DIRECT (or SG_ROWS)"
 #endif
@@ -224,7 +216,7 @@ const float MAGIC = 8388608.0;  // 2^23: uintBitsToFloat(0x4B000000u)
 #ifdef SG_ROWS
 // no shared memory: subgroupAdd only
 #elif defined(DIRECT)
-shared vec4 xs[(TILES * SLOTS * WG + 3) / 4];  // the partial sums only (a set a tile)
+shared vec4 xs[(SLOTS * WG + 3) / 4];  // the partial sums only
 #else
 // Shared x of one sweep: block j's vec4 e at j * XV + (e ^ swizzle(j)), so that the 8
 // invocations of a 128-byte shared-memory phase (j .. j + 7, one vec4 e each) hit 8
@@ -741,10 +733,10 @@ void main() {
   }
 }
 #else
-// The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup's
-// place in its tile, else the invocation) is float (TILE * SLOTS + r) * WG + i, r <
-// SLOTS (RMS_NORM: row ROWS holds the sums of squares).
-#define PARTIAL(r, i) xs[((TILE * SLOTS + (r)) * WG + (i)) / 4][((TILE * SLOTS + (r)) * WG + (i)) % 4]
+// The partial sums, in xs after the sweeps: row r's slot i (SUBGROUP: i the subgroup
+// id, else the invocation) is float r * WG + i, r < SLOTS (RMS_NORM: row ROWS holds
+// the sums of squares).
+#define PARTIAL(r, i) xs[((r) * WG + (i)) / 4][((r) * WG + (i)) % 4]
 
 // What the epilogue reads besides the sums, requested by its invocations before the
 // products: ROTARY's cos / sin and positions, the plain epilogue's finish_loads
@@ -780,7 +772,7 @@ void tile_rows(int n0, int N, int units, out int w_row[ROWS]) {
 // The epilogue's loads of invocation t for outputs n0 .. (EPI_NONE past them or where
 // the workgroup is not live).
 EPI_LOADS tile_loads(bool live, int m, int n0, int N, int units) {
-  const int t = LANE;
+  const int t = int(gl_LocalInvocationID.x);
 #ifdef ROTARY
   if (live && t < OUT_ROWS && n0 + t < units) {
 #else
@@ -798,36 +790,36 @@ EPI_LOADS tile_loads(bool live, int m, int n0, int N, int units) {
 void reduce_store(int m, int n0, int N, int units, bool live, float acc[ROWS], float ss,
                   EPI_LOADS epi) {
   const int K = qdims.x;
-  const int t = LANE;
+  const int t = int(gl_LocalInvocationID.x);
   barrier();  // xs is free for the partial sums
 #ifdef SUBGROUP
   [[unroll]] for (int r = 0; r < ROWS; ++r) {
     const float s = subgroupAdd(acc[r]);
     if (subgroupElect()) {
-      PARTIAL(r, TILE_SG) = s;
+      PARTIAL(r, int(gl_SubgroupID)) = s;
     }
   }
 #ifdef RMS_NORM
   {
     const float s = subgroupAdd(ss);
     if (subgroupElect()) {
-      PARTIAL(ROWS, TILE_SG) = s;
+      PARTIAL(ROWS, int(gl_SubgroupID)) = s;
     }
   }
 #endif
   barrier();
   float ss_total = 0.0;
 #ifdef RMS_NORM
-  for (int i = 0; i < SPT; ++i) {
-    ss_total += PARTIAL(ROWS, i);
+  for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+    ss_total += PARTIAL(ROWS, int(i));
   }
 #endif
 #ifdef SWIGLU
   if (live && t < OUT_ROWS && n0 + t < N) {
     float gate = 0.0, up = 0.0;
-    for (int i = 0; i < SPT; ++i) {
-      gate += PARTIAL(t, i);
-      up += PARTIAL(t + OUT_ROWS, i);
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      gate += PARTIAL(t, int(i));
+      up += PARTIAL(t + OUT_ROWS, int(i));
     }
     out_data[m * N + n0 + t] = OUT_STORE(swiglu_out(NORM_SCALE(gate), NORM_SCALE(up), m,
                                                     n0 + t));
@@ -835,17 +827,17 @@ void reduce_store(int m, int n0, int N, int units, bool live, float acc[ROWS], f
 #elif defined(ROTARY)
   if (live && t < OUT_ROWS && n0 + t < units) {
     float first = 0.0, second = 0.0;
-    for (int i = 0; i < SPT; ++i) {
-      first += PARTIAL(t, i);
-      second += PARTIAL(t + OUT_ROWS, i);
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      first += PARTIAL(t, int(i));
+      second += PARTIAL(t + OUT_ROWS, int(i));
     }
     rotary_out(NORM_SCALE(first), NORM_SCALE(second), m, n0 + t, epi);
   }
 #else
   if (live && t < ROWS && n0 + t < N) {
     float total = 0.0;
-    for (int i = 0; i < SPT; ++i) {
-      total += PARTIAL(t, i);
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+      total += PARTIAL(t, int(i));
     }
     out_data[m * N + n0 + t] = OUT_STORE(finish_loaded(NORM_SCALE(total), epi));
   }
@@ -893,15 +885,15 @@ void main() {
   const int N = qdims.y;
   const int blocks = qdims.w;
   const int M = N > 0 ? numel_of(out_meta) / N : 0;
-  const int t = LANE;
-  const int n0 = (int(gl_WorkGroupID.x) * TILES + TILE) * OUT_ROWS;
+  const int t = int(gl_LocalInvocationID.x);
+  const int n0 = int(gl_WorkGroupID.x) * OUT_ROWS;
 #ifdef ROTARY
   const int units = N / 2;  // the outputs: row pairs (rotary_row)
 #else
   const int units = N;
 #endif
   const int m = min(int(gl_WorkGroupID.y), max(M - 1, 0));
-  const bool live = int(gl_WorkGroupID.y) < M && n0 < units;  // uniform in the tile
+  const bool live = int(gl_WorkGroupID.y) < M && n0 < units;  // uniform in the workgroup
   float inv, xscale;
   int z;
   row_params(live, m, inv, xscale, z);
