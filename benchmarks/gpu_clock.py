@@ -9,8 +9,19 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-#: Seconds ``hold`` keeps the GPU busy before a measurement (benchmarks' --hold-s).
-HOLD_S = 1.0
+
+def cuda() -> bool:
+    """Whether this process's torch has CUDA (the GPU machine)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+#: Seconds a benchmark keeps the GPU busy before a measurement (its --hold-s): 1 with
+#: CUDA (the GPU machine), 0 elsewhere (lavapipe's clock does not idle down).
+HOLD_S = 1.0 if cuda() else 0.0
 
 
 def hold(seconds: float, work: "Callable[[], object] | None" = None) -> None:
@@ -21,12 +32,9 @@ def hold(seconds: float, work: "Callable[[], object] | None" = None) -> None:
     if seconds <= 0:
         return
     end = time.perf_counter() + seconds
-    try:
+    if cuda():
         import torch
-        cuda = torch.cuda.is_available()
-    except ImportError:
-        cuda = False
-    if cuda:
+
         a = torch.randn(4096, 4096, device="cuda")
         while time.perf_counter() < end:
             for _ in range(8):

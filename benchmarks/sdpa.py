@@ -232,11 +232,10 @@ def main() -> None:
                     help="set a kernel form before lowering (repeatable; VALUE is JSON), "
                          "e.g. attention.COOP_STAGES=1")
     ap.add_argument("--pipeline-stats", action="store_true")
-    ap.add_argument("--hold-s", type=float,
-                    default=gpu_clock.HOLD_S if torch.cuda.is_available() else 0.0,
+    ap.add_argument("--hold-s", type=float, default=gpu_clock.HOLD_S,
                     help="seconds the GPU is kept busy before each measurement (its "
-                         "clock idles down within seconds; gpu_clock.py); default "
-                         f"{gpu_clock.HOLD_S} with CUDA (the GPU machine), else 0")
+                         "clock idles down within seconds; gpu_clock.py); default 1 "
+                         "with CUDA (the GPU machine), else 0")
     args = ap.parse_args()
     gpu_clock.HOLD_S = args.hold_s
     if args.pipeline_stats:
