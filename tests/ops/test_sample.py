@@ -215,3 +215,56 @@ def test_small_vocabulary_is_one_dispatch(dispatched_shaders):
     check_op(Sampler(), (torch.randn(1, family.SPAN, generator=g),
                          torch.tensor([0.0, 0.0, 1.0, 0.5])), ops=[OP])
     assert dispatched_shaders == [family.SHADER], dispatched_shaders
+
+
+@pytest.mark.parametrize("vocab,kind,dtype", [
+    (1000, "ties", torch.float16), (5003, "normal", torch.float32),
+    (128256, "ties", torch.float16)])
+def test_sampler_paths_in_the_gpus_workgroup(monkeypatch, vocab, kind, dtype):
+    """CPU drivers take CPU_WORKGROUP invocations, GPUs the device's largest power of
+    two up to 1024: the paths in 1024 invocations here too (the shader's own limits),
+    as test_sampler_paths checks them."""
+    from vkdelegate.ops.families import sample as family
+
+    if vulkan_unavailable():
+        pytest.skip(vulkan_unavailable())
+    monkeypatch.setattr(family, "CPU_WORKGROUP", family.MAX_WORKGROUP)
+    seen = spy_dispatches(monkeypatch, lambda shader, defines, sizes: (shader, sizes[1]),
+                          sizes=True)
+    g = torch.Generator().manual_seed(vocab + len(kind) + 1)
+    logits = _logits(kind, vocab, g).to(dtype)
+    program = check_op(Sampler(), (logits, torch.tensor([1.0, 0, 1, 0.5])),
+                       ops=["vkdelegate.sample.default"])
+    local = [size for shader, size in seen if shader == family.SHADER]
+    assert local and all(size[0] == 1024 for size in local), seen
+    exact = 0
+    for t, k, p in _PATHS:
+        for draw in (float(torch.rand((), generator=g)), 0.999):
+            exact += _check(program, logits, (t, k, p, draw))[1]
+    assert exact >= 0.75 * 2 * len(_PATHS)
+
+
+class _Info:
+    """What sample.workgroup_size reads of a DeviceInfo."""
+
+    def __init__(self, type_: str, invocations: int = 1024):
+        self.type = type_
+        self.max_workgroup_size = (invocations, invocations, 64)
+        self.max_workgroup_invocations = invocations
+
+
+def test_workgroup_size_per_device_type():
+    """GPUs: the largest power of two the device allows, up to 1024; CPU drivers:
+    CPU_WORKGROUP, doubled only where a vocabulary's loops would pass llvmpipe's
+    budget (whose check then passes)."""
+    from vkdelegate.kernels import loop_limit
+    from vkdelegate.ops.families import sample as family
+
+    assert family.workgroup_size(_Info("discrete"), 1000) == 1024
+    assert family.workgroup_size(_Info("integrated", 768), 1000) == 512
+    assert family.workgroup_size(_Info("cpu"), 1000) == family.CPU_WORKGROUP
+    assert family.workgroup_size(_Info("cpu"), 262144) == family.CPU_WORKGROUP
+    huge = family.workgroup_size(_Info("cpu"), family.MAX_VOCAB - 1)
+    assert family.CPU_WORKGROUP < huge <= 1024
+    assert not loop_limit.over_budget(family.loop_iterations(family.MAX_VOCAB - 1, huge))
+    assert loop_limit.over_budget(family.loop_iterations(family.MAX_VOCAB - 1, huge // 2))

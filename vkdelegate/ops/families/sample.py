@@ -61,6 +61,17 @@ SHADER = "sample"
 LOGIT_DTYPES = frozenset({"float32", "float16"})
 #: The shader's shared arrays hold this many invocations at most (a power of two).
 MAX_WORKGROUP = 1024
+#: CPU drivers' workgroup (doubled where a vocabulary would pass llvmpipe's loop
+#: budget): llvmpipe runs a workgroup's invocations as SIMD-wide fibers on one thread,
+#: switching all of them at every barrier, so the searches' many barriers cost with
+#: the workgroup's size while fewer invocations do not make the work larger. On
+#: llvmpipe (2 cores, ``benchmarks/sample.py``, GPU ms) 1024 -> 128 invocations: greedy
+#: V = 1000 0.68 -> 0.17, 32000 0.85 -> 0.41, 128256 1.41 -> 0.75; temperature alone at
+#: 128256 5.5 -> 3.8, top-p 0.9 10.7 -> 7.7; 64 and fewer within noise of 128
+#: (docs/PERF.md, "lavapipe, 2026-12-07 (nineteenth session)"). At least 128 (Vulkan's
+#: minimum maxComputeWorkGroupInvocations): the top-k list's scan holds KMAX / 128
+#: sums an invocation (sample.glsl).
+CPU_WORKGROUP = 128
 #: The top-k path's shared list (sample.glsl KMAX): top_k in [1, KMAX] sorts the kept
 #: tokens in shared memory; a larger top_k takes the general path.
 KMAX = 1024
@@ -135,10 +146,19 @@ def _max_pass(b, logits, sampling, params) -> list:
     return [keys]
 
 
-def workgroup_size(info) -> int:
-    """The largest power of two <= MAX_WORKGROUP within the device's limits."""
+def workgroup_size(info, vocab: int) -> int:
+    """sample.glsl's invocations for ``vocab`` logits on device ``info``: the largest
+    power of two <= MAX_WORKGROUP within the device's limits on GPUs; on CPU drivers
+    CPU_WORKGROUP, doubled (up to that largest) while the loops of ``vocab`` logits
+    (``loop_iterations``) would pass llvmpipe's loop budget."""
     limit = min(MAX_WORKGROUP, info.max_workgroup_size[0], info.max_workgroup_invocations)
-    return 1 << (max(limit, 1).bit_length() - 1)
+    largest = 1 << (max(limit, 1).bit_length() - 1)
+    if info.type != "cpu":
+        return largest
+    wg = min(CPU_WORKGROUP, largest)
+    while wg < largest and loop_limit.over_budget(loop_iterations(vocab, wg)):
+        wg *= 2
+    return wg
 
 
 def search_levels(v: int) -> int:
@@ -164,8 +184,8 @@ def loop_iterations(v: int, wg: int) -> int:
 def _impl(b, node):
     logits_id, sampling_id, out_id = node.args
     logits, sampling, out = (b.tensor(i) for i in (logits_id, sampling_id, out_id))
-    wg = workgroup_size(b.device.info)
     v = logits.max_numel
+    wg = workgroup_size(b.device.info, v)
     loop_limit.check(b, loop_iterations(v, wg), f"sampling over {v} logits")
     params = b.params(SAMPLE_PARAMS.pack(info=[logits.numel]))
     b.on_resize(lambda: params.write(SAMPLE_PARAMS.pack(info=[logits.numel])))
@@ -226,8 +246,8 @@ def _record_impl(b, node):
         return (f"position out of range: pos + 1 must be in 0..{rows - 1} (the "
                 f"history's rows){table}")
     flag = b.error_flag(message)
-    wg = workgroup_size(b.device.info)
     v = logits.max_numel
+    wg = workgroup_size(b.device.info, v)
     loop_limit.check(b, loop_iterations(v, wg), f"sampling over {v} logits")
     # history' starts as history (the rows the record does not write), marked as a
     # whole copy: bound in place to the loop's state, the copy is dropped (DeviceState).
