@@ -66,8 +66,8 @@ MAX_WORKGROUP = 1024
 #: switching all of them at every barrier, so the searches' many barriers cost with
 #: the workgroup's size while fewer invocations do not make the work larger. On
 #: llvmpipe (2 cores, ``benchmarks/sample.py``, GPU ms) 1024 -> 128 invocations: greedy
-#: V = 1000 0.68 -> 0.17, 32000 0.85 -> 0.41, 128256 1.41 -> 0.75; temperature alone at
-#: 128256 5.5 -> 3.8, top-p 0.9 10.7 -> 7.7; 64 and fewer within noise of 128
+#: V = 1000 0.76 -> 0.12, 32000 1.01 -> 0.49, 128256 1.76 -> 0.78; temperature alone at
+#: 128256 5.7 -> 4.1, top-p 0.9 10.9 -> 8.5; 64 and fewer within noise of 128
 #: (docs/PERF.md, "lavapipe, 2026-12-07 (nineteenth session)"). At least 128 (Vulkan's
 #: minimum maxComputeWorkGroupInvocations): the top-k list's scan holds KMAX / 128
 #: sums an invocation (sample.glsl).
