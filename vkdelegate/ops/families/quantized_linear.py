@@ -715,8 +715,8 @@ def _record_vector(b, x, w, s, bias, out, bits, group, k, n, m, dq=None,
 def _quantized_x(b, x, dq, blocks: int, m: int):
     """8da4w (dq not None): the rows of x already quantized by the dispatch of its
     qparams (choose_qparams' QX form, published under the quantized_x.key of dq's
-    scale and zero point) when they cover this product's ``m`` rows of ``blocks`` int4 blocks
-    (K = 32 * blocks), else None (x is quantized as it is loaded)."""
+    scale and zero point) when they cover this product's ``m`` rows of ``blocks`` int4
+    blocks (K = 32 * blocks), else None (x is quantized as it is loaded)."""
     if dq is None:
         return None
     key = quantized_x.key(dq[0], dq[1])
