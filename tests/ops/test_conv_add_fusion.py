@@ -83,19 +83,23 @@ SPLIT_CASES = {
 
 @pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, monkeypatch):
+@pytest.mark.parametrize("first", ["conv2d_pw", "conv2d_pw_tiled"])
+def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, first, monkeypatch):
     from tests.ops.harness import spy_dispatches
     from vkdelegate.kernels import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    monkeypatch.setattr(conv_pointwise, "TILED", first == "conv2d_pw_tiled")
     monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
+    monkeypatch.setattr(conv_pointwise, "TILED_SPLIT_BELOW", 1 << 20)
+    monkeypatch.setattr(conv_pointwise, "TILED_MIN_SPLIT_K", 16)
     seen = spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d,
                                                           "RESIDUAL" in d))
     _check_fused(case, dtype)
     kw = case[2]
     # The fused node's two passes (and skip_conv's plain convolution's, no residual).
-    fused = [("conv2d_pw", True, False), ("conv2d_pw_reduce", False, True)]
-    plain = [("conv2d_pw", True, False), ("conv2d_pw_reduce", False, False)]
+    fused = [(first, True, False), ("conv2d_pw_reduce", False, True)]
+    plain = [(first, True, False), ("conv2d_pw_reduce", False, False)]
     assert seen == (plain + fused if kw.get("skip_conv") else fused), seen
 
 

@@ -355,18 +355,32 @@ def test_unbatched_conv2d():
     check_op(lambda x: F.conv2d(x, w, b, padding=1), (torch.randn(3, 7, 5),), ops=[CONV])
 
 
-# ---- the pointwise implicit GEMM (kernels/conv_pointwise.py, conv2d_pw.glsl) --------
+# ---- the pointwise implicit GEMM (kernels/conv_pointwise.py) -------------------------
 # GPUs take it by default; on llvmpipe the fixture forces it (use_gemm is read at load),
-# in both forms: "single" one pass (SPLIT_K off), "split" the cross-workgroup split of
-# the reduction (conv2d_pw.glsl SPLIT_OUT + conv2d_pw_reduce.glsl) wherever the input
-# channels allow two splits (SPLIT_WORKGROUPS past any test's blocks).
-@pytest.fixture(params=["single", "split"])
+# in each form: conv2d_pw.glsl's "single" pass (SPLIT_K off) and "split" (the
+# cross-workgroup split of the reduction, conv2d_pw.glsl SPLIT_OUT +
+# conv2d_pw_reduce.glsl, wherever the input channels allow two splits:
+# SPLIT_WORKGROUPS past any test's blocks); conv2d_pw_tiled.glsl (the batch as one
+# GEMM) in its 64 x 64 block ("tiled"), its 128 x 128 block ("tiled_large") and split
+# across workgroups wherever 16 channels a split allow ("tiled_split").
+@pytest.fixture(params=["single", "split", "tiled", "tiled_large", "tiled_split"])
 def pointwise_gemm(request, monkeypatch):
     from vkdelegate.kernels import conv_pointwise
+    form = request.param
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
-    monkeypatch.setattr(conv_pointwise, "SPLIT_K", request.param == "split")
+    monkeypatch.setattr(conv_pointwise, "TILED", form.startswith("tiled"))
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", form == "split")
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
-    return conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "TILED_LARGE_BLOCKS",
+                        0 if form == "tiled_large" else 1 << 20)
+    monkeypatch.setattr(conv_pointwise, "TILED_SPLIT_BELOW",
+                        1 << 20 if form == "tiled_split" else 0)
+    monkeypatch.setattr(conv_pointwise, "TILED_MIN_SPLIT_K", 16)
+    from tests.ops.harness import spy_dispatches
+    seen = spy_dispatches(monkeypatch)
+    yield conv_pointwise
+    want = "conv2d_pw_tiled" if form.startswith("tiled") else "conv2d_pw"
+    assert want in seen, seen
 
 
 @pytest.fixture
@@ -376,6 +390,7 @@ def pointwise_split(monkeypatch):
     from tests.ops.harness import spy_dispatches
     from vkdelegate.kernels import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    monkeypatch.setattr(conv_pointwise, "TILED", False)
     monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     return spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d))

@@ -55,6 +55,21 @@ MAX_SPLITS = 32  # bounds the scratch: splits x the output, fp32
 REDUCE_SHADER = "conv2d_pw_reduce"  # split-K's second pass
 DTYPES = ("float32", "float16")
 
+#: conv2d_pw_tiled.glsl: the whole batch as one register-blocked GEMM (``tiled``).
+TILED_SHADER = "conv2d_pw_tiled"
+#: GPUs take the tiled form (False: conv2d_pw.glsl everywhere).
+TILED = True
+#: Its (TM, TN) register blocks, 16 x 16 invocations each: 64 x 64 and 128 x 128
+#: outputs a workgroup; the larger where it still gives TILED_LARGE_BLOCKS workgroups.
+TILED_BLOCKS = ((4, 4), (8, 8))
+TILED_LARGE_BLOCKS = 132
+TILED_BK = 16  # input channels a shared-memory step
+#: Dispatches of fewer blocks split the reduction across workgroups (the splits' sums
+#: then go through conv2d_pw_reduce.glsl), each split at least TILED_MIN_SPLIT_K
+#: channels, at most MAX_SPLITS splits.
+TILED_SPLIT_BELOW = 132
+TILED_MIN_SPLIT_K = 64
+
 #: conv2d.glsl's parameter block (ops/families/convolution.py CONV_PARAMS): the same
 #: layout, so that both shaders take the same buffer.
 PARAMS = ParamBlock("conv_block", [("channels", "ivec4"), ("clamp", "vec4")])
@@ -85,6 +100,32 @@ def _blocks(batch: int, pixels: int, oc: int) -> int:
     return max(batch, 1) * -(-pixels // BLOCK) * -(-oc // BLOCK)
 
 
+def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
+    """conv2d_pw_tiled.glsl's form for a [batch, oc, pixels] output and ``ic`` input
+    channels on the device ``info``: ((TM, TN), splits), or None where conv2d_pw.glsl
+    runs (CPU drivers, or TILED off). The block is TILED_BLOCKS' largest that gives
+    TILED_LARGE_BLOCKS workgroups (else the smallest); below TILED_SPLIT_BELOW
+    workgroups the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of
+    at least TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass)."""
+    if not (TILED and use_gemm(info)):
+        return None
+    columns = max(batch, 1) * pixels
+
+    def blocks(block):
+        return -(-columns // (16 * block[1])) * -(-oc // (16 * block[0]))
+
+    block = TILED_BLOCKS[0]
+    for b in TILED_BLOCKS[1:]:
+        if blocks(b) >= TILED_LARGE_BLOCKS:
+            block = b
+    n = blocks(block)
+    splits = 1
+    if n < TILED_SPLIT_BELOW:
+        splits = max(1, min(-(-TILED_SPLIT_BELOW // n), MAX_SPLITS,
+                            ic // TILED_MIN_SPLIT_K))
+    return block, splits
+
+
 def split_k(info, batch: int, pixels: int, oc: int, ic: int) -> tuple[int, int]:
     """(splits, slices) for a [batch, oc, pixels] output and ``ic`` input channels:
     ``splits`` workgroups per block sum a part of the channels each (1: the single
@@ -103,6 +144,11 @@ def split_k(info, batch: int, pixels: int, oc: int, ic: int) -> tuple[int, int]:
         return 1, slices(info, batch, pixels, oc, ic)
     ks = slices(info, max(batch, 1) * splits, pixels, oc, -(-ic // splits))
     return max(splits, min(parts // ks, MAX_SPLITS)), ks
+
+
+def tiled_defines(base: dict, block: tuple) -> dict:
+    """``defines``' dict with conv2d_pw_tiled.glsl's block: TM, TN, BK."""
+    return dict(base, TM=str(block[0]), TN=str(block[1]), BK=str(TILED_BK))
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -147,6 +193,9 @@ def _bindings(d) -> Bindings:
                             PARAMS))
 
 
+shader_bindings(TILED_SHADER)(_bindings)
+
+
 @shader_bindings(REDUCE_SHADER)
 def _reduce_bindings(d) -> Bindings:
     return Bindings(outputs=("out_data",),
@@ -168,6 +217,10 @@ def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     mx = out.max_shape
     pixels = int(np.prod(mx[2:]))
     oc, ic = mx[1], x.max_shape[1]
+    form = tiled(b.device.info, mx[0], pixels, oc, ic)
+    if form is not None:
+        _record_tiled(b, out, x, weight, bias, lo, hi, clamp, spatial, residual, *form)
+        return
     splits, ks = split_k(b.device.info, mx[0], pixels, oc, ic)
     part = -(-ic // splits)  # the channels one split sums
     loop_limit.check(b, -(-part // ks) + loop_limit.SLACK, f"{ic} input channels")
@@ -185,10 +238,42 @@ def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     b.dispatch(SHADER, defines(partial, x, None, False), outputs=[partial],
                inputs=[x, x, w], params=[out.meta, x.meta, params], global_size=grid,
                local_size=(THREADS * ks, 1, 1), spec_constants=(ks, spatial, splits))
+    _reduce(b, out, partial, bias, params, clamp, spatial, splits, rest)
+
+
+def _reduce(b, out, partial, bias, params, clamp: bool, spatial: int, splits: int,
+            rest: list) -> None:
+    """Record conv2d_pw_reduce.glsl: out = the epilogue of the ``splits`` sums."""
+    residual = rest[0] if rest else None
     b.dispatch(REDUCE_SHADER, reduce_defines(out, bias, clamp, residual), outputs=[out],
                inputs=[partial, bias] + rest, params=[out.meta, params],
                global_size=(out.max_numel,), local_size=b.local_size_1d(out.max_numel),
                spec_constants=(splits, spatial))
+
+
+def _record_tiled(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
+                  spatial: int, residual, block: tuple, splits: int) -> None:
+    """``record`` with conv2d_pw_tiled.glsl (``tiled``'s ``block`` and ``splits``)."""
+    mx = out.max_shape
+    columns = mx[0] * int(np.prod(mx[2:]))
+    oc, ic = mx[1], x.max_shape[1]
+    loop_limit.check(b, -(-ic // TILED_BK) + loop_limit.SLACK, f"{ic} input channels")
+    w = b.packed_constant(weight, pack_weight, "float32")
+    params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
+    grid = (-(-columns // (16 * block[1])) * 16, -(-oc // (16 * block[0])) * 16, splits)
+    rest = [residual] if residual is not None else []
+    if splits == 1:
+        b.dispatch(TILED_SHADER, tiled_defines(defines(out, x, bias, clamp, residual),
+                                               block),
+                   outputs=[out], inputs=[x, x, w, bias] + rest,
+                   params=[out.meta, x.meta, params], global_size=grid,
+                   local_size=(16, 16, 1), spec_constants=(spatial, 1))
+        return
+    partial = b.temporary((splits * out.max_numel,), "float32")
+    b.dispatch(TILED_SHADER, tiled_defines(defines(partial, x, None, False), block),
+               outputs=[partial], inputs=[x, x, w], params=[out.meta, x.meta, params],
+               global_size=grid, local_size=(16, 16, 1), spec_constants=(spatial, splits))
+    _reduce(b, out, partial, bias, params, clamp, spatial, splits, rest)
 
 
 def _variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
@@ -209,5 +294,10 @@ def _reduce_variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
 declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES,
              clamp=(False, True), residual=(False, True))
 declare_grid(SHADER, _split_variant, profile=STORAGE_PROFILES, dtype=DTYPES)
+declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_variant(**kw), block),
+             profile=STORAGE_PROFILES, dtype=DTYPES, clamp=(False, True),
+             residual=(False, True), block=TILED_BLOCKS)
+declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_split_variant(**kw), block),
+             profile=STORAGE_PROFILES, dtype=DTYPES, block=TILED_BLOCKS)
 declare_grid(REDUCE_SHADER, _reduce_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
              clamp=(False, True), residual=(False, True))

@@ -1,0 +1,194 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.h"
+
+// Pointwise (1x1, stride 1, unpadded, groups 1) convolution on GPUs as one GEMM over
+// the whole batch: out[OC, J] = W[OC, IC] @ X[IC, J] with J = N * P the batch's pixels
+// side by side (column j is pixel p = j % P of image n = j / P; NCHW / NCL read and
+// written in place), + bias, optional clamp, optional residual add (conv_epilogue.h).
+// For layers with many outputs, where conv2d_pw.glsl's 32 x 32 blocks and global-memory
+// operands leave the multiply-adds waiting on loads: the register-blocked tiling of
+// gemm.glsl. A 16 x 16 workgroup computes a BM x BN block (BM = 16 * TM output
+// channels, BN = 16 * TN columns); each invocation owns TM x TN outputs, channels
+// 4 * (ty + 16 i) + 0..3 and columns 4 * (tx + 16 j) + 0..3. Per step of BK input
+// channels the workgroup stages a BK x BM slice of the weights and a BK x BN slice of
+// X in shared memory as vec4s (k-major, one vec4 of padding per row); the next step's
+// global loads are issued into registers before the current step's multiply-adds.
+// Columns past J and channels past OC load zeros and store nothing; flattening the
+// batch wastes no block on a plane's tail (EfficientNet's 7 x 7 planes: 49 columns).
+//
+// Defines: OUT_T, OUT_STORE(v), IN_T, IN4_T (IN_T's 4-vector), B_T (fp32 bias), TM, TN
+// (4 or 8), BK (16), CLAMP, RESIDUAL (R_T); weights prepacked fp32 vec4
+// [IC, ceil(OC / 4)] (kernels/conv_pointwise.py pack_weight: the 4 channels of a quad
+// contiguous, zero-padded past OC). X loads: one vec4 of 4 columns where P % 4 == 0
+// (the quad lies in one plane, aligned), else 4 scalar loads. Sizes come from the
+// metadata (resizable in batch and spatial sizes). Specialization constant 3: SPATIAL
+// (1 or 2). Grid: x over J / BN, y over OC / BM, z the splits.
+//
+// SPLIT_OUT (too few blocks to fill the GPU): specialization constant 4 is SPLITS;
+// workgroup z = split sums input channels [split * KCS, (split + 1) * KCS), KCS =
+// ceil(IC / SPLITS) rounded up to whole BK steps, and stores the raw fp32 sums at
+// out_data[((n * SPLITS + split) * OC + oc) * P + p], conv2d_pw.glsl's SPLIT_OUT
+// layout, which conv2d_pw_reduce.glsl sums in order and finishes with the epilogue.
+
+layout(constant_id = 3) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
+layout(constant_id = 4) const int SPLITS = 1;   // SPLIT_OUT: K splits across workgroups
+
+TENSOR_OUT(out_data, OUT_T)
+TENSOR_IN(in_data, IN_T)
+TENSOR_IN(in4_data, IN4_T)  // the input again, 4 elements a load (P % 4 == 0)
+TENSOR_IN(w_data, vec4)
+#ifndef SPLIT_OUT
+TENSOR_IN(b_data, B_T)
+#endif
+#ifdef RESIDUAL
+TENSOR_IN(r_data, R_T)
+#endif
+TENSOR_META(out_meta)
+TENSOR_META(in_meta)
+PARAMS(conv_block) {
+  ivec4 channels;  // IC, OC (groups 1)
+  vec4 clamp;      // output min, output max (CLAMP only)
+} conv;
+#include "conv_epilogue.h"
+
+#define BM (16 * TM)
+#define BN (16 * TN)
+#define A_LOADS (BK * BM / 4 / 256)  // weight vec4s each invocation loads a step
+#define B_LOADS (BK * BN / 4 / 256)  // X column quads each invocation loads a step
+
+shared vec4 a_tile[BK][BM / 4 + 1];
+shared vec4 b_tile[BK][BN / 4 + 1];
+
+void main() {
+  const int P = size_at(out_meta, 0) * (SPATIAL == 2 ? size_at(out_meta, 1) : 1);
+  const int OC = size_at(out_meta, SPATIAL);
+  const int N = size_at(out_meta, SPATIAL + 1);
+  const int IC = size_at(in_meta, SPATIAL);
+  const int J = N * P;
+  const int OC4 = (OC + 3) >> 2;
+  const int row0 = int(gl_WorkGroupID.y) * BM;
+  const int col0 = int(gl_WorkGroupID.x) * BN;
+  if (col0 >= J || row0 >= OC) {
+    return;  // the whole workgroup: past the current sizes (the grid is the bound's)
+  }
+#ifdef SPLIT_OUT
+  const int split = int(gl_WorkGroupID.z);
+  const int KCS = ((IC + SPLITS - 1) / SPLITS + BK - 1) / BK * BK;
+  const int k_begin = min(IC, split * KCS);
+  const int k_end = min(IC, k_begin + KCS);
+#else
+  const int k_begin = 0;
+  const int k_end = IC;
+#endif
+  const int tx = int(gl_LocalInvocationID.x);
+  const int ty = int(gl_LocalInvocationID.y);
+  const int tid = ty * 16 + tx;
+
+  // Load slot s = tid + 256 l: weights k = s / (BM / 4), quad s % (BM / 4); X
+  // k = s / (BN / 4), column quad s % (BN / 4). 256 is a multiple of BM / 4 and of
+  // BN / 4, so an invocation's quads are the same in every slot and step.
+  const int aq = row0 / 4 + tid % (BM / 4);
+  const bool a_live = aq < OC4;
+  const int bc = col0 + 4 * (tid % (BN / 4));
+  int b_at[4];  // X offsets of the quad's columns at channel 0; -1 past J
+  [[unroll]] for (int e = 0; e < 4; ++e) {
+    const int j = bc + e;
+    b_at[e] = j < J ? (j / P) * IC * P + j % P : -1;
+  }
+  const bool quads = (P & 3) == 0;  // uniform: the quad is one aligned vec4
+
+  vec4 acc[TM][TN / 4];
+  [[unroll]] for (int i = 0; i < TM; ++i) {
+    [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+      acc[i][j] = vec4(0.0);
+    }
+  }
+  vec4 a_next[A_LOADS];
+  vec4 b_next[B_LOADS];
+
+#define LOAD(k0) \
+  [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
+    const int k = (k0) + (tid + l * 256) / (BM / 4); \
+    a_next[l] = (a_live && k < k_end) ? w_data[k * OC4 + aq] : vec4(0.0); \
+  } \
+  [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
+    const int k = (k0) + (tid + l * 256) / (BN / 4); \
+    if (k >= k_end) { \
+      b_next[l] = vec4(0.0); \
+    } else if (quads) { \
+      b_next[l] = b_at[0] >= 0 ? vec4(in4_data[(b_at[0] + k * P) >> 2]) : vec4(0.0); \
+    } else { \
+      [[unroll]] for (int e = 0; e < 4; ++e) { \
+        b_next[l][e] = b_at[e] >= 0 ? float(in_data[b_at[e] + k * P]) : 0.0; \
+      } \
+    } \
+  }
+#define STORE \
+  [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    a_tile[s / (BM / 4)][s % (BM / 4)] = a_next[l]; \
+  } \
+  [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
+    const int s = tid + l * 256; \
+    b_tile[s / (BN / 4)][s % (BN / 4)] = b_next[l]; \
+  }
+
+  LOAD(k_begin)
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+    STORE
+    barrier();
+    if (k0 + BK < k_end) {  // uniform: the next slice's loads overlap this one's math
+      LOAD(k0 + BK)
+    }
+    [[unroll]] for (int k = 0; k < BK; ++k) {
+      vec4 av[TM / 4];
+      vec4 bv[TN / 4];
+      [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+        av[i] = a_tile[k][ty + 16 * i];
+      }
+      [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+        bv[j] = b_tile[k][tx + 16 * j];
+      }
+      [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+        [[unroll]] for (int e = 0; e < 4; ++e) {
+          [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+            acc[4 * i + e][j] += av[i][e] * bv[j];
+          }
+        }
+      }
+    }
+    barrier();
+  }
+
+  // Column j of out: image n = j / P, pixel p = j % P, at out[(n * OC + m) * P + p]
+  // (SPLIT_OUT: the scratch's [(n * SPLITS + split) * OC + m] * P + p).
+  [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
+    [[unroll]] for (int f = 0; f < 4; ++f) {
+      const int j = col0 + 4 * (tx + 16 * jq) + f;
+      if (j < J) {
+        const int n = j / P;
+        const int p = j - n * P;
+#ifdef SPLIT_OUT
+        const int base = (n * SPLITS + split) * OC * P + p;
+#else
+        const int base = n * OC * P + p;
+#endif
+        [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+          [[unroll]] for (int e = 0; e < 4; ++e) {
+            const int m = row0 + 4 * (ty + 16 * i) + e;
+            if (m < OC) {
+              const int at = base + m * P;
+#ifdef SPLIT_OUT
+              out_data[at] = acc[4 * i + e][jq][f];
+#else
+              out_data[at] = OUT_STORE(conv_epilogue(acc[4 * i + e][jq][f] +
+                                                     float(b_data[m]), at));
+#endif
+            }
+          }
+        }
+      }
+    }
+  }
+}
