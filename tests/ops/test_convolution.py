@@ -361,8 +361,9 @@ def test_unbatched_conv2d():
 # cross-workgroup split of the reduction, conv2d_pw.glsl SPLIT_OUT +
 # conv2d_pw_reduce.glsl, wherever the input channels allow two splits:
 # SPLIT_WORKGROUPS past any test's blocks); conv2d_pw_tiled.glsl (the batch as one
-# GEMM) in its 64 x 64 block ("tiled"), its 128 x 128 block ("tiled_large") and split
-# across workgroups wherever 16 channels a split allow ("tiled_split").
+# GEMM) in its default blocks ("tiled": 32 x 128 up to 32 output channels, else 64 x
+# 64), in 128 x 128 blocks ("tiled_large") and split across workgroups wherever 16
+# channels a split allow ("tiled_split").
 @pytest.fixture(params=["single", "split", "tiled", "tiled_large", "tiled_split"])
 def pointwise_gemm(request, monkeypatch):
     from vkdelegate.kernels import conv_pointwise
@@ -376,6 +377,8 @@ def pointwise_gemm(request, monkeypatch):
     monkeypatch.setattr(conv_pointwise, "TILED_SPLIT_BELOW",
                         1 << 20 if form == "tiled_split" else 0)
     monkeypatch.setattr(conv_pointwise, "TILED_MIN_SPLIT_K", 16)
+    if form == "tiled_large":  # every layer in 128 x 128 blocks, the narrow one too
+        monkeypatch.setattr(conv_pointwise, "TILED_NARROW_OC", 0)
     from tests.ops.harness import spy_dispatches
     seen = spy_dispatches(monkeypatch)
     yield conv_pointwise

@@ -59,10 +59,15 @@ DTYPES = ("float32", "float16")
 TILED_SHADER = "conv2d_pw_tiled"
 #: GPUs take the tiled form (False: conv2d_pw.glsl everywhere).
 TILED = True
-#: Its (TM, TN) register blocks, 16 x 16 invocations each: 64 x 64 and 128 x 128
-#: outputs a workgroup; the larger where it still gives TILED_LARGE_BLOCKS workgroups.
-TILED_BLOCKS = ((4, 4), (8, 8))
+#: Its blocks (TM, TN, WY): TM x TN outputs an invocation, a workgroup of WX = 256 / WY
+#: by WY invocations, so WY * TM output channels by WX * TN columns: 64 x 64 and
+#: 128 x 128, the larger where it still gives TILED_LARGE_BLOCKS workgroups; layers of
+#: at most TILED_NARROW_OC output channels take TILED_NARROW (32 x 128: a 64-row block
+#: would leave half its rows or more idle).
+TILED_BLOCKS = ((4, 4, 16), (8, 8, 16))
 TILED_LARGE_BLOCKS = 132
+TILED_NARROW = (4, 4, 8)
+TILED_NARROW_OC = 32
 TILED_BK = 16  # input channels a shared-memory step
 #: Dispatches of fewer blocks split the reduction across workgroups (the splits' sums
 #: then go through conv2d_pw_reduce.glsl), each split at least TILED_MIN_SPLIT_K
@@ -102,22 +107,27 @@ def _blocks(batch: int, pixels: int, oc: int) -> int:
 
 def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
     """conv2d_pw_tiled.glsl's form for a [batch, oc, pixels] output and ``ic`` input
-    channels on the device ``info``: ((TM, TN), splits), or None where conv2d_pw.glsl
-    runs (CPU drivers, or TILED off). The block is TILED_BLOCKS' largest that gives
-    TILED_LARGE_BLOCKS workgroups (else the smallest); below TILED_SPLIT_BELOW
-    workgroups the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of
-    at least TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass)."""
+    channels on the device ``info``: ((TM, TN, WY), splits), or None where
+    conv2d_pw.glsl runs (CPU drivers, or TILED off). The block: TILED_NARROW up to
+    TILED_NARROW_OC output channels, else TILED_BLOCKS' largest that gives
+    TILED_LARGE_BLOCKS workgroups (else the first); below TILED_SPLIT_BELOW workgroups
+    the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of at least
+    TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass)."""
     if not (TILED and use_gemm(info)):
         return None
     columns = max(batch, 1) * pixels
 
     def blocks(block):
-        return -(-columns // (16 * block[1])) * -(-oc // (16 * block[0]))
+        tm, tn, wy = block
+        return -(-columns // (256 // wy * tn)) * -(-oc // (wy * tm))
 
-    block = TILED_BLOCKS[0]
-    for b in TILED_BLOCKS[1:]:
-        if blocks(b) >= TILED_LARGE_BLOCKS:
-            block = b
+    if oc <= TILED_NARROW_OC:
+        block = TILED_NARROW
+    else:
+        block = TILED_BLOCKS[0]
+        for b in TILED_BLOCKS[1:]:
+            if blocks(b) >= TILED_LARGE_BLOCKS:
+                block = b
     n = blocks(block)
     splits = 1
     if n < TILED_SPLIT_BELOW:
@@ -147,8 +157,9 @@ def split_k(info, batch: int, pixels: int, oc: int, ic: int) -> tuple[int, int]:
 
 
 def tiled_defines(base: dict, block: tuple) -> dict:
-    """``defines``' dict with conv2d_pw_tiled.glsl's block: TM, TN, BK."""
-    return dict(base, TM=str(block[0]), TN=str(block[1]), BK=str(TILED_BK))
+    """``defines``' dict with conv2d_pw_tiled.glsl's block (TM, TN, WY) and BK."""
+    return dict(base, TM=str(block[0]), TN=str(block[1]), WY=str(block[2]),
+                BK=str(TILED_BK))
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -260,19 +271,21 @@ def _record_tiled(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     loop_limit.check(b, -(-ic // TILED_BK) + loop_limit.SLACK, f"{ic} input channels")
     w = b.packed_constant(weight, pack_weight, "float32")
     params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
-    grid = (-(-columns // (16 * block[1])) * 16, -(-oc // (16 * block[0])) * 16, splits)
+    tm, tn, wy = block
+    wx = 256 // wy
+    grid = (-(-columns // (wx * tn)) * wx, -(-oc // (wy * tm)) * wy, splits)
     rest = [residual] if residual is not None else []
     if splits == 1:
         b.dispatch(TILED_SHADER, tiled_defines(defines(out, x, bias, clamp, residual),
                                                block),
                    outputs=[out], inputs=[x, x, w, bias] + rest,
                    params=[out.meta, x.meta, params], global_size=grid,
-                   local_size=(16, 16, 1), spec_constants=(spatial, 1))
+                   local_size=(wx, wy, 1), spec_constants=(spatial, 1))
         return
     partial = b.temporary((splits * out.max_numel,), "float32")
     b.dispatch(TILED_SHADER, tiled_defines(defines(partial, x, None, False), block),
                outputs=[partial], inputs=[x, x, w], params=[out.meta, x.meta, params],
-               global_size=grid, local_size=(16, 16, 1), spec_constants=(spatial, splits))
+               global_size=grid, local_size=(wx, wy, 1), spec_constants=(spatial, splits))
     _reduce(b, out, partial, bias, params, clamp, spatial, splits, rest)
 
 
@@ -296,8 +309,8 @@ declare_grid(SHADER, _variant, profile=STORAGE_PROFILES, dtype=DTYPES,
 declare_grid(SHADER, _split_variant, profile=STORAGE_PROFILES, dtype=DTYPES)
 declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_variant(**kw), block),
              profile=STORAGE_PROFILES, dtype=DTYPES, clamp=(False, True),
-             residual=(False, True), block=TILED_BLOCKS)
+             residual=(False, True), block=TILED_BLOCKS + (TILED_NARROW,))
 declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_split_variant(**kw), block),
-             profile=STORAGE_PROFILES, dtype=DTYPES, block=TILED_BLOCKS)
+             profile=STORAGE_PROFILES, dtype=DTYPES, block=TILED_BLOCKS + (TILED_NARROW,))
 declare_grid(REDUCE_SHADER, _reduce_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
              clamp=(False, True), residual=(False, True))

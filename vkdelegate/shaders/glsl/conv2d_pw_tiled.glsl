@@ -8,9 +8,9 @@
 // written in place), + bias, optional clamp, optional residual add (conv_epilogue.h).
 // For layers with many outputs, where conv2d_pw.glsl's 32 x 32 blocks and global-memory
 // operands leave the multiply-adds waiting on loads: the register-blocked tiling of
-// gemm.glsl. A 16 x 16 workgroup computes a BM x BN block (BM = 16 * TM output
-// channels, BN = 16 * TN columns); each invocation owns TM x TN outputs, channels
-// 4 * (ty + 16 i) + 0..3 and columns 4 * (tx + 16 j) + 0..3. Per step of BK input
+// gemm.glsl. A WX x WY workgroup of 256 invocations computes a BM x BN block (BM =
+// WY * TM output channels, BN = WX * TN columns); each invocation owns TM x TN outputs,
+// channels 4 * (ty + WY i) + 0..3 and columns 4 * (tx + WX j) + 0..3. Per step of BK input
 // channels the workgroup stages a BK x BM slice of the weights and a BK x BN slice of
 // X in shared memory as vec4s (k-major, one vec4 of padding per row); the next step's
 // global loads are issued into registers before the current step's multiply-adds.
@@ -18,7 +18,7 @@
 // batch wastes no block on a plane's tail (EfficientNet's 7 x 7 planes: 49 columns).
 //
 // Defines: OUT_T, OUT_STORE(v), IN_T, IN4_T (IN_T's 4-vector), B_T (fp32 bias), TM, TN
-// (4 or 8), BK (16), CLAMP, RESIDUAL (R_T); weights prepacked fp32 vec4
+// (4 or 8), WY (8 or 16; WX = 256 / WY), BK (16), CLAMP, RESIDUAL (R_T); weights prepacked fp32 vec4
 // [IC, ceil(OC / 4)] (kernels/conv_pointwise.py pack_weight: the 4 channels of a quad
 // contiguous, zero-padded past OC). X loads: one vec4 of 4 columns where P % 4 == 0
 // (the quad lies in one plane, aligned), else 4 scalar loads. Sizes come from the
@@ -52,10 +52,13 @@ PARAMS(conv_block) {
 } conv;
 #include "conv_epilogue.h"
 
-#define BM (16 * TM)
-#define BN (16 * TN)
-#define A_LOADS (BK * BM / 4 / 256)  // weight vec4s each invocation loads a step
-#define B_LOADS (BK * BN / 4 / 256)  // X column quads each invocation loads a step
+#define WX (256 / WY)
+#define BM (WY * TM)
+#define BN (WX * TN)
+#define A_SLOTS (BK * BM / 4)  // weight vec4s of a step
+#define B_SLOTS (BK * BN / 4)  // X column quads of a step
+#define A_LOADS ((A_SLOTS + 255) / 256)  // a step's loads per invocation
+#define B_LOADS ((B_SLOTS + 255) / 256)
 
 shared vec4 a_tile[BK][BM / 4 + 1];
 shared vec4 b_tile[BK][BN / 4 + 1];
@@ -83,11 +86,11 @@ void main() {
 #endif
   const int tx = int(gl_LocalInvocationID.x);
   const int ty = int(gl_LocalInvocationID.y);
-  const int tid = ty * 16 + tx;
+  const int tid = ty * WX + tx;
 
-  // Load slot s = tid + 256 l: weights k = s / (BM / 4), quad s % (BM / 4); X
-  // k = s / (BN / 4), column quad s % (BN / 4). 256 is a multiple of BM / 4 and of
-  // BN / 4, so an invocation's quads are the same in every slot and step.
+  // Load slot s = tid + 256 l (< A_SLOTS / B_SLOTS): weights k = s / (BM / 4), quad
+  // s % (BM / 4); X k = s / (BN / 4), column quad s % (BN / 4). 256 is a multiple of
+  // BM / 4 and of BN / 4, so an invocation's quads are the same in every slot and step.
   const int aq = row0 / 4 + tid % (BM / 4);
   const bool a_live = aq < OC4;
   const int bc = col0 + 4 * (tid % (BN / 4));
@@ -110,11 +113,12 @@ void main() {
 #define LOAD(k0) \
   [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
     const int k = (k0) + (tid + l * 256) / (BM / 4); \
-    a_next[l] = (a_live && k < k_end) ? w_data[k * OC4 + aq] : vec4(0.0); \
+    a_next[l] = (a_live && k < k_end && tid + l * 256 < A_SLOTS) ? w_data[k * OC4 + aq] \
+                                                                 : vec4(0.0); \
   } \
   [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
     const int k = (k0) + (tid + l * 256) / (BN / 4); \
-    if (k >= k_end) { \
+    if (k >= k_end || tid + l * 256 >= B_SLOTS) { \
       b_next[l] = vec4(0.0); \
     } else if (quads) { \
       b_next[l] = b_at[0] >= 0 ? vec4(in4_data[(b_at[0] + k * P) >> 2]) : vec4(0.0); \
@@ -127,11 +131,15 @@ void main() {
 #define STORE \
   [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
     const int s = tid + l * 256; \
-    a_tile[s / (BM / 4)][s % (BM / 4)] = a_next[l]; \
+    if (s < A_SLOTS) { \
+      a_tile[s / (BM / 4)][s % (BM / 4)] = a_next[l]; \
+    } \
   } \
   [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
     const int s = tid + l * 256; \
-    b_tile[s / (BN / 4)][s % (BN / 4)] = b_next[l]; \
+    if (s < B_SLOTS) { \
+      b_tile[s / (BN / 4)][s % (BN / 4)] = b_next[l]; \
+    } \
   }
 
   LOAD(k_begin)
@@ -145,10 +153,10 @@ void main() {
       vec4 av[TM / 4];
       vec4 bv[TN / 4];
       [[unroll]] for (int i = 0; i < TM / 4; ++i) {
-        av[i] = a_tile[k][ty + 16 * i];
+        av[i] = a_tile[k][ty + WY * i];
       }
       [[unroll]] for (int j = 0; j < TN / 4; ++j) {
-        bv[j] = b_tile[k][tx + 16 * j];
+        bv[j] = b_tile[k][tx + WX * j];
       }
       [[unroll]] for (int i = 0; i < TM / 4; ++i) {
         [[unroll]] for (int e = 0; e < 4; ++e) {
@@ -165,7 +173,7 @@ void main() {
   // (SPLIT_OUT: the scratch's [(n * SPLITS + split) * OC + m] * P + p).
   [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
     [[unroll]] for (int f = 0; f < 4; ++f) {
-      const int j = col0 + 4 * (tx + 16 * jq) + f;
+      const int j = col0 + 4 * (tx + WX * jq) + f;
       if (j < J) {
         const int n = j / P;
         const int p = j - n * P;
@@ -176,7 +184,7 @@ void main() {
 #endif
         [[unroll]] for (int i = 0; i < TM / 4; ++i) {
           [[unroll]] for (int e = 0; e < 4; ++e) {
-            const int m = row0 + 4 * (ty + 16 * i) + e;
+            const int m = row0 + 4 * (ty + WY * i) + e;
             if (m < OC) {
               const int at = base + m * P;
 #ifdef SPLIT_OUT
