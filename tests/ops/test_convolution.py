@@ -471,6 +471,31 @@ def test_pointwise_split_k_form(monkeypatch):
     assert split_k(one, 1, 49, 192, 1152) == (conv_pointwise.MAX_SPLITS, 1)  # 36 parts
 
 
+def test_pointwise_tiled_form(monkeypatch):
+    """conv2d_pw_tiled.glsl's block and splits per layer (kernels/conv_pointwise.py
+    ``tiled``) at EfficientNet-Lite0's shapes; None on CPU drivers and with TILED off."""
+    from types import SimpleNamespace
+
+    from vkdelegate.kernels import conv_pointwise
+    from vkdelegate.kernels.conv_pointwise import tiled
+    gpu = SimpleNamespace(type="discrete", max_workgroup_invocations=1024,
+                          max_shared_memory=49152)
+    # batch 8, 1152 -> 320 at 7 x 7: 392 columns; 12 blocks of 128 x 128, 35 of 64 x 64,
+    # so 64 x 64 in 4 splits (140 workgroups).
+    assert tiled(gpu, 8, 49, 320, 1152) == ((4, 4, 16), 4)
+    # batch 8, 16 -> 96 at 112 x 112: 784 blocks of 128 x 128, one pass.
+    assert tiled(gpu, 8, 12544, 96, 16) == ((8, 8, 16), 1)
+    # 24 output channels: the narrow 32 x 128 block (196 workgroups at batch 8).
+    assert tiled(gpu, 8, 3136, 24, 144) == (conv_pointwise.TILED_NARROW, 1)
+    # batch 1, 1152 -> 192 at 7 x 7: 3 blocks; 18 splits of 64 channels.
+    assert tiled(gpu, 1, 49, 192, 1152) == ((4, 4, 16), 18)
+    # Too few channels to split: one pass however few the blocks.
+    assert tiled(gpu, 1, 49, 192, 100) == ((4, 4, 16), 1)
+    assert tiled(SimpleNamespace(type="cpu"), 8, 49, 320, 1152) is None
+    monkeypatch.setattr(conv_pointwise, "TILED", False)
+    assert tiled(gpu, 8, 49, 320, 1152) is None
+
+
 def test_pointwise_split_k_off(monkeypatch):
     from types import SimpleNamespace
 
