@@ -89,6 +89,7 @@ def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, first, monkeypatch
     from vkdelegate.kernels import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     monkeypatch.setattr(conv_pointwise, "TILED", first == "conv2d_pw_tiled")
+    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
     monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     monkeypatch.setattr(conv_pointwise, "TILED_SPLIT_BELOW", 1 << 20)

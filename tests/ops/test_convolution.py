@@ -370,6 +370,7 @@ def pointwise_gemm(request, monkeypatch):
     form = request.param
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     monkeypatch.setattr(conv_pointwise, "TILED", form.startswith("tiled"))
+    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
     monkeypatch.setattr(conv_pointwise, "SPLIT_K", form == "split")
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     monkeypatch.setattr(conv_pointwise, "TILED_LARGE_BLOCKS",
@@ -483,6 +484,9 @@ def test_pointwise_tiled_form(monkeypatch):
     # batch 8, 1152 -> 320 at 7 x 7: 392 columns; 12 blocks of 128 x 128, 35 of 64 x 64,
     # so 64 x 64 in 4 splits (140 workgroups).
     assert tiled(gpu, 8, 49, 320, 1152) == ((4, 4, 16), 4)
+    # Planes of a multiple of 4 pixels keep conv2d_pw.glsl unless TILED_ALIGNED.
+    assert tiled(gpu, 8, 12544, 96, 16) is None
+    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
     # batch 8, 16 -> 96 at 112 x 112: 784 blocks of 128 x 128, one pass.
     assert tiled(gpu, 8, 12544, 96, 16) == ((8, 8, 16), 1)
     # 24 output channels: the narrow 32 x 128 block (196 workgroups at batch 8).

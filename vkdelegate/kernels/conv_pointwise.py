@@ -11,6 +11,13 @@ layers at batch 1: 12 to 28 blocks, so the reduction ran on that many of the H10
 conv2d_pw.glsl SPLIT_OUT, each split's raw fp32 sums into a scratch [N, splits, OC,
 P]; pass 2 is conv2d_pw_reduce.glsl, the sum over the splits and the epilogue.
 
+Planes whose pixel count is not a multiple of 4 (EfficientNet's 7 x 7 layers), where
+conv2d_pw.glsl reads the input element by element, take conv2d_pw_tiled.glsl instead
+(``tiled``): the whole batch as one GEMM over N x P columns, gemm.glsl's
+register-blocked tiling with shared-memory K steps (64 x 64, 128 x 128, or 32 x 128
+blocks for narrow layers), split across workgroups below TILED_SPLIT_BELOW blocks into
+the same scratch layout and reduction pass.
+
 On CPU drivers (llvmpipe) conv2d.glsl's POINTWISE path stays (``use_gemm``): there a
 workgroup barrier costs more than the reuse gains (kernels/gemm.py ``use_tiled``), and
 that path is tuned for llvmpipe. Torch-free; registers no op (ops/families/
@@ -57,8 +64,16 @@ DTYPES = ("float32", "float16")
 
 #: conv2d_pw_tiled.glsl: the whole batch as one register-blocked GEMM (``tiled``).
 TILED_SHADER = "conv2d_pw_tiled"
-#: GPUs take the tiled form (False: conv2d_pw.glsl everywhere).
+#: GPUs take the tiled form (False: conv2d_pw.glsl everywhere) for planes whose pixel
+#: count is not a multiple of 4 (where conv2d_pw.glsl loads the input element by
+#: element: EfficientNet's 7 x 7 layers), and with TILED_ALIGNED for every plane. On an
+#: H100 (docs/PERF.md "An H100, 2026-12-07 (twentieth session)"), one node each at
+#: batch 8 (benchmarks/pointwise.py): the 7 x 7 layers 20-50% faster tiled (1152 -> 320:
+#: 308 -> 148 us), every aligned plane 10-30% slower (16 -> 96 at 112 x 112: 53 -> 69
+#: us; 672 -> 112 at 14 x 14: 83 -> 101); EfficientNet-Lite0 with the 7 x 7 layers tiled:
+#: GPU time 713 -> 632 us at batch 1, 1289 -> 1043 us at batch 8.
 TILED = True
+TILED_ALIGNED = False
 #: Its blocks (TM, TN, WY): TM x TN outputs an invocation, a workgroup of WX = 256 / WY
 #: by WY invocations, so WY * TM output channels by WX * TN columns: 64 x 64 and
 #: 128 x 128, the larger where it still gives TILED_LARGE_BLOCKS workgroups; layers of
@@ -108,12 +123,13 @@ def _blocks(batch: int, pixels: int, oc: int) -> int:
 def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
     """conv2d_pw_tiled.glsl's form for a [batch, oc, pixels] output and ``ic`` input
     channels on the device ``info``: ((TM, TN, WY), splits), or None where
-    conv2d_pw.glsl runs (CPU drivers, or TILED off). The block: TILED_NARROW up to
+    conv2d_pw.glsl runs (CPU drivers, TILED off, planes of a multiple of 4 pixels
+    without TILED_ALIGNED). The block: TILED_NARROW up to
     TILED_NARROW_OC output channels, else TILED_BLOCKS' largest that gives
     TILED_LARGE_BLOCKS workgroups (else the first); below TILED_SPLIT_BELOW workgroups
     the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of at least
     TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass)."""
-    if not (TILED and use_gemm(info)):
+    if not (TILED and use_gemm(info)) or (pixels % 4 == 0 and not TILED_ALIGNED):
         return None
     columns = max(batch, 1) * pixels
 

@@ -12,7 +12,8 @@ dilation and groups, transposed with output_padding, bias or none; fp32 and fp16
 (accumulated in fp32). Shaders chosen at load: pointwise convolutions (1x1, stride 1,
 no padding, groups 1, constant weight) run kernels/conv_pointwise.py's implicit GEMM
 (conv2d_pw.glsl; for few output blocks its split-K form, conv2d_pw.glsl SPLIT_OUT then
-conv2d_pw_reduce.glsl) on GPUs; everything else, and pointwise on CPU drivers, runs
+conv2d_pw_reduce.glsl; planes of a pixel count not a multiple of 4 as one GEMM over
+the batch, conv2d_pw_tiled.glsl) on GPUs; everything else, and pointwise on CPU drivers, runs
 conv2d.glsl with three paths: pointwise (a tiled GEMM over pixels; on CPU drivers its
 weights and vec4 input loads through uniform texel buffers where the device can view
 them, PW_TEXEL: runtime/texel.py), direct (general,
