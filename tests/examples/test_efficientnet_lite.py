@@ -23,9 +23,11 @@ def model_and_input():
 @pytest.mark.parametrize("form", ["default", "pointwise_split"])
 def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, tmp_path,
                                                               form, monkeypatch):
-    # pointwise_split: the GPUs' pointwise GEMM (kernels/conv_pointwise.py), forced on
-    # llvmpipe, with its split form where the GPUs take it (SPLIT_K, the default
-    # SPLIT_WORKGROUPS: the 7 x 7 and most 14 x 14 layers at batch 1), each split convolution a conv2d_pw SPLIT_OUT pass and a conv2d_pw_reduce.
+    # pointwise_split: the GPUs' pointwise kernels (kernels/conv_pointwise.py), forced on
+    # llvmpipe, in the forms the GPUs take: the ten 7 x 7 layers (49 pixels, not a
+    # multiple of 4) on conv2d_pw_tiled.glsl, every one split at batch 1; most 14 x 14
+    # layers on conv2d_pw.glsl's split form (SPLIT_K, the default SPLIT_WORKGROUPS); each
+    # split convolution a SPLIT_OUT pass and a conv2d_pw_reduce.
     seen = []
     if form == "pointwise_split":
         from tests.ops.harness import spy_dispatches
@@ -54,7 +56,10 @@ def test_efficientnet_lite0_matches_eager_after_save_and_load(model_and_input, t
     assert model_zoo.labels()[ours_top[0]] == "Egyptian cat"
     if form == "pointwise_split":
         splits = seen.count(("conv2d_pw", True))
-        assert splits >= 10 and seen.count(("conv2d_pw_reduce", False)) == splits, seen
+        tiled = seen.count(("conv2d_pw_tiled", True))
+        assert tiled == 10 and seen.count(("conv2d_pw_tiled", False)) == 0, seen
+        assert splits >= 3, seen
+        assert seen.count(("conv2d_pw_reduce", False)) == splits + tiled, seen
         assert seen.count(("conv2d_pw", False)) >= 5, seen  # the large layers: one pass
 
 
