@@ -7,10 +7,14 @@ output channels @ side) at ``--batch`` images, lowered as the model's are
 ``conv_pointwise.TILED=false`` for conv2d_pw.glsl instead of conv2d_pw_tiled.glsl),
 and the same multiply-adds as one batched matrix product [B, OC, IC] @ [B, IC, H*W]
 (the GEMM core, kernels/gemm_core.py). Best GPU time of ``--runs`` profiled executes
-(a split form's two dispatches summed), TFLOP/s (2 per multiply-add). Torch-free.
+(the dispatches' timestamps, a split form's two passes summed; the copies in and out
+are not in it), TFLOP/s (2 per multiply-add). Before each case's measurement the GPU
+is held busy for ``--hold-s`` seconds (benchmarks/gpu_clock.py: 1 with CUDA, else 0):
+without it an idle GPU's clock times these short kernels at a fraction of their speed.
+Torch is used only for that hold.
 
     python benchmarks/pointwise.py [--batch 8] [--runs 5] [--forms default
-        conv_pointwise.TILED=false] [--no-bmm] [--device NAME]
+        conv_pointwise.TILED=false] [--no-bmm] [--hold-s S] [--device NAME]
 """
 from __future__ import annotations
 
@@ -19,9 +23,9 @@ import argparse
 from tabulate import tabulate
 
 import forms as kernel_forms
+import gpu_clock
 from cnn_ops import bmm, conv
-from one_node import measure
-from vkdelegate.runtime import default_device
+from vkdelegate.runtime import DelegateGraph, default_device
 
 #: (input channels, output channels, side) of each distinct 1 x 1 layer, in model order.
 LAYERS = [(32, 16, 112), (16, 96, 112), (96, 24, 56), (24, 144, 56), (144, 24, 56),
@@ -34,6 +38,19 @@ COUNT = {(144, 24, 56): 1, (24, 144, 56): 2, (40, 240, 28): 2, (240, 40, 28): 1,
          (192, 1152, 7): 4, (1152, 192, 7): 3}
 
 
+def measure(node, device, runs: int, hold_s: float) -> float:
+    """Best GPU ms of ``node.built`` (one_node.OneNode) over ``runs`` profiled executes,
+    after one plain execute and ``hold_s`` seconds of keeping the GPU busy."""
+    with DelegateGraph(node.built, node.constant_bytes, device=device) as dg:
+        dg.execute(node.arrays)
+        gpu_clock.hold(hold_s, lambda: dg.execute(node.arrays))
+        times = []
+        for _ in range(runs):
+            dg.execute(node.arrays, profile=True)
+            times.append(dg.last_profile.total_ns)
+    return min(times) / 1e6
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -42,6 +59,8 @@ def main() -> int:
     ap.add_argument("--no-bmm", action="store_true", help="leave out the bmm column")
     ap.add_argument("--filter", default="", help="only layers whose name contains this")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--hold-s", type=float, default=gpu_clock.HOLD_S,
+                    help="seconds the GPU is held busy before each measurement")
     args = ap.parse_args()
     form_sets = [{} if f == "default" else kernel_forms.parse(f.split("+"), ap.error,
                                                               "--forms")
@@ -58,14 +77,15 @@ def main() -> int:
         for i, forms in enumerate(form_sets):
             saved = kernel_forms.apply(forms, ap.error, "--forms")
             try:
-                ms, _ = measure(conv(name, args.batch, ic, oc, side, 1, 1), device,
-                                args.runs)
+                ms = measure(conv(name, args.batch, ic, oc, side, 1, 1), device,
+                             args.runs, args.hold_s)
             finally:
                 kernel_forms.apply(saved, ap.error, "--forms")
             totals[i] += weight * ms
             row.append(f"{1e3 * ms:.1f} ({flops / ms / 1e9:.2f})")
         if not args.no_bmm:
-            ms, _ = measure(bmm(name, args.batch, oc, ic, side * side), device, args.runs)
+            ms = measure(bmm(name, args.batch, oc, ic, side * side), device, args.runs,
+                         args.hold_s)
             totals[-1] += weight * ms
             row.append(f"{1e3 * ms:.1f} ({flops / ms / 1e9:.2f})")
         rows.append(row)
