@@ -491,6 +491,14 @@ def test_pointwise_tiled_form(monkeypatch):
     assert tiled(gpu, 8, 12544, 96, 16) == ((8, 8, 16), 1)
     # 24 output channels: the narrow 32 x 128 block (196 workgroups at batch 8).
     assert tiled(gpu, 8, 3136, 24, 144) == (conv_pointwise.TILED_NARROW, 1)
+    # Vulkan's guaranteed 16 KiB of shared memory: no 128 x 128 block (16.5 KiB).
+    small = SimpleNamespace(type="discrete", max_workgroup_invocations=1024,
+                            max_shared_memory=16384)
+    assert conv_pointwise.tiled_shared_bytes((8, 8, 16)) > 16384
+    assert tiled(small, 8, 12544, 96, 16) == ((4, 4, 16), 1)
+    # A device of 128 invocations a workgroup (Vulkan's minimum) keeps conv2d_pw.glsl.
+    assert tiled(SimpleNamespace(type="discrete", max_workgroup_invocations=128,
+                                 max_shared_memory=49152), 8, 49, 320, 1152) is None
     # batch 1, 1152 -> 192 at 7 x 7: 3 blocks; 18 splits of 64 channels.
     assert tiled(gpu, 1, 49, 192, 1152) == ((4, 4, 16), 18)
     # Too few channels to split: one pass however few the blocks.

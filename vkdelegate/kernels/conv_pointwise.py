@@ -128,7 +128,9 @@ def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
     TILED_NARROW_OC output channels, else TILED_BLOCKS' largest that gives
     TILED_LARGE_BLOCKS workgroups (else the first); below TILED_SPLIT_BELOW workgroups
     the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of at least
-    TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass)."""
+    TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass). Only blocks
+    within the device's shared memory (``info.max_shared_memory``) are taken, and
+    none on a device of fewer than 256 invocations a workgroup."""
     if not (TILED and use_gemm(info)) or (pixels % 4 == 0 and not TILED_ALIGNED):
         return None
     columns = max(batch, 1) * pixels
@@ -137,11 +139,16 @@ def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
         tm, tn, wy = block
         return -(-columns // (256 // wy * tn)) * -(-oc // (wy * tm))
 
-    if oc <= TILED_NARROW_OC:
+    shared = getattr(info, "max_shared_memory", 0) or 16384  # Vulkan's minimum
+    fits = [b for b in TILED_BLOCKS + (TILED_NARROW,) if tiled_shared_bytes(b) <= shared]
+    if info.max_workgroup_invocations < 256 or not fits:
+        return None  # a 256-invocation workgroup (Vulkan guarantees 128)
+    if oc <= TILED_NARROW_OC and TILED_NARROW in fits:
         block = TILED_NARROW
     else:
-        block = TILED_BLOCKS[0]
-        for b in TILED_BLOCKS[1:]:
+        square = [b for b in TILED_BLOCKS if b in fits] or fits
+        block = square[0]
+        for b in square[1:]:
             if blocks(b) >= TILED_LARGE_BLOCKS:
                 block = b
     n = blocks(block)
@@ -170,6 +177,14 @@ def split_k(info, batch: int, pixels: int, oc: int, ic: int) -> tuple[int, int]:
         return 1, slices(info, batch, pixels, oc, ic)
     ks = slices(info, max(batch, 1) * splits, pixels, oc, -(-ic // splits))
     return max(splits, min(parts // ks, MAX_SPLITS)), ks
+
+
+def tiled_shared_bytes(block: tuple) -> int:
+    """Shared memory of conv2d_pw_tiled.glsl's ``block`` (TM, TN, WY), bytes: the
+    weight and input slices, BK rows of BM / 4 + 1 and BN / 4 + 1 vec4s (128 x 128:
+    16.5 KiB, past Vulkan's guaranteed 16 KiB)."""
+    tm, tn, wy = block
+    return TILED_BK * (wy * tm // 4 + 1 + 256 // wy * tn // 4 + 1) * 16
 
 
 def tiled_defines(base: dict, block: tuple) -> dict:
