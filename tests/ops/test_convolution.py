@@ -312,14 +312,17 @@ def test_conv_with_clamp_keeps_nan_and_inf():
     check_op(fn, (x,), ops=[CLAMP])
 
 
-@pytest.mark.parametrize("gemm", [False, True], ids=["default", "pointwise_gemm"])
+@pytest.mark.parametrize("gemm", [False, True, "tiled"],
+                         ids=["default", "pointwise_gemm", "pointwise_tiled"])
 def test_fp16_on_a_device_without_16bit_storage(vk_device, gemm, monkeypatch):
-    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads of the pointwise paths
-    # read them as fp32): results round to fp16 at each store, like eager's fp16.
-    # gemm: the GPUs' pointwise kernel (kernels/conv_pointwise.py), forced on llvmpipe.
+    # fp16 tensors held in 32-bit words (the IN4_T vec4 loads and OUT4_T stores of the
+    # pointwise paths hold them as fp32): results round to fp16 at each store, like
+    # eager's fp16. gemm: the GPUs' pointwise kernels (kernels/conv_pointwise.py), forced
+    # on llvmpipe: conv2d_pw.glsl, or conv2d_pw_tiled.glsl on this 12-pixel plane.
     if gemm:
         from vkdelegate.kernels import conv_pointwise
         monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+        monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", gemm == "tiled")
     rng = np.random.default_rng(5)
     x = rand(rng, (1, 4, 3, 4), "float16")
     w1, w2 = rand(rng, (8, 4, 1, 1), "float16"), rand(rng, (8, 1, 3, 3), "float16")
@@ -411,6 +414,7 @@ PW_CASES = {  # (input shape, output channels, bias): which part of the kernel
     "eight_slices": ((2, 1152, 7, 7), 40, True),              # EfficientNet's 7 x 7 K
     "large_plane": ((2, 16, 37, 41), 24, True),               # many pixel blocks
     "one_pixel": ((2, 40, 1, 1), 9, False),
+    "aligned_batches": ((3, 20, 4, 6), 70, True),           # P % 4 == 0: 4-vector stores
 }
 
 
@@ -593,6 +597,8 @@ def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):
     wh, bh = torch.randn(20, 72, 1, 1).half(), torch.randn(20).half()
     check_op(_conv(wh, bh), (torch.randn(3, 72, 5, 7).half(),), ops=[CONV],
              rtol=1e-2, atol=1e-2)
+    check_op(_conv(wh, bh), (torch.randn(3, 72, 4, 5).half(),), ops=[CONV],
+             rtol=1e-2, atol=1e-2)  # 20 pixels: the aligned loads and stores
     w1 = torch.randn(6, 9, 1)
     check_op(lambda x: F.conv1d(x, w1), (torch.randn(2, 9, 13),), ops=[CONV])
     n, h = torch.export.Dim("n", max=4), torch.export.Dim("h", min=2, max=12)

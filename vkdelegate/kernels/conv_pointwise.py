@@ -188,9 +188,10 @@ def tiled_shared_bytes(block: tuple) -> int:
 
 
 def tiled_defines(base: dict, block: tuple) -> dict:
-    """``defines``' dict with conv2d_pw_tiled.glsl's block (TM, TN, WY) and BK."""
+    """``defines``' dict with conv2d_pw_tiled.glsl's block (TM, TN, WY), BK and OUT4_T
+    (OUT_T's 4-vector, for its aligned stores)."""
     return dict(base, TM=str(block[0]), TN=str(block[1]), WY=str(block[2]),
-                BK=str(TILED_BK))
+                BK=str(TILED_BK), OUT4_T="f16vec4" if base["OUT_T"] == "float16_t" else "vec4")
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -235,7 +236,12 @@ def _bindings(d) -> Bindings:
                             PARAMS))
 
 
-shader_bindings(TILED_SHADER)(_bindings)
+@shader_bindings(TILED_SHADER)
+def _tiled_bindings(d) -> Bindings:
+    # out4_data: the output again, 4 elements a store (conv2d_pw_tiled.glsl).
+    plain = _bindings(d)
+    return Bindings(outputs=("out_data", "out4_data"), inputs=plain.inputs,
+                    params=plain.params)
 
 
 @shader_bindings(REDUCE_SHADER)
@@ -309,14 +315,15 @@ def _record_tiled(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     if splits == 1:
         b.dispatch(TILED_SHADER, tiled_defines(defines(out, x, bias, clamp, residual),
                                                block),
-                   outputs=[out], inputs=[x, x, w, bias] + rest,
+                   outputs=[out, out], inputs=[x, x, w, bias] + rest,
                    params=[out.meta, x.meta, params], global_size=grid,
                    local_size=(wx, wy, 1), spec_constants=(spatial, 1))
         return
     partial = b.temporary((splits * out.max_numel,), "float32")
     b.dispatch(TILED_SHADER, tiled_defines(defines(partial, x, None, False), block),
-               outputs=[partial], inputs=[x, x, w], params=[out.meta, x.meta, params],
-               global_size=grid, local_size=(wx, wy, 1), spec_constants=(spatial, splits))
+               outputs=[partial, partial], inputs=[x, x, w],
+               params=[out.meta, x.meta, params], global_size=grid,
+               local_size=(wx, wy, 1), spec_constants=(spatial, splits))
     _reduce(b, out, partial, bias, params, clamp, spatial, splits, rest)
 
 

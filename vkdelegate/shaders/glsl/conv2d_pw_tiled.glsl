@@ -17,11 +17,11 @@
 // Columns past J and channels past OC load zeros and store nothing; flattening the
 // batch wastes no block on a plane's tail (EfficientNet's 7 x 7 planes: 49 columns).
 //
-// Defines: OUT_T, OUT_STORE(v), IN_T, IN4_T (IN_T's 4-vector), B_T (fp32 bias), TM, TN
+// Defines: OUT_T, OUT4_T (its 4-vector), OUT_STORE(v), IN_T, IN4_T (IN_T's 4-vector), B_T (fp32 bias), TM, TN
 // (4 or 8), WY (8 or 16; WX = 256 / WY), BK (16), CLAMP, RESIDUAL (R_T); weights prepacked fp32 vec4
 // [IC, ceil(OC / 4)] (kernels/conv_pointwise.py pack_weight: the 4 channels of a quad
-// contiguous, zero-padded past OC). X loads: one vec4 of 4 columns where P % 4 == 0
-// (the quad lies in one plane, aligned), else 4 scalar loads. Sizes come from the
+// contiguous, zero-padded past OC). X loads and output stores: one 4-vector of 4
+// columns where P % 4 == 0 (the quad lies in one plane, aligned), else 4 scalars. Sizes come from the
 // metadata (resizable in batch and spatial sizes). Specialization constant 3: SPATIAL
 // (1 or 2). Grid: x over J / BN, y over OC / BM, z the splits.
 //
@@ -35,6 +35,7 @@ layout(constant_id = 3) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 
 layout(constant_id = 4) const int SPLITS = 1;   // SPLIT_OUT: K splits across workgroups
 
 TENSOR_OUT(out_data, OUT_T)
+TENSOR_OUT(out4_data, OUT4_T)  // the output again, 4 elements a store (P % 4 == 0)
 TENSOR_IN(in_data, IN_T)
 TENSOR_IN(in4_data, IN4_T)  // the input again, 4 elements a load (P % 4 == 0)
 TENSOR_IN(w_data, vec4)
@@ -171,6 +172,44 @@ void main() {
 
   // Column j of out: image n = j / P, pixel p = j % P, at out[(n * OC + m) * P + p]
   // (SPLIT_OUT: the scratch's [(n * SPLITS + split) * OC + m] * P + p).
+  if (quads) {
+    // P % 4 == 0: an invocation's 4 columns are 4 aligned pixels of one plane, stored
+    // as one OUT4_T (each element's epilogue and rounding as in the scalar stores).
+    [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
+      const int j = col0 + 4 * (tx + WX * jq);
+      if (j < J) {
+        const int n = j / P;
+        const int p = j - n * P;
+#ifdef SPLIT_OUT
+        const int base = (n * SPLITS + split) * OC * P + p;
+#else
+        const int base = n * OC * P + p;
+#endif
+        [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+          [[unroll]] for (int e = 0; e < 4; ++e) {
+            const int m = row0 + 4 * (ty + WY * i) + e;
+            if (m < OC) {
+              const int at = base + m * P;
+#ifdef SPLIT_OUT
+              out4_data[at >> 2] = acc[4 * i + e][jq];
+#else
+              const float bias = float(b_data[m]);
+              const vec4 a = acc[4 * i + e][jq];
+              // Through fp32 (exact from OUT_T): 16-bit storage alone has no f16vec4
+              // constructor from 16-bit scalars.
+              out4_data[at >> 2] = OUT4_T(vec4(
+                  float(OUT_STORE(conv_epilogue(a.x + bias, at))),
+                  float(OUT_STORE(conv_epilogue(a.y + bias, at + 1))),
+                  float(OUT_STORE(conv_epilogue(a.z + bias, at + 2))),
+                  float(OUT_STORE(conv_epilogue(a.w + bias, at + 3)))));
+#endif
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
   [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
     [[unroll]] for (int f = 0; f < 4; ++f) {
       const int j = col0 + 4 * (tx + WX * jq) + f;
