@@ -38,22 +38,7 @@ layout(constant_id = 4) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 
 layout(constant_id = 5) const int SPLITS = 1;   // SPLIT_OUT: K splits across workgroups
 
 TENSOR_OUT(out_data, OUT_T)
-TENSOR_IN(in_data, IN_T)
-TENSOR_IN(in4_data, IN4_T)  // the input again, 4 elements a load (P % 4 == 0)
-TENSOR_IN(w_data, vec4)
-#ifndef SPLIT_OUT
-TENSOR_IN(b_data, B_T)
-#endif
-#ifdef RESIDUAL
-TENSOR_IN(r_data, R_T)
-#endif
-TENSOR_META(out_meta)
-TENSOR_META(in_meta)
-PARAMS(conv_block) {
-  ivec4 channels;  // IC, OC (groups 1)
-  vec4 clamp;      // output min, output max (CLAMP only)
-} conv;
-#include "conv_epilogue.h"
+#include "conv_pw.h"
 
 // Slices 1..KS-1 park their 16 partial sums here (4 vec4 per invocation).
 shared vec4 partial[(KS - 1) * 256 + 1];

@@ -36,22 +36,7 @@ layout(constant_id = 4) const int SPLITS = 1;   // SPLIT_OUT: K splits across wo
 
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_OUT(out4_data, OUT4_T)  // the output again, 4 elements a store (P % 4 == 0)
-TENSOR_IN(in_data, IN_T)
-TENSOR_IN(in4_data, IN4_T)  // the input again, 4 elements a load (P % 4 == 0)
-TENSOR_IN(w_data, vec4)
-#ifndef SPLIT_OUT
-TENSOR_IN(b_data, B_T)
-#endif
-#ifdef RESIDUAL
-TENSOR_IN(r_data, R_T)
-#endif
-TENSOR_META(out_meta)
-TENSOR_META(in_meta)
-PARAMS(conv_block) {
-  ivec4 channels;  // IC, OC (groups 1)
-  vec4 clamp;      // output min, output max (CLAMP only)
-} conv;
-#include "conv_epilogue.h"
+#include "conv_pw.h"
 
 #define WX (256 / WY)
 #define BM (WY * TM)
@@ -171,67 +156,47 @@ void main() {
   }
 
   // Column j of out: image n = j / P, pixel p = j % P, at out[(n * OC + m) * P + p]
-  // (SPLIT_OUT: the scratch's [(n * SPLITS + split) * OC + m] * P + p).
-  if (quads) {
-    // P % 4 == 0: an invocation's 4 columns are 4 aligned pixels of one plane, stored
-    // as one OUT4_T (each element's epilogue and rounding as in the scalar stores).
-    [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
-      const int j = col0 + 4 * (tx + WX * jq);
-      if (j < J) {
-        const int n = j / P;
-        const int p = j - n * P;
+  // (SPLIT_OUT: the scratch's [(n * SPLITS + split) * OC + m] * P + p); column_at(j)
+  // is that offset at m = 0.
 #ifdef SPLIT_OUT
-        const int base = (n * SPLITS + split) * OC * P + p;
+#define column_at(j) (((j) / P * SPLITS + split) * OC * P + (j) % P)
 #else
-        const int base = n * OC * P + p;
+#define column_at(j) ((j) / P * OC * P + (j) % P)
 #endif
-        [[unroll]] for (int i = 0; i < TM / 4; ++i) {
-          [[unroll]] for (int e = 0; e < 4; ++e) {
-            const int m = row0 + 4 * (ty + WY * i) + e;
-            if (m < OC) {
-              const int at = base + m * P;
-#ifdef SPLIT_OUT
-              out4_data[at >> 2] = acc[4 * i + e][jq];
-#else
-              const float bias = float(b_data[m]);
-              const vec4 a = acc[4 * i + e][jq];
-              // Through fp32 (exact from OUT_T): 16-bit storage alone has no f16vec4
-              // constructor from 16-bit scalars.
-              out4_data[at >> 2] = OUT4_T(vec4(
-                  float(OUT_STORE(conv_epilogue(a.x + bias, at))),
-                  float(OUT_STORE(conv_epilogue(a.y + bias, at + 1))),
-                  float(OUT_STORE(conv_epilogue(a.z + bias, at + 2))),
-                  float(OUT_STORE(conv_epilogue(a.w + bias, at + 3)))));
-#endif
-            }
-          }
-        }
-      }
-    }
-    return;
-  }
+  // One 4-vector store per quad where P % 4 == 0 (its 4 columns are 4 aligned pixels
+  // of one plane), else 4 scalar stores; each element's epilogue and rounding alike.
   [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
+    const int j0 = col0 + 4 * (tx + WX * jq);
+    int at0[4];  // column j0 + f's offset at m = 0; -1 past J
     [[unroll]] for (int f = 0; f < 4; ++f) {
-      const int j = col0 + 4 * (tx + WX * jq) + f;
-      if (j < J) {
-        const int n = j / P;
-        const int p = j - n * P;
+      at0[f] = j0 + f < J ? column_at(j0 + f) : -1;
+    }
+    [[unroll]] for (int i = 0; i < TM / 4; ++i) {
+      [[unroll]] for (int e = 0; e < 4; ++e) {
+        const int m = row0 + 4 * (ty + WY * i) + e;
+        if (m < OC) {
+          const vec4 a = acc[4 * i + e][jq];
+          vec4 v;  // the stored values, in fp32 (exact from OUT_T)
 #ifdef SPLIT_OUT
-        const int base = (n * SPLITS + split) * OC * P + p;
+          v = a;
 #else
-        const int base = n * OC * P + p;
+          const float bias = float(b_data[m]);
+          [[unroll]] for (int f = 0; f < 4; ++f) {
+            v[f] = at0[f] < 0 ? 0.0
+                 : float(OUT_STORE(conv_epilogue(a[f] + bias, at0[f] + m * P)));
+          }
 #endif
-        [[unroll]] for (int i = 0; i < TM / 4; ++i) {
-          [[unroll]] for (int e = 0; e < 4; ++e) {
-            const int m = row0 + 4 * (ty + WY * i) + e;
-            if (m < OC) {
-              const int at = base + m * P;
-#ifdef SPLIT_OUT
-              out_data[at] = acc[4 * i + e][jq][f];
-#else
-              out_data[at] = OUT_STORE(conv_epilogue(acc[4 * i + e][jq][f] +
-                                                     float(b_data[m]), at));
-#endif
+          if (quads) {
+            // Through vec4: 16-bit storage alone has no f16vec4 constructor from
+            // 16-bit scalars.
+            if (at0[0] >= 0) {
+              out4_data[(at0[0] + m * P) >> 2] = OUT4_T(v);
+            }
+          } else {
+            [[unroll]] for (int f = 0; f < 4; ++f) {
+              if (at0[f] >= 0) {
+                out_data[at0[f] + m * P] = OUT_T(v[f]);
+              }
             }
           }
         }
