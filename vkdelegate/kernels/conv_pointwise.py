@@ -124,9 +124,9 @@ def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
     """conv2d_pw_tiled.glsl's form for a [batch, oc, pixels] output and ``ic`` input
     channels on the device ``info``: ((TM, TN, WY), splits), or None where
     conv2d_pw.glsl runs (CPU drivers, TILED off, planes of a multiple of 4 pixels
-    without TILED_ALIGNED). The block: TILED_NARROW up to
-    TILED_NARROW_OC output channels, else TILED_BLOCKS' largest that gives
-    TILED_LARGE_BLOCKS workgroups (else the first); below TILED_SPLIT_BELOW workgroups
+    without TILED_ALIGNED). The block: TILED_NARROW up to TILED_NARROW_OC output
+    channels, else TILED_BLOCKS' largest that gives TILED_LARGE_BLOCKS workgroups
+    (else the first); below TILED_SPLIT_BELOW workgroups
     the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of at least
     TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass). Only blocks
     within the device's shared memory (``info.max_shared_memory``) are taken, and
@@ -190,8 +190,9 @@ def tiled_shared_bytes(block: tuple) -> int:
 def tiled_defines(base: dict, block: tuple) -> dict:
     """``defines``' dict with conv2d_pw_tiled.glsl's block (TM, TN, WY), BK and OUT4_T
     (OUT_T's 4-vector, for its aligned stores)."""
+    out4 = "f16vec4" if base["OUT_T"] == "float16_t" else "vec4"
     return dict(base, TM=str(block[0]), TN=str(block[1]), WY=str(block[2]),
-                BK=str(TILED_BK), OUT4_T="f16vec4" if base["OUT_T"] == "float16_t" else "vec4")
+                BK=str(TILED_BK), OUT4_T=out4)
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -255,10 +256,12 @@ def _reduce_bindings(d) -> Bindings:
 def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
            spatial: int, residual=None) -> None:
     """Record out = [residual +] clamp(conv1x1(x, weight) + bias) on the node builder
-    ``b``: x [N, IC, *S], out [N, OC, *S] (``spatial`` = len(S), 1 or 2), ``weight`` the
-    constant Tensor [OC, IC, 1(, 1)] (bound packed, ``pack_weight``), ``bias`` a fp32 Tensor [OC], clamp bounds
-    ``lo``/``hi`` used when ``clamp``, ``residual`` None or a Tensor of out's shape
-    and dtype. Raises DeviceLimitError (b.error) when a slice's channel loop would
+    ``b``: x [N, IC, *S], out [N, OC, *S] (``spatial`` = len(S), 1 or 2), ``weight``
+    the constant Tensor [OC, IC, 1(, 1)] (bound packed, ``pack_weight``), ``bias`` a
+    fp32 Tensor [OC], clamp bounds ``lo``/``hi`` used when ``clamp``, ``residual``
+    None or a Tensor of out's shape and dtype. conv2d_pw_tiled.glsl where ``tiled``
+    says so (one dispatch, or two with its splits), else conv2d_pw.glsl as follows.
+    Raises DeviceLimitError (b.error) when a slice's channel loop would
     run past llvmpipe's loop budget. With ``split_k``'s splits > 1: two dispatches
     (the split sums into a node-owned fp32 scratch sized for the upper-bound shape,
     then conv2d_pw_reduce.glsl), else one."""

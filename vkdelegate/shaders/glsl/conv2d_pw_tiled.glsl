@@ -17,13 +17,14 @@
 // Columns past J and channels past OC load zeros and store nothing; flattening the
 // batch wastes no block on a plane's tail (EfficientNet's 7 x 7 planes: 49 columns).
 //
-// Defines: OUT_T, OUT4_T (its 4-vector), OUT_STORE(v), IN_T, IN4_T (IN_T's 4-vector), B_T (fp32 bias), TM, TN
-// (4 or 8), WY (8 or 16; WX = 256 / WY), BK (16), CLAMP, RESIDUAL (R_T); weights prepacked fp32 vec4
-// [IC, ceil(OC / 4)] (kernels/conv_pointwise.py pack_weight: the 4 channels of a quad
-// contiguous, zero-padded past OC). X loads and output stores: one 4-vector of 4
-// columns where P % 4 == 0 (the quad lies in one plane, aligned), else 4 scalars. Sizes come from the
-// metadata (resizable in batch and spatial sizes). Specialization constant 3: SPATIAL
-// (1 or 2). Grid: x over J / BN, y over OC / BM, z the splits.
+// Defines: OUT_T, OUT4_T (its 4-vector), OUT_STORE(v), IN_T, IN4_T (IN_T's 4-vector),
+// B_T (fp32 bias), TM, TN (4 or 8), WY (8 or 16; WX = 256 / WY), BK (16), CLAMP,
+// RESIDUAL (R_T); weights prepacked fp32 vec4 [IC, ceil(OC / 4)] (kernels/
+// conv_pointwise.py pack_weight: the 4 channels of a quad contiguous, zero-padded past
+// OC). X loads and output stores: one 4-vector of 4 columns where P % 4 == 0 (the quad
+// lies in one plane, aligned), else 4 scalars. Sizes come from the metadata
+// (resizable in batch and spatial sizes). Specialization constant 3: SPATIAL (1 or 2).
+// Grid: x over J / BN, y over OC / BM, z the splits.
 //
 // SPLIT_OUT (too few blocks to fill the GPU): specialization constant 4 is SPLITS;
 // workgroup z = split sums input channels [split * KCS, (split + 1) * KCS), KCS =
