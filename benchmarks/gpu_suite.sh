@@ -34,6 +34,9 @@
 #           (32 x 4 rows x 4 unrolled, 64 x 8) against the default and fp16, one run
 #           (llm_decode rows MODULE.CONSTANT=VALUE), --profile 8, 330
 #   effforms EfficientNet-Lite0 with the pointwise split-K off / at 64 / at 132 blocks, 150
+#   pointwise benchmarks/pointwise.py at batch 8 (every EfficientNet-Lite0 1 x 1 layer, one
+#           node each) with conv2d_pw_tiled.glsl on aligned planes too, and off; then
+#           efficientnet.py in those forms and the default again, 300
 #   lanes   the one-row decode attention's lanes form (sdpa_decode_lanes.glsl, the default
 #           since 2026-12-06) against the workgroup form: its tests (validation on),
 #           dispatch_floor.py's sdpa_at at 256 cached / position 96 and 2048 / 1500 in
@@ -187,6 +190,14 @@ for s in "$@"; do
         step "effforms_$f" 50 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py \
           --batch 1 8 --no-cpu --profile --profile-rows 4 --form "conv_pointwise.$f" \
           --json "$out/efficientnet_$f.json"
+      done ;;
+    pointwise)
+      step pointwise 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/pointwise.py --batch 8 \
+        --no-bmm --forms default conv_pointwise.TILED_ALIGNED=true conv_pointwise.TILED=false
+      for f in TILED_ALIGNED=true TILED=false TILED=true; do
+        step "pointwise_$f" 50 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py \
+          --batch 1 8 --no-cpu --profile --profile-rows 4 --runs 30 --form "conv_pointwise.$f" \
+          --json "$out/efficientnet_pw_$f.json"
       done ;;
     lanes)
       step lanes_tests 120 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
