@@ -269,16 +269,19 @@ def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     pixels = int(np.prod(mx[2:]))
     oc, ic = mx[1], x.max_shape[1]
     form = tiled(b.device.info, mx[0], pixels, oc, ic)
-    if form is not None:
-        _record_tiled(b, out, x, weight, bias, lo, hi, clamp, spatial, residual, *form)
-        return
-    splits, ks = split_k(b.device.info, mx[0], pixels, oc, ic)
-    part = -(-ic // splits)  # the channels one split sums
-    loop_limit.check(b, -(-part // ks) + loop_limit.SLACK, f"{ic} input channels")
+    if form is None:
+        splits, ks = split_k(b.device.info, mx[0], pixels, oc, ic)
+        steps = -(-(-(-ic // splits)) // ks)  # a slice's share of a split's channels
+    else:
+        steps = -(-ic // TILED_BK)
+    loop_limit.check(b, steps + loop_limit.SLACK, f"{ic} input channels")
     w = b.packed_constant(weight, pack_weight, "float32")
     params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
-    grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0] * splits)
     rest = [residual] if residual is not None else []
+    if form is not None:
+        _record_tiled(b, out, x, w, bias, params, clamp, spatial, rest, *form)
+        return
+    grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0] * splits)
     if splits == 1:
         b.dispatch(SHADER, defines(out, x, bias, clamp, residual), outputs=[out],
                    inputs=[x, x, w, bias] + rest, params=[out.meta, x.meta, params],
@@ -302,19 +305,16 @@ def _reduce(b, out, partial, bias, params, clamp: bool, spatial: int, splits: in
                spec_constants=(splits, spatial))
 
 
-def _record_tiled(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
-                  spatial: int, residual, block: tuple, splits: int) -> None:
-    """``record`` with conv2d_pw_tiled.glsl (``tiled``'s ``block`` and ``splits``)."""
-    mx = out.max_shape
-    columns = mx[0] * int(np.prod(mx[2:]))
-    oc, ic = mx[1], x.max_shape[1]
-    loop_limit.check(b, -(-ic // TILED_BK) + loop_limit.SLACK, f"{ic} input channels")
-    w = b.packed_constant(weight, pack_weight, "float32")
-    params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
+def _record_tiled(b, out, x, w, bias, params, clamp: bool, spatial: int, rest: list,
+                  block: tuple, splits: int) -> None:
+    """``record``'s dispatches with conv2d_pw_tiled.glsl (``tiled``'s ``block`` and
+    ``splits``): ``w`` the packed weight, ``params`` the conv_block, ``rest`` [] or
+    [residual]."""
+    residual = rest[0] if rest else None
+    columns = out.max_shape[0] * int(np.prod(out.max_shape[2:]))
     tm, tn, wy = block
     wx = 256 // wy
-    grid = (-(-columns // (wx * tn)) * wx, -(-oc // (wy * tm)) * wy, splits)
-    rest = [residual] if residual is not None else []
+    grid = (-(-columns // (wx * tn)) * wx, -(-out.max_shape[1] // (wy * tm)) * wy, splits)
     if splits == 1:
         b.dispatch(TILED_SHADER, tiled_defines(defines(out, x, bias, clamp, residual),
                                                block),
