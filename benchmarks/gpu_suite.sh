@@ -35,8 +35,9 @@
 #           (llm_decode rows MODULE.CONSTANT=VALUE), --profile 8, 330
 #   effforms EfficientNet-Lite0 with the pointwise split-K off / at 64 / at 132 blocks, 150
 #   pointwise benchmarks/pointwise.py at batch 8 (every EfficientNet-Lite0 1 x 1 layer, one
-#           node each) with conv2d_pw_tiled.glsl on aligned planes too, and off; then
-#           efficientnet.py in those forms and the default again, 300
+#           node each): the default, conv2d_pw_tiled.glsl on unaligned planes only
+#           (TILED_ALIGNED_FULL off) and on every plane; then efficientnet.py in those
+#           forms and the default again, 300
 #   lanes   the one-row decode attention's lanes form (sdpa_decode_lanes.glsl, the default
 #           since 2026-12-06) against the workgroup form: its tests (validation on),
 #           dispatch_floor.py's sdpa_at at 256 cached / position 96 and 2048 / 1500 in
@@ -193,8 +194,9 @@ for s in "$@"; do
       done ;;
     pointwise)
       step pointwise 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/pointwise.py --batch 8 \
-        --no-bmm --forms default conv_pointwise.TILED_ALIGNED=true conv_pointwise.TILED=false
-      for f in TILED_ALIGNED=true TILED=false TILED=true; do
+        --no-bmm --forms default conv_pointwise.TILED_ALIGNED_FULL=false \
+        conv_pointwise.TILED_ALIGNED=true
+      for f in TILED_ALIGNED_FULL=false TILED_ALIGNED=true TILED=true; do
         step "pointwise_$f" 50 env VKDELEGATE_VALIDATION=0 python3 benchmarks/efficientnet.py \
           --batch 1 8 --no-cpu --profile --profile-rows 4 --runs 30 --form "conv_pointwise.$f" \
           --json "$out/efficientnet_pw_$f.json"

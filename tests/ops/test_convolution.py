@@ -488,11 +488,19 @@ def test_pointwise_tiled_form(monkeypatch):
     # batch 8, 1152 -> 320 at 7 x 7: 392 columns; 12 blocks of 128 x 128, 35 of 64 x 64,
     # so 64 x 64 in 4 splits (140 workgroups).
     assert tiled(gpu, 8, 49, 320, 1152) == ((4, 4, 16), 4)
-    # Planes of a multiple of 4 pixels keep conv2d_pw.glsl unless TILED_ALIGNED.
-    assert tiled(gpu, 8, 12544, 96, 16) is None
-    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
-    # batch 8, 16 -> 96 at 112 x 112: 784 blocks of 128 x 128, one pass.
+    # Planes of a multiple of 4 pixels: the tiled form where its blocks alone fill the
+    # GPU (TILED_ALIGNED_FULL). batch 8, 16 -> 96 at 112 x 112: 784 blocks of 128 x 128,
+    # one pass; 240 -> 80 at 14 x 14: 50 blocks of 64 x 64 would split, so
+    # conv2d_pw.glsl; batch 1, 16 -> 96: 98 blocks of 128 x 128, 392 of 64 x 64.
     assert tiled(gpu, 8, 12544, 96, 16) == ((8, 8, 16), 1)
+    assert tiled(gpu, 8, 196, 80, 240) is None
+    assert tiled(gpu, 1, 12544, 96, 16) == ((4, 4, 16), 1)
+    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED_FULL", False)
+    assert tiled(gpu, 8, 12544, 96, 16) is None
+    # TILED_ALIGNED: every aligned plane, split where it has few blocks.
+    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
+    assert tiled(gpu, 8, 12544, 96, 16) == ((8, 8, 16), 1)
+    assert tiled(gpu, 8, 196, 80, 240) == ((4, 4, 16), 3)
     # 24 output channels: the narrow 32 x 128 block (196 workgroups at batch 8).
     assert tiled(gpu, 8, 3136, 24, 144) == (conv_pointwise.TILED_NARROW, 1)
     # Vulkan's guaranteed 16 KiB of shared memory: no 128 x 128 block (16.5 KiB).

@@ -74,6 +74,13 @@ TILED_SHADER = "conv2d_pw_tiled"
 #: GPU time 713 -> 632 us at batch 1, 1289 -> 1043 us at batch 8.
 TILED = True
 TILED_ALIGNED = False
+#: Planes of a multiple of 4 pixels take the tiled form where its blocks alone give
+#: TILED_SPLIT_BELOW workgroups (no split-K). On an H100 at batch 8 (docs/PERF.md "An
+#: H100, 2026-12-07 (twenty-first session)", the clock held busy, 4-vector stores):
+#: those layers 15-25% faster tiled (16 -> 96 at 112 x 112: 52.6 -> 39.9 us; 40 -> 240
+#: at 28 x 28: 16.9 -> 11.2; 112 -> 672 at 14 x 14: 19.8 -> 17.2), the ones it would
+#: split 5-40% slower (240 -> 80 at 14 x 14: 10.7 -> 14.9; 672 -> 112: 24.2 -> 26.8).
+TILED_ALIGNED_FULL = True
 #: Its blocks (TM, TN, WY): TM x TN outputs an invocation, a workgroup of WX = 256 / WY
 #: by WY invocations, so WY * TM output channels by WX * TN columns: 64 x 64 and
 #: 128 x 128, the larger where it still gives TILED_LARGE_BLOCKS workgroups; layers of
@@ -123,15 +130,17 @@ def _blocks(batch: int, pixels: int, oc: int) -> int:
 def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
     """conv2d_pw_tiled.glsl's form for a [batch, oc, pixels] output and ``ic`` input
     channels on the device ``info``: ((TM, TN, WY), splits), or None where
-    conv2d_pw.glsl runs (CPU drivers, TILED off, planes of a multiple of 4 pixels
-    without TILED_ALIGNED). The block: TILED_NARROW up to TILED_NARROW_OC output
+    conv2d_pw.glsl runs (CPU drivers, TILED off; planes of a multiple of 4 pixels
+    unless TILED_ALIGNED, or TILED_ALIGNED_FULL and the block alone gives
+    TILED_SPLIT_BELOW workgroups). The block: TILED_NARROW up to TILED_NARROW_OC output
     channels, else TILED_BLOCKS' largest that gives TILED_LARGE_BLOCKS workgroups
     (else the first); below TILED_SPLIT_BELOW workgroups
     the channels split into up to ceil(TILED_SPLIT_BELOW / blocks) parts of at least
     TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass). Only blocks
     within the device's shared memory (``info.max_shared_memory``) are taken, and
     none on a device of fewer than 256 invocations a workgroup."""
-    if not (TILED and use_gemm(info)) or (pixels % 4 == 0 and not TILED_ALIGNED):
+    aligned = pixels % 4 == 0 and not TILED_ALIGNED
+    if not (TILED and use_gemm(info)) or (aligned and not TILED_ALIGNED_FULL):
         return None
     columns = max(batch, 1) * pixels
 
@@ -152,6 +161,8 @@ def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
             if blocks(b) >= TILED_LARGE_BLOCKS:
                 block = b
     n = blocks(block)
+    if aligned and n < TILED_SPLIT_BELOW:
+        return None  # conv2d_pw.glsl's split-K was faster there (TILED_ALIGNED_FULL)
     splits = 1
     if n < TILED_SPLIT_BELOW:
         splits = max(1, min(-(-TILED_SPLIT_BELOW // n), MAX_SPLITS,
