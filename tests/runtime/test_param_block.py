@@ -96,10 +96,12 @@ def test_dispatch_refuses_buffers_other_than_the_declared_bindings():
     b._check_bindings("pool2d", {"AVG_POOL": "1"}, [buf], [buf], [buf, buf, buf])
 
 
-@pytest.mark.parametrize("shape", [(0, 100000, 258710), (3, 1 << 31), (1 << 16, 1 << 16)])
+@pytest.mark.parametrize("shape", [(0, 100000, 258710), (5, 0, 1 << 20, 1 << 20),
+                                   (3, 1 << 31), (1 << 16, 1 << 16)])
 def test_meta_record_refuses_sizes_and_strides_past_int32(shape):
     # An empty tensor (a size 0) still has strides: 100000 * 258710 is past int32
-    # (fuzz/findings/blob-tensor-meta-int32-overflow-c.bin).
+    # (fuzz/findings/blob-tensor-meta-int32-overflow-c.bin), and so is the stride of the
+    # dims after a zero size, 2^20 * 2^20 (-d.bin).
     from vkdelegate.errors import DeviceLimitError
 
     with pytest.raises(DeviceLimitError, match="int32 indexing"):

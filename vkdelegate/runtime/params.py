@@ -58,23 +58,23 @@ def meta_record(shape) -> np.ndarray:
         raise VkDelegateError(f"rank {len(shape)} tensor: the runtime supports rank <= "
                               f"{MAX_META_DIMS}")
     numel = math.prod(shape)
-    # The largest stride (the inner sizes' product) counts too: with a zero size the
-    # tensor is empty, but its strides are still int32 shader integers.
-    inner = math.prod(shape[1:])
-    if max(numel, inner) > INT32_MAX or any(s > INT32_MAX for s in shape):
+    # Every stride (the product of the sizes after its dim) counts too: with a zero
+    # size the tensor is empty, but its strides are still int32 shader integers, and
+    # the dims after a zero size keep a nonzero product ([5, 0, 2^20, 2^20]: 2^40).
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    largest = max([numel, *strides])
+    if largest > INT32_MAX or any(s > INT32_MAX for s in shape):
         # Shaders index with int32: a valid tensor this large does not fit the runtime
         # (raised before Allocator checks on devices with buffers over 2 GiB).
-        raise DeviceLimitError(f"tensor of sizes {list(shape)} has {max(numel, inner)} "
-                               f"elements{' in its inner dims' if inner > numel else ''}, "
+        raise DeviceLimitError(f"tensor of sizes {list(shape)} has {largest} "
+                               f"elements{' in its inner dims' if largest > numel else ''}, "
                                f"more than the shaders' int32 indexing reaches "
                                f"({INT32_MAX})")
     rec = np.zeros(META_INTS, dtype=np.int32)
     rec[0:8] = 1
-    stride = 1
-    for d, size in enumerate(reversed(shape)):
+    for d, (size, stride) in enumerate(zip(reversed(shape), reversed(strides))):
         rec[d] = size
         rec[8 + d] = stride
-        stride *= size
     rec[16] = numel
     rec[17] = len(shape)
     return rec
