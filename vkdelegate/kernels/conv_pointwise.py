@@ -66,12 +66,12 @@ DTYPES = ("float32", "float16")
 TILED_SHADER = "conv2d_pw_tiled"
 #: GPUs take the tiled form (False: conv2d_pw.glsl everywhere) for planes whose pixel
 #: count is not a multiple of 4 (where conv2d_pw.glsl loads the input element by
-#: element: EfficientNet's 7 x 7 layers), and with TILED_ALIGNED for every plane. On an
-#: H100 (docs/PERF.md "An H100, 2026-12-07 (twentieth session)"), one node each at
-#: batch 8 (benchmarks/pointwise.py): the 7 x 7 layers 20-50% faster tiled (1152 -> 320:
-#: 308 -> 148 us), every aligned plane 10-30% slower (16 -> 96 at 112 x 112: 53 -> 69
-#: us; 672 -> 112 at 14 x 14: 83 -> 101); EfficientNet-Lite0 with the 7 x 7 layers tiled:
-#: GPU time 713 -> 632 us at batch 1, 1289 -> 1043 us at batch 8.
+#: element: EfficientNet's 7 x 7 layers), for other planes as TILED_ALIGNED_FULL says,
+#: and with TILED_ALIGNED for every plane. On an H100 (docs/PERF.md "An H100,
+#: 2026-12-07 (twentieth session)"), one node each at batch 8: the 7 x 7 layers 20-50%
+#: faster tiled (1152 -> 320: 70.4 -> 34.4 us with the clock held, twenty-first
+#: session); EfficientNet-Lite0 with the 7 x 7 layers tiled: GPU time 713 -> 632 us at
+#: batch 1, 1289 -> 1043 us at batch 8.
 TILED = True
 TILED_ALIGNED = False
 #: Planes of a multiple of 4 pixels take the tiled form where its blocks alone give
@@ -79,7 +79,8 @@ TILED_ALIGNED = False
 #: H100, 2026-12-07 (twenty-first session)", the clock held busy, 4-vector stores):
 #: those layers 15-25% faster tiled (16 -> 96 at 112 x 112: 52.6 -> 39.9 us; 40 -> 240
 #: at 28 x 28: 16.9 -> 11.2; 112 -> 672 at 14 x 14: 19.8 -> 17.2), the ones it would
-#: split 5-40% slower (240 -> 80 at 14 x 14: 10.7 -> 14.9; 672 -> 112: 24.2 -> 26.8).
+#: split 5-40% slower (240 -> 80 at 14 x 14: 10.7 -> 14.9; 672 -> 112: 24.2 -> 26.8);
+#: EfficientNet-Lite0's batch-8 GPU time 1051 -> 973 us, batch 1 unchanged.
 TILED_ALIGNED_FULL = True
 #: Its blocks (TM, TN, WY): TM x TN outputs an invocation, a workgroup of WX = 256 / WY
 #: by WY invocations, so WY * TM output channels by WX * TN columns: 64 x 64 and
