@@ -19,8 +19,8 @@ vec4 loads. The "kernel" column names the shader and block recorded; the header 
 the device's cooperative-matrix shapes (M x N x K A B C result).
 Our time: median of --runs profiled executes (GPU timestamp queries, all dispatches of
 the node), after one plain execute and --hold-s seconds of keeping the GPU busy
-(benchmarks/gpu_clock.py: its clock idles down while a form's shaders compile). torch: CUDA when available (median of CUDA-event timings), else CPU
-(median wall time). Relative errors (ours and torch's) are against fp64 products of
+(benchmarks/gpu_clock.py: its clock idles down while a form's shaders compile). torch:
+CUDA when available (median of CUDA-event timings), else CPU (median wall time). Relative errors (ours and torch's) are against fp64 products of
 up to 64 sampled rows.
 
     python benchmarks/gemm.py [--runs 10] [--size 4096] [--forms table legacy]
