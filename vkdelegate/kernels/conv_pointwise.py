@@ -140,8 +140,10 @@ def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
     TILED_MIN_SPLIT_K channels (at most MAX_SPLITS; 1: the single pass). Only blocks
     within the device's shared memory (``info.max_shared_memory``) are taken, and
     none on a device of fewer than 256 invocations a workgroup."""
-    aligned = pixels % 4 == 0 and not TILED_ALIGNED
-    if not (TILED and use_gemm(info)) or (aligned and not TILED_ALIGNED_FULL):
+    # A plane of a multiple of 4 pixels without TILED_ALIGNED: tiled only where it fills
+    # the GPU (TILED_ALIGNED_FULL), else never.
+    full_only = pixels % 4 == 0 and not TILED_ALIGNED
+    if not (TILED and use_gemm(info)) or (full_only and not TILED_ALIGNED_FULL):
         return None
     columns = max(batch, 1) * pixels
 
@@ -162,7 +164,7 @@ def tiled(info, batch: int, pixels: int, oc: int, ic: int) -> "tuple | None":
             if blocks(b) >= TILED_LARGE_BLOCKS:
                 block = b
     n = blocks(block)
-    if aligned and n < TILED_SPLIT_BELOW:
+    if full_only and n < TILED_SPLIT_BELOW:
         return None  # conv2d_pw.glsl's split-K was faster there (TILED_ALIGNED_FULL)
     splits = 1
     if n < TILED_SPLIT_BELOW:
@@ -283,16 +285,17 @@ def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     form = tiled(b.device.info, mx[0], pixels, oc, ic)
     if form is None:
         splits, ks = split_k(b.device.info, mx[0], pixels, oc, ic)
-        steps = -(-(-(-ic // splits)) // ks)  # a slice's share of a split's channels
+        part = -(-ic // splits)  # the channels one split sums
+        steps = -(-part // ks)  # a slice's share of them
     else:
         steps = -(-ic // TILED_BK)
     loop_limit.check(b, steps + loop_limit.SLACK, f"{ic} input channels")
     w = b.packed_constant(weight, pack_weight, "float32")
     params = b.params(PARAMS.pack(channels=[ic, oc], clamp=[lo, hi]))
-    rest = [residual] if residual is not None else []
     if form is not None:
-        _record_tiled(b, out, x, w, bias, params, clamp, spatial, rest, *form)
+        _record_tiled(b, out, x, w, bias, params, clamp, spatial, residual, *form)
         return
+    rest = [residual] if residual is not None else []
     grid = (-(-pixels // BLOCK) * THREADS * ks, -(-oc // BLOCK), mx[0] * splits)
     if splits == 1:
         b.dispatch(SHADER, defines(out, x, bias, clamp, residual), outputs=[out],
@@ -317,12 +320,11 @@ def _reduce(b, out, partial, bias, params, clamp: bool, spatial: int, splits: in
                spec_constants=(splits, spatial))
 
 
-def _record_tiled(b, out, x, w, bias, params, clamp: bool, spatial: int, rest: list,
+def _record_tiled(b, out, x, w, bias, params, clamp: bool, spatial: int, residual,
                   block: tuple, splits: int) -> None:
     """``record``'s dispatches with conv2d_pw_tiled.glsl (``tiled``'s ``block`` and
-    ``splits``): ``w`` the packed weight, ``params`` the conv_block, ``rest`` [] or
-    [residual]."""
-    residual = rest[0] if rest else None
+    ``splits``): ``w`` the packed weight, ``params`` the conv_block."""
+    rest = [residual] if residual is not None else []
     columns = out.max_shape[0] * int(np.prod(out.max_shape[2:]))
     tm, tn, wy = block
     wx = 256 // wy
