@@ -2,18 +2,19 @@
 import threading
 import time
 
-from vkdelegate.runtime import graph as graph_module
+from vkdelegate.runtime.vkcall import FenceSubmit
 
 
 def slow_fence_wait(monkeypatch, seconds: float = 0.3) -> threading.Event:
-    """Patch DelegateGraph's fence wait to sleep ``seconds`` first; the returned event
-    is set when a call has entered its wait. ``monkeypatch.undo()`` restores it."""
-    in_wait, real_wait = threading.Event(), graph_module.wait_fence
+    """Patch DelegateGraph's fence wait (FenceSubmit.wait) to sleep ``seconds`` first;
+    the returned event is set when a call has entered its wait. ``monkeypatch.undo()``
+    restores it."""
+    in_wait, real_wait = threading.Event(), FenceSubmit.wait
 
-    def slow_wait(*args):
+    def slow_wait(self, *args):
         in_wait.set()
         time.sleep(seconds)
-        return real_wait(*args)
+        return real_wait(self, *args)
 
-    monkeypatch.setattr(graph_module, "wait_fence", slow_wait)
+    monkeypatch.setattr(FenceSubmit, "wait", slow_wait)
     return in_wait

@@ -7,7 +7,7 @@ from vkdelegate.errors import VkDelegateError
 from vkdelegate.runtime import Device, list_devices
 from vkdelegate.runtime.device import drain_validation_messages
 from vkdelegate.runtime.device_info import DeviceInfo, select
-from vkdelegate.runtime.vkcall import vk_call, wait_fence
+from vkdelegate.runtime.vkcall import FenceSubmit, vk_call, wait_fence
 
 
 def test_list_devices_reports_compute_properties(vk_device):
@@ -76,6 +76,30 @@ def test_fence_timeout_is_an_error(vk_device):
                                                   "0.01 s"):
             wait_fence(dev, fence, 0.01, "execute")
     finally:
+        vk.vkDestroyFence(dev, fence, None)
+
+
+def test_fence_submit_runs_and_times_out(vk_device):
+    """FenceSubmit's direct calls: an empty command buffer submitted and waited for
+    twice (the fence reset in between), then a wait on a fence nothing will signal."""
+    from vkdelegate.runtime import commands
+    dev = vk_device.device
+    fence = vk.vkCreateFence(dev, vk.VkFenceCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+    cmd = commands.record_join(vk_device)
+    try:
+        submit = FenceSubmit(vk_device, [cmd, cmd], fence, "a test")
+        for _ in range(2):
+            submit.submit()
+            submit.wait(10.0, "a test")
+            assert vk.lib.vkGetFenceStatus(dev, fence) == vk.VK_SUCCESS
+        vk.vkResetFences(dev, 1, [fence])
+        with pytest.raises(VkDelegateError, match="a test: the GPU did not finish "
+                                                  "within 0.01 s"):
+            submit.wait(0.01, "a test")
+    finally:
+        vk.vkQueueWaitIdle(vk_device.queue)
+        vk.vkFreeCommandBuffers(dev, vk_device.command_pool, 1, [cmd])
         vk.vkDestroyFence(dev, fence, None)
 
 

@@ -215,6 +215,5 @@ class DeviceState:
             self._query_pool = None
         self._cmd, self.barriers = self._record()
         self.recordings += 1
-        self._submit = [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                        commandBufferCount=1, pCommandBuffers=[self._cmd])]
+        self._submit_main()
         self._record_again = False

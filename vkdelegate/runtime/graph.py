@@ -43,7 +43,7 @@ from vkdelegate.runtime.memory import STAGING_USAGE, STORAGE_USAGE, Allocator
 from vkdelegate.runtime.profiler import Profile
 from vkdelegate.runtime.tensor import Tensor
 from vkdelegate.runtime.values import GraphValues
-from vkdelegate.runtime.vkcall import vk_call, wait_fence
+from vkdelegate.runtime.vkcall import FenceSubmit, vk_call
 from vkdelegate.serialization import vkgraph as g
 from vkdelegate.serialization.graph_checks import check_graph
 from vkdelegate.serialization.tensor_budget import check_tensor_budget
@@ -54,6 +54,8 @@ GPU_TIMEOUT_S = 30.0
 CPU_DEVICE_TIMEOUT_S = 300.0
 #: Most runs of one ``execute(repeat=)`` (its fence wait: the timeout times at most 8).
 MAX_REPEAT = 1024
+#: Repeat counts whose submits (``_repeat_submit``) a graph keeps built.
+REPEAT_SUBMITS_KEPT = 4
 
 
 class DelegateGraph(DeviceState):
@@ -203,8 +205,7 @@ class DelegateGraph(DeviceState):
         dev = self.device.device
         self._fence = vk_call(vk.vkCreateFence, dev, vk.VkFenceCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None, what="the graph")
-        self._submit = [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                        commandBufferCount=1, pCommandBuffers=[self._cmd])]
+        self._submit_main()
         self._in_views = [t.host_view() for t in self.inputs]
         self._out_views = [t.host_view() for t in self.outputs]
         self._shapes = tuple(t.shape for t in self.inputs)
@@ -381,16 +382,13 @@ class DelegateGraph(DeviceState):
         submit = self._submit if not profile else self._profile_submit()
         if repeat > 1:
             submit = self._repeat_submit(repeat)
-        dev = self.device.device
-        # The fence is reset just before it is reused rather than right after the
-        # wait: a driver may still hold it briefly after signalling (lavapipe's queue
-        # thread does), and resetting it then would block the host for no reason.
-        vk_call(vk.vkResetFences, dev, 1, [self._fence], what="the graph")
-        with self.device.queue_lock:
-            vk_call(vk.vkQueueSubmit, self.device.queue, 1, submit, self._fence,
-                    what="the graph")
+        # The fence is reset just before it is reused (in submit) rather than right
+        # after the wait: a driver may still hold it briefly after signalling
+        # (lavapipe's queue thread does), and resetting it then would block the host
+        # for no reason.
+        submit.submit()
         wait_start = time.perf_counter()
-        wait_fence(dev, self._fence, self.timeout_s * min(repeat, 8), "execute")
+        submit.wait(self.timeout_s * min(repeat, 8), "execute")
         wait_s = time.perf_counter() - wait_start
         if profile:
             self.last_profile = Profile.from_queries(self.device, self._query_pool,
@@ -451,14 +449,26 @@ class DelegateGraph(DeviceState):
             self._write_indirect()
         self._shapes = tuple(t.shape for t in self.inputs)
 
-    def _repeat_submit(self, repeat: int):
+    def _submit_main(self) -> None:
+        """The submits of the main command buffer (made anew when it is recorded
+        again): once, and ``_repeat_submit``'s, made on first use."""
+        self._submit = FenceSubmit(self.device, [self._cmd], self._fence, "the graph")
+        self._repeat_submits = {}
+
+    def _repeat_submit(self, repeat: int) -> FenceSubmit:
         """A submit of the main command buffer ``repeat`` times, the join barrier
-        (commands.record_join) between each two."""
-        if self._join_cmd is None:
-            self._join_cmd = commands.record_join(self.device)
-        cmds = [self._cmd, self._join_cmd] * (repeat - 1) + [self._cmd]
-        return [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                commandBufferCount=len(cmds), pCommandBuffers=cmds)]
+        (commands.record_join) between each two; the last REPEAT_SUBMITS_KEPT counts'
+        submits are kept (a decode loop uses one or two)."""
+        made = self._repeat_submits.pop(repeat, None)
+        if made is None:
+            if self._join_cmd is None:
+                self._join_cmd = commands.record_join(self.device)
+            cmds = [self._cmd, self._join_cmd] * (repeat - 1) + [self._cmd]
+            made = FenceSubmit(self.device, cmds, self._fence, "the graph")
+            while len(self._repeat_submits) >= REPEAT_SUBMITS_KEPT:
+                del self._repeat_submits[next(iter(self._repeat_submits))]
+        self._repeat_submits[repeat] = made  # the most recent last
+        return made
 
     def _profile_submit(self):
         if self.device.timestamp_bits == 0:
@@ -471,9 +481,8 @@ class DelegateGraph(DeviceState):
             self._query_pool = vk_call(vk.vkCreateQueryPool, self.device.device, info, None,
                                        what="the profiling query pool")
             self._profile_cmd, _ = self._record(timestamps=self._query_pool)
-            self._profile_submits = [vk.VkSubmitInfo(
-                sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1,
-                pCommandBuffers=[self._profile_cmd])]
+            self._profile_submits = FenceSubmit(self.device, [self._profile_cmd],
+                                                self._fence, "the profiled graph")
         return self._profile_submits
 
     @property
