@@ -196,6 +196,9 @@ def test_input_errors(vk_device):
             graph.execute([np.zeros((5, 3))])
         with pytest.raises(VkDelegateError, match="input 0 has rank 1"):
             graph.execute([np.zeros(15, np.float32)])
+        # A byte-swapped float32 is float32 (the dtype's name decides): converted in.
+        x = np.random.default_rng(3).standard_normal((5, 3)).astype(">f4")
+        np.testing.assert_array_equal(graph.execute([x])[0], np.maximum(x, 0))
     with pytest.raises(VkDelegateError, match="closed"):
         graph.execute([np.zeros((5, 3), np.float32)])
 

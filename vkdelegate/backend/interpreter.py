@@ -117,6 +117,16 @@ def _tensor_to_numpy(value):
     return value
 
 
+def _owned(array: np.ndarray) -> np.ndarray:
+    """``array`` itself when it is C-contiguous, writable and owns its memory (a
+    runtime's fresh output), else such a copy: np.require(array, requirements=["C",
+    "W", "O"]) without its Python-level work in the common case."""
+    flags = array.flags
+    if flags.c_contiguous and flags.writeable and flags.owndata:
+        return array
+    return np.require(array, requirements=["C", "W", "O"])
+
+
 def to_torch(value):
     """A CPU-op input: numpy arrays become tensors (sharing memory when writable)."""
     if isinstance(value, np.ndarray):
@@ -405,9 +415,8 @@ class MethodRunner:
                     self._moved[key] += moved.get(key, 0)
                 # Own the memory: a runtime may reuse its output buffers on the next run.
                 # None: a state's new value that stayed on the device.
-                env[node["out"]] = _cast([None if o is None else
-                                          np.require(o, requirements=["C", "W", "O"])
-                                          for o in outs], node.get("cast_outputs"))
+                env[node["out"]] = _cast([None if o is None else _owned(o) for o in outs],
+                                         node.get("cast_outputs"))
             elif op == "getitem":
                 seq, index = node["args"]
                 try:
