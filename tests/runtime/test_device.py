@@ -1,4 +1,6 @@
 """Device choice, validation messages and the Vulkan call wrapper."""
+import time
+
 import numpy as np
 import pytest
 import vulkan as vk
@@ -79,10 +81,13 @@ def test_fence_timeout_is_an_error(vk_device):
         vk.vkDestroyFence(dev, fence, None)
 
 
-def test_fence_submit_runs_and_times_out(vk_device):
-    """FenceSubmit's direct calls: an empty command buffer submitted and waited for
-    twice (the fence reset in between), then a wait on a fence nothing will signal."""
+@pytest.mark.parametrize("spin_s", [0.0, 0.002])
+def test_fence_submit_runs_and_times_out(vk_device, monkeypatch, spin_s):
+    """FenceSubmit's direct calls, blocking at once or polling first: an empty command
+    buffer submitted and waited for twice (the fence reset in between), then a wait
+    on a fence nothing will signal (the poll gives up, the blocking wait times out)."""
     from vkdelegate.runtime import commands
+    monkeypatch.setattr(vk_device, "fence_spin_s", spin_s)
     dev = vk_device.device
     fence = vk.vkCreateFence(dev, vk.VkFenceCreateInfo(
         sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
@@ -94,9 +99,11 @@ def test_fence_submit_runs_and_times_out(vk_device):
             submit.wait(10.0, "a test")
             assert vk.lib.vkGetFenceStatus(dev, fence) == vk.VK_SUCCESS
         vk.vkResetFences(dev, 1, [fence])
+        start = time.perf_counter()
         with pytest.raises(VkDelegateError, match="a test: the GPU did not finish "
                                                   "within 0.01 s"):
             submit.wait(0.01, "a test")
+        assert time.perf_counter() - start >= spin_s + 0.01
     finally:
         vk.vkQueueWaitIdle(vk_device.queue)
         vk.vkFreeCommandBuffers(dev, vk_device.command_pool, 1, [cmd])
@@ -153,3 +160,26 @@ def test_tensor_meta_record_mirrors_the_glsl_block():
     assert rec[0:8].tolist() == [5, 3, 2, 1, 1, 1, 1, 1]     # sizes, innermost first
     assert rec[8:16].tolist() == [1, 5, 15, 0, 0, 0, 0, 0]   # strides
     assert rec[16:18].tolist() == [30, 3]                    # numel, ndim
+
+
+def test_fence_spin_setting(monkeypatch):
+    """Device's fence_spin_us: the argument, else $VKDELEGATE_FENCE_SPIN_US, else 2 ms
+    on GPUs and 0 on CPU drivers; bad values name the setting."""
+    import dataclasses
+
+    from vkdelegate.runtime.device import FENCE_SPIN_S, _fence_spin
+    fields = {f.name: None for f in dataclasses.fields(DeviceInfo)}
+    gpu = DeviceInfo(**dict(fields, type="discrete"))
+    cpu = DeviceInfo(**dict(fields, type="cpu"))
+    monkeypatch.delenv("VKDELEGATE_FENCE_SPIN_US", raising=False)
+    assert _fence_spin(None, gpu) == FENCE_SPIN_S > 0 and _fence_spin(None, cpu) == 0
+    assert _fence_spin(500, cpu) == 0.0005 and _fence_spin(0, gpu) == 0
+    monkeypatch.setenv("VKDELEGATE_FENCE_SPIN_US", "250")
+    assert _fence_spin(None, cpu) == 0.00025 and _fence_spin(0, cpu) == 0
+    for bad in ("-1", "nan", "fast", "2e6"):
+        monkeypatch.setenv("VKDELEGATE_FENCE_SPIN_US", bad)
+        with pytest.raises(VkDelegateError, match=r"\$VKDELEGATE_FENCE_SPIN_US must be "
+                                                  r"a number of microseconds"):
+            _fence_spin(None, gpu)
+    with pytest.raises(VkDelegateError, match="fence_spin_us must be"):
+        _fence_spin(-5, gpu)

@@ -128,6 +128,40 @@ def uses_texel_inputs(info: DeviceInfo) -> bool:
     return info.type == "cpu" and bool(info.texel_formats)
 
 
+#: How long (seconds) an execute's fence wait polls the fence before it blocks in
+#: vkWaitForFences, on a GPU (``fence_spin_seconds``). A blocked thread wakes up tens of
+#: microseconds after the GPU signals, and runs its next Python slower for having
+#: slept: on an H100 host (docs/PERF.md) EfficientNet-Lite0 batch 1 took 0.90 ms a
+#: call blocking and 0.81 polling, batch 8 1.35 and 1.19. A run longer than this
+#: loses little by blocking (the wake-up is then a few percent of it).
+FENCE_SPIN_S = 0.002
+
+
+def _fence_spin(spin_us, info: DeviceInfo) -> float:
+    """Device's ``fence_spin_s`` from its ``fence_spin_us`` argument (see Device)."""
+    where = "fence_spin_us"
+    if spin_us is None:
+        spin_us = os.environ.get("VKDELEGATE_FENCE_SPIN_US")
+        where = "$VKDELEGATE_FENCE_SPIN_US"
+        if spin_us is None:
+            return fence_spin_seconds(info)
+    try:
+        value = float(spin_us)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0 <= value <= 1e6:  # also NaN
+        raise VkDelegateError(f"{where} must be a number of microseconds in 0..1000000, "
+                              f"got {spin_us!r}")
+    return value / 1e6
+
+
+def fence_spin_seconds(info: DeviceInfo) -> float:
+    """Seconds an execute polls its fence before blocking on the device ``info`` by
+    default: FENCE_SPIN_S on GPUs; 0 on CPU drivers (lavapipe), whose own threads
+    run the work on the cores a polling thread would take from them."""
+    return 0.0 if info.type == "cpu" else FENCE_SPIN_S
+
+
 def uses_indirect_dispatch(info: DeviceInfo) -> bool:
     """Whether dispatches of resized graphs take their workgroup counts from the
     current sizes (vkCmdDispatchIndirect; ``NodeBuilder.dispatch``'s ``grid``) on the
@@ -158,6 +192,12 @@ class Device:
     workgroup counts from the current sizes after a resize (``indirect_dispatch``
     attribute); None (default): ``$VKDELEGATE_INDIRECT_DISPATCH`` (0 or 1) where set,
     else on CPU drivers (``uses_indirect_dispatch``).
+    fence_spin_us: microseconds an execute polls its fence (vkGetFenceStatus) before
+    it blocks in vkWaitForFences (``fence_spin_s`` attribute, seconds; 0: block at
+    once). The polling thread keeps a core busy and takes the GIL between polls.
+    None (default): ``$VKDELEGATE_FENCE_SPIN_US`` where set, else
+    ``fence_spin_seconds`` (2000 us on GPUs, 0 on CPU drivers). A negative or
+    non-numeric value raises VkDelegateError.
     Raises VkDelegateError when no device matches or a Vulkan call fails. Call
     ``close()`` when done: it first closes the graphs still open on the device.
     """
@@ -166,7 +206,8 @@ class Device:
                  small_storage: bool = True, params_in_storage: bool | None = None,
                  pipeline_statistics: bool | None = None,
                  texel_inputs: bool | None = None,
-                 indirect_dispatch: bool | None = None):
+                 indirect_dispatch: bool | None = None,
+                 fence_spin_us: float | None = None):
         if selector is None:
             selector = os.environ.get("VKDELEGATE_DEVICE")
         if validation and not _validation_available():
@@ -205,6 +246,7 @@ class Device:
             indirect_dispatch = (uses_indirect_dispatch(self.info) if forced not in ("0", "1")
                                  else forced == "1")
         self.indirect_dispatch = bool(indirect_dispatch)
+        self.fence_spin_s = _fence_spin(fence_spin_us, self.info)
         if pipeline_statistics is None:
             pipeline_statistics = pipeline_stats.requested()
         self.pipeline_statistics = (bool(pipeline_statistics)

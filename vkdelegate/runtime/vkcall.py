@@ -9,6 +9,8 @@ timeout in seconds.
 """
 from __future__ import annotations
 
+import time
+
 import vulkan as vk
 
 from vkdelegate.errors import VkDelegateError
@@ -94,7 +96,24 @@ class FenceSubmit:
                                   f"{_result_name(code)}")
 
     def wait(self, timeout_s: float, what: str) -> None:
-        """``wait_fence`` on this submit's fence."""
-        _check_wait(vk.lib.vkWaitForFences(self._device.device, 1, self._fences,
-                                           vk.VK_TRUE, int(timeout_s * 1e9)),
-                    timeout_s, what)
+        """``wait_fence`` on this submit's fence, after polling it for the device's
+        ``fence_spin_s`` seconds (runtime/device.py ``FENCE_SPIN_S``: a GPU's run
+        that ends within it is seen at once instead of after a blocked thread's
+        wake-up). The timeout counts from the blocking wait; VkDelegateError as
+        ``wait_fence``, or naming vkGetFenceStatus's failure (VkErrorDeviceLost)."""
+        dev = self._device.device
+        spin = self._device.fence_spin_s
+        if spin > 0:
+            status, fence, clock = vk.lib.vkGetFenceStatus, self._fences[0], time.perf_counter
+            end = clock() + spin
+            while True:
+                code = status(dev, fence)
+                if code == vk.VK_SUCCESS:
+                    return
+                if code != vk.VK_NOT_READY:
+                    raise VkDelegateError(f"vkGetFenceStatus failed for {what}: "
+                                          f"{_result_name(code)}")
+                if clock() >= end:
+                    break
+        _check_wait(vk.lib.vkWaitForFences(dev, 1, self._fences, vk.VK_TRUE,
+                                           int(timeout_s * 1e9)), timeout_s, what)
