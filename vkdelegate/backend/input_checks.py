@@ -113,7 +113,8 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
                                       f"{spec['const']!r}; got {value!r} (export again "
                                       f"to use another value)")
             continue
-        expected = f" (input {name!r} is {describe(spec, ranges, dim_names)})"
+        def expected(name=name, spec=spec) -> str:  # for a message only: describe is slow
+            return f" (input {name!r} is {describe(spec, ranges, dim_names)})"
         problem = unusable_tensor(value)
         if problem is not None:
             raise VkDelegateError(f"input {name!r} {problem}")
@@ -126,12 +127,12 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
         shape = tuple(value.shape)
         if len(shape) != len(spec["shape"]):
             raise VkDelegateError(f"input {name!r} has rank {len(shape)}, expected "
-                                  f"{len(spec['shape'])}{expected}")
+                                  f"{len(spec['shape'])}{expected()}")
         for d, (size, want) in enumerate(zip(shape, spec["shape"])):
             if isinstance(want, int):
                 if size != want:
                     raise VkDelegateError(f"input {name!r} dim {d} is {size}, expected "
-                                          f"{want}, a static size{expected}")
+                                          f"{want}, a static size{expected()}")
                 continue
             if "affine" in want:
                 derived.append((f"input {name!r} dim {d}", size, want["affine"]))
@@ -143,7 +144,7 @@ def check_inputs(values: list, specs: list[dict], ranges: dict,
             if size < lo or (hi is not None and size > hi):
                 raise VkDelegateError(f"input {name!r} dim {d} is {size}, allowed range "
                                       f"{_range_text(lo, hi)} of dynamic size "
-                                      f"{_sym_text(sym, dim_names)}{expected}")
+                                      f"{_sym_text(sym, dim_names)}{expected()}")
             if sym in bound and bound[sym][0] != size:
                 raise VkDelegateError(f"input {name!r} dim {d} is {size} but "
                                       f"{bound[sym][1]} is {bound[sym][0]}; both are the "
