@@ -104,7 +104,9 @@ def to_numpy(value) -> np.ndarray:
         except RuntimeError as exc:  # a tensor subclass check_inputs did not see
             raise VkDelegateError(f"a {type(value).__name__} cannot be passed to a "
                                   f"Vulkan delegate ({first_line(exc)})") from exc
-        return np.require(array, requirements="C")
+        return array if array.flags.c_contiguous else np.require(array, requirements="C")
+    if isinstance(value, np.ndarray) and value.flags.c_contiguous:
+        return value
     return np.require(value, requirements="C")
 
 
@@ -212,6 +214,7 @@ class MethodRunner:
         self._state_names = dict.fromkeys(state)
         self.delegates = delegates
         self._validate()
+        self._signature_cache = self._signature()  # _bind_arguments's, per call
         self._fqn = {k: state_fqn(plan, k) for k in self._state_names}
         self.store = store if store is not None else ProgramState(
             {self._fqn[k]: v for k, v in state.items()})
@@ -532,16 +535,20 @@ class MethodRunner:
         """Positional arguments and the exported keyword inputs: a keyword naming a
         positional input fills its slot; VkDelegateError names the method's inputs
         for too many, missing, repeated or unknown arguments."""
-        signature = self._signature()
+        signature = self._signature_cache
         if signature is None:
             return list(args), kwargs
         names, keywords = signature
-        takes = (f"{printable(self.name)} takes {len(names)} input(s) "
-                 f"({', '.join(map(printable, names))})"
-                 + (f" and keyword input(s) ({', '.join(map(printable, keywords))})"
-                    if keywords else ""))
+        if not kwargs and len(args) == len(names) and not keywords:
+            return list(args), kwargs  # the common call: every input by position
+
+        def takes() -> str:  # for a message only
+            return (f"{printable(self.name)} takes {len(names)} input(s) "
+                    f"({', '.join(map(printable, names))})"
+                    + (f" and keyword input(s) ({', '.join(map(printable, keywords))})"
+                       if keywords else ""))
         if len(args) > len(names):
-            raise VkDelegateError(f"{takes}; got {len(args)} positional")
+            raise VkDelegateError(f"{takes()}; got {len(args)} positional")
         missing = object()
         slots = list(args) + [missing] * (len(names) - len(args))
         rest = {}
@@ -551,14 +558,14 @@ class MethodRunner:
             elif key in names[len(args):]:
                 slots[names.index(key)] = value
             elif key in names:
-                raise VkDelegateError(f"{takes}; got {key!r} both by position and by "
+                raise VkDelegateError(f"{takes()}; got {key!r} both by position and by "
                                       f"keyword")
             else:
-                raise VkDelegateError(f"{takes}; got unexpected keyword {key!r}")
+                raise VkDelegateError(f"{takes()}; got unexpected keyword {key!r}")
         lacking = [n for n, v in zip(names, slots) if v is missing] + [
             k for k in keywords if k not in rest]
         if lacking:
-            raise VkDelegateError(f"{takes}; missing {', '.join(map(printable, lacking))}")
+            raise VkDelegateError(f"{takes()}; missing {', '.join(map(printable, lacking))}")
         return slots, rest
 
     def call_flat(self, flat: list, repeat: int = 1) -> list:

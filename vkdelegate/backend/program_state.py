@@ -77,7 +77,8 @@ class ProgramState:
                 self._calls[me] -= 1
                 if not self._calls[me]:
                     del self._calls[me]
-                self._gate.notify_all()
+                if self._close_waiting:  # only a close waits for calls to end
+                    self._gate.notify_all()
 
     @contextlib.contextmanager
     def closing(self):
