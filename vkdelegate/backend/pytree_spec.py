@@ -202,30 +202,43 @@ def num_leaves(spec: dict) -> int:
 
 
 def flatten(value, spec: dict, where: str = "input") -> list:
-    """The leaves of ``value``, checked against ``spec``; VkDelegateError on mismatch."""
+    """The leaves of ``value``, checked against ``spec``; VkDelegateError on mismatch
+    (naming the item, e.g. ``arguments[0][1]``)."""
+    leaves: list = []
+    _flatten(value, spec, (where,), leaves)
+    return leaves
+
+
+def _flatten(value, spec: dict, path: tuple, leaves: list) -> None:
+    """``flatten`` into ``leaves``; ``path``: the item's name in parts (where, then an
+    index or repr'd key per level), joined only for a message."""
     kind = spec["t"]
     if kind == "leaf":
-        return [value]
+        leaves.append(value)
+        return
     if kind == "none":
         if value is not None:
-            raise VkDelegateError(f"{where}: expected None, got {type(value).__name__}")
-        return []
+            raise VkDelegateError(f"{''.join(path)}: expected None, got "
+                                  f"{type(value).__name__}")
+        return
     if kind in ("dict", "record"):
         if not isinstance(value, dict) or set(value) != set(spec["k"]):
             got = sorted(value) if isinstance(value, dict) else type(value).__name__
-            raise VkDelegateError(f"{where}: expected a dict with keys {spec['k']}, "
-                                  f"got {got}")
-        items = [(f"{where}[{k!r}]", dict.__getitem__(value, k)) for k in spec["k"]]
-    else:
-        if not isinstance(value, (tuple, list)) or len(value) != len(spec["c"]):
-            got = (f"{len(value)} items" if isinstance(value, (tuple, list))
-                   else type(value).__name__)
-            raise VkDelegateError(f"{where}: expected {len(spec['c'])} items, got {got}")
-        items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
-    leaves = []
-    for (name, item), child in zip(items, spec["c"]):
-        leaves.extend(flatten(item, child, name))
-    return leaves
+            raise VkDelegateError(f"{''.join(path)}: expected a dict with keys "
+                                  f"{spec['k']}, got {got}")
+        for k, child in zip(spec["k"], spec["c"]):
+            _flatten(dict.__getitem__(value, k), child, path + (f"[{k!r}]",), leaves)
+        return
+    if not isinstance(value, (tuple, list)) or len(value) != len(spec["c"]):
+        got = (f"{len(value)} items" if isinstance(value, (tuple, list))
+               else type(value).__name__)
+        raise VkDelegateError(f"{''.join(path)}: expected {len(spec['c'])} items, "
+                              f"got {got}")
+    for i, (item, child) in enumerate(zip(value, spec["c"])):
+        if child["t"] == "leaf":
+            leaves.append(item)
+        else:
+            _flatten(item, child, path + (f"[{i}]",), leaves)
 
 
 def unflatten(leaves: list, spec: dict, torch_types: bool = False):
