@@ -138,7 +138,9 @@ def host_split(program, x, batch: int, calls: int = 10) -> None:
 def copy_paths(program, x, batch: int, reps: int = 30) -> None:
     """Median ms of copying ``x`` into the first delegate's mapped input view by each
     host path: numpy slice assignment, one memmove (runtime/host_copy.py without a
-    parallel copier), torch's copy_ (the copier the torch side registers)."""
+    parallel copier), copy_bytes with torch's copy_ registered (the runtime's path:
+    torch's threads from host_copy.PARALLEL_MIN_BYTES on), torch's copy_ at any
+    size."""
     import ctypes
 
     from vkdelegate.backend.interpreter import _torch_copy
@@ -154,7 +156,9 @@ def copy_paths(program, x, batch: int, reps: int = 30) -> None:
                                                       src.nbytes),
              "copy_bytes memmove": lambda: (set_parallel_copy(None), copy_bytes(view, src)),
              "copy_bytes torch": lambda: (set_parallel_copy(_torch_copy),
-                                          copy_bytes(view, src))}
+                                          copy_bytes(view, src)),
+             "torch copy_ (any size)": lambda: _torch_copy(
+                 view.reshape(-1).view(np.uint8)[:src.nbytes], src.view(np.uint8))}
     row = []
     for name, fn in paths.items():
         fn()
