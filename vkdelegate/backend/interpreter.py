@@ -95,7 +95,15 @@ def to_numpy(value) -> np.ndarray:
     if _is_torch_tensor(value):
         host_copy.set_parallel_copy(_torch_copy)
         # resolve_*: numpy() refuses a tensor whose lazy conjugate or negation bit is set.
-        value = value.detach().cpu().resolve_conj().resolve_neg()
+        # Each step only where it changes something (each is a dispatcher call).
+        if value.requires_grad:
+            value = value.detach()
+        if not value.is_cpu:
+            value = value.cpu()
+        if value.is_conj():
+            value = value.resolve_conj()
+        if value.is_neg():
+            value = value.resolve_neg()
         try:
             array = value.numpy()
         except TypeError as exc:  # "Got unsupported ScalarType BFloat16"
