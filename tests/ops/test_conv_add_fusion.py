@@ -73,7 +73,8 @@ def _check_fused(case, dtype):
 
 
 # The pointwise GEMM's split form (kernels/conv_pointwise.py split_k): the residual is
-# added by the reduction pass, after the clamp. (input shape, Conv2d args, kwargs)
+# added by the reduction pass (LAST_SUM: by the last split of each block), after the
+# clamp. (input shape, Conv2d args, kwargs)
 SPLIT_CASES = {
     "relu6_batch3_14x14": ((3, 72, 14, 14), (72, 72, 1), {"relu6": True}),
     "skip_conv_7x7_uneven_ic_oc45": ((1, 200, 7, 7), (200, 45, 1), {"skip_conv": True}),
@@ -84,9 +85,11 @@ SPLIT_CASES = {
 @pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("first", ["conv2d_pw", "conv2d_pw_tiled"])
-def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, first, monkeypatch):
+@pytest.mark.parametrize("last_sum", [False, True], ids=["two_pass", "last_sum"])
+def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, first, last_sum, monkeypatch):
     from tests.ops.harness import spy_dispatches
     from vkdelegate.kernels import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "LAST_SUM", last_sum)
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     monkeypatch.setattr(conv_pointwise, "TILED", first == "conv2d_pw_tiled")
     monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
@@ -98,9 +101,12 @@ def test_add_fuses_into_the_split_pointwise_gemm(case, dtype, first, monkeypatch
                                                           "RESIDUAL" in d))
     _check_fused(case, dtype)
     kw = case[2]
-    # The fused node's two passes (and skip_conv's plain convolution's, no residual).
+    # The fused node's two passes (and skip_conv's plain convolution's, no residual);
+    # LAST_SUM's one pass, whose split sums end in its own epilogue.
     fused = [(first, True, False), ("conv2d_pw_reduce", False, True)]
     plain = [(first, True, False), ("conv2d_pw_reduce", False, False)]
+    if last_sum:
+        fused, plain = [(first, True, True)], [(first, True, False)]
     assert seen == (plain + fused if kw.get("skip_conv") else fused), seen
 
 

@@ -366,20 +366,23 @@ def test_unbatched_conv2d():
 # SPLIT_WORKGROUPS past any test's blocks); conv2d_pw_tiled.glsl (the batch as one
 # GEMM) in its default blocks ("tiled": 32 x 128 up to 32 output channels, else 64 x
 # 64), in 128 x 128 blocks ("tiled_large") and split across workgroups wherever 16
-# channels a split allow ("tiled_split").
-@pytest.fixture(params=["single", "split", "tiled", "tiled_large", "tiled_split"])
+# channels a split allow ("tiled_split"); both splits also in one pass, the last split
+# of each block adding the sums ("*_last_sum", LAST_SUM).
+@pytest.fixture(params=["single", "split", "split_last_sum", "tiled", "tiled_large",
+                        "tiled_split", "tiled_split_last_sum"])
 def pointwise_gemm(request, monkeypatch):
     from vkdelegate.kernels import conv_pointwise
     form = request.param
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     monkeypatch.setattr(conv_pointwise, "TILED", form.startswith("tiled"))
     monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
-    monkeypatch.setattr(conv_pointwise, "SPLIT_K", form == "split")
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", form.startswith("split"))
+    monkeypatch.setattr(conv_pointwise, "LAST_SUM", form.endswith("last_sum"))
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     monkeypatch.setattr(conv_pointwise, "TILED_LARGE_BLOCKS",
                         0 if form == "tiled_large" else 1 << 20)
     monkeypatch.setattr(conv_pointwise, "TILED_SPLIT_BELOW",
-                        1 << 20 if form == "tiled_split" else 0)
+                        1 << 20 if form.startswith("tiled_split") else 0)
     monkeypatch.setattr(conv_pointwise, "TILED_MIN_SPLIT_K", 16)
     if form == "tiled_large":  # every layer in 128 x 128 blocks, the narrow one too
         monkeypatch.setattr(conv_pointwise, "TILED_NARROW_OC", 0)
@@ -390,20 +393,29 @@ def pointwise_gemm(request, monkeypatch):
     assert want in seen, seen
 
 
-@pytest.fixture
-def pointwise_split(monkeypatch):
-    """The split form forced (as ``pointwise_gemm``'s "split"); returns the list of
-    (shader, SPLIT_OUT in its defines) of every dispatch recorded from then on."""
+@pytest.fixture(params=[False, True], ids=["two_pass", "last_sum"])
+def pointwise_split(request, monkeypatch):
+    """The split form forced (as ``pointwise_gemm``'s "split" and "split_last_sum");
+    returns the list of (shader, SPLIT_OUT in its defines) of every dispatch recorded
+    from then on (one convolution's: ``split_passes()``)."""
     from tests.ops.harness import spy_dispatches
     from vkdelegate.kernels import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
     monkeypatch.setattr(conv_pointwise, "TILED", False)
     monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
+    monkeypatch.setattr(conv_pointwise, "LAST_SUM", request.param)
     monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
     return spy_dispatches(monkeypatch, lambda shader, d: (shader, "SPLIT_OUT" in d))
 
 
 SPLIT_PASSES = [("conv2d_pw", True), ("conv2d_pw_reduce", False)]
+
+
+def split_passes() -> list:
+    """The dispatches of one split convolution in the form now set: two passes, or
+    LAST_SUM's one."""
+    from vkdelegate.kernels import conv_pointwise
+    return [("conv2d_pw", True)] if conv_pointwise.LAST_SUM else SPLIT_PASSES
 
 
 PW_CASES = {  # (input shape, output channels, bias): which part of the kernel
@@ -548,14 +560,14 @@ def test_pointwise_split(pointwise_split, case):
     b = torch.randn(oc).to(dtype) if has_bias else None
     tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
     check_op(_conv(w, b), (torch.randn(x_shape).to(dtype),), ops=[CONV], **tol)
-    assert pointwise_split == SPLIT_PASSES
+    assert pointwise_split == split_passes()
 
 
 def test_pointwise_split_1d(pointwise_split):
     torch.manual_seed(0)
     w, b = torch.randn(45, 200, 1) / 200 ** 0.5, torch.randn(45)
     check_op(lambda x: F.conv1d(x, w, b), (torch.randn(2, 200, 13),), ops=[CONV])
-    assert pointwise_split == SPLIT_PASSES
+    assert pointwise_split == split_passes()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -579,7 +591,59 @@ def test_pointwise_split_clamp_keeps_nan_and_inf(pointwise_split, dtype):
             return torch.ops.et_vk.conv_with_clamp(x, w, b, [1, 1], [0, 0], [1, 1], False,
                                                    [0, 0], 1, lo, hi)
         check_op(fn, (x,), ops=[CLAMP], **tol)
-        assert pointwise_split == SPLIT_PASSES
+        assert pointwise_split == split_passes()
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["conv2d_pw", "conv2d_pw_tiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_pointwise_last_sum_same_bits_as_two_passes(tiled, dtype, monkeypatch):
+    """LAST_SUM's one pass adds the splits' sums in the reduce pass's order with its
+    float operations: bit for bit conv2d_pw_reduce.glsl's result, through the clamp
+    (NaN and inf inputs included) and the fused residual add, on unaligned (7 x 7) and
+    aligned (4 x 6) planes; and near eager."""
+    import vkdelegate
+    from tests.ops.harness import spy_dispatches
+    from vkdelegate.kernels import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "use_gemm", lambda info: True)
+    monkeypatch.setattr(conv_pointwise, "TILED", tiled)
+    monkeypatch.setattr(conv_pointwise, "TILED_ALIGNED", True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_K", True)
+    monkeypatch.setattr(conv_pointwise, "SPLIT_WORKGROUPS", 1 << 20)
+    monkeypatch.setattr(conv_pointwise, "TILED_SPLIT_BELOW", 1 << 20)
+    monkeypatch.setattr(conv_pointwise, "TILED_MIN_SPLIT_K", 16)
+    seen = spy_dispatches(monkeypatch)
+
+    class Block(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(c, c, 1)
+
+        def forward(self, x):
+            return torch.clamp(self.conv(x), -1.0, 6.0) + x
+
+    torch.manual_seed(0)
+    for shape in ((2, 96, 7, 7), (3, 64, 4, 6)):
+        module = Block(shape[1]).to(dtype)
+        x = torch.randn(shape)
+        x[0, 5, 1, 2] = float("nan")
+        x[1, 9, 3, 3] = float("inf")
+        x = x.to(dtype)
+        ep = torch.export.export(module, (x,))
+        outs = []
+        for last_sum in (False, True):
+            monkeypatch.setattr(conv_pointwise, "LAST_SUM", last_sum)
+            seen.clear()
+            program = vkdelegate.to_backend(ep, vkdelegate.VulkanPartitioner())
+            outs.append(program(x).numpy())
+            program.close()
+            assert ("conv2d_pw_reduce" in seen) != last_sum, seen
+        np.testing.assert_array_equal(outs[1], outs[0])
+        with torch.no_grad():
+            want = module.float()(x.float()).numpy()
+        module.to(dtype)
+        tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else dict(rtol=1e-5,
+                                                                             atol=1e-5)
+        np.testing.assert_allclose(outs[1].astype(np.float32), want, **tol)
 
 
 def test_pointwise_split_resize(pointwise_split):
@@ -590,7 +654,7 @@ def test_pointwise_split_resize(pointwise_split):
     check_op(_conv(w, b), (torch.randn(2, 200, 11, 7),), ops=[CONV],
              dynamic_shapes=({0: n, 2: h},),
              resize_inputs=[(torch.randn(1, 200, 3, 7),), (torch.randn(4, 200, 12, 7),)])
-    assert pointwise_split == SPLIT_PASSES
+    assert pointwise_split == split_passes()
 
 
 def test_pointwise_gemm_clamp_fp16_1d_and_resize(pointwise_gemm):

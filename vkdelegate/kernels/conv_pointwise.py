@@ -60,6 +60,11 @@ SPLIT_K = True
 SPLIT_WORKGROUPS = 64
 MAX_SPLITS = 32  # bounds the scratch: splits x the output, fp32
 REDUCE_SHADER = "conv2d_pw_reduce"  # split-K's second pass
+#: Split-K without the second pass (both shaders' LAST_SUM): the split that finishes
+#: last in each block adds the splits' sums (an atomic counter per block) and applies
+#: the epilogue, the same bits as conv2d_pw_reduce.glsl. Removes a dispatch per split
+#: layer (EfficientNet-Lite0 batch 1: 18 of 69); not yet measured on a GPU, so off.
+LAST_SUM = False
 DTYPES = ("float32", "float16")
 
 #: conv2d_pw_tiled.glsl: the whole batch as one register-blocked GEMM (``tiled``).
@@ -231,6 +236,14 @@ def defines(out, x, bias, clamp: bool, residual=None) -> dict:
     return d
 
 
+def last_sum_defines(out, x, bias, clamp: bool, residual=None) -> dict:
+    """``defines`` of the one-pass split-K form (LAST_SUM): the real output's
+    epilogue, SPLIT_OUT and LAST_SUM."""
+    d = defines(out, x, bias, clamp, residual)
+    d.update(flag_defines(SPLIT_OUT=True, LAST_SUM=True))
+    return d
+
+
 def reduce_defines(out, bias, clamp: bool, residual=None) -> dict:
     """Defines of the epilogue (conv2d_pw.glsl's, conv2d_pw_reduce.glsl's): out and
     bias storage, CLAMP, RESIDUAL (``residual``: its tensor or pair, or None)."""
@@ -241,11 +254,16 @@ def reduce_defines(out, bias, clamp: bool, residual=None) -> dict:
                                                            RESIDUAL=residual is not None))
 
 
+#: LAST_SUM's outputs after the output: the splits' sums and the blocks' counters.
+_LAST_SUM_OUTPUTS = ("part_data", "count_data")
+
+
 @shader_bindings(SHADER)
 def _bindings(d) -> Bindings:
-    return Bindings(outputs=("out_data",),
+    last_sum = "LAST_SUM" in d
+    return Bindings(outputs=("out_data",) + (_LAST_SUM_OUTPUTS if last_sum else ()),
                     inputs=("in_data", "in4_data", "w_data") +
-                    (() if "SPLIT_OUT" in d else ("b_data",)) +
+                    (("b_data",) if "SPLIT_OUT" not in d or last_sum else ()) +
                     (("r_data",) if "RESIDUAL" in d else ()),
                     params=(tensor_meta_block("out_meta"), tensor_meta_block("in_meta"),
                             PARAMS))
@@ -255,8 +273,8 @@ def _bindings(d) -> Bindings:
 def _tiled_bindings(d) -> Bindings:
     # out4_data: the output again, 4 elements a store (conv2d_pw_tiled.glsl).
     plain = _bindings(d)
-    return Bindings(outputs=("out_data", "out4_data"), inputs=plain.inputs,
-                    params=plain.params)
+    return Bindings(outputs=("out_data", "out4_data") + plain.outputs[1:],
+                    inputs=plain.inputs, params=plain.params)
 
 
 @shader_bindings(REDUCE_SHADER)
@@ -278,7 +296,8 @@ def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
     Raises DeviceLimitError (b.error) when a slice's channel loop would
     run past llvmpipe's loop budget. With ``split_k``'s splits > 1: two dispatches
     (the split sums into a node-owned fp32 scratch sized for the upper-bound shape,
-    then conv2d_pw_reduce.glsl), else one."""
+    then conv2d_pw_reduce.glsl), or with LAST_SUM one (the last split of each block
+    adds them, counted in a zeroed int32 buffer of a counter per block); else one."""
     mx = out.max_shape
     pixels = int(np.prod(mx[2:]))
     oc, ic = mx[1], x.max_shape[1]
@@ -304,6 +323,14 @@ def record(b, out, x, weight, bias, lo: float, hi: float, clamp: bool,
                    spec_constants=(ks, spatial))
         return
     partial = b.temporary((splits * out.max_numel,), "float32")
+    if LAST_SUM:
+        blocks = -(-pixels // BLOCK) * -(-oc // BLOCK) * mx[0]
+        b.dispatch(SHADER, last_sum_defines(out, x, bias, clamp, residual),
+                   outputs=[out, partial, b.zeroed((blocks,), "int32")],
+                   inputs=[x, x, w, bias] + rest, params=[out.meta, x.meta, params],
+                   global_size=grid, local_size=(THREADS * ks, 1, 1),
+                   spec_constants=(ks, spatial, splits))
+        return
     b.dispatch(SHADER, defines(partial, x, None, False), outputs=[partial],
                inputs=[x, x, w], params=[out.meta, x.meta, params], global_size=grid,
                local_size=(THREADS * ks, 1, 1), spec_constants=(ks, spatial, splits))
@@ -337,6 +364,15 @@ def _record_tiled(b, out, x, w, bias, params, clamp: bool, spatial: int, residua
                    local_size=(wx, wy, 1), spec_constants=(spatial, 1))
         return
     partial = b.temporary((splits * out.max_numel,), "float32")
+    if LAST_SUM:
+        blocks = grid[0] // wx * (grid[1] // wy)
+        b.dispatch(TILED_SHADER, tiled_defines(last_sum_defines(out, x, bias, clamp,
+                                                                residual), block),
+                   outputs=[out, out, partial, b.zeroed((blocks,), "int32")],
+                   inputs=[x, x, w, bias] + rest, params=[out.meta, x.meta, params],
+                   global_size=grid, local_size=(wx, wy, 1),
+                   spec_constants=(spatial, splits))
+        return
     b.dispatch(TILED_SHADER, tiled_defines(defines(partial, x, None, False), block),
                outputs=[partial, partial], inputs=[x, x, w],
                params=[out.meta, x.meta, params], global_size=grid,
@@ -354,6 +390,12 @@ def _split_variant(profile, dtype: str) -> dict:
                    False)
 
 
+def _last_sum_variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
+    ddt = (dtype, device_dtype(dtype, profile))
+    return last_sum_defines(ddt, ddt, ("float32", "float32"), clamp,
+                            ddt if residual else None)
+
+
 def _reduce_variant(profile, dtype: str, clamp: bool, residual: bool) -> dict:
     ddt = (dtype, device_dtype(dtype, profile))
     return reduce_defines(ddt, ("float32", "float32"), clamp, ddt if residual else None)
@@ -367,5 +409,10 @@ declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_variant(**kw), blo
              residual=(False, True), block=TILED_BLOCKS + (TILED_NARROW,))
 declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_split_variant(**kw), block),
              profile=STORAGE_PROFILES, dtype=DTYPES, block=TILED_BLOCKS + (TILED_NARROW,))
+declare_grid(SHADER, _last_sum_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
+             clamp=(False, True), residual=(False, True))
+declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_last_sum_variant(**kw), block),
+             profile=STORAGE_PROFILES, dtype=DTYPES, clamp=(False, True),
+             residual=(False, True), block=TILED_BLOCKS + (TILED_NARROW,))
 declare_grid(REDUCE_SHADER, _reduce_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
              clamp=(False, True), residual=(False, True))

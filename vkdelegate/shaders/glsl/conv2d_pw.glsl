@@ -31,7 +31,14 @@
 // range), and stores the raw fp32 sums (no bias, clamp or residual: none are bound) at
 // out_data[((n * SPLITS + split) * OC + oc) * P + p], a scratch buffer; out_meta still
 // describes the real output. conv2d_pw_reduce.glsl then adds the SPLITS parts in
-// order and applies the epilogue.
+// order and applies the epilogue. LAST_SUM (with SPLIT_OUT): no second pass, as in
+// conv2d_pw_tiled.glsl: the raw sums go to part_data at that layout, each split
+// counts itself in count_data[block] (block = (n * gl_NumWorkGroups.y + y) *
+// gl_NumWorkGroups.x + x) after a device-scope memory barrier, and the last split
+// to count resets the counter, adds the SPLITS parts in order from split 0 (the
+// reduce pass's float operations: the same bits) and stores through the epilogue
+// into out_data, the real output. count_data must hold zeros before the first
+// dispatch.
 
 layout(constant_id = 3) const int KS = 1;       // K slices per workgroup
 layout(constant_id = 4) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
@@ -39,6 +46,22 @@ layout(constant_id = 5) const int SPLITS = 1;   // SPLIT_OUT: K splits across wo
 
 TENSOR_OUT(out_data, OUT_T)
 #include "conv_pw.h"
+
+#if defined(SPLIT_OUT) && !defined(LAST_SUM)
+#define RAW_SPLIT  // this pass stores the split's raw sums (conv2d_pw_reduce.glsl ends it)
+#endif
+#ifdef LAST_SUM
+#ifndef SPLIT_OUT
+#error "LAST_SUM sums SPLIT_OUT's splits"
+#endif
+layout(set = 0, binding = BINDING_part_data) coherent buffer part_buffer {
+  float part_data[];
+};
+layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
+  uint count_data[];
+};
+shared bool last_split;  // this workgroup's split is the last of its block to finish
+#endif
 
 // Slices 1..KS-1 park their 16 partial sums here (4 vec4 per invocation).
 shared vec4 partial[(KS - 1) * 256 + 1];
@@ -115,22 +138,67 @@ void main() {
       }
     }
     barrier();
-    if (s > 0) {
-      return;
-    }
-    for (int r = 0; r < KS - 1; ++r) {
-      [[unroll]] for (int i = 0; i < 4; ++i) {
-        acc[i] += partial[(r * 64 + t) * 4 + i];
+    if (s == 0) {
+      for (int r = 0; r < KS - 1; ++r) {
+        [[unroll]] for (int i = 0; i < 4; ++i) {
+          acc[i] += partial[(r * 64 + t) * 4 + i];
+        }
       }
     }
   }
-  if (!live) {
+#ifdef LAST_SUM
+  // Slice 0's sums of this split into part_data; the last split of the block to
+  // count adds all of them, in split order, into acc. Every invocation reaches the
+  // barriers.
+  const int n_first = nn * SPLITS * OC * P;  // split 0's sums of image nn at oc = 0
+  if (s == 0 && live) {
+    [[unroll]] for (int i = 0; i < 4; ++i) {
+      const int oc = ocq * 4 + i;
+      [[unroll]] for (int j = 0; j < 4; ++j) {
+        if (oc < OC && p0 + j < P) {
+          part_data[n_first + (split * OC + oc) * P + p0 + j] = acc[i][j];
+        }
+      }
+    }
+  }
+  memoryBarrierBuffer();  // the sums written before they are counted
+  barrier();
+  if (lid == 0) {
+    const uint block = (uint(n) * gl_NumWorkGroups.y + gl_WorkGroupID.y) *
+                       gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    last_split = atomicAdd(count_data[block], 1u) == uint(SPLITS - 1);
+    if (last_split) {
+      count_data[block] = 0u;  // every split of this dispatch has counted
+    }
+  }
+  barrier();
+  if (!last_split) {
+    return;
+  }
+  memoryBarrierBuffer();  // the other splits' sums are read after the count
+  if (s == 0 && live) {
+    [[unroll]] for (int i = 0; i < 4; ++i) {
+      acc[i] = vec4(0.0);
+    }
+    for (int sp = 0; sp < SPLITS; ++sp) {
+      [[unroll]] for (int i = 0; i < 4; ++i) {
+        const int oc = ocq * 4 + i;
+        [[unroll]] for (int j = 0; j < 4; ++j) {
+          if (oc < OC && p0 + j < P) {
+            acc[i][j] += part_data[n_first + (sp * OC + oc) * P + p0 + j];
+          }
+        }
+      }
+    }
+  }
+#endif
+  if (s > 0 || !live) {
     return;
   }
   [[unroll]] for (int i = 0; i < 4; ++i) {
     const int oc = ocq * 4 + i;
     if (oc < OC) {
-#ifdef SPLIT_OUT
+#ifdef RAW_SPLIT
       const int base = (int(gl_WorkGroupID.z) * OC + oc) * P + p0;
       [[unroll]] for (int j = 0; j < 4; ++j) {
         if (p0 + j < P) {

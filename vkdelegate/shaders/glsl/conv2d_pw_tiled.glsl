@@ -31,6 +31,13 @@
 // ceil(IC / SPLITS) rounded up to whole BK steps, and stores the raw fp32 sums at
 // out_data[((n * SPLITS + split) * OC + oc) * P + p], conv2d_pw.glsl's SPLIT_OUT
 // layout, which conv2d_pw_reduce.glsl sums in order and finishes with the epilogue.
+// LAST_SUM (with SPLIT_OUT): no second pass. Each split stores its raw sums at that
+// layout in part_data instead and counts itself in count_data[block] (block = y *
+// gl_NumWorkGroups.x + x; an atomicAdd after a device-scope memory barrier); the
+// split that counts last resets the counter to 0 for the next dispatch, adds every
+// split's sums in split order from s = 0 (conv2d_pw_reduce.glsl's order and float
+// operations: the same bits) and stores them through the epilogue into out_data /
+// out4_data, the real output. count_data must hold zeros before the first dispatch.
 
 layout(constant_id = 3) const int SPATIAL = 2;  // spatial dims: 1 (N, C, L) or 2
 layout(constant_id = 4) const int SPLITS = 1;   // SPLIT_OUT: K splits across workgroups
@@ -38,6 +45,22 @@ layout(constant_id = 4) const int SPLITS = 1;   // SPLIT_OUT: K splits across wo
 TENSOR_OUT(out_data, OUT_T)
 TENSOR_OUT(out4_data, OUT4_T)  // the output again, 4 elements a store (P % 4 == 0)
 #include "conv_pw.h"
+
+#if defined(SPLIT_OUT) && !defined(LAST_SUM)
+#define RAW_SPLIT  // this pass stores the split's raw sums (conv2d_pw_reduce.glsl ends it)
+#endif
+#ifdef LAST_SUM
+#ifndef SPLIT_OUT
+#error "LAST_SUM sums SPLIT_OUT's splits"
+#endif
+layout(set = 0, binding = BINDING_part_data) coherent buffer part_buffer {
+  float part_data[];
+};
+layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
+  uint count_data[];
+};
+shared bool last_split;  // this workgroup's split is the last of its block to finish
+#endif
 
 #define WX (256 / WY)
 #define BM (WY * TM)
@@ -156,11 +179,67 @@ void main() {
     barrier();
   }
 
+  // Column j of split s's sums in the scratch layout, at m = 0: [(n * SPLITS + s) *
+  // OC + m] * P + p for image n = j / P, pixel p = j % P.
+#define split_at(j, s) (((j) / P * SPLITS + (s)) * OC * P + (j) % P)
+#ifdef LAST_SUM
+  // This split's sums into part_data; the last split of the block to count adds all
+  // of them, in split order, into acc.
+  [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
+    const int j0 = col0 + 4 * (tx + WX * jq);
+    [[unroll]] for (int f = 0; f < 4; ++f) {
+      if (j0 + f < J) {
+        const int at = split_at(j0 + f, split);
+        [[unroll]] for (int i = 0; i < TM; ++i) {
+          const int m = row0 + 4 * (ty + WY * (i >> 2)) + (i & 3);
+          if (m < OC) {
+            part_data[at + m * P] = acc[i][jq][f];
+          }
+        }
+      }
+    }
+  }
+  memoryBarrierBuffer();  // the sums written before they are counted
+  barrier();
+  if (tid == 0) {
+    const uint block = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    last_split = atomicAdd(count_data[block], 1u) == uint(SPLITS - 1);
+    if (last_split) {
+      count_data[block] = 0u;  // every split of this dispatch has counted
+    }
+  }
+  barrier();
+  if (!last_split) {
+    return;
+  }
+  memoryBarrierBuffer();  // the other splits' sums are read after the count
+  [[unroll]] for (int i = 0; i < TM; ++i) {
+    [[unroll]] for (int j = 0; j < TN / 4; ++j) {
+      acc[i][j] = vec4(0.0);
+    }
+  }
+  for (int s = 0; s < SPLITS; ++s) {
+    [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
+      const int j0 = col0 + 4 * (tx + WX * jq);
+      [[unroll]] for (int f = 0; f < 4; ++f) {
+        if (j0 + f < J) {
+          const int at = split_at(j0 + f, s);
+          [[unroll]] for (int i = 0; i < TM; ++i) {
+            const int m = row0 + 4 * (ty + WY * (i >> 2)) + (i & 3);
+            if (m < OC) {
+              acc[i][jq][f] += part_data[at + m * P];
+            }
+          }
+        }
+      }
+    }
+  }
+#endif
   // Column j of out: image n = j / P, pixel p = j % P, at out[(n * OC + m) * P + p]
-  // (SPLIT_OUT: the scratch's [(n * SPLITS + split) * OC + m] * P + p); column_at(j)
+  // (RAW_SPLIT: the scratch's [(n * SPLITS + split) * OC + m] * P + p); column_at(j)
   // is that offset at m = 0.
-#ifdef SPLIT_OUT
-#define column_at(j) (((j) / P * SPLITS + split) * OC * P + (j) % P)
+#ifdef RAW_SPLIT
+#define column_at(j) split_at(j, split)
 #else
 #define column_at(j) ((j) / P * OC * P + (j) % P)
 #endif
@@ -178,7 +257,7 @@ void main() {
         if (m < OC) {
           const vec4 a = acc[4 * i + e][jq];
           vec4 v;  // the stored values, in fp32 (exact from OUT_T)
-#ifdef SPLIT_OUT
+#ifdef RAW_SPLIT
           v = a;
 #else
           const float bias = float(b_data[m]);

@@ -2,7 +2,7 @@
 // conv2d_pw.glsl and conv2d_pw_tiled.glsl (kernels/conv_pointwise.py binds both the
 // same way; each shader declares its own outputs): the input, again as 4-vectors
 // (IN4_T, for planes of a multiple of 4 pixels), the prepacked fp32 weights
-// [IC, ceil(OC / 4)] of vec4, the fp32 bias (not in SPLIT_OUT's first pass), the
+// [IC, ceil(OC / 4)] of vec4, the fp32 bias (not in SPLIT_OUT's first pass without LAST_SUM), the
 // residual (RESIDUAL), the output's and input's metadata and conv_block; then
 // conv_epilogue.h.
 #ifndef VKDELEGATE_CONV_PW_H
@@ -11,7 +11,7 @@
 TENSOR_IN(in_data, IN_T)
 TENSOR_IN(in4_data, IN4_T)  // the input again, 4 elements a load (P % 4 == 0)
 TENSOR_IN(w_data, vec4)
-#ifndef SPLIT_OUT
+#if !defined(SPLIT_OUT) || defined(LAST_SUM)
 TENSOR_IN(b_data, B_T)
 #endif
 #ifdef RESIDUAL
