@@ -409,10 +409,12 @@ declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_variant(**kw), blo
              residual=(False, True), block=TILED_BLOCKS + (TILED_NARROW,))
 declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_split_variant(**kw), block),
              profile=STORAGE_PROFILES, dtype=DTYPES, block=TILED_BLOCKS + (TILED_NARROW,))
-declare_grid(SHADER, _last_sum_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
-             clamp=(False, True), residual=(False, True))
-declare_grid(TILED_SHADER, lambda block, **kw: tiled_defines(_last_sum_variant(**kw), block),
-             profile=STORAGE_PROFILES, dtype=DTYPES, clamp=(False, True),
-             residual=(False, True), block=TILED_BLOCKS + (TILED_NARROW,))
+if LAST_SUM:  # declared (build-shaders) where the lowering picks it
+    declare_grid(SHADER, _last_sum_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
+                 clamp=(False, True), residual=(False, True))
+    declare_grid(TILED_SHADER,
+                 lambda block, **kw: tiled_defines(_last_sum_variant(**kw), block),
+                 profile=STORAGE_PROFILES, dtype=DTYPES, clamp=(False, True),
+                 residual=(False, True), block=TILED_BLOCKS + (TILED_NARROW,))
 declare_grid(REDUCE_SHADER, _reduce_variant, profile=STORAGE_PROFILES, dtype=DTYPES,
              clamp=(False, True), residual=(False, True))

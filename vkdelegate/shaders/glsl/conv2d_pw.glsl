@@ -47,22 +47,6 @@ layout(constant_id = 5) const int SPLITS = 1;   // SPLIT_OUT: K splits across wo
 TENSOR_OUT(out_data, OUT_T)
 #include "conv_pw.h"
 
-#if defined(SPLIT_OUT) && !defined(LAST_SUM)
-#define RAW_SPLIT  // this pass stores the split's raw sums (conv2d_pw_reduce.glsl ends it)
-#endif
-#ifdef LAST_SUM
-#ifndef SPLIT_OUT
-#error "LAST_SUM sums SPLIT_OUT's splits"
-#endif
-layout(set = 0, binding = BINDING_part_data) coherent buffer part_buffer {
-  float part_data[];
-};
-layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
-  uint count_data[];
-};
-shared bool last_split;  // this workgroup's split is the last of its block to finish
-#endif
-
 // Slices 1..KS-1 park their 16 partial sums here (4 vec4 per invocation).
 shared vec4 partial[(KS - 1) * 256 + 1];
 
@@ -161,21 +145,9 @@ void main() {
       }
     }
   }
-  memoryBarrierBuffer();  // the sums written before they are counted
-  barrier();
-  if (lid == 0) {
-    const uint block = (uint(n) * gl_NumWorkGroups.y + gl_WorkGroupID.y) *
-                       gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    last_split = atomicAdd(count_data[block], 1u) == uint(SPLITS - 1);
-    if (last_split) {
-      count_data[block] = 0u;  // every split of this dispatch has counted
-    }
-  }
-  barrier();
-  if (!last_split) {
-    return;
-  }
-  memoryBarrierBuffer();  // the other splits' sums are read after the count
+  const uint block = (uint(n) * gl_NumWorkGroups.y + gl_WorkGroupID.y) *
+                     gl_NumWorkGroups.x + gl_WorkGroupID.x;
+  LAST_SPLIT_COUNT(block, lid == 0, SPLITS)
   if (s == 0 && live) {
     [[unroll]] for (int i = 0; i < 4; ++i) {
       acc[i] = vec4(0.0);

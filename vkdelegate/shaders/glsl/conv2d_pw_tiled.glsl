@@ -46,22 +46,6 @@ TENSOR_OUT(out_data, OUT_T)
 TENSOR_OUT(out4_data, OUT4_T)  // the output again, 4 elements a store (P % 4 == 0)
 #include "conv_pw.h"
 
-#if defined(SPLIT_OUT) && !defined(LAST_SUM)
-#define RAW_SPLIT  // this pass stores the split's raw sums (conv2d_pw_reduce.glsl ends it)
-#endif
-#ifdef LAST_SUM
-#ifndef SPLIT_OUT
-#error "LAST_SUM sums SPLIT_OUT's splits"
-#endif
-layout(set = 0, binding = BINDING_part_data) coherent buffer part_buffer {
-  float part_data[];
-};
-layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
-  uint count_data[];
-};
-shared bool last_split;  // this workgroup's split is the last of its block to finish
-#endif
-
 #define WX (256 / WY)
 #define BM (WY * TM)
 #define BN (WX * TN)
@@ -184,55 +168,34 @@ void main() {
 #define split_at(j, s) (((j) / P * SPLITS + (s)) * OC * P + (j) % P)
 #ifdef LAST_SUM
   // This split's sums into part_data; the last split of the block to count adds all
-  // of them, in split order, into acc.
-  [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
-    const int j0 = col0 + 4 * (tx + WX * jq);
-    [[unroll]] for (int f = 0; f < 4; ++f) {
-      if (j0 + f < J) {
-        const int at = split_at(j0 + f, split);
-        [[unroll]] for (int i = 0; i < TM; ++i) {
-          const int m = row0 + 4 * (ty + WY * (i >> 2)) + (i & 3);
-          if (m < OC) {
-            part_data[at + m * P] = acc[i][jq][f];
-          }
-        }
-      }
-    }
+  // of them, in split order, into acc. FOR_OWN(s, BODY): BODY for each output of
+  // this invocation inside the sizes, at = split_at of its column for split s, m its
+  // channel, acc[i][jq][f] its sum.
+#define FOR_OWN(s, BODY)                                                     \
+  [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {                           \
+    const int j0 = col0 + 4 * (tx + WX * jq);                                \
+    [[unroll]] for (int f = 0; f < 4; ++f) {                                 \
+      if (j0 + f < J) {                                                      \
+        const int at = split_at(j0 + f, s);                                  \
+        [[unroll]] for (int i = 0; i < TM; ++i) {                            \
+          const int m = row0 + 4 * (ty + WY * (i >> 2)) + (i & 3);           \
+          if (m < OC) {                                                      \
+            BODY;                                                            \
+          }                                                                  \
+        }                                                                    \
+      }                                                                      \
+    }                                                                        \
   }
-  memoryBarrierBuffer();  // the sums written before they are counted
-  barrier();
-  if (tid == 0) {
-    const uint block = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    last_split = atomicAdd(count_data[block], 1u) == uint(SPLITS - 1);
-    if (last_split) {
-      count_data[block] = 0u;  // every split of this dispatch has counted
-    }
-  }
-  barrier();
-  if (!last_split) {
-    return;
-  }
-  memoryBarrierBuffer();  // the other splits' sums are read after the count
+  FOR_OWN(split, part_data[at + m * P] = acc[i][jq][f])
+  LAST_SPLIT_COUNT(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x, tid == 0,
+                   SPLITS)
   [[unroll]] for (int i = 0; i < TM; ++i) {
     [[unroll]] for (int j = 0; j < TN / 4; ++j) {
       acc[i][j] = vec4(0.0);
     }
   }
   for (int s = 0; s < SPLITS; ++s) {
-    [[unroll]] for (int jq = 0; jq < TN / 4; ++jq) {
-      const int j0 = col0 + 4 * (tx + WX * jq);
-      [[unroll]] for (int f = 0; f < 4; ++f) {
-        if (j0 + f < J) {
-          const int at = split_at(j0 + f, s);
-          [[unroll]] for (int i = 0; i < TM; ++i) {
-            const int m = row0 + 4 * (ty + WY * (i >> 2)) + (i & 3);
-            if (m < OC) {
-              acc[i][jq][f] += part_data[at + m * P];
-            }
-          }
-        }
-      }
-    }
+    FOR_OWN(s, acc[i][jq][f] += part_data[at + m * P])
   }
 #endif
   // Column j of out: image n = j / P, pixel p = j % P, at out[(n * OC + m) * P + p]

@@ -25,4 +25,17 @@ PARAMS(conv_block) {
 } conv;
 #include "conv_epilogue.h"
 
+// SPLIT_OUT alone: this pass stores the split's raw sums (conv2d_pw_reduce.glsl ends
+// it). LAST_SUM (with SPLIT_OUT): the splits' sums go to part_data and the last split
+// of each block adds them (last_split.h; each shader's header comment).
+#if defined(SPLIT_OUT) && !defined(LAST_SUM)
+#define RAW_SPLIT
+#endif
+#ifdef LAST_SUM
+#ifndef SPLIT_OUT
+#error "LAST_SUM sums SPLIT_OUT's splits"
+#endif
+#include "last_split.h"
+#endif
+
 #endif

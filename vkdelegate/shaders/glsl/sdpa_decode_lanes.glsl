@@ -65,13 +65,7 @@ shared vec2 red_ml[MAX_SG];
 #ifdef SPLIT_K
 #error "LAST_MERGE merges the splits itself: not with SPLIT_K"
 #endif
-layout(set = 0, binding = BINDING_part_data) coherent buffer part_buffer {
-  float part_data[];
-};
-layout(set = 0, binding = BINDING_count_data) coherent buffer count_buffer {
-  uint count_data[];
-};
-shared bool last_split;  // this workgroup's split is the last of its row to finish
+#include "last_split.h"
 #endif
 
 // A split's row (SPLIT_K, LAST_MERGE) at offset base of buffer buf, this lane's share
@@ -263,19 +257,7 @@ void main() {
     if (t < LANES) {
       STORE_SPLIT_ROW(part_data, (row * splits + split_id) * (D_MAX + 4), AS_FLOAT);
     }
-    memoryBarrierBuffer();  // the row written before it is counted
-    barrier();
-    if (t == 0) {
-      last_split = atomicAdd(count_data[row], 1u) == uint(splits - 1);
-      if (last_split) {
-        count_data[row] = 0u;  // every split of this dispatch has counted
-      }
-    }
-    barrier();
-    if (!last_split) {
-      return;
-    }
-    memoryBarrierBuffer();  // the other splits' rows are read after the count
+    LAST_SPLIT_COUNT(row, t == 0, splits)
     if (t < LANES) {
       m = NEG_INF;
       l = 0.0;
