@@ -70,6 +70,10 @@
 #   chat    benchmarks/chat_turns.py: 4 chat turns of the 1B-shaped fp16 model with the
 #           KV cache kept (vkdelegate.llm.Session) against the whole conversation
 #           prefilled each turn, and HF eager CUDA, 150
+#   host    EfficientNet-Lite0 batch 1 and 8 with the fence wait blocking at once
+#           (VKDELEGATE_FENCE_SPIN_US=0) and polling (the default), and with split-K in
+#           one pass (conv_pointwise.LAST_SUM, off: not yet measured on a GPU); the
+#           pointwise, split and runtime tests with validation on first, 150 + 3 x 70
 # Device time is scarce: pick the steps a change needs; docs/PERF.md records the results.
 # With nvidia-smi present, the SM clock, P-state, power and throttle reasons are sampled
 # every 100 ms into clocks.csv for the whole run, and each step ends with its histogram
@@ -256,6 +260,18 @@ for s in "$@"; do
         --hbm-tbps $hbm --profile 8 --runs 2 --hold-s 1 --quantization none \
         none+attention_decode.LAST_MERGE=true int4 int4+attention_decode.LAST_MERGE=true \
         int4+quantized_linear.VROWS=16 --json "$out/llm_decode_merge.json" ;;
+    host) step host_tests 150 env VKDELEGATE_VALIDATION=1 python3 -m pytest -q -n 12 \
+            -p no:cacheprovider tests/ops/test_convolution.py tests/ops/test_conv_add_fusion.py \
+            tests/runtime/test_device.py tests/runtime/test_graph.py tests/llm/test_decode_loop.py \
+            tests/examples/test_efficientnet_lite.py
+      for row in "block 0 default" "poll 2000 default" \
+                 "lastsum 2000 conv_pointwise.LAST_SUM=true"; do
+        set -- $row
+        form=(); [ "$3" != default ] && form=(--form "$3")
+        step "host_$1" 70 env VKDELEGATE_VALIDATION=0 VKDELEGATE_FENCE_SPIN_US=$2 \
+          python3 benchmarks/efficientnet.py --batch 1 8 --no-cpu --profile --profile-rows 2 \
+          --runs 30 "${form[@]}"
+      done ;;
     chat) step chat 150 env VKDELEGATE_VALIDATION=0 python3 benchmarks/chat_turns.py \
             --turns 4 --message 96 --reply 32 --max-seq-len 512 --runs 3 ;;
     *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
