@@ -155,6 +155,11 @@ class _MethodBuilder:
         for i in ins.args[:n_in]:
             ref = self.arg(i, None)
             if not isinstance(ref, dict):  # a literal Int input: a 0-d constant
+                kind = self.p.values[i].kind
+                if kind != "Int":  # what a lowering passes a delegate: tensors, ints
+                    raise VkDelegateError(f"{self.where}: instruction {k} passes delegate "
+                                          f"{ins.index} value {i}, a {kind}; a delegate "
+                                          f"input is a Tensor or an Int")
                 self.constants[f"v{i}"] = np.asarray(ref, dtype=np.int64)
                 ref = {"v": f"v{i}"}
             args.append(ref)
